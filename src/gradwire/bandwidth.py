@@ -1,0 +1,40 @@
+"""Link rates as users write them (``100mbit``, ``1gbit``, ``none``) and as tc wants them."""
+
+from __future__ import annotations
+
+import re
+
+from gradwire.errors import GradwireError
+
+_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
+ALLOWED = "a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit), or none"
+
+
+def parse_bandwidth(text: str) -> float | None:
+    """Return the rate in bits per second, or None for an unshaped link (``none``).
+
+    >>> parse_bandwidth("1gbit")
+    1000000000.0
+    """
+    s = text.strip().lower()
+    if s in ("none", "unlimited"):
+        return None
+    m = _PATTERN.match(s)
+    if not m:
+        raise GradwireError(f"bandwidth {text!r} is not valid: expected {ALLOWED}")
+    bps = float(m.group(1)) * _UNITS[m.group(2)]
+    if not 1e5 <= bps <= 4e11:
+        raise GradwireError(f"bandwidth {text!r} is out of range: expected 100kbit to 400gbit")
+    return bps
+
+
+def format_bandwidth(bps: float | None) -> str:
+    """Inverse of :func:`parse_bandwidth` for display: 1e9 -> '1gbit', None -> 'none'."""
+    if bps is None:
+        return "none"
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            value = bps / scale
+            return f"{value:g}{unit}"
+    return f"{bps:g}bit"

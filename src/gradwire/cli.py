@@ -1,0 +1,154 @@
+"""The ``gradwire`` command line. Every user error ends in one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gradwire.bandwidth import format_bandwidth, parse_bandwidth
+from gradwire.cluster import (
+    cluster_down,
+    cluster_up,
+    ephemeral_cluster,
+    list_clusters,
+    load_cluster,
+    netns_available,
+)
+from gradwire.cluster.netns import LOOPBACK_LABEL
+from gradwire.errors import GradwireError
+from gradwire.launcher import launch
+
+app = typer.Typer(help="gradwire: gradient aggregation on bandwidth-limited networks.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+cluster_app = typer.Typer(help="Emulated clusters: hosts in network namespaces, shaped links.",
+                          no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+console = Console()
+err = Console(stderr=True)
+
+Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks)", min=1)]
+Bandwidth = Annotated[str, typer.Option(
+    "--bandwidth", "-b", help="per-host link rate in each direction: 100mbit, 1gbit, 10gbit, "
+    "25gbit or none")]
+Loopback = Annotated[bool, typer.Option(
+    "--loopback", help=f"run without namespaces ({LOOPBACK_LABEL}); automatic without root")]
+
+
+def _use_loopback(requested: bool) -> bool:
+    if requested:
+        return True
+    ok, why = netns_available()
+    if not ok:
+        err.print(f"gradwire: {why}; falling back to {LOOPBACK_LABEL}")
+    return not ok
+
+
+@cluster_app.command("up")
+def cluster_up_cmd(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
+                   name: Annotated[str | None, typer.Option(help="gw + 6 hex digits")] = None,
+                   ) -> None:
+    """Create an emulated cluster that stays up until `gradwire cluster down`."""
+    c = cluster_up(hosts, bandwidth, name)
+    console.print(f"cluster [bold]{c.name}[/] up: {c.label}")
+    _print_hosts(c)
+
+
+@cluster_app.command("down")
+def cluster_down_cmd(name: Annotated[str | None, typer.Argument()] = None,
+                     all_: Annotated[bool, typer.Option("--all", help="every gradwire cluster, "
+                                                        "orphans included")] = False) -> None:
+    """Remove a cluster: its namespaces (and their processes), veth pairs and bridge."""
+    removed = cluster_down(name, all_)
+    console.print(f"removed: {', '.join(removed) or 'nothing'}")
+
+
+@cluster_app.command("status")
+def cluster_status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List live clusters and their hosts."""
+    live = list_clusters()
+    if as_json:
+        print(json.dumps([json.loads(c.to_json()) for c in live], indent=1))
+        return
+    if not live:
+        console.print("no gradwire clusters are up")
+    for c in live:
+        console.print(f"[bold]{c.name}[/]: {c.label}")
+        _print_hosts(c)
+
+
+def _print_hosts(c) -> None:
+    t = Table("rank", "namespace", "address", "interface", "link (each direction)")
+    for h in c.hosts:
+        t.add_row(str(h.rank), h.netns or "-", h.addr, h.ifname, format_bandwidth(c.bandwidth_bps))
+    console.print(t)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    cmd: Annotated[list[str], typer.Argument(help="the command each rank runs, after --")],
+    hosts: Hosts = 2,
+    bandwidth: Bandwidth = "1gbit",
+    cluster: Annotated[str | None, typer.Option(help="use this live cluster instead of a new "
+                                                "one (its hosts and bandwidth)")] = None,
+    timeout: Annotated[float | None, typer.Option(help="seconds for the whole run")] = None,
+    loopback: Loopback = False,
+) -> None:
+    """Run CMD once per host with torchrun's environment; stop all if one fails.
+
+    Example: gradwire run --hosts 4 --bandwidth 1gbit -- python train.py
+    """
+    if cluster is not None:
+        res = launch(load_cluster(cluster), cmd, timeout=timeout)
+    else:
+        with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback)) as c:
+            res = launch(c, cmd, timeout=timeout)
+    if res.returncode != 0:
+        err.print(f"gradwire run: {res.message}", markup=False)
+        raise typer.Exit(res.returncode)
+
+
+@app.command()
+def demo(
+    hosts: Hosts = 4,
+    bandwidth: Bandwidth = "1gbit",
+    epochs: Annotated[int, typer.Option(min=1)] = 10,
+    model: str = "mlp",
+    agg: Annotated[str, typer.Option(help="comma-separated aggregation schemes")] = "dense",
+    seed: int = 0,
+    timeout: Annotated[float, typer.Option(help="seconds per training run")] = 900,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
+    loopback: Loopback = False,
+) -> None:
+    """Train on the emulated cluster (default: 4 hosts, 1 Gbit/s) and print one table."""
+    from gradwire.demo import run_demo
+    from gradwire.models import MODELS
+    from gradwire.train.aggregate import AGGREGATORS
+
+    aggs = [a.strip() for a in agg.split(",") if a.strip()]
+    for a in aggs:
+        if a not in AGGREGATORS:
+            raise GradwireError(f"unknown aggregation {a!r}: expected {', '.join(AGGREGATORS)}")
+    if model not in MODELS:
+        raise GradwireError(f"unknown model {model!r}: expected one of {', '.join(MODELS)}")
+    parse_bandwidth(bandwidth)
+    with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback)) as c:
+        results = run_demo(c, aggs, epochs, model, seed, timeout, console)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=1))
+
+
+def main() -> None:
+    try:
+        app()
+    except GradwireError as e:
+        err.print(f"gradwire: error: {e}", markup=False, highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("gradwire: interrupted; cleaned up", markup=False)
+        sys.exit(130)

@@ -1,0 +1,305 @@
+"""Build and tear down an emulated cluster with iproute2.
+
+Layout for a cluster named ``gw3f9a1c`` with N hosts::
+
+    namespace gw3f9a1c-h0 .. -h{N-1}   eth0 = 10.213.S.(i+1)/24, lo up
+    veth pair gw3f9a1c-vI  <->  eth0   host side enslaved to the bridge
+    bridge    gw3f9a1c-br              a non-blocking switch, no address in the root namespace
+
+Each host link is shaped in both directions with ``tc qdisc ... tbf``: on eth0 (the host's
+upload) and on the bridge-side veth (the host's download). State lives in
+``/run/gradwire/<name>.json`` so ``cluster down`` works from another process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gradwire.bandwidth import format_bandwidth, parse_bandwidth
+from gradwire.errors import GradwireError
+
+STATE_DIR = Path(os.environ.get("GRADWIRE_STATE_DIR", "/run/gradwire"))
+SUBNET_PREFIX = "10.213"  # 10.213.S.0/24, one S per live cluster; reserved for gradwire
+NAME_RE = re.compile(r"^gw[0-9a-f]{6}$")
+MAX_HOSTS = 250
+LOOPBACK = "loopback"
+LOOPBACK_LABEL = "loopback, links not shaped"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One emulated host: where to run a rank and how peers reach it."""
+
+    rank: int
+    netns: str | None  # None on the loopback fallback
+    addr: str
+    ifname: str
+
+
+@dataclass
+class Cluster:
+    """A live cluster (or the loopback fallback, ``name == 'loopback'``)."""
+
+    name: str
+    bandwidth_bps: float | None
+    hosts: list[Host] = field(default_factory=list)
+    subnet: int = 0
+
+    @property
+    def shaped(self) -> bool:
+        return self.name != LOOPBACK and self.bandwidth_bps is not None
+
+    @property
+    def label(self) -> str:
+        """How every report names the network this ran on."""
+        if self.name == LOOPBACK:
+            return LOOPBACK_LABEL
+        return f"emulated {len(self.hosts)} hosts, {format_bandwidth(self.bandwidth_bps)} links"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.name}-br"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> Cluster:
+        d = json.loads(text)
+        d["hosts"] = [Host(**h) for h in d["hosts"]]
+        return Cluster(**d)
+
+
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = ["ip"] + (["-n", netns] if netns else []) + list(args)
+    return _sh(cmd, check=check)
+
+
+def _tc(*args: str, netns: str | None = None) -> None:
+    cmd = (["ip", "netns", "exec", netns] if netns else []) + ["tc"] + list(args)
+    _sh(cmd)
+
+
+def _sh(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    # Arguments go straight to execve: no shell, and every name we build matches NAME_RE.
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise GradwireError(f"`{' '.join(cmd)}` failed: {p.stderr.strip() or p.returncode}")
+    return p
+
+
+def netns_available() -> tuple[bool, str]:
+    """Whether this process can build namespaces; the reason when it cannot."""
+    if os.geteuid() != 0:
+        return False, "the emulated cluster needs root (network namespaces and tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"`{tool}` is missing: install iproute2 (apt-get install iproute2)"
+    probe = f"gwprobe{secrets.token_hex(3)}"
+    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if p.returncode != 0:
+        return False, f"network namespaces are not supported here: {p.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return True, ""
+
+
+def _tbf(dev: str, bps: float, netns: str | None) -> None:
+    # burst must hold at least one timer tick of traffic at the rate; 256 KiB is what measured
+    # 0.956 Gbit/s of TCP payload at 1gbit here (REFERENCE.md), faster links need more.
+    burst = max(256 * 1024, int(bps / 8 / 250))
+    _tc("qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{int(bps)}bit",
+        "burst", str(burst), "latency", "100ms", netns=netns)
+
+
+def _free_subnet() -> int:
+    used = {c.subnet for c in list_clusters()}
+    for s in range(1, 255):
+        if s not in used:
+            return s
+    raise GradwireError("all 254 gradwire subnets are in use: run `gradwire cluster down --all`")
+
+
+def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None) -> Cluster:
+    """Create a cluster of ``hosts`` namespaces; on any failure everything made is removed."""
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
+    bps = parse_bandwidth(bandwidth)
+    ok, why = netns_available()
+    if not ok:
+        raise GradwireError(f"{why}; without it use the loopback fallback ({LOOPBACK_LABEL})")
+    name = name or f"gw{secrets.token_hex(3)}"
+    if not NAME_RE.match(name):
+        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
+    if (STATE_DIR / f"{name}.json").exists():
+        raise GradwireError(f"cluster {name} already exists")
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(name=name, bandwidth_bps=bps, subnet=_free_subnet())
+    # The state file is written first so that a crash half-way still leaves a record to clean up.
+    _save(cluster)
+    with _cleanup_on_failure(cluster):
+        _ip("link", "add", cluster.bridge, "type", "bridge")
+        _ip("link", "set", cluster.bridge, "up")
+        for i in range(hosts):
+            host = Host(i, f"{name}-h{i}", f"{SUBNET_PREFIX}.{cluster.subnet}.{i + 1}", "eth0")
+            _add_host(cluster, host, bps)
+            cluster.hosts.append(host)
+            _save(cluster)
+    return cluster
+
+
+def _add_host(cluster: Cluster, host: Host, bps: float | None) -> None:
+    ns, outer, inner = host.netns, f"{cluster.name}-v{host.rank}", f"{cluster.name}-i{host.rank}"
+    assert ns is not None
+    _sh(["ip", "netns", "add", ns])
+    _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+    _ip("link", "set", inner, "netns", ns)
+    _ip("link", "set", inner, "name", host.ifname, netns=ns)
+    _ip("addr", "add", f"{host.addr}/24", "dev", host.ifname, netns=ns)
+    _ip("link", "set", host.ifname, "up", netns=ns)
+    _ip("link", "set", "lo", "up", netns=ns)
+    _ip("link", "set", outer, "master", cluster.bridge)
+    _ip("link", "set", outer, "up")
+    if bps is not None:
+        _tbf(host.ifname, bps, ns)  # upload: host -> switch
+        _tbf(outer, bps, None)  # download: switch -> host
+
+
+@contextlib.contextmanager
+def _cleanup_on_failure(cluster: Cluster) -> Iterator[None]:
+    """Remove the half-built cluster on an error, Ctrl-C or SIGTERM while it is being built."""
+    with _signals_raise():
+        try:
+            yield
+        except BaseException:
+            _teardown(cluster.name)
+            raise
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGTERM (and SIGHUP) into KeyboardInterrupt so `finally` blocks run."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            old[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _save(cluster: Cluster) -> None:
+    path = STATE_DIR / f"{cluster.name}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(cluster.to_json())
+    tmp.replace(path)
+
+
+def load_cluster(name: str) -> Cluster:
+    """The live cluster called ``name``."""
+    if not NAME_RE.match(name):
+        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
+    path = STATE_DIR / f"{name}.json"
+    if not path.exists():
+        known = ", ".join(c.name for c in list_clusters()) or "none"
+        raise GradwireError(f"no cluster named {name} (live clusters: {known})")
+    return Cluster.from_json(path.read_text())
+
+
+def list_clusters() -> list[Cluster]:
+    """Every cluster with a state file, oldest first."""
+    if not STATE_DIR.is_dir():
+        return []
+    out = []
+    for p in sorted(STATE_DIR.glob("gw*.json"), key=lambda p: p.stat().st_mtime):
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            out.append(Cluster.from_json(p.read_text()))
+    return out
+
+
+def _kill_netns_pids(ns: str) -> None:
+    p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    for pid in p.stdout.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def _teardown(name: str) -> None:
+    """Remove every namespace, veth and bridge of ``name``, whatever state it is in."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in netns.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        if ns.startswith(f"{name}-h"):
+            _kill_netns_pids(ns)
+            # Deleting the namespace destroys its veth end, and with it the bridge-side peer.
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    for m in re.finditer(rf"^\d+: ({re.escape(name)}-[a-z0-9]+)[@:]", links, re.M):
+        subprocess.run(["ip", "link", "del", m.group(1)], capture_output=True)
+    with contextlib.suppress(FileNotFoundError):
+        (STATE_DIR / f"{name}.json").unlink()
+
+
+def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
+    """Tear down one cluster (or all of them, including orphans); returns the names removed."""
+    if all_:
+        names = {c.name for c in list_clusters()}
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        names |= {m.group(1) for m in re.finditer(r"^(gw[0-9a-f]{6})-h\d+", out, re.M)}
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        names |= {m.group(1) for m in re.finditer(r"^\d+: (gw[0-9a-f]{6})-", links, re.M)}
+    else:
+        if name is None:
+            live = list_clusters()
+            if len(live) != 1:
+                raise GradwireError(
+                    f"name the cluster to take down ({len(live)} live: "
+                    f"{', '.join(c.name for c in live) or 'none'}), or pass --all")
+            name = live[0].name
+        load_cluster(name)
+        names = {name}
+    for n in sorted(names):
+        _teardown(n)
+    return sorted(names)
+
+
+def loopback_cluster(hosts: int) -> Cluster:
+    """The fallback without namespaces: every rank on 127.0.0.1, links not shaped."""
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
+    return Cluster(LOOPBACK, None, [Host(i, None, "127.0.0.1", "lo") for i in range(hosts)])
+
+
+@contextlib.contextmanager
+def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False) -> Iterator[Cluster]:
+    """A cluster that lives for one ``with`` block and is removed on any exit, signals included.
+
+    ``loopback=True`` (or no namespace support) gives the unshaped loopback fallback instead.
+    """
+    if loopback:
+        parse_bandwidth(bandwidth)
+        yield loopback_cluster(hosts)
+        return
+    cluster = cluster_up(hosts, bandwidth)
+    with _signals_raise():
+        try:
+            yield cluster
+        finally:
+            _teardown(cluster.name)
