@@ -30,7 +30,6 @@ cluster_app = typer.Typer(help="Emulated clusters: hosts in network namespaces, 
                           no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 console = Console()
-err = Console(stderr=True)
 
 Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks)", min=1)]
 Bandwidth = Annotated[str, typer.Option(
@@ -45,7 +44,7 @@ def _use_loopback(requested: bool) -> bool:
         return True
     ok, why = netns_available()
     if not ok:
-        err.print(f"gradwire: {why}; falling back to {LOOPBACK_LABEL}")
+        print(f"gradwire: {why}; falling back to {LOOPBACK_LABEL}", file=sys.stderr)
     return not ok
 
 
@@ -109,7 +108,7 @@ def run(
         with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback)) as c:
             res = launch(c, cmd, timeout=timeout)
     if res.returncode != 0:
-        err.print(f"gradwire run: {res.message}", markup=False)
+        print(f"gradwire run: {res.message}", file=sys.stderr)
         raise typer.Exit(res.returncode)
 
 
@@ -147,8 +146,10 @@ def main() -> None:
     try:
         app()
     except GradwireError as e:
-        err.print(f"gradwire: error: {e}", markup=False, highlight=False)
+        print(f"gradwire: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        err.print("gradwire: interrupted; cleaned up", markup=False)
+        print("gradwire: interrupted; cleaned up", file=sys.stderr)
         sys.exit(130)
+if __name__ == "__main__":
+    main()

@@ -257,14 +257,19 @@ def _teardown(name: str) -> None:
         (STATE_DIR / f"{name}.json").unlink()
 
 
+def _orphans() -> set[str]:
+    """Names of clusters whose namespaces or links exist, state file or not."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = {m.group(1) for m in re.finditer(r"^(gw[0-9a-f]{6})-h\d+", out, re.M)}
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return names | {m.group(1) for m in re.finditer(r"^\d+: (gw[0-9a-f]{6})-", links, re.M)}
+
+
 def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
     """Tear down one cluster (or all of them, including orphans); returns the names removed."""
+    found = {c.name for c in list_clusters()} | _orphans()
     if all_:
-        names = {c.name for c in list_clusters()}
-        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        names |= {m.group(1) for m in re.finditer(r"^(gw[0-9a-f]{6})-h\d+", out, re.M)}
-        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-        names |= {m.group(1) for m in re.finditer(r"^\d+: (gw[0-9a-f]{6})-", links, re.M)}
+        names = found
     else:
         if name is None:
             live = list_clusters()
@@ -273,7 +278,8 @@ def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
                     f"name the cluster to take down ({len(live)} live: "
                     f"{', '.join(c.name for c in live) or 'none'}), or pass --all")
             name = live[0].name
-        load_cluster(name)
+        if name not in found:
+            load_cluster(name)  # raises the "no cluster named" error with the live names
         names = {name}
     for n in sorted(names):
         _teardown(n)

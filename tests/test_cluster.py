@@ -1,0 +1,134 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import gradwire_leftovers, needs_netns, netns_names
+
+from gradwire.cluster import cluster_down, cluster_up, list_clusters, load_cluster
+from gradwire.errors import GradwireError
+
+pytestmark = needs_netns
+
+
+def _qdiscs(c):
+    out = []
+    for h in c.hosts:
+        inner = subprocess.run(["ip", "netns", "exec", h.netns, "tc", "qdisc", "show", "dev",
+                                h.ifname], capture_output=True, text=True).stdout
+        outer = subprocess.run(["tc", "qdisc", "show", "dev", f"{c.name}-v{h.rank}"],
+                               capture_output=True, text=True).stdout
+        out.append((inner, outer))
+    return out
+
+
+def test_up_shapes_both_directions_and_down_removes_everything():
+    c = cluster_up(3, "100mbit")
+    try:
+        assert [h.netns for h in c.hosts] == [f"{c.name}-h{i}" for i in range(3)]
+        assert len({h.addr for h in c.hosts}) == 3
+        assert {h.addr.rsplit(".", 1)[0] for h in c.hosts} == {f"10.213.{c.subnet}"}
+        for inner, outer in _qdiscs(c):
+            assert "tbf" in inner and "rate 100Mbit" in inner
+            assert "tbf" in outer and "rate 100Mbit" in outer
+        assert load_cluster(c.name).hosts == c.hosts
+        assert c.name in {x.name for x in list_clusters()}
+    finally:
+        assert cluster_down(c.name) == [c.name]
+    assert gradwire_leftovers(c.name) == []
+    assert c.name not in {x.name for x in list_clusters()}
+
+
+def test_unshaped_cluster_has_no_tbf():
+    c = cluster_up(2, "none")
+    try:
+        for inner, outer in _qdiscs(c):
+            assert "tbf" not in inner and "tbf" not in outer
+    finally:
+        cluster_down(c.name)
+
+
+def test_two_clusters_side_by_side_do_not_collide():
+    a, b = cluster_up(2, "1gbit"), cluster_up(2, "1gbit")
+    try:
+        assert a.name != b.name and a.subnet != b.subnet
+        assert not set(h.netns for h in a.hosts) & set(h.netns for h in b.hosts)
+    finally:
+        cluster_down(a.name)
+        cluster_down(b.name)
+    assert gradwire_leftovers(a.name) == gradwire_leftovers(b.name) == []
+
+
+@pytest.mark.parametrize("hosts,bw,name,msg", [
+    (0, "1gbit", None, "--hosts must be"),
+    (2, "1gb", None, "bandwidth '1gb' is not valid"),
+    (2, "1gbit", "bad;name", "cluster name"),
+    (2, "1gbit", "gw12345", "cluster name"),
+])
+def test_bad_input_makes_nothing(hosts, bw, name, msg):
+    before = netns_names()
+    with pytest.raises(GradwireError, match=msg):
+        cluster_up(hosts, bw, name)
+    assert netns_names() == before
+
+
+def test_failure_half_way_rolls_back():
+    c = cluster_up(1, "1gbit")
+    try:
+        # Same name again: the state file exists, so nothing is made and the first stays intact.
+        with pytest.raises(GradwireError, match="already exists"):
+            cluster_up(2, "1gbit", c.name)
+        assert c.hosts[0].netns in netns_names()
+    finally:
+        cluster_down(c.name)
+
+
+def test_sigterm_during_a_run_removes_the_cluster():
+    # `gradwire run` makes an ephemeral cluster; SIGTERM to it must leave nothing behind.
+    p = subprocess.Popen([sys.executable, "-m", "gradwire.cli", "run", "--hosts", "2", "--",
+                          "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    names = set()
+    for _ in range(200):
+        names = {n.split("-")[0] for n in netns_names() if n.startswith("gw")} - {"gwprobe"}
+        if any(c.name in names for c in list_clusters()) and _running_sleep():
+            break
+        time.sleep(0.05)
+    mine = {c.name for c in list_clusters()} & names
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode != 0
+    for n in mine:
+        assert gradwire_leftovers(n) == []
+    assert not _running_sleep()
+
+
+def _running_sleep() -> bool:
+    out = subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True, text=True).stdout
+    return bool(out.strip())
+
+
+def test_cli_status_json_and_down_unknown():
+    c = cluster_up(1, "1gbit")
+    try:
+        out = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "status",
+                              "--json"], capture_output=True, text=True, check=True).stdout
+        assert c.name in {x["name"] for x in json.loads(out)}
+    finally:
+        cluster_down(c.name)
+    p = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "down", "gw000000"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().startswith("gradwire: error: no cluster named gw000000")
+    assert "Traceback" not in p.stderr
+
+
+def test_down_removes_an_orphan_by_name():
+    c = cluster_up(2, "1gbit")
+    os.unlink(f"/run/gradwire/{c.name}.json")  # a crashed process left no state file
+    # --all would also take down clusters of tests running side by side, so name it.
+    assert cluster_down(c.name) == [c.name]
+    assert gradwire_leftovers(c.name) == []

@@ -1,0 +1,52 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import needs_netns
+
+
+def _gradwire(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_demo_on_loopback_trains_and_says_so(tmp_path):
+    out = tmp_path / "r.json"
+    p = _gradwire("demo", "--loopback", "--hosts", "2", "--epochs", "3", "--model", "mlp-small",
+                  "--json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "loopback, links not shaped" in p.stdout
+    (r,) = json.loads(out.read_text())
+    assert r["network"] == "loopback, links not shaped"
+    assert r["wire_tx_bytes_per_iter_per_rank"] is None
+    assert r["loss"][-1] < r["loss"][0]
+    assert r["test_accuracy"][-1] > 0.8
+
+
+@needs_netns
+def test_demo_on_the_emulated_cluster_measures_wire_bytes(tmp_path):
+    out = tmp_path / "r.json"
+    p = _gradwire("demo", "--hosts", "2", "--epochs", "2", "--model", "mlp-small", "--json",
+                  str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    (r,) = json.loads(out.read_text())
+    assert r["network"] == "emulated 2 hosts, 1gbit links"
+    grad_bytes = 4 * r["parameters"]
+    # A 2-rank ring sends half the gradient twice: one gradient's bytes plus headers.
+    assert grad_bytes <= r["wire_tx_bytes_per_iter_per_rank"] <= 1.2 * grad_bytes
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["demo", "--bandwidth", "fast"], "bandwidth 'fast' is not valid"),
+    (["demo", "--agg", "nope"], "unknown aggregation 'nope'"),
+    (["demo", "--model", "nope"], "unknown model 'nope'"),
+    (["run", "--bandwidth", "1gb", "--", "true"], "bandwidth '1gb' is not valid"),
+    (["run", "--cluster", "gwzzzzzz", "--", "true"], "cluster name 'gwzzzzzz' is not valid"),
+    (["cluster", "up", "--hosts", "2", "--name", "x;rm"], "cluster name 'x;rm' is not valid"),
+])
+def test_bad_cli_input_is_one_line(args, msg):
+    p = _gradwire(*args)
+    assert p.returncode == 2
+    assert msg in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -1,0 +1,28 @@
+"""Shaping is real: a 2-host 1gbit link carries 64 MB at about 1 Gbit/s each way; `none` is
+much faster. Bounds are loose on purpose: this checks the mechanism, the benchmark the rate."""
+import re
+
+from conftest import needs_netns, script
+
+from gradwire.cluster import ephemeral_cluster
+from gradwire.launcher import launch
+
+
+def _rates(bandwidth: str) -> dict[str, float]:
+    lines: list[str] = []
+    with ephemeral_cluster(2, bandwidth) as c:
+        res = launch(c, script("p2p_rate.py"), timeout=120, sink=lines.append)
+    assert res.returncode == 0, "\n".join(lines)
+    return {m.group(1): float(m.group(2)) for line in lines
+            if (m := re.search(r"RATE (\d->\d) ([\d.]+)", line))}
+
+
+@needs_netns
+def test_1gbit_is_shaped_both_ways_and_none_is_not():
+    shaped = _rates("1gbit")
+    assert set(shaped) == {"0->1", "1->0"}
+    for direction, gbps in shaped.items():
+        assert 0.8 <= gbps <= 1.0, (direction, gbps)
+    free = _rates("none")
+    for direction, gbps in free.items():
+        assert gbps > 2.0 * shaped[direction], (direction, gbps)

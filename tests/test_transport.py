@@ -1,0 +1,42 @@
+import json
+
+import pytest
+from conftest import needs_netns, script
+
+from gradwire.cluster import ephemeral_cluster, loopback_cluster
+from gradwire.launcher import launch
+
+
+def _run(cluster, **env):
+    lines: list[str] = []
+    res = launch(cluster, script("p2p_exchange.py"), timeout=120, sink=lines.append,
+                 extra_env={k: str(v) for k, v in env.items()})
+    assert res.returncode == 0, "\n".join(lines[-30:])
+    out = {}
+    for line in lines:
+        _, _, rest = line.partition("] ")
+        if rest.startswith("COUNTERS "):
+            d = json.loads(rest[len("COUNTERS "):])
+            out[d["rank"]] = d
+    return out
+
+
+@pytest.mark.parametrize("seed,world,mode", [(0, 2, "batch"), (1, 3, "blocking"),
+                                             (2, 4, "batch")])
+def test_counters_equal_bytes_posted_per_peer(seed, world, mode):
+    c = _run(loopback_cluster(world), SEED=seed, MODE=mode)
+    assert sorted(c) == list(range(world))
+    for r in range(world):
+        assert c[r]["sent"] == c[r]["posted"]["sent"]
+        assert c[r]["received"] == c[r]["posted"]["received"]
+        for peer in range(world):
+            assert c[r]["sent"][peer] == c[peer]["received"][r]
+    assert sum(sum(c[r]["sent"]) for r in c) > 0
+
+
+@needs_netns
+def test_counters_on_the_emulated_cluster():
+    with ephemeral_cluster(3, "1gbit") as cl:
+        c = _run(cl, SEED=5, MODE="batch", MESSAGES=20)
+    for r in range(3):
+        assert c[r]["sent"] == c[r]["posted"]["sent"]
