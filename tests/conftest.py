@@ -7,6 +7,7 @@ import pytest
 from gradwire.cluster import netns_available
 
 SCRIPTS = Path(__file__).parent / "scripts"
+BENCH_RANKS = Path(__file__).parent.parent / "benchmarks" / "ranks"
 _ok, _why = netns_available()
 needs_netns = pytest.mark.skipif(not _ok, reason=_why or "network namespaces unavailable")
 

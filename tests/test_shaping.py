@@ -1,8 +1,9 @@
 """Shaping is real: a 2-host 1gbit link carries 64 MB at about 1 Gbit/s each way; `none` is
 much faster. Bounds are loose on purpose: this checks the mechanism, the benchmark the rate."""
 import re
+import sys
 
-from conftest import needs_netns, script
+from conftest import BENCH_RANKS, needs_netns
 
 from gradwire.cluster import ephemeral_cluster
 from gradwire.launcher import launch
@@ -11,7 +12,8 @@ from gradwire.launcher import launch
 def _rates(bandwidth: str) -> dict[str, float]:
     lines: list[str] = []
     with ephemeral_cluster(2, bandwidth) as c:
-        res = launch(c, script("p2p_rate.py"), timeout=120, sink=lines.append)
+        cmd = [sys.executable, str(BENCH_RANKS / "p2p_rate.py")]
+        res = launch(c, cmd, timeout=120, sink=lines.append)
     assert res.returncode == 0, "\n".join(lines)
     return {m.group(1): float(m.group(2)) for line in lines
             if (m := re.search(r"RATE (\d->\d) ([\d.]+)", line))}
