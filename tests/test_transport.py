@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from conftest import needs_netns, script
@@ -40,3 +43,12 @@ def test_counters_on_the_emulated_cluster():
         c = _run(cl, SEED=5, MODE="batch", MESSAGES=20)
     for r in range(3):
         assert c[r]["sent"] == c[r]["posted"]["sent"]
+
+
+def test_the_same_script_runs_unchanged_under_torchrun():
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", *script("p2p_exchange.py")[1:]],
+                       capture_output=True, text=True, timeout=120, env={
+                           **os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.count("COUNTERS ") == 2
