@@ -1,0 +1,154 @@
+"""Public calls named and shaped like c10d's, with ``algo=`` choosing the schedule.
+
+Example::
+
+    import gradwire.collectives as gc
+    gc.all_reduce(grad, op="avg", algo="ring")            # like dist.all_reduce
+    gc.broadcast(params, src=0, algo="lp", block=65536)   # linear pipeline, 64 Ki-element blocks
+
+Every call accepts ``transport=`` (a :class:`~gradwire.transport.Transport`) to read byte
+counters afterwards, and ``async_op=True`` (the collective then runs on a helper thread and the
+returned handle's ``wait()`` joins it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from gradwire.collectives.executor import execute
+from gradwire.errors import GradwireError
+from gradwire.schedules import registry
+from gradwire.transport import Transport
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+class Handle:
+    """What ``async_op=True`` returns: ``wait()`` blocks until done and re-raises errors."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as e:  # handed to wait()
+            self._error = e
+
+    def is_completed(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+        return not self._thread.is_alive()
+
+
+def _op(op: object) -> str:
+    names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", "sum": "sum", "avg": "avg"}
+    try:
+        return names[op]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise GradwireError(f"reduction op {op!r} is not supported: expected 'sum' or 'avg' "
+                            "(or dist.ReduceOp.SUM / AVG)") from None
+
+
+def _flat(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise GradwireError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in DTYPES:
+        raise GradwireError(f"{what} has dtype {tensor.dtype}: expected one of "
+                            f"{', '.join(str(d) for d in DTYPES)}")
+    if not tensor.is_contiguous():
+        raise GradwireError(f"{what} must be contiguous: call .contiguous() first")
+    return tensor.view(-1)
+
+
+def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
+         group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
+         after: Callable[[], None] | None, params: dict) -> Handle | None:
+    t = transport or Transport(group)
+    s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
+
+    def go() -> None:
+        execute(s, buf, t)
+        if after is not None:
+            after()
+
+    if async_op:
+        return Handle(go)
+    go()
+    return None
+
+
+def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGroup | None = None,
+               async_op: bool = False, algo: str | None = None,
+               transport: Transport | None = None, **params: object) -> Handle | None:
+    """Every rank ends with the sum (or average) of ``tensor`` over ranks, in place."""
+    buf, how = _flat(tensor, "tensor"), _op(op)
+    world = (transport.world_size if transport else dist.get_world_size(group))
+    after = (lambda: buf.div_(world)) if how == "avg" else None
+    return _run("allreduce", algo, buf, 0, group, transport, async_op, after, params)
+
+
+def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
+           group: dist.ProcessGroup | None = None, async_op: bool = False,
+           algo: str | None = None, transport: Transport | None = None,
+           **params: object) -> Handle | None:
+    """Rank ``dst`` ends with the sum (or average); other ranks' buffers are scratch."""
+    buf, how = _flat(tensor, "tensor"), _op(op)
+    t = transport or Transport(group)
+    after = (lambda: buf.div_(t.world_size)) if how == "avg" and t.rank == dst else None
+    return _run("reduce", algo, buf, dst, group, t, async_op, after, params)
+
+
+def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None,
+              async_op: bool = False, algo: str | None = None,
+              transport: Transport | None = None, **params: object) -> Handle | None:
+    """Every rank ends with rank ``src``'s ``tensor``."""
+    return _run("broadcast", algo, _flat(tensor, "tensor"), src, group, transport, async_op,
+                None, params)
+
+
+def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
+                           group: dist.ProcessGroup | None = None, async_op: bool = False,
+                           algo: str | None = None, transport: Transport | None = None,
+                           **params: object) -> Handle | None:
+    """``output`` (P × input elements) ends with every rank's ``input``, in rank order."""
+    out, inp = _flat(output, "output"), _flat(input, "input")
+    t = transport or Transport(group)
+    if out.numel() != t.world_size * inp.numel() or out.dtype != inp.dtype:
+        raise GradwireError(f"output must have world_size × input = {t.world_size} × "
+                            f"{inp.numel()} elements of {inp.dtype}, got {out.numel()} of "
+                            f"{out.dtype}")
+    out[t.rank * inp.numel() : (t.rank + 1) * inp.numel()].copy_(inp)
+    return _run("allgather", algo, out, 0, group, t, async_op, None, params)
+
+
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object = "sum",
+                          group: dist.ProcessGroup | None = None, async_op: bool = False,
+                          algo: str | None = None, transport: Transport | None = None,
+                          **params: object) -> Handle | None:
+    """``output`` ends with this rank's block of the sum of every rank's ``input``."""
+    out, inp, how = _flat(output, "output"), _flat(input, "input"), _op(op)
+    t = transport or Transport(group)
+    if inp.numel() != t.world_size * out.numel() or out.dtype != inp.dtype:
+        raise GradwireError(f"input must have world_size × output = {t.world_size} × "
+                            f"{out.numel()} elements of {out.dtype}, got {inp.numel()} of "
+                            f"{inp.dtype}")
+    work = inp.clone()  # c10d leaves the input as it was
+    n = out.numel()
+
+    def after() -> None:
+        out.copy_(work[t.rank * n : (t.rank + 1) * n])
+        if how == "avg":
+            out.div_(t.world_size)
+
+    return _run("reducescatter", algo, work, 0, group, t, async_op, after, params)

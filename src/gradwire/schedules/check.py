@@ -1,0 +1,99 @@
+"""Symbolic execution of a schedule on tokens: which ranks' data each element holds.
+
+Each element of each rank's buffer is a vector of counts, one per rank ("this element holds
+rank r's contribution c times") plus a last column for garbage (data that should never be
+read). Copies move vectors, reductions add them. At the end the collective's postcondition is
+compared element by element, and the first difference is reported the way a person reads it:
+``rank 3 element 5 holds {0, 1, 2} but should hold {0, 1, 2, 3}``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gradwire.schedules.ir import Schedule, blocks
+
+
+class ScheduleError(AssertionError):
+    pass
+
+
+def initial_state(s: Schedule) -> np.ndarray:
+    p, n = s.world_size, s.count
+    state = np.zeros((p, n, p + 1), dtype=np.int64)
+    if s.collective in ("allreduce", "reduce", "reducescatter"):
+        for r in range(p):
+            state[r, :, r] = 1
+    elif s.collective == "broadcast":
+        state[:, :, p] = 1
+        state[s.root, :, :] = 0
+        state[s.root, :, s.root] = 1
+    elif s.collective == "allgather":
+        state[:, :, p] = 1
+        for r, (start, size) in enumerate(blocks(n, p)):
+            state[r, start : start + size, :] = 0
+            state[r, start : start + size, r] = 1
+    else:
+        raise ScheduleError(f"unknown collective {s.collective!r}")
+    return state
+
+
+def expected_state(s: Schedule) -> list[tuple[int, slice, np.ndarray]]:
+    """(rank, element range, the vector every element there must hold)."""
+    p, n = s.world_size, s.count
+    every = np.ones(p + 1, dtype=np.int64)
+    every[p] = 0
+    one = [np.eye(p + 1, dtype=np.int64)[r] for r in range(p)]
+    if s.collective == "allreduce":
+        return [(r, slice(0, n), every) for r in range(p)]
+    if s.collective == "reduce":
+        return [(s.root, slice(0, n), every)]
+    if s.collective == "broadcast":
+        return [(r, slice(0, n), one[s.root]) for r in range(p)]
+    if s.collective == "allgather":
+        return [(r, slice(b0, b0 + bn), one[b]) for r in range(p)
+                for b, (b0, bn) in enumerate(blocks(n, p))]
+    if s.collective == "reducescatter":
+        return [(r, slice(b0, b0 + bn), every) for r, (b0, bn) in enumerate(blocks(n, p))]
+    raise ScheduleError(f"unknown collective {s.collective!r}")
+
+
+def _describe(v: np.ndarray) -> str:
+    p = len(v) - 1
+    parts = [str(r) if c == 1 else f"{r}x{c}" for r, c in enumerate(v[:p]) if c]
+    if v[p]:
+        parts.append("garbage")
+    return "{" + ", ".join(parts) + "}"
+
+
+def run_symbolic(s: Schedule) -> np.ndarray:
+    """Execute ``s`` on tokens and return the final state; raise on a rule violation."""
+    state = initial_state(s)
+    p = s.world_size
+    for i, step in enumerate(s.steps):
+        for t in step.transfers:
+            if not (0 <= t.src < p and 0 <= t.dst < p) or t.src == t.dst:
+                raise ScheduleError(f"{s.algo}: step {i} transfer {t} names a bad rank pair")
+            if t.start < 0 or t.stop > s.count:
+                raise ScheduleError(f"{s.algo}: step {i} transfer {t} is outside 0..{s.count}")
+        snapshot = state.copy()  # every send of a step reads the state before the step
+        for t in step.transfers:
+            data = snapshot[t.src, t.start : t.stop]
+            if t.reduces:
+                state[t.dst, t.start : t.stop] += data
+            else:
+                state[t.dst, t.start : t.stop] = data
+    return state
+
+
+def check(s: Schedule) -> None:
+    """Raise :class:`ScheduleError` naming the first rank and element that is wrong."""
+    state = run_symbolic(s)
+    for rank, rng, want in expected_state(s):
+        got = state[rank, rng]
+        bad = np.nonzero((got != want).any(axis=1))[0]
+        if len(bad):
+            e = rng.start + int(bad[0])
+            raise ScheduleError(
+                f"{s.algo} {s.collective} p={s.world_size} n={s.count}: rank {rank} element "
+                f"{e} holds {_describe(state[rank, e])} but should hold {_describe(want)}")

@@ -1,0 +1,83 @@
+"""Time and traffic of a schedule, derived from its transfers alone (no per-algorithm formula).
+
+Model (Hockney's α-β plus γ for reduction, full-duplex links, one port per rank):
+a step costs, on each rank, ``max(α·m_out + β·b_out, α·m_in + β·b_in) + γ·b_reduced``, where
+``m`` counts messages and ``b`` bytes sent, received or combined by that rank in the step; the
+step takes as long as its slowest rank, and the schedule as long as its steps together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gradwire.schedules.ir import Schedule
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """α in seconds per message, β seconds per byte, γ seconds per byte combined."""
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+
+    @staticmethod
+    def for_link(bits_per_s: float, alpha: float = 50e-6, gamma: float = 0.0) -> CostParams:
+        return CostParams(alpha, 8.0 / bits_per_s, gamma)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Per-rank totals: what the transport's counters must show after one run."""
+
+    bytes_sent: np.ndarray  # [rank, peer]
+    messages_sent: np.ndarray  # [rank, peer]
+    bytes_reduced: np.ndarray  # [rank]
+
+    @property
+    def bytes_received(self) -> np.ndarray:
+        return self.bytes_sent.T
+
+    @property
+    def messages_received(self) -> np.ndarray:
+        return self.messages_sent.T
+
+
+def traffic(s: Schedule, itemsize: int) -> Traffic:
+    p = s.world_size
+    sent = np.zeros((p, p), dtype=np.int64)
+    msgs = np.zeros((p, p), dtype=np.int64)
+    red = np.zeros(p, dtype=np.int64)
+    for _, t in s.transfers():
+        sent[t.src, t.dst] += t.count * itemsize
+        msgs[t.src, t.dst] += 1
+        if t.reduces:
+            red[t.dst] += t.count * itemsize
+    return Traffic(sent, msgs, red)
+
+
+def step_times(s: Schedule, params: CostParams, itemsize: int) -> list[float]:
+    """Time of each step under ``params``."""
+    p = s.world_size
+    out = []
+    for step in s.steps:
+        m_out, b_out, m_in, b_in, b_red = (np.zeros(p) for _ in range(5))
+        for t in step.transfers:
+            b = t.count * itemsize
+            m_out[t.src] += 1
+            b_out[t.src] += b
+            m_in[t.dst] += 1
+            b_in[t.dst] += b
+            if t.reduces:
+                b_red[t.dst] += b
+        a, bt, g = params.alpha, params.beta, params.gamma
+        per_rank = np.maximum(a * m_out + bt * b_out, a * m_in + bt * b_in) + g * b_red
+        out.append(float(per_rank.max()))
+    return out
+
+
+def cost(s: Schedule, params: CostParams, itemsize: int = 4) -> float:
+    """Predicted seconds for ``s`` on buffers of ``itemsize``-byte elements."""
+    return sum(step_times(s, params, itemsize))

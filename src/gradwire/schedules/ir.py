@@ -1,0 +1,106 @@
+"""The schedule: the one description of a collective algorithm that every consumer reads.
+
+A schedule is a list of steps; a step is a set of transfers that may run at once; a transfer
+moves ``count`` elements starting at ``start`` of the buffer from ``src`` to ``dst``, where they
+either overwrite (``op="copy"``) or are combined into (``op="sum"``, or a named custom op) the
+same range of ``dst``'s buffer. Every rank holds one buffer of ``count`` elements (in place, as
+c10d's collectives are).
+
+Rules, checked by :func:`gradwire.schedules.check.check`:
+- within a step, what a rank sends is read before anything it receives in that step lands;
+- transfers in a step of the same (src, dst) pair are delivered in the order listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reducescatter")
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src: int
+    dst: int
+    start: int
+    count: int
+    op: str = "copy"  # "copy" overwrites; anything else combines (e.g. "sum")
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.count
+
+    @property
+    def reduces(self) -> bool:
+        return self.op != "copy"
+
+
+@dataclass(frozen=True)
+class Step:
+    transfers: tuple[Transfer, ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What runs (steps) and what it means (collective, root, block ownership)."""
+
+    algo: str
+    collective: str
+    world_size: int
+    count: int
+    steps: tuple[Step, ...]
+    root: int | None = None
+    params: dict = field(default_factory=dict, compare=False)
+
+    def transfers(self) -> Iterator[tuple[int, Transfer]]:
+        """Every (step index, transfer) in order."""
+        for i, s in enumerate(self.steps):
+            for t in s.transfers:
+                yield i, t
+
+    def program(self, rank: int) -> list[tuple[int, str, Transfer]]:
+        """What ``rank`` does, in order: per step its sends, then its receives.
+
+        Sends of a step come before its receives, so a send never waits on data of its own
+        step; a receive is combined only after every earlier send of the same range is done.
+        """
+        out: list[tuple[int, str, Transfer]] = []
+        for i, s in enumerate(self.steps):
+            out += [(i, "send", t) for t in s.transfers if t.src == rank and t.count > 0]
+            out += [(i, "recv", t) for t in s.transfers if t.dst == rank and t.count > 0]
+        return out
+
+
+def blocks(count: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``count`` elements into ``parts`` contiguous (start, size) blocks, sizes differing by
+    at most one, the larger ones first. The partition allgather and reduce-scatter use."""
+    q, r = divmod(count, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = q + (1 if i < r else 0)
+        out.append((start, size))
+        start += size
+    return out
+
+
+def split(start: int, count: int, pieces: int) -> list[tuple[int, int]]:
+    """``blocks`` of the range [start, start+count), dropping empty pieces."""
+    return [(start + s, n) for s, n in blocks(count, pieces) if n > 0]
+
+
+def build(algo: str, collective: str, p: int, count: int, steps: Iterable[Iterable[Transfer]],
+          root: int | None = None, **params: object) -> Schedule:
+    """Make a Schedule from lists of transfers, dropping empty transfers and empty steps."""
+    kept = []
+    for s in steps:
+        ts = tuple(t for t in s if t.count > 0)
+        if ts:
+            kept.append(Step(ts))
+    return Schedule(algo, collective, p, count, tuple(kept), root, dict(params))
+
+
+def merge_steps(*phases: list[list[Transfer]]) -> list[list[Transfer]]:
+    """Overlay phases step by step (step i of the result = step i of every phase)."""
+    n = max((len(ph) for ph in phases), default=0)
+    return [[t for ph in phases if i < len(ph) for t in ph[i]] for i in range(n)]

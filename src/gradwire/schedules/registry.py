@@ -1,0 +1,75 @@
+"""The one table of algorithms. The API, the CLI, benchmarks and parametrized tests iterate it,
+so an algorithm added here is executed, costed, checked and benchmarked with no other change."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gradwire.errors import GradwireError
+from gradwire.schedules import ring
+from gradwire.schedules.ir import COLLECTIVES, Schedule
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    collective: str
+    name: str
+    build: Callable[..., Schedule]  # (p, count, *, root=0, **params) -> Schedule
+    rooted: bool = False
+
+    @property
+    def summary(self) -> str:
+        doc = (self.build.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+
+ALGORITHMS: tuple[Algorithm, ...] = (
+    Algorithm("allreduce", "ring", ring.allreduce),
+    Algorithm("reducescatter", "ring", ring.reducescatter),
+    Algorithm("allgather", "ring", ring.allgather),
+)
+
+DEFAULTS = {"allreduce": "ring", "reducescatter": "ring", "allgather": "ring"}
+
+
+def algorithms(collective: str | None = None) -> list[Algorithm]:
+    return [a for a in ALGORITHMS if collective is None or a.collective == collective]
+
+
+def get(collective: str, name: str | None = None) -> Algorithm:
+    """The algorithm ``name`` of ``collective`` (its default when ``name`` is None)."""
+    if collective not in COLLECTIVES:
+        raise GradwireError(f"unknown collective {collective!r}: expected one of "
+                            f"{', '.join(COLLECTIVES)}")
+    name = name or DEFAULTS.get(collective)
+    known = [a.name for a in algorithms(collective)]
+    for a in algorithms(collective):
+        if a.name == name:
+            return a
+    hint = difflib.get_close_matches(str(name), known, n=1)
+    did = f" (did you mean {hint[0]!r}?)" if hint else ""
+    raise GradwireError(f"unknown {collective} algorithm {name!r}{did}: expected one of "
+                        f"{', '.join(known) or 'none yet'}")
+
+
+@functools.lru_cache(maxsize=256)
+def _cached(collective: str, name: str, p: int, count: int, root: int,
+            params: tuple[tuple[str, object], ...]) -> Schedule:
+    a = get(collective, name)
+    return a.build(p, count, root=root, **dict(params))
+
+
+def schedule(collective: str, name: str | None, p: int, count: int, root: int = 0,
+             **params: object) -> Schedule:
+    """Build (or reuse) the schedule of ``name`` for ``p`` ranks and ``count`` elements."""
+    if p < 1:
+        raise GradwireError(f"world size must be >= 1, got {p}")
+    if count < 0:
+        raise GradwireError(f"element count must be >= 0, got {count}")
+    if not 0 <= root < p:
+        raise GradwireError(f"root must be a rank in 0..{p - 1}, got {root}")
+    a = get(collective, name)
+    return _cached(collective, a.name, p, count, root, tuple(sorted(params.items())))

@@ -1,0 +1,106 @@
+"""Every registered algorithm against torch.distributed's own collectives, on every rank.
+
+Integer-valued data (exactly representable in every dtype) must match exactly; random float32
+must match dist.all_reduce within allclose. Transport byte and message counters must equal the
+schedule's traffic exactly. Prints one FAIL line per problem and a final CHECKED line.
+"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+import gradwire.collectives as gc
+from gradwire.schedules import registry
+from gradwire.schedules.cost import traffic
+from gradwire.transport import Transport
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, p = dist.get_rank(), dist.get_world_size()
+sizes = [int(s) for s in os.environ.get("SIZES", "0,1,2,3,5,7,13,16,24,33,1000").split(",")]
+only = os.environ.get("ALGOS")  # "allreduce/ring,broadcast/lp"
+dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+fails, checked = [], 0
+
+
+def fail(msg: str) -> None:
+    fails.append(msg)
+    print(f"FAIL rank {rank}: {msg}", flush=True)
+
+
+def data(n: int, seed: int, dtype: torch.dtype, r: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + r)
+    return torch.randint(-4, 5, (n,), generator=g).to(dtype)
+
+
+def everyone(n: int, seed: int) -> torch.Tensor:
+    """All ranks' float64 inputs, gathered with the built-in collective: [p, n]."""
+    mine = data(n, seed, torch.float64, rank)
+    out = [torch.zeros(n, dtype=torch.float64) for _ in range(p)]
+    dist.all_gather(out, mine)
+    return torch.stack(out)
+
+
+for algo in registry.ALGORITHMS:
+    tag = f"{algo.collective}/{algo.name}"
+    if only and tag not in only.split(","):
+        continue
+    for n in sizes:
+        for di, dt in enumerate(dtypes):
+            seed = n * 7 + di
+            root = (n + 1) % p
+            allin = everyone(n if algo.collective != "allgather" else n, seed)
+            total = allin.sum(0)
+            x = data(n, seed, dt, rank)
+            t = Transport()
+            c = algo.collective
+            if c == "allreduce":
+                gc.all_reduce(x, algo=algo.name, transport=t)
+                got, want = x, total
+            elif c == "reduce":
+                gc.reduce(x, dst=root, algo=algo.name, transport=t)
+                got, want = (x, total) if rank == root else (None, None)
+            elif c == "broadcast":
+                gc.broadcast(x, src=root, algo=algo.name, transport=t)
+                got, want = x, allin[root]
+            elif c == "allgather":
+                out = torch.zeros(n * p, dtype=dt)
+                gc.all_gather_into_tensor(out, x, algo=algo.name, transport=t)
+                got, want = out, allin.reshape(-1)
+            else:  # reducescatter: input n*p, output n
+                xin = torch.cat([data(n, seed + 99 * j, dt, rank) for j in range(p)])
+                full = torch.zeros(n * p, dtype=torch.float64)
+                dist.all_reduce(full.copy_(xin.double()))
+                out = torch.zeros(n, dtype=dt)
+                gc.reduce_scatter_tensor(out, xin, algo=algo.name, transport=t)
+                got, want = out, full[rank * n : (rank + 1) * n]
+            checked += 1
+            if got is not None and not torch.equal(got.double(), want):
+                bad = (got.double() != want).nonzero()[0].item()
+                fail(f"{tag} n={n} {dt}: element {bad} is {got[bad].item()}, "
+                     f"expected {want[bad].item()}")
+            count = n * p if c in ("allgather", "reducescatter") else n
+            s = registry.schedule(c, algo.name, p, count, root if algo.rooted else 0)
+            tr = traffic(s, x.element_size())
+            if t.bytes_sent != tr.bytes_sent[rank].tolist() or \
+               t.bytes_received != tr.bytes_received[rank].tolist() or \
+               t.messages_sent != tr.messages_sent[rank].tolist():
+                fail(f"{tag} n={n} {dt}: counters sent {t.bytes_sent} recv "
+                     f"{t.bytes_received} msgs {t.messages_sent}, schedule says "
+                     f"{tr.bytes_sent[rank].tolist()} {tr.bytes_received[rank].tolist()} "
+                     f"{tr.messages_sent[rank].tolist()}")
+    # random float32 against the built-in all_reduce, sum and avg
+    if algo.collective == "allreduce":
+        for how in ("sum", "avg"):
+            g = torch.Generator().manual_seed(rank)
+            x = torch.randn(4099, generator=g)
+            ref = x.clone()
+            dist.all_reduce(ref)
+            if how == "avg":
+                ref /= p
+            gc.all_reduce(x, op=how, algo=algo.name)
+            checked += 1
+            if not torch.allclose(x, ref, rtol=1e-5, atol=1e-5):
+                fail(f"{tag} float32 {how}: max error {(x - ref).abs().max().item()}")
+print(f"CHECKED rank {rank} cases={checked} failures={len(fails)}", flush=True)
+dist.destroy_process_group()

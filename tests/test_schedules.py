@@ -1,0 +1,85 @@
+"""Structure of every registered schedule: correct on tokens for P = 1..17 and odd sizes, and
+its derived cost equal to the closed forms of REFERENCE.md."""
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradwire.errors import GradwireError
+from gradwire.schedules import registry
+from gradwire.schedules.check import ScheduleError, check
+from gradwire.schedules.cost import CostParams, cost, traffic
+from gradwire.schedules.ir import Transfer, build
+
+SIZES = [0, 1, 2, 3, 5, 7, 13, 16, 24, 32, 64, 1000]
+ALGOS = [pytest.param(a, id=f"{a.collective}/{a.name}") for a in registry.ALGORITHMS]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("p", range(1, 18))
+def test_symbolically_correct(algo, p):
+    for n in SIZES:
+        for root in sorted({0, p - 1, p // 2}) if algo.rooted else [0]:
+            check(registry.schedule(algo.collective, algo.name, p, n, root))
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@given(p=st.integers(1, 17), n=st.integers(0, 300), root=st.integers(0, 16))
+@settings(max_examples=25, deadline=None)
+def test_symbolic_property(algo, p, n, root):
+    check(registry.schedule(algo.collective, algo.name, p, n, root % p if algo.rooted else 0))
+
+
+def test_checker_names_the_wrong_rank_and_element():
+    # A "ring" that forgets its last allgather step.
+    good = registry.schedule("allreduce", "ring", 4, 8)
+    broken = build("broken", "allreduce", 4, 8, [s.transfers for s in good.steps[:-1]])
+    with pytest.raises(ScheduleError, match=r"rank \d element \d+ holds \{.*\} but should hold "
+                                            r"\{0, 1, 2, 3\}"):
+        check(broken)
+    with pytest.raises(ScheduleError, match="bad rank pair"):
+        check(build("x", "allreduce", 2, 4, [[Transfer(0, 0, 0, 4, "sum")]]))
+
+
+# Closed forms (REFERENCE.md), n bytes, for counts divisible by the pieces involved.
+A, B, G = 1e-4, 8e-9, 1e-9
+P = CostParams(A, B, G)
+
+
+def lg(p: int) -> int:
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+FORMULAS = {
+    ("allreduce", "ring"): lambda p, n: 2 * (p - 1) * A + 2 * (p - 1) / p * n * B
+    + (p - 1) / p * n * G,
+    ("allgather", "ring"): lambda p, n: (p - 1) * A + (p - 1) / p * n * B,
+    ("reducescatter", "ring"): lambda p, n: (p - 1) * A + (p - 1) / p * n * (B + G),
+}
+
+
+@pytest.mark.parametrize("key", sorted(FORMULAS))
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 17, 32])
+def test_cost_equals_closed_form(key, p):
+    for elems in (p * 5040, p * 65536):
+        s = registry.schedule(key[0], key[1], p, elems)
+        assert cost(s, P, 4) == pytest.approx(FORMULAS[key](p, elems * 4), rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 13])
+def test_ring_pattern_is_a_ring_and_sends_2n_p_minus_1_over_p(p):
+    n = p * 1000
+    s = registry.schedule("allreduce", "ring", p, n)
+    tr = traffic(s, 4)
+    pairs = {(i, j) for i in range(p) for j in range(p) if tr.bytes_sent[i, j]}
+    assert pairs == {(r, (r + 1) % p) for r in range(p)}
+    assert (tr.bytes_sent.sum(1) == 2 * 4 * n * (p - 1) // p).all()
+    assert (tr.messages_sent.sum(1) == 2 * (p - 1)).all()
+
+
+def test_unknown_algorithm_suggests():
+    with pytest.raises(GradwireError, match="did you mean 'ring'"):
+        registry.get("allreduce", "rnig")
+    with pytest.raises(GradwireError, match="unknown collective"):
+        registry.get("alltoall", "ring")
