@@ -13,7 +13,7 @@ Rules, checked by :func:`gradwire.schedules.check.check`:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reducescatter")
@@ -104,3 +104,18 @@ def merge_steps(*phases: list[list[Transfer]]) -> list[list[Transfer]]:
     """Overlay phases step by step (step i of the result = step i of every phase)."""
     n = max((len(ph) for ph in phases), default=0)
     return [[t for ph in phases if i < len(ph) for t in ph[i]] for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registry entry: ``build(p, count, *, root=0, **params) -> Schedule``."""
+
+    collective: str
+    name: str
+    build: Callable[..., Schedule]
+    rooted: bool = False
+
+    @property
+    def summary(self) -> str:
+        doc = (self.build.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""

@@ -5,34 +5,17 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from gradwire.errors import GradwireError
 from gradwire.schedules import ring
-from gradwire.schedules.ir import COLLECTIVES, Schedule
+from gradwire.schedules.ir import COLLECTIVES, Algorithm, Schedule
 
+# One module per algorithm family; each declares its entries as ALGORITHMS.
+MODULES = (ring,)
+ALGORITHMS: tuple[Algorithm, ...] = tuple(a for m in MODULES for a in m.ALGORITHMS)
 
-@dataclass(frozen=True)
-class Algorithm:
-    collective: str
-    name: str
-    build: Callable[..., Schedule]  # (p, count, *, root=0, **params) -> Schedule
-    rooted: bool = False
-
-    @property
-    def summary(self) -> str:
-        doc = (self.build.__doc__ or "").strip()
-        return doc.splitlines()[0] if doc else ""
-
-
-ALGORITHMS: tuple[Algorithm, ...] = (
-    Algorithm("allreduce", "ring", ring.allreduce),
-    Algorithm("reducescatter", "ring", ring.reducescatter),
-    Algorithm("allgather", "ring", ring.allgather),
-)
-
-DEFAULTS = {"allreduce": "ring", "reducescatter": "ring", "allgather": "ring"}
+DEFAULTS = {"allreduce": "ring", "reducescatter": "ring", "allgather": "ring",
+            "broadcast": "binomial", "reduce": "binomial"}
 
 
 def algorithms(collective: str | None = None) -> list[Algorithm]:

@@ -12,7 +12,7 @@ Cost (pipeline=1), n bytes: reduce-scatter (p−1)α + ((p−1)/p)n(β+γ); allg
 
 from __future__ import annotations
 
-from gradwire.schedules.ir import Schedule, Transfer, blocks, build, split
+from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build, split
 
 
 def _ring_steps(p: int, count: int, first: int, op: str, pipeline: int) -> list[list[Transfer]]:
@@ -45,3 +45,10 @@ def allreduce(p: int, count: int, pipeline: int = 1, **_: object) -> Schedule:
     steps = _ring_steps(p, count, 0, "sum", pipeline) + _ring_steps(p, count, 1, "copy",
                                                                      pipeline)
     return build("ring", "allreduce", p, count, steps, pipeline=pipeline)
+
+
+ALGORITHMS = (
+    Algorithm("allreduce", "ring", allreduce),
+    Algorithm("reducescatter", "ring", reducescatter),
+    Algorithm("allgather", "ring", allgather),
+)

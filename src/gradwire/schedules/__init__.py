@@ -1,0 +1,1 @@
+"""Algorithms as schedules: one module per family, one registry (``registry.py``)."""
