@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +15,7 @@ from rich.table import Table
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
 from gradwire.cluster import (
+    Cluster,
     cluster_down,
     cluster_up,
     ephemeral_cluster,
@@ -29,7 +32,8 @@ app = typer.Typer(help="gradwire: gradient aggregation on bandwidth-limited netw
 cluster_app = typer.Typer(help="Emulated clusters: hosts in network namespaces, shaped links.",
                           no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
-console = Console()
+# Piped output (CI logs, files) gets full-width tables instead of 80 truncated columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks)", min=1)]
 Bandwidth = Annotated[str, typer.Option(
@@ -46,6 +50,18 @@ def _use_loopback(requested: bool) -> bool:
     if not ok:
         print(f"gradwire: {why}; falling back to {LOOPBACK_LABEL}", file=sys.stderr)
     return not ok
+
+
+def _cluster(hosts: int, bandwidth: str, name: str | None,
+             loopback: bool) -> contextlib.AbstractContextManager[Cluster]:
+    """The live cluster ``name``, or an ephemeral one removed when the block ends."""
+    if name is not None:
+        return contextlib.nullcontext(load_cluster(name))
+    return ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback))
+
+
+ClusterName = Annotated[str | None, typer.Option(
+    "--cluster", help="use this live cluster (its hosts and bandwidth) instead of a new one")]
 
 
 @cluster_app.command("up")
@@ -93,8 +109,7 @@ def run(
     cmd: Annotated[list[str], typer.Argument(help="the command each rank runs, after --")],
     hosts: Hosts = 2,
     bandwidth: Bandwidth = "1gbit",
-    cluster: Annotated[str | None, typer.Option(help="use this live cluster instead of a new "
-                                                "one (its hosts and bandwidth)")] = None,
+    cluster: ClusterName = None,
     timeout: Annotated[float | None, typer.Option(help="seconds for the whole run")] = None,
     loopback: Loopback = False,
 ) -> None:
@@ -102,11 +117,8 @@ def run(
 
     Example: gradwire run --hosts 4 --bandwidth 1gbit -- python train.py
     """
-    if cluster is not None:
-        res = launch(load_cluster(cluster), cmd, timeout=timeout)
-    else:
-        with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback)) as c:
-            res = launch(c, cmd, timeout=timeout)
+    with _cluster(hosts, bandwidth, cluster, loopback) as c:
+        res = launch(c, cmd, timeout=timeout)
     if res.returncode != 0:
         print(f"gradwire run: {res.message}", file=sys.stderr)
         raise typer.Exit(res.returncode)
@@ -140,6 +152,98 @@ def demo(
         results = run_demo(c, aggs, epochs, model, seed, timeout, console)
     if json_out:
         json_out.write_text(json.dumps(results, indent=1))
+
+
+def _params(items: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise GradwireError(f"--param {item!r} is not valid: expected KEY=VALUE, e.g. "
+                                "block=65536 or pipeline=4")
+        for kind in (int, float):
+            try:
+                out[key] = kind(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = value
+    return out
+
+
+@app.command()
+def bench(
+    collective: Annotated[str, typer.Option(help="allreduce, broadcast, reduce, allgather or "
+                                            "reducescatter")] = "allreduce",
+    algo: Annotated[str | None, typer.Option(help="comma list; default: every algorithm of "
+                                             "the collective")] = None,
+    sizes: Annotated[str, typer.Option(help="bytes: 1K:64M (doubling), 1K:64M:4, or a comma "
+                                       "list")] = "1K:64M",
+    hosts: Hosts = 4,
+    bandwidth: Bandwidth = "1gbit",
+    cluster: ClusterName = None,
+    dtype: Annotated[str, typer.Option(help="float32, float16, bfloat16 or float64")] = "float32",
+    iters: Annotated[int, typer.Option(min=1)] = 5,
+    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    param: Annotated[list[str] | None, typer.Option(help="algorithm parameter KEY=VALUE "
+                                                    "(repeatable)")] = None,
+    builtin: Annotated[bool, typer.Option(help="add torch.distributed's own collective as "
+                                          "the baseline row")] = True,
+    timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 3600,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write rows here")] = None,
+    loopback: Loopback = False,
+) -> None:
+    """Time collectives like nccl-tests, with the built-in collective and the model's
+    prediction beside each algorithm."""
+    from gradwire.bench.run import run_bench
+    from gradwire.bench.sizes import parse_sizes
+    from gradwire.schedules import registry
+
+    registry.get(collective)
+    algos = ([a.name for a in registry.algorithms(collective)] if algo is None
+             else [a.strip() for a in algo.split(",") if a.strip()])
+    for a in algos:
+        registry.get(collective, a)
+    if dtype not in ("float32", "float16", "bfloat16", "float64"):
+        raise GradwireError(f"--dtype {dtype!r} is not supported: expected float32, float16, "
+                            "bfloat16 or float64")
+    size_list = parse_sizes(sizes)
+    params = _params(param or [])
+    parse_bandwidth(bandwidth)
+    with _cluster(hosts, bandwidth, cluster, loopback) as c:
+        result = run_bench(c, collective, algos, size_list, dtype, iters, warmup, params,
+                           builtin, timeout, console)
+    result["command"] = "gradwire " + shlex.join(sys.argv[1:])
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+@app.command()
+def calibrate(
+    hosts: Hosts = 2,
+    bandwidth: Bandwidth = "1gbit",
+    cluster: ClusterName = None,
+    timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 600,
+    loopback: Loopback = False,
+) -> None:
+    """Measure α (ping-pong), β (streaming) and γ (reduction) and save them for the model."""
+    from gradwire.bench import calibrate as cal
+    from gradwire.jobs import run_ranks
+
+    parse_bandwidth(bandwidth)
+    if cluster is None and hosts < 2:
+        raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
+    with _cluster(hosts, bandwidth, cluster, loopback) as c:
+        measured = run_ranks(c, "gradwire.bench.calibrate", [], "calibrate", timeout, console)
+        key = format_bandwidth(c.bandwidth_bps) if c.shaped else "loopback"
+        d = cal.record(measured, key, len(c.hosts), c.label)
+    t = Table("α (us)", "β (ns/byte)", "link (Gbit/s)", "γ (ns/byte)", "network", "saved to")
+    t.add_row(f"{d['alpha_s'] * 1e6:.1f}", f"{d['beta_s_per_byte'] * 1e9:.3f}",
+              f"{d['link_gbit_per_s_measured']:.3f}", f"{d['gamma_s_per_byte'] * 1e9:.4f}",
+              d["network"], d["path"])
+    console.print(t)
 
 
 def main() -> None:

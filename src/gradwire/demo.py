@@ -6,47 +6,20 @@ so the rows of the table differ only in how gradients cross the network.
 
 from __future__ import annotations
 
-import collections
-import json
-import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gradwire.cluster import Cluster
-from gradwire.errors import GradwireError
-from gradwire.launcher import launch
+from gradwire.jobs import run_ranks
 
 
 def train_on(cluster: Cluster, agg: str, epochs: int, model: str, seed: int,
              timeout: float, console: Console) -> dict:
     """Run the training worker once per host and return rank 0's result."""
-    with tempfile.TemporaryDirectory(prefix="gradwire-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "gradwire.train.worker", "--agg", agg, "--model", model,
-               "--epochs", str(epochs), "--seed", str(seed), "--out", str(out)]
-        tail: collections.deque[str] = collections.deque(maxlen=40)
-        with Progress(TextColumn(f"[bold]{agg:>8}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
-            task = bar.add_task(agg, total=None)
-
-            def sink(line: str) -> None:
-                if line.startswith("[rank 0] GW_PROGRESS "):
-                    done, total = map(int, line.split()[-2:])
-                    bar.update(task, completed=done, total=total)
-                else:
-                    tail.append(line)
-
-            res = launch(cluster, cmd, timeout=timeout, sink=sink)
-        if res.returncode != 0:
-            for line in tail:
-                console.print(line, markup=False, highlight=False)
-            raise GradwireError(f"training with --agg {agg} failed: {res.message}")
-        return json.loads(out.read_text())
+    args = ["--agg", agg, "--model", model, "--epochs", str(epochs), "--seed", str(seed)]
+    return run_ranks(cluster, "gradwire.train.worker", args, f"{agg:>8}", timeout, console)
 
 
 def results_table(results: Sequence[dict], title: str) -> Table:

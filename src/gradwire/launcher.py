@@ -21,6 +21,7 @@ from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError
 
 MASTER_PORT = 29500
+PROGRESS = "GW_PROGRESS"  # rank programs print "GW_PROGRESS done total" for a progress bar
 KILL_GRACE_S = 3.0
 
 

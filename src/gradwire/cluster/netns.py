@@ -23,12 +23,11 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
+from gradwire import config
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
 from gradwire.errors import GradwireError
 
-STATE_DIR = Path(os.environ.get("GRADWIRE_STATE_DIR", "/run/gradwire"))
 SUBNET_PREFIX = "10.213"  # 10.213.S.0/24, one S per live cluster; reserved for gradwire
 NAME_RE = re.compile(r"^gw[0-9a-f]{6}$")
 MAX_HOSTS = 250
@@ -140,9 +139,9 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None) ->
     name = name or f"gw{secrets.token_hex(3)}"
     if not NAME_RE.match(name):
         raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
-    if (STATE_DIR / f"{name}.json").exists():
+    if (config.state_dir() / f"{name}.json").exists():
         raise GradwireError(f"cluster {name} already exists")
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    config.state_dir().mkdir(parents=True, exist_ok=True)
     cluster = Cluster(name=name, bandwidth_bps=bps, subnet=_free_subnet())
     # The state file is written first so that a crash half-way still leaves a record to clean up.
     _save(cluster)
@@ -206,7 +205,7 @@ def _signals_raise() -> Iterator[None]:
 
 
 def _save(cluster: Cluster) -> None:
-    path = STATE_DIR / f"{cluster.name}.json"
+    path = config.state_dir() / f"{cluster.name}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(cluster.to_json())
     tmp.replace(path)
@@ -216,7 +215,7 @@ def load_cluster(name: str) -> Cluster:
     """The live cluster called ``name``."""
     if not NAME_RE.match(name):
         raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
-    path = STATE_DIR / f"{name}.json"
+    path = config.state_dir() / f"{name}.json"
     if not path.exists():
         known = ", ".join(c.name for c in list_clusters()) or "none"
         raise GradwireError(f"no cluster named {name} (live clusters: {known})")
@@ -225,10 +224,10 @@ def load_cluster(name: str) -> Cluster:
 
 def list_clusters() -> list[Cluster]:
     """Every cluster with a state file, oldest first."""
-    if not STATE_DIR.is_dir():
+    if not config.state_dir().is_dir():
         return []
     out = []
-    for p in sorted(STATE_DIR.glob("gw*.json"), key=lambda p: p.stat().st_mtime):
+    for p in sorted(config.state_dir().glob("gw*.json"), key=lambda p: p.stat().st_mtime):
         with contextlib.suppress(ValueError, TypeError, KeyError):
             out.append(Cluster.from_json(p.read_text()))
     return out
@@ -254,7 +253,7 @@ def _teardown(name: str) -> None:
     for m in re.finditer(rf"^\d+: ({re.escape(name)}-[a-z0-9]+)[@:]", links, re.M):
         subprocess.run(["ip", "link", "del", m.group(1)], capture_output=True)
     with contextlib.suppress(FileNotFoundError):
-        (STATE_DIR / f"{name}.json").unlink()
+        (config.state_dir() / f"{name}.json").unlink()
 
 
 def _orphans() -> set[str]:

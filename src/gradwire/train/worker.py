@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gradwire.data import digits, shard_indices
+from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, num_parameters
 from gradwire.train.aggregate import AGGREGATORS, get_aggregator
 from gradwire.train.wire import tx_bytes
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             t["step"] += t3 - t2
             loss_sum += loss.detach()
             if rank == 0:
-                print(f"GW_PROGRESS {epoch * iters_per_epoch + it + 1} {total}", flush=True)
+                print(f"{PROGRESS} {epoch * iters_per_epoch + it + 1} {total}", flush=True)
         dist.all_reduce(loss_sum)
         losses.append(loss_sum.item() / (world * iters_per_epoch))
         accs.append(accuracy(model, test.x, test.y))

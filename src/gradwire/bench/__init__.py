@@ -1,0 +1,1 @@
+"""nccl-tests-style benchmarks of the registry's algorithms beside torch.distributed's own."""

@@ -1,0 +1,135 @@
+"""The rank side of ``gradwire bench``: time every algorithm and the built-in collective.
+
+Started once per host by the launcher (or by torchrun). For each size and algorithm: warm-up
+runs, then timed runs, each between barriers; an iteration's time is the slowest rank's, and
+a row reports the median and mean over iterations. Rank r's input is filled with r+1, so every
+result is known in advance and ``wrong`` counts elements that differ from it on any rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+import gradwire.collectives as gc
+from gradwire.transport import Transport
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+BUILTIN = "builtin"
+
+
+def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype):
+    """(input, output, reset(), expected output on this rank or None)."""
+    if collective in ("allgather", "reducescatter"):
+        per = count // p
+        if collective == "allgather":
+            inp, out = torch.full((per,), rank + 1.0, dtype=dtype), torch.zeros(per * p,
+                                                                                 dtype=dtype)
+            want = torch.arange(1, p + 1, dtype=dtype).repeat_interleave(per)
+        else:
+            inp, out = torch.full((per * p,), rank + 1.0, dtype=dtype), torch.zeros(per,
+                                                                                    dtype=dtype)
+            want = torch.full((per,), p * (p + 1) / 2, dtype=dtype)
+        return inp, out, (lambda: None), want
+    buf = torch.empty(count, dtype=dtype)
+    if collective == "allreduce":
+        want = torch.full((count,), p * (p + 1) / 2, dtype=dtype)
+    elif collective == "reduce":
+        want = torch.full((count,), p * (p + 1) / 2, dtype=dtype) if rank == 0 else None
+    else:  # broadcast from 0
+        want = torch.full((count,), 1.0, dtype=dtype)
+    return buf, buf, (lambda: buf.fill_(rank + 1.0)), want
+
+
+def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
+          t: Transport, params: dict) -> Callable[[], None]:
+    if algo == BUILTIN:
+        return {
+            "allreduce": lambda: dist.all_reduce(inp),
+            "broadcast": lambda: dist.broadcast(inp, 0),
+            "reduce": lambda: dist.reduce(inp, 0),
+            "allgather": lambda: dist.all_gather_into_tensor(out, inp),
+            "reducescatter": lambda: dist.reduce_scatter_tensor(out, inp),
+        }[collective]
+    return {
+        "allreduce": lambda: gc.all_reduce(inp, algo=algo, transport=t, **params),
+        "broadcast": lambda: gc.broadcast(inp, 0, algo=algo, transport=t, **params),
+        "reduce": lambda: gc.reduce(inp, 0, algo=algo, transport=t, **params),
+        "allgather": lambda: gc.all_gather_into_tensor(out, inp, algo=algo, transport=t,
+                                                       **params),
+        "reducescatter": lambda: gc.reduce_scatter_tensor(out, inp, algo=algo, transport=t,
+                                                          **params),
+    }[collective]
+
+
+def bench_one(collective: str, algo: str, count: int, dtype: torch.dtype, iters: int,
+              warmup: int, params: dict) -> dict:
+    p, rank = dist.get_world_size(), dist.get_rank()
+    inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
+    t = Transport()
+    run = _call(collective, algo, inp, out, t, params)
+    times = []
+    for i in range(warmup + iters):
+        reset()
+        dist.barrier()
+        t0 = time.perf_counter()
+        run()
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        if i >= warmup:
+            times.append(dt.item())
+    wrong = torch.tensor([0 if want is None else int((out != want).sum())])
+    dist.all_reduce(wrong)
+    sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64)
+    dist.all_reduce(sent, op=dist.ReduceOp.MAX)
+    return {"collective": collective, "algo": algo, "count": count,
+            "bytes": count * inp.element_size(), "type": str(dtype).replace("torch.", ""),
+            "time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
+            "times_s": times, "wrong": int(wrong.item()),
+            "max_bytes_sent_per_rank_per_iter": sent.item() / (warmup + iters)
+            if algo != BUILTIN else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="rank side of gradwire bench")
+    ap.add_argument("--collective", required=True)
+    ap.add_argument("--algos", required=True, help="comma list; 'builtin' = torch.distributed")
+    ap.add_argument("--sizes", required=True, help="comma list of bytes")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--params", default="{}", help="JSON of algorithm parameters")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    dtype = DTYPES[a.dtype]
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    p = dist.get_world_size()
+    rows = []
+    for size in (int(s) for s in a.sizes.split(",")):
+        count = size // itemsize
+        if a.collective in ("allgather", "reducescatter"):
+            count -= count % p
+        for algo in a.algos.split(","):
+            row = bench_one(a.collective, algo, count, dtype, a.iters, a.warmup,
+                            json.loads(a.params))
+            rows.append(row)
+            if dist.get_rank() == 0:
+                print(f"GW_BENCH {json.dumps(row)}", flush=True)
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""Turn ``gradwire bench`` rows into nccl-tests columns and the model's prediction.
+
+algbw = S / t (GB = 10⁹ bytes; S is the whole buffer, the gathered output for allgather);
+busbw = algbw × factor: allreduce 2(p−1)/p, allgather and reduce-scatter (p−1)/p, broadcast
+and reduce 1. The prediction is the schedule's cost under calibrated α, β, γ; the built-in
+allreduce row is predicted as a ring (gloo's allreduce is a ring), other built-ins are not.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from gradwire.bench.rank import BUILTIN
+from gradwire.bench.sizes import format_size
+from gradwire.schedules import registry
+from gradwire.schedules.cost import CostParams, cost
+
+BUSBW_FACTOR = {
+    "allreduce": lambda p: 2 * (p - 1) / p,
+    "allgather": lambda p: (p - 1) / p,
+    "reducescatter": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+}
+
+
+def predict(row: dict, p: int, params: CostParams, algo_params: dict) -> float | None:
+    algo = row["algo"]
+    if algo == BUILTIN:
+        if row["collective"] != "allreduce":
+            return None
+        algo, algo_params = "ring", {}
+    itemsize = row["bytes"] // row["count"] if row["count"] else 4
+    s = registry.schedule(row["collective"], algo, p, row["count"], 0, **algo_params)
+    return cost(s, params, itemsize)
+
+
+def annotate(rows: list[dict], p: int, params: CostParams | None, algo_params: dict) -> None:
+    """Add algbw, busbw (GB/s and Gbit/s), predicted time and its error to every row."""
+    for r in rows:
+        t = r["time_s"]
+        algbw = r["bytes"] / t / 1e9 if t > 0 else 0.0
+        r["algbw_GBps"] = algbw
+        r["busbw_GBps"] = algbw * BUSBW_FACTOR[r["collective"]](p)
+        r["busbw_Gbitps"] = r["busbw_GBps"] * 8
+        pred = predict(r, p, params, algo_params) if params else None
+        r["predicted_s"] = pred
+        r["prediction_error"] = (pred - t) / t if pred is not None and t > 0 else None
+
+
+def table(rows: list[dict], title: str) -> Table:
+    tb = Table(title=title)
+    for col in ("size(B)", "count", "type", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+                "busbw(Gbit/s)", "model(us)", "model err", "#wrong"):
+        tb.add_column(col, justify="right")
+    for r in rows:
+        pred, err = r["predicted_s"], r["prediction_error"]
+        tb.add_row(format_size(r["bytes"]), str(r["count"]), r["type"], r["algo"],
+                   f"{r['time_s'] * 1e6:.1f}", f"{r['algbw_GBps']:.4f}",
+                   f"{r['busbw_GBps']:.4f}", f"{r['busbw_Gbitps']:.3f}",
+                   "-" if pred is None else f"{pred * 1e6:.1f}",
+                   "-" if err is None else f"{err * 100:+.1f}%", str(r["wrong"]))
+    return tb

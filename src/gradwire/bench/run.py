@@ -1,0 +1,62 @@
+"""``gradwire bench``: run the rank program on a cluster, then report nccl-tests columns."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+
+import torch
+from rich.console import Console
+
+from gradwire.bandwidth import format_bandwidth
+from gradwire.bench import calibrate
+from gradwire.bench.rank import BUILTIN
+from gradwire.bench.report import annotate, table
+from gradwire.cluster import Cluster
+from gradwire.jobs import run_ranks
+from gradwire.schedules.cost import CostParams
+
+DEFAULT_ALPHA_S = 100e-6  # used only when no calibration exists: say so in the report
+
+
+def model_params(cluster: Cluster) -> tuple[CostParams, str]:
+    """Calibrated α, β, γ for this cluster's links, or nominal ones (and which it was)."""
+    key = format_bandwidth(cluster.bandwidth_bps) if cluster.shaped else "loopback"
+    found = calibrate.load(key)
+    if found:
+        return found[0], f"calibrated {found[1]['date']} ({calibrate.calibration_path(key)})"
+    bps = cluster.bandwidth_bps or 10e9
+    return (CostParams.for_link(bps, DEFAULT_ALPHA_S),
+            f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, link rate, γ=0 (run gradwire calibrate)")
+
+
+def run_bench(cluster: Cluster, collective: str, algos: list[str], sizes: list[int], dtype: str,
+              iters: int, warmup: int, params: dict, builtin: bool, timeout: float,
+              console: Console) -> dict:
+    cost_params, source = model_params(cluster)
+    # LP and the double tree choose their block from α and β: give them the calibrated ones.
+    algo_params = {"alpha": cost_params.alpha, "beta": cost_params.beta, **params}
+    names = ([BUILTIN] if builtin else []) + algos
+    args = ["--collective", collective, "--algos", ",".join(names),
+            "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),
+            "--warmup", str(warmup), "--params", json.dumps(algo_params)]
+    rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
+                     console, total=len(sizes) * len(names), tick="GW_BENCH ")
+    p = len(cluster.hosts)
+    annotate(rows, p, cost_params, algo_params)
+    title = f"{collective}, {p} ranks, {cluster.label}; model: {source}"
+    console.print(table(rows, title))
+    if p > 8:
+        console.print(f"note: {p} ranks share {os.cpu_count()} cores; CPU contention affects "
+                      "these times")
+    return {
+        "collective": collective, "world_size": p, "network": cluster.label,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()}, {os.cpu_count()} cores, Linux {platform.release()}, "
+                   f"torch {torch.__version__}",
+        "model": {"alpha_s": cost_params.alpha, "beta_s_per_byte": cost_params.beta,
+                  "gamma_s_per_byte": cost_params.gamma, "source": source},
+        "algo_params": algo_params, "iters": iters, "warmup": warmup, "rows": rows,
+    }

@@ -1,0 +1,48 @@
+"""Message sizes as nccl-tests users write them: ``1K:64M`` (doubling), ``1K:64M:4`` (×4),
+or a comma list ``4M,64M``; suffixes K, M, G are powers of 1024."""
+
+from __future__ import annotations
+
+import re
+
+from gradwire.errors import GradwireError
+
+_SIZE = re.compile(r"^(\d+)([KMG]?)B?$", re.I)
+_MULT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+FORMS = "a size like 4096, 1K, 64M, a range 1K:64M or 1K:64M:4, or a comma list of them"
+
+
+def parse_size(text: str) -> int:
+    m = _SIZE.match(text.strip())
+    if not m:
+        raise GradwireError(f"size {text!r} is not valid: expected {FORMS}")
+    return int(m.group(1)) * _MULT[m.group(2).upper()]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Sizes in bytes, ascending, without duplicates."""
+    out: set[int] = set()
+    for part in text.split(","):
+        fields = part.strip().split(":")
+        if len(fields) == 1:
+            out.add(parse_size(fields[0]))
+            continue
+        if len(fields) > 3:
+            raise GradwireError(f"size range {part!r} is not valid: expected {FORMS}")
+        lo, hi = parse_size(fields[0]), parse_size(fields[1])
+        factor = int(fields[2]) if len(fields) == 3 and fields[2].isdigit() else 2
+        if len(fields) == 3 and not fields[2].isdigit() or factor < 2 or lo < 1 or hi < lo:
+            raise GradwireError(f"size range {part!r} is not valid: expected LOW:HIGH[:FACTOR] "
+                                "with 1 <= LOW <= HIGH and FACTOR >= 2")
+        s = lo
+        while s <= hi:
+            out.add(s)
+            s *= factor
+    return sorted(out)
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)

@@ -1,0 +1,57 @@
+"""Run a gradwire rank program on a cluster and read back what rank 0 wrote.
+
+The one place that ties the launcher to a progress bar and to error reporting, so ``demo``,
+``bench`` and ``calibrate`` all fail the same way: the last lines of the ranks' output, then
+one line naming the rank that failed.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gradwire.cluster import Cluster
+from gradwire.errors import GradwireError
+from gradwire.launcher import PROGRESS, launch
+
+
+def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
+              timeout: float | None, console: Console, total: int | None = None,
+              tick: str | None = None) -> object:
+    """Start ``python -m module args --out FILE`` on every host; return FILE's JSON.
+
+    Progress comes from rank 0's ``GW_PROGRESS done total`` lines, or, with ``tick``, from
+    counting rank 0 lines that start with ``tick`` against ``total``.
+    """
+    with tempfile.TemporaryDirectory(prefix="gradwire-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", module, *args, "--out", str(out)]
+        tail: collections.deque[str] = collections.deque(maxlen=40)
+        with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(label, total=total)
+
+            def sink(line: str) -> None:
+                _, _, text = line.partition("] ")
+                if line.startswith("[rank 0]") and text.startswith(PROGRESS + " "):
+                    done, of = map(int, text.split()[1:3])
+                    bar.update(task, completed=done, total=of)
+                elif tick and line.startswith("[rank 0]") and text.startswith(tick):
+                    bar.advance(task)
+                else:
+                    tail.append(line)
+
+            res = launch(cluster, cmd, timeout=timeout, sink=sink)
+        if res.returncode != 0 or not out.exists():
+            for line in tail:
+                console.print(line, markup=False, highlight=False)
+            why = res.message if res.returncode != 0 else "rank 0 wrote no result"
+            raise GradwireError(f"{label} failed: {why}")
+        return json.loads(out.read_text())

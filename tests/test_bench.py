@@ -1,0 +1,86 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradwire.bench.report import BUSBW_FACTOR, annotate
+from gradwire.bench.sizes import format_size, parse_sizes
+from gradwire.errors import GradwireError
+from gradwire.schedules.cost import CostParams
+
+
+def test_sizes_forms():
+    assert parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
+    assert parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]
+    assert parse_sizes("64M,4M,4M") == [4 * 2**20, 64 * 2**20]
+    assert parse_sizes("13") == [13]
+
+
+@pytest.mark.parametrize("bad", ["", "1X", "8K:1K", "1K:8K:1", "1K:8K:x", "1:2:3:4", "-1"])
+def test_bad_sizes(bad):
+    with pytest.raises(GradwireError, match="expected"):
+        parse_sizes(bad)
+
+
+@given(st.integers(0, 40))
+def test_format_size_round_trips(e):
+    assert parse_sizes(format_size(2**e)) == [2**e]
+
+
+def test_busbw_follows_nccl_tests():
+    rows = [{"collective": c, "algo": "builtin", "bytes": 10**9, "count": 2.5 * 10**8,
+             "time_s": 1.0} for c in BUSBW_FACTOR]
+    annotate(rows, 4, None, {})
+    got = {r["collective"]: r["busbw_GBps"] for r in rows}
+    assert got == {"allreduce": 1.5, "allgather": 0.75, "reducescatter": 0.75,
+                   "broadcast": 1.0, "reduce": 1.0}
+    assert all(r["algbw_GBps"] == 1.0 for r in rows)
+
+
+def test_ring_prediction_uses_the_schedule():
+    row = {"collective": "allreduce", "algo": "ring", "bytes": 4000, "count": 1000,
+           "time_s": 1.0}
+    annotate([row], 4, CostParams(1.0, 0.0, 0.0), {})
+    assert row["predicted_s"] == 6.0  # 2(p-1) messages of α each
+
+
+def _gradwire(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_bench_and_calibrate_on_loopback(tmp_path):
+    env = {"GRADWIRE_HOME": str(tmp_path)}
+    p = _gradwire("calibrate", "--loopback", env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    cal = json.loads((tmp_path / "calibration" / "loopback.json").read_text())
+    assert cal["alpha_s"] > 0 and cal["beta_s_per_byte"] > 0 and cal["gamma_s_per_byte"] > 0
+    assert cal["network"] == "loopback, links not shaped"
+    out = tmp_path / "b.json"
+    p = _gradwire("bench", "--loopback", "--hosts", "3", "--sizes", "1K,13K", "--iters", "2",
+                  "--json", str(out), env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    assert res["model"]["source"].startswith("calibrated")
+    assert {r["algo"] for r in res["rows"]} >= {"builtin", "ring"}
+    assert all(r["wrong"] == 0 for r in res["rows"])
+    assert all(r["predicted_s"] > 0 for r in res["rows"])
+    assert res["command"].startswith("gradwire bench")
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["bench", "--algo", "rnig"], "did you mean 'ring'"),
+    (["bench", "--collective", "alltoall"], "unknown collective 'alltoall'"),
+    (["bench", "--sizes", "8K:1K"], "size range '8K:1K' is not valid"),
+    (["bench", "--param", "block"], "--param 'block' is not valid"),
+    (["bench", "--dtype", "int8"], "--dtype 'int8' is not supported"),
+    (["calibrate", "--hosts", "1"], "calibrate needs --hosts >= 2"),
+])
+def test_bad_bench_input_is_one_line(args, msg):
+    p = _gradwire(*args)
+    assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
