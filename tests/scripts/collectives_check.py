@@ -19,6 +19,8 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, p = dist.get_rank(), dist.get_world_size()
 sizes = [int(s) for s in os.environ.get("SIZES", "0,1,2,3,5,7,13,16,24,33,1000").split(",")]
 only = os.environ.get("ALGOS")  # "allreduce/ring,broadcast/lp"
+# Non-default parameters worth executing too: many-block pipelines, several servers.
+VARIANTS = {"lp": [{}, {"block": 3}], "dbtree": [{}, {"block": 3}], "ps": [{}, {"servers": p}]}
 dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 fails, checked = [], 0
 
@@ -41,10 +43,11 @@ def everyone(n: int, seed: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-for algo in registry.ALGORITHMS:
+for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a.name, [{}])]:
     tag = f"{algo.collective}/{algo.name}"
     if only and tag not in only.split(","):
         continue
+    tag += "".join(f" {k}={v}" for k, v in params.items())
     for n in sizes:
         for di, dt in enumerate(dtypes):
             seed = n * 7 + di
@@ -55,24 +58,24 @@ for algo in registry.ALGORITHMS:
             t = Transport()
             c = algo.collective
             if c == "allreduce":
-                gc.all_reduce(x, algo=algo.name, transport=t)
+                gc.all_reduce(x, algo=algo.name, transport=t, **params)
                 got, want = x, total
             elif c == "reduce":
-                gc.reduce(x, dst=root, algo=algo.name, transport=t)
+                gc.reduce(x, dst=root, algo=algo.name, transport=t, **params)
                 got, want = (x, total) if rank == root else (None, None)
             elif c == "broadcast":
-                gc.broadcast(x, src=root, algo=algo.name, transport=t)
+                gc.broadcast(x, src=root, algo=algo.name, transport=t, **params)
                 got, want = x, allin[root]
             elif c == "allgather":
                 out = torch.zeros(n * p, dtype=dt)
-                gc.all_gather_into_tensor(out, x, algo=algo.name, transport=t)
+                gc.all_gather_into_tensor(out, x, algo=algo.name, transport=t, **params)
                 got, want = out, allin.reshape(-1)
             else:  # reducescatter: input n*p, output n
                 xin = torch.cat([data(n, seed + 99 * j, dt, rank) for j in range(p)])
                 full = torch.zeros(n * p, dtype=torch.float64)
                 dist.all_reduce(full.copy_(xin.double()))
                 out = torch.zeros(n, dtype=dt)
-                gc.reduce_scatter_tensor(out, xin, algo=algo.name, transport=t)
+                gc.reduce_scatter_tensor(out, xin, algo=algo.name, transport=t, **params)
                 got, want = out, full[rank * n : (rank + 1) * n]
             checked += 1
             if got is not None and not torch.equal(got.double(), want):
@@ -80,7 +83,8 @@ for algo in registry.ALGORITHMS:
                 fail(f"{tag} n={n} {dt}: element {bad} is {got[bad].item()}, "
                      f"expected {want[bad].item()}")
             count = n * p if c in ("allgather", "reducescatter") else n
-            s = registry.schedule(c, algo.name, p, count, root if algo.rooted else 0)
+            s = registry.schedule(c, algo.name, p, count, root if algo.rooted else 0,
+                                  itemsize=x.element_size(), **params)
             tr = traffic(s, x.element_size())
             if t.bytes_sent != tr.bytes_sent[rank].tolist() or \
                t.bytes_received != tr.bytes_received[rank].tolist() or \
@@ -98,7 +102,7 @@ for algo in registry.ALGORITHMS:
             dist.all_reduce(ref)
             if how == "avg":
                 ref /= p
-            gc.all_reduce(x, op=how, algo=algo.name)
+            gc.all_reduce(x, op=how, algo=algo.name, **params)
             checked += 1
             if not torch.allclose(x, ref, rtol=1e-5, atol=1e-5):
                 fail(f"{tag} float32 {how}: max error {(x - ref).abs().max().item()}")

@@ -75,6 +75,7 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
          group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
          after: Callable[[], None] | None, params: dict) -> Handle | None:
     t = transport or Transport(group)
+    params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
 
     def go() -> None:

@@ -7,11 +7,21 @@ import difflib
 import functools
 
 from gradwire.errors import GradwireError
-from gradwire.schedules import ring
+from gradwire.schedules import (
+    binomial,
+    butterfly,
+    dbtree,
+    lp,
+    master,
+    ps,
+    rhd,
+    ring,
+    scatter_allgather,
+)
 from gradwire.schedules.ir import COLLECTIVES, Algorithm, Schedule
 
 # One module per algorithm family; each declares its entries as ALGORITHMS.
-MODULES = (ring,)
+MODULES = (ring, binomial, butterfly, rhd, master, lp, scatter_allgather, dbtree, ps)
 ALGORITHMS: tuple[Algorithm, ...] = tuple(a for m in MODULES for a in m.ALGORITHMS)
 
 DEFAULTS = {"allreduce": "ring", "reducescatter": "ring", "allgather": "ring",

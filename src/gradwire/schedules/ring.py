@@ -15,7 +15,7 @@ from __future__ import annotations
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build, split
 
 
-def _ring_steps(p: int, count: int, first: int, op: str, pipeline: int) -> list[list[Transfer]]:
+def ring_steps(p: int, count: int, first: int, op: str, pipeline: int) -> list[list[Transfer]]:
     """p−1 steps; at step i rank r sends chunk (r + first − i) mod p to r+1."""
     chunks = blocks(count, p)
     steps = []
@@ -30,19 +30,19 @@ def _ring_steps(p: int, count: int, first: int, op: str, pipeline: int) -> list[
 
 def reducescatter(p: int, count: int, pipeline: int = 1, **_: object) -> Schedule:
     """Rank r ends with block r of the sum."""
-    return build("ring", "reducescatter", p, count, _ring_steps(p, count, -1, "sum", pipeline),
+    return build("ring", "reducescatter", p, count, ring_steps(p, count, -1, "sum", pipeline),
                  pipeline=pipeline)
 
 
 def allgather(p: int, count: int, pipeline: int = 1, **_: object) -> Schedule:
     """Rank r starts with block r valid; everyone ends with every block."""
-    return build("ring", "allgather", p, count, _ring_steps(p, count, 0, "copy", pipeline),
+    return build("ring", "allgather", p, count, ring_steps(p, count, 0, "copy", pipeline),
                  pipeline=pipeline)
 
 
 def allreduce(p: int, count: int, pipeline: int = 1, **_: object) -> Schedule:
     """Reduce-scatter (rank r ends owning block r+1) then allgather of the owned blocks."""
-    steps = _ring_steps(p, count, 0, "sum", pipeline) + _ring_steps(p, count, 1, "copy",
+    steps = ring_steps(p, count, 0, "sum", pipeline) + ring_steps(p, count, 1, "copy",
                                                                      pipeline)
     return build("ring", "allreduce", p, count, steps, pipeline=pipeline)
 

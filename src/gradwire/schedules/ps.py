@@ -1,0 +1,70 @@
+"""Parameter-server allreduce (Li et al., OSDI 2014; TensorFlow's ``replica_device_setter``).
+
+All p ranks are workers; ranks 0 … S−1 also host the S servers (``servers=S``, 1 ≤ S ≤ p).
+Each server owns a shard of the buffer:
+- ``sharding="even"``: server s owns block s of ``blocks(count, S)``;
+- ``sharding="roundrobin"``: the buffer is the tensors of ``tensor_sizes`` (element counts,
+  a tuple summing to count) laid end to end, and tensor i lives on server i mod S, whole, as
+  TensorFlow places variables; each tensor then moves as its own message.
+
+1. push: every worker sends each shard to its server, which sums them;
+2. pull: every server sends its reduced shard back to every worker.
+Everyone ends with the sum.
+
+Cost, even sharding, n bytes divisible by S. In the push a server receives p − 1 shards of
+n/S bytes and sums them, while its own worker sends S − 1 shards; a worker that hosts no server
+sends S shards, Sα + nβ, which is no more than (p−1)(α + (n/S)β) because then S ≤ p − 1. So the
+push takes (p−1)(α + (n/S)β) + (p−1)(n/S)γ, the pull (p−1)(α + (n/S)β), in all
+2(p−1)(α + (n/S)β) + (p−1)(n/S)γ. S = 1 is the master algorithm, 2(p−1)(α + nβ) + (p−1)nγ;
+S = p is a direct reduce-scatter and allgather, with the ring's bandwidth terms
+2((p−1)/p)nβ + ((p−1)/p)nγ but only two steps of p − 1 messages each. Round-robin shards are as
+uneven as the tensors: the busiest server's bytes and tensor count set the time.
+
+Example::
+
+    gc.all_reduce(grad, algo="ps", servers=2, sharding="roundrobin", tensor_sizes=(300, 20, 80))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+
+from gradwire.errors import GradwireError
+from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build
+
+SHARDINGS = ("even", "roundrobin")
+
+
+def shards(count: int, servers: int, sharding: str = "even",
+           tensor_sizes: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
+    """(server, start, size) of every piece of the buffer, in buffer order."""
+    if sharding not in SHARDINGS:
+        raise GradwireError(f"sharding must be one of {', '.join(SHARDINGS)}, got {sharding!r}")
+    if sharding == "even":
+        if tensor_sizes is not None:
+            raise GradwireError("tensor_sizes is used only with sharding='roundrobin'")
+        return [(s, start, size) for s, (start, size) in enumerate(blocks(count, servers))]
+    sizes = list(tensor_sizes or ())
+    if not all(isinstance(n, int) and n >= 0 for n in sizes) or sum(sizes) != count:
+        raise GradwireError(f"tensor_sizes must be element counts >= 0 that sum to the buffer's "
+                            f"{count} elements, got {tensor_sizes!r}")
+    starts = accumulate(sizes, initial=0)  # one more than sizes: the end
+    return [(i % servers, start, size)
+            for i, (start, size) in enumerate(zip(starts, sizes, strict=False))]
+
+
+def allreduce(p: int, count: int, *, servers: int = 1, sharding: str = "even",
+              tensor_sizes: Sequence[int] | None = None, **_: object) -> Schedule:
+    """Push every shard to its server (summed), then pull the sums back to every worker."""
+    if isinstance(servers, bool) or not isinstance(servers, int) or not 1 <= servers <= p:
+        raise GradwireError(f"servers must be an int in 1..{p} (the world size), got "
+                            f"{servers!r}")
+    pieces = shards(count, servers, sharding, tensor_sizes)
+    push = [Transfer(w, s, start, size, "sum") for s, start, size in pieces
+            for w in range(p) if w != s]
+    pull = [Transfer(s, w, start, size) for s, start, size in pieces for w in range(p) if w != s]
+    return build("ps", "allreduce", p, count, [push, pull], servers=servers, sharding=sharding)
+
+
+ALGORITHMS = (Algorithm("allreduce", "ps", allreduce),)
