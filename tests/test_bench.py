@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gradwire.bench.report import BUSBW_FACTOR, annotate
 from gradwire.bench.sizes import format_size, parse_sizes
+from gradwire.bench.spec import parse_params, parse_specs
 from gradwire.errors import GradwireError
 from gradwire.schedules.cost import CostParams
 
@@ -34,7 +35,7 @@ def test_format_size_round_trips(e):
 def test_busbw_follows_nccl_tests():
     rows = [{"collective": c, "algo": "builtin", "bytes": 10**9, "count": 2.5 * 10**8,
              "time_s": 1.0} for c in BUSBW_FACTOR]
-    annotate(rows, 4, None, {})
+    annotate(rows, 4, None)
     got = {r["collective"]: r["busbw_GBps"] for r in rows}
     assert got == {"allreduce": 1.5, "allgather": 0.75, "reducescatter": 0.75,
                    "broadcast": 1.0, "reduce": 1.0}
@@ -42,10 +43,25 @@ def test_busbw_follows_nccl_tests():
 
 
 def test_ring_prediction_uses_the_schedule():
-    row = {"collective": "allreduce", "algo": "ring", "bytes": 4000, "count": 1000,
-           "time_s": 1.0}
-    annotate([row], 4, CostParams(1.0, 0.0, 0.0), {})
+    row = {"collective": "allreduce", "algo": "ring", "name": "ring", "params": {},
+           "bytes": 4000, "count": 1000, "time_s": 1.0}
+    annotate([row], 4, CostParams(1.0, 0.0, 0.0))
     assert row["predicted_s"] == 6.0  # 2(p-1) messages of α each
+    row["params"] = {"pipeline": 4}  # each ring step sends 4 sub-chunks: 4 messages
+    annotate([row], 4, CostParams(1.0, 0.0, 0.0))
+    assert row["predicted_s"] == 24.0
+
+
+def test_algo_specs():
+    specs = parse_specs("allreduce", "ring,ring:pipeline=4,builtin")
+    assert [(s.label, s.name, s.params) for s in specs] == [
+        ("ring", "ring", {}), ("ring:pipeline=4", "ring", {"pipeline": 4}),
+        ("builtin", "builtin", {})]
+    assert parse_params(["alpha=1e-4", "sharding=even"]) == {"alpha": 1e-4, "sharding": "even"}
+    for bad, msg in [("ring:pipeline", "KEY=VALUE"), ("builtin:x=1", "no parameters"),
+                     (",", "names no algorithm")]:
+        with pytest.raises(GradwireError, match=msg):
+            parse_specs("allreduce", bad)
 
 
 def _gradwire(*args, env=None):
@@ -62,11 +78,12 @@ def test_bench_and_calibrate_on_loopback(tmp_path):
     assert cal["network"] == "loopback, links not shaped"
     out = tmp_path / "b.json"
     p = _gradwire("bench", "--loopback", "--hosts", "3", "--sizes", "1K,13K", "--iters", "2",
+                  "--algo", "ring,ring:pipeline=3",
                   "--json", str(out), env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(out.read_text())
     assert res["model"]["source"].startswith("calibrated")
-    assert {r["algo"] for r in res["rows"]} >= {"builtin", "ring"}
+    assert {r["algo"] for r in res["rows"]} == {"builtin", "ring", "ring:pipeline=3"}
     assert all(r["wrong"] == 0 for r in res["rows"])
     assert all(r["predicted_s"] > 0 for r in res["rows"])
     assert res["command"].startswith("gradwire bench")

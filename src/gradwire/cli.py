@@ -154,30 +154,13 @@ def demo(
         json_out.write_text(json.dumps(results, indent=1))
 
 
-def _params(items: list[str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise GradwireError(f"--param {item!r} is not valid: expected KEY=VALUE, e.g. "
-                                "block=65536 or pipeline=4")
-        for kind in (int, float):
-            try:
-                out[key] = kind(value)
-                break
-            except ValueError:
-                continue
-        else:
-            out[key] = value
-    return out
-
-
 @app.command()
 def bench(
     collective: Annotated[str, typer.Option(help="allreduce, broadcast, reduce, allgather or "
                                             "reducescatter")] = "allreduce",
-    algo: Annotated[str | None, typer.Option(help="comma list; default: every algorithm of "
-                                             "the collective")] = None,
+    algo: Annotated[str | None, typer.Option(help="comma list, each NAME or NAME:KEY=VALUE[:...] "
+                                             "(e.g. ring:pipeline=4); default: every algorithm "
+                                             "of the collective")] = None,
     sizes: Annotated[str, typer.Option(help="bytes: 1K:64M (doubling), 1K:64M:4, or a comma "
                                        "list")] = "1K:64M",
     hosts: Hosts = 4,
@@ -198,21 +181,17 @@ def bench(
     prediction beside each algorithm."""
     from gradwire.bench.run import run_bench
     from gradwire.bench.sizes import parse_sizes
-    from gradwire.schedules import registry
+    from gradwire.bench.spec import parse_params, parse_specs
 
-    registry.get(collective)
-    algos = ([a.name for a in registry.algorithms(collective)] if algo is None
-             else [a.strip() for a in algo.split(",") if a.strip()])
-    for a in algos:
-        registry.get(collective, a)
+    specs = parse_specs(collective, algo)
     if dtype not in ("float32", "float16", "bfloat16", "float64"):
         raise GradwireError(f"--dtype {dtype!r} is not supported: expected float32, float16, "
                             "bfloat16 or float64")
     size_list = parse_sizes(sizes)
-    params = _params(param or [])
+    params = parse_params(param or [])
     parse_bandwidth(bandwidth)
     with _cluster(hosts, bandwidth, cluster, loopback) as c:
-        result = run_bench(c, collective, algos, size_list, dtype, iters, warmup, params,
+        result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
                            builtin, timeout, console)
     result["command"] = "gradwire " + shlex.join(sys.argv[1:])
     if json_out:

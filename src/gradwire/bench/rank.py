@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
+from gradwire.bench.spec import BUILTIN
 from gradwire.transport import Transport
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
-BUILTIN = "builtin"
 
 
 def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype):
@@ -70,8 +70,9 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
     }[collective]
 
 
-def bench_one(collective: str, algo: str, count: int, dtype: torch.dtype, iters: int,
-              warmup: int, params: dict) -> dict:
+def bench_one(collective: str, spec: dict, count: int, dtype: torch.dtype, iters: int,
+              warmup: int) -> dict:
+    algo, params = spec["name"], spec["params"]
     p, rank = dist.get_world_size(), dist.get_rank()
     inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
     t = Transport()
@@ -90,7 +91,8 @@ def bench_one(collective: str, algo: str, count: int, dtype: torch.dtype, iters:
     dist.all_reduce(wrong)
     sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64)
     dist.all_reduce(sent, op=dist.ReduceOp.MAX)
-    return {"collective": collective, "algo": algo, "count": count,
+    return {"collective": collective, "algo": spec["label"], "name": algo, "params": params,
+            "count": count,
             "bytes": count * inp.element_size(), "type": str(dtype).replace("torch.", ""),
             "time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
             "times_s": times, "wrong": int(wrong.item()),
@@ -101,12 +103,12 @@ def bench_one(collective: str, algo: str, count: int, dtype: torch.dtype, iters:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="rank side of gradwire bench")
     ap.add_argument("--collective", required=True)
-    ap.add_argument("--algos", required=True, help="comma list; 'builtin' = torch.distributed")
+    ap.add_argument("--algos", required=True,
+                    help="JSON list of {label, name, params}; name 'builtin' = torch.distributed")
     ap.add_argument("--sizes", required=True, help="comma list of bytes")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--params", default="{}", help="JSON of algorithm parameters")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -118,9 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         count = size // itemsize
         if a.collective in ("allgather", "reducescatter"):
             count -= count % p
-        for algo in a.algos.split(","):
-            row = bench_one(a.collective, algo, count, dtype, a.iters, a.warmup,
-                            json.loads(a.params))
+        for spec in json.loads(a.algos):
+            row = bench_one(a.collective, spec, count, dtype, a.iters, a.warmup)
             rows.append(row)
             if dist.get_rank() == 0:
                 print(f"GW_BENCH {json.dumps(row)}", flush=True)

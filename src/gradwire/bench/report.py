@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from gradwire.bench.rank import BUILTIN
 from gradwire.bench.sizes import format_size
+from gradwire.bench.spec import BUILTIN
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost
 
@@ -24,18 +24,21 @@ BUSBW_FACTOR = {
 }
 
 
-def predict(row: dict, p: int, params: CostParams, algo_params: dict) -> float | None:
-    algo = row["algo"]
+def predict(row: dict, p: int, params: CostParams) -> float | None:
+    """The schedule's cost for this row's algorithm, parameters, size and element type."""
+    algo, algo_params = row["name"], row["params"]
     if algo == BUILTIN:
         if row["collective"] != "allreduce":
             return None
         algo, algo_params = "ring", {}
     itemsize = row["bytes"] // row["count"] if row["count"] else 4
-    s = registry.schedule(row["collective"], algo, p, row["count"], 0, **algo_params)
+    # The API builds with the buffer's itemsize (LP's auto block depends on it): so does this.
+    s = registry.schedule(row["collective"], algo, p, row["count"], 0,
+                          **{"itemsize": itemsize, **algo_params})
     return cost(s, params, itemsize)
 
 
-def annotate(rows: list[dict], p: int, params: CostParams | None, algo_params: dict) -> None:
+def annotate(rows: list[dict], p: int, params: CostParams | None) -> None:
     """Add algbw, busbw (GB/s and Gbit/s), predicted time and its error to every row."""
     for r in rows:
         t = r["time_s"]
@@ -43,7 +46,7 @@ def annotate(rows: list[dict], p: int, params: CostParams | None, algo_params: d
         r["algbw_GBps"] = algbw
         r["busbw_GBps"] = algbw * BUSBW_FACTOR[r["collective"]](p)
         r["busbw_Gbitps"] = r["busbw_GBps"] * 8
-        pred = predict(r, p, params, algo_params) if params else None
+        pred = predict(r, p, params) if params else None
         r["predicted_s"] = pred
         r["prediction_error"] = (pred - t) / t if pred is not None and t > 0 else None
 

@@ -12,8 +12,8 @@ from rich.console import Console
 
 from gradwire.bandwidth import format_bandwidth
 from gradwire.bench import calibrate
-from gradwire.bench.rank import BUILTIN
 from gradwire.bench.report import annotate, table
+from gradwire.bench.spec import BUILTIN, AlgoSpec
 from gradwire.cluster import Cluster
 from gradwire.jobs import run_ranks
 from gradwire.schedules.cost import CostParams
@@ -32,20 +32,22 @@ def model_params(cluster: Cluster) -> tuple[CostParams, str]:
             f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, link rate, γ=0 (run gradwire calibrate)")
 
 
-def run_bench(cluster: Cluster, collective: str, algos: list[str], sizes: list[int], dtype: str,
-              iters: int, warmup: int, params: dict, builtin: bool, timeout: float,
+def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],
+              dtype: str, iters: int, warmup: int, params: dict, builtin: bool, timeout: float,
               console: Console) -> dict:
+    """Time ``specs`` (plus the built-in baseline) at every size; rows with the prediction."""
     cost_params, source = model_params(cluster)
     # LP and the double tree choose their block from α and β: give them the calibrated ones.
     algo_params = {"alpha": cost_params.alpha, "beta": cost_params.beta, **params}
-    names = ([BUILTIN] if builtin else []) + algos
-    args = ["--collective", collective, "--algos", ",".join(names),
+    runs = ([AlgoSpec(BUILTIN, BUILTIN)] if builtin else []) + [
+        AlgoSpec(s.label, s.name, {**algo_params, **s.params}) for s in specs]
+    args = ["--collective", collective, "--algos", json.dumps([r.to_json() for r in runs]),
             "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),
-            "--warmup", str(warmup), "--params", json.dumps(algo_params)]
+            "--warmup", str(warmup)]
     rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
-                     console, total=len(sizes) * len(names), tick="GW_BENCH ")
+                     console, total=len(sizes) * len(runs), tick="GW_BENCH ")
     p = len(cluster.hosts)
-    annotate(rows, p, cost_params, algo_params)
+    annotate(rows, p, cost_params)
     title = f"{collective}, {p} ranks, {cluster.label}; model: {source}"
     console.print(table(rows, title))
     if p > 8:

@@ -1,0 +1,68 @@
+"""Algorithm specs for ``gradwire bench``: ``ring``, ``ring:pipeline=4``, ``lp:block=65536``.
+
+A spec names a registered algorithm (or ``builtin``, torch.distributed's own collective) and
+optionally its parameters, so one run can set variants of an algorithm side by side. Values
+are read as int, then float, else kept as strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gradwire.errors import GradwireError
+from gradwire.schedules import registry
+
+BUILTIN = "builtin"
+
+
+def parse_value(text: str) -> object:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def parse_params(items: list[str], what: str = "--param") -> dict[str, object]:
+    """``["block=65536", "pipeline=4"]`` → ``{"block": 65536, "pipeline": 4}``."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier() or not value:
+            raise GradwireError(f"{what} {item!r} is not valid: expected KEY=VALUE, e.g. "
+                                "block=65536 or pipeline=4")
+        out[key] = parse_value(value)
+    return out
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    label: str  # as written, e.g. "ring:pipeline=4"
+    name: str  # the registered algorithm, e.g. "ring"
+    params: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "name": self.name, "params": self.params}
+
+
+def parse_spec(collective: str, text: str) -> AlgoSpec:
+    name, *rest = text.strip().split(":")
+    if name != BUILTIN:
+        name = registry.get(collective, name).name
+    elif rest:
+        raise GradwireError(f"algorithm {text!r}: the builtin baseline takes no parameters")
+    return AlgoSpec(text.strip(), name, parse_params(rest, f"algorithm {text.strip()!r}: "
+                                                          "parameter"))
+
+
+def parse_specs(collective: str, text: str | None) -> list[AlgoSpec]:
+    """A comma list of specs; every algorithm of ``collective`` when ``text`` is None."""
+    registry.get(collective)
+    if text is None:
+        return [AlgoSpec(a.name, a.name) for a in registry.algorithms(collective)]
+    specs = [parse_spec(collective, t) for t in text.split(",") if t.strip()]
+    if not specs:
+        raise GradwireError(f"--algo {text!r} names no algorithm: expected a comma list such as "
+                            "ring,lp:block=65536")
+    return specs
