@@ -1,0 +1,145 @@
+"""Compression speed: how long compressing costs, next to what it saves on the wire.
+
+(a) Top-k selection, 25 M fp32, density 0.001 (the gTop-k paper's m and ρ): torch.topk on |x|
+    against gradwire's sampled-threshold selector, in the same process, median of --repeats;
+    speed ratio and recall of the exact top-k.
+(b) Encode and decode time of every registered compressor on a 25.6 M-element fp32 gradient
+    (ResNet-50 sized), shaped like Table 2 of the compression-utility paper (Agarwal et al.
+    2021): method, params, encode ms, decode ms, wire bytes, compression ratio.
+
+    python benchmarks/compress_speed.py            # writes benchmarks/results/compress_speed.json
+    python benchmarks/compress_speed.py --size 2000000 --topk-size 2000000 --repeats 3 \\
+        --out /tmp/quick.json                       # a quick look
+    python benchmarks/compress_speed.py --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from gradwire.compress import get, threshold_topk
+from gradwire.compress.base import generator
+
+HERE = Path(__file__).parent
+
+# (name, params) rows of table (b): Table 2's methods and settings, then the rest of the registry.
+METHODS: list[tuple[str, dict[str, object]]] = [
+    ("powersgd", {"rank": 4}), ("powersgd", {"rank": 8}), ("powersgd", {"rank": 16}),
+    ("topk", {"density": 0.2, "selector": "exact"}), ("topk", {"density": 0.2}),
+    ("topk", {"density": 0.1, "selector": "exact"}), ("topk", {"density": 0.1}),
+    ("topk", {"density": 0.01, "selector": "exact"}), ("topk", {"density": 0.01}),
+    ("topk", {"density": 0.001, "selector": "exact"}), ("topk", {"density": 0.001}),
+    ("signsgd", {}), ("efsignsgd", {}),
+    ("randomk", {"density": 0.01}), ("dgc", {"density": 0.001}),
+    ("qsgd", {"s": 255}), ("qsgd", {"s": 15}), ("terngrad", {}),
+    ("fp16", {}), ("bf16", {}),
+]
+
+
+def median_ms(fn: Callable[[], object], repeats: int, device: str) -> tuple[float, object]:
+    """Median wall time of ``fn`` over ``repeats`` runs after one warm-up, and its last result."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3, out
+
+
+def topk_selection(size: int, density: float, repeats: int, device: str) -> dict[str, object]:
+    x = torch.randn(size, generator=torch.Generator().manual_seed(0)).to(device)
+    k = max(1, round(density * size))
+    ref_ms, ref = median_ms(lambda: torch.topk(x.abs(), k, sorted=False).indices, repeats,
+                            device)
+    calls = iter(range(10**9))
+    ours_ms, ours = median_ms(lambda: threshold_topk(x, k, generator(0, next(calls), device)),
+                              repeats, device)
+    recall = torch.isin(ours, ref).double().mean().item()  # type: ignore[arg-type]
+    return {"numel": size, "dtype": "float32", "density": density, "k": k,
+            "torch_topk_ms": round(ref_ms, 2), "threshold_ms": round(ours_ms, 2),
+            "speedup": round(ref_ms / ours_ms, 2), "recall": recall,
+            "selected": ours.numel()}  # type: ignore[attr-defined]
+
+
+def encode_decode(size: int, repeats: int, device: str) -> list[dict[str, object]]:
+    x = torch.randn(size, generator=torch.Generator().manual_seed(1)).to(device)
+    rows = []
+    for name, params in METHODS:
+        c = get(name, **params)
+        enc_ms, payload = median_ms(lambda c=c: c.compress(x), repeats, device)
+        dec_ms, _ = median_ms(lambda c=c, p=payload: c.decompress(p, size), repeats, device)
+        wire = c.wire_bytes(size, x.dtype)
+        rows.append({"method": name, "params": c.params, "encode_ms": round(enc_ms, 2),
+                     "decode_ms": round(dec_ms, 2), "wire_bytes": wire,
+                     "compression": round(size * 4 / wire, 1)})
+    return rows
+
+
+def machine(device: str) -> str:
+    where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Linux "
+            f"{platform.release()}, torch {torch.__version__}, {torch.get_num_threads()} "
+            f"threads, device {where}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=25_600_000, help="elements for table (b)")
+    ap.add_argument("--topk-size", type=int, default=25_000_000, help="elements for (a)")
+    ap.add_argument("--density", type=float, default=0.001, help="density for (a)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "compress_speed.json")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+
+    sel = topk_selection(args.topk_size, args.density, args.repeats, args.device)
+    rows = encode_decode(args.size, args.repeats, args.device)
+    result = {
+        "command": shlex.join(["python", "benchmarks/compress_speed.py", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(args.device),
+        "topk_selection": sel,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    console = Console()
+    console.print(f"(a) top-k of {sel['numel']:,} fp32, k = {sel['k']:,}: torch.topk "
+                  f"{sel['torch_topk_ms']} ms, threshold selector {sel['threshold_ms']} ms, "
+                  f"{sel['speedup']}x, recall {sel['recall']:.4f}")
+    table = Table(title=f"(b) encode + decode, {args.size:,} fp32 elements, {args.device}, "
+                        f"median of {args.repeats}")
+    for col in ("method", "params", "encode ms", "decode ms", "wire bytes", "ratio"):
+        table.add_column(col, justify="left" if col in ("method", "params") else "right",
+                         no_wrap=True)
+    for r in rows:
+        params = ", ".join(f"{k}={v}" for k, v in r["params"].items())  # type: ignore[attr-defined]
+        table.add_row(str(r["method"]), params, f"{r['encode_ms']:.1f}", f"{r['decode_ms']:.1f}",
+                      f"{r['wire_bytes']:,}", f"{r['compression']}x")
+    console.print(table)
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

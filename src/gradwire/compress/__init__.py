@@ -1,0 +1,92 @@
+"""Gradient compression: what a rank sends instead of its dense gradient bucket.
+
+One interface (:class:`Compressor`: compress, decompress, wire_bytes, associative), one shared
+:class:`ErrorFeedback`, and one registry, ``COMPRESSORS``, that the CLI, the benchmarks and the
+parametrized tests iterate over. ``get(name, **params)`` builds one with checked parameters.
+
+| name      | module   | wire for n elements (fp32)            | associative |
+|-----------|----------|---------------------------------------|-------------|
+| topk      | sparse   | 8k bytes (int32 index + value)        | no          |
+| randomk   | sparse   | 4k bytes (values; indices from seed)  | yes         |
+| dgc       | sparse   | 8⌈1.25k⌉ + 4 bytes                    | no          |
+| signsgd   | quantize | ⌈n/8⌉ bytes                           | no (vote)   |
+| efsignsgd | quantize | ⌈n/8⌉ + 4 bytes                       | no          |
+| qsgd      | quantize | 4 + ⌈n/8⌉ + ⌈n·w/8⌉ bytes, w ≤ 8 bits | no          |
+| terngrad  | quantize | ⌈n/4⌉ + 4 bytes                       | no          |
+| fp16/bf16 | cast     | 2n bytes                              | yes         |
+| powersgd  | lowrank  | 4(rows + cols)·r bytes, rows·cols ≥ n | no (*)      |
+
+(*) as a one-shot compressor; :class:`PowerSGD`'s steps make it two allreduces.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable
+
+from gradwire.compress.base import Compressor, Payload
+from gradwire.compress.cast import BF16, FP16, CastPayload
+from gradwire.compress.feedback import ErrorFeedback
+from gradwire.compress.lowrank import (
+    LowRankPayload,
+    PowerSGD,
+    PowerSGDCompressor,
+    from_matrix,
+    matrix_shape,
+    to_matrix,
+)
+from gradwire.compress.quantize import (
+    QSGD,
+    EFSignSGD,
+    QSGDPayload,
+    ScaledSignPayload,
+    SignPayload,
+    SignSGD,
+    TernaryPayload,
+    TernGrad,
+    majority_vote,
+)
+from gradwire.compress.sparse import (
+    DGC,
+    CountedPayload,
+    RandomK,
+    SharedIndexPayload,
+    SparsePayload,
+    TopK,
+    threshold_topk,
+)
+from gradwire.errors import GradwireError
+
+COMPRESSORS: dict[str, Callable[..., Compressor]] = {
+    c.name: c for c in (TopK, RandomK, DGC, SignSGD, EFSignSGD, QSGD, TernGrad, FP16, BF16,
+                        PowerSGDCompressor)
+}
+
+
+def get(name: str, **params: object) -> Compressor:
+    """The compressor ``name`` built with ``params``; unknown names and parameters, and values
+    out of range, raise a one-line GradwireError that says what is allowed."""
+    factory = COMPRESSORS.get(name)
+    if factory is None:
+        hint = difflib.get_close_matches(str(name), COMPRESSORS, n=1)
+        did = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise GradwireError(f"unknown compressor {name!r}{did}: expected one of "
+                            f"{', '.join(COMPRESSORS)}")
+    allowed = list(inspect.signature(factory).parameters)
+    for p in params:
+        if p not in allowed:
+            hint = difflib.get_close_matches(p, allowed, n=1)
+            did = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise GradwireError(f"{name}: unknown parameter {p!r}{did}: expected "
+                                f"{', '.join(allowed) or 'no parameters'}")
+    return factory(**params)
+
+
+__all__ = [
+    "BF16", "COMPRESSORS", "DGC", "EFSignSGD", "FP16", "QSGD", "CastPayload", "Compressor",
+    "CountedPayload", "ErrorFeedback", "LowRankPayload", "Payload", "PowerSGD",
+    "PowerSGDCompressor", "QSGDPayload", "RandomK", "ScaledSignPayload", "SharedIndexPayload",
+    "SignPayload", "SignSGD", "SparsePayload", "TernGrad", "TernaryPayload", "TopK",
+    "from_matrix", "get", "majority_vote", "matrix_shape", "threshold_topk", "to_matrix",
+]

@@ -1,0 +1,144 @@
+"""The compressor interface, the payload it puts on the wire, and the helpers every family shares.
+
+A compressor turns a 1-D gradient bucket into a :class:`Payload` (the tensors that travel) and
+back. It keeps no error feedback of its own (that is :class:`gradwire.compress.ErrorFeedback`);
+the only state it may keep is a step counter that seeds its randomness, so two ranks that make
+the same calls draw the same numbers.
+
+Contract, held by ``tests/test_compress.py`` for every registered compressor:
+- ``compress(x)`` accepts any 1-D float tensor (fp16, bf16, fp32, fp64) of any length, 0 included,
+  and never returns a tensor that aliases ``x``;
+- ``decompress(payload, numel)`` returns a dense tensor of ``numel`` elements in ``x``'s dtype;
+- ``wire_bytes(numel, dtype)`` equals the sum of ``nbytes`` of ``payload.tensors()``;
+- ``associative`` is True only when payloads of several ranks can be summed element-wise on the
+  wire (an allreduce) and the sum decompresses to the sum of what each rank meant. Otherwise
+  the payloads must be gathered and decompressed one by one (cost grows with the world size).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, fields
+from typing import TypeVar
+
+import torch
+
+from gradwire.errors import GradwireError
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Payload:
+    """What one rank sends for one bucket. Subclasses add tensor fields (the wire) and may add
+    scalar fields that stay local (here ``dtype``, the dtype ``decompress`` gives back)."""
+
+    dtype: torch.dtype
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors that go on the wire, in field order."""
+        return [v for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors())
+
+
+class Compressor(ABC):
+    """Base of every compressor: see the module docstring for the contract."""
+
+    name: str
+    associative: bool = False
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = check_int(self.name, "seed", seed, 0)
+        self.step = 0
+
+    @property
+    def params(self) -> dict[str, object]:
+        """The parameters a user chose, for tables and ``repr``."""
+        return {}
+
+    @abstractmethod
+    def compress(self, x: torch.Tensor) -> Payload: ...
+
+    @abstractmethod
+    def decompress(self, payload: Payload, numel: int) -> torch.Tensor: ...
+
+    @abstractmethod
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int: ...
+
+    def state_dict(self) -> dict[str, object]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.step = int(state["step"])  # type: ignore[arg-type]
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        """A generator for this call, seeded from (seed, step); advances the step."""
+        g = generator(self.seed, self.step, device)
+        self.step += 1
+        return g
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({args})"
+
+
+def check_input(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 1 or x.dtype not in FLOATS:
+        raise GradwireError(f"{name}: expected a 1-D float tensor (fp16, bf16, fp32, fp64), got "
+                            f"shape {tuple(x.shape)} {x.dtype}")
+
+
+def check_int(name: str, param: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise GradwireError(f"{name}: {param} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def check_fraction(name: str, param: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise GradwireError(f"{name}: {param} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+P = TypeVar("P", bound=Payload)
+
+
+def expect(name: str, payload: Payload, cls: type[P]) -> P:
+    """``payload`` as a ``cls``; a payload of another compressor is a user error."""
+    if not isinstance(payload, cls):
+        raise GradwireError(f"{name}: expected a {cls.__name__} to decompress, got "
+                            f"{type(payload).__name__}")
+    return payload
+
+
+def select_count(numel: int, density: float | None, k: int | None) -> int:
+    """Elements to keep: ``k`` if given, else max(1, ceil(density·numel)); never above numel."""
+    if numel == 0:
+        return 0
+    if k is not None:
+        return min(k, numel)
+    assert density is not None
+    # round() first: 0.01 * 700 is 7.000000000000001 in floating point, and should select 7.
+    return min(numel, max(1, math.ceil(round(density * numel, 6))))
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 indices while they fit (half the bytes of int64 on the wire), else int64."""
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of norms and scales: fp64 for fp64 input, fp32 otherwise (an fp16 norm of a
+    large bucket overflows at 65504)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def generator(seed: int, step: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded from (seed, step): the same pair gives the same stream on every rank."""
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) % 2**63)
+    return g

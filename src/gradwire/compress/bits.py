@@ -1,0 +1,50 @@
+"""Packing small integer codes into bytes: the one place the quantizers get their bit layout.
+
+Element i of a code stream of ``width`` bits sits in byte i // (8/width), at bit offset
+(i mod 8/width)·width (little-endian within the byte). The last byte is zero-padded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WIDTHS = (1, 2, 4, 8)
+
+
+def packed_bytes(numel: int, width: int) -> int:
+    """Bytes of ``numel`` codes of ``width`` bits: ceil(numel·width / 8)."""
+    return -(-numel * width // 8)
+
+
+def code_width(levels: int) -> int:
+    """The narrowest width of ``WIDTHS`` that holds codes 0..levels-1."""
+    for w in WIDTHS:
+        if levels <= 1 << w:
+            return w
+    raise ValueError(f"{levels} levels do not fit in a byte")
+
+
+def pack_bits(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """uint8 codes, each < 2**width, packed 8/width to a byte."""
+    if width == 8:
+        return codes.to(torch.uint8, copy=True)
+    per = 8 // width
+    n = codes.numel()
+    pad = -n % per
+    c = codes.to(torch.uint8)
+    if pad:
+        c = torch.cat([c, c.new_zeros(pad)])
+    c = c.reshape(-1, per)
+    out = c[:, 0].clone()
+    for j in range(1, per):
+        out |= c[:, j] << (j * width)
+    return out
+
+
+def unpack_bits(packed: torch.Tensor, width: int, numel: int) -> torch.Tensor:
+    """The first ``numel`` uint8 codes of ``packed`` (the inverse of :func:`pack_bits`)."""
+    if width == 8:
+        return packed[:numel]
+    shifts = torch.arange(0, 8, width, dtype=torch.uint8, device=packed.device)
+    codes = (packed.unsqueeze(1) >> shifts) & ((1 << width) - 1)
+    return codes.view(-1)[:numel]

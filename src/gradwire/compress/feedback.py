@@ -1,0 +1,76 @@
+"""Error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a compressor dropped this
+step is added to the gradient of the next, so no gradient mass is ever lost.
+
+Per key (a bucket index, a parameter name), with residual e (zero at first):
+
+1. corrected = g + e
+2. payload = compress(corrected)
+3. e = corrected − decompress(payload)
+
+so e_after + decompress(payload) = e_before + g element-wise (exactly, for values whose sums are
+representable). The residual has the gradient's dtype and device. One ErrorFeedback serves every
+compressor; compressors keep none of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import torch
+
+from gradwire.compress.base import Compressor, Payload
+from gradwire.errors import GradwireError
+
+
+class ErrorFeedback:
+    """Residuals per key for one compressor.
+
+    Example::
+
+        ef = ErrorFeedback(TopK(density=0.001))
+        payload = ef.compress(bucket.index(), bucket.buffer())   # send payload.tensors()
+
+    For schemes that do not fit compress/decompress (PowerSGD's steps), use the two halves:
+    ``corrected = ef.correct(key, g)`` … ``ef.update(key, corrected, applied)``.
+    """
+
+    def __init__(self, compressor: Compressor) -> None:
+        self.compressor = compressor
+        self.residuals: dict[Hashable, torch.Tensor] = {}
+
+    def correct(self, key: Hashable, g: torch.Tensor) -> torch.Tensor:
+        """g + residual of ``key``, as a new tensor (g is never modified)."""
+        e = self.residuals.get(key)
+        if e is None:
+            return g.clone()
+        if e.shape != g.shape or e.dtype != g.dtype:
+            raise GradwireError(
+                f"error feedback key {key!r}: residual is {tuple(e.shape)} {e.dtype} but the "
+                f"gradient is {tuple(g.shape)} {g.dtype}; buckets changed (DDP rebuilds them "
+                f"after the first iterations): call reset() when they do")
+        return g + e.to(g.device)
+
+    def update(self, key: Hashable, corrected: torch.Tensor, applied: torch.Tensor) -> None:
+        """residual of ``key`` = corrected − applied, computed in place in ``corrected``."""
+        self.residuals[key] = corrected.sub_(applied.to(corrected.dtype))
+
+    def compress(self, key: Hashable, g: torch.Tensor) -> Payload:
+        """Steps 1–3 of the module docstring; returns the payload to send."""
+        corrected = self.correct(key, g)
+        payload = self.compressor.compress(corrected)
+        self.update(key, corrected, self.compressor.decompress(payload, corrected.numel()))
+        return payload
+
+    def reset(self, key: Hashable | None = None) -> None:
+        """Forget the residual of ``key``, or of every key."""
+        if key is None:
+            self.residuals.clear()
+        else:
+            self.residuals.pop(key, None)
+
+    def state_dict(self) -> dict[str, object]:
+        return {"residuals": dict(self.residuals), "compressor": self.compressor.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.residuals = dict(state["residuals"])  # type: ignore[call-overload]
+        self.compressor.load_state_dict(state["compressor"])  # type: ignore[arg-type]

@@ -1,0 +1,210 @@
+"""Quantizers: fewer bits per element, every element sent.
+
+- ``signsgd``: 1 bit, the sign (Bernstein et al. 2018); ranks combine by majority vote,
+  :func:`majority_vote`, which is not a sum, so the payloads are gathered.
+- ``efsignsgd``: the sign scaled by ||x||₁/n (Karimireddy et al. 2019), meant to run under
+  :class:`gradwire.compress.ErrorFeedback`.
+- ``qsgd``: s levels of |x|/||x||₂ with stochastic rounding (Alistarh et al. 2017), unbiased.
+- ``terngrad``: {−1, 0, 1}·max|x| with stochastic rounding (Wen et al. 2017), unbiased.
+
+Wire for n elements: signsgd ⌈n/8⌉ bytes; efsignsgd ⌈n/8⌉ + one scale; qsgd one norm + ⌈n/8⌉
+sign bytes + ⌈n·w/8⌉ level bytes, w the narrowest of 1, 2, 4, 8 bits holding 0..s (2 or 4 bytes
+per level when s ≥ 256); terngrad ⌈n/4⌉ + one scale. Norms and scales are fp32 (fp64 for fp64
+input). The stochastic ones draw from (seed, step): give each rank its own seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gradwire.compress.base import (
+    Compressor,
+    Payload,
+    acc_dtype,
+    check_input,
+    check_int,
+    expect,
+)
+from gradwire.compress.bits import code_width, pack_bits, packed_bytes, unpack_bits
+from gradwire.errors import GradwireError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SignPayload(Payload):
+    bits: torch.Tensor  # 1 = x ≥ 0, packed 8 to a byte
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaledSignPayload(SignPayload):
+    scale: torch.Tensor  # one element
+
+
+def _signs(x: torch.Tensor) -> torch.Tensor:
+    return pack_bits((x >= 0).to(torch.uint8), 1)
+
+
+def _unsigned(bits: torch.Tensor, numel: int) -> torch.Tensor:
+    """±1 as int8 from packed sign bits."""
+    return unpack_bits(bits, 1, numel).to(torch.int8) * 2 - 1
+
+
+class SignSGD(Compressor):
+    """sign(x) in 1 bit per element (0 counts as +); decompress gives ±1 in x's dtype."""
+
+    name = "signsgd"
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def compress(self, x: torch.Tensor) -> SignPayload:
+        check_input(self.name, x)
+        return SignPayload(dtype=x.dtype, bits=_signs(x))
+
+    def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
+        p = expect(self.name, payload, SignPayload)
+        return _unsigned(p.bits, numel).to(p.dtype)
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        return packed_bytes(numel, 1)
+
+
+def majority_vote(signs: Sequence[Payload] | torch.Tensor, numel: int | None = None
+                  ) -> torch.Tensor:
+    """The element-wise majority of the ranks' signs: +1, −1, or 0 where the vote is tied.
+
+    ``signs`` is either a list of sign payloads (of ``signsgd`` or ``efsignsgd``; give
+    ``numel``), in which case the result has the payloads' dtype, or a stacked (ranks, n) tensor
+    of ±1, in which case it has that tensor's dtype.
+    """
+    if isinstance(signs, torch.Tensor):
+        if signs.dim() != 2:
+            raise GradwireError(f"majority_vote: expected stacked signs of shape (ranks, n), "
+                                f"got shape {tuple(signs.shape)}")
+        return torch.sign(signs.to(torch.int32).sum(0)).to(signs.dtype)
+    if not signs or numel is None:
+        raise GradwireError("majority_vote: give at least one sign payload and numel")
+    payloads = [expect("majority_vote", p, SignPayload) for p in signs]
+    total = torch.zeros(numel, dtype=torch.int32, device=payloads[0].bits.device)
+    for p in payloads:
+        total += _unsigned(p.bits, numel)
+    return torch.sign(total).to(payloads[0].dtype)
+
+
+class EFSignSGD(Compressor):
+    """(||x||₁/n)·sign(x): 1 bit per element and one scale. Biased; pair it with
+    :class:`ErrorFeedback` (EF-SignSGD, Karimireddy et al. 2019)."""
+
+    name = "efsignsgd"
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def compress(self, x: torch.Tensor) -> ScaledSignPayload:
+        check_input(self.name, x)
+        acc = acc_dtype(x.dtype)
+        scale = x.abs().sum(dtype=acc).reshape(1) / max(x.numel(), 1)
+        return ScaledSignPayload(dtype=x.dtype, bits=_signs(x), scale=scale)
+
+    def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
+        p = expect(self.name, payload, ScaledSignPayload)
+        return (_unsigned(p.bits, numel).to(p.scale.dtype) * p.scale).to(p.dtype)
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        return packed_bytes(numel, 1) + acc_dtype(dtype).itemsize
+
+
+@dataclass(frozen=True, kw_only=True)
+class QSGDPayload(Payload):
+    norm: torch.Tensor  # one element
+    signs: torch.Tensor  # 1 = negative, packed
+    levels: torch.Tensor  # 0..s, packed when s < 256
+
+
+class QSGD(Compressor):
+    """x ≈ ||x||₂ · sign(x) · ℓ/s, ℓ ∈ {0..s} rounded stochastically so E[decompress] = x.
+
+    ``s`` levels (s ≥ 1); levels are packed at 1, 2, 4 or 8 bits while s < 256 (s = 1: 1 bit,
+    s ≤ 3: 2 bits, s ≤ 15: 4 bits, s ≤ 255: 8 bits).
+    """
+
+    name = "qsgd"
+
+    def __init__(self, s: int = 255, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.s = check_int(self.name, "s", s, 1)
+
+    @property
+    def params(self) -> dict[str, object]:
+        return {"s": self.s}
+
+    def _level_width(self) -> int | torch.dtype:
+        if self.s < 256:
+            return code_width(self.s + 1)
+        return torch.int16 if self.s < 2**15 else torch.int32
+
+    def compress(self, x: torch.Tensor) -> QSGDPayload:
+        check_input(self.name, x)
+        acc = acc_dtype(x.dtype)
+        a = x.to(acc).abs()
+        norm = torch.linalg.vector_norm(a).reshape(1)
+        # floor(r + u), u ~ U[0, 1), rounds r up with probability r − ⌊r⌋: unbiased in one op.
+        r = a.mul_(self.s / norm.clamp_min(torch.finfo(acc).tiny))
+        u = torch.rand(x.numel(), generator=self._generator(x.device), dtype=acc,
+                       device=x.device)
+        lev = r.add_(u).floor_().clamp_max_(self.s)
+        w = self._level_width()
+        levels = pack_bits(lev.to(torch.uint8), w) if isinstance(w, int) else lev.to(w)
+        signs = pack_bits((x < 0).to(torch.uint8), 1)
+        return QSGDPayload(dtype=x.dtype, norm=norm, signs=signs, levels=levels)
+
+    def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
+        p = expect(self.name, payload, QSGDPayload)
+        w = self._level_width()
+        lev = unpack_bits(p.levels, w, numel) if isinstance(w, int) else p.levels
+        mag = lev.to(p.norm.dtype) * (p.norm / self.s)
+        neg = unpack_bits(p.signs, 1, numel).bool()
+        return torch.where(neg, -mag, mag).to(p.dtype)
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        w = self._level_width()
+        levels = packed_bytes(numel, w) if isinstance(w, int) else numel * w.itemsize
+        return acc_dtype(dtype).itemsize + packed_bytes(numel, 1) + levels
+
+
+@dataclass(frozen=True, kw_only=True)
+class TernaryPayload(Payload):
+    codes: torch.Tensor  # 0: 0, 1: +scale, 2: −scale; 2 bits each, packed
+    scale: torch.Tensor  # one element: max|x|
+
+
+class TernGrad(Compressor):
+    """x ≈ max|x| · sign(x) · b, b ~ Bernoulli(|x|/max|x|), so E[decompress] = x.
+    (TernGrad's gradient clipping is left to the caller.)"""
+
+    name = "terngrad"
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+
+    def compress(self, x: torch.Tensor) -> TernaryPayload:
+        check_input(self.name, x)
+        acc = acc_dtype(x.dtype)
+        a = x.to(acc).abs()
+        scale = a.max().reshape(1) if x.numel() else torch.zeros(1, dtype=acc, device=x.device)
+        u = torch.rand(x.numel(), generator=self._generator(x.device), dtype=acc,
+                       device=x.device)
+        keep = u.mul_(scale) < a  # u·max < |x|  ⇔  u < |x|/max, and never when max = 0
+        codes = keep.to(torch.uint8) << (x < 0).to(torch.uint8)
+        return TernaryPayload(dtype=x.dtype, codes=pack_bits(codes, 2), scale=scale)
+
+    def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
+        p = expect(self.name, payload, TernaryPayload)
+        c = unpack_bits(p.codes, 2, numel)
+        unit = (c & 1).to(torch.int8) - (c >> 1).to(torch.int8)
+        return (unit.to(p.scale.dtype) * p.scale).to(p.dtype)
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        return packed_bytes(numel, 2) + acc_dtype(dtype).itemsize

@@ -1,0 +1,467 @@
+"""Every registered compressor against the interface contract, plus what each family promises:
+exact top-k, the sampled selector's recall, unbiased quantizers, exact bit packing, PowerSGD's
+rank-r reconstruction, and error feedback that never loses gradient mass."""
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradwire.compress import (
+    COMPRESSORS,
+    DGC,
+    QSGD,
+    EFSignSGD,
+    ErrorFeedback,
+    PowerSGD,
+    PowerSGDCompressor,
+    RandomK,
+    SignSGD,
+    TernGrad,
+    TopK,
+    from_matrix,
+    get,
+    majority_vote,
+    matrix_shape,
+    sparse,
+    threshold_topk,
+    to_matrix,
+)
+from gradwire.compress.base import generator, index_dtype
+from gradwire.compress.bits import WIDTHS, pack_bits, packed_bytes, unpack_bits
+from gradwire.errors import GradwireError
+
+NAMES = list(COMPRESSORS)
+SIZES = [0, 1, 2, 7, 1000]
+# Every (compressor, dtype) pair is meaningful: half-precision buckets are compressed from their
+# own dtype (norms, scales and PowerSGD's P, Q in fp32), so none is skipped.
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def data(n: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+
+
+def magnitudes_ok(x: torch.Tensor, picked: torch.Tensor) -> bool:
+    """``picked`` holds elements of largest |x|: none left out is larger than one taken."""
+    a = x.abs().double()
+    mask = torch.zeros(x.numel(), dtype=torch.bool)
+    mask[picked.long()] = True
+    if mask.all() or not mask.any():
+        return True
+    return bool(a[mask].min() >= a[~mask].max())
+
+
+# --- the contract, for every compressor ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip_shape_dtype_and_wire_bytes(name, dtype):
+    c = get(name)
+    for n in SIZES:
+        x = data(n, dtype)
+        payload = c.compress(x)
+        y = c.decompress(payload, n)
+        assert y.shape == (n,) and y.dtype == dtype
+        assert not y.isnan().any()
+        assert payload.nbytes == c.wire_bytes(n, dtype) == sum(t.nbytes for t in
+                                                                payload.tensors())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_payload_never_aliases_input(name):
+    c = get(name)
+    x = data(1000)
+    payload = c.compress(x)
+    before = c.decompress(payload, 1000).clone()
+    x.fill_(float("nan"))
+    assert torch.equal(c.decompress(payload, 1000), before)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_strided_input_is_compressed_like_a_contiguous_one(name):
+    x = data(2000)[::2]
+    a, b = get(name).compress(x), get(name).compress(x.contiguous())
+    assert all(torch.equal(s, t) for s, t in zip(a.tensors(), b.tensors(), strict=True))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_round_trip(name):
+    c = get(name)
+    for n in SIZES:
+        x = data(n).cuda()
+        payload = c.compress(x)
+        assert all(t.is_cuda for t in payload.tensors())
+        y = c.decompress(payload, n)
+        assert y.is_cuda and y.shape == (n,) and payload.nbytes == c.wire_bytes(n, x.dtype)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_deterministic_for_a_seed_and_state_dict_resumes(name):
+    a, b = get(name), get(name)
+    xs = [data(1000, seed=s) for s in range(3)]
+    for x in xs:
+        pa, pb = a.compress(x), b.compress(x)
+        assert all(torch.equal(s, t) for s, t in zip(pa.tensors(), pb.tensors(), strict=True))
+    resumed = get(name)
+    resumed.load_state_dict(a.state_dict())
+    x = data(1000, seed=9)
+    pa, pr = a.compress(x), resumed.compress(x)
+    assert all(torch.equal(s, t) for s, t in zip(pa.tensors(), pr.tensors(), strict=True))
+
+
+@pytest.mark.parametrize("name", ["randomk", "qsgd", "terngrad"])
+def test_seed_matters(name):
+    x = data(1000)
+    pa, pb = get(name, seed=1).compress(x), get(name, seed=2).compress(x)
+    assert any(not torch.equal(s, t) for s, t in zip(pa.tensors(), pb.tensors(), strict=True))
+
+
+def test_bad_input_and_foreign_payload_are_user_errors():
+    with pytest.raises(GradwireError, match=r"topk: expected a 1-D float tensor"):
+        TopK().compress(torch.zeros(2, 3))
+    with pytest.raises(GradwireError, match=r"qsgd: expected a 1-D float tensor"):
+        QSGD().compress(torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(GradwireError, match=r"signsgd: expected a SignPayload to decompress, "
+                                            r"got SparsePayload"):
+        SignSGD().decompress(TopK().compress(data(10)), 10)
+
+
+# --- sparsifiers -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("selector", ["exact", "threshold"])
+def test_topk_selects_exactly_the_k_largest(selector):
+    for n, density in [(1000, 0.01), (1000, 0.5), (20000, 0.001), (20000, 0.05), (7, 1.0)]:
+        x = data(n)
+        c = TopK(density=density, selector=selector)
+        p = c.compress(x)
+        assert p.indices.dtype == torch.int32 and p.values.dtype == x.dtype
+        assert p.indices.numel() == c.count(n) and p.indices.unique().numel() == c.count(n)
+        assert magnitudes_ok(x, p.indices)
+        assert torch.equal(p.values, x[p.indices.long()])
+
+
+@pytest.mark.parametrize("selector", ["exact", "threshold"])
+def test_topk_ties_any_k_of_the_tied(selector):
+    x = torch.zeros(30000)
+    x[:100] = 2.0
+    x[100:5000:2] = -1.0  # 2450 tied at |x| = 1 around the cut
+    p = TopK(k=1000, selector=selector).compress(x)
+    assert p.indices.numel() == 1000 and p.indices.unique().numel() == 1000
+    assert magnitudes_ok(x, p.indices)
+
+
+def test_topk_count_from_density_or_k():
+    assert TopK(density=0.001).count(1000) == 1
+    assert TopK(density=0.01).count(700) == 7  # not 8: 0.01 * 700 = 7.000000000000001
+    assert TopK(density=0.001).count(1) == 1 and TopK().count(0) == 0
+    assert TopK(k=50).count(10) == 10
+    assert index_dtype(2**31 - 1) == torch.int32 and index_dtype(2**31) == torch.int64
+
+
+DISTRIBUTIONS = {
+    "gaussian": lambda g, n: torch.randn(n, generator=g),
+    "laplace": lambda g, n: torch.empty(n).exponential_(generator=g)
+    * torch.sign(torch.rand(n, generator=g) - 0.5),
+    "student-t2": lambda g, n: torch.randn(n, generator=g)
+    / torch.sqrt(torch.empty(n).exponential_(generator=g)),  # t with 2 degrees of freedom
+}
+
+
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
+@pytest.mark.parametrize("n", [100_000, 1_000_000])
+def test_threshold_selector_exact_count_and_recall(dist, n):
+    x = DISTRIBUTIONS[dist](torch.Generator().manual_seed(n), n)
+    for density in (0.001, 0.01, 0.1):
+        k = TopK(density=density).count(n)
+        picked = threshold_topk(x, k, generator(0, 0))
+        assert picked.numel() == k and picked.unique().numel() == k
+        exact = torch.topk(x.abs(), k).indices
+        recall = torch.isin(picked, exact).float().mean().item()
+        assert recall >= 0.99, (dist, n, density, recall)
+
+
+def test_threshold_selector_correction_passes(monkeypatch):
+    x = data(200_000)
+    exact = set(torch.topk(x.abs(), 200).indices.tolist())
+    passes: list[object] = []
+    candidates, fallback = sparse._candidates, sparse.exact_topk
+    monkeypatch.setattr(sparse, "_candidates", lambda *a: passes.append("pass") or candidates(*a))
+    monkeypatch.setattr(sparse, "exact_topk", lambda *a: passes.append("exact") or fallback(*a))
+    # The threshold set too high on purpose: a second pass suffices, or the fallback is needed.
+    for margin, path in [(4.0, ["pass"]), (-1.0, ["pass", "pass"]),
+                         (-1000.0, ["pass", "pass", "exact"])]:
+        monkeypatch.setattr(sparse, "MARGIN_SD", margin)
+        passes.clear()
+        picked = threshold_topk(x, 200, generator(0, 0))
+        assert set(picked.tolist()) == exact and passes == path
+    sparse_x = torch.zeros(200_000)
+    sparse_x[::1000] = 1.0  # 200 nonzeros, k = 500: the threshold is 0
+    picked = threshold_topk(sparse_x, 500, generator(0, 0))
+    assert picked.unique().numel() == 500 and magnitudes_ok(sparse_x, picked)
+
+
+@given(values=st.lists(st.integers(-3, 3), max_size=300), k=st.integers(0, 320),
+       min_sample=st.integers(1, 64), seed=st.integers(0, 2**16))
+@settings(max_examples=80, deadline=None)
+def test_threshold_selector_property(values, k, min_sample, seed):
+    # Small samples reach every branch (too few, fallback, too many) at these sizes.
+    x = torch.tensor(values, dtype=torch.float32)
+    k = min(k, x.numel())
+    picked = threshold_topk(x, k, generator(seed, 0), min_sample=min_sample)
+    dgc = sparse.dgc_select(x, k, min(x.numel(), k + k // 4), generator(seed, 0), 0.01, 3,
+                            min_sample=min_sample)
+    assert picked.numel() == k and picked.unique().numel() == k and magnitudes_ok(x, picked)
+    assert dgc.numel() <= min(x.numel(), k + k // 4) and dgc.unique().numel() == dgc.numel()
+    assert magnitudes_ok(x, dgc)
+
+
+def test_dgc_count_varies_within_capacity():
+    x = data(1_000_000)
+    c = DGC(density=0.001)
+    counts = []
+    for _ in range(5):
+        p = c.compress(x)
+        n = int(p.count[0])
+        counts.append(n)
+        assert magnitudes_ok(x, p.indices[:n]) and p.indices.numel() == c.capacity(x.numel())
+        assert torch.equal(c.decompress(p, x.numel())[p.indices[:n].long()], x[p.indices[:n]
+                                                                                .long()])
+    assert all(1000 / 1.25 <= n <= 1250 for n in counts), counts
+
+
+def test_randomk_ranks_agree_and_payloads_sum():
+    ranks = [RandomK(k=100, seed=7) for _ in range(3)]
+    xs = [data(5000, seed=r) for r in range(3)]
+    payloads = [c.compress(x) for c, x in zip(ranks, xs, strict=True)]
+    idx = ranks[0].indices(5000, payloads[0].step)
+    assert idx.unique().numel() == 100
+    assert all(torch.equal(idx, c.indices(5000, p.step)) for c, p in zip(ranks, payloads,
+                                                                          strict=True))
+    summed = dataclasses.replace(payloads[0], values=sum(p.values for p in payloads))
+    expected = sum(c.decompress(p, 5000) for c, p in zip(ranks, payloads, strict=True))
+    assert torch.allclose(ranks[0].decompress(summed, 5000), expected)
+    assert not torch.equal(ranks[0].indices(5000, 0), ranks[0].indices(5000, 1))
+    assert RandomK(k=4000).indices(5000, 0).unique().numel() == 4000  # the randperm branch
+
+
+# --- quantizers and casts --------------------------------------------------------------------
+
+def test_bit_packing_round_trips():
+    g = torch.Generator().manual_seed(0)
+    for w in WIDTHS:
+        for n in list(range(18)) + [1001]:
+            codes = torch.randint(0, 1 << w, (n,), generator=g, dtype=torch.uint8)
+            packed = pack_bits(codes, w)
+            assert packed.dtype == torch.uint8 and packed.numel() == packed_bytes(n, w)
+            assert torch.equal(unpack_bits(packed, w, n), codes)
+    assert pack_bits(torch.tensor([1, 0, 0, 0, 0, 0, 0, 1, 1], dtype=torch.uint8), 1).tolist() \
+        == [0b10000001, 0b1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_signs_exact_and_scaled(dtype):
+    x = data(1001, dtype)
+    x[:3] = torch.tensor([0.0, -0.0, -2.0])
+    signs = SignSGD().decompress(SignSGD().compress(x), 1001)
+    assert torch.equal(signs, torch.where(x >= 0, 1.0, -1.0).to(dtype))
+    ef = EFSignSGD()
+    p = ef.compress(x)
+    assert torch.allclose(p.scale, x.double().abs().mean().to(p.scale.dtype), rtol=1e-5)
+    assert torch.equal(ef.decompress(p, 1001), (signs.to(p.scale.dtype) * p.scale).to(dtype))
+
+
+def test_majority_vote():
+    votes = torch.tensor([[1, 1, -1, 1], [1, -1, -1, -1], [-1, 1, -1, -1]], dtype=torch.float32)
+    expected = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    assert torch.equal(majority_vote(votes), expected)
+    payloads = [SignSGD().compress(v) for v in votes]
+    assert torch.equal(majority_vote(payloads, 4), expected)
+    assert torch.equal(majority_vote(votes[:2]), torch.tensor([1.0, 0.0, -1.0, 0.0]))  # ties
+    with pytest.raises(GradwireError, match="numel"):
+        majority_vote(payloads)
+
+
+@pytest.mark.parametrize("name,params,tol", [("qsgd", {"s": 4}, 0.15),
+                                             ("qsgd", {"s": 1}, 0.3),
+                                             ("terngrad", {}, 0.15)])
+def test_stochastic_quantizers_are_unbiased(name, params, tol):
+    x = data(48)
+    x[:4] = torch.tensor([0.0, 0.0, 3.0, -3.0])
+    c = get(name, **params)
+    runs = 3000
+    mean = sum(c.decompress(c.compress(x), 48).double() for _ in range(runs)) / runs
+    assert (mean - x.double()).abs().max() < tol
+    assert mean[:2].abs().max() == 0
+
+
+def test_qsgd_levels_and_wide_levels():
+    x = data(1000)
+    p = QSGD(s=3).compress(x)
+    assert p.levels.numel() == packed_bytes(1000, 2)
+    assert unpack_bits(p.levels, 2, 1000).max() <= 3
+    wide = QSGD(s=1000)
+    y = wide.decompress(wide.compress(x), 1000)
+    assert wide.compress(x).levels.dtype == torch.int16
+    assert (y - x).abs().max() <= x.norm() / 1000 + 1e-6
+    assert torch.equal(torch.sign(y[y != 0]), torch.sign(x[y != 0]))
+
+
+def test_terngrad_values_are_ternary():
+    x = data(1000)
+    y = TernGrad().decompress(TernGrad().compress(x), 1000)
+    assert set(y.unique().tolist()) <= {-x.abs().max().item(), 0.0, x.abs().max().item()}
+    assert torch.equal(TernGrad().decompress(TernGrad().compress(torch.zeros(9)), 9),
+                       torch.zeros(9))
+
+
+@pytest.mark.parametrize("name,wire", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_half_casts_exact_on_representable_values_and_summable(name, wire):
+    c = get(name)
+    assert c.associative
+    for dtype in DTYPES:
+        x = data(1000, wire).to(dtype)  # every value representable in the wire dtype
+        p = c.compress(x)
+        assert p.values.dtype == wire and torch.equal(c.decompress(p, 1000), x)
+    a, b = torch.arange(-64.0, 64.0), torch.arange(64.0, -64.0, -1)
+    summed = dataclasses.replace(c.compress(a), values=c.compress(a).values
+                                 + c.compress(b).values)
+    assert torch.equal(c.decompress(summed, 128), a + b)
+
+
+# --- PowerSGD --------------------------------------------------------------------------------
+
+def test_matrix_shape():
+    assert matrix_shape(0) == (0, 0) and matrix_shape(1) == (1, 1)
+    for n in range(1, 400):
+        rows, cols = matrix_shape(n)
+        assert rows <= cols and n <= rows * cols < n + cols
+    x = data(7)
+    m = to_matrix(x)
+    assert m.shape == (3, 3) and m.reshape(-1)[7:].eq(0).all()
+    assert torch.equal(from_matrix(m, 7, x.dtype), x)
+
+
+def low_rank(rows: int, cols: int, r: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, r, generator=g) @ torch.randn(cols, r, generator=g).T).reshape(-1)
+
+
+def test_powersgd_reconstructs_a_rank_r_matrix():
+    c = PowerSGDCompressor(rank=3)
+    for seed in (0, 1, 1):  # a new matrix, another (warm start from the first), the same again
+        x = low_rank(40, 40, 3, seed)
+        y = c.decompress(c.compress(x), x.numel())
+        assert torch.allclose(y, x, atol=1e-4 * x.abs().max())
+
+
+def test_powersgd_steps_over_three_ranks_reconstruct_the_sum():
+    ranks = [PowerSGD(rank=2, seed=5) for _ in range(3)]
+    base = low_rank(30, 30, 2, 0).view(30, 30)
+    ms = [base * (r + 1) for r in range(3)]  # the sum 6·base has rank 2
+    for _ in range(2):
+        p = sum(ps.p(m, key="b") for ps, m in zip(ranks, ms, strict=True))
+        ps_copies = [p.clone() for _ in ranks]
+        q = sum(ps.q(m, pc, key="b") for ps, m, pc in zip(ranks, ms, ps_copies, strict=True))
+        outs = [ps.decompress(pc, q, key="b") for ps, pc in zip(ranks, ps_copies, strict=True)]
+        for out in outs:
+            assert torch.allclose(out, 6 * base, atol=1e-3 * base.abs().max() * 6)
+    assert all(torch.equal(ps.memory["b"], q) for ps in ranks)
+
+
+def test_powersgd_zero_gradient_gives_zero_without_nan_then_recovers():
+    c = PowerSGDCompressor(rank=4)
+    for n in (1, 7, 1000):
+        y = c.decompress(c.compress(torch.zeros(n)), n)
+        assert torch.equal(y, torch.zeros(n))
+    x = low_rank(31, 32, 2, 3)[:1000]  # 1000 elements view as 32×32: rank ≤ 4 after padding
+    c.compress(torch.zeros(1000))
+    y = c.decompress(c.compress(x), 1000)
+    assert not y.isnan().any() and torch.allclose(y, x, atol=1e-4 * x.abs().max())
+
+
+def test_powersgd_rank_is_capped_by_the_matrix():
+    c = PowerSGDCompressor(rank=8)
+    p = c.compress(data(7))
+    assert p.p.shape == (3, 3) and p.q.shape == (3, 3)
+    assert torch.allclose(c.decompress(p, 7), data(7), atol=1e-5)
+
+
+# --- error feedback --------------------------------------------------------------------------
+
+EF_COMPRESSORS = {
+    "topk-exact": lambda k: TopK(k=k, selector="exact"),
+    "topk-threshold": lambda k: TopK(k=k),
+    "randomk": lambda k: RandomK(k=k, seed=3),
+    "dgc": lambda k: DGC(k=k),
+}
+HALF = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("name", EF_COMPRESSORS)
+@given(n=st.integers(0, 200), k=st.integers(1, 250), dtype=st.sampled_from(HALF),
+       steps=st.lists(st.lists(st.integers(-4, 4), min_size=200, max_size=200), min_size=1,
+                      max_size=3))
+@settings(max_examples=40, deadline=None)
+def test_error_feedback_conserves_mass_exactly(name, n, k, dtype, steps):
+    ef = ErrorFeedback(EF_COMPRESSORS[name](k))
+    residual = torch.zeros(n, dtype=dtype)
+    for values in steps:
+        g = torch.tensor(values[:n], dtype=dtype)
+        g_before = g.clone()
+        payload = ef.compress("bucket", g)
+        applied = ef.compressor.decompress(payload, n)
+        after = ef.residuals["bucket"]
+        assert after.dtype == dtype and torch.equal(g, g_before)
+        assert torch.equal(after + applied, residual + g)
+        residual = after.clone()
+
+
+def test_error_feedback_state_and_bucket_changes():
+    ef = ErrorFeedback(TopK(k=2, selector="exact"))
+    ef.compress(0, torch.tensor([5.0, 1.0, -3.0, 2.0]))
+    assert torch.equal(ef.residuals[0], torch.tensor([0.0, 1.0, 0.0, 2.0]))
+    other = ErrorFeedback(TopK(k=2, selector="exact"))
+    other.load_state_dict(ef.state_dict())
+    p = other.compress(0, torch.tensor([0.0, 1.5, 0.0, 0.0]))
+    assert sorted(p.indices.tolist()) == [1, 3]
+    with pytest.raises(GradwireError, match=r"key 0: residual is \(4,\) torch.float32 but the "
+                                            r"gradient is \(5,\).*call reset\(\)"):
+        other.compress(0, torch.zeros(5))
+    other.reset(0)
+    other.compress(0, torch.zeros(5))
+
+
+def test_error_feedback_with_powersgd_steps():
+    ef = ErrorFeedback(PowerSGDCompressor(rank=1))
+    x = low_rank(10, 10, 2, 0)
+    corrected = ef.correct("b", x)
+    approx = ef.compressor.decompress(ef.compressor.compress(corrected), 100)
+    ef.update("b", corrected, approx)
+    assert torch.allclose(ef.residuals["b"] + approx, x, atol=1e-5)
+
+
+# --- parameters ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,params,message", [
+    ("topk", {"density": 0}, r"topk: density must be a number in \(0, 1\], got 0"),
+    ("topk", {"density": 1.5}, r"topk: density must be a number in \(0, 1\], got 1.5"),
+    ("topk", {"k": 0}, r"topk: k must be an integer >= 1, got 0"),
+    ("topk", {"density": 0.1, "k": 3}, r"topk: give density or k, not both"),
+    ("topk", {"selector": "fast"}, r"topk: selector must be 'threshold' or 'exact'"),
+    ("randomk", {"k": 2.5}, r"randomk: k must be an integer >= 1, got 2.5"),
+    ("dgc", {"slack": 0.5}, r"dgc: slack must be a number >= 1, got 0.5"),
+    ("qsgd", {"s": 0}, r"qsgd: s must be an integer >= 1, got 0"),
+    ("powersgd", {"rank": 0}, r"powersgd: rank must be an integer >= 1, got 0"),
+    ("topk", {"densty": 0.1}, r"topk: unknown parameter 'densty' \(did you mean 'density'\?\): "
+                              r"expected density, k, selector, sample, seed"),
+    ("signsgd", {"seed": 1}, r"signsgd: unknown parameter 'seed': expected no parameters"),
+    ("topx", {}, r"unknown compressor 'topx' \(did you mean 'topk'\?\): expected one of topk"),
+])
+def test_bad_parameters_are_one_line_errors(name, params, message):
+    with pytest.raises(GradwireError, match=message) as e:
+        get(name, **params)
+    assert "\n" not in str(e.value)
