@@ -83,3 +83,23 @@ def test_unknown_algorithm_suggests():
         registry.get("allreduce", "rnig")
     with pytest.raises(GradwireError, match="unknown collective"):
         registry.get("alltoall", "ring")
+
+
+def test_ring_cuts_large_chunks_into_sub_chunks_unless_told():
+    from gradwire.schedules.ring import MAX_PIPELINE, SUBCHUNK_BYTES
+
+    def msgs(p, n, **kw):
+        return int(traffic(registry.schedule("allreduce", "ring", p, n, **kw), 4)
+                   .messages_sent[0].sum())
+
+    small = 8 * SUBCHUNK_BYTES // 4 - 8  # 8 chunks just under 1 MiB each at P=8
+    assert msgs(8, small) == 14
+    assert msgs(8, 8 * 3 * SUBCHUNK_BYTES // 4) == 14 * 3
+    assert msgs(8, 8 * 64 * SUBCHUNK_BYTES // 4) == 14 * MAX_PIPELINE
+    assert msgs(8, 8 * 64 * SUBCHUNK_BYTES // 4, pipeline=1) == 14
+    # float64 chunks are twice the bytes of float32 ones: twice the sub-chunks.
+    n = 8 * 2 * SUBCHUNK_BYTES // 8
+    assert int(traffic(registry.schedule("allreduce", "ring", 8, n, itemsize=8), 8)
+               .messages_sent[0].sum()) == 14 * 2
+    with pytest.raises(GradwireError, match="pipeline must be an int >= 1"):
+        registry.schedule("allreduce", "ring", 4, 100, pipeline=0)

@@ -1,11 +1,17 @@
 """Run a schedule over the transport.
 
-Each rank follows its program (``Schedule.program``) as dataflow, not lock-step: receives are
-posted as soon as they are reached, and a send waits only for the receives that write the bytes
-it reads (read after write). A received block is combined into the buffer only after every
-earlier send of an overlapping range has finished (write after read). So a chunk that arrives
-can leave again while the rest of its step is still in flight: the ring paper's sub-chunk
-pipelining, and LP's block pipeline, come from the schedule's granularity, not from code here.
+Each rank follows its program (``Schedule.program``) as dataflow, not lock-step:
+- receives are posted ahead, in program order, into staging buffers (so a peer's send never
+  waits for this rank to reach its step); the staging memory is bounded by the buffer's size;
+- a send waits only for the receives that write the bytes it reads (read after write), and for
+  this rank's sends of earlier steps to other peers (one port per rank, as the cost model
+  assumes: a binomial root feeds its first child at full rate, not all children at a fraction);
+- a received block is combined into the buffer only after every earlier send of an overlapping
+  range has finished (write after read).
+So a chunk that arrives can leave again while the rest of its step is still in flight: the ring
+paper's sub-chunk pipelining, and LP's block pipeline, come from the schedule's granularity,
+not from code here. Every wait is on an operation of an earlier step, or on a receive whose
+sender reaches it without waiting on this rank, so no schedule that passes ``check`` deadlocks.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ def _sum(into: torch.Tensor, received: torch.Tensor) -> None:
 
 COMBINE: dict[str, Combine] = {"sum": _sum}
 
+# Receives are posted ahead of the program (the peer's send can start at once) while their
+# staging buffers total at most the buffer's size, or this much for small buffers.
+LOOKAHEAD_MIN_BYTES = 4 * 2**20
+
 
 def _overlaps(a: Transfer, b: Transfer) -> bool:
     return a.start < b.stop and b.start < a.stop
@@ -44,8 +54,28 @@ def execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
                             f"the group has {transport.world_size}")
     ops = {**COMBINE, **(combine or {})}
     rank = transport.rank
-    pending: deque[tuple[Transfer, object, torch.Tensor]] = deque()
-    sending: list[tuple[Transfer, object]] = []
+    program = s.program(rank)
+    recvs = [i for i, (_, kind, _) in enumerate(program) if kind == "recv"]
+    budget = max(buffer.numel() * buffer.element_size(), LOOKAHEAD_MIN_BYTES)
+    pending: deque[tuple[int, Transfer, object, torch.Tensor]] = deque()  # posted, not applied
+    sending: list[tuple[Transfer, object, int]] = []  # (transfer, work, step)
+    posted = 0  # receives posted so far (a prefix of ``recvs``)
+    held = 0  # bytes of posted receives not yet applied
+
+    def post(upto: int) -> None:
+        """Post receives in program order: every one before program index ``upto``, then more
+        while their staging buffers stay within ``budget``."""
+        nonlocal posted, held
+        while posted < len(recvs):
+            i = recvs[posted]
+            t = program[i][2]
+            nbytes = t.count * buffer.element_size()
+            if i >= upto and held + nbytes > budget:
+                break
+            tmp = torch.empty(t.count, dtype=buffer.dtype, device=buffer.device)
+            pending.append((i, t, transport.irecv(tmp, t.src), tmp))
+            posted += 1
+            held += nbytes
 
     def finish_sends(t: Transfer) -> None:
         for item in [x for x in sending if _overlaps(x[0], t)]:
@@ -53,8 +83,10 @@ def execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
             sending.remove(item)
 
     def apply_through(last: int) -> None:
-        for _ in range(last + 1):
-            t, work, tmp = pending.popleft()
+        """Wait for and combine the pending receives up to program index ``last``."""
+        nonlocal held
+        while pending and pending[0][0] <= last:
+            _, t, work, tmp = pending.popleft()
             work.wait()
             finish_sends(t)
             view = buffer[t.start : t.stop]
@@ -65,16 +97,23 @@ def execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
             else:
                 raise GradwireError(f"schedule {s.algo} uses combine op {t.op!r}; known: "
                                     f"{', '.join(['copy', *ops])}")
+            held -= t.count * buffer.element_size()
+            post(0)
 
-    for _, kind, t in s.program(rank):
+    post(0)
+    for i, (step, kind, t) in enumerate(program):
         if kind == "send":
-            hits = [i for i, (r, _, _) in enumerate(pending) if _overlaps(r, t)]
+            hits = [j for j, r, _, _ in pending if j < i and _overlaps(r, t)]
             if hits:
                 apply_through(hits[-1])
-            sending.append((t, transport.isend(buffer[t.start : t.stop], t.dst)))
+            # One port: sends of earlier steps to other peers finish first (a binomial root
+            # feeds its first child at full rate instead of all children at a fraction).
+            for item in [x for x in sending if x[2] < step and x[0].dst != t.dst]:
+                item[1].wait()
+                sending.remove(item)
+            sending.append((t, transport.isend(buffer[t.start : t.stop], t.dst), step))
         else:
-            tmp = torch.empty(t.count, dtype=buffer.dtype, device=buffer.device)
-            pending.append((t, transport.irecv(tmp, t.src), tmp))
-    apply_through(len(pending) - 1)
-    for _, work in sending:
+            post(i + 1)
+    apply_through(len(program))
+    for _, work, _ in sending:
         work.wait()
