@@ -1,0 +1,233 @@
+"""Collectives benchmark on the emulated 1 Gbit/s cluster (issue: collectives written once).
+
+Parts (all by default, in this order; each is `gradwire calibrate` / `gradwire bench` run as a
+user would, with a private GRADWIRE_HOME so the model uses the calibration of this run):
+1. calibrate  α, β, γ on 2 hosts.
+2. ring       allreduce 64 MiB at P=4 and P=8: ring (its default sub-chunking, and fixed
+              pipeline=1 and 4 for comparison) vs torch.distributed's all_reduce in the same
+              run; target: default ring busbw ≥ 0.97× built-in.
+3. lp         broadcast 64 MiB at P=8: LP vs binomial (target ≥ 1.8×) and LP vs n/bandwidth
+              (target within 10 %).
+4. crossover  allreduce 1 KiB…64 MiB at P=8: the size where the bandwidth-optimal ring starts to
+              beat the latency-optimal recursive doubling, measured and predicted.
+5. model      every registered algorithm of every collective, P=4, 1…64 MiB: predicted vs
+              measured time (targets: median error ≤ 5 %, max ≤ 15 %) and a plot.
+
+    python benchmarks/collectives.py                 # ~15 min; writes benchmarks/results/
+    python benchmarks/collectives.py --parts ring    # one part (others kept from the last run)
+
+Needs root (network namespaces). Run it on an otherwise idle machine: 8 ranks share 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from gradwire.schedules import registry
+from gradwire.schedules.cost import CostParams, cost
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+OUT = RESULTS / "collectives_1gbit.json"
+PLOT = RESULTS / "prediction_1gbit.png"
+BW = "1gbit"
+MiB = 2**20
+
+
+def gradwire(home: str, *args: str) -> None:
+    cmd = [sys.executable, "-m", "gradwire.cli", *args]
+    print("$ gradwire " + shlex.join(args), flush=True)
+    p = subprocess.run(cmd, env={**os.environ, "GRADWIRE_HOME": home})
+    if p.returncode != 0:
+        raise SystemExit(f"failed ({p.returncode}): gradwire {shlex.join(args)}")
+
+
+def bench(home: str, collective: str, algos: str, sizes: str, hosts: int, iters: int) -> dict:
+    out = Path(home) / f"{collective}-{hosts}-{len(os.listdir(home))}.json"
+    gradwire(home, "bench", "--collective", collective, "--algo", algos, "--sizes", sizes,
+             "--hosts", str(hosts), "--bandwidth", BW, "--iters", str(iters), "--json", str(out))
+    return json.loads(out.read_text())
+
+
+def row(res: dict, algo: str, size: int) -> dict:
+    return next(r for r in res["rows"] if r["algo"] == algo and r["bytes"] == size)
+
+
+def part_calibrate(home: str) -> dict:
+    gradwire(home, "calibrate", "--hosts", "2", "--bandwidth", BW)
+    return json.loads((Path(home) / "calibration" / f"{BW}.json").read_text())
+
+
+def part_ring(home: str) -> dict:
+    out: dict = {"by_world_size": {}}
+    for p in (4, 8):
+        res = bench(home, "allreduce", "ring,ring:pipeline=1,ring:pipeline=4", "64M", p, 5)
+        base = row(res, "builtin", 64 * MiB)["busbw_Gbitps"]
+        rings = {r["algo"]: r["busbw_Gbitps"] for r in res["rows"] if r["algo"] != "builtin"}
+        out["by_world_size"][p] = {"builtin_busbw_Gbitps": base, "ring_busbw_Gbitps": rings,
+                         "ratio_to_builtin": {a: b / base for a, b in rings.items()},
+                         "target": ">= 0.97", "bench": res}
+    return out
+
+
+def part_lp(home: str, cal: dict) -> dict:
+    res = bench(home, "broadcast", "lp,binomial,scatter_ag", "64M", 8, 5)
+    lp, binomial = row(res, "lp", 64 * MiB), row(res, "binomial", 64 * MiB)
+    nominal = 64 * MiB * 8 / 1e9  # n over the 1 Gbit/s the links are shaped to
+    link = 64 * MiB * cal["beta_s_per_byte"]  # n over the TCP payload rate calibrate measured
+    return {"lp_s": lp["time_s"], "binomial_s": binomial["time_s"],
+            "speedup_over_binomial": binomial["time_s"] / lp["time_s"], "target_speedup": ">= 1.8",
+            "n_over_bandwidth_s": nominal, "lp_over_ideal": lp["time_s"] / nominal,
+            "n_over_measured_link_rate_s": link, "lp_over_link_rate": lp["time_s"] / link,
+            "target_over_ideal": "<= 1.10", "bench": res}
+
+
+def crossing(sizes: list[int], a: list[float], b: list[float]) -> float | None:
+    """The size where b stops being slower than a (log-interpolated), None if never."""
+    for i in range(1, len(sizes)):
+        d0, d1 = math.log(b[i - 1] / a[i - 1]), math.log(b[i] / a[i])
+        if d0 > 0 >= d1:
+            f = d0 / (d0 - d1)
+            return math.exp(math.log(sizes[i - 1]) + f * math.log(sizes[i] / sizes[i - 1]))
+    return None
+
+
+def predicted_crossover(params: CostParams, p: int, small: str, large: str) -> float | None:
+    grid = [int(2 ** (e / 8)) // 4 * 4 for e in range(8 * 10, 8 * 27)]
+    t = {name: [cost(registry.schedule("allreduce", name, p, n // 4), params) for n in grid]
+         for name in (small, large)}
+    return crossing(grid, t[small], t[large])
+
+
+def part_crossover(home: str, cal: dict) -> dict:
+    p = 8
+    res = bench(home, "allreduce", "rd,tree,rhd,ring", "1K:64M:4", p, 5)
+    sizes = sorted({r["bytes"] for r in res["rows"]})
+    times = {a: [row(res, a, s)["time_s"] for s in sizes] for a in ("rd", "ring")}
+    params = CostParams(cal["alpha_s"], cal["beta_s_per_byte"], cal["gamma_s_per_byte"])
+    return {"world_size": p, "latency_optimal": "rd", "bandwidth_optimal": "ring",
+            "measured_crossover_bytes": crossing(sizes, times["rd"], times["ring"]),
+            "predicted_crossover_bytes": predicted_crossover(params, p, "rd", "ring"),
+            "bench": res}
+
+
+def part_model(home: str) -> dict:
+    benches = [bench(home, c, ",".join(a.name for a in registry.algorithms(c)), "1M:64M:4", 4,
+                     3) for c in ("allreduce", "broadcast", "reduce", "allgather",
+                                  "reducescatter")]
+    pts = [{"collective": r["collective"], "algo": r["algo"], "bytes": r["bytes"],
+            "measured_s": r["time_s"], "predicted_s": r["predicted_s"],
+            "error": r["prediction_error"]}
+           for b in benches for r in b["rows"] if r["algo"] != "builtin" and r["bytes"] >= MiB]
+    errs = [abs(x["error"]) for x in pts]
+    return {"world_size": 4, "points": pts, "median_abs_error": statistics.median(errs),
+            "max_abs_error": max(errs), "targets": {"median": "<= 0.05", "max": "<= 0.15"},
+            "worst": max(pts, key=lambda x: abs(x["error"])), "benches": benches}
+
+
+def plot(model: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5))
+    colls = sorted({x["collective"] for x in model["points"]})
+    for i, c in enumerate(colls):
+        pts = [x for x in model["points"] if x["collective"] == c]
+        ax.scatter([x["measured_s"] for x in pts], [x["predicted_s"] for x in pts], s=18,
+                   label=c, color=f"C{i}")
+        bx.scatter([x["bytes"] for x in pts], [100 * x["error"] for x in pts], s=18,
+                   color=f"C{i}", label=c)
+    lo = min(x["measured_s"] for x in model["points"]) / 1.5
+    hi = max(x["measured_s"] for x in model["points"]) * 1.5
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
+    ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.9",
+                    label="±15 %")
+    ax.set(xscale="log", yscale="log", xlabel="measured time (s)", ylabel="predicted time (s)",
+           title=f"α-β-γ model vs measured, P={model['world_size']}, 1 Gbit/s emulated")
+    ax.legend(fontsize=8)
+    bx.axhspan(-5, 5, color="0.9", label="±5 %")
+    bx.axhline(0, color="k", lw=0.8)
+    bx.set(xscale="log", xlabel="message size (bytes)", ylabel="prediction error (%)",
+           title=f"median |error| {100 * model['median_abs_error']:.1f} %, "
+                 f"max {100 * model['max_abs_error']:.1f} %")
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="calibrate,ring,lp,crossover,model",
+                    help="comma list of calibrate, ring, lp, crossover, model")
+    a = ap.parse_args()
+    parts = a.parts.split(",")
+    result = json.loads(OUT.read_text()) if OUT.exists() else {}
+    home = tempfile.mkdtemp(prefix="gradwire-bench-")
+    if "calibrate" in parts or "calibration" not in result:
+        result["calibration"] = part_calibrate(home)
+    else:  # reuse the committed calibration so predictions stay comparable
+        (Path(home) / "calibration").mkdir()
+        (Path(home) / "calibration" / f"{BW}.json").write_text(
+            json.dumps(result["calibration"]))
+    cal = result["calibration"]
+    steps = {"ring": lambda: part_ring(home), "lp": lambda: part_lp(home, cal),
+             "crossover": lambda: part_crossover(home, cal), "model": lambda: part_model(home)}
+    for name in parts:
+        if name in steps:
+            result[name] = steps[name]()
+            result[name]["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds")
+    result["command"] = "python benchmarks/collectives.py --parts " + a.parts
+    result["machine"] = (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+                         f"Linux {platform.release()}, torch {torch.__version__}")
+    result["note"] = ("emulated cluster: network namespaces on one bridge, tc tbf 1gbit both "
+                      "ways; 8 ranks share the machine's cores (CPU contention at P=8)")
+    RESULTS.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    if "model" in result:
+        plot(result["model"], PLOT)
+    print(summary(result))
+    print(f"wrote {OUT}")
+
+
+def summary(r: dict) -> str:
+    lines = []
+    if "ring" in r:
+        for p, d in r["ring"]["by_world_size"].items():
+            best = max(d["ratio_to_builtin"].items(), key=lambda kv: kv[1])
+            lines.append(f"ring P={p}: builtin {d['builtin_busbw_Gbitps']:.3f} Gbit/s; "
+                         + ", ".join(f"{k} {v:.3f}x" for k, v in d["ratio_to_builtin"].items())
+                         + f" (best {best[0]}; target: ring >= 0.97x)")
+    if "lp" in r:
+        d = r["lp"]
+        lines.append(f"lp broadcast P=8 64MiB: {d['speedup_over_binomial']:.2f}x binomial, "
+                     f"{d['lp_over_ideal']:.3f}x n/(1 Gbit/s), "
+                     f"{d['lp_over_link_rate']:.3f}x n/(measured link rate)")
+    if "crossover" in r:
+        d = r["crossover"]
+        lines.append(f"crossover rd->ring P=8: measured {d['measured_crossover_bytes']}, "
+                     f"predicted {d['predicted_crossover_bytes']}")
+    if "model" in r:
+        d = r["model"]
+        lines.append(f"model P=4, >=1MiB: median |err| {d['median_abs_error']:.3f}, max "
+                     f"{d['max_abs_error']:.3f} ({d['worst']['collective']}/"
+                     f"{d['worst']['algo']} {d['worst']['bytes']})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
