@@ -16,6 +16,21 @@ def script(name: str) -> list[str]:
     return [sys.executable, str(SCRIPTS / name)]
 
 
+def run_checks(name: str, p: int, timeout: float) -> None:
+    """Run tests/scripts/``name`` on ``p`` loopback ranks; every rank must print FAIL lines for
+    what it found wrong and end with ``CHECKED ... failures=0``."""
+    from gradwire.cluster import loopback_cluster
+    from gradwire.launcher import launch
+
+    lines: list[str] = []
+    res = launch(loopback_cluster(p), script(name), timeout=timeout, sink=lines.append)
+    fails = [x for x in lines if "FAIL" in x]
+    assert not fails, "\n".join(fails[:20])
+    assert res.returncode == 0, "\n".join(lines[-30:])
+    done = [x for x in lines if "CHECKED" in x]
+    assert len(done) == p and all("failures=0" in x for x in done)
+
+
 def netns_names() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}

@@ -21,7 +21,6 @@ parametrized tests iterate over. ``get(name, **params)`` builds one with checked
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 
@@ -56,7 +55,7 @@ from gradwire.compress.sparse import (
     TopK,
     threshold_topk,
 )
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 
 COMPRESSORS: dict[str, Callable[..., Compressor]] = {
     c.name: c for c in (TopK, RandomK, DGC, SignSGD, EFSignSGD, QSGD, TernGrad, FP16, BF16,
@@ -69,16 +68,14 @@ def get(name: str, **params: object) -> Compressor:
     out of range, raise a one-line GradwireError that says what is allowed."""
     factory = COMPRESSORS.get(name)
     if factory is None:
-        hint = difflib.get_close_matches(str(name), COMPRESSORS, n=1)
-        did = f" (did you mean {hint[0]!r}?)" if hint else ""
-        raise GradwireError(f"unknown compressor {name!r}{did}: expected one of "
+        raise GradwireError(f"unknown compressor {name!r}{did_you_mean(name, COMPRESSORS)}: "
+                            f"expected one of "
                             f"{', '.join(COMPRESSORS)}")
     allowed = list(inspect.signature(factory).parameters)
     for p in params:
         if p not in allowed:
-            hint = difflib.get_close_matches(p, allowed, n=1)
-            did = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise GradwireError(f"{name}: unknown parameter {p!r}{did}: expected "
+            raise GradwireError(f"{name}: unknown parameter {p!r}{did_you_mean(p, allowed)}: "
+                                f"expected "
                                 f"{', '.join(allowed) or 'no parameters'}")
     return factory(**params)
 

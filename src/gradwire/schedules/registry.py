@@ -3,10 +3,9 @@ so an algorithm added here is executed, costed, checked and benchmarked with no 
 
 from __future__ import annotations
 
-import difflib
 import functools
 
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import (
     binomial,
     butterfly,
@@ -42,9 +41,8 @@ def get(collective: str, name: str | None = None) -> Algorithm:
     for a in algorithms(collective):
         if a.name == name:
             return a
-    hint = difflib.get_close_matches(str(name), known, n=1)
-    did = f" (did you mean {hint[0]!r}?)" if hint else ""
-    raise GradwireError(f"unknown {collective} algorithm {name!r}{did}: expected one of "
+    raise GradwireError(f"unknown {collective} algorithm {name!r}{did_you_mean(name, known)}: "
+                        f"expected one of "
                         f"{', '.join(known) or 'none yet'}")
 
 
