@@ -9,6 +9,10 @@ Ranks are numbered relative to the root, v = (r − root) mod p, and the tree ha
    partial sum into v − 2^k. The root ends with the sum; other buffers hold partial sums.
 3. allreduce ("tree"): reduce to rank 0, then broadcast from rank 0. Everyone has the sum.
 
+``op`` names the combine of reduce and allreduce ("sum" by default). Any other name is looked
+up by the executor's ``combine=`` table, so the same tree carries gTop-k's merge ("gtopk",
+gradwire.sparse), which is not an element-wise sum and so has no other place to run.
+
 In every step a rank sends at most one message and receives at most one, so each step costs
 one whole-buffer message. Cost, n bytes, any p: broadcast ⌈lg p⌉(α + nβ); reduce
 ⌈lg p⌉(α + nβ + nγ); allreduce 2⌈lg p⌉(α + nβ) + ⌈lg p⌉nγ. Latency-optimal, but every level
@@ -17,7 +21,14 @@ moves the whole buffer, so for large n the ring or Rabenseifner's algorithm wins
 
 from __future__ import annotations
 
+from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, build
+
+
+def _op(op: object) -> str:
+    if not isinstance(op, str) or op == "copy":
+        raise GradwireError(f"binomial: op must name a combine (e.g. 'sum'), got {op!r}")
+    return op
 
 
 def _levels(p: int) -> list[int]:
@@ -33,11 +44,11 @@ def broadcast_steps(p: int, count: int, root: int) -> list[list[Transfer]]:
             for d in _levels(p)]
 
 
-def reduce_steps(p: int, count: int, root: int) -> list[list[Transfer]]:
-    """At step k, relative rank v ≡ 2^k (mod 2^(k+1)) adds its buffer into v − 2^k."""
+def reduce_steps(p: int, count: int, root: int, op: str = "sum") -> list[list[Transfer]]:
+    """At step k, relative rank v ≡ 2^k (mod 2^(k+1)) combines its buffer into v − 2^k."""
     def rank(v: int) -> int:
         return (v + root) % p
-    return [[Transfer(rank(v), rank(v - d), 0, count, "sum") for v in range(d, p, 2 * d)]
+    return [[Transfer(rank(v), rank(v - d), 0, count, op) for v in range(d, p, 2 * d)]
             for d in _levels(p)]
 
 
@@ -46,15 +57,16 @@ def broadcast(p: int, count: int, *, root: int = 0, **_: object) -> Schedule:
     return build("binomial", "broadcast", p, count, broadcast_steps(p, count, root), root=root)
 
 
-def reduce(p: int, count: int, *, root: int = 0, **_: object) -> Schedule:
+def reduce(p: int, count: int, *, root: int = 0, op: str = "sum", **_: object) -> Schedule:
     """Binomial tree towards the root, summing; the root ends with the sum."""
-    return build("binomial", "reduce", p, count, reduce_steps(p, count, root), root=root)
+    return build("binomial", "reduce", p, count, reduce_steps(p, count, root, _op(op)),
+                 root=root)
 
 
-def allreduce(p: int, count: int, **_: object) -> Schedule:
+def allreduce(p: int, count: int, *, op: str = "sum", **_: object) -> Schedule:
     """Binomial reduce to rank 0, then binomial broadcast from it; everyone has the sum."""
     return build("tree", "allreduce", p, count,
-                 reduce_steps(p, count, 0) + broadcast_steps(p, count, 0))
+                 reduce_steps(p, count, 0, _op(op)) + broadcast_steps(p, count, 0))
 
 
 ALGORITHMS = (

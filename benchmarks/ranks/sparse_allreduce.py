@@ -1,0 +1,101 @@
+"""Rank side of benchmarks/sparse_allreduce.py: time gTopKAllReduce, TopKAllReduce and dense
+allreduce of M fp32 gradient elements at density DENSITY; rank 0 writes JSON to OUT.
+
+Each method: WARMUP + ITERS runs, each between barriers; a run's time is the slowest rank's.
+The sparse aggregations start from entries selected beforehand (what Table I prices); the
+end-to-end row adds error feedback, selection and the dense average (sparse_allreduce).
+"""
+import datetime
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+import gradwire.collectives as gc
+from gradwire.sparse import gtopk_allreduce, select, sparse_allreduce, topk_allreduce
+from gradwire.transport import Transport
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+rank, p = dist.get_rank(), dist.get_world_size()
+m = int(float(os.environ.get("M", "25e6")))
+density = float(os.environ.get("DENSITY", "0.001"))
+iters, warmup = int(os.environ.get("ITERS", "5")), int(os.environ.get("WARMUP", "1"))
+skip = set(filter(None, os.environ.get("SKIP", "").split(",")))
+# P ranks share the machine's cores: one intra-op thread per rank's share, so selection and
+# merges do not oversubscribe the cores (8 ranks × 2 threads on 2 cores ran slower).
+torch.set_num_threads(max(1, (os.cpu_count() or 1) // p))
+k = max(1, math.ceil(density * m))
+
+grad = torch.randn(m, generator=torch.Generator().manual_seed(rank))
+picked = select(grad, k)
+values = grad[picked]
+
+
+def timed(fn: Callable[[], object], t: Transport | None = None) -> dict:
+    times = []
+    for i in range(warmup + iters):
+        if t is not None and i == warmup:
+            t.reset_counters()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        if i >= warmup:
+            times.append(dt.item())
+    row = {"time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
+           "times_s": times}
+    if t is not None:
+        sent = torch.tensor([sum(t.bytes_sent) / iters], dtype=torch.float64)
+        dist.all_reduce(sent, op=dist.ReduceOp.MAX)
+        row["max_bytes_sent_per_rank"] = sent.item()
+    return row
+
+
+def same_everywhere(x: torch.Tensor) -> bool:
+    s = torch.tensor([float(x.double().sum()), float(x.double().abs().sum())],
+                     dtype=torch.float64)
+    lo, hi = s.clone(), s.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(lo, hi))
+
+
+rows: dict[str, dict] = {}
+scratch = torch.zeros(m)  # gtopk's drops land here; the timing does not depend on it
+t = Transport()
+rows["gtopk"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch, transport=t), t)
+rows["gtopk"]["identical_on_all_ranks"] = same_everywhere(
+    gtopk_allreduce(values, picked, m, scratch).total())
+for algo in ("rd", "ring"):
+    t = Transport()
+    rows[f"topk_{algo}"] = timed(lambda a=algo, tr=t: topk_allreduce(values, picked, m, algo=a,
+                                                                       transport=tr), t)
+residual, work = torch.zeros(m), torch.empty(m)
+for sel in ("threshold", "exact"):
+    if f"gtopk_end_to_end_{sel}" in skip:
+        continue
+    t = Transport()
+
+    def step(s: str = sel, tr: Transport = t) -> None:
+        work.copy_(grad)  # a fresh gradient each step; the average is written over it
+        sparse_allreduce(work, residual, k, "gtopk", selector=s, transport=tr, out=work)
+
+    rows[f"gtopk_end_to_end_{sel}"] = timed(step, t)
+dense = torch.ones(m)
+if "dense_ring" not in skip:
+    t = Transport()
+    rows["dense_ring"] = timed(lambda: gc.all_reduce(dense, algo="ring", transport=t), t)
+if "dense_builtin" not in skip:
+    rows["dense_builtin"] = timed(lambda: dist.all_reduce(dense))
+if rank == 0:
+    with open(os.environ["OUT"], "w") as f:
+        json.dump({"world_size": p, "m": m, "density": density, "k": k, "iters": iters,
+                   "warmup": warmup, "threads_per_rank": torch.get_num_threads(),
+                   "rows": rows}, f)
+dist.destroy_process_group()

@@ -1,0 +1,64 @@
+"""Sparse aggregation of per-rank top-k selections: TopKAllReduce and gTopKAllReduce
+(Shi et al. 2019, "A Distributed Synchronous SGD Algorithm with Global Top-k Sparsification",
+Algorithms 1, 3 and 4; Table I).
+
+Every rank sends k (value, index) entries packed in one byte buffer (:mod:`.wire`: values in
+the gradient's dtype, then int32 indices; fp32 → 8 bytes per entry). Neither method has an
+algorithm of its own: each runs a registered schedule over that buffer.
+
+| method | schedule                                  | bytes sent (fp32)    | Table I cost        |
+|--------|-------------------------------------------|----------------------|---------------------|
+| topk   | allgather "rd" (or "ring") of P·k entries | 8k(P−1) by each rank | log(P)α + 2(P−1)kβ  |
+| gtopk  | "tree" allreduce, op "gtopk" (⊤ merge)    | 8k per tree edge, ×2 | 2lg(P)α + 4k·lg(P)β |
+
+β per element; an entry is 2 elements (value and index). For P not a power of two the tree
+takes ⌈lg P⌉ steps each way. :func:`estimate` gives these numbers from the schedule, for any
+P; the transport's byte counters equal ``traffic(schedule(...), 1)`` exactly
+(tests/scripts/sparse_check.py).
+
+What each rank ends with, :func:`sparse_allreduce` (error feedback included):
+
+1. acc = residual + x; select the k largest |acc| (ties to the smaller index with
+   ``selector="exact"``); residual = acc − sent, in place.
+2. topk: gather every rank's entries; total = their sum. Everything sent is applied.
+   gtopk: binomial reduce to rank 0 where each merge is a ⊤ b (union, values added on equal
+   indices, keep the k largest |value|, ties to the smaller index); then binomial broadcast,
+   so every rank holds the same k entries (the global top-k and its mask, Algorithm 3).
+3. Every entry a merge drops is added to the residual of the rank that merged. The paper's
+   Algorithm 4 (line 10) instead returns to each rank its own selected values whose index is
+   not in the final mask; a value dropped at an inner level of the tree whose index still
+   reaches the final set through another subtree is then neither applied nor kept (the
+   reference code's mass loss). Here, summed over ranks and exactly for representable sums:
+
+       Σ residual_after + P·average = Σ (residual_before + x)
+
+   A rank's own selected values that lose a merge on that rank stay in its residual; those
+   that lose on another rank go to that rank's residual (the merged sum no longer says whose
+   they were). Works for any P ≥ 1 (the reference code needs a power of two).
+4. The return value is total / P, dense, x's dtype, identical on every rank.
+
+Example::
+
+    residual = torch.zeros_like(grad)                      # kept across iterations
+    avg = sparse_allreduce(grad, residual, k=grad.numel() // 1000, method="gtopk")
+    # avg: the average over ranks of what was applied; residual: what this rank still owes
+
+:func:`gradwire.sparse.local.simulate` runs all ranks in one process (tests, what-if runs).
+"""
+
+from gradwire.sparse.allreduce import (
+    METHODS,
+    Plan,
+    SparseResult,
+    estimate,
+    gtopk_allreduce,
+    schedule,
+    sparse_allreduce,
+    topk_allreduce,
+)
+from gradwire.sparse.topk import SELECTORS, select, top_merge
+from gradwire.sparse.wire import Entries, entry_bytes, pack, unpack
+
+__all__ = ["METHODS", "SELECTORS", "Entries", "Plan", "SparseResult", "entry_bytes", "estimate",
+           "gtopk_allreduce", "pack", "schedule", "select", "sparse_allreduce", "top_merge",
+           "topk_allreduce", "unpack"]

@@ -1,0 +1,36 @@
+"""Every rank of a sparse aggregation in one process: the same plans, no network.
+
+For property tests over many world sizes and for what-if runs. Each rank's part is the plan
+:func:`gradwire.sparse.sparse_allreduce` would run; :func:`execute_local` plays the schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from gradwire.collectives.local import execute_local
+from gradwire.errors import GradwireError
+from gradwire.sparse.allreduce import SparseResult, check_args, feed, plan
+
+
+def simulate(xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor], k: int,
+             method: str = "gtopk", *, selector: str = "exact",
+             algo: str | None = None) -> list[SparseResult]:
+    """What ``sparse_allreduce(xs[r], residuals[r], k, method)`` does on each rank r of
+    len(xs) ranks. Residuals are updated in place; one result per rank."""
+    if not xs or len(xs) != len(residuals):
+        raise GradwireError(f"simulate needs one x and one residual per rank, got {len(xs)} "
+                            f"and {len(residuals)}")
+    p, n = len(xs), xs[0].numel()
+    plans = []
+    for r, (x, res) in enumerate(zip(xs, residuals, strict=True)):
+        check_args(x, res, k, method, selector, algo)
+        if x.numel() != n or x.dtype != xs[0].dtype:
+            raise GradwireError(f"rank {r}: x is {x.numel()} {x.dtype}, rank 0's is {n} "
+                                f"{xs[0].dtype}")
+        e = feed(x, res, k, selector)
+        plans.append(plan(method, e, min(k, n), n, res, r, p, algo))
+    execute_local(plans[0].schedule, [q.buffer for q in plans], [q.combine for q in plans])
+    return [q.finish() for q in plans]

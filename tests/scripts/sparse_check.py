@@ -1,0 +1,109 @@
+"""gradwire.sparse over gloo on every rank: TopKAllReduce (rd and ring allgather) and
+gTopKAllReduce against the long-hand reference (tests/sparse_reference.py).
+
+Every rank draws every rank's data from the same seeds. Per case: sparse_allreduce, then
+rank 0 gathers every rank's result and residual and checks (a) identical results on all ranks,
+(b) equality with the reference (results and residuals; bit for bit), (c) conservation of mass,
+exact for integer-valued float64, within tolerance for fp32; every rank checks (d) its
+transport's byte and message counters against traffic() of the schedule. Prints one FAIL line
+per problem and a final CHECKED line.
+"""
+import datetime
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sparse_reference import reference  # noqa: E402
+
+from gradwire.schedules.cost import traffic  # noqa: E402
+from gradwire.sparse import schedule, sparse_allreduce  # noqa: E402
+from gradwire.transport import Transport  # noqa: E402
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, p = dist.get_rank(), dist.get_world_size()
+METHODS = [("topk", "rd"), ("topk", "ring"), ("gtopk", None)]
+NP = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
+fails: list[str] = []
+checked = 0
+
+
+def fail(msg: str) -> None:
+    fails.append(msg)
+    print(f"FAIL rank {rank}: {msg}", flush=True)
+
+
+def data(n: int, seed: int, dtype: torch.dtype, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank r's (gradient, residual): small integers (ties, zeros) for float64, else randn."""
+    g = torch.Generator().manual_seed(seed * 1000 + r)
+    if dtype == torch.float64:
+        return (torch.randint(-4, 5, (n,), generator=g).double(),
+                torch.randint(-2, 3, (n,), generator=g).double())
+    return torch.randn(n, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)
+
+
+def gather(x: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.zeros_like(x) for _ in range(p)]
+    dist.all_gather(out, x.contiguous())
+    return out
+
+
+def case(n: int, k: int, dtype: torch.dtype, method: str, algo: str | None, seed: int) -> None:
+    global checked
+    tag = f"{method}{'/' + algo if algo else ''} n={n} k={k} {dtype}"
+    inputs = [data(n, seed, dtype, r) for r in range(p)]
+    x, residual = inputs[rank][0].clone(), inputs[rank][1].clone()
+    t = Transport()
+    out = x if seed % 2 else None  # the average written over the gradient
+    avg = sparse_allreduce(x, residual, k, method, transport=t, algo=algo, out=out)
+    if out is not None and avg is not x:
+        fail(f"{tag}: out= was not used")
+    tr = traffic(schedule(method, p, n, k, dtype, algo), 1)
+    if (t.bytes_sent != tr.bytes_sent[rank].tolist()
+            or t.bytes_received != tr.bytes_received[rank].tolist()
+            or t.messages_sent != tr.messages_sent[rank].tolist()):
+        fail(f"{tag}: counters sent {t.bytes_sent} recv {t.bytes_received} msgs "
+             f"{t.messages_sent}, schedule says {tr.bytes_sent[rank].tolist()} "
+             f"{tr.bytes_received[rank].tolist()} {tr.messages_sent[rank].tolist()}")
+    avgs, residuals = gather(avg), gather(residual)
+    checked += 1
+    if rank != 0:
+        return
+    if avg.dtype != dtype or avg.numel() != n:
+        fail(f"{tag}: result is {avg.numel()} {avg.dtype}")
+    if any(not torch.equal(a, avg) for a in avgs):
+        fail(f"{tag}: ranks hold different results")
+    before = sum(a.double() + b.double() for a, b in inputs)
+    after = sum(r.double() for r in residuals)
+    if dtype == torch.float64:  # integer values: P·avg rounds back to the exact total
+        if not torch.equal(after + (avg * p).round(), before):
+            fail(f"{tag}: mass not conserved: {(after + avg * p - before).abs().max()}")
+    elif dtype == torch.float32 and n:
+        err = (after + avg.double() * p - before).abs().max().item()
+        if err > 1e-4:
+            fail(f"{tag}: mass off by {err}")
+    if dtype in NP:
+        want, want_res = reference([a.numpy() for a, _ in inputs],
+                                   [b.numpy() for _, b in inputs], k, method)
+        if not np.array_equal(avg.numpy(), want / NP[dtype](p)):
+            fail(f"{tag}: result differs from the reference")
+        if any(not np.array_equal(r.numpy(), w) for r, w in zip(residuals, want_res,
+                                                                 strict=True)):
+            fail(f"{tag}: residuals differ from the reference")
+
+
+# (n, k): empty, k = 1, ties and zeros (n=7), k = n, k > n; exact float64 data for all of
+# them, one small and one large case for each other dtype.
+runs = [(n, k, torch.float64) for n, k in [(0, 1), (0, 5), (1, 1), (1, 6), (7, 1), (7, 3),
+                                           (7, 7), (7, 12), (100, 1), (100, 11), (100, 100),
+                                           (600, 61), (600, 605)]]
+runs += [(n, k, dt) for n, k in [(7, 3), (600, 61)]
+         for dt in (torch.float32, torch.float16, torch.bfloat16)]
+for seed, (n, k, dtype) in enumerate(runs):
+    for method, algo in METHODS:
+        case(n, k, dtype, method, algo, seed)
+print(f"CHECKED rank {rank} cases={checked} failures={len(fails)}", flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,301 @@
+"""gradwire.sparse in one process: the ⊤ merge, the wire format, Table I against the cost model,
+and, for P = 1…17 with all ranks simulated, conservation of gradient mass under error feedback
+and equality with the long-hand reference (tests/sparse_reference.py)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sparse_reference import reference
+
+import gradwire.sparse.topk as sparse_topk
+from gradwire.collectives.local import execute_local
+from gradwire.errors import GradwireError
+from gradwire.schedules import binomial, registry
+from gradwire.schedules.check import run_symbolic
+from gradwire.schedules.cost import CostParams, traffic
+from gradwire.sparse import (
+    Entries,
+    entry_bytes,
+    estimate,
+    pack,
+    schedule,
+    select,
+    top_merge,
+    unpack,
+)
+from gradwire.sparse.allreduce import check_args, plan
+from gradwire.sparse.local import simulate
+
+A, B = 0.436e-3, 3.6e-8  # the paper's 1 GbE α (s) and β (s per element)
+TABLE1 = CostParams(A, B / 4)  # β per byte of a 4-byte element (fp32 value or int32 index)
+
+
+def entries(pairs: dict[int, float], dtype=torch.float64) -> Entries:
+    idx = sorted(pairs)
+    return Entries(torch.tensor([pairs[i] for i in idx], dtype=dtype),
+                   torch.tensor(idx, dtype=torch.long))
+
+
+def as_dict(e: Entries) -> dict[int, float]:
+    return dict(zip(e.indices.tolist(), e.values.tolist(), strict=True))
+
+
+# the ⊤ operator -----------------------------------------------------------------------------
+
+def test_top_merge_is_definition_1_with_drops():
+    a = entries({1: 3.0, 4: -2.0, 7: 1.0})
+    b = entries({4: -2.5, 7: 0.5, 9: 2.0})
+    kept, dropped = top_merge(a, b, 3)
+    assert as_dict(kept) == {1: 3.0, 4: -4.5, 9: 2.0}
+    assert as_dict(dropped) == {7: 1.5}
+
+
+def test_top_merge_ties_go_to_the_smaller_index():
+    kept, dropped = top_merge(entries({5: 1.0, 2: -1.0}), entries({8: 1.0, 0: 1.0}), 2)
+    assert as_dict(kept) == {0: 1.0, 2: -1.0}
+    assert as_dict(dropped) == {5: 1.0, 8: 1.0}
+
+
+def test_top_merge_keeps_everything_when_the_union_is_small():
+    kept, dropped = top_merge(entries({3: 1.0}), entries({3: -1.0}), 4)
+    assert as_dict(kept) == {3: 0.0} and len(dropped) == 0
+
+
+# local selection ----------------------------------------------------------------------------
+
+def test_select_exact_breaks_ties_by_index_and_takes_zeros_last():
+    acc = torch.tensor([0.0, 2.0, -3.0, 2.0, 0.0, -2.0, 0.0])
+    assert select(acc, 3).tolist() == [1, 2, 3]
+    assert select(acc, 5).tolist() == [0, 1, 2, 3, 5]
+    assert select(acc, 99).tolist() == list(range(7))
+    assert select(torch.zeros(5), 2).tolist() == [0, 1]
+    assert select(torch.zeros(0), 3).numel() == 0
+
+
+def test_select_counts_nan_as_largest():
+    acc = torch.tensor([1.0, float("nan"), -5.0, 2.0])
+    assert select(acc, 2).tolist() == [1, 2]
+
+
+def test_select_finds_ties_across_chunks(monkeypatch):
+    monkeypatch.setattr(sparse_topk, "TIE_CHUNK", 3)
+    acc = torch.tensor([0.0] * 10 + [4.0] + [0.0] * 5)
+    assert select(acc, 8).tolist() == [0, 1, 2, 3, 4, 5, 6, 10]
+
+
+def test_threshold_selector_finds_the_same_set():
+    x = torch.randn(50_000, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(select(x, 70, "threshold").sort().values, select(x, 70, "exact"))
+
+
+# wire format ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_pack_round_trip_without_promotion(dtype):
+    e = entries({0: 1.5, 9: -2.0, 4: 3.0}, dtype)
+    buf = pack(e, 5, 10)
+    assert buf.dtype == torch.uint8 and buf.numel() == 5 * (dtype.itemsize + 4)
+    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), buf])[1:]  # odd storage offset
+    got = unpack(shifted, 5, 10, dtype)
+    assert got.values.dtype == dtype and as_dict(got) == as_dict(e)
+
+
+def test_indices_are_int32_below_2_to_the_31():
+    assert entry_bytes(2**31 - 1, torch.float32) == 8
+    assert entry_bytes(2**31, torch.float32) == 12
+    assert entry_bytes(10, torch.float16) == 6
+
+
+# schedules and Table I ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", range(1, 18))
+def test_tree_carries_a_custom_op(p):
+    s = registry.schedule("allreduce", "tree", p, 5, op="gtopk")
+    plain = binomial.allreduce(p, 5)
+    assert [t.op for _, t in s.transfers()] == [
+        "gtopk" if t.op == "sum" else t.op for _, t in plain.transfers()]
+    run_symbolic(s)
+    with pytest.raises(GradwireError, match="op must name a combine"):
+        binomial.reduce(p, 5, op="copy")
+
+
+@pytest.mark.parametrize("p", [1, 2, 4, 8, 16, 32])
+@pytest.mark.parametrize("k", [1, 25_000])
+def test_table_1_topk_allgather(p, k):
+    m = 1000 * k
+    assert estimate("topk", p, m, k, TABLE1) == pytest.approx(
+        math.log2(p) * A + 2 * (p - 1) * k * B, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("p", range(1, 18))
+def test_table_1_gtopk_and_the_ring_allgather(p):
+    k, m = 1000, 10**6
+    lg = math.ceil(math.log2(p)) if p > 1 else 0
+    assert estimate("gtopk", p, m, k, TABLE1) == pytest.approx(2 * lg * A + 4 * k * lg * B,
+                                                                rel=1e-12, abs=1e-15)
+    assert estimate("topk", p, m, k, TABLE1, algo="ring") == pytest.approx(
+        (p - 1) * A + 2 * (p - 1) * k * B, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_gtopk_sends_8k_bytes_per_tree_edge(p):
+    k = 37
+    tr = traffic(schedule("gtopk", p, 1000, k), 1)
+    edges = np.argwhere(tr.bytes_sent)
+    assert len(edges) == 2 * (p - 1)  # each tree edge once up, once down
+    assert all(tr.bytes_sent[a, b] == 8 * k for a, b in edges)
+
+
+def test_dense_ring_row_of_table_1():
+    p, m = 8, 25_000_000
+    s = registry.schedule("allreduce", "ring", p, m, pipeline=1)
+    from gradwire.schedules.cost import cost
+    assert cost(s, TABLE1, 4) == pytest.approx(2 * (p - 1) * A + 2 * (p - 1) / p * m * B)
+
+
+# all ranks in one process ---------------------------------------------------------------------
+
+def run(method, xs, rs, k, **kw):
+    """simulate on torch copies; returns (results, residuals after)."""
+    rs = [r.clone() for r in rs]
+    return simulate([x.clone() for x in xs], rs, k, method, **kw), rs
+
+
+@st.composite
+def cases(draw):
+    p = draw(st.integers(1, 17))
+    n = draw(st.integers(0, 24))
+    k = draw(st.sampled_from([1, 2, 3, max(1, n // 2), max(1, n), n + 3]))
+    small = st.integers(-3, 3)  # many ties and zeros
+    xs = [draw(st.lists(small, min_size=n, max_size=n)) for _ in range(p)]
+    rs = [draw(st.lists(st.integers(-2, 2), min_size=n, max_size=n)) for _ in range(p)]
+    return p, n, k, xs, rs
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(case=cases(), method=st.sampled_from(["topk", "gtopk"]),
+       selector=st.sampled_from(["exact", "exact", "threshold"]))
+def test_mass_is_conserved_and_matches_the_reference(case, method, selector):
+    p, n, k, xs, rs = case
+    tx = [torch.tensor(x, dtype=torch.float64) for x in xs]
+    tr = [torch.tensor(r, dtype=torch.float64) for r in rs]
+    results, after = run(method, tx, tr, k, selector=selector)
+    before = torch.stack(tx).sum(0) + torch.stack(tr).sum(0)
+    total = results[0].total()
+    assert torch.equal(torch.stack(after).sum(0) + total, before)  # exact: integer values
+    for res in results:
+        assert torch.equal(res.total(), total) and torch.equal(res.indices, results[0].indices)
+    assert torch.equal(results[0].average(), total / p)
+    if method == "gtopk":
+        assert len(results[0].indices) == min(k, n)
+    if selector == "threshold":  # the same set up to which tied elements it takes
+        return
+    want, want_res = reference([np.array(x, dtype=np.float64) for x in xs],
+                               [np.array(r, dtype=np.float64) for r in rs], k, method)
+    assert np.array_equal(total.numpy(), want)
+    for got, w in zip(after, want_res, strict=True):
+        assert np.array_equal(got.numpy(), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("method", ["topk", "gtopk"])
+def test_random_floats_match_the_reference_bit_for_bit(dtype, method):
+    g = torch.Generator().manual_seed(11)
+    p, n, k = 6, 200, 17
+    xs = [torch.randn(n, generator=g).to(dtype) for _ in range(p)]
+    rs = [torch.randn(n, generator=g).to(dtype) for _ in range(p)]
+    results, after = run(method, xs, rs, k)
+    npd = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+    want, want_res = reference([x.numpy() for x in xs], [r.numpy() for r in rs], k, method)
+    assert results[0].total().dtype == dtype
+    assert np.array_equal(results[0].total().numpy(), want.astype(npd[dtype]))
+    for got, w in zip(after, want_res, strict=True):
+        assert np.array_equal(got.numpy(), w)
+    if dtype == torch.float32:
+        lhs = torch.stack(after).double().sum(0) + results[0].total().double()
+        rhs = (torch.stack(xs).double() + torch.stack(rs).double()).sum(0)
+        torch.testing.assert_close(lhs, rhs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["topk", "gtopk"])
+@pytest.mark.parametrize("k, numel", [(3, 8), (10, 7)])
+def test_short_lists_are_padded(method, k, numel):
+    lists = [{4: 2.0}, {1: -3.0, 4: 1.0, 6: 0.5}, {}]
+    rs = [torch.zeros(numel) for _ in lists]
+    plans = [plan(method, entries(d, torch.float32), k, numel, r, i, 3)
+             for i, (d, r) in enumerate(zip(lists, rs, strict=True))]
+    per_rank = 8 * min(k, numel)
+    assert plans[0].buffer.numel() == (per_rank if method == "gtopk" else 3 * per_rank)
+    execute_local(plans[0].schedule, [q.buffer for q in plans], [q.combine for q in plans])
+    assert as_dict(plans[2].finish().entries) == {1: -3.0, 4: 3.0, 6: 0.5}
+    assert all(r.abs().sum() == 0 for r in rs)
+
+
+def test_dense_forms_can_reuse_a_buffer():
+    xs = [torch.tensor([1.0, -4.0, 2.0]), torch.tensor([3.0, 0.0, -1.0])]
+    results, _ = run("topk", xs, [torch.zeros(3)] * 2, 2)
+    out = torch.full((3,), 7.0)
+    assert results[0].average(out) is out and out.tolist() == [1.5, -2.0, 0.5]
+    assert results[0].mask().tolist() == [True, True, True]
+    with pytest.raises(GradwireError, match="out must be a 1-D tensor of 3 torch.float32"):
+        results[0].total(torch.zeros(3, dtype=torch.float64))
+
+
+def test_a_value_dropped_inside_the_tree_is_not_lost():
+    """The reference code's defect: at P=4, k=1, rank 0's 5 at index 0 loses to rank 1's 6 at
+    the first merge, but index 0 wins the final merge through ranks 2 and 3 (4 + 4). Algorithm
+    4 line 10 returns only selected values whose index is not in the final mask: the 5 is
+    neither applied nor kept. Here rank 0, which dropped it, keeps it."""
+    xs = [torch.tensor([5.0, 0, 0]), torch.tensor([0, 6.0, 0]), torch.tensor([4.0, 0, 0]),
+          torch.tensor([4.0, 0, 0])]
+    results, after = run("gtopk", xs, [torch.zeros(3)] * 4, 1)
+    assert results[0].total().tolist() == [8.0, 0, 0]
+    assert after[0].tolist() == [5.0, 6.0, 0] and all(a.abs().sum() == 0 for a in after[1:])
+    mask = results[0].mask()
+    line_10 = [x * ~mask for x in xs]  # Algorithm 4: own selection, not in the global mask
+    assert sum(t.sum() for t in line_10) + results[0].total().sum() == 6 + 8  # 5 of 19 lost
+
+
+def test_error_feedback_over_iterations_applies_everything_eventually():
+    p, n = 5, 12
+    g = torch.Generator().manual_seed(0)
+    rs = [torch.zeros(n, dtype=torch.float64) for _ in range(p)]
+    sent = torch.zeros(n, dtype=torch.float64)
+    grads = torch.randint(-9, 10, (p, n), generator=g).double()
+    results, rs = run("gtopk", list(grads), rs, 3)
+    sent += results[0].total()
+    for _ in range(40):  # zero gradients: the residuals drain
+        results, rs = run("gtopk", [torch.zeros(n, dtype=torch.float64)] * p, rs, 3)
+        sent += results[0].total()
+    assert torch.equal(sent, grads.sum(0)) and all(r.abs().sum() == 0 for r in rs)
+
+
+# errors ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [
+    ({"method": "dense"}, "method must be one of 'topk', 'gtopk'"),
+    ({"k": 0}, "k must be an integer >= 1"),
+    ({"k": True}, "k must be an integer >= 1"),
+    ({"k": 2.0}, "k must be an integer >= 1"),
+    ({"selector": "dgc"}, "selector must be one of 'exact', 'threshold'"),
+    ({"x": torch.zeros(2, 3)}, "x must be a 1-D float tensor"),
+    ({"x": torch.zeros(4, dtype=torch.int32)}, "x must be a 1-D float tensor"),
+    ({"residual": torch.zeros(5)}, "residual must match x"),
+    ({"residual": torch.zeros(4, dtype=torch.float64)}, "residual must match x"),
+    ({"method": "gtopk", "algo": "rd"}, "gtopk runs on the binomial tree only"),
+    ({"method": "topk", "algo": "nope"}, "unknown allgather algorithm"),
+])
+def test_bad_arguments_say_what_is_allowed(kw, match):
+    args = {"x": torch.zeros(4), "residual": torch.zeros(4), "k": 2, "method": "gtopk", **kw}
+    x, r = args.pop("x"), args.pop("residual")
+    with pytest.raises(GradwireError, match=match) as e:
+        simulate([x, x], [r, r.clone()], **args)
+    assert "\n" not in str(e.value)
+
+
+def test_out_must_match_x():
+    with pytest.raises(GradwireError, match=r"out must match x \(\(4,\) torch.float32"):
+        check_args(torch.zeros(4), torch.zeros(4), 2, "gtopk", "exact", None, torch.zeros(3))
