@@ -1,0 +1,98 @@
+"""Stable names for DDP's parameters and buckets, and per-bucket state that survives DDP
+rebuilding its buckets.
+
+DDP builds its buckets once at construction and again after the first iteration (in the order
+the gradients became ready), so a bucket's index names different parameters before and after.
+A bucket is named here by its *layout*: the positions of its parameters, in buffer order. A
+parameter's position is the order in which the hook first saw it (the buckets of iteration 0,
+which depend only on the model and DDP's settings, so a resumed run numbers them alike).
+When a layout is new, :func:`carry` moves each parameter's residual over from the layout that
+held it, so no error-feedback mass is lost in the rebuild.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from gradwire.errors import GradwireError
+
+Layout = tuple[int, ...]
+
+
+class Positions:
+    """Position and element count of every parameter the hook has seen."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, int] = {}
+        self.numels: dict[int, int] = {}
+
+    def layout(self, params: Iterable[torch.Tensor]) -> Layout:
+        key = []
+        for p in params:
+            # id(): the bucket hands back the model's own Parameter objects, which live as long
+            # as the model; data_ptr() would change under `p.data = ...`.
+            pos = self._by_id.setdefault(id(p), len(self._by_id))
+            known = self.numels.setdefault(pos, p.numel())
+            if known != p.numel():
+                raise GradwireError(f"parameter at position {pos} has {p.numel()} elements, "
+                                    f"the hook's state has {known} for it (a state_dict of "
+                                    "another model?)")
+            key.append(pos)
+        return tuple(key)
+
+    def position(self, p: torch.Tensor) -> int:
+        """The position of ``p``, as the keys of ``HookState.state_dict()['residuals']``."""
+        try:
+            return self._by_id[id(p)]
+        except KeyError:
+            raise GradwireError("this parameter has not been through the hook yet") from None
+
+    def size(self, layout: Layout) -> int:
+        return sum(self.numels[p] for p in layout)
+
+
+def where(residuals: dict[Layout, torch.Tensor],
+          numels: dict[int, int]) -> dict[int, tuple[Layout, int]]:
+    """For each position, the layout holding its current residual and the offset there. Layouts
+    are scanned in insertion order, so a parameter found in two takes the newer."""
+    found: dict[int, tuple[Layout, int]] = {}
+    for layout in residuals:
+        offset = 0
+        for pos in layout:
+            found[pos] = (layout, offset)
+            offset += numels[pos]
+    return found
+
+
+def carry(residuals: dict[Layout, torch.Tensor], layout: Layout, numels: dict[int, int],
+          like: torch.Tensor) -> None:
+    """Give ``layout`` a residual assembled from its parameters' residuals in other layouts
+    (zeros for those that have none), then drop layouts none of whose parameters live there any
+    more. Nothing happens when ``layout`` is known or none of its parameters has a residual."""
+    if layout in residuals or not residuals:
+        return
+    found = where(residuals, numels)
+    if not any(pos in found for pos in layout):
+        return
+    new = like.new_zeros(sum(numels[p] for p in layout))
+    offset = 0
+    for pos in layout:
+        n = numels[pos]
+        if pos in found:
+            old, at = found[pos]
+            new[offset : offset + n] = residuals[old][at : at + n]
+        found[pos] = (layout, offset)
+        offset += n
+    residuals[layout] = new
+    live = {old for old, _ in found.values()}
+    for old in [k for k in residuals if k not in live]:
+        del residuals[old]
+
+
+def split(residuals: dict[Layout, torch.Tensor],
+          numels: dict[int, int]) -> dict[int, torch.Tensor]:
+    """Each parameter's current residual, by position (copies)."""
+    return {pos: residuals[old][at : at + numels[pos]].clone()
+            for pos, (old, at) in where(residuals, numels).items()}

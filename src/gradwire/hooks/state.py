@@ -1,0 +1,297 @@
+"""The hook state (what a user tunes, what the hook keeps, what it measured) and the DDP hook.
+
+No ``from __future__ import annotations`` here: DDP's ``register_comm_hook`` compares the hook's
+``bucket`` and return annotations with the real ``dist.GradBucket`` and ``Future[Tensor]``.
+"""
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback, PowerSGDCompressor
+from gradwire.compress import get as get_compressor
+from gradwire.compress.base import check_fraction, check_int
+from gradwire.errors import GradwireError, did_you_mean
+from gradwire.hooks import layout
+from gradwire.hooks.comm import Comm, Worker, complete
+from gradwire.hooks.methods import TABLE, Method, Step, aggregate
+from gradwire.hooks.warmup import Warmup, parse
+from gradwire.schedules import registry
+
+METHODS: tuple[str, ...] = tuple(TABLE)
+MODES = ("bucket", "model")
+STATS = ("compress", "communicate", "tail", "sent", "steps", "buckets", "dense")
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    """What a user chose; checked by :func:`make`."""
+
+    method: Method
+    density: float = 0.001
+    mode: str = "bucket"
+    warmup: Warmup = field(default_factory=Warmup)
+    group: dist.ProcessGroup | None = None
+    seed: int = 0
+    algo: str | None = None
+    overlap: bool = True
+    options: dict[str, object] = field(default_factory=dict)
+
+
+def hook(state: "HookState", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: ``ddp.register_comm_hook(state, hook)``; the future's value is the
+    bucket holding the average gradient (see :class:`HookState`)."""
+    return state.on_bucket(bucket)
+
+
+class HookState:
+    """State of one gradwire DDP hook; build it with :func:`make`.
+
+    Per bucket, in bucket mode (``mode="bucket"``):
+
+    1. name the bucket by its parameters' positions (stable across DDP's bucket rebuild);
+    2. hand it to this state's comm thread (or, ``overlap=False``, run in the hook);
+    3. there: add the error-feedback residual, compress, communicate, decompress, average,
+       write the average into the bucket and complete its future.
+
+    In model mode (``mode="model"``, the gTop-k paper's setting) each bucket's future stays
+    pending until the last bucket; then the whole model, in parameter-position order, is
+    aggregated at once and every future is completed with its slice.
+
+    Tuned by the user: ``config`` (:class:`HookConfig`). Internal: ``epoch`` (``set_epoch``),
+    ``step`` (iterations handed over), ``positions``, ``compressor``, ``ef`` (error feedback,
+    residuals per bucket layout). Stats: ``stats`` (see :meth:`reset_stats`).
+
+    Example::
+
+        state = gradwire.hooks.make("gtopk", density=0.001, mode="model")
+        state.register(ddp_model)          # = ddp_model.register_comm_hook(state, state.hook)
+        for epoch in range(epochs):
+            state.set_epoch(epoch)         # warm-up densities
+            ...
+
+    Warning: every rank must make the same state (method, density, mode, seed) and register it
+    on the same model; the collectives of all buckets run on one thread in bucket order.
+    """
+
+    hook = staticmethod(hook)
+
+    def __init__(self, config: HookConfig) -> None:
+        self.config = config
+        m = config.method
+        self.epoch = 0
+        self.step = 0
+        self.positions = layout.Positions()
+        self.compressor: Compressor | None = None
+        if m.compressor is not None:
+            params: dict[str, Any] = dict(config.options)
+            factory = COMPRESSORS[m.compressor]
+            accepts = inspect.signature(factory).parameters
+            if m.sparse:
+                params["density"] = config.density
+            if "seed" in accepts:
+                params["seed"] = config.seed
+            self.compressor = get_compressor(m.compressor, **params)
+        self.ef = ErrorFeedback(self.compressor) if m.feedback and self.compressor else None
+        self._comm: Comm | None = None
+        self._worker: Worker | None = None
+        self._pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]] = []
+        self._handoff = 0.0
+        self._used: set[layout.Layout] = set()
+        self.reset_stats()
+
+    # --- what a user calls ---------------------------------------------------------------
+    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
+        """``ddp_model.register_comm_hook(self, self.hook)``."""
+        ddp_model.register_comm_hook(self, self.hook)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose warm-up density the next iterations use."""
+        self.epoch = check_int("hooks", "epoch", epoch, 0)
+
+    @property
+    def density(self) -> float:
+        """The density the next iteration uses (1.0 while dense, or for non-sparse methods)."""
+        c = self.config
+        if c.warmup.dense(self.step) or not c.method.sparse:
+            return 1.0
+        return c.warmup.density(self.epoch, c.density)
+
+    def reset_stats(self) -> None:
+        """Zero ``stats``: seconds ``compress`` (compress, decompress, error feedback, average)
+        and ``communicate`` (in collectives), both on the comm thread; ``tail``, seconds from
+        handing over an iteration's last bucket to its result (with overlap, the part of
+        compress + communicate backward did not hide); ``sent``, payload bytes this rank
+        contributed; counts of ``steps``, ``buckets`` and ``dense`` aggregations."""
+        self.stats: dict[str, float] = dict.fromkeys(STATS, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Warm-up position, residuals per parameter position, compressor state (step counters,
+        PowerSGD's Q memory). Call it between iterations."""
+        residuals = layout.split(self.ef.residuals, self.positions.numels) if self.ef else {}
+        return {"method": self.config.method.name, "epoch": self.epoch, "step": self.step,
+                "residuals": residuals,
+                "compressor": self.compressor.state_dict() if self.compressor else {}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        name = self.config.method.name
+        if state.get("method") != name:
+            raise GradwireError(f"hook state_dict is for method {state.get('method')!r}, this "
+                                f"hook runs {name!r}")
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        if self.ef is not None:
+            residuals = {}
+            for pos, t in state["residuals"].items():
+                known = self.positions.numels.setdefault(int(pos), t.numel())
+                if known != t.numel():
+                    raise GradwireError(f"hook state_dict: residual of parameter {pos} has "
+                                        f"{t.numel()} elements, the model's has {known}")
+                residuals[(int(pos),)] = t.clone()
+            self.ef.residuals = residuals
+        if self.compressor is not None:
+            self.compressor.load_state_dict(state["compressor"])
+
+    # --- the hook ------------------------------------------------------------------------
+    def on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """What :func:`hook` does with one bucket (see the class docstring)."""
+        comm = self._setup()
+        buf = bucket.buffer()
+        key = self.positions.layout(bucket.parameters())
+        if self.positions.size(key) != buf.numel():
+            raise GradwireError(f"bucket {bucket.index()} has {buf.numel()} elements, its "
+                                f"parameters {self.positions.size(key)}: gradwire hooks need "
+                                "dense gradients")
+        plan = Step(self.config.method, comm, self.compressor, self.ef, self.density,
+                    dense=self.config.warmup.dense(self.step))
+        last = bucket.is_last()
+        fut: torch.futures.Future = torch.futures.Future()
+        if self.config.mode == "bucket":
+            self._dispatch(lambda: [self._bucket(buf, key, plan, last)], [fut], last)
+            return fut
+        if bucket.index() == 0:
+            self._pending = []  # left over from a backward that did not finish
+        self._pending.append((buf, key, fut))
+        if last:
+            pending, self._pending = self._pending, []
+            self._dispatch(lambda: self._model(pending, plan), [f for *_, f in pending], last)
+        return fut
+
+    def _setup(self) -> Comm:
+        if self._comm is None:
+            if not dist.is_initialized():
+                raise GradwireError("torch.distributed is not initialized: call "
+                                    "dist.init_process_group() before the first backward")
+            c = self.config
+            self._comm = Comm(c.group, c.algo, transport=c.method.combine == "sparse")
+            if c.method.own_seed and self.compressor is not None:
+                self.compressor.seed = c.seed * 2**20 + self._comm.rank
+            if c.overlap:
+                self._worker = Worker()
+        return self._comm
+
+    def _dispatch(self, task: Callable[[], list[torch.Tensor]],
+                  futures: list[torch.futures.Future], last: bool) -> None:
+        if last:
+            self.step += 1
+            self._handoff = time.perf_counter()
+        if self._worker is not None:
+            self._worker.submit(task, futures)
+        else:
+            complete(task, futures)
+
+    # --- on the comm thread --------------------------------------------------------------
+    def _aggregate(self, x: torch.Tensor, key: layout.Layout, plan: Step) -> torch.Tensor:
+        comm, s = plan.comm, self.stats
+        before, t0 = comm.seconds, time.perf_counter()
+        if self.ef is not None:
+            layout.carry(self.ef.residuals, key, self.positions.numels, x)
+        avg, sent = aggregate(plan, x, key)
+        spent = comm.seconds - before
+        s["compress"] += time.perf_counter() - t0 - spent
+        s["communicate"] += spent
+        s["sent"] += sent
+        s["buckets"] += 1
+        s["dense"] += plan.dense
+        self._used.add(key)
+        return avg
+
+    def _end_step(self) -> None:
+        self.stats["steps"] += 1
+        self.stats["tail"] += time.perf_counter() - self._handoff
+        if isinstance(self.compressor, PowerSGDCompressor):  # forget rebuilt buckets' Q
+            memory = self.compressor.power.memory
+            for key in [k for k in memory if k not in self._used]:
+                del memory[key]
+        self._used = set()
+
+    def _bucket(self, buf: torch.Tensor, key: layout.Layout, plan: Step,
+                last: bool) -> torch.Tensor:
+        avg = self._aggregate(buf, key, plan)
+        buf.copy_(avg)
+        if last:
+            self._end_step()
+        return buf
+
+    def _model(self, pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]],
+               plan: Step) -> list[torch.Tensor]:
+        if len({buf.dtype for buf, _, _ in pending}) > 1:
+            raise GradwireError("mode='model' needs every parameter in one dtype, got "
+                                f"{sorted({str(b.dtype) for b, _, _ in pending})}")
+        views: dict[int, torch.Tensor] = {}
+        for buf, key, _ in pending:
+            offset = 0
+            for pos in key:
+                n = self.positions.numels[pos]
+                views[pos] = buf[offset : offset + n]
+                offset += n
+        order = tuple(sorted(views))
+        avg = self._aggregate(torch.cat([views[p] for p in order]), order, plan)
+        offset = 0
+        for p in order:
+            views[p].copy_(avg[offset : offset + views[p].numel()])
+            offset += views[p].numel()
+        self._end_step()
+        return [buf for buf, _, _ in pending]
+
+
+def make(method: str, *, density: float = 0.001, mode: str = "bucket",
+         warmup: Sequence[float] | bool | None = None, dense_steps: int = 0,
+         group: dist.ProcessGroup | None = None, seed: int = 0, algo: str | None = None,
+         overlap: bool = True, **opts: object) -> HookState:
+    """A hook state for ``method`` (one of :data:`METHODS`); see the package docstring.
+
+    ``density``: the sparsifiers' target fraction of elements (topk, gtopk, randomk, dgc).
+    ``mode``: "bucket" (each bucket on its own, overlapping backward) or "model" (the whole
+    model at once, after the last bucket). ``warmup``: None/True for the gTop-k paper's
+    densities per epoch (0.25, 0.0725, 0.015, 0.004), False for none, or a list of densities;
+    ``dense_steps``: dense iterations before any compression. ``group``: the process group.
+    ``seed``: shared randomness (randomk indices, PowerSGD's first Q; qsgd and terngrad add
+    the rank). ``algo``: None for torch.distributed's collectives, or a gradwire allreduce
+    algorithm (e.g. "ring"). ``overlap``: False runs the aggregation inside the hook.
+    ``opts``: the compressor's own parameters (topk/gtopk: selector; dgc: sample, passes,
+    slack; qsgd: s; powersgd: rank, warm_start).
+    """
+    m = TABLE.get(method)
+    if m is None:
+        raise GradwireError(f"unknown hook method {method!r}{did_you_mean(method, METHODS)}: "
+                            f"expected one of "
+                            f"{', '.join(METHODS)}")
+    if mode not in MODES:
+        raise GradwireError(f"hooks: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(overlap, bool):
+        raise GradwireError(f"hooks: overlap must be True or False, got {overlap!r}")
+    if algo is not None:
+        registry.get("allreduce", algo)
+    for k in opts:
+        if k not in m.options:
+            raise GradwireError(f"{method}: unknown option {k!r}: expected "
+                                f"{', '.join(m.options) or 'no options'}")
+    config = HookConfig(m, check_fraction("hooks", "density", density), mode,
+                        parse(warmup, dense_steps), group, check_int("hooks", "seed", seed, 0),
+                        algo, overlap, dict(opts))
+    return HookState(config)

@@ -1,0 +1,214 @@
+"""gradwire.hooks under DDP on gloo: exactness against DDP without a hook, every method in both
+modes, conservation of gradient mass under error feedback (across DDP's bucket rebuild), and
+checkpoint round trips. Prints one FAIL line per problem and a final CHECKED line.
+
+DDP builds one bucket in iteration 0 and rebuilds after it; a 104-byte bucket cap gives one
+bucket per layer from iteration 1 on, so every run below goes through a rebuild.
+"""
+import copy
+import datetime
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradwire.hooks as gh
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, p = dist.get_rank(), dist.get_world_size()
+SMALL_BUCKETS, ONE_BUCKET = 0.0001, 25
+STEPS = 3
+fails: list[str] = []
+checked = 0
+EF = {"topk", "gtopk", "randomk", "dgc", "efsignsgd", "powersgd"}
+# Most nonzeros the average may have for k per rank: gTop-k's is the global top-k.
+SPARSE_BOUND = {"gtopk": lambda k: k, "topk": lambda k: p * k, "randomk": lambda k: k,
+                "dgc": lambda k: p * math.ceil(1.25 * k)}
+
+
+def check(ok: bool, msg: str) -> None:
+    global checked
+    checked += 1
+    if not ok:
+        fails.append(msg)
+        print(f"FAIL rank {rank}: {msg}", flush=True)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 8), nn.Tanh(),
+                         nn.Linear(8, 3)).double()
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(5, 6, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g,
+                                                                             dtype=torch.float64)
+
+
+class Run:
+    """A DDP model with an optional hook state, an SGD optimizer, and a step counter."""
+
+    def __init__(self, state: gh.HookState | None, cap: float = SMALL_BUCKETS,
+                 start: dict | None = None) -> None:
+        self.net = model()
+        if start is not None:
+            self.net.load_state_dict(start["model"])
+        self.ddp = DDP(self.net, bucket_cap_mb=cap)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
+        if start is not None:
+            self.opt.load_state_dict(start["opt"])
+        self.state = state
+        if state is not None:
+            if start is not None:
+                state.load_state_dict(start["hook"])
+            state.register(self.ddp)
+        self.step = start["step"] if start is not None else 0
+
+    def loss(self, net: nn.Module) -> torch.Tensor:
+        x, y = batch(self.step)
+        return ((net(x) - y) ** 2).mean()
+
+    def backward(self) -> None:
+        self.opt.zero_grad()
+        self.loss(self.ddp).backward()
+
+    def advance(self) -> None:
+        self.opt.step()
+        self.step += 1
+
+    def train(self, steps: int) -> None:
+        for _ in range(steps):
+            self.backward()
+            self.advance()
+
+    def params(self) -> torch.Tensor:
+        return torch.cat([q.detach().reshape(-1) for q in self.net.parameters()])
+
+    def checkpoint(self) -> dict:
+        return copy.deepcopy({"model": self.net.state_dict(), "opt": self.opt.state_dict(),
+                              "hook": self.state.state_dict(), "step": self.step})
+
+
+def same(a: torch.Tensor, b: torch.Tensor, what: str, exact: bool = True,
+         atol: float = 0.0) -> None:
+    ok = torch.equal(a, b) if exact else torch.allclose(a, b, rtol=0, atol=atol)
+    check(ok, f"{what}: max difference {(a - b).abs().max().item():.3g}")
+
+
+reference = Run(None)
+reference.train(STEPS)
+want = reference.params()
+
+# (a) dense == DDP without a hook, bit for bit (bucket mode: the same allreduces; model mode:
+# one allreduce of everything, whose ring chunks sum in another order for P > 2).
+for overlap in (True, False):
+    for mode in gh.MODES:
+        r = Run(gh.make("dense", mode=mode, overlap=overlap))
+        r.train(STEPS)
+        same(r.params(), want, f"dense mode={mode} overlap={overlap}",
+             exact=mode == "bucket" or p <= 2, atol=1e-12)
+r = Run(gh.make("dense", algo="ring"))
+r.train(STEPS)
+same(r.params(), want, "dense over gradwire's ring", exact=False, atol=1e-12)
+
+# (b) the sparsifiers at density 1.0 drop nothing: exactly DDP.
+for m in ("topk", "gtopk", "randomk", "dgc"):
+    r = Run(gh.make(m, density=1.0, warmup=False))
+    r.train(STEPS)
+    same(r.params(), want, f"{m} at density 1.0")
+
+# (c) fp16 and bf16 within their precision.
+for m, tol in (("fp16", 1e-3), ("bf16", 1e-2)):
+    r = Run(gh.make(m))
+    r.train(STEPS)
+    same(r.params(), want, m, exact=False, atol=tol)
+
+
+# (d, e) every method in both modes; error feedback conserves mass across the rebuild.
+def by_position(state: gh.HookState, tensors: dict[int, torch.Tensor]) -> torch.Tensor:
+    """A vector in the net's parameter order from tensors keyed by hook position."""
+    return torch.cat([tensors.get(state.positions.position(q), torch.zeros(q.numel(),
+                      dtype=q.dtype)).reshape(-1) for q in net_params])
+
+
+for m in gh.METHODS:
+    for mode in gh.MODES:
+        tag = f"{m} mode={mode}"
+        state = gh.make(m, density=0.1, mode=mode, warmup=False, rank=2) if m == "powersgd" \
+            else gh.make(m, density=0.1, mode=mode, warmup=False)
+        r = Run(state)
+        net_params = list(r.net.parameters())
+        buckets = []
+        for step in range(STEPS):
+            before = state.state_dict()["residuals"]
+            local = torch.autograd.grad(r.loss(r.net), net_params)  # no DDP: this rank's grad
+            seen = state.stats["buckets"]
+            try:
+                r.backward()
+            except Exception as e:  # reported, then the next method
+                check(False, f"{tag} step {step}: {type(e).__name__}: {e}")
+                break
+            buckets.append(state.stats["buckets"] - seen)
+            applied = torch.cat([q.grad.reshape(-1) for q in net_params])
+            check(bool(torch.isfinite(applied).all()), f"{tag} step {step}: non-finite grads")
+            if mode == "model" and m in SPARSE_BOUND:  # one selection over the whole model
+                nnz, k = int((applied != 0).sum()), math.ceil(0.1 * applied.numel())
+                check(0 < nnz <= SPARSE_BOUND[m](k), f"{tag} step {step}: {nnz} nonzeros, k={k}")
+            if m == "signsgd":
+                check(set(applied.unique().tolist()) <= {-1.0, 0.0, 1.0}, f"{tag}: not a vote")
+            if m in EF:
+                after = state.state_dict()["residuals"]
+                g = torch.cat([t.reshape(-1) for t in local])
+                lhs = by_position(state, after) + applied  # summed over ranks: + P·applied
+                rhs = by_position(state, before) + g
+                dist.all_reduce(lhs)
+                dist.all_reduce(rhs)
+                same(lhs, rhs, f"{tag} step {step}: residual mass", exact=False, atol=1e-9)
+            r.advance()
+        if mode == "bucket" and len(buckets) == STEPS:
+            check(buckets[0] == 1 and buckets[1] > 1,
+                  f"{tag}: expected 1 bucket in iteration 0 then a rebuild, got {buckets}")
+        check(state.stats["steps"] == len(buckets) and state.stats["sent"] > 0,
+              f"{tag}: stats {state.stats}")
+
+
+# (f) a checkpoint taken between iterations resumes identically.
+def round_trip(m: str, mode: str, cap: float) -> None:
+    """Model mode aggregates in parameter-position order, so the resumed run computes the
+    same sums. In bucket mode the resumed DDP's first iteration has its initial bucket (another
+    parameter order), so only methods that do not care about order match, up to rounding."""
+    kw = {"density": 0.1, "mode": mode, "warmup": [0.3, 0.2]}
+    a = Run(gh.make(m, **kw), cap)
+    a.train(1)
+    a.state.set_epoch(1)  # the checkpoint must carry the warm-up position
+    a.train(1)
+    saved = a.checkpoint()
+    a.train(2)
+    b = Run(gh.make(m, **kw), cap, start=saved)
+    b.train(2)
+    same(b.params(), a.params(), f"{m} mode={mode} resumed from a checkpoint",
+         exact=mode == "model", atol=1e-12)
+
+
+for m in sorted(EF) + ["qsgd", "terngrad"]:
+    round_trip(m, "model", SMALL_BUCKETS)
+for m in ("topk", "efsignsgd"):
+    round_trip(m, "bucket", ONE_BUCKET)
+
+
+# (g) gradwire's collectives and the in-hook path give what torch's and the thread give.
+for m, mode, exact in (("qsgd", "bucket", True), ("dgc", "model", True),
+                       ("powersgd", "bucket", False)):
+    results = []
+    for kw in ({}, {"algo": "ring"}, {"overlap": False}):
+        r = Run(gh.make(m, density=0.1, mode=mode, **kw))
+        r.train(STEPS)
+        results.append(r.params())
+    same(results[1], results[0], f"{m} mode={mode} over gradwire's ring", exact, atol=1e-12)
+    same(results[2], results[0], f"{m} mode={mode} without the comm thread")
+
+print(f"CHECKED rank {rank} cases={checked} failures={len(fails)}", flush=True)
+dist.destroy_process_group()

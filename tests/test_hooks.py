@@ -1,0 +1,186 @@
+"""gradwire.hooks: the factory's checks, the warm-up schedule, residuals carried across DDP's
+bucket rebuild, payload packing, the comm thread, checkpoints; then every method under DDP on
+gloo with P = 2 and 3 (tests/scripts/hooks_check.py)."""
+import threading
+
+import pytest
+import torch
+from conftest import run_checks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradwire.hooks as gh
+from gradwire.compress import get as get_compressor
+from gradwire.errors import GradwireError
+from gradwire.hooks import comm, layout
+from gradwire.hooks.warmup import parse
+
+ALL = ("dense", "fp16", "bf16", "topk", "gtopk", "randomk", "dgc", "signsgd", "efsignsgd",
+       "qsgd", "terngrad", "powersgd")
+
+
+def test_methods_are_the_listed_twelve():
+    assert set(gh.METHODS) == set(ALL)
+    for m in ALL:
+        assert gh.make(m).config.method.name == m
+
+
+# --- bad input: one line that names what is allowed -------------------------------------------
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"method": "topkk"}, "did you mean 'topk'"),
+    ({"method": "nope"}, "expected one of dense, fp16"),
+    ({"method": "topk", "density": 0}, "density must be a number in (0, 1]"),
+    ({"method": "topk", "density": 1.5}, "density must be a number in (0, 1]"),
+    ({"method": "topk", "mode": "layer"}, "mode must be one of bucket, model"),
+    ({"method": "topk", "warmup": "yes"}, "warmup must be None, True, False or a list"),
+    ({"method": "topk", "warmup": [0.5, 2]}, "warmup density must be a number in (0, 1]"),
+    ({"method": "topk", "dense_steps": -1}, "dense_steps must be an integer >= 0"),
+    ({"method": "topk", "seed": -1}, "seed must be an integer >= 0"),
+    ({"method": "topk", "overlap": "yes"}, "overlap must be True or False"),
+    ({"method": "dense", "algo": "rign"}, "unknown allreduce algorithm 'rign'"),
+    ({"method": "topk", "rank": 2}, "topk: unknown option 'rank': expected selector"),
+    ({"method": "fp16", "s": 3}, "fp16: unknown option 's': expected no options"),
+    ({"method": "topk", "selector": "fast"}, "selector must be 'threshold' or 'exact'"),
+    ({"method": "qsgd", "s": 0}, "s must be an integer >= 1"),
+    ({"method": "powersgd", "rank": 0}, "rank must be an integer >= 1"),
+])
+def test_bad_input_is_one_line_naming_what_is_allowed(kwargs, says):
+    with pytest.raises(GradwireError) as e:
+        gh.make(**kwargs)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_options_reach_the_compressor():
+    assert gh.make("qsgd", s=7).compressor.s == 7
+    assert gh.make("powersgd", rank=2).compressor.power.rank == 2
+    assert gh.make("gtopk", selector="exact").compressor.selector == "exact"
+    assert gh.make("dgc", density=0.01, slack=2).compressor.slack == 2.0
+
+
+def test_hook_passes_ddps_signature_check():
+    DDP._check_comm_hook(None, gh.make("dense").hook)  # raises on a wrong signature
+
+
+# --- warm-up ------------------------------------------------------------------------------
+
+def test_default_warmup_is_the_gtopk_papers():
+    s = gh.make("gtopk", density=0.001)
+    got = []
+    for e in range(6):
+        s.set_epoch(e)
+        got.append(s.density)
+    assert got == [0.25, 0.0725, 0.015, 0.004, 0.001, 0.001]
+
+
+def test_warmup_never_goes_below_target_and_can_be_off_or_custom():
+    assert parse(None, 0).density(3, 0.01) == 0.01  # 0.004 < target
+    assert parse(False, 0).density(0, 0.01) == 0.01
+    assert parse([0.5], 0).density(0, 0.01) == 0.5
+    assert parse([0.5], 0).density(1, 0.01) == 0.01
+
+
+def test_dense_steps_then_compression_and_non_sparse_methods_ignore_densities():
+    s = gh.make("topk", density=0.01, warmup=False, dense_steps=2)
+    assert s.density == 1.0 and s.config.warmup.dense(0) and s.config.warmup.dense(1)
+    s.step = 2
+    assert s.density == 0.01
+    assert gh.make("qsgd").density == 1.0
+
+
+# --- residuals across a bucket rebuild ------------------------------------------------------
+
+def test_carry_moves_each_parameters_residual_to_the_new_layout():
+    numels = {0: 2, 1: 3, 2: 1}
+    res = {(0, 1, 2): torch.arange(6, dtype=torch.float64)}  # p0: 0 1, p1: 2 3 4, p2: 5
+    like = torch.zeros(1, dtype=torch.float64)
+    layout.carry(res, (2, 0), numels, like)
+    assert res[(2, 0)].tolist() == [5, 0, 1]
+    assert (0, 1, 2) in res  # still holds p1
+    layout.carry(res, (1,), numels, like)
+    assert res[(1,)].tolist() == [2, 3, 4] and (0, 1, 2) not in res
+    split = layout.split(res, numels)
+    assert {k: v.tolist() for k, v in split.items()} == {0: [0, 1], 1: [2, 3, 4], 2: [5]}
+
+
+def test_carry_leaves_new_parameters_without_residual_alone():
+    res: dict = {}
+    layout.carry(res, (0,), {0: 4}, torch.zeros(1))
+    assert res == {}
+    res = {(0,): torch.ones(2)}
+    layout.carry(res, (1, 0), {0: 2, 1: 3}, torch.zeros(1))
+    assert res[(1, 0)].tolist() == [0, 0, 0, 1, 1]
+
+
+def test_positions_are_first_seen_order_and_check_sizes():
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    pos = layout.Positions()
+    assert pos.layout([b, a]) == (0, 1) and pos.layout([a]) == (1,)
+    assert pos.position(a) == 1 and pos.size((0, 1)) == 5
+    pos.numels[2] = 7  # from a state_dict of another model
+    with pytest.raises(GradwireError, match="has 4 elements"):
+        pos.layout([torch.nn.Parameter(torch.zeros(4))])
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+def test_state_dict_round_trip_and_method_check():
+    s = gh.make("powersgd", rank=1)
+    s.set_epoch(3)
+    s.step = 17
+    s.positions.numels.update({0: 2, 1: 3})
+    s.ef.residuals[(1, 0)] = torch.tensor([1.0, 2, 3, 4, 5])
+    s.compressor.power.memory[(1, 0)] = torch.ones(3, 1)
+    s.compressor.power.step = 9
+    saved = s.state_dict()
+    assert {k: v.tolist() for k, v in saved["residuals"].items()} == {1: [1, 2, 3], 0: [4, 5]}
+    t = gh.make("powersgd", rank=1)
+    t.load_state_dict(saved)
+    assert (t.epoch, t.step, t.compressor.power.step) == (3, 17, 9)
+    assert torch.equal(t.compressor.power.memory[(1, 0)], torch.ones(3, 1))
+    assert t.state_dict()["residuals"].keys() == {0, 1}
+    with pytest.raises(GradwireError, match="for method 'powersgd', this hook runs 'topk'"):
+        gh.make("topk").load_state_dict(saved)
+
+
+# --- payload bytes and the comm thread ------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "efsignsgd", "qsgd", "terngrad", "signsgd",
+                                  "randomk"])
+def test_payload_survives_packing(name):
+    c = get_compressor(name)
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(1))
+    payload = c.compress(x)
+    raw = comm.pack(payload)
+    assert raw.numel() == payload.nbytes == c.wire_bytes(x.numel(), x.dtype)
+    odd = torch.cat([torch.zeros(3, dtype=torch.uint8), raw])[3:]  # at an unaligned offset
+    assert torch.equal(c.decompress(comm.unpack(payload, odd), 1001),
+                       c.decompress(payload, 1001))
+
+
+def test_worker_runs_in_order_and_hands_errors_to_the_futures():
+    w = comm.Worker()
+    order: list[int] = []
+    futs = [torch.futures.Future() for _ in range(5)]
+    for i, f in enumerate(futs):
+        w.submit(lambda i=i: order.append(i) or [torch.tensor(i)], [f])
+
+    def boom() -> list[torch.Tensor]:
+        raise GradwireError("broken")
+
+    bad = [torch.futures.Future(), torch.futures.Future()]
+    w.submit(boom, bad)
+    assert [int(f.wait()) for f in futs] == [0, 1, 2, 3, 4] and order == [0, 1, 2, 3, 4]
+    for f in bad:
+        with pytest.raises(Exception, match="broken"):
+            f.wait()
+    thread = w._thread
+    del w
+    thread.join(timeout=5)
+    assert not thread.is_alive() and threading.current_thread() is not thread
+
+
+# --- under DDP ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_every_method_under_ddp(p):
+    run_checks("hooks_check.py", p, timeout=300)
