@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -124,7 +125,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
-    console = Console()
+    console = Console(width=max(130, shutil.get_terminal_size().columns))
     console.print(f"(a) top-k of {sel['numel']:,} fp32, k = {sel['k']:,}: torch.topk "
                   f"{sel['torch_topk_ms']} ms, threshold selector {sel['threshold_ms']} ms, "
                   f"{sel['speedup']}x, recall {sel['recall']:.4f}")
