@@ -11,24 +11,29 @@ def _gradwire(*args, timeout=300):
                           text=True, timeout=timeout)
 
 
-def test_demo_on_loopback_trains_and_says_so(tmp_path):
-    out = tmp_path / "r.json"
-    p = _gradwire("demo", "--loopback", "--hosts", "2", "--epochs", "3", "--model", "mlp-small",
-                  "--json", str(out))
+def test_demo_on_loopback_compares_methods_in_one_table_and_one_figure(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "demo.png"
+    aggs = ["dense", "gtopk"]
+    p = _gradwire("demo", "--loopback", "--hosts", "2", "--epochs", "2", "--model", "mlp-small",
+                  "--agg", ",".join(aggs), "--json", str(out), "--plot", str(png))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "loopback, links not shaped" in p.stdout
-    (r,) = json.loads(out.read_text())
-    assert r["network"] == "loopback, links not shaped"
-    assert r["wire_tx_bytes_per_iter_per_rank"] is None
-    assert r["loss"][-1] < r["loss"][0]
-    assert r["test_accuracy"][-1] > 0.8
+    assert p.stdout.count("speed-up") == 1 and f"wrote {png}" in p.stdout  # one table
+    results = json.loads(out.read_text())
+    assert [r["agg"] for r in results] == aggs
+    for r in results:
+        assert r["network"] == "loopback, links not shaped"
+        assert r["wire_tx_bytes_per_iter_per_rank"] is None
+        assert r["loss"][-1] < r["loss"][0]
+        assert r["test_accuracy"][-1] > 0.5
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 @needs_netns
 def test_demo_on_the_emulated_cluster_measures_wire_bytes(tmp_path):
     out = tmp_path / "r.json"
-    p = _gradwire("demo", "--hosts", "2", "--epochs", "2", "--model", "mlp-small", "--json",
-                  str(out))
+    p = _gradwire("demo", "--hosts", "2", "--epochs", "2", "--model", "mlp-small", "--agg",
+                  "dense", "--json", str(out), "--plot", str(tmp_path / "demo.png"))
     assert p.returncode == 0, p.stdout + p.stderr
     (r,) = json.loads(out.read_text())
     assert r["network"] == "emulated 2 hosts, 1gbit links"
@@ -41,6 +46,7 @@ def test_demo_on_the_emulated_cluster_measures_wire_bytes(tmp_path):
     (["demo", "--bandwidth", "fast"], "bandwidth 'fast' is not valid"),
     (["demo", "--agg", "nope"], "unknown aggregation 'nope'"),
     (["demo", "--model", "nope"], "unknown model 'nope'"),
+    (["demo", "--epochs", "0"], "--epochs must be >= 1, got 0"),
     (["run", "--bandwidth", "1gb", "--", "true"], "bandwidth '1gb' is not valid"),
     (["run", "--cluster", "gwzzzzzz", "--", "true"], "cluster name 'gwzzzzzz' is not valid"),
     (["cluster", "up", "--hosts", "2", "--name", "x;rm"], "cluster name 'x;rm' is not valid"),

@@ -1,28 +1,54 @@
-"""How a rank's flat gradient becomes the global average. One registry, one entry per scheme."""
+"""How a rank's gradients become the global average: DistributedDataParallel with a gradwire
+communication hook (``gradwire.hooks``), for every method, dense included, so every row of a
+comparison pays DDP's bucketing and overlap alike.
+
+:class:`Aggregation` is what the training loop holds: ``start(model)`` returns the module to
+run forward on; ``set_epoch`` moves the warm-up on; ``stats`` are the hook's cumulative
+``compress`` and ``communicate`` seconds (on the hook's thread, overlapping backward),
+``tail`` (the part backward did not hide) and ``sent`` payload bytes; ``state_dict()`` is what
+a checkpoint keeps of this rank's aggregation (error-feedback residuals, compressor steps).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
-import torch
-import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from gradwire.errors import GradwireError
+from gradwire.hooks import METHODS, make
 
-Aggregator = Callable[[torch.Tensor], torch.Tensor]
-
-
-def dense_allreduce(flat: torch.Tensor) -> torch.Tensor:
-    """Plain S-SGD: torch.distributed's all_reduce (gloo's is a ring), then divide by P."""
-    dist.all_reduce(flat)
-    return flat.div_(dist.get_world_size())
+__all__ = ["METHODS", "Aggregation"]
 
 
-AGGREGATORS: dict[str, Aggregator] = {"dense": dense_allreduce}
+class Aggregation:
+    def __init__(self, method: str, density: float, mode: str, warmup: bool, seed: int) -> None:
+        if method not in METHODS:
+            raise GradwireError(f"unknown aggregation {method!r}: expected one of "
+                                f"{', '.join(METHODS)}")
+        # warmup True: the gTop-k paper's densities 0.25, 0.0725, 0.015, 0.004 in epochs 0-3.
+        self.hook = make(method, density=density, mode=mode, warmup=warmup, seed=seed)
 
+    def start(self, model: nn.Module) -> nn.Module:
+        ddp = DistributedDataParallel(model)
+        self.hook.register(ddp)
+        return ddp
 
-def get_aggregator(name: str) -> Aggregator:
-    if name not in AGGREGATORS:
-        known = ", ".join(AGGREGATORS)
-        raise GradwireError(f"unknown aggregation {name!r}: expected one of {known}")
-    return AGGREGATORS[name]
+    @property
+    def stats(self) -> dict[str, float]:
+        return self.hook.stats
+
+    @property
+    def density(self) -> float:
+        """The density this epoch's iterations use (1.0 for methods that do not sparsify)."""
+        return self.hook.density
+
+    def set_epoch(self, epoch: int) -> None:
+        self.hook.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.hook.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.hook.load_state_dict(state)

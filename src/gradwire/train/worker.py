@@ -3,137 +3,225 @@
     gradwire run --hosts 4 --bandwidth 1gbit -- python -m gradwire.train.worker --epochs 5
 
 Rank 0 prints ``GW_PROGRESS done total`` lines (the CLI turns them into a progress bar) and
-writes the run's result as JSON to ``--out``.
+writes the run's result as JSON to ``--out``; with ``--checkpoint`` it saves one after every
+epoch, and ``--resume`` goes on from it as if the run had not stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gc
+import itertools
 import json
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from torch import nn
 
-from gradwire.data import digits, shard_indices
+from gradwire.data import shard_indices
 from gradwire.launcher import PROGRESS
-from gradwire.models import build_model, num_parameters
-from gradwire.train.aggregate import AGGREGATORS, get_aggregator
+from gradwire.models import build_model, get_spec, num_parameters
+from gradwire.train import checkpoint
+from gradwire.train.aggregate import METHODS, Aggregation
+from gradwire.train.task import Task, evaluate, load_task, loss_fn
 from gradwire.train.wire import tx_bytes
+
+# Per-epoch sums kept in the history, in the order they are all-reduced.
+SUMMED = ("loss_sum", "compute", "compress", "communicate", "tail", "step", "sent", "wire")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # argparse, not typer: this module is the rank-side entry point torchrun starts directly.
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="mlp")
-    p.add_argument("--agg", default="dense", choices=sorted(AGGREGATORS))
+    p.add_argument("--agg", default="dense", choices=METHODS)
+    p.add_argument("--density", type=float, default=0.001, help="sparsifiers' kept fraction")
+    p.add_argument("--mode", default="bucket", choices=("bucket", "model"))
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="dense-to-sparse density warm-up over the first epochs")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per iteration")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seq-len", type=int, default=64, help="text models: symbols per sample")
+    p.add_argument("--checkpoint", default=None, help="rank 0 saves one here after every epoch")
+    p.add_argument("--resume", action="store_true", help="go on from --checkpoint")
     p.add_argument("--out", default=None, help="rank 0 writes the result JSON here")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
     a = p.parse_args(argv)
-    for name in ("epochs", "batch_size"):
+    for name in ("epochs", "batch_size", "seq_len"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if not 0 < a.density <= 1:
+        p.error(f"--density must be in (0, 1], got {a.density}")
+    if a.resume and not a.checkpoint:
+        p.error("--resume needs --checkpoint PATH")
     return a
 
 
-def _flat_grad(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+def settings(args: argparse.Namespace, world: int) -> dict[str, Any]:
+    keys = ("model", "agg", "density", "mode", "warmup", "batch_size", "lr", "momentum", "seed",
+            "seq_len")
+    return {**{k: getattr(args, k) for k in keys}, "world_size": world}
 
 
-def _set_grad(model: torch.nn.Module, flat: torch.Tensor) -> None:
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p))
-        offset += n
-
-
-@torch.no_grad()
-def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    return (model(x).argmax(1) == y).float().mean().item()
+def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, task: Task,
+                idx: torch.Tensor, batch: int, progress: tuple[int, int] | None) -> list[float]:
+    """One epoch over this rank's ``idx``; returns this rank's sums in SUMMED order."""
+    before = dict(agg.stats)
+    t = {"compute": 0.0, "step": 0.0}
+    loss_sum = 0.0
+    tx0 = tx_bytes()
+    for it in range(len(idx) // batch):
+        x, y = task.batch(task.train, idx[it * batch : (it + 1) * batch])
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        loss = loss_fn(fwd(x), y)
+        loss.backward()  # returns once the hook has written every bucket's average
+        t1 = time.perf_counter()
+        opt.step()
+        t["compute"] += t1 - t0
+        t["step"] += time.perf_counter() - t1
+        loss_sum += loss.item()
+        if progress is not None:
+            done, total = progress
+            print(f"{PROGRESS} {done + it + 1} {total}", flush=True)
+    tx1 = tx_bytes()
+    d = {k: agg.stats[k] - before[k] for k in ("compress", "communicate", "tail", "sent")}
+    # The hook compresses and communicates on its own thread while backward goes on; backward
+    # waits only for the tail, so compute is forward + backward less the tail.
+    compute = max(t["compute"] - d["tail"], 0.0)
+    wire = -1.0 if tx0 is None or tx1 is None else float(tx1 - tx0)
+    return [loss_sum, compute, d["compress"], d["communicate"], d["tail"], t["step"],
+            float(d["sent"]), wire]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    train, test = digits(args.seed)
-    model = build_model(args.model, args.seed)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    aggregate = get_aggregator(args.agg)
-    iters_per_epoch = (len(train) // world) // args.batch_size
-    if iters_per_epoch == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} is larger than a rank's share "
-                         f"({len(train) // world} samples at {world} ranks)")
-    total = iters_per_epoch * args.epochs
-    t = {"compute": 0.0, "communicate": 0.0, "step": 0.0}
-    losses, accs = [], []
-    dist.barrier()
-    tx0, wall0 = tx_bytes(), time.perf_counter()
-    for epoch in range(args.epochs):
-        idx = shard_indices(len(train), rank, world, epoch, args.seed)
-        loss_sum = torch.zeros(1)
-        for it in range(iters_per_epoch):
-            b = idx[it * args.batch_size : (it + 1) * args.batch_size]
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(model(train.x[b]), train.y[b])
-            loss.backward()
-            t1 = time.perf_counter()
-            _set_grad(model, aggregate(_flat_grad(model)))
-            t2 = time.perf_counter()
-            opt.step()
-            t3 = time.perf_counter()
-            t["compute"] += t1 - t0
-            t["communicate"] += t2 - t1
-            t["step"] += t3 - t2
-            loss_sum += loss.detach()
-            if rank == 0:
-                print(f"{PROGRESS} {epoch * iters_per_epoch + it + 1} {total}", flush=True)
-        dist.all_reduce(loss_sum)
-        losses.append(loss_sum.item() / (world * iters_per_epoch))
-        accs.append(accuracy(model, test.x, test.y))
-    wall = time.perf_counter() - wall0
-    tx1 = tx_bytes()
-    wire = -1.0 if tx0 is None or tx1 is None else float(tx1 - tx0)
-    stats = torch.tensor([wall, t["compute"], t["communicate"], t["step"], wire])
-    gathered = [torch.zeros_like(stats) for _ in range(world)]
-    dist.all_gather(gathered, stats)
-    if rank == 0 and args.out:
-        per_rank = torch.stack(gathered)
-        wall_max = per_rank[:, 0].max().item()
-        wire_ok = bool((per_rank[:, 4] >= 0).all())
-        result = {
-            "agg": args.agg,
-            "model": args.model,
-            "parameters": num_parameters(model),
-            "world_size": world,
-            "network": os.environ.get("GRADWIRE_NETWORK", "unknown (not launched by gradwire)"),
-            "epochs": args.epochs,
-            "iterations": total,
-            "batch_size_per_rank": args.batch_size,
-            "samples_per_s": total * args.batch_size * world / wall_max,
-            "seconds_per_iter": {k: per_rank[:, i + 1].mean().item() / total
-                                 for i, k in enumerate(("compute", "communicate", "step"))},
-            "wire_tx_bytes_per_iter_per_rank": (per_rank[:, 4].mean().item() / total
-                                                if wire_ok else None),
-            "loss": losses,
-            "test_accuracy": accs,
-            "wall_s": wall_max,
-        }
+    result = train(args)
+    # train() has returned, so the DDP model and the hook's thread, which hold the process
+    # group, are gone before it is destroyed (destroyed under them, gloo can abort at exit).
+    gc.collect()
+    if result is not None and args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     dist.destroy_process_group()
     return 0
+
+
+def train(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Train as ``args`` say; rank 0 returns the result (:func:`summarize`), the others None."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = get_spec(args.model)
+    task = load_task(spec, args.seed, args.seq_len)
+    model = build_model(args.model, args.seed, task.classes)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    agg = Aggregation(args.agg, args.density, args.mode, args.warmup, args.seed)
+    fwd = agg.start(model)
+    run_settings = settings(args, world)
+    history: dict[str, list[float]] = {k: [] for k in (
+        *SUMMED, "seconds", "train_loss", "test_loss", "test_accuracy", "iterations", "density")}
+    first = 0
+    if args.resume:
+        ck = checkpoint.load(args.checkpoint)
+        checkpoint.check_compatible(ck, run_settings, args.epochs)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        agg.load_state_dict(ck["aggregation"][rank])
+        history, first = ck["history"], ck["epoch"]
+    n_local = len(task.train) // world
+    iters = n_local // args.batch_size
+    if iters == 0:
+        raise SystemExit(f"--batch-size {args.batch_size} is larger than a rank's share "
+                         f"({n_local} samples at {world} ranks)")
+    total = iters * (args.epochs - first)
+    dist.barrier()
+    for epoch in range(first, args.epochs):
+        agg.set_epoch(epoch)
+        idx = shard_indices(len(task.train), rank, world, epoch, args.seed)
+        t0 = time.perf_counter()
+        progress = (iters * (epoch - first), total) if rank == 0 else None
+        sums = torch.tensor(train_epoch(fwd, agg, opt, task, idx, args.batch_size, progress),
+                            dtype=torch.float64)
+        seconds = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        wire_ok = torch.tensor([float(sums[-1] >= 0)])
+        dist.all_reduce(sums)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        dist.all_reduce(wire_ok, op=dist.ReduceOp.MIN)
+        test_loss, test_acc = evaluate(model, task.test)
+        for k, v in zip(SUMMED, (sums / world).tolist(), strict=True):
+            history[k].append(v if k != "wire" or wire_ok.item() else None)
+        history["seconds"].append(seconds.item())
+        history["iterations"].append(iters)
+        history["density"].append(agg.density)
+        history["train_loss"].append(sums[0].item() / (world * iters))
+        history["test_loss"].append(test_loss)
+        history["test_accuracy"].append(test_acc)
+        if args.checkpoint:
+            save_checkpoint(args.checkpoint, model, opt, agg, history, epoch + 1, run_settings)
+    return summarize(args, run_settings, model, task, history) if rank == 0 else None
+
+
+def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg: Aggregation,
+                    history: dict, epoch: int, run_settings: dict[str, Any]) -> None:
+    """Every rank hands its aggregation state to rank 0, which writes the file."""
+    states: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(agg.state_dict(), states, dst=0)
+    if dist.get_rank() == 0:
+        checkpoint.save(path, {"epoch": epoch, "settings": run_settings,
+                               "model": model.state_dict(), "optimizer": opt.state_dict(),
+                               "aggregation": states, "history": history})
+    dist.barrier()
+
+
+def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.Module,
+              task: Task, history: dict[str, list]) -> dict[str, Any]:
+    """The result file: settings, the per-epoch curves, and throughput, bytes and time per
+    iteration over the *steady* epochs, those at the final density (all of them for methods
+    that do not sparsify; after the warm-up for those that do, whose first epochs send up to
+    250 times more). ``wall_s`` and ``samples_per_s_overall`` cover every epoch."""
+    world = run_settings["world_size"]
+    steady = [i for i, d in enumerate(history["density"]) if d == history["density"][-1]]
+
+    def total(key: str, epochs: list[int]) -> float:
+        return sum(history[key][i] for i in epochs)
+
+    iters = total("iterations", steady)
+    wire = [history["wire"][i] for i in steady]
+    wall = list(itertools.accumulate(history["seconds"]))
+    samples = args.batch_size * world
+    return {
+        **run_settings,
+        "parameters": num_parameters(model),
+        "data": task.kind,
+        "network": os.environ.get("GRADWIRE_NETWORK", "unknown (not launched by gradwire)"),
+        "epochs": len(history["iterations"]),
+        "iterations": sum(history["iterations"]),
+        "steady_epochs": len(steady),
+        "batch_size_per_rank": args.batch_size,
+        "samples_per_s": iters * samples / total("seconds", steady),
+        "samples_per_s_overall": sum(history["iterations"]) * samples / wall[-1],
+        "seconds_per_iter": {k: total(k, steady) / iters
+                             for k in ("compute", "compress", "communicate", "tail", "step")},
+        "wire_tx_bytes_per_iter_per_rank": (None if any(w is None for w in wire)
+                                            else sum(wire) / iters),
+        "payload_bytes_per_iter_per_rank": total("sent", steady) / iters,
+        "density_per_epoch": history["density"],
+        "loss": history["train_loss"],
+        "test_loss": history["test_loss"],
+        "test_accuracy": history["test_accuracy"],
+        "epoch_wall_s": wall,
+        "wall_s": wall[-1],
+        "parameter_checksum": float(sum(p.detach().double().abs().sum()
+                                        for p in model.parameters())),
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,79 @@
+"""Models defined in the project (no torchvision), and the one registry the CLI and the trainer
+read. Each entry says which data set it trains on and the shape of one input sample.
+
+| name      | data   | parameters | what |
+|-----------|--------|------------|------|
+| mlp       | digits | 1.12 M     | 64-1024-1024-10 ReLU MLP, the demo's model |
+| mlp-small | digits | 26 k       | 64-128-128-10, for quick tests |
+| resnet20  | digits | 0.27 M     | CIFAR-style ResNet-20 on 1×8×8 images |
+| resnet50  | digits | 23.5 M     | bottleneck ResNet-50, 3×3 stem; 25.56 M at ImageNet width |
+| vgg16     | digits | 15.2 M     | VGG-16 with batch norm, pools that fit 8×8 |
+| lstm      | text   | 0.9 M      | character LSTM (64-d embedding, 2×256 LSTM) on stdlib source |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gradwire.errors import GradwireError
+from gradwire.models.lstm import lstm
+from gradwire.models.mlp import mlp
+from gradwire.models.resnet import resnet20, resnet50
+from gradwire.models.vgg import vgg16
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model: ``build(classes)`` makes one for a data set with ``classes`` labels
+    (the vocabulary size for text); ``input_shape`` is one sample's shape (text: ``()``, a
+    sequence of symbol ids)."""
+
+    build: Callable[[int], nn.Module]
+    description: str
+    data: str  # "digits" or "text"
+    input_shape: tuple[int, ...]
+
+
+DIGITS_FLAT = (64,)
+DIGITS_IMAGE = (1, 8, 8)
+
+MODELS: dict[str, ModelSpec] = {
+    "mlp": ModelSpec(lambda c: mlp(classes=c), "64-1024-1024-10 ReLU MLP (the demo's model)",
+                     "digits", DIGITS_FLAT),
+    "mlp-small": ModelSpec(lambda c: mlp(classes=c, hidden=128), "64-128-128-10 MLP, for tests",
+                           "digits", DIGITS_FLAT),
+    "resnet20": ModelSpec(lambda c: resnet20(c, 1), "CIFAR-style ResNet-20 on 1×8×8 digits",
+                          "digits", DIGITS_IMAGE),
+    "resnet50": ModelSpec(lambda c: resnet50(c, 1, small_input=True),
+                          "bottleneck ResNet-50 with a 3×3 stem (25.56 M at ImageNet width)",
+                          "digits", DIGITS_IMAGE),
+    "vgg16": ModelSpec(lambda c: vgg16(c, 1, 8), "VGG-16 with batch norm, sized for 8×8 digits",
+                       "digits", DIGITS_IMAGE),
+    "lstm": ModelSpec(lambda c: lstm(c), "character LSTM: embedding, 2×256 LSTM, linear",
+                      "text", ()),
+}
+
+
+def get_spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise GradwireError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def build_model(name: str, seed: int = 0, classes: int = 10) -> nn.Module:
+    """Build a registered model with parameters drawn from ``seed`` (identical on every rank)."""
+    spec = get_spec(name)
+    torch.manual_seed(seed)
+    return spec.build(classes)
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["MODELS", "ModelSpec", "build_model", "get_spec", "lstm", "mlp", "num_parameters",
+           "resnet20", "resnet50", "vgg16"]

@@ -1,0 +1,97 @@
+"""Training results as a person reads them: one table, one figure of the curves.
+
+Both take the result dicts the training worker writes (``gradwire.train.worker.summarize``);
+a list of several compares methods row by row and curve by curve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.table import Table
+
+from gradwire.train.task import perplexity
+
+SPARSIFIERS = ("topk", "gtopk", "randomk", "dgc")
+
+
+def method_label(r: dict) -> str:
+    """``gtopk ρ=0.001`` for a sparsifier; the method's name alone for the rest."""
+    if r["agg"] not in SPARSIFIERS:
+        return r["agg"]
+    return f"{r['agg']} ρ={r['density']:g}"
+
+
+def _mb(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x / 1e6:.3f}" if x >= 1e4 else f"{x / 1e6:.5f}"
+
+
+def results_table(results: Sequence[dict], title: str) -> Table:
+    """samples/s (and the speed-up over the first row), bytes per iteration on the wire and as
+    payload, the per-iteration time breakdown, the training time, and the final training loss
+    and test accuracy (and perplexity, for text)."""
+    text = any(r.get("data") == "text" for r in results)
+    table = Table(title=title)
+    cols = ["method", "samples/s", "speed-up", "wire MB/iter", "payload MB/iter", "compute ms",
+            "compress ms", "comm ms", "step ms", "wall s", "train loss",
+            *(["test ppl"] if text else []), "test acc"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "method" else "right",
+                         no_wrap=col == "method")
+    base = results[0]["samples_per_s"]
+    for r in results:
+        s = r["seconds_per_iter"]
+        ppl = [f"{perplexity(r['test_loss'][-1]):.3f}"] if text else []
+        table.add_row(method_label(r), f"{r['samples_per_s']:.0f}",
+                      f"{r['samples_per_s'] / base:.2f}×",
+                      _mb(r["wire_tx_bytes_per_iter_per_rank"]),
+                      _mb(r["payload_bytes_per_iter_per_rank"]),
+                      *(f"{s[k] * 1e3:.1f}" for k in ("compute", "compress", "communicate",
+                                                      "step")),
+                      f"{r['wall_s']:.1f}", f"{r['loss'][-1]:.4f}", *ppl,
+                      f"{r['test_accuracy'][-1] * 100:.1f} %")
+    return table
+
+
+TABLE_NOTE = ("samples/s, bytes and times are per iteration over the epochs at the final "
+              "density (after the sparsifiers' warm-up; every epoch for the others), averaged "
+              "over ranks; wall s is the whole run's training time, warm-up included. wire MB = "
+              "bytes leaving each host's interface (TCP/IP headers included), measured; payload "
+              "MB = what the aggregation handed to the network per rank. compress and comm run "
+              "on the hook's thread while backward goes on; compute = forward + backward less "
+              "the part of them backward had to wait for.")
+
+
+def plot_curves(results: Sequence[dict], path: Path, title: str) -> Path:
+    """Loss and test accuracy against epoch and against training wall time, one line per
+    result, written as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex="col", sharey="row")
+    for r in results:
+        epochs = range(1, len(r["loss"]) + 1)
+        label = method_label(r)
+        for col, xs in enumerate((epochs, r["epoch_wall_s"])):
+            axes[0][col].plot(xs, [a * 100 for a in r["test_accuracy"]], marker=".", label=label)
+            axes[1][col].plot(xs, r["loss"], marker=".", label=label)
+    for col, xlabel in enumerate(("epoch", "training wall time (s)")):
+        axes[1][col].set_xlabel(xlabel)
+        for row in range(2):
+            axes[row][col].grid(alpha=0.3)
+    axes[1][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0][0].set_ylabel("test accuracy (%)")
+    axes[1][0].set_ylabel("training loss")
+    axes[1][0].set_yscale("log")
+    axes[0][0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

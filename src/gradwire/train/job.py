@@ -1,0 +1,110 @@
+"""A training run as the CLI and the demo start it: checked settings, the worker's arguments,
+and the launch on a cluster. Every check here runs before a cluster is built, so bad input
+leaves nothing behind."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from gradwire.cluster import Cluster
+from gradwire.errors import GradwireError
+from gradwire.jobs import run_ranks
+from gradwire.models import MODELS, get_spec
+from gradwire.train.aggregate import METHODS
+
+MODES = ("bucket", "model")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run's ranks are started with (defaults: the worker's)."""
+
+    model: str = "mlp"
+    agg: str = "dense"
+    density: float = 0.001
+    mode: str = "bucket"
+    warmup: bool = True
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    seq_len: int = 64
+    checkpoint: Path | None = None
+    resume: bool = False
+
+    def worker_args(self) -> list[str]:
+        """The ``python -m gradwire.train.worker`` arguments for this run."""
+        args = ["--model", self.model, "--agg", self.agg, "--density", repr(self.density),
+                "--mode", self.mode, "--warmup" if self.warmup else "--no-warmup",
+                "--epochs", str(self.epochs), "--batch-size", str(self.batch_size),
+                "--lr", repr(self.lr), "--momentum", repr(self.momentum),
+                "--seed", str(self.seed), "--seq-len", str(self.seq_len)]
+        if self.checkpoint is not None:
+            args += ["--checkpoint", str(self.checkpoint)]
+        if self.resume:
+            args.append("--resume")
+        return args
+
+
+def validate(cfg: TrainConfig, hosts: int) -> None:
+    """One-line GradwireErrors for every setting a run would fail on, before anything starts."""
+    if cfg.model not in MODELS:
+        raise GradwireError(f"unknown model {cfg.model!r}: expected one of {', '.join(MODELS)}")
+    if cfg.agg not in METHODS:
+        raise GradwireError(f"unknown aggregation {cfg.agg!r}: expected one of "
+                            f"{', '.join(METHODS)}")
+    if cfg.mode not in MODES:
+        raise GradwireError(f"--mode {cfg.mode!r} is not valid: expected one of "
+                            f"{', '.join(MODES)}")
+    if not 0 < cfg.density <= 1:
+        raise GradwireError(f"--density must be in (0, 1], got {cfg.density:g}")
+    for name in ("epochs", "batch_size", "seq_len"):
+        if getattr(cfg, name) < 1:
+            raise GradwireError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                f"{getattr(cfg, name)}")
+    if not cfg.lr > 0:
+        raise GradwireError(f"--lr must be > 0, got {cfg.lr:g}")
+    if not 0 <= cfg.momentum < 1:
+        raise GradwireError(f"--momentum must be in [0, 1), got {cfg.momentum:g}")
+    if cfg.seed < 0:
+        raise GradwireError(f"--seed must be >= 0, got {cfg.seed}")
+    share = _train_samples(cfg) // hosts
+    if cfg.batch_size > share:
+        raise GradwireError(f"--batch-size {cfg.batch_size} is larger than a rank's share of "
+                            f"{cfg.model}'s training data ({share} samples at {hosts} hosts)")
+    if cfg.resume:
+        _check_resume(cfg, hosts)
+
+
+def _train_samples(cfg: TrainConfig) -> int:
+    if get_spec(cfg.model).data == "text":
+        from gradwire.data import text
+
+        return len(text(cfg.seq_len)[0])
+    from gradwire.data import digits
+
+    return len(digits(cfg.seed)[0])
+
+
+def _check_resume(cfg: TrainConfig, hosts: int) -> None:
+    from gradwire.train import checkpoint
+
+    if cfg.checkpoint is None:
+        raise GradwireError("--resume needs --checkpoint PATH (the file to go on from)")
+    ck = checkpoint.load(cfg.checkpoint)
+    settings = asdict(cfg) | {"world_size": hosts}
+    checkpoint.check_compatible(ck, settings, cfg.epochs)
+
+
+def train_on(cluster: Cluster, cfg: TrainConfig, label: str, timeout: float | None,
+             console: Console) -> dict[str, Any]:
+    """Run the worker once per host and return rank 0's result."""
+    result = run_ranks(cluster, "gradwire.train.worker", cfg.worker_args(), label, timeout,
+                       console)
+    assert isinstance(result, dict)
+    return result

@@ -1,0 +1,106 @@
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import netns_names
+from rich.console import Console
+
+from gradwire import cli
+from gradwire.cluster import loopback_cluster
+from gradwire.jobs import run_ranks
+from gradwire.train.job import TrainConfig
+
+QUICK = ["--loopback", "--hosts", "2", "--model", "mlp-small", "--batch-size", "64"]
+
+
+def _cli(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["gradwire", *args])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--model", "alexnet"], "unknown model 'alexnet': expected one of mlp, mlp-small, resnet20"),
+    (["--agg", "zip"], "unknown aggregation 'zip': expected one of dense, fp16, bf16, topk"),
+    (["--density", "0"], "--density must be in (0, 1], got 0"),
+    (["--density", "1.01"], "--density must be in (0, 1], got 1.01"),
+    (["--epochs", "0"], "--epochs must be >= 1, got 0"),
+    (["--mode", "layer"], "--mode 'layer' is not valid: expected one of bucket, model"),
+    (["--momentum", "1"], "--momentum must be in [0, 1), got 1"),
+    (["--batch-size", "5000"], "--batch-size 5000 is larger than a rank's share"),
+    (["--resume"], "--resume needs --checkpoint PATH"),
+    (["--resume", "--checkpoint", "/nonexistent/ck.pt"], "checkpoint '/nonexistent/ck.pt' does "
+     "not exist"),
+    (["--bandwidth", "fast"], "bandwidth 'fast' is not valid"),
+    (["--hosts", "0"], "Invalid value for '--hosts'"),
+    (["--lr", "abc"], "Invalid value for '--lr'"),
+])
+def test_bad_train_input_is_one_line_exit_2_and_builds_nothing(monkeypatch, capsys, args, msg):
+    before = netns_names()
+    code, err = _cli(monkeypatch, capsys, "train", *args)
+    assert code == 2
+    assert msg in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert netns_names() == before
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(monkeypatch, capsys, tmp_path):
+    from gradwire.train import checkpoint
+
+    ck = tmp_path / "ck.pt"
+    settings = {"model": "mlp-small", "agg": "dense", "density": 0.001, "mode": "bucket",
+                "warmup": True, "world_size": 2, "batch_size": 64, "seed": 0, "seq_len": 64}
+    checkpoint.save(ck, {"epoch": 1, "settings": settings})
+    code, err = _cli(monkeypatch, capsys, "train", *QUICK, "--hosts", "3", "--resume",
+                     "--checkpoint", str(ck))
+    assert code == 2 and "made with world_size=2, this run has 3" in err
+    code, err = _cli(monkeypatch, capsys, "train", *QUICK, "--epochs", "1", "--resume",
+                     "--checkpoint", str(ck))
+    assert code == 2 and "already holds 1 epochs; expected --epochs > 1, got 1" in err
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    code, err = _cli(monkeypatch, capsys, "train", *QUICK, "--resume", "--checkpoint",
+                     str(tmp_path / "junk.pt"))
+    assert code == 2 and "is not a gradwire checkpoint" in err
+
+
+def test_train_on_loopback_prints_the_table_and_writes_json_and_plot(tmp_path):
+    # dense runs through the same command in tests/test_demo.py.
+    agg = "gtopk"
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    p = subprocess.run([sys.executable, "-m", "gradwire.cli", "train", *QUICK, "--agg", agg,
+                        "--density", "0.05", "--epochs", "2", "--json", str(out),
+                        "--plot", str(png)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for col in ("samples/s", "wire MB/iter", "payload MB/iter", "compute ms", "compress ms",
+                "comm ms", "test acc", "loopback, links not shaped"):
+        assert col in p.stdout
+    r = json.loads(out.read_text())
+    assert r["agg"] == agg and r["epochs"] == 2 and len(r["loss"]) == len(r["epoch_wall_s"]) == 2
+    assert r["wire_tx_bytes_per_iter_per_rank"] is None  # loopback: no per-host counter
+    # The second epoch runs at the warm-up's 0.0725 (above --density 0.05): k entries of 8 bytes.
+    assert r["density_per_epoch"] == [0.25, 0.0725] and r["steady_epochs"] == 1
+    k = -(-r["parameters"] * 725 // 10_000)
+    assert r["payload_bytes_per_iter_per_rank"] == 8 * k
+    assert r["loss"][-1] < r["loss"][0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _train(cfg: TrainConfig) -> dict:
+    return run_ranks(loopback_cluster(2), "gradwire.train.worker", cfg.worker_args(), cfg.agg,
+                     120, Console(quiet=True))
+
+
+@pytest.mark.parametrize("agg", ["dense", "topk"])
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path, agg):
+    cfg = TrainConfig(model="mlp-small", agg=agg, density=0.01, epochs=2, batch_size=64)
+    whole = _train(cfg)
+    ck = tmp_path / "ck.pt"
+    first = _train(replace(cfg, epochs=1, checkpoint=ck))
+    rest = _train(replace(cfg, checkpoint=ck, resume=True))
+    assert first["loss"] == whole["loss"][:1]
+    for key in ("loss", "test_loss", "test_accuracy", "parameter_checksum", "iterations"):
+        assert rest[key] == whole[key], key
