@@ -21,11 +21,9 @@ Needs root (network namespaces). Run it on an otherwise idle machine: 8 ranks sh
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -33,8 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
+from gradwire.bench import provenance
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost
 
@@ -189,11 +186,9 @@ def main() -> None:
     for name in parts:
         if name in steps:
             result[name] = steps[name]()
-            result[name]["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds")
+            result[name]["date"] = provenance.now()
     result["command"] = "python benchmarks/collectives.py --parts " + a.parts
-    result["machine"] = (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
-                         f"Linux {platform.release()}, torch {torch.__version__}")
+    result["machine"] = provenance.machine()
     result["note"] = ("emulated cluster: network namespaces on one bridge, tc tbf 1gbit both "
                       "ways; 8 ranks share the machine's cores (CPU contention at P=8)")
     RESULTS.mkdir(exist_ok=True)

@@ -15,10 +15,7 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -31,6 +28,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from gradwire.bench import provenance
 from gradwire.compress import get, threshold_topk
 from gradwire.compress.base import generator
 
@@ -94,13 +92,6 @@ def encode_decode(size: int, repeats: int, device: str) -> list[dict[str, object
     return rows
 
 
-def machine(device: str) -> str:
-    where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Linux "
-            f"{platform.release()}, torch {torch.__version__}, {torch.get_num_threads()} "
-            f"threads, device {where}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=25_600_000, help="elements for table (b)")
@@ -116,9 +107,9 @@ def main() -> None:
     sel = topk_selection(args.topk_size, args.density, args.repeats, args.device)
     rows = encode_decode(args.size, args.repeats, args.device)
     result = {
-        "command": shlex.join(["python", "benchmarks/compress_speed.py", *sys.argv[1:]]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(args.device),
+        **provenance.stamp(shlex.join(["python", "benchmarks/compress_speed.py",
+                                       *sys.argv[1:]]), args.device),
+        "threads": torch.get_num_threads(),
         "topk_selection": sel,
         "rows": rows,
     }

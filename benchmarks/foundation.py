@@ -8,16 +8,14 @@
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import torch
+from gradwire.bench import provenance
 
 HERE = Path(__file__).parent
 SIZE = 64 * 2**20
@@ -47,10 +45,7 @@ def main() -> None:
                  "time_s": float(m.group(1)), "algbw_gbit_per_s": float(m.group(2)),
                  "busbw_gbit_per_s": float(m.group(3)), "wrong": int(m.group(4))})
     result = {
-        "command": "python benchmarks/foundation.py",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
-                   f"Linux {platform.release()}, torch {torch.__version__}",
+        **provenance.stamp("python benchmarks/foundation.py"),
         "rows": rows,
     }
     path = HERE / "results" / "foundation.json"

@@ -19,20 +19,16 @@ The calibration is $GRADWIRE_HOME/calibration/<bandwidth>.json (`gradwire calibr
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import shlex
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
-from gradwire.bench import calibrate
+from gradwire.bench import calibrate, provenance
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost, traffic
 from gradwire.sparse import schedule
@@ -146,10 +142,8 @@ def main() -> None:
     args.m = int(args.m)
     cal, source = calibration(args.bandwidth)
     result = {
-        "command": shlex.join(["python", "benchmarks/sparse_allreduce.py", *sys.argv[1:]]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
-                   f"Linux {platform.release()}, torch {torch.__version__}",
+        **provenance.stamp(shlex.join(["python", "benchmarks/sparse_allreduce.py",
+                                       *sys.argv[1:]])),
         "network": "loopback, unshaped" if args.loopback else
                    f"emulated: network namespaces on one bridge, tc tbf {args.bandwidth}",
         "note": "all ranks share the machine's cores; the sparse rows start from entries "

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from gradwire import config
+from gradwire.bench import provenance
 from gradwire.errors import GradwireError
 from gradwire.schedules.cost import CostParams
 from gradwire.transport import Transport, wait_all
@@ -124,8 +123,7 @@ def record(measured: dict, bandwidth: str, hosts: int, network: str) -> dict:
     d = {**measured,
          "bandwidth": bandwidth, "hosts": hosts, "network": network,
          "link_gbit_per_s_measured": 8 / measured["beta_s_per_byte"] / 1e9,
-         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-         "machine": f"{platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}"}
+         **provenance.stamp()}
     path = calibration_path(bandwidth)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(d, indent=1) + "\n")

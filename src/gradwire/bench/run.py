@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import platform
 
-import torch
 from rich.console import Console
 
 from gradwire.bandwidth import format_bandwidth
-from gradwire.bench import calibrate
+from gradwire.bench import calibrate, provenance
 from gradwire.bench.report import annotate, table
 from gradwire.bench.spec import BUILTIN, AlgoSpec
 from gradwire.cluster import Cluster
@@ -55,9 +52,7 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
                       "these times")
     return {
         "collective": collective, "world_size": p, "network": cluster.label,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()}, {os.cpu_count()} cores, Linux {platform.release()}, "
-                   f"torch {torch.__version__}",
+        **provenance.stamp(),
         "model": {"alpha_s": cost_params.alpha, "beta_s_per_byte": cost_params.beta,
                   "gamma_s_per_byte": cost_params.gamma, "source": source},
         "algo_params": algo_params, "iters": iters, "warmup": warmup, "rows": rows,

@@ -1,0 +1,27 @@
+"""Where and when a result was measured: one stamp for every benchmark and result file."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+
+import torch
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def machine(device: str = "cpu") -> str:
+    """Host, architecture, cores, kernel, torch version (and the GPU's name for ``cuda``)."""
+    where = f", GPU {torch.cuda.get_device_name()}" if device == "cuda" else ""
+    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Linux "
+            f"{platform.release()}, torch {torch.__version__}{where}")
+
+
+def stamp(command: str | None = None, device: str = "cpu") -> dict[str, str]:
+    """``{"command": ..., "date": ..., "machine": ...}`` (no command key when None)."""
+    d = {"date": now(), "machine": machine(device)}
+    return {"command": command, **d} if command is not None else d
