@@ -322,6 +322,131 @@ def calibrate(
     console.print(t)
 
 
+@app.command("trace")
+def trace_cmd(
+    out: Annotated[Path, typer.Option("-o", "--out", help="write the trace (JSON lines) here")],
+    model: Annotated[str | None, typer.Option(help="record this model (`gradwire models`)")] = None,
+    source: Annotated[Path | None, typer.Option("--from", help="edit this trace instead")] = None,
+    iterations: Annotated[int, typer.Option(min=1, help="iterations kept")] = 3,
+    batch_size: BatchSize = 32,
+    seed: Seed = 0,
+    compute_speedup: Annotated[float, typer.Option(help="divide every compute time by "
+                                                   "this")] = 1.0,
+    add_layers: Annotated[int, typer.Option(min=0, help="insert this many layers before the "
+                                            "last parameter")] = 0,
+    layer_bytes: Annotated[int, typer.Option(min=1, help="each added layer's bytes")] = 4 * 2**20,
+    layer_forward_ms: Annotated[float, typer.Option(min=0)] = 1.0,
+    layer_backward_ms: Annotated[float, typer.Option(min=0)] = 2.0,
+    resize: Annotated[list[str] | None, typer.Option(help="NAME=BYTES: resize a parameter "
+                                                     "(repeatable)")] = None,
+) -> None:
+    """Record a compute trace (backward hooks on every parameter) or edit one; see
+    docs/simulator.md.
+
+    Example: gradwire trace --model resnet50 -o resnet50.trace.jsonl
+    """
+    from gradwire.sim import trace as tr
+
+    if (model is None) == (source is None):
+        raise GradwireError("give exactly one of --model (record) and --from (edit)")
+    if model is not None:
+        from gradwire.sim.record import record
+
+        t = record(model, iterations, batch_size, seed=seed)
+    else:
+        t = tr.load(source)
+    if compute_speedup != 1.0:
+        t = tr.scale_compute(t, compute_speedup)
+    if add_layers:
+        t = tr.add_layers(t, add_layers, layer_bytes, layer_forward_ms / 1e3,
+                          layer_backward_ms / 1e3)
+    for item in resize or []:
+        name, sep, value = item.rpartition("=")
+        if not sep or not value.isdigit():
+            raise GradwireError(f"--resize {item!r}: expected NAME=BYTES")
+        t = tr.resize(t, name, int(value))
+    tr.save(t, out)
+    it = t.iterations[0]
+    console.print(f"wrote {out}: {t.model}, {len(t.params)} parameters, "
+                  f"{t.total_bytes / 1e6:.2f} MB, {len(t.iterations)} iterations, forward "
+                  f"{it.forward_s * 1e3:.1f} ms, backward {it.backward_s * 1e3:.1f} ms")
+
+
+@app.command()
+def simulate(
+    trace: Annotated[list[Path], typer.Option(help="a trace from `gradwire trace` "
+                                              "(repeatable with --table)")],
+    workers: Annotated[int, typer.Option(min=1)] = 32,
+    bandwidth: Annotated[str, typer.Option(help="every link, each way: 10gbit, 25gbit, "
+                                           "...")] = "25gbit",
+    mechanism: Annotated[str, typer.Option(help="comma list (see docs/simulator.md): ps, "
+                                           "multicast, ina, multicast+ina, ring, butterfly, "
+                                           "any allreduce algorithm, NAME:KEY=VALUE options")
+                         ] = "ps,multicast,ina,multicast+ina,ring,butterfly",
+    servers: Annotated[int, typer.Option(min=1, help="parameter servers")] = 1,
+    iterations: Annotated[int, typer.Option(min=1)] = 3,
+    latency_us: Annotated[float, typer.Option(min=0, help="one-way latency per host")] = 0.0,
+    seed: Seed = 0,
+    timeline: Annotated[Path | None, typer.Option(help="write a Perfetto/chrome trace "
+                                                  "JSON")] = None,
+    sweep: Annotated[str | None, typer.Option(help="AXIS=V1,V2,..: workers, bandwidth, "
+                                              "speedup or layers")] = None,
+    plot: Annotated[Path | None, typer.Option(help="the sweep's PNG")] = None,
+    table: Annotated[int | None, typer.Option(help="one of the paper's tables: 4, 6, 8, 9, "
+                                              "10")] = None,
+    json_out: JsonOut = None,
+) -> None:
+    """Trace-driven simulation of parameter servers, multicast, in-network aggregation and
+    all-reduce mechanisms on a non-blocking switch.
+
+    Example: gradwire simulate --trace resnet50.trace.jsonl --workers 32 --bandwidth 25gbit
+    """
+    from gradwire.bench.provenance import stamp
+    from gradwire.sim import mechanisms as mech
+    from gradwire.sim import report
+    from gradwire.sim.cluster import SimCluster
+    from gradwire.sim.trace import load
+
+    bps = parse_bandwidth(bandwidth)
+    if bps is None:
+        raise GradwireError("--bandwidth none cannot be simulated: give a rate such as 25gbit")
+    traces = [load(t) for t in trace]
+    cluster = SimCluster(workers, bps, servers, latency_us * 1e-6, iterations=iterations,
+                         seed=seed)
+    out: dict = stamp("gradwire " + shlex.join(sys.argv[1:]))
+    if table is not None:
+        if table not in report.PAPER_TABLES:
+            raise GradwireError(f"--table {table}: expected one of "
+                                f"{', '.join(map(str, report.PAPER_TABLES))}")
+        t, rows = report.paper_table(table, traces, cluster)
+        console.print(t)
+        out["rows"] = rows
+    elif sweep is not None:
+        axis, sep, values = sweep.partition("=")
+        if axis not in report.AXES or not sep:
+            raise GradwireError(f"--sweep {sweep!r}: expected AXIS=V1,V2 with AXIS one of "
+                                f"{', '.join(report.AXES)}")
+        vals = [parse_bandwidth(v) if axis == "bandwidth" else float(v)
+                for v in values.split(",") if v.strip()]
+        rows = report.sweep(traces[0], cluster, mech.parse_list(mechanism), axis, vals)
+        for r in rows:
+            console.print(f"{axis}={r['value']:g}: " + ", ".join(
+                f"{m} {s:.4f} s" for m, s in r["iteration_s"].items()))
+        if plot:
+            console.print(f"wrote {report.plot_sweep(rows, plot, traces[0].model)}")
+        out["rows"] = rows
+    else:
+        results = mech.run(traces[0], cluster, mech.parse_list(mechanism), timeline is not None)
+        console.print(report.results_table(results, f"{traces[0].model}: {workers} workers, "
+                                           f"{format_bandwidth(bps)}, {servers} server(s)"))
+        if timeline:
+            console.print(f"wrote {report.write_timeline(results, workers, timeline)}")
+        out["results"] = [r.to_json() for r in results]
+    if json_out:
+        json_out.write_text(json.dumps(out, indent=1) + "\n")
+        console.print(f"wrote {json_out}")
+
+
 def main() -> None:
     try:
         rc = app(standalone_mode=False)

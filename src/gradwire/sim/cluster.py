@@ -1,0 +1,104 @@
+"""What the simulated cluster is and what a simulation returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gradwire.errors import GradwireError
+from gradwire.sim.engine import Engine
+
+
+@dataclass(frozen=True)
+class SimCluster:
+    """``workers`` hosts (and, for parameter-server mechanisms, ``servers`` more) on one
+    non-blocking switch, every link ``bandwidth_bps`` bits/s each way.
+
+    ``latency``: one-way seconds per host, paid by every flow at each end; ``alpha``: seconds a
+    sender's port spends per message (the cost model's α); ``gamma``: seconds per byte combined.
+    ``iterations`` simulated per run; ``seed`` picks which recorded iteration each simulated
+    (worker, iteration) replays.
+    """
+
+    workers: int
+    bandwidth_bps: float
+    servers: int = 1
+    latency: float = 0.0
+    alpha: float = 0.0
+    gamma: float = 0.0
+    iterations: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.servers < 1 or self.iterations < 1:
+            raise GradwireError(f"workers, servers and iterations must be >= 1, got "
+                                f"{self.workers}, {self.servers}, {self.iterations}")
+        if not self.bandwidth_bps > 0:
+            raise GradwireError(f"bandwidth must be > 0 bits/s, got {self.bandwidth_bps}")
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_bps / 8.0
+
+
+@dataclass
+class SimResult:
+    """One mechanism on one cluster. ``iteration_s``: the steady iteration time (mean interval
+    between iteration ends after the first; the first iteration's end when only one ran);
+    ``compute_s``: mean forward + backward compute per iteration; ``exposed_s``: iteration
+    minus compute, the communication the compute did not hide."""
+
+    mechanism: str
+    iteration_s: float
+    ends: list[float]
+    compute_s: float
+    link_bytes: dict[str, float]  # total bytes per link kind (worker up/down, server up/down)
+    utilisation: dict[str, float]  # mean busy fraction of each link kind over the run
+    timeline: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def exposed_s(self) -> float:
+        return max(self.iteration_s - self.compute_s, 0.0)
+
+    def to_json(self) -> dict:
+        return {"mechanism": self.mechanism, "iteration_s": self.iteration_s,
+                "compute_s": self.compute_s, "exposed_s": self.exposed_s, "ends": self.ends,
+                "link_bytes": self.link_bytes, "utilisation": self.utilisation,
+                "wall_s": self.wall_s}
+
+
+def steady(ends: list[float]) -> float:
+    """Mean interval between iteration ends after the first (the first end if only one)."""
+    if len(ends) < 2:
+        return ends[0]
+    return (ends[-1] - ends[0]) / (len(ends) - 1)
+
+
+def choices(c: SimCluster, recorded: int) -> np.ndarray:
+    """[worker, iteration] → index of the recorded iteration it replays (seeded)."""
+    rng = np.random.default_rng(c.seed)
+    return rng.integers(0, recorded, size=(c.workers, c.iterations))
+
+
+def finish(name: str, ends: list[float], compute: float, eng: Engine, workers: int, end: float,
+           timeline: list[dict]) -> SimResult:
+    """Summarise a run: iteration time, bytes and utilisation per link kind, the timeline."""
+    net = eng.net
+    h = net.hosts
+    kinds = {"worker up": range(0, workers), "worker down": range(h, h + workers),
+             "server up": range(workers, h), "server down": range(h + workers, 2 * h)}
+    link_bytes, util = {}, {}
+    for kind, idx in kinds.items():
+        idx = list(idx)
+        if not idx:
+            continue
+        link_bytes[kind] = float(eng.carried[idx].sum())
+        util[kind] = float(eng.carried[idx].sum() / (net.capacity[idx].sum() * max(end, 1e-12)))
+    if eng.record:
+        for label, links, t0, t1, nbytes in eng.log:
+            host = links[0] % h
+            timeline.append({"name": label, "ph": "X", "pid": host, "tid": 1, "ts": t0 * 1e6,
+                             "dur": (t1 - t0) * 1e6, "args": {"bytes": nbytes}})
+    return SimResult(name, steady(ends), ends, compute, link_bytes, util, timeline)

@@ -1,0 +1,143 @@
+"""Host-based aggregation: any library collective (ring-reduce, butterfly mixing, …) and any
+compressor, with DDP-style bucketing — replayed from the schedules, never re-implemented.
+
+Each worker, each iteration (§3.2: no pipelining of the forward pass with distribution):
+1. forward: starts when the worker holds the whole model (its last collective of the previous
+   iteration is done) and lasts its traced ``forward_s``;
+2. backward: gradient i is ready at its traced time after the forward pass;
+3. buckets: gradients are packed in the order they become ready into buckets of at most
+   ``bucket_bytes`` (0: one bucket per parameter, the paper's ring-reduce "with messaging",
+   every parameter split evenly over the workers by the schedule); a bucket's collective starts
+   on a rank when its last gradient is ready, FIFO on the rank's one send port.
+Dense buckets use the allreduce schedule of ``algo`` on the bucket's bytes; a compressor sends
+``wire_bytes`` instead: an allreduce when it is associative, else an allgather of every rank's
+payload. A ring (every rank one peer) is computed by :func:`~gradwire.sim.replay.dataflow`,
+anything else by :class:`~gradwire.sim.replay.Replay` in the event engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gradwire.errors import GradwireError
+from gradwire.schedules import registry
+from gradwire.schedules.ir import Schedule
+from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
+from gradwire.sim.engine import Engine, Network
+from gradwire.sim.replay import Replay, dataflow, single_peer, step_arrays
+from gradwire.sim.trace import Trace
+
+
+@dataclass(frozen=True)
+class CollectiveOptions:
+    algo: str = "ring"
+    bucket_bytes: int = 0
+    compressor: str | None = None
+    compressor_params: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)  # the schedule's own (pipeline=, block=, ...)
+
+
+def buckets(trace: Trace, bucket_bytes: int) -> list[list[int]]:
+    """Parameters in the order their gradients become ready, packed into buckets of at most
+    ``bucket_bytes`` (a parameter larger than that gets a bucket of its own)."""
+    out: list[list[int]] = []
+    size = 0
+    for i in trace.backward_order():
+        n = trace.params[i].bytes
+        if out and size + n <= bucket_bytes:
+            out[-1].append(i)
+            size += n
+        else:
+            out.append([i])
+            size = n
+    return out
+
+
+def bucket_schedule(nbytes: int, p: int, o: CollectiveOptions) -> Schedule:
+    """The schedule that moves one bucket of ``nbytes`` (counted in bytes: itemsize 1)."""
+    if o.compressor is None:
+        return registry.schedule("allreduce", o.algo, p, nbytes, itemsize=1, **o.params)
+    import torch
+
+    from gradwire import compress
+
+    comp = compress.get(o.compressor, **o.compressor_params)
+    wire = comp.wire_bytes(max(nbytes // 4, 1), torch.float32)
+    if comp.associative:
+        return registry.schedule("allreduce", o.algo, p, wire, itemsize=1, **o.params)
+    algo = o.algo if o.algo in [a.name for a in registry.algorithms("allgather")] else None
+    return registry.schedule("allgather", algo, p, p * wire, itemsize=1)
+
+
+def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name: str = "ring",
+                        record: bool = False, fast: bool = True) -> SimResult:
+    """Run ``c.iterations`` iterations of host-based aggregation ``o`` on ``c.workers`` hosts."""
+    p = c.workers
+    groups = buckets(trace, o.bucket_bytes)
+    scheds = [bucket_schedule(sum(trace.params[i].bytes for i in g), p, o) for g in groups]
+    pick = choices(c, len(trace.iterations))
+    net = Network.uniform(p, c.bytes_per_s, c.latency)
+    compute = [it.forward_s + it.backward_s for it in trace.iterations]
+    mean_compute = float(np.mean([compute[k] for k in pick.ravel()]))
+    hosts = list(range(p))
+
+    def ready_times(it: int, start: np.ndarray) -> np.ndarray:
+        """[bucket, rank] ready times of iteration ``it`` for forward starts ``start``."""
+        out = np.empty((len(groups), p))
+        for r in range(p):
+            rec = trace.iterations[pick[r, it]]
+            b0 = start[r] + rec.forward_s
+            out[:, r] = [b0 + max(rec.backward[i] for i in g) for g in groups]
+        return out
+
+    if fast and single_peer(scheds) and not record:
+        eng = Engine(net)
+        arrays = [step_arrays(s, 1) for s in scheds]
+        start, port, ends = np.zeros(p), None, []
+        for it in range(c.iterations):
+            done, port = dataflow(arrays, ready_times(it, start), net, hosts, c.alpha, c.gamma,
+                                  port, eng.carried)
+            start = done.max(axis=0)
+            ends.append(float(start.max()))
+        return finish(name, ends, mean_compute, eng, p, ends[-1], [])
+
+    eng = Engine(net, record)
+    timeline: list[dict] = []
+    left = np.zeros((c.iterations, p), dtype=np.int64)
+    ends = [0.0] * c.iterations
+
+    def start_iteration(it: int, r: int) -> None:
+        rec = trace.iterations[pick[r, it]]
+        t0 = eng.now
+        if record:
+            timeline.append({"name": f"forward {it}", "ph": "X", "pid": r, "tid": 0,
+                             "ts": t0 * 1e6, "dur": rec.forward_s * 1e6})
+            timeline.append({"name": f"backward {it}", "ph": "X", "pid": r, "tid": 0,
+                             "ts": (t0 + rec.forward_s) * 1e6, "dur": rec.backward_s * 1e6})
+        for b, g in enumerate(groups):
+            t = t0 + rec.forward_s + max(rec.backward[i] for i in g)
+            eng.at(t, lambda b=b: replay.ready(it * len(groups) + b, r))
+
+    def done(ci: int, r: int, t: float) -> None:
+        it = ci // len(groups)
+        left[it, r] -= 1
+        if left[it, r] == 0:
+            ends[it] = max(ends[it], t)
+            if it + 1 < c.iterations:
+                start_iteration(it + 1, r)
+
+    replay = Replay(eng, hosts, 1, c.alpha, c.gamma, done)
+    for it in range(c.iterations):
+        for b, s in enumerate(scheds):
+            replay.add(s, f"bucket {b} iter {it}")
+        left[it] = len(scheds)
+    for r in range(p):
+        eng.at(0.0, lambda r=r: start_iteration(0, r))
+    end = eng.run()
+    if left.any():
+        raise GradwireError(f"{name}: replay stopped with collectives unfinished (a deadlock: "
+                            "report this)")
+    return finish(name, ends, mean_compute, eng, p, end, timeline)
+

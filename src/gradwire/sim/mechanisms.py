@@ -1,0 +1,111 @@
+"""The mechanisms ``gradwire simulate`` compares, by name, with ``NAME:KEY=VALUE`` options.
+
+| name | what |
+|---|---|
+| ps | parameter servers (TensorFlow: round-robin placement by tensor and distribution order) |
+| multicast | ps with IP multicast for distribution |
+| ina | ps with in-network aggregation at the switch |
+| multicast+ina | both |
+| ring | ring-reduce with messaging: one ring allreduce per parameter, split over the workers |
+| butterfly | butterfly mixing: one recursive-doubling allreduce per parameter |
+| any allreduce algorithm of the registry (rhd, lp, dbtree, tree, master, …) | per parameter |
+
+Options: ps family ``order=roundrobin|block``, ``barrier=on|off``, ``sharding=tensor|even``;
+collectives ``bucket=BYTES`` (DDP-style buckets; 0 = per parameter), ``compress=NAME`` with the
+compressor's own parameters (``compress=topk:density=0.01``), and the schedule's parameters
+(``pipeline=4``). Example: ``ps:order=block``, ``ring:bucket=25000000:compress=fp16``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gradwire.bench.spec import parse_params
+from gradwire.errors import GradwireError, did_you_mean
+from gradwire.schedules import registry
+from gradwire.sim.cluster import SimCluster, SimResult
+from gradwire.sim.collective import CollectiveOptions, simulate_collective
+from gradwire.sim.ps import PSOptions, simulate_ps
+from gradwire.sim.trace import Trace
+
+PS_FAMILY = {"ps": {}, "multicast": {"multicast": True}, "ina": {"ina": True},
+             "multicast+ina": {"multicast": True, "ina": True}}
+ALIASES = {"butterfly": "rd"}
+PAPER = ("ps", "multicast", "ina", "multicast+ina", "ring", "butterfly")
+BASELINE = "ps"
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    label: str
+    run: Callable[[Trace, SimCluster, bool], SimResult]
+
+
+def _flag(label: str, key: str, v: object) -> bool:
+    if v in ("on", "true", 1, "yes"):
+        return True
+    if v in ("off", "false", 0, "no"):
+        return False
+    raise GradwireError(f"mechanism {label!r}: {key} must be on or off, got {v!r}")
+
+
+def parse(text: str) -> Mechanism:
+    """``ps:order=block`` → a runnable mechanism; unknown names and options say what is
+    allowed."""
+    label = text.strip()
+    name, *rest = label.split(":")
+    params = parse_params(rest, f"mechanism {label!r}: option")
+    if name in PS_FAMILY:
+        kw: dict = dict(PS_FAMILY[name])
+        for key, v in params.items():
+            if key == "barrier":
+                kw["barrier"] = _flag(label, key, v)
+            elif key in ("order", "sharding"):
+                kw[key] = v
+            else:
+                raise GradwireError(f"mechanism {label!r}: unknown option {key!r}"
+                                    f"{did_you_mean(key, ['order', 'barrier', 'sharding'])}: "
+                                    "expected order, barrier or sharding")
+        opts = PSOptions(**kw)
+        return Mechanism(label, lambda t, c, rec: simulate_ps(t, c, opts, label, rec))
+    algo = ALIASES.get(name, name)
+    known = [a.name for a in registry.algorithms("allreduce")]
+    if algo not in known:
+        names = [*PS_FAMILY, *ALIASES, *known]
+        raise GradwireError(f"unknown mechanism {name!r}{did_you_mean(name, names)}: expected "
+                            f"one of {', '.join(names)}")
+    bucket = params.pop("bucket", 0)
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
+        raise GradwireError(f"mechanism {label!r}: bucket must be bytes >= 0, got {bucket!r}")
+    comp = params.pop("compress", None)
+    if comp is not None:
+        from gradwire import compress
+
+        compress.get(str(comp), **params)  # checks the name and its parameters now
+        opts2 = CollectiveOptions(algo, bucket, str(comp), params)
+    else:
+        registry.schedule("allreduce", algo, 2, 2, **params)  # checks the parameters now
+        opts2 = CollectiveOptions(algo, bucket, None, {}, params)
+    return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec))
+
+
+def parse_list(text: str) -> list[Mechanism]:
+    out = [parse(x) for x in text.split(",") if x.strip()]
+    if not out:
+        raise GradwireError(f"--mechanism {text!r} names none: expected a comma list such as "
+                            f"{','.join(PAPER)}")
+    return out
+
+
+def run(trace: Trace, cluster: SimCluster, mechanisms: list[Mechanism],
+        record: bool = False) -> list[SimResult]:
+    """Every mechanism on the same trace and cluster, each result with its wall time."""
+    out = []
+    for m in mechanisms:
+        t0 = time.perf_counter()
+        r = m.run(trace, cluster, record)
+        r.wall_s = time.perf_counter() - t0
+        out.append(r)
+    return out

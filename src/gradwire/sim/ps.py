@@ -1,0 +1,242 @@
+"""Parameter servers, as the network-operator paper simulates them (§3, §5, §8.1, §9), with the
+fabric mechanisms: IP multicast for distribution, in-network aggregation at the switch.
+
+Hosts 0 … W−1 are workers, W … W+S−1 dedicated servers. One iteration:
+1. distribution: each server sends its parameters to every worker, one message at a time:
+   ``order="roundrobin"`` sends parameter 1 to worker 0, 1, …, then parameter 2 (TensorFlow,
+   §9.4); ``order="block"`` sends worker 0 everything, then worker 1; ``multicast`` sends each
+   parameter once to all workers (one flow over the server's up link and every worker's down
+   link);
+2. forward: a worker uses parameter i at its traced time, but not before it has arrived
+   (forward pipelined with distribution, §3.2);
+3. backward: gradient i is ready at its traced time after the forward pass ends; the worker
+   queues its pieces (one per server holding part of it) on its one send port, FIFO;
+4. aggregation: a server has parameter i when all W pieces arrived; with ``ina`` the switch
+   sums the W pieces (each crosses only the worker's up link) and sends one to the server.
+With ``barrier`` the next distribution starts when every server has everything (synchronous
+training, §3.3.1); without it a server forwards each parameter as soon as it is aggregated
+(§9.3). Placement: ``sharding="tensor"`` puts parameter i whole on server i mod S (TensorFlow's
+round-robin by tensor, §9.1), ``"even"`` splits every parameter into S equal pieces.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from gradwire.errors import GradwireError
+from gradwire.schedules.ir import blocks
+from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
+from gradwire.sim.engine import Engine, Network
+from gradwire.sim.trace import Trace
+
+ORDERS = ("roundrobin", "block")
+SHARDINGS = ("tensor", "even")
+
+
+@dataclass(frozen=True)
+class PSOptions:
+    multicast: bool = False
+    ina: bool = False
+    barrier: bool = True
+    order: str = "roundrobin"
+    sharding: str = "tensor"
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise GradwireError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+        if self.sharding not in SHARDINGS:
+            raise GradwireError(f"sharding must be one of {', '.join(SHARDINGS)}, got "
+                                f"{self.sharding!r}")
+        if self.order == "block" and not self.barrier:
+            raise GradwireError("block distribution needs the barrier (without it each "
+                                "parameter is forwarded as soon as it is aggregated)")
+
+
+def pieces(trace: Trace, servers: int, sharding: str) -> list[tuple[int, int, int]]:
+    """(param, server, bytes) of every piece, in forward order."""
+    if sharding == "tensor":
+        return [(i, i % servers, p.bytes) for i, p in enumerate(trace.params)]
+    return [(i, s, n) for i, p in enumerate(trace.params)
+            for s, (_, n) in enumerate(blocks(p.bytes, servers)) if n > 0]
+
+
+class _PS:
+    def __init__(self, trace: Trace, c: SimCluster, o: PSOptions, record: bool) -> None:
+        self.t, self.c, self.o = trace, c, o
+        w, s = c.workers, c.servers
+        self.net = Network.uniform(w + s, c.bytes_per_s, c.latency)
+        self.eng = Engine(self.net, record)
+        self.pieces = pieces(trace, s, o.sharding)
+        self.of_param = [[] for _ in trace.params]
+        for k, (i, _, _) in enumerate(self.pieces):
+            self.of_param[i].append(k)
+        self.pick = choices(c, len(trace.iterations))
+        n = len(trace.params)
+        self.arrived = np.full((w, n), np.nan)  # arrival of the current iteration's params
+        self.missing = np.zeros((w, n), dtype=np.int64)
+        self.next_fwd = [0] * w
+        self.last_use = [0.0] * w
+        self.compute_free = [0.0] * w
+        self.iter_of = [0] * w
+        self.queue: list[deque] = [deque() for _ in range(w)]
+        self.busy = [False] * w
+        self.server_q: list[deque] = [deque() for _ in range(s)]
+        self.server_busy = [False] * s
+        self.count: dict[tuple[int, int], int] = {}
+        self.started: dict[tuple[int, int], int] = {}
+        self.left: dict[int, int] = {}
+        self.ends: list[float] = []
+        self.compute: list[float] = []
+        self.timeline: list[dict] = []
+
+    # -- distribution
+    def distribute(self, it: int, ks: list[int]) -> None:
+        """Queue pieces ``ks`` of iteration ``it`` at their servers, in the chosen order."""
+        for s in range(self.c.servers):
+            mine = [k for k in ks if self.pieces[k][1] == s]
+            if self.o.multicast:
+                items = [(it, k, None) for k in mine]
+            elif self.o.order == "roundrobin":
+                items = [(it, k, w) for k in mine for w in range(self.c.workers)]
+            else:
+                items = [(it, k, w) for w in range(self.c.workers) for k in mine]
+            self.server_q[s].extend(items)
+            self.pump_server(s)
+
+    def pump_server(self, s: int) -> None:
+        if self.server_busy[s] or not self.server_q[s]:
+            return
+        it, k, w = self.server_q[s].popleft()
+        self.server_busy[s] = True
+        host = self.c.workers + s
+        nbytes = self.pieces[k][2]
+        label = f"param {self.pieces[k][0]} iter {it}"
+
+        def sent(t: float) -> None:
+            self.server_busy[s] = False
+            for dst in (range(self.c.workers) if w is None else (w,)):
+                self.piece_arrived(dst, it, k)
+            self.pump_server(s)
+
+        if w is None:
+            links = (self.net.up(host), *(self.net.down(x) for x in range(self.c.workers)))
+            lat = float(self.net.latency[host] + self.net.latency[: self.c.workers].max())
+            self.eng.send(links, nbytes, sent, label, lat + self.c.alpha)
+        else:
+            lat = float(self.net.latency[host] + self.net.latency[w])
+            self.eng.send((self.net.up(host), self.net.down(w)), nbytes, sent, label,
+                          lat + self.c.alpha)
+
+    # -- workers
+    def piece_arrived(self, w: int, it: int, k: int) -> None:
+        i = self.pieces[k][0]
+        if self.missing[w, i] == 0:  # first piece of this parameter in a new iteration
+            self.missing[w, i] = len(self.of_param[i])
+        self.missing[w, i] -= 1
+        if self.missing[w, i] == 0:
+            self.arrived[w, i] = self.eng.now
+            self.forward(w)
+
+    def forward(self, w: int) -> None:
+        """Advance worker w's forward pass over every parameter that has arrived."""
+        it = self.iter_of[w]
+        rec = self.t.iterations[self.pick[w, it]]
+        n = len(self.t.params)
+        k = self.next_fwd[w]
+        while k < n and not np.isnan(self.arrived[w, k]):
+            gap = rec.forward[k] - (rec.forward[k - 1] if k else 0.0)
+            base = self.last_use[w] if k else self.compute_free[w]
+            self.last_use[w] = max(self.arrived[w, k], base + gap)
+            self.arrived[w, k] = np.nan
+            k += 1
+        self.next_fwd[w] = k
+        if k < n:
+            return
+        start = self.compute_free[w]
+        bstart = self.last_use[w] + rec.forward_s - (rec.forward[-1] if n else 0.0)
+        self.compute.append(rec.forward_s + rec.backward_s)
+        if self.eng.record:
+            self.timeline.append({"name": f"forward {it}", "ph": "X", "pid": w, "tid": 0,
+                                  "ts": start * 1e6, "dur": (bstart - start) * 1e6})
+            self.timeline.append({"name": f"backward {it}", "ph": "X", "pid": w, "tid": 0,
+                                  "ts": bstart * 1e6, "dur": rec.backward_s * 1e6})
+        self.compute_free[w] = bstart + rec.backward_s
+        self.next_fwd[w] = 0
+        self.iter_of[w] = it + 1
+        for i in sorted(range(n), key=lambda j: (rec.backward[j], -j)):
+            self.eng.at(bstart + rec.backward[i], lambda i=i: self.grad_ready(w, it, i))
+
+    def grad_ready(self, w: int, it: int, i: int) -> None:
+        self.queue[w].extend((it, k) for k in self.of_param[i])
+        self.pump_worker(w)
+
+    def pump_worker(self, w: int) -> None:
+        if self.busy[w] or not self.queue[w]:
+            return
+        it, k = self.queue[w].popleft()
+        self.busy[w] = True
+        _, s, nbytes = self.pieces[k]
+        host = self.c.workers + s
+
+        def sent(t: float) -> None:
+            self.busy[w] = False
+            self.push_arrived(it, k)
+            self.pump_worker(w)
+
+        label = f"grad {self.pieces[k][0]} iter {it}"
+        if self.o.ina:  # to the switch only
+            self.ina_started(it, k)
+            self.eng.send((self.net.up(w),), nbytes, sent, label,
+                          float(self.net.latency[w]) + self.c.alpha)
+        else:
+            lat = float(self.net.latency[w] + self.net.latency[host])
+            self.eng.send((self.net.up(w), self.net.down(host)), nbytes, sent, label,
+                          lat + self.c.alpha)
+
+    # -- aggregation
+    def ina_started(self, it: int, k: int) -> None:
+        """The switch streams the sum to the server as the slowest contribution arrives (cut
+        through): the sum's flow on the server's down link starts when the last worker starts
+        sending the piece, and the piece is in when both that flow and every worker's are."""
+        key = (it, k)
+        self.started[key] = self.started.get(key, 0) + 1
+        if self.started[key] < self.c.workers:
+            return
+        del self.started[key]
+        host = self.c.workers + self.pieces[k][1]
+        self.eng.send((self.net.down(host),), self.pieces[k][2], lambda t: self.push_arrived(it, k),
+                      f"ina {self.pieces[k][0]}", float(self.net.latency[host]) + self.c.alpha)
+
+    def push_arrived(self, it: int, k: int) -> None:
+        """One of the W pushes of piece k (with ina: W + 1, the sum's own flow) is in."""
+        key = (it, k)
+        self.count[key] = self.count.get(key, 0) + 1
+        if self.count[key] < self.c.workers + (1 if self.o.ina else 0):
+            return
+        del self.count[key]
+        self.aggregated(it, k)
+
+    def aggregated(self, it: int, k: int) -> None:
+        self.left[it] = self.left.get(it, len(self.pieces)) - 1
+        if not self.o.barrier and it + 1 < self.c.iterations:
+            self.distribute(it + 1, [k])
+        if self.left[it] == 0:
+            self.ends.append(self.eng.now)
+            if self.o.barrier and it + 1 < self.c.iterations:
+                self.distribute(it + 1, list(range(len(self.pieces))))
+
+
+def simulate_ps(trace: Trace, c: SimCluster, o: PSOptions, name: str = "ps",
+                record: bool = False) -> SimResult:
+    """Run ``c.iterations`` iterations of the parameter-server mechanism ``o``."""
+    sim = _PS(trace, c, o, record)
+    sim.distribute(0, list(range(len(sim.pieces))))
+    end = sim.eng.run()
+    if len(sim.ends) != c.iterations:
+        raise GradwireError(f"{name}: simulation stopped after {len(sim.ends)} of "
+                            f"{c.iterations} iterations (a deadlock: report this)")
+    return finish(name, sim.ends, float(np.mean(sim.compute)), sim.eng, c.workers, end,
+                  sim.timeline)

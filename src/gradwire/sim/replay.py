@@ -1,0 +1,228 @@
+"""Replaying schedules on the simulated network: any library collective, read from its steps.
+
+Each rank follows its program the way the executor does, at the granularity of steps:
+- one send port per rank: its sends go one at a time, in program order, across collectives
+  (collectives are issued FIFO, as DDP issues buckets); each message pays α on the port, then
+  its bytes share the links max-min fairly with everything else in flight;
+- a send of step k waits for the rank's data (its bucket is ready) and for every receive of
+  that collective in steps before k (the executor waits only for the overlapping range, so it
+  can forward a sub-chunk early; here a step is the unit);
+- a receive that combines ("sum" or a custom op) waits for the rank's own data and then costs
+  γ per byte on the rank's one reducer.
+With every transfer alone on its links this is the cost model's step sum exactly:
+each step takes max(α·m_out + β·b_out, α·m_in + β·b_in) + γ·b_reduced on its slowest rank.
+
+:class:`Replay` runs inside an :class:`~gradwire.sim.engine.Engine` and so shares links with
+other traffic; :func:`dataflow` is the same replay computed step by step with numpy, valid (and
+exact) when every rank sends to one peer and receives from one peer throughout (a ring): then
+no two flows ever share a link, so each moves at min(up rate, down rate).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gradwire.schedules.ir import Schedule
+from gradwire.sim.engine import Engine, Network
+
+Done = Callable[[int, int, float], None]  # (collective, rank, time)
+
+
+class Replay:
+    """A FIFO sequence of collectives over ranks mapped to hosts ``hosts[rank]``.
+
+    ``add(schedule)`` appends a collective and returns its index; ``ready(c, rank)`` says that
+    rank's data for collective ``c`` is ready now; ``on_done(c, rank, t)`` fires when the rank
+    has finished every send and receive of ``c``.
+    """
+
+    def __init__(self, eng: Engine, hosts: Sequence[int], itemsize: int, alpha: float = 0.0,
+                 gamma: float = 0.0, on_done: Done | None = None) -> None:
+        self.eng, self.hosts, self.itemsize = eng, list(hosts), itemsize
+        self.alpha, self.gamma = alpha, gamma
+        self.on_done = on_done or (lambda c, r, t: None)
+        p = len(hosts)
+        self.sends: list[deque] = [deque() for _ in range(p)]
+        self.busy = [False] * p
+        self.reducer_free = [0.0] * p
+        self.ready_c: list[set[int]] = [set() for _ in range(p)]
+        self.deferred: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}
+        self.need: list[np.ndarray] = []  # [rank, step] receives per collective
+        self.got: list[np.ndarray] = []
+        self.upto: list[np.ndarray] = []  # first step with receives outstanding
+        self.sends_left: list[np.ndarray] = []
+        self.labels: list[str] = []
+
+    def add(self, s: Schedule, label: str = "") -> int:
+        c, p = len(self.need), len(self.hosts)
+        need = np.zeros((p, len(s.steps) + 1), dtype=np.int64)
+        left = np.zeros(p, dtype=np.int64)
+        for k, step in enumerate(s.steps):
+            for t in step.transfers:
+                self.sends[t.src].append((c, k, t.dst, t.count * self.itemsize, t.reduces))
+                need[t.dst, k] += 1
+                left[t.src] += 1
+        self.need.append(need)
+        self.got.append(np.zeros_like(need))
+        self.upto.append(np.zeros(p, dtype=np.int64))
+        self.sends_left.append(left)
+        self.labels.append(label or s.algo)
+        for r in range(p):
+            self._advance(c, r)
+        return c
+
+    def ready(self, c: int, rank: int) -> None:
+        self.ready_c[rank].add(c)
+        for k, nbytes, red in self.deferred.pop((c, rank), []):
+            self._received(c, k, rank, nbytes, red)
+        self._check_done(c, rank)
+        self._pump(rank)
+
+    def _advance(self, c: int, r: int) -> None:
+        need, got, upto = self.need[c], self.got[c], self.upto[c]
+        while upto[r] < need.shape[1] - 1 and got[r, upto[r]] >= need[r, upto[r]]:
+            upto[r] += 1
+
+    def _check_done(self, c: int, r: int) -> None:
+        if (c in self.ready_c[r] and self.sends_left[c][r] == 0
+                and self.upto[c][r] == self.need[c].shape[1] - 1):
+            self.sends_left[c][r] = -1  # reported
+            self.on_done(c, r, self.eng.now)
+
+    def _pump(self, r: int) -> None:
+        if self.busy[r] or not self.sends[r]:
+            return
+        c, k, dst, nbytes, red = self.sends[r][0]
+        if c not in self.ready_c[r] or self.upto[c][r] < k:
+            return
+        self.sends[r].popleft()
+        self.busy[r] = True
+
+        def transmit() -> None:
+            self.eng.unicast(self.hosts[r], self.hosts[dst], nbytes, arrived,
+                             f"{self.labels[c]} {r}->{dst}")
+
+        def arrived(t: float) -> None:
+            self.busy[r] = False
+            self.sends_left[c][r] -= 1
+            if c in self.ready_c[dst] or not red:
+                self._received(c, k, dst, nbytes, red)
+            else:
+                self.deferred.setdefault((c, dst), []).append((k, nbytes, red))
+            self._check_done(c, r)
+            self._pump(r)
+
+        if self.alpha > 0:
+            self.eng.at(self.eng.now + self.alpha, transmit)
+        else:
+            transmit()
+
+    def _received(self, c: int, k: int, r: int, nbytes: int, red: bool) -> None:
+        def land() -> None:
+            self.got[c][r, k] += 1
+            self._advance(c, r)
+            self._check_done(c, r)
+            self._pump(r)
+
+        if red and self.gamma > 0:
+            t = max(self.eng.now, self.reducer_free[r]) + self.gamma * nbytes
+            self.reducer_free[r] = t
+            self.eng.at(t, land)
+        else:
+            land()
+
+
+# ---------------------------------------------------------------- the ring fast path
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    """One step as arrays: the ranks that send, each one's peer, and its j-th message's bytes
+    (``nbytes[j, i]``, 0 where sender i has fewer messages) and whether it is combined."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray  # [message, sender]
+    sent: np.ndarray  # [message, sender] bool
+    red: np.ndarray  # [message, sender] bool
+
+
+def step_arrays(s: Schedule, itemsize: int) -> list[StepArrays]:
+    """``s`` as arrays, one :class:`StepArrays` per step, for :func:`dataflow`."""
+    out = []
+    for step in s.steps:
+        by_src: dict[int, list] = {}
+        for t in step.transfers:
+            by_src.setdefault(t.src, []).append(t)
+        m = max(len(v) for v in by_src.values())
+        n = len(by_src)
+        nbytes, red = np.zeros((m, n)), np.zeros((m, n), dtype=bool)
+        sent = np.zeros((m, n), dtype=bool)
+        for i, ts in enumerate(by_src.values()):
+            for j, t in enumerate(ts):
+                nbytes[j, i], red[j, i], sent[j, i] = t.count * itemsize, t.reduces, True
+        src = np.fromiter(by_src, dtype=np.int64, count=n)
+        dst = np.array([ts[0].dst for ts in by_src.values()], dtype=np.int64)
+        out.append(StepArrays(src, dst, nbytes, sent, red))
+    return out
+
+
+def single_peer(schedules: Sequence[Schedule]) -> bool:
+    """True when every rank sends to one peer and receives from one peer in all of them."""
+    to: dict[int, int] = {}
+    frm: dict[int, int] = {}
+    for s in schedules:
+        for _, t in s.transfers():
+            if to.setdefault(t.src, t.dst) != t.dst or frm.setdefault(t.dst, t.src) != t.src:
+                return False
+    return True
+
+
+def dataflow(schedules: Sequence[list[StepArrays]], ready: np.ndarray, net: Network,
+             hosts: Sequence[int], alpha: float = 0.0, gamma: float = 0.0,
+             port: np.ndarray | None = None,
+             carried: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The :class:`Replay` of ``schedules`` (FIFO, as :func:`step_arrays`) when
+    ``single_peer`` holds, with numpy.
+
+    ``ready[c, r]``: when rank r's data for collective c is ready; ``port[r]``: when its send
+    port frees up (default 0); ``carried``: bytes per link of ``net``, added to. Returns
+    (done[c, r], port) where done is when rank r finished collective c."""
+    h = np.asarray(hosts)
+    p = len(h)
+    up, down = net.capacity[h], net.capacity[net.hosts + h]
+    lat = net.latency[h]
+    port = np.zeros(p) if port is None else port.copy()
+    done = np.zeros((len(schedules), p))
+    for c, s in enumerate(schedules):
+        rdy = ready[c]
+        recv = rdy.copy()  # when every receive of the steps so far has landed
+        red_free = rdy.copy()
+        sent = np.full(p, -np.inf)
+        for st in s:
+            rate = np.minimum(up[st.src], down[st.dst])
+            per_msg = alpha + lat[st.src] + lat[st.dst]
+            end = np.maximum(np.maximum(port[st.src], recv[st.src]), rdy[st.src])
+            landed = recv[st.dst].copy()
+            reducer = red_free[st.dst]
+            for j in range(st.nbytes.shape[0]):
+                on = st.sent[j]
+                end = np.where(on, end + per_msg + st.nbytes[j] / rate, end)
+                combine = on & st.red[j]
+                reducer = np.where(combine, np.maximum(np.maximum(end, reducer), rdy[st.dst])
+                                   + gamma * st.nbytes[j], reducer)
+                landed = np.maximum(landed, np.where(combine, reducer, np.where(on, end, 0.0)))
+            port[st.src] = end
+            sent[st.src] = end
+            if carried is not None:
+                moved = st.nbytes.sum(axis=0)
+                np.add.at(carried, h[st.src], moved)
+                np.add.at(carried, net.hosts + h[st.dst], moved)
+            red_free[st.dst] = reducer
+            recv[st.dst] = landed
+        done[c] = np.maximum(np.maximum(recv, sent), rdy)
+    return done, port

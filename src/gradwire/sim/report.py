@@ -1,0 +1,158 @@
+"""What a person reads from the simulator: result tables (and the paper's), sweeps with plots,
+and a Perfetto / chrome://tracing timeline."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.table import Table
+
+from gradwire.sim import mechanisms
+from gradwire.sim.cluster import SimCluster, SimResult
+from gradwire.sim.trace import Trace, add_layers, scale_compute
+
+
+def speedups(results: Sequence[SimResult]) -> dict[str, float]:
+    """Iteration-time speed-up of each result over the baseline PS (the first when absent)."""
+    base = next((r for r in results if r.mechanism == mechanisms.BASELINE), results[0])
+    return {r.mechanism: base.iteration_s / r.iteration_s for r in results}
+
+
+def results_table(results: Sequence[SimResult], title: str) -> Table:
+    sp = speedups(results)
+    base = next((r.mechanism for r in results if r.mechanism == mechanisms.BASELINE),
+                results[0].mechanism)
+    t = Table("mechanism", "iteration s", f"speed-up vs {base}", "compute s", "exposed comm s",
+              "worker up", "worker down", "server down", "sim wall s", title=title)
+    for r in results:
+        u = r.utilisation
+        t.add_row(r.mechanism, f"{r.iteration_s:.4f}", f"{sp[r.mechanism]:.2f}x",
+                  f"{r.compute_s:.4f}", f"{r.exposed_s:.4f}", f"{u.get('worker up', 0):.0%}",
+                  f"{u.get('worker down', 0):.0%}",
+                  f"{u['server down']:.0%}" if "server down" in u else "-", f"{r.wall_s:.2f}")
+    return t
+
+
+# The paper's tables: (columns as mechanism specs, what the cells are, cluster changes).
+PAPER_TABLES: dict[int, dict] = {
+    4: {"title": "Table 4: speed-up of network support over PS (32 workers, 25 Gbps)",
+        "columns": {"Aggregation only": "ina", "Multicast only": "multicast",
+                    "Multicast + Aggregation": "multicast+ina"}, "speedup": True},
+    6: {"title": "Table 6: speed-up of end-host mechanisms over PS (32 workers, 25 Gbps)",
+        "columns": {"Ring-Reduce": "ring", "Butterfly Mixing": "butterfly"}, "speedup": True},
+    8: {"title": "Table 8: 8 PS with an even split (s, 32 workers, 25 Gbps)",
+        "columns": {"Multiagg": "multicast+ina", "8 PS Multiagg": "multicast+ina:sharding=even",
+                    "Ring-Reduce": "ring"}, "speedup": False, "servers": 8},
+    9: {"title": "Table 9: without the global barrier (s, 32 workers, 25 Gbps)",
+        "columns": {"Multiagg": "multicast+ina", "Ring-reduce": "ring",
+                    "Multiagg no barrier": "multicast+ina:barrier=off"}, "speedup": False},
+    10: {"title": "Table 10: in-network aggregation vs block distribution (s, 32 workers)",
+         "columns": {"Agg": "ina", "Block Distr.": "ps:order=block"}, "speedup": False,
+         "bandwidths": (10e9, 100e9)},
+}
+
+
+def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster) -> tuple[Table, list]:
+    """One of the paper's tables for ``traces``; rows are also returned as dicts (JSON)."""
+    spec = PAPER_TABLES[number]
+    cols = spec["columns"]
+    bws = spec.get("bandwidths", (cluster.bandwidth_bps,))
+    c = dataclasses.replace(cluster, servers=spec.get("servers", cluster.servers))
+    head = ["model", *(["Gbps"] if len(bws) > 1 else []), *cols]
+    table = Table(*head, title=spec["title"])
+    rows = []
+    for t in traces:
+        for bw in bws:
+            cb = dataclasses.replace(c, bandwidth_bps=bw)
+            specs = list(cols.values())
+            if spec["speedup"]:
+                specs = [mechanisms.BASELINE, *specs]
+            res = mechanisms.run(t, cb, [mechanisms.parse(s) for s in specs])
+            by = {r.mechanism: r for r in res}
+            sp = speedups(res)
+            cells = {k: (sp[v] if spec["speedup"] else by[v].iteration_s) for k, v in cols.items()}
+            rows.append({"model": t.model, "gbps": bw / 1e9, **cells,
+                         "iteration_s": {r.mechanism: r.iteration_s for r in res}})
+            fmt = "{:.2f}x" if spec["speedup"] else "{:.3f}"
+            table.add_row(t.model, *([f"{bw / 1e9:g}"] if len(bws) > 1 else []),
+                          *(fmt.format(v) for v in cells.values()))
+    return table, rows
+
+
+# ---------------------------------------------------------------- sweeps
+
+AXES = ("workers", "bandwidth", "speedup", "layers")
+
+
+def sweep(trace: Trace, cluster: SimCluster, mechs: list[mechanisms.Mechanism], axis: str,
+          values: Sequence[float], layer: tuple[int, float, float] = (4 * 2**20, 1e-3, 2e-3),
+          ) -> list[dict]:
+    """Iteration time of every mechanism at each value of ``axis``: workers, bandwidth
+    (bits/s), compute speed-up, or added layers (``layer`` = bytes, forward s, backward s)."""
+    rows = []
+    for v in values:
+        t, c = trace, cluster
+        if axis == "workers":
+            c = dataclasses.replace(cluster, workers=int(v))
+        elif axis == "bandwidth":
+            c = dataclasses.replace(cluster, bandwidth_bps=float(v))
+        elif axis == "speedup":
+            t = scale_compute(trace, float(v))
+        else:
+            t = add_layers(trace, int(v), *layer)
+        res = mechanisms.run(t, c, mechs)
+        rows.append({"axis": axis, "value": v,
+                     "iteration_s": {r.mechanism: r.iteration_s for r in res},
+                     "speedup": speedups(res)})
+    return rows
+
+
+def plot_sweep(rows: list[dict], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axis = rows[0]["axis"]
+    xs = [r["value"] / (1e9 if axis == "bandwidth" else 1) for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for m in rows[0]["iteration_s"]:
+        a.plot(xs, [r["iteration_s"][m] for r in rows], marker="o", label=m)
+        b.plot(xs, [r["speedup"][m] for r in rows], marker="o", label=m)
+    label = {"bandwidth": "bandwidth (Gbit/s)", "workers": "workers",
+             "speedup": "compute speed-up", "layers": "added layers"}[axis]
+    for ax, y in ((a, "iteration time (s)"), (b, "speed-up over PS")):
+        ax.set_xlabel(label)
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+    if axis in ("bandwidth", "workers"):
+        a.set_xscale("log", base=2 if axis == "workers" else 10)
+        b.set_xscale("log", base=2 if axis == "workers" else 10)
+    b.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- timeline
+
+
+def write_timeline(results: Sequence[SimResult], workers: int, path: Path) -> Path:
+    """Chrome-trace JSON (open in ui.perfetto.dev): one process per host per mechanism,
+    compute on thread 0, flows it sends on thread 1."""
+    events: list[dict] = []
+    for k, r in enumerate(results):
+        base = 1000 * k
+        hosts = {e["pid"] for e in r.timeline}
+        for h in sorted(hosts):
+            who = f"worker {h}" if h < workers else f"server {h - workers}"
+            events.append({"name": "process_name", "ph": "M", "pid": base + h,
+                           "args": {"name": f"{r.mechanism}: {who}"}})
+        events += [{**e, "pid": base + e["pid"]} for e in r.timeline]
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return path
