@@ -166,6 +166,9 @@ def loads(text: str, where: str = "<trace>") -> Trace:
                 raise _bad(where, n, "name", f"expected a non-empty string, got {name!r}")
             params.append(Param(name, _int(where, n, rec, "bytes", 1)))
         elif "worker" in rec:
+            if not params:
+                raise GradwireError(f"{where}:{n}: an iteration line before any parameter line "
+                                    "(no parameter lines)")
             w, i = _int(where, n, rec, "worker"), _int(where, n, rec, "iteration")
             if (w, i) in seen:
                 raise _bad(where, n, "iteration", f"worker {w} iteration {i} appears twice")
