@@ -447,6 +447,45 @@ def simulate(
         console.print(f"wrote {json_out}")
 
 
+@app.command()
+def profile(
+    model: Annotated[str | None, typer.Option(help="a model from `gradwire models` to measure "
+                                              "on this machine")] = None,
+    batch_size: BatchSize = 32,
+    iters: Annotated[int, typer.Option(min=1, help="timed iterations")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="untimed iterations first")] = 3,
+    seq_len: Annotated[int, typer.Option(min=1, help="text models: symbols per sample")] = 64,
+    out: Annotated[Path | None, typer.Option(help="write the profile (JSON) here, for "
+                                             "whatif/advise --model FILE")] = None,
+) -> None:
+    """Measure a model's forward, per-tensor backward and optimizer-step time on this machine
+    as a profile; without --model, list the built-in profiles.
+
+    Example: gradwire profile --model resnet20 --out resnet20-here.json
+    """
+    from gradwire.perf import profiles
+
+    if model is None:
+        t = Table("profile", "parameters", "forward (ms)", "backward (ms)", "batch", "what")
+        for name in profiles.builtin_names():
+            p = profiles.load(name)
+            ms = [f"{v * 1e3:.1f}" if v is not None else "-" for v in (p.forward_s, p.backward_s)]
+            t.add_row(name, f"{p.numel:,}", *ms, str(p.batch_size or "-"), p.description)
+        console.print(t)
+        return
+    from gradwire.perf.measure import measure
+
+    p = measure(model, batch_size, iters, warmup, seq_len)
+    t = Table("model", "parameters", "tensors", "forward (ms)", "backward (ms)", "step (ms)",
+              title=p.sources["forward_s"])
+    t.add_row(model, f"{p.numel:,}", str(len(p.params)), f"{p.forward_s * 1e3:.2f}",
+              f"{p.backward_s * 1e3:.2f}", f"{p.step_s * 1e3:.2f}")
+    console.print(t)
+    if out:
+        out.write_text(p.to_text())
+        console.print(f"wrote {out}")
+
+
 def main() -> None:
     try:
         rc = app(standalone_mode=False)
