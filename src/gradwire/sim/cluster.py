@@ -72,8 +72,8 @@ class SimResult:
 def steady(ends: list[float]) -> float:
     """Mean interval between iteration ends after the first (the first end if only one)."""
     if len(ends) < 2:
-        return ends[0]
-    return (ends[-1] - ends[0]) / (len(ends) - 1)
+        return float(ends[0])
+    return float(ends[-1] - ends[0]) / (len(ends) - 1)
 
 
 def choices(c: SimCluster, recorded: int) -> np.ndarray:
@@ -101,4 +101,5 @@ def finish(name: str, ends: list[float], compute: float, eng: Engine, workers: i
             host = links[0] % h
             timeline.append({"name": label, "ph": "X", "pid": host, "tid": 1, "ts": t0 * 1e6,
                              "dur": (t1 - t0) * 1e6, "args": {"bytes": nbytes}})
-    return SimResult(name, steady(ends), ends, compute, link_bytes, util, timeline)
+    return SimResult(name, steady(ends), [float(e) for e in ends], compute, link_bytes, util,
+                     timeline)

@@ -27,37 +27,54 @@ EPS = 1e-9
 
 
 def maxmin(flow_links: Sequence[Sequence[int]], capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rates of flows (each a list of link indices) on links of ``capacity``.
+    """Max-min fair rates of flows (each a list of link indices) on links of ``capacity``."""
+    lens = np.fromiter((len(x) for x in flow_links), dtype=np.int64, count=len(flow_links))
+    lid = np.fromiter((lk for x in flow_links for lk in x), dtype=np.int64, count=int(lens.sum()))
+    return _fill(lens, lid, capacity)
 
-    Progressive filling: every unfrozen flow gets the same increment until some link is full;
-    that link's flows freeze at their rate. Each round freezes at least one link.
+
+def _fill(lens: np.ndarray, lid: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Progressive filling over flows that use ``lens[i]`` links each, listed one flow after
+    another in ``lid``: every unfrozen flow gets the same increment until some link is
+    full; that link's flows freeze at their rate. Each round freezes at least one link.
+
+    Most events need one round: when every flow's tightest fair share (capacity / users) is
+    on a link those shares fill, that is the max-min allocation, and it is returned at once.
     """
-    nf = len(flow_links)
+    nf = len(lens)
     rates = np.zeros(nf)
     if nf == 0:
         return rates
-    lens = np.fromiter((len(x) for x in flow_links), dtype=np.int64, count=nf)
     fid = np.repeat(np.arange(nf), lens)
-    lid = np.fromiter((lk for x in flow_links for lk in x), dtype=np.int64, count=int(lens.sum()))
+    starts = np.cumsum(lens) - lens
     nl = len(capacity)
+    users = np.bincount(lid, minlength=nl)
+    share = np.divide(capacity, users, out=np.full(nl, np.inf), where=users > 0)
+    first = np.minimum.reduceat(share[lid], starts)
+    load = np.bincount(lid, weights=first[fid], minlength=nl)
+    tight = (share[lid] <= first[fid]) & (load[lid] >= capacity[lid] * (1 - EPS))
+    if np.logical_or.reduceat(tight, starts).all():
+        return first
     left = capacity.astype(float).copy()
     active = np.ones(nf, dtype=bool)
+    on = np.ones(len(fid), dtype=bool)
     level = 0.0
-    while active.any():
-        on = active[fid]
+    while True:
         users = np.bincount(lid[on], minlength=nl)
         used = users > 0
-        share = np.full(nl, np.inf)
-        share[used] = left[used] / users[used]
+        share = np.divide(left, users, out=np.full(nl, np.inf), where=used)
         inc = share.min()
         level += inc
         left -= inc * users
         full = used & (left <= EPS * capacity)
         hit = np.zeros(nf, dtype=bool)
         hit[fid[on & full[lid]]] = True
-        rates[hit & active] = level
+        hit &= active
+        rates[hit] = level
         active &= ~hit
-    return rates
+        if not active.any():
+            return rates
+        on = active[fid]
 
 
 @dataclass
@@ -95,21 +112,24 @@ class Network:
 class Engine:
     """Timers and flows on a :class:`Network`; ``run()`` until nothing is left to happen.
 
-    ``record`` keeps (label, links, start, end, bytes) of every finished flow for timelines and
-    link utilisation.
+    ``record`` keeps (label, links, start, end, bytes) of every finished flow for timelines;
+    ``carried`` counts the bytes each link has carried, for utilisation.
     """
 
     def __init__(self, net: Network, record: bool = False) -> None:
         self.net = net
         self.now = 0.0
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
-        self._flows: list[Flow] = []
-        self._seq = 0
-        self._dirty = True
+        self._flows: list[Flow] = []  # in flight, aligned with _rem and _rates
+        self._new: list[Flow] = []  # started since the last allocation
+        self._rem = np.zeros(0)
         self._rates = np.zeros(0)
+        self._lens = np.zeros(0, dtype=np.int64)  # links of each flow in flight
+        self._lid = np.zeros(0, dtype=np.int64)  # those links, flow after flow
+        self._seq = 0
         self.record = record
         self.log: list[tuple[str, tuple[int, ...], float, float, float]] = []
-        self.carried = np.zeros(len(net.capacity))  # bytes per link, for utilisation
+        self.carried = np.zeros(len(net.capacity))
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         """Call ``fn`` at time ``t`` (no earlier than now)."""
@@ -125,9 +145,8 @@ class Engine:
             f = Flow(tuple(links), float(nbytes), done, self._seq, label, self.now, float(nbytes))
             if nbytes <= 0:
                 self._finish(f)
-                return
-            self._flows.append(f)
-            self._dirty = True
+            else:
+                self._new.append(f)
 
         if latency > 0:
             self.at(self.now + latency, start)
@@ -140,44 +159,53 @@ class Engine:
         self.send((self.net.up(src), self.net.down(dst)), nbytes, done, label, lat)
 
     def _finish(self, f: Flow) -> None:
+        self.carried[list(f.links)] += f.size
         if self.record:
             self.log.append((f.label, f.links, f.started, self.now, f.size))
         f.done(self.now)
 
+    def _allocate(self, keep: np.ndarray | None) -> None:
+        """Drop finished flows (``keep`` False), add new ones, and share the links again."""
+        if keep is not None:
+            self._flows = [f for f, k in zip(self._flows, keep, strict=True) if k]
+            self._rem = self._rem[keep]
+            self._lid = self._lid[np.repeat(keep, self._lens)]
+            self._lens = self._lens[keep]
+        if self._new:
+            self._flows += self._new
+            self._rem = np.concatenate([self._rem, [f.size for f in self._new]])
+            self._lens = np.concatenate([self._lens, [len(f.links) for f in self._new]])
+            self._lid = np.concatenate([self._lid, [lk for f in self._new for lk in f.links]])
+            self._lid = self._lid.astype(np.int64, copy=False)
+            self._lens = self._lens.astype(np.int64, copy=False)
+            self._new = []
+        self._rates = _fill(self._lens, self._lid, self.net.capacity)
+
     def run(self, until: float = float("inf")) -> float:
         """Process events up to ``until``; returns the time of the last one."""
-        while self._timers or self._flows:
-            if self._dirty:
-                self._rates = maxmin([f.links for f in self._flows], self.net.capacity)
-                self._dirty = False
-            t_flow = np.inf
+        changed: np.ndarray | None = None
+        dirty = True
+        while self._timers or self._flows or self._new:
+            if dirty or self._new:
+                self._allocate(changed)
+                changed, dirty = None, False
+            eta = np.inf
             if self._flows:
-                rem = np.fromiter((f.remaining for f in self._flows), float, len(self._flows))
-                with np.errstate(divide="ignore"):
-                    eta = np.where(self._rates > 0, rem / self._rates, np.inf)
-                t_flow = self.now + eta.min()
+                eta = float((self._rem / self._rates).min())
+            t_flow = self.now + eta
             t_timer = self._timers[0][0] if self._timers else np.inf
             t = min(t_flow, t_timer)
             if t > until or t == np.inf:
                 break
-            dt = t - self.now
-            if self._flows and dt > 0:
-                moved = self._rates * dt
-                for f, m in zip(self._flows, moved, strict=True):
-                    f.remaining -= m
-                    self.carried[list(f.links)] += m
+            if self._flows:
+                self._rem -= self._rates * (t - self.now)
             self.now = t
             if t_flow <= t_timer * (1 + EPS):
-                limit = EPS * max(t, 1e-9)
-                done = [f for f, r in zip(self._flows, self._rates, strict=True)
-                        if r > 0 and f.remaining / r <= limit]
-                if done:
-                    ids = {id(f) for f in done}
-                    self._flows = [f for f in self._flows if id(f) not in ids]
-                    self._dirty = True
-                    for f in done:
-                        self.carried[list(f.links)] += max(f.remaining, 0.0)
-                        self._finish(f)
+                finished = self._rem <= self._rates * (EPS * max(t, 1e-9))
+                if finished.any():
+                    changed, dirty = ~finished, True
+                    for k in np.flatnonzero(finished):
+                        self._finish(self._flows[k])
                     continue
             while self._timers and self._timers[0][0] <= self.now:
                 _, _, fn = heapq.heappop(self._timers)

@@ -201,25 +201,20 @@ def loads(text: str, where: str = "<trace>") -> Trace:
 def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: float,
               first_backward_s: float = 0.0, names: Sequence[str] | None = None,
               source: str = "synthetic") -> Trace:
-    """A one-iteration trace from parameter byte sizes (forward order) and pass times: forward
-    time spread over parameters by bytes; the backward pass spends ``first_backward_s`` before
-    the last parameter's gradient (the paper's "first layer of backpropagation") and the rest
-    spread by bytes over the others, ending with parameter 0."""
+    """A one-iteration trace from parameter byte sizes (forward order) and pass times, for
+    sources that give no per-layer times: the forward pass spends ``forward_s`` evenly over
+    the parameters; the backward pass spends ``first_backward_s`` before the last parameter's
+    gradient (the paper's "first layer of backpropagation", Table 3) and the rest of
+    ``backward_s`` evenly over the others, ending with parameter 0."""
     n = len(sizes)
     if n == 0 or any(s < 1 for s in sizes):
         raise GradwireError("a synthetic trace needs at least one parameter, each >= 1 byte")
-    total = float(sum(sizes))
-    fwd, acc = [], 0.0
-    for s in sizes:
-        fwd.append(forward_s * acc / total)
-        acc += s
-    rest = sum(sizes[:-1]) or 1.0
-    bwd = [0.0] * n
-    t = first_backward_s
-    bwd[-1] = t
-    for i in range(n - 2, -1, -1):
-        t += max(backward_s - first_backward_s, 0.0) * sizes[i] / rest
-        bwd[i] = t
+    if first_backward_s > backward_s:
+        raise GradwireError(f"the first backward layer ({first_backward_s} s) cannot take "
+                            f"longer than the whole backward pass ({backward_s} s)")
+    fwd = [forward_s * i / n for i in range(n)]
+    step = (backward_s - first_backward_s) / max(n - 1, 1)
+    bwd = [first_backward_s + step * (n - 1 - i) for i in range(n)]
     names = list(names) if names is not None else [f"p{i}" for i in range(n)]
     params = tuple(Param(nm, int(s)) for nm, s in zip(names, sizes, strict=True))
     return Trace(model, params, (Iteration(0, 0, forward_s, tuple(fwd), tuple(bwd)),), source)

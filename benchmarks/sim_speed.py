@@ -1,0 +1,98 @@
+"""Simulator speed: wall time of one simulated iteration vs worker count.
+
+ResNet-50 (built-in profile: 161 tensors, 25.56 M parameters; compute 61 + 122 ms), 25 Gbit/s,
+one iteration, on this machine. Rows: the baseline parameter server (1 server, round-robin
+distribution), multicast + INA, ring-reduce with messaging (one ring allreduce per tensor) and
+ring with DDP's 25 MB buckets. Building a ring schedule is timed apart from simulating it: at
+P ranks a ring allreduce has 2P(P−1) transfers, each a Python object (2.1 M at P = 1024).
+Targets (issue 6): ring at 1024 workers ≤ 2 s, PS at 256 workers ≤ 10 s.
+
+    flock /tmp/gradwire-bench.lock python benchmarks/sim_speed.py    # writes results/sim_speed.json
+    python benchmarks/sim_speed.py --ps 8,16 --ring 8,16 --out /tmp/quick.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gradwire.bench import provenance
+from gradwire.perf import profiles
+from gradwire.schedules import registry
+from gradwire.sim import mechanisms
+from gradwire.sim.cluster import SimCluster
+from gradwire.sim.trace import Trace, synthetic
+
+HERE = Path(__file__).parent
+
+
+def resnet50() -> Trace:
+    prof = profiles.load("resnet50")
+    params = list(reversed(prof.params))
+    return synthetic("resnet50", [n * prof.itemsize for _, n in params], prof.forward_s,
+                     prof.backward_s, names=[n for n, _ in params],
+                     source="built-in profile resnet50")
+
+
+def build_time(trace: Trace, p: int, bucket: int) -> float:
+    """Seconds to build (not yet cached) every ring schedule the mechanism needs."""
+    from gradwire.sim.collective import buckets
+
+    registry._cached.cache_clear()
+    sizes = {sum(trace.params[i].bytes for i in g) for g in buckets(trace, bucket)}
+    t0 = time.perf_counter()
+    for n in sizes:
+        registry.schedule("allreduce", "ring", p, n, itemsize=1)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ps", default="8,16,32,64,128,256", help="worker counts for ps rows")
+    ap.add_argument("--ring", default="8,32,128,256", help="worker counts, ring per tensor")
+    ap.add_argument("--bucketed", default="8,32,128,256,512,1024",
+                    help="worker counts, ring with 25 MB buckets")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "sim_speed.json")
+    a = ap.parse_args(argv)
+    trace = resnet50()
+    console = Console(width=140)
+    rows = []
+    plan = [(m, int(w)) for m in ("ps", "multicast+ina") for w in a.ps.split(",")]
+    plan += [("ring", int(w)) for w in a.ring.split(",")]
+    plan += [("ring:bucket=25000000", int(w)) for w in a.bucketed.split(",")]
+    for label, w in plan:
+        mech = mechanisms.parse(label)
+        build = 0.0
+        if label.startswith("ring"):
+            build = build_time(trace, w, 25_000_000 if "bucket" in label else 0)
+        t0 = time.perf_counter()
+        r = mech.run(trace, SimCluster(w, 25e9, iterations=1), False)
+        sim = time.perf_counter() - t0
+        rows.append({"mechanism": label, "workers": w, "build_s": build, "simulate_s": sim,
+                     "total_s": build + sim, "iteration_s": r.iteration_s,
+                     "loadavg": os.getloadavg()})
+        console.print(rows[-1])
+    t = Table("mechanism", "workers", "schedule build s", "simulate s", "total s",
+              "simulated iteration s", "load avg (1 min)", title="simulator speed, ResNet-50, "
+              "25 Gbit/s, one iteration")
+    for r in rows:
+        t.add_row(r["mechanism"], str(r["workers"]), f"{r['build_s']:.2f}",
+                  f"{r['simulate_s']:.2f}", f"{r['total_s']:.2f}", f"{r['iteration_s']:.4f}",
+                  f"{r['loadavg'][0]:.2f}")
+    console.print(t)
+    out = {**provenance.stamp("python " + shlex.join(sys.argv)),
+           "conditions": "2-core machine shared with two other sessions; load average per row",
+           "rows": rows}
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    console.print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
