@@ -167,7 +167,8 @@ class Engine:
     def _allocate(self, keep: np.ndarray | None) -> None:
         """Drop finished flows (``keep`` False), add new ones, and share the links again."""
         if keep is not None:
-            self._flows = [f for f, k in zip(self._flows, keep, strict=True) if k]
+            for k in np.flatnonzero(~keep)[::-1]:
+                del self._flows[k]
             self._rem = self._rem[keep]
             self._lid = self._lid[np.repeat(keep, self._lens)]
             self._lens = self._lens[keep]

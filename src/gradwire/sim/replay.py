@@ -152,22 +152,24 @@ class StepArrays:
 
 
 def step_arrays(s: Schedule, itemsize: int) -> list[StepArrays]:
-    """``s`` as arrays, one :class:`StepArrays` per step, for :func:`dataflow`."""
+    """``s`` as arrays, one :class:`StepArrays` per step, for :func:`dataflow`. Each sender's
+    messages keep their order; a sender's peer is that of its first message (``dataflow``
+    needs one peer per sender)."""
     out = []
     for step in s.steps:
-        by_src: dict[int, list] = {}
-        for t in step.transfers:
-            by_src.setdefault(t.src, []).append(t)
-        m = max(len(v) for v in by_src.values())
-        n = len(by_src)
-        nbytes, red = np.zeros((m, n)), np.zeros((m, n), dtype=bool)
-        sent = np.zeros((m, n), dtype=bool)
-        for i, ts in enumerate(by_src.values()):
-            for j, t in enumerate(ts):
-                nbytes[j, i], red[j, i], sent[j, i] = t.count * itemsize, t.reduces, True
-        src = np.fromiter(by_src, dtype=np.int64, count=n)
-        dst = np.array([ts[0].dst for ts in by_src.values()], dtype=np.int64)
-        out.append(StepArrays(src, dst, nbytes, sent, red))
+        ts = step.transfers
+        src = np.fromiter((t.src for t in ts), np.int64, len(ts))
+        dst = np.fromiter((t.dst for t in ts), np.int64, len(ts))
+        nb = np.fromiter((t.count for t in ts), float, len(ts)) * itemsize
+        red = np.fromiter((t.reduces for t in ts), bool, len(ts))
+        order = np.argsort(src, kind="stable")
+        senders, first, counts = np.unique(src[order], return_index=True, return_counts=True)
+        col = np.repeat(np.arange(len(senders)), counts)
+        row = np.arange(len(ts)) - np.repeat(first, counts)
+        shape = (int(counts.max()), len(senders))
+        nbytes, sent, reds = np.zeros(shape), np.zeros(shape, bool), np.zeros(shape, bool)
+        nbytes[row, col], sent[row, col], reds[row, col] = nb[order], True, red[order]
+        out.append(StepArrays(senders, dst[order][first], nbytes, sent, reds))
     return out
 
 
