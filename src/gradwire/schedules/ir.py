@@ -15,12 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
 
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reducescatter")
 
 
-@dataclass(frozen=True)
-class Transfer:
+class Transfer(NamedTuple):
+    """A named tuple, not a frozen dataclass: building one costs ~0.3 us instead of ~2 us, and
+    a ring allreduce at P = 1024 has 2 M of them (see benchmarks/results/sim_speed.json)."""
+
     src: int
     dst: int
     start: int
@@ -107,13 +112,48 @@ def merge_steps(*phases: list[list[Transfer]]) -> list[list[Transfer]]:
 
 
 @dataclass(frozen=True)
+class Table:
+    """A schedule's transfers as arrays, one entry per transfer in step order (within a step,
+    in the order the schedule lists them): what large-P consumers (the simulator) read instead
+    of millions of :class:`Transfer` objects. ``transfers_of`` turns it back into steps."""
+
+    world_size: int
+    count: int
+    step: np.ndarray  # int64, non-decreasing
+    src: np.ndarray
+    dst: np.ndarray
+    start: np.ndarray
+    size: np.ndarray  # elements, all > 0
+    reduces: np.ndarray  # bool
+
+    @staticmethod
+    def of(s: Schedule) -> Table:
+        rows = [(i, t.src, t.dst, t.start, t.count, t.reduces) for i, t in s.transfers()]
+        a = np.array(rows, dtype=np.int64).reshape(-1, 6)
+        return Table(s.world_size, s.count, *(a[:, k] for k in range(5)), a[:, 5].astype(bool))
+
+    def transfers_of(self, ops: tuple[str, str] = ("copy", "sum")) -> list[list[Transfer]]:
+        """The steps as transfers; ``ops[reduces]`` names each transfer's op."""
+        cols = zip(self.step.tolist(), self.src.tolist(), self.dst.tolist(),
+                   self.start.tolist(), self.size.tolist(), self.reduces.tolist(), strict=True)
+        steps: list[list[Transfer]] = [[] for _ in range(int(self.step[-1]) + 1 if
+                                                          len(self.step) else 0)]
+        for i, src, dst, start, size, red in cols:
+            steps[i].append(Transfer(src, dst, start, size, ops[red]))
+        return steps
+
+
+@dataclass(frozen=True)
 class Algorithm:
-    """A registry entry: ``build(p, count, *, root=0, **params) -> Schedule``."""
+    """A registry entry: ``build(p, count, *, root=0, **params) -> Schedule``, and optionally
+    ``table(p, count, **params) -> Table``, the same transfers as arrays (``build`` is then
+    made from it, so the two cannot disagree)."""
 
     collective: str
     name: str
     build: Callable[..., Schedule]
     rooted: bool = False
+    table: Callable[..., Table] | None = None
 
     @property
     def summary(self) -> str:

@@ -17,7 +17,7 @@ from gradwire.schedules import (
     ring,
     scatter_allgather,
 )
-from gradwire.schedules.ir import COLLECTIVES, Algorithm, Schedule
+from gradwire.schedules.ir import COLLECTIVES, Algorithm, Schedule, Table
 
 # One module per algorithm family; each declares its entries as ALGORITHMS.
 MODULES = (ring, binomial, butterfly, rhd, master, lp, scatter_allgather, dbtree, ps)
@@ -64,3 +64,22 @@ def schedule(collective: str, name: str | None, p: int, count: int, root: int = 
         raise GradwireError(f"root must be a rank in 0..{p - 1}, got {root}")
     a = get(collective, name)
     return _cached(collective, a.name, p, count, root, tuple(sorted(params.items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_table(collective: str, name: str, p: int, count: int,
+                  params: tuple[tuple[str, object], ...]) -> Table:
+    a = get(collective, name)
+    if a.table is not None:
+        return a.table(p, count, **dict(params))
+    return Table.of(_cached(collective, name, p, count, 0, params))
+
+
+def table(collective: str, name: str | None, p: int, count: int, **params: object) -> Table:
+    """The transfers of ``schedule(collective, name, p, count, **params)`` as arrays, built
+    without Transfer objects when the algorithm has a table builder (the ring: 2 M transfers
+    at P = 1024)."""
+    if p < 1 or count < 0:
+        raise GradwireError(f"a table needs p >= 1 and count >= 0, got p={p}, count={count}")
+    return _cached_table(collective, get(collective, name).name, p, count,
+                         tuple(sorted(params.items())))

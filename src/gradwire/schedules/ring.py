@@ -17,8 +17,10 @@ Cost (pipeline=1), n bytes: reduce-scatter (p−1)α + ((p−1)/p)n(β+γ); allg
 
 from __future__ import annotations
 
+import numpy as np
+
 from gradwire.errors import GradwireError
-from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build, split
+from gradwire.schedules.ir import Algorithm, Schedule, Table, blocks, build, split
 
 SUBCHUNK_BYTES = 2**20
 MAX_PIPELINE = 8
@@ -36,46 +38,80 @@ def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> in
     return pipeline
 
 
-def ring_steps(p: int, count: int, first: int, op: str, pipeline: int) -> list[list[Transfer]]:
-    """p−1 steps; at step i rank r sends chunk (r + first − i) mod p to r+1."""
+def ring_table(p: int, count: int, first: int, reduces: bool, pipeline: int,
+               step0: int = 0) -> Table:
+    """p−1 steps (numbered from ``step0``); at step i rank r sends chunk (r + first − i) mod p
+    to r+1, as its sub-chunks (``split`` of the chunk into ``pipeline``), in order."""
     chunks = blocks(count, p)
-    steps = []
-    for i in range(p - 1):
-        step = []
-        for r in range(p):
-            c0, cn = chunks[(r + first - i) % p]
-            step += [Transfer(r, (r + 1) % p, s0, sn, op) for s0, sn in split(c0, cn, pipeline)]
-        steps.append(step)
-    return steps
+    pieces = [split(c0, cn, pipeline) for c0, cn in chunks]
+    width = max((len(x) for x in pieces), default=0)
+    starts = np.zeros((p, width), dtype=np.int64)
+    sizes = np.zeros((p, width), dtype=np.int64)
+    for c, x in enumerate(pieces):
+        for j, (s0, sn) in enumerate(x):
+            starts[c, j], sizes[c, j] = s0, sn
+    i = np.arange(p - 1)[:, None, None]
+    r = np.arange(p)[None, :, None]
+    chunk = (r + first - i) % p  # [step, rank, 1]
+    shape = (p - 1, p, width)
+    size = np.broadcast_to(sizes[chunk, np.arange(width)], shape)
+    keep = size > 0
+    step = np.broadcast_to(i + step0, shape)[keep]
+    src = np.broadcast_to(r, shape)[keep]
+    return Table(p, count, step, src, (src + 1) % p,
+                 np.broadcast_to(starts[chunk, np.arange(width)], shape)[keep], size[keep],
+                 np.full(len(step), reduces))
+
+
+def _concat(p: int, count: int, *tables: Table) -> Table:
+    return Table(p, count, *(np.concatenate([getattr(t, f) for t in tables])
+                             for f in ("step", "src", "dst", "start", "size", "reduces")))
+
+
+def reducescatter_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
+                        **_: object) -> Table:
+    return ring_table(p, count, -1, True, pick_pipeline(p, count, pipeline, itemsize))
+
+
+def allgather_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
+                    **_: object) -> Table:
+    return ring_table(p, count, 0, False, pick_pipeline(p, count, pipeline, itemsize))
+
+
+def allreduce_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
+                    **_: object) -> Table:
+    """Reduce-scatter (rank r ends owning block r+1) then allgather of the owned blocks."""
+    k = pick_pipeline(p, count, pipeline, itemsize)
+    return _concat(p, count, ring_table(p, count, 0, True, k),
+                   ring_table(p, count, 1, False, k, max(p - 1, 0)))
 
 
 def reducescatter(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
                   **_: object) -> Schedule:
     """Rank r ends with block r of the sum."""
     pipeline = pick_pipeline(p, count, pipeline, itemsize)
-    return build("ring", "reducescatter", p, count, ring_steps(p, count, -1, "sum", pipeline),
-                 pipeline=pipeline)
+    t = reducescatter_table(p, count, pipeline)
+    return build("ring", "reducescatter", p, count, t.transfers_of(), pipeline=pipeline)
 
 
 def allgather(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
               **_: object) -> Schedule:
     """Rank r starts with block r valid; everyone ends with every block."""
     pipeline = pick_pipeline(p, count, pipeline, itemsize)
-    return build("ring", "allgather", p, count, ring_steps(p, count, 0, "copy", pipeline),
-                 pipeline=pipeline)
+    t = allgather_table(p, count, pipeline)
+    return build("ring", "allgather", p, count, t.transfers_of(), pipeline=pipeline)
 
 
 def allreduce(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
               **_: object) -> Schedule:
     """Reduce-scatter (rank r ends owning block r+1) then allgather of the owned blocks."""
     pipeline = pick_pipeline(p, count, pipeline, itemsize)
-    steps = ring_steps(p, count, 0, "sum", pipeline) + ring_steps(p, count, 1, "copy",
-                                                                     pipeline)
-    return build("ring", "allreduce", p, count, steps, pipeline=pipeline)
+    t = allreduce_table(p, count, pipeline)
+    return build("ring", "allreduce", p, count, t.transfers_of(), pipeline=pipeline)
 
 
 ALGORITHMS = (
-    Algorithm("allreduce", "ring", allreduce),
-    Algorithm("reducescatter", "ring", reducescatter),
-    Algorithm("allgather", "ring", allgather),
+    Algorithm("allreduce", "ring", allreduce, table=allreduce_table),
+    Algorithm("reducescatter", "ring", reducescatter, table=reducescatter_table),
+    Algorithm("allgather", "ring", allgather, table=allgather_table),
 )

@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build
-from gradwire.schedules.ring import ring_steps
+from gradwire.schedules.ring import ring_table
 
 
 def scatter_steps(p: int, count: int, root: int) -> list[list[Transfer]]:
@@ -40,7 +40,7 @@ def scatter_steps(p: int, count: int, root: int) -> list[list[Transfer]]:
 
 def broadcast(p: int, count: int, *, root: int = 0, **_: object) -> Schedule:
     """Scatter blocks from the root, then ring-allgather them; everyone has root's buffer."""
-    steps = scatter_steps(p, count, root) + ring_steps(p, count, -root, "copy", 1)
+    steps = scatter_steps(p, count, root) + ring_table(p, count, -root, False, 1).transfers_of()
     return build("scatter_ag", "broadcast", p, count, steps, root=root)
 
 

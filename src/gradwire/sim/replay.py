@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradwire.schedules.ir import Schedule
+from gradwire.schedules.ir import Schedule, Table
 from gradwire.sim.engine import Engine, Network
 
 Done = Callable[[int, int, float], None]  # (collective, rank, time)
@@ -151,37 +151,43 @@ class StepArrays:
     red: np.ndarray  # [message, sender] bool
 
 
-def step_arrays(s: Schedule, itemsize: int) -> list[StepArrays]:
+def step_arrays(s: Schedule | Table, itemsize: int) -> list[StepArrays]:
     """``s`` as arrays, one :class:`StepArrays` per step, for :func:`dataflow`. Each sender's
     messages keep their order; a sender's peer is that of its first message (``dataflow``
-    needs one peer per sender)."""
-    out = []
-    for step in s.steps:
-        ts = step.transfers
-        src = np.fromiter((t.src for t in ts), np.int64, len(ts))
-        dst = np.fromiter((t.dst for t in ts), np.int64, len(ts))
-        nb = np.fromiter((t.count for t in ts), float, len(ts)) * itemsize
-        red = np.fromiter((t.reduces for t in ts), bool, len(ts))
-        order = np.argsort(src, kind="stable")
-        senders, first, counts = np.unique(src[order], return_index=True, return_counts=True)
-        col = np.repeat(np.arange(len(senders)), counts)
-        row = np.arange(len(ts)) - np.repeat(first, counts)
-        shape = (int(counts.max()), len(senders))
-        nbytes, sent, reds = np.zeros(shape), np.zeros(shape, bool), np.zeros(shape, bool)
-        nbytes[row, col], sent[row, col], reds[row, col] = nb[order], True, red[order]
-        out.append(StepArrays(senders, dst[order][first], nbytes, sent, reds))
-    return out
+    needs one peer per sender). One sort for the whole schedule; each step is then views."""
+    t = s if isinstance(s, Table) else Table.of(s)
+    n = len(t.step)
+    if n == 0:
+        return []
+    key = t.step * t.world_size + t.src
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    new = np.r_[True, key[1:] != key[:-1]]  # first message of each (step, sender)
+    group = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    row = np.arange(n) - first[group]
+    shape = (int(row.max()) + 1, len(first))
+    nbytes, sent, reds = np.zeros(shape), np.zeros(shape, bool), np.zeros(shape, bool)
+    nbytes[row, group] = t.size[order] * itemsize
+    sent[row, group] = True
+    reds[row, group] = t.reduces[order]
+    src, dst, step = t.src[order][first], t.dst[order][first], t.step[order][first]
+    cuts = np.flatnonzero(np.r_[True, step[1:] != step[:-1], True])
+    return [StepArrays(src[a:b], dst[a:b], nbytes[:, a:b], sent[:, a:b], reds[:, a:b])
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
-def single_peer(schedules: Sequence[Schedule]) -> bool:
+def single_peer(schedules: Sequence[Schedule | Table]) -> bool:
     """True when every rank sends to one peer and receives from one peer in all of them."""
-    to: dict[int, int] = {}
-    frm: dict[int, int] = {}
-    for s in schedules:
-        for _, t in s.transfers():
-            if to.setdefault(t.src, t.dst) != t.dst or frm.setdefault(t.dst, t.src) != t.src:
-                return False
-    return True
+    ts = [s if isinstance(s, Table) else Table.of(s) for s in schedules]
+    src = np.concatenate([t.src for t in ts] or [np.zeros(0, np.int64)])
+    dst = np.concatenate([t.dst for t in ts] or [np.zeros(0, np.int64)])
+    if not len(src):
+        return True
+    p = int(max(src.max(), dst.max())) + 1
+    to, frm = np.zeros(p, np.int64), np.zeros(p, np.int64)
+    to[src], frm[dst] = dst, src  # any one peer each; then every transfer must agree
+    return bool((to[src] == dst).all() and (frm[dst] == src).all())
 
 
 def dataflow(schedules: Sequence[list[StepArrays]], ready: np.ndarray, net: Network,
