@@ -56,7 +56,7 @@ def build_time(trace: Trace, p: int, bucket: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ps", default="8,16,32,64,128,256", help="worker counts for ps rows")
-    ap.add_argument("--ring", default="8,32,128,256", help="worker counts, ring per tensor")
+    ap.add_argument("--ring", default="8,32,128", help="worker counts, ring per tensor")
     ap.add_argument("--bucketed", default="8,32,128,256,512,1024",
                     help="worker counts, ring with 25 MB buckets")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "sim_speed.json")

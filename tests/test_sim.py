@@ -276,3 +276,17 @@ def test_cli_simulate_and_bad_trace(tmp_path):
     r = _cli("simulate", "--trace", str(bad))
     assert r.returncode == 2
     assert r.stderr.startswith("gradwire: error: ") and ":2: field 'bytes'" in r.stderr
+
+
+@pytest.mark.parametrize("coll, algo, kw", [("allreduce", "ring", {}), ("allgather", "ring", {}),
+                                            ("reducescatter", "ring", {"pipeline": 2}),
+                                            ("allreduce", "rd", {})])
+def test_table_is_the_schedule_as_arrays(coll, algo, kw):
+    from gradwire.schedules.ir import Table
+
+    for p in (1, 2, 5, 8):
+        for n in (0, 3, 1000):
+            want = Table.of(registry.schedule(coll, algo, p, n, **kw))
+            got = registry.table(coll, algo, p, n, **kw)
+            for f in ("step", "src", "dst", "start", "size", "reduces"):
+                np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
