@@ -3,8 +3,10 @@
 ResNet-50 (built-in profile: 161 tensors, 25.56 M parameters; compute 61 + 122 ms), 25 Gbit/s,
 one iteration, on this machine. Rows: the baseline parameter server (1 server, round-robin
 distribution), multicast + INA, ring-reduce with messaging (one ring allreduce per tensor) and
-ring with DDP's 25 MB buckets. Building a ring schedule is timed apart from simulating it: at
-P ranks a ring allreduce has 2P(P−1) transfers, each a Python object (2.1 M at P = 1024).
+ring with DDP's 25 MB buckets. "simulate s" is cold: the schedule caches are cleared first, so
+it includes building the ring tables (numpy; the simulator never builds Transfer objects for a
+ring). "Schedule objects s" is what building the same schedules as Transfer objects costs, for
+comparison (2P(P−1) of them per ring allreduce: 2.1 M at P = 1024).
 Targets (issue 6): ring at 1024 workers ≤ 2 s, PS at 256 workers ≤ 10 s.
 
     flock /tmp/gradwire-bench.lock python benchmarks/sim_speed.py    # writes results/sim_speed.json
@@ -46,6 +48,7 @@ def build_time(trace: Trace, p: int, bucket: int) -> float:
     from gradwire.sim.collective import buckets
 
     registry._cached.cache_clear()
+    registry._cached_table.cache_clear()
     sizes = {sum(trace.params[i].bytes for i in g) for g in buckets(trace, bucket)}
     t0 = time.perf_counter()
     for n in sizes:
@@ -72,19 +75,21 @@ def main(argv: list[str] | None = None) -> None:
         build = 0.0
         if label.startswith("ring"):
             build = build_time(trace, w, 25_000_000 if "bucket" in label else 0)
+        registry._cached.cache_clear()
+        registry._cached_table.cache_clear()
         t0 = time.perf_counter()
         r = mech.run(trace, SimCluster(w, 25e9, iterations=1), False)
         sim = time.perf_counter() - t0
-        rows.append({"mechanism": label, "workers": w, "build_s": build, "simulate_s": sim,
-                     "total_s": build + sim, "iteration_s": r.iteration_s,
+        rows.append({"mechanism": label, "workers": w, "schedule_objects_s": build,
+                     "simulate_s": sim, "iteration_s": r.iteration_s,
                      "loadavg": os.getloadavg()})
         console.print(rows[-1])
-    t = Table("mechanism", "workers", "schedule build s", "simulate s", "total s",
+    t = Table("mechanism", "workers", "simulate s (cold)", "Schedule objects s",
               "simulated iteration s", "load avg (1 min)", title="simulator speed, ResNet-50, "
               "25 Gbit/s, one iteration")
     for r in rows:
-        t.add_row(r["mechanism"], str(r["workers"]), f"{r['build_s']:.2f}",
-                  f"{r['simulate_s']:.2f}", f"{r['total_s']:.2f}", f"{r['iteration_s']:.4f}",
+        t.add_row(r["mechanism"], str(r["workers"]), f"{r['simulate_s']:.2f}",
+                  f"{r['schedule_objects_s']:.2f}", f"{r['iteration_s']:.4f}",
                   f"{r['loadavg'][0]:.2f}")
     console.print(t)
     out = {**provenance.stamp("python " + shlex.join(sys.argv)),

@@ -38,52 +38,45 @@ def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> in
     return pipeline
 
 
-def ring_table(p: int, count: int, first: int, reduces: bool, pipeline: int,
-               step0: int = 0) -> Table:
-    """p−1 steps (numbered from ``step0``); at step i rank r sends chunk (r + first − i) mod p
-    to r+1, as its sub-chunks (``split`` of the chunk into ``pipeline``), in order."""
-    chunks = blocks(count, p)
-    pieces = [split(c0, cn, pipeline) for c0, cn in chunks]
+def ring_table(p: int, count: int, phases: tuple[tuple[int, bool], ...], pipeline: int
+               ) -> Table:
+    """For each phase (first, reduces) in turn, p−1 steps; at step i of a phase rank r sends
+    chunk (r + first − i) mod p to r+1, as its sub-chunks (``split`` into ``pipeline``)."""
+    pieces = [split(c0, cn, pipeline) for c0, cn in blocks(count, p)]
     width = max((len(x) for x in pieces), default=0)
     starts = np.zeros((p, width), dtype=np.int64)
     sizes = np.zeros((p, width), dtype=np.int64)
     for c, x in enumerate(pieces):
         for j, (s0, sn) in enumerate(x):
             starts[c, j], sizes[c, j] = s0, sn
-    i = np.arange(p - 1)[:, None, None]
-    r = np.arange(p)[None, :, None]
-    chunk = (r + first - i) % p  # [step, rank, 1]
-    shape = (p - 1, p, width)
-    size = np.broadcast_to(sizes[chunk, np.arange(width)], shape)
+    n = max(p - 1, 0)
+    step = np.arange(n * len(phases))
+    first = np.repeat([f for f, _ in phases], n)
+    reduces = np.repeat([red for _, red in phases], n).astype(bool)
+    chunk = (np.arange(p)[None, :] + (first - step % max(n, 1))[:, None]) % p  # [step, rank]
+    size = sizes[chunk]  # [step, rank, piece]
     keep = size > 0
-    step = np.broadcast_to(i + step0, shape)[keep]
-    src = np.broadcast_to(r, shape)[keep]
-    return Table(p, count, step, src, (src + 1) % p,
-                 np.broadcast_to(starts[chunk, np.arange(width)], shape)[keep], size[keep],
-                 np.full(len(step), reduces))
-
-
-def _concat(p: int, count: int, *tables: Table) -> Table:
-    return Table(p, count, *(np.concatenate([getattr(t, f) for t in tables])
-                             for f in ("step", "src", "dst", "start", "size", "reduces")))
+    idx = np.nonzero(keep)
+    src = idx[1]
+    return Table(p, count, idx[0], src, (src + 1) % p, starts[chunk][keep], size[keep],
+                 reduces[idx[0]])
 
 
 def reducescatter_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
                         **_: object) -> Table:
-    return ring_table(p, count, -1, True, pick_pipeline(p, count, pipeline, itemsize))
+    return ring_table(p, count, ((-1, True),), pick_pipeline(p, count, pipeline, itemsize))
 
 
 def allgather_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
                     **_: object) -> Table:
-    return ring_table(p, count, 0, False, pick_pipeline(p, count, pipeline, itemsize))
+    return ring_table(p, count, ((0, False),), pick_pipeline(p, count, pipeline, itemsize))
 
 
 def allreduce_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
                     **_: object) -> Table:
     """Reduce-scatter (rank r ends owning block r+1) then allgather of the owned blocks."""
-    k = pick_pipeline(p, count, pipeline, itemsize)
-    return _concat(p, count, ring_table(p, count, 0, True, k),
-                   ring_table(p, count, 1, False, k, max(p - 1, 0)))
+    return ring_table(p, count, ((0, True), (1, False)),
+                      pick_pipeline(p, count, pipeline, itemsize))
 
 
 def reducescatter(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,

@@ -40,7 +40,8 @@ def scatter_steps(p: int, count: int, root: int) -> list[list[Transfer]]:
 
 def broadcast(p: int, count: int, *, root: int = 0, **_: object) -> Schedule:
     """Scatter blocks from the root, then ring-allgather them; everyone has root's buffer."""
-    steps = scatter_steps(p, count, root) + ring_table(p, count, -root, False, 1).transfers_of()
+    ring = ring_table(p, count, ((-root, False),), 1)
+    steps = scatter_steps(p, count, root) + ring.transfers_of()
     return build("scatter_ag", "broadcast", p, count, steps, root=root)
 
 

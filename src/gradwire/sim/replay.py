@@ -179,15 +179,18 @@ def step_arrays(s: Schedule | Table, itemsize: int) -> list[StepArrays]:
 
 def single_peer(schedules: Sequence[Schedule | Table]) -> bool:
     """True when every rank sends to one peer and receives from one peer in all of them."""
-    ts = [s if isinstance(s, Table) else Table.of(s) for s in schedules]
-    src = np.concatenate([t.src for t in ts] or [np.zeros(0, np.int64)])
-    dst = np.concatenate([t.dst for t in ts] or [np.zeros(0, np.int64)])
-    if not len(src):
-        return True
-    p = int(max(src.max(), dst.max())) + 1
-    to, frm = np.zeros(p, np.int64), np.zeros(p, np.int64)
-    to[src], frm[dst] = dst, src  # any one peer each; then every transfer must agree
-    return bool((to[src] == dst).all() and (frm[dst] == src).all())
+    ts = {id(s): s if isinstance(s, Table) else Table.of(s) for s in schedules}.values()
+    p = max((t.world_size for t in ts), default=0)
+    to, frm = np.full(p, -1), np.full(p, -1)
+    for t in ts:
+        if not len(t.src):
+            continue
+        # any one peer each (agreeing with earlier tables); then every transfer must agree
+        to[t.src] = np.where(to[t.src] < 0, t.dst, to[t.src])
+        frm[t.dst] = np.where(frm[t.dst] < 0, t.src, frm[t.dst])
+        if (to[t.src] != t.dst).any() or (frm[t.dst] != t.src).any():
+            return False
+    return True
 
 
 def dataflow(schedules: Sequence[list[StepArrays]], ready: np.ndarray, net: Network,
