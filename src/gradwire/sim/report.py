@@ -38,18 +38,18 @@ def results_table(results: Sequence[SimResult], title: str) -> Table:
 
 # The paper's tables: (columns as mechanism specs, what the cells are, cluster changes).
 PAPER_TABLES: dict[int, dict] = {
-    4: {"title": "Table 4: speed-up of network support over PS (32 workers, 25 Gbps)",
+    4: {"title": "Table 4: speed-up of network support over PS",
         "columns": {"Aggregation only": "ina", "Multicast only": "multicast",
                     "Multicast + Aggregation": "multicast+ina"}, "speedup": True},
-    6: {"title": "Table 6: speed-up of end-host mechanisms over PS (32 workers, 25 Gbps)",
+    6: {"title": "Table 6: speed-up of end-host mechanisms over PS",
         "columns": {"Ring-Reduce": "ring", "Butterfly Mixing": "butterfly"}, "speedup": True},
-    8: {"title": "Table 8: 8 PS with an even split (s, 32 workers, 25 Gbps)",
+    8: {"title": "Table 8: 8 PS, round-robin by tensor vs an even split (s)",
         "columns": {"Multiagg": "multicast+ina", "8 PS Multiagg": "multicast+ina:sharding=even",
                     "Ring-Reduce": "ring"}, "speedup": False, "servers": 8},
-    9: {"title": "Table 9: without the global barrier (s, 32 workers, 25 Gbps)",
+    9: {"title": "Table 9: without the global barrier (s)",
         "columns": {"Multiagg": "multicast+ina", "Ring-reduce": "ring",
                     "Multiagg no barrier": "multicast+ina:barrier=off"}, "speedup": False},
-    10: {"title": "Table 10: in-network aggregation vs block distribution (s, 32 workers)",
+    10: {"title": "Table 10: in-network aggregation vs block distribution (s)",
          "columns": {"Agg": "ina", "Block Distr.": "ps:order=block"}, "speedup": False,
          "bandwidths": (10e9, 100e9)},
 }
@@ -62,7 +62,8 @@ def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster) -> tu
     bws = spec.get("bandwidths", (cluster.bandwidth_bps,))
     c = dataclasses.replace(cluster, servers=spec.get("servers", cluster.servers))
     head = ["model", *(["Gbps"] if len(bws) > 1 else []), *cols]
-    table = Table(*head, title=spec["title"])
+    where = f"{c.workers} workers" + ("" if len(bws) > 1 else f", {bws[0] / 1e9:g} Gbit/s")
+    table = Table(*head, title=f"{spec['title']}, {where}; the paper: 32 workers")
     rows = []
     for t in traces:
         for bw in bws:
