@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from checklist import check, done
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -18,18 +19,6 @@ from gradwire.hooks.lightning import strategy
 
 P = int(os.environ["WORLD_SIZE"])
 STEPS = 4
-fails: list[str] = []
-checked = 0
-
-
-def check(ok: bool, msg: str) -> None:
-    global checked
-    checked += 1
-    if not ok:
-        fails.append(msg)
-        print(f"FAIL rank {os.environ['RANK']}: {msg}", flush=True)
-
-
 class Net(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
@@ -73,4 +62,4 @@ copies = [torch.empty_like(sparse) for _ in range(P)]
 dist.all_gather(copies, sparse)
 check(all(torch.equal(c, sparse) for c in copies), "gtopk replicas differ")
 check(not torch.equal(sparse, want), "gtopk at density 0.1 gave the dense result")
-print(f"CHECKED rank {os.environ['RANK']} cases={checked} failures={len(fails)}", flush=True)
+done()
