@@ -8,6 +8,7 @@ all ranks in one process, under :func:`gradwire.sparse.local.simulate`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -250,7 +251,8 @@ def plan(method: str, e: Entries, k: int, numel: int, residual: torch.Tensor, ra
 def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: str = "gtopk", *,
                      selector: str = "exact", transport: Transport | None = None,
                      group: dist.ProcessGroup | None = None,
-                     algo: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                     algo: str | None = None, out: torch.Tensor | None = None,
+                     timings: dict[str, float] | None = None) -> torch.Tensor:
     """The average over ranks of what a sparse aggregation applies, with error feedback.
 
     1. acc = residual + x, in place in ``residual``; select min(k, n) entries of largest |acc|
@@ -268,12 +270,18 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     faults), zeroing an existing one 5 ms, against ~12 ms predicted for gTopKAllReduce's whole
     communication at P=8 on 1 Gbit/s.
 
+    ``timings``: if given, receives ``"select"``, the seconds of step 1 (error feedback and
+    selection, this rank's work alone; the rest is communication and merging).
+
     Warning: like any collective, every rank must make the same calls in the same order with
     the same n, k, dtype and method; otherwise the message sizes disagree and gloo aborts.
     """
     check_args(x, residual, k, method, selector, algo, out)
     t = transport or Transport(group)
     n = x.numel()
+    t0 = time.perf_counter()
     e = feed(x, residual, k, selector)
+    if timings is not None:
+        timings["select"] = time.perf_counter() - t0
     return _run(plan(method, e, min(k, n), n, residual, t.rank, t.world_size, algo),
                 t).average(out)
