@@ -8,7 +8,8 @@ elements compressed. Methods that gather payloads (``gather`` and ``vote`` in
 :data:`gradwire.hooks.methods.TABLE`) decode every rank's payload, so their decode is P times
 the table's. Built-in tables: ``here`` (this machine's compress_speed benchmark) and ``v100``
 (Table 2 of the compression-utility paper: one encode+decode number per method). ``gradwire
-calibrate`` measures a table on the machine it runs on and stores it with α, β, γ.
+calibrate`` measures a table on the machine it runs on and stores it with α, β, γ; pass that
+calibration file as the table.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def load(name_or_path: str) -> CodecTable:
         doc = json.loads(text.read_text())
     elif Path(name_or_path).is_file():
         doc = json.loads(Path(name_or_path).read_text())
+        doc = doc.get("codecs", doc)  # a calibration file keeps its table under "codecs"
     else:
         raise GradwireError(f"unknown codec table {name_or_path!r}"
                             f"{did_you_mean(name_or_path, BUILTIN)}: expected "

@@ -116,8 +116,8 @@ def required_compression(profile: Profile, cluster: Cluster, speedup: float) -> 
 
 
 def plot(result: dict, path: Path) -> Path:
-    """Iteration time against workers, one panel per link rate, one line per aggregation (and
-    compute speedup)."""
+    """Iteration time against workers, one panel per link rate, one colour per aggregation and
+    one line style per compute speedup."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,12 +127,15 @@ def plot(result: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 4), squeeze=False)
     for ax, bw in zip(axes[0], rates, strict=True):
         keys = dict.fromkeys((r["agg"], r["compute_speedup"]) for r in result["rows"])
+        colours = {a: f"C{i % 10}" for i, a in enumerate(dict.fromkeys(a for a, _ in keys))}
+        styles = {x: ("-", "--", ":", "-.")[i % 4]
+                  for i, x in enumerate(dict.fromkeys(x for _, x in keys))}
         for agg, x in keys:
             pts = [(r["workers"], r["iteration_s"] * 1e3) for r in result["rows"]
                    if r["bandwidth"] == bw and r["agg"] == agg and r["compute_speedup"] == x]
             label = agg if x == 1 else f"{agg}, compute ×{x:g}"
-            ax.plot(*zip(*pts, strict=True), marker="o", label=label,
-                    linestyle="-" if x == 1 else "--")
+            ax.plot(*zip(*pts, strict=True), marker="o", label=label, color=colours[agg],
+                    linestyle=styles[x])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("workers")
