@@ -23,6 +23,7 @@ each (rate, P) is the scheme with the lowest prediction among those measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -71,7 +72,7 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
             share = prof.forward_s / (prof.forward_s + prof.backward_s)
             here = prof.with_compute(compute * share, compute * (1 - share),
                                      "dense run's compute")
-            here = type(here)(**{**here.__dict__, "step_s": ref["seconds_per_iter"]["step"]})
+            here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
             cluster = Cluster(p, bps, ALPHA_S, GAMMA, beta=BETA_1GBIT * 1e9 / bps)
             for agg, res in measured.items():
                 pred = predict(here, cluster, Aggregation(agg), table)
@@ -124,12 +125,12 @@ def plot(doc: dict, path: Path) -> None:
                    if r["agg"] == agg and r["bandwidth"] == rate]
             if pts:
                 ax.scatter(*zip(*pts, strict=True), color=f"C{i}", marker=marker,
-                           label=f"{agg}, {rate}")
+                           label=f"{agg}, {rate}", zorder=3)
     lim = [min(min(r["measured_s"], r["predicted_s"]) for r in doc["rows"]) * 1e3 * 0.8,
            max(max(r["measured_s"], r["predicted_s"]) for r in doc["rows"]) * 1e3 * 1.2]
     xs = np.geomspace(*lim, 50)
     ax.plot(xs, xs, "k-", lw=0.8)
-    ax.fill_between(xs, xs * 0.85, xs * 1.15, color="0.9", label="±15 %")
+    ax.fill_between(xs, xs * 0.85, xs * 1.15, color="0.9", label="±15 %", zorder=1)
     ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured iteration (ms)",
            ylabel="predicted iteration (ms)")
     s = doc["summary"]

@@ -32,7 +32,7 @@ import torch
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.compress import get, matrix_shape
 from gradwire.compress.base import select_count
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks.methods import TABLE
 from gradwire.perf import comm
 from gradwire.perf.codecs import CodecTable
@@ -74,8 +74,6 @@ class Aggregation:
 
     def __post_init__(self) -> None:
         if self.method not in TABLE:
-            from gradwire.errors import did_you_mean
-
             raise GradwireError(f"unknown aggregation {self.method!r}"
                                 f"{did_you_mean(self.method, TABLE)}: expected one of "
                                 f"{', '.join(TABLE)}")
