@@ -83,23 +83,30 @@ class Plan:
     finish: Callable[[], SparseResult]
 
 
-def schedule(method: str, world_size: int, numel: int, k: int,
-             dtype: torch.dtype = torch.float32, algo: str | None = None) -> Schedule:
-    """The schedule of ``method`` over k entries per rank; its elements are bytes.
+def spec(method: str, world_size: int, numel: int, k: int, dtype: torch.dtype = torch.float32,
+         algo: str | None = None) -> tuple[str, str, int, dict[str, object]]:
+    """(collective, algorithm, count, parameters) of ``method``'s schedule; counts are bytes.
 
     topk: allgather (``algo``, default "rd") of P·k packed entries. gtopk: the "tree"
     allreduce (binomial reduce to rank 0, binomial broadcast) of k packed entries, op "gtopk".
     """
     nbytes = min(k, numel) * entry_bytes(numel, dtype)
     if method == "topk":
-        return registry.schedule("allgather", algo or "rd", world_size, world_size * nbytes,
-                                 itemsize=1)
+        return "allgather", algo or "rd", world_size * nbytes, {"itemsize": 1}
     if method == "gtopk":
         if algo not in (None, "tree"):
             raise GradwireError(f"gtopk runs on the binomial tree only (algo 'tree'), got "
                                 f"algo={algo!r}")
-        return registry.schedule("allreduce", "tree", world_size, nbytes, op=GTOPK_OP)
+        return "allreduce", "tree", nbytes, {"op": GTOPK_OP}
     raise GradwireError(f"sparse method must be one of {', '.join(METHODS)}, got {method!r}")
+
+
+def schedule(method: str, world_size: int, numel: int, k: int,
+             dtype: torch.dtype = torch.float32, algo: str | None = None) -> Schedule:
+    """The schedule of ``method`` over k entries per rank (:func:`spec`); its elements are
+    bytes."""
+    collective, name, count, params = spec(method, world_size, numel, k, dtype, algo)
+    return registry.schedule(collective, name, world_size, count, **params)
 
 
 def estimate(method: str, world_size: int, numel: int, k: int, params: CostParams,
