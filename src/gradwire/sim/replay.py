@@ -160,17 +160,24 @@ def step_arrays(s: Schedule | Table, itemsize: int) -> list[StepArrays]:
     if n == 0:
         return []
     key = t.step * t.world_size + t.src
-    order = np.argsort(key, kind="stable")
-    key = key[order]
+    if (key[1:] >= key[:-1]).all():  # a ring's table is already in (step, sender) order
+        order = slice(None)
+    else:
+        order = np.argsort(key, kind="stable")
+        key = key[order]
     new = np.r_[True, key[1:] != key[:-1]]  # first message of each (step, sender)
-    group = np.cumsum(new) - 1
     first = np.flatnonzero(new)
-    row = np.arange(n) - first[group]
-    shape = (int(row.max()) + 1, len(first))
-    nbytes, sent, reds = np.zeros(shape), np.zeros(shape, bool), np.zeros(shape, bool)
-    nbytes[row, group] = t.size[order] * itemsize
-    sent[row, group] = True
-    reds[row, group] = t.reduces[order]
+    if len(first) == n:  # one message per sender and step (a ring without sub-chunks)
+        nbytes = (t.size[order] * itemsize)[None, :].astype(float)
+        sent, reds = np.ones((1, n), bool), t.reduces[order][None, :]
+    else:
+        group = np.cumsum(new) - 1
+        row = np.arange(n) - first[group]
+        shape = (int(row.max()) + 1, len(first))
+        nbytes, sent, reds = np.zeros(shape), np.zeros(shape, bool), np.zeros(shape, bool)
+        nbytes[row, group] = t.size[order] * itemsize
+        sent[row, group] = True
+        reds[row, group] = t.reduces[order]
     src, dst, step = t.src[order][first], t.dst[order][first], t.step[order][first]
     cuts = np.flatnonzero(np.r_[True, step[1:] != step[:-1], True])
     return [StepArrays(src[a:b], dst[a:b], nbytes[:, a:b], sent[:, a:b], reds[:, a:b])
@@ -218,6 +225,15 @@ def dataflow(schedules: Sequence[list[StepArrays]], ready: np.ndarray, net: Netw
             rate = np.minimum(up[st.src], down[st.dst])
             per_msg = alpha + lat[st.src] + lat[st.dst]
             end = np.maximum(np.maximum(port[st.src], recv[st.src]), rdy[st.src])
+            if st.nbytes.shape[0] == 1 and not (gamma > 0 and st.red.any()):
+                end = end + per_msg + st.nbytes[0] / rate  # one message each, nothing to sum
+                port[st.src] = end
+                sent[st.src] = end
+                recv[st.dst] = np.maximum(recv[st.dst], end)
+                if carried is not None:
+                    carried[h[st.src]] += st.nbytes[0]
+                    carried[net.hosts + h[st.dst]] += st.nbytes[0]
+                continue
             landed = recv[st.dst].copy()
             reducer = red_free[st.dst]
             for j in range(st.nbytes.shape[0]):
@@ -229,10 +245,10 @@ def dataflow(schedules: Sequence[list[StepArrays]], ready: np.ndarray, net: Netw
                 landed = np.maximum(landed, np.where(combine, reducer, np.where(on, end, 0.0)))
             port[st.src] = end
             sent[st.src] = end
-            if carried is not None:
+            if carried is not None:  # senders, and (one peer each) receivers, are distinct
                 moved = st.nbytes.sum(axis=0)
-                np.add.at(carried, h[st.src], moved)
-                np.add.at(carried, net.hosts + h[st.dst], moved)
+                carried[h[st.src]] += moved
+                carried[net.hosts + h[st.dst]] += moved
             red_free[st.dst] = reducer
             recv[st.dst] = landed
         done[c] = np.maximum(np.maximum(recv, sent), rdy)
