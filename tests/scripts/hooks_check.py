@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from checklist import Checklist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -18,22 +19,14 @@ import gradwire.hooks as gh
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, p = dist.get_rank(), dist.get_world_size()
+check = Checklist(f"rank {rank}")
 SMALL_BUCKETS, ONE_BUCKET = 0.0001, 25
 STEPS = 3
-fails: list[str] = []
-checked = 0
 EF = {"topk", "gtopk", "randomk", "dgc", "efsignsgd", "powersgd"}
 # Most nonzeros the average may have for k per rank: gTop-k's is the global top-k.
 SPARSE_BOUND = {"gtopk": lambda k: k, "topk": lambda k: p * k, "randomk": lambda k: k,
                 "dgc": lambda k: p * math.ceil(1.25 * k)}
 
-
-def check(ok: bool, msg: str) -> None:
-    global checked
-    checked += 1
-    if not ok:
-        fails.append(msg)
-        print(f"FAIL rank {rank}: {msg}", flush=True)
 
 
 def model() -> nn.Module:
@@ -210,5 +203,5 @@ for m, mode, exact in (("qsgd", "bucket", True), ("dgc", "model", True),
     same(results[1], results[0], f"{m} mode={mode} over gradwire's ring", exact, atol=1e-12)
     same(results[2], results[0], f"{m} mode={mode} without the comm thread")
 
-print(f"CHECKED rank {rank} cases={checked} failures={len(fails)}", flush=True)
+check.done()
 dist.destroy_process_group()

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
+from gradwire import config
+from gradwire.collectives.agree import Call, agree
 from gradwire.compress import Payload
 from gradwire.transport import Transport
 
@@ -82,7 +84,8 @@ class Comm:
 
     ``algo`` None: torch.distributed's own collectives (gloo's allreduce is a ring). A name:
     gradwire's allreduce schedule of that name and gradwire's default (ring) allgather, over a
-    :class:`Transport` made here (so this must run on every rank at the same point).
+    :class:`Transport` made here (so this must run on every rank at the same point). The
+    transport is made for the header exchange too (:meth:`agree`) unless that is turned off.
     """
 
     def __init__(self, group: dist.ProcessGroup | None, algo: str | None,
@@ -91,8 +94,19 @@ class Comm:
         self.algo = algo
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self.transport = Transport(group) if transport or algo is not None else None
+        wanted = transport or algo is not None or config.check_calls()
+        self.transport = Transport(group) if wanted else None
         self.seconds = 0.0
+
+    def agree(self, call: Call, finite: bool = True) -> bool | None:
+        """Fail on every rank, before any state changes, unless every rank makes ``call``;
+        whether every rank's data is ``finite`` (None with the header exchange off)."""
+        if self.transport is None:
+            return None
+        t0 = time.perf_counter()
+        everywhere = agree(self.transport, call, finite)
+        self.seconds += time.perf_counter() - t0
+        return everywhere
 
     def all_reduce(self, t: torch.Tensor) -> None:
         """``t`` becomes the sum over ranks, in place."""
