@@ -34,9 +34,10 @@ def main() -> None:
     if res.returncode != 0:
         sys.exit("\n".join(lines[-30:] + [res.message]))
     rows = [json.loads(x.partition("ROW ")[2]) for x in lines if "] ROW " in x]
+    print(f"{'case':<40} {'checked':>12} {'unchecked':>12} overhead")
     for r in rows:
-        print(f"{r['case']:<40} {r['checked_ms']:9.3f} ms {r['unchecked_ms']:9.3f} ms "
-              f"{r['overhead_pct']:+7.1f} %")
+        pct = "" if r["overhead_pct"] is None else f"{r['overhead_pct']:+7.1f} %"
+        print(f"{r['case']:<40} {r['checked_ms']:9.3f} ms {r['unchecked_ms']:9.3f} ms {pct}")
     result = {**provenance.stamp("python " + shlex.join(sys.argv)), "network": label,
               "hosts": args.hosts, "rows": rows}
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -3,6 +3,7 @@
 the ~60 cases take about a second. Inputs that need a live cluster or a run stay with their
 feature's tests (test_train: checkpoints; test_cluster: cluster_up)."""
 import datetime
+import json
 import math
 
 import pytest
@@ -14,7 +15,7 @@ import gradwire.collectives as gc
 import gradwire.hooks as gh
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.bench import calibrate
-from gradwire.cluster import loopback_cluster
+from gradwire.cluster import list_clusters, load_cluster, loopback_cluster
 from gradwire.compress import get as get_compressor
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
@@ -163,6 +164,18 @@ def test_unreadable_files_say_where(monkeypatch, tmp_path):
     bad.write_bytes(b"\x80\x04not a checkpoint")
     with pytest.raises(GradwireError, match="is not a gradwire checkpoint"):
         checkpoint.load(bad)
+
+
+def test_a_tampered_cluster_state_file_is_refused(monkeypatch, tmp_path):
+    """Names from /run/gradwire go to `ip netns exec`: one that is not gradwire's (here an
+    option, "-all") must not get there."""
+    monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path))
+    host = {"rank": 0, "netns": "-all", "addr": "10.213.1.1", "ifname": "eth0"}
+    (tmp_path / "gw00aa11.json").write_text(json.dumps(
+        {"name": "gw00aa11", "bandwidth_bps": 1e9, "hosts": [host], "subnet": 1}))
+    with pytest.raises(GradwireError, match="unreadable .*names gradwire does not make"):
+        load_cluster("gw00aa11")
+    assert list_clusters() == []
 
 
 def test_environment_overrides_are_checked(monkeypatch, one_rank):

@@ -86,8 +86,10 @@ def test_failure_half_way_rolls_back():
         cluster_down(c.name)
 
 
-def test_sigterm_during_a_run_removes_the_cluster():
-    # `gradwire run` makes an ephemeral cluster; SIGTERM to it must leave nothing behind.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_run_removes_the_cluster(sig):
+    # `gradwire run` makes an ephemeral cluster; SIGTERM or SIGINT (Ctrl-C) to it must leave
+    # nothing behind: no namespace, link or rank process.
     p = subprocess.Popen([sys.executable, "-m", "gradwire.cli", "run", "--hosts", "2", "--",
                           "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
@@ -98,7 +100,7 @@ def test_sigterm_during_a_run_removes_the_cluster():
             break
         time.sleep(0.05)
     mine = {c.name for c in list_clusters()} & names
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(sig)
     out, _ = p.communicate(timeout=30)
     assert p.returncode != 0
     for n in mine:

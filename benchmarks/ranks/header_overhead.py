@@ -35,7 +35,8 @@ def case(name: str, nbytes: int, fn) -> None:
     if dist.get_rank() == 0:
         print("ROW " + json.dumps({"case": name, "bytes": nbytes, "checked_ms": a * 1e3,
                                    "unchecked_ms": b * 1e3,
-                                   "overhead_pct": 100 * (a - b) / b}), flush=True)
+                                   "overhead_pct": 100 * (a - b) / b if b > 1e-4 else None}),
+              flush=True)
 
 
 header = [("call", "allreduce"), ("algo", "ring"), ("elements", 1), ("dtype", "float32")]
