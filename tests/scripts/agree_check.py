@@ -19,8 +19,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.collectives as gc
 import gradwire.hooks as gh
-from gradwire.collectives.agree import MismatchError
+from gradwire.collectives.agree import FIELD_BYTES, FIELDS, MismatchError
 from gradwire.errors import PeerError
+from gradwire.schedules import registry
+from gradwire.schedules.cost import traffic
 from gradwire.sparse import sparse_allreduce
 from gradwire.transport import Transport
 
@@ -60,6 +62,20 @@ expect_mismatch("params", lambda: gc.broadcast(
     torch.ones(64), algo="lp", block=4 if odd else 8, transport=t), ["params", "block=4"])
 expect_mismatch("collective", lambda: (gc.broadcast if odd else gc.all_reduce)(
     torch.ones(8), transport=t), ["call", "broadcast", "allreduce"])
+
+# The header's bytes: recursive doubling of 7 × 24 bytes per rank, counted apart from data;
+# none with the exchange turned off.
+before = t.control_bytes_sent
+gc.all_reduce(torch.ones(5), transport=t)
+header = registry.schedule("allgather", "rd", p, p * FIELD_BYTES * (FIELDS + 1), itemsize=1)
+want_bytes = int(traffic(header, 1).bytes_sent.sum(1)[rank])
+check(t.control_bytes_sent - before == want_bytes,
+      f"header bytes {t.control_bytes_sent - before}, expected {want_bytes}")
+off = Transport(timeout=TIMEOUT, check_calls=False)
+gc.all_reduce(torch.ones(5), transport=off)
+check(off.control_bytes_sent == 0 and sum(off.bytes_sent) == int(
+    traffic(registry.schedule("allreduce", "ring", p, 5), 4).bytes_sent.sum(1)[rank]),
+    f"check_calls=False: control {off.control_bytes_sent}, data {sum(off.bytes_sent)}")
 
 # Sparse: a density (k) or method mismatch fails before the residual is touched.
 g = torch.Generator().manual_seed(rank)
