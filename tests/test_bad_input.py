@@ -161,7 +161,7 @@ def test_unreadable_files_say_where(monkeypatch, tmp_path):
     with pytest.raises(GradwireError, match="unreadable .*gamma_s_per_byte"):
         calibrate.load("1gbit")
     bad = tmp_path / "ck.pt"
-    bad.write_bytes(b"\x80\x04not a checkpoint")
+    bad.write_bytes(b"PK\x03\x04 not a checkpoint")
     with pytest.raises(GradwireError, match="is not a gradwire checkpoint"):
         checkpoint.load(bad)
 
