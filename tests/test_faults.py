@@ -95,7 +95,10 @@ def test_link_down_mid_run_is_a_timeout_naming_the_peer():
     assert downed == [0]
     assert all(e.returncode == 3 for e in res.exits), "\n".join(lines[-20:])
     errors = _errors(lines)
-    assert all("timed out" in msg and "allreduce/ring" in msg for _, msg in errors.values())
-    assert errors[0][0] == 2 or errors[1][0] == 2, errors  # rank 2's neighbours name it
+    assert set(errors) == {0, 1, 2} and all("allreduce/ring" in m for _, m in errors.values())
+    # Ranks waiting on rank 2 time out naming it; a rank whose own peer exited first may
+    # see that connection close instead.
+    assert any(peer == 2 and "timed out" in m for peer, m in errors.values()), errors
+    assert all("timed out" in m or "connection closed" in m for _, m in errors.values())
     assert took < 60
     assert gradwire_leftovers(name) == [] and _ranks_gone("fault_rank.py")
