@@ -102,3 +102,26 @@ def test_link_down_mid_run_is_a_timeout_naming_the_peer():
     assert all("timed out" in m or "connection closed" in m for _, m in errors.values())
     assert took < 60
     assert gradwire_leftovers(name) == [] and _ranks_gone("fault_rank.py")
+
+
+def test_hook_builtin_collectives_are_bounded_and_named(monkeypatch):
+    """The hooks' torch.distributed path waits GRADWIRE_TIMEOUT, not the process group's 30
+    minutes, and says so in one line (the stall itself: docs/reliability.md, measured)."""
+    from types import SimpleNamespace
+
+    from gradwire.errors import GradwireError
+    from gradwire.hooks.comm import Comm
+
+    seen = []
+
+    class Work:
+        def wait(self, timeout):
+            seen.append(timeout.total_seconds())
+            raise RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out\nmore")
+
+    monkeypatch.setenv("GRADWIRE_TIMEOUT", "7")
+    comm = SimpleNamespace(transport=None, rank=3)
+    with pytest.raises(GradwireError, match=r"^rank 3: torch.distributed all_reduce of 4 "
+                                            r"elements failed or timed out after 7 s .*Timed out$"):
+        Comm._bounded(comm, Work(), "all_reduce of 4 elements")
+    assert seen == [7.0]

@@ -11,6 +11,7 @@ buckets ("collective mismatch").
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import queue
 import threading
 import time
@@ -24,6 +25,7 @@ import gradwire.collectives as gc
 from gradwire import config
 from gradwire.collectives.agree import Call, agree
 from gradwire.compress import Payload
+from gradwire.errors import GradwireError
 from gradwire.transport import Transport
 
 Task = Callable[[], list[torch.Tensor]]
@@ -98,6 +100,19 @@ class Comm:
         self.transport = Transport(group) if wanted else None
         self.seconds = 0.0
 
+    def _bounded(self, work: dist.Work, what: str) -> None:
+        """Wait for a torch.distributed collective within GRADWIRE_TIMEOUT, not the process
+        group's timeout (30 min by default for gloo); a failure names this rank and the call
+        (c10d does not say which peer)."""
+        timeout = self.transport.timeout if self.transport is not None else config.timeout()
+        try:
+            work.wait(datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:
+            why = str(e).splitlines()[0][-200:]
+            raise GradwireError(f"rank {self.rank}: torch.distributed {what} failed or timed "
+                                f"out after {timeout:g} s (a rank died, stalled or skipped "
+                                f"this call; GRADWIRE_TIMEOUT sets the limit): {why}") from None
+
     def agree(self, call: Call, finite: bool = True) -> bool | None:
         """Fail on every rank, before any state changes, unless every rank makes ``call``;
         whether every rank's data is ``finite`` (None with the header exchange off)."""
@@ -112,7 +127,8 @@ class Comm:
         """``t`` becomes the sum over ranks, in place."""
         t0 = time.perf_counter()
         if self.algo is None:
-            dist.all_reduce(t, group=self.group)
+            self._bounded(dist.all_reduce(t, group=self.group, async_op=True),
+                          f"all_reduce of {t.numel()} elements")
         else:
             gc.all_reduce(t, algo=self.algo, transport=self.transport)
         self.seconds += time.perf_counter() - t0
@@ -124,7 +140,8 @@ class Comm:
         t0 = time.perf_counter()
         if self.algo is None:
             out = torch.empty(self.world * n, dtype=torch.uint8)
-            _ALL_GATHER(out, mine, group=self.group)
+            self._bounded(_ALL_GATHER(out, mine, group=self.group, async_op=True),
+                          f"all_gather of {n} bytes")
         else:
             # gradwire's collectives take float tensors; an allgather only moves the words, so
             # the bytes travel as float32 words (padded to a multiple of 4).

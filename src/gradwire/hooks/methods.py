@@ -84,8 +84,8 @@ def aggregate(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]
     # Before any residual changes: ranks that disagree fail here, all of them, naming why.
     # NaN/Inf on any rank: every rank goes dense, so the average holds them as DDP's would
     # (GradScaler then skips the step) and the residual is consumed, never left non-finite.
-    finite = s.comm.agree([("call", f"hook {m.name}"), ("dense", s.dense), ("elements", n),
-                           ("dtype", x.dtype), ("density", f"{s.density:.6g}")],
+    finite = s.comm.agree([("call", "hook"), ("method", m.name), ("dense", s.dense),
+                           ("elements", n), ("dtype", x.dtype), ("density", f"{s.density:.6g}")],
                           finite=bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite()))
     if finite is False and m.combine != "dense":
         warnings.warn(f"gradwire hook {m.name}: a gradient bucket holds NaN or Inf on some "
