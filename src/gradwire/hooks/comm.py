@@ -98,6 +98,12 @@ class Comm:
         self.world = dist.get_world_size(group)
         wanted = transport or algo is not None or config.check_calls()
         self.transport = Transport(group) if wanted else None
+        # For the data calls that follow a bucket's header (aggregate() exchanges one per
+        # bucket; everything after it derives from what that header agreed): one exchange per
+        # bucket, not one per call.
+        self.agreed = (Transport(group, check_calls=False)
+                       if self.transport is not None and self.transport.check_calls
+                       else self.transport)
         self.seconds = 0.0
 
     def _bounded(self, work: dist.Work, what: str) -> None:
@@ -130,7 +136,7 @@ class Comm:
             self._bounded(dist.all_reduce(t, group=self.group, async_op=True),
                           f"all_reduce of {t.numel()} elements")
         else:
-            gc.all_reduce(t, algo=self.algo, transport=self.transport)
+            gc.all_reduce(t, algo=self.algo, transport=self.agreed)
         self.seconds += time.perf_counter() - t0
 
     def all_gather(self, payload: Payload) -> list[Payload]:
@@ -149,7 +155,7 @@ class Comm:
             send = torch.zeros(words * 4, dtype=torch.uint8)
             send[:n] = mine
             got = torch.empty(self.world * words, dtype=torch.float32)
-            gc.all_gather_into_tensor(got, send.view(torch.float32), transport=self.transport)
+            gc.all_gather_into_tensor(got, send.view(torch.float32), transport=self.agreed)
             out = got.view(torch.uint8).reshape(self.world, words * 4)[:, :n].reshape(-1)
         self.seconds += time.perf_counter() - t0
         return [unpack(payload, out[r * n : (r + 1) * n]) for r in range(self.world)]

@@ -84,8 +84,11 @@ def aggregate(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]
     # Before any residual changes: ranks that disagree fail here, all of them, naming why.
     # NaN/Inf on any rank: every rank goes dense, so the average holds them as DDP's would
     # (GradScaler then skips the step) and the residual is consumed, never left non-finite.
-    finite = s.comm.agree([("call", "hook"), ("method", m.name), ("dense", s.dense),
-                           ("elements", n), ("dtype", x.dtype), ("density", f"{s.density:.6g}")],
+    selector = getattr(s.compressor, "selector", None)
+    method = f"{m.name}/{selector}" if selector else m.name
+    finite = s.comm.agree([("call", "hook"), ("method", method),
+                           ("dense", s.dense), ("elements", n), ("dtype", x.dtype),
+                           ("density", f"{s.density:.6g}")],
                           finite=bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite()))
     if finite is False and m.combine != "dense":
         warnings.warn(f"gradwire hook {m.name}: a gradient bucket holds NaN or Inf on some "
@@ -144,7 +147,7 @@ def _sparse(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]:
     selector = getattr(s.compressor, "selector", "exact")
     t0 = time.perf_counter()
     avg = sparse_allreduce(x, residual, k, s.method.name, selector=selector,
-                           transport=s.comm.transport, group=s.comm.group)
+                           transport=s.comm.agreed, group=s.comm.group)
     s.comm.seconds += time.perf_counter() - t0  # selection and messages interleave: all comm
     return avg, k * (index_dtype(n).itemsize + x.element_size())
 
