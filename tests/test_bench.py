@@ -71,10 +71,16 @@ def _gradwire(*args, env=None):
 
 def test_bench_and_calibrate_on_loopback(tmp_path):
     env = {"GRADWIRE_HOME": str(tmp_path)}
-    p = _gradwire("calibrate", "--loopback", env=env)
+    p = _gradwire("calibrate", "--loopback", "--codec-numel", "20000", env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     cal = json.loads((tmp_path / "calibration" / "loopback.json").read_text())
     assert cal["alpha_s"] > 0 and cal["beta_s_per_byte"] > 0 and cal["gamma_s_per_byte"] > 0
+    from gradwire.hooks import METHODS
+    from gradwire.perf import codecs
+
+    table = codecs.load(str(tmp_path / "calibration" / "loopback.json"))
+    assert table.numel == 20000 and set(table.methods) == set(METHODS)
+    assert table.methods["powersgd"]["encode_s"] > 0 and table.methods["dense"]["encode_s"] == 0
     assert cal["network"] == "loopback, links not shaped"
     out = tmp_path / "b.json"
     p = _gradwire("bench", "--loopback", "--hosts", "3", "--sizes", "1K,13K", "--iters", "2",

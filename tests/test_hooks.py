@@ -1,6 +1,11 @@
 """gradwire.hooks: the factory's checks, the warm-up schedule, residuals carried across DDP's
 bucket rebuild, payload packing, the comm thread, checkpoints; then every method under DDP on
-gloo with P = 2 and 3 (tests/scripts/hooks_check.py)."""
+gloo with P = 2 and 3 (tests/scripts/hooks_check.py), under Lightning and under torchrun."""
+import json
+import math
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -184,3 +189,37 @@ def test_worker_runs_in_order_and_hands_errors_to_the_futures():
 @pytest.mark.parametrize("p", [2, 3])
 def test_every_method_under_ddp(p):
     run_checks("hooks_check.py", p, timeout=300)
+
+
+# --- launchers and frameworks -------------------------------------------------------------
+
+def test_lightning_strategy_runs_the_hook_on_cpu():
+    # Lightning's own ddp_comm_hook argument is ignored off CUDA; gradwire's strategy is not.
+    run_checks("lightning_check.py", 2, timeout=300)
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    ({"ddp_comm_hook": None}, "ddp_comm_hook is set by gradwire from the state"),
+    ({"ddp_comm_state": None, "ddp_comm_wrapper": None}, "ddp_comm_state, ddp_comm_wrapper is set"),
+])
+def test_lightning_strategy_refuses_a_second_hook(kwargs, says):
+    from gradwire.hooks.lightning import strategy
+
+    with pytest.raises(GradwireError, match=says):
+        strategy(gh.make("topk"), **kwargs)
+    with pytest.raises(GradwireError, match="expected a gradwire.hooks.make"):
+        strategy("topk")
+
+
+def test_the_training_worker_runs_unchanged_under_plain_torchrun(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", "-m", "gradwire.train.worker", "--model",
+                        "mlp-small", "--agg", "gtopk", "--density", "0.05", "--epochs", "1",
+                        "--batch-size", "64", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["agg"] == "gtopk" and r["world_size"] == 2 and r["iterations"] > 0
+    assert r["payload_bytes_per_iter_per_rank"] > 0 and math.isfinite(r["loss"][-1])

@@ -302,11 +302,16 @@ def calibrate(
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
     timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 600,
+    codec_numel: Annotated[int, typer.Option(min=0, help="also time every compressor's encode "
+                                             "and decode on this many elements (0: skip)")] =
+    2_000_000,
     loopback: Loopback = False,
 ) -> None:
-    """Measure α (ping-pong), β (streaming) and γ (reduction) and save them for the model."""
+    """Measure α (ping-pong), β (streaming) and γ (reduction), and each compressor's encode and
+    decode time, and save them for the model (whatif/advise --codecs FILE reads the latter)."""
     from gradwire.bench import calibrate as cal
     from gradwire.jobs import run_ranks
+    from gradwire.perf import codecs
 
     parse_bandwidth(bandwidth)
     if cluster is None and hosts < 2:
@@ -314,12 +319,228 @@ def calibrate(
     with _cluster(hosts, bandwidth, cluster, loopback) as c:
         measured = run_ranks(c, "gradwire.bench.calibrate", [], "calibrate", timeout, console)
         key = format_bandwidth(c.bandwidth_bps) if c.shaped else "loopback"
-        d = cal.record(measured, key, len(c.hosts), c.label)
+        n_hosts, label = len(c.hosts), c.label
+    if codec_numel:
+        measured["codecs"] = codecs.measure(codec_numel)
+    d = cal.record(measured, key, n_hosts, label)
     t = Table("α (us)", "β (ns/byte)", "link (Gbit/s)", "γ (ns/byte)", "network", "saved to")
     t.add_row(f"{d['alpha_s'] * 1e6:.1f}", f"{d['beta_s_per_byte'] * 1e9:.3f}",
               f"{d['link_gbit_per_s_measured']:.3f}", f"{d['gamma_s_per_byte'] * 1e9:.4f}",
               d["network"], d["path"])
     console.print(t)
+    if codec_numel:
+        t = Table("method", "encode (ms)", "decode (ms)",
+                  title=f"encode/decode of {codec_numel:,} fp32 elements, this machine")
+        for name, m in measured["codecs"]["methods"].items():
+            t.add_row(name, f"{m['encode_s'] * 1e3:.2f}", f"{m['decode_s'] * 1e3:.2f}")
+        console.print(t)
+
+
+@app.command()
+def profile(
+    model: Annotated[str | None, typer.Option(help="a model from `gradwire models` to measure "
+                                              "on this machine")] = None,
+    batch_size: BatchSize = 32,
+    iters: Annotated[int, typer.Option(min=1, help="timed iterations")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="untimed iterations first")] = 3,
+    seq_len: Annotated[int, typer.Option(min=1, help="text models: symbols per sample")] = 64,
+    out: Annotated[Path | None, typer.Option(help="write the profile (JSON) here, for "
+                                             "whatif/advise --model FILE")] = None,
+) -> None:
+    """Measure a model's forward, per-tensor backward and optimizer-step time on this machine
+    as a profile; without --model, list the built-in profiles.
+
+    Example: gradwire profile --model resnet20 --out resnet20-here.json
+    """
+    from gradwire.perf import profiles
+
+    if model is None:
+        t = Table("profile", "parameters", "forward (ms)", "backward (ms)", "batch", "what")
+        for name in profiles.builtin_names():
+            p = profiles.load(name)
+            ms = [f"{v * 1e3:.1f}" if v is not None else "-" for v in (p.forward_s, p.backward_s)]
+            t.add_row(name, f"{p.numel:,}", *ms, str(p.batch_size or "-"), p.description)
+        console.print(t)
+        return
+    from gradwire.perf.measure import measure
+
+    p = measure(model, batch_size, iters, warmup, seq_len)
+    t = Table("model", "parameters", "tensors", "forward (ms)", "backward (ms)", "step (ms)",
+              title=p.sources["forward_s"])
+    t.add_row(model, f"{p.numel:,}", str(len(p.params)), f"{p.forward_s * 1e3:.2f}",
+              f"{p.backward_s * 1e3:.2f}", f"{p.step_s * 1e3:.2f}")
+    console.print(t)
+    if out:
+        out.write_text(p.to_text())
+        console.print(f"wrote {out}")
+
+
+PerfModel = Annotated[str, typer.Option("--model", help="a built-in profile (gradwire profile "
+                                         "lists them) or a profile JSON file")]
+PerfAgg = Annotated[str, typer.Option("--agg", help="comma list of methods (dense, fp16, topk, "
+                                      "gtopk, powersgd, signsgd, ...)")]
+PerfDensity = Annotated[float, typer.Option(help="sparsifiers' kept fraction")]
+PerfRank = Annotated[int, typer.Option(help="PowerSGD rank")]
+PerfSlowdown = Annotated[float, typer.Option(help="factor (>= 1) by which backward slows while "
+                                             "communication runs beside it")]
+PerfAlpha = Annotated[float, typer.Option("--alpha-us", help="latency per message, µs "
+                                          "(default: this cluster's calibration)")]
+PerfGamma = Annotated[float, typer.Option("--gamma-ns", help="reduction, ns per byte")]
+PerfCodecs = Annotated[str, typer.Option(help="encode/decode times: here (this machine's "
+                                         "benchmark), v100 (compression-utility Table 2) or a "
+                                         "JSON file")]
+PerfCompute = Annotated[str | None, typer.Option("--compute-ms", help="FORWARD,BACKWARD ms "
+                                                 "to use instead of the profile's")]
+PerfMode = Annotated[str, typer.Option(help="bucket: DDP buckets; model: one bucket")]
+PerfBucket = Annotated[float, typer.Option("--bucket-mb", help="DDP bucket cap, MiB")]
+
+
+def _perf_inputs(model: str, agg: str, density: float, rank: int, mode: str, bucket_mb: float,
+                 codecs: str, compute_ms: str | None):
+    from gradwire.perf import codecs as codec_tables
+    from gradwire.perf import profiles
+    from gradwire.perf.model import Aggregation
+    from gradwire.perf.whatif import parse_numbers
+
+    prof = profiles.load(model)
+    if compute_ms is not None:
+        times = parse_numbers("--compute-ms", compute_ms, low=0.0)
+        if len(times) != 2:
+            raise GradwireError(f"--compute-ms {compute_ms!r}: expected FORWARD,BACKWARD in ms")
+        prof = prof.with_compute(times[0] / 1e3, times[1] / 1e3, "--compute-ms")
+    if bucket_mb <= 0:
+        raise GradwireError(f"--bucket-mb must be > 0, got {bucket_mb}")
+    if rank < 1:
+        raise GradwireError(f"--rank must be >= 1, got {rank}")
+    names = [a.strip() for a in agg.split(",") if a.strip()]
+    if not names:
+        raise GradwireError("--agg needs at least one method")
+    aggs = [Aggregation(n, density=density, rank=rank, mode=mode, bucket_mb=bucket_mb)
+            for n in names]
+    return prof, aggs, codec_tables.load(codecs)
+
+
+@app.command()
+def whatif(
+    model: PerfModel = "resnet50",
+    workers: Annotated[str, typer.Option(help="4:128 (doubling), 4:128:4 or a comma list")] =
+    "4:128",
+    bandwidth: Annotated[str, typer.Option(help="comma list of link rates, e.g. 1gbit,10gbit")]
+    = "1gbit,10gbit,25gbit",
+    agg: PerfAgg = "dense,fp16,topk,gtopk,powersgd,signsgd",
+    compute_speedup: Annotated[str, typer.Option(help="comma list of compute speedups")] = "1",
+    density: PerfDensity = 0.001,
+    rank: PerfRank = 4,
+    mode: PerfMode = "bucket",
+    bucket_mb: PerfBucket = 25.0,
+    overlap_slowdown: PerfSlowdown = 1.0,
+    alpha_us: PerfAlpha = 307.0,
+    gamma_ns: PerfGamma = 0.11,
+    codecs: PerfCodecs = "here",
+    compute_ms: PerfCompute = None,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG of iteration time against "
+                                              "workers here")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write every prediction "
+                                                  "here")] = None,
+) -> None:
+    """Predict iteration time for every (aggregation, workers, bandwidth, compute speedup), the
+    compression needed for near-linear scaling and the encode+decode budget (§5 of the
+    compression-utility paper).
+
+    Example: gradwire whatif --model resnet50 --workers 4:128 --bandwidth 1gbit,10gbit
+    """
+    from gradwire.perf import whatif as w
+    from gradwire.perf.model import parse_link
+
+    prof, aggs, table = _perf_inputs(model, agg, density, rank, mode, bucket_mb, codecs,
+                                     compute_ms)
+    rates = [parse_link(b) for b in bandwidth.split(",")]
+    speedups = w.parse_numbers("--compute-speedup", compute_speedup)
+    setting = w.Setting(alpha_us * 1e-6, gamma_ns * 1e-9, overlap_slowdown)
+    if alpha_us < 0 or gamma_ns < 0 or overlap_slowdown < 1:
+        raise GradwireError("--alpha-us and --gamma-ns must be >= 0 and --overlap-slowdown >= 1")
+    result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, setting)
+    result["command"] = "gradwire " + shlex.join(sys.argv[1:])
+    bws = list(dict.fromkeys(r["bandwidth"] for r in result["rows"]))
+    for x in speedups:
+        t = Table("aggregation", "workers", *(f"{b}: ms (eff.)" for b in bws),
+                  title=f"{prof.model} ({prof.numel / 1e6:.2f} M params), compute ×{x:g}: "
+                        "predicted iteration time and scaling efficiency")
+        rows = [r for r in result["rows"] if r["compute_speedup"] == x]
+        for key in dict.fromkeys((r["agg"], r["workers"]) for r in rows):
+            cells = [r for r in rows if (r["agg"], r["workers"]) == key]
+            t.add_row(key[0], str(key[1]), *(f"{r['iteration_s'] * 1e3:.1f} "
+                                              f"({r['efficiency']:.0%})" for r in cells))
+        console.print(t)
+        a = Table("workers", *(f"{b}: ratio / budget" for b in bws),
+                  title="compression an all-reducible scheme needs for linear scaling, and the "
+                        "most encode+decode may cost (dense time − compute time)")
+        ans = [r for r in result["answers"] if r["compute_speedup"] == x]
+        for p in dict.fromkeys(r["workers"] for r in ans):
+            a.add_row(str(p), *(f"{r['required_compression']:.3g}× / "
+                                f"{r['coding_budget_s'] * 1e3:.1f} ms"
+                                for r in ans if r["workers"] == p))
+        console.print(a)
+    console.print(f"α {alpha_us:g} µs, γ {gamma_ns:g} ns/B, overlap slowdown "
+                  f"{overlap_slowdown:g}; compute: {result['compute_source']}; encode/decode: "
+                  f"{table.source}")
+    if plot:
+        console.print(f"wrote {w.plot(result, plot)}")
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+@app.command()
+def advise(
+    model: PerfModel = "resnet50",
+    workers: Annotated[int, typer.Option(min=1, help="number of workers")] = 32,
+    bandwidth: Annotated[str, typer.Option(help="link rate, e.g. 1gbit")] = "1gbit",
+    agg: Annotated[str | None, typer.Option("--agg", help="comma list of methods to rank "
+                                            "(default: every method)")] = None,
+    density: PerfDensity = 0.001,
+    rank: PerfRank = 4,
+    mode: PerfMode = "bucket",
+    bucket_mb: PerfBucket = 25.0,
+    compute_speedup: Annotated[float, typer.Option(help="compute speedup")] = 1.0,
+    overlap_slowdown: PerfSlowdown = 1.0,
+    alpha_us: PerfAlpha = 307.0,
+    gamma_ns: PerfGamma = 0.11,
+    codecs: PerfCodecs = "here",
+    compute_ms: PerfCompute = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the ranking here")]
+    = None,
+) -> None:
+    """Rank every aggregation scheme by predicted iteration time and say why the winner wins.
+
+    Example: gradwire advise --model resnet50 --workers 32 --bandwidth 1gbit
+    """
+    from gradwire.hooks import METHODS
+    from gradwire.perf import advise as adv
+    from gradwire.perf.model import Cluster, parse_link
+
+    prof, aggs, table = _perf_inputs(model, agg or ",".join(METHODS), density, rank, mode,
+                                     bucket_mb, codecs, compute_ms)
+    if alpha_us < 0 or gamma_ns < 0:
+        raise GradwireError("--alpha-us and --gamma-ns must be >= 0")
+    cluster = Cluster(workers, parse_link(bandwidth), alpha_us * 1e-6, gamma_ns * 1e-9)
+    ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup, overlap_slowdown)
+    t = Table("#", "aggregation", "iteration (ms)", "efficiency", "not hidden (ms)",
+              "encode+decode (ms)", "wire (ms)", "sent/rank (MB)",
+              title=f"{prof.model}, {workers} workers, {bandwidth}")
+    for i, r in enumerate(ranked, 1):
+        p = r.prediction
+        t.add_row(str(i), r.agg.label, f"{r.seconds * 1e3:.1f}", f"{float(p.efficiency):.0%}",
+                  f"{r.overhead * 1e3:.1f}", f"{p.coding * 1e3:.1f}",
+                  f"{float(p.communicate) * 1e3:.1f}", f"{p.wire_bytes / 1e6:.3g}")
+    console.print(t)
+    console.print(adv.explain(ranked))
+    for s in skipped:
+        console.print(f"not ranked: {s}")
+    if json_out:
+        json_out.write_text(json.dumps([{"agg": r.agg.label, "iteration_s": r.seconds,
+                                         "overhead_s": r.overhead} for r in ranked], indent=1))
+        console.print(f"wrote {json_out}")
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from checklist import Checklist
+from checklist import check, done
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -28,7 +28,6 @@ from gradwire.transport import Transport
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, p = dist.get_rank(), dist.get_world_size()
-check = Checklist(f"rank {rank}")
 TIMEOUT = 3.0
 t = Transport(timeout=TIMEOUT)
 
@@ -169,4 +168,4 @@ if rank != p - 1:
         check(took < 3 * TIMEOUT, f"final skipped call took {took:.1f} s")
 else:
     time.sleep(2 * TIMEOUT)
-check.done()
+done()

@@ -1,21 +1,39 @@
-"""What every check script shares: count checks, print one FAIL line per failed one, and end
-with the CHECKED line that tests/conftest.py's run_checks reads."""
+"""What the rank scripts in tests/scripts share: one FAIL line per problem found, a final
+CHECKED line (tests/conftest.py ``run_checks`` reads both), and the comparison of a
+transport's byte and message counters with the traffic its schedule predicts."""
+import os
+
+RANK = os.environ.get("RANK", "?")
+fails: list[str] = []
+checked = 0
 
 
-class Checklist:
-    def __init__(self, who: str) -> None:
-        self.who = who  # "rank 3", or a process's name
-        self.fails: list[str] = []
-        self.checked = 0
+def fail(msg: str) -> None:
+    fails.append(msg)
+    print(f"FAIL rank {RANK}: {msg}", flush=True)
 
-    def __call__(self, ok: bool, msg: str) -> bool:
-        self.checked += 1
-        if not ok:
-            self.fails.append(msg)
-            print(f"FAIL {self.who}: {msg}", flush=True)
-        return ok
 
-    def done(self, **extra: object) -> None:
-        more = "".join(f" {k}={v}" for k, v in extra.items())
-        print(f"CHECKED {self.who} cases={self.checked} failures={len(self.fails)}{more}",
-              flush=True)
+def counted() -> None:
+    """One more case examined (for cases that report through :func:`fail`)."""
+    global checked
+    checked += 1
+
+
+def check(ok: bool, msg: str) -> None:
+    counted()
+    if not ok:
+        fail(msg)
+
+
+def counters(tag: str, transport, traffic, rank: int) -> None:
+    """The transport's per-peer bytes and messages must equal the schedule's ``traffic``."""
+    want = (traffic.bytes_sent[rank].tolist(), traffic.bytes_received[rank].tolist(),
+            traffic.messages_sent[rank].tolist())
+    got = (transport.bytes_sent, transport.bytes_received, transport.messages_sent)
+    if got != want:
+        fail(f"{tag}: counters sent {got[0]} recv {got[1]} msgs {got[2]}, schedule says "
+             f"{want[0]} {want[1]} {want[2]}")
+
+
+def done() -> None:
+    print(f"CHECKED rank {RANK} cases={checked} failures={len(fails)}", flush=True)

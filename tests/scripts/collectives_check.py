@@ -9,6 +9,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from checklist import counted, counters, done, fail
 
 import gradwire.collectives as gc
 from gradwire.schedules import registry
@@ -22,12 +23,6 @@ only = os.environ.get("ALGOS")  # "allreduce/ring,broadcast/lp"
 # Non-default parameters worth executing too: many-block pipelines, several servers.
 VARIANTS = {"lp": [{}, {"block": 3}], "dbtree": [{}, {"block": 3}], "ps": [{}, {"servers": p}]}
 dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
-fails, checked = [], 0
-
-
-def fail(msg: str) -> None:
-    fails.append(msg)
-    print(f"FAIL rank {rank}: {msg}", flush=True)
 
 
 def data(n: int, seed: int, dtype: torch.dtype, r: int) -> torch.Tensor:
@@ -77,7 +72,7 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
                 out = torch.zeros(n, dtype=dt)
                 gc.reduce_scatter_tensor(out, xin, algo=algo.name, transport=t, **params)
                 got, want = out, full[rank * n : (rank + 1) * n]
-            checked += 1
+            counted()
             if got is not None and not torch.equal(got.double(), want):
                 bad = (got.double() != want).nonzero()[0].item()
                 fail(f"{tag} n={n} {dt}: element {bad} is {got[bad].item()}, "
@@ -85,14 +80,7 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
             count = n * p if c in ("allgather", "reducescatter") else n
             s = registry.schedule(c, algo.name, p, count, root if algo.rooted else 0,
                                   itemsize=x.element_size(), **params)
-            tr = traffic(s, x.element_size())
-            if t.bytes_sent != tr.bytes_sent[rank].tolist() or \
-               t.bytes_received != tr.bytes_received[rank].tolist() or \
-               t.messages_sent != tr.messages_sent[rank].tolist():
-                fail(f"{tag} n={n} {dt}: counters sent {t.bytes_sent} recv "
-                     f"{t.bytes_received} msgs {t.messages_sent}, schedule says "
-                     f"{tr.bytes_sent[rank].tolist()} {tr.bytes_received[rank].tolist()} "
-                     f"{tr.messages_sent[rank].tolist()}")
+            counters(f"{tag} n={n} {dt}", t, traffic(s, x.element_size()), rank)
     # random float32 against the built-in all_reduce, sum and avg
     if algo.collective == "allreduce":
         for how in ("sum", "avg"):
@@ -103,8 +91,8 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
             if how == "avg":
                 ref /= p
             gc.all_reduce(x, op=how, algo=algo.name, **params)
-            checked += 1
+            counted()
             if not torch.allclose(x, ref, rtol=1e-5, atol=1e-5):
                 fail(f"{tag} float32 {how}: max error {(x - ref).abs().max().item()}")
-print(f"CHECKED rank {rank} cases={checked} failures={len(fails)}", flush=True)
+done()
 dist.destroy_process_group()

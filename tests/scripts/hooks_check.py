@@ -11,7 +11,7 @@ import math
 
 import torch
 import torch.distributed as dist
-from checklist import Checklist
+from checklist import check, done
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -19,14 +19,12 @@ import gradwire.hooks as gh
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, p = dist.get_rank(), dist.get_world_size()
-check = Checklist(f"rank {rank}")
 SMALL_BUCKETS, ONE_BUCKET = 0.0001, 25
 STEPS = 3
 EF = {"topk", "gtopk", "randomk", "dgc", "efsignsgd", "powersgd"}
 # Most nonzeros the average may have for k per rank: gTop-k's is the global top-k.
 SPARSE_BOUND = {"gtopk": lambda k: k, "topk": lambda k: p * k, "randomk": lambda k: k,
                 "dgc": lambda k: p * math.ceil(1.25 * k)}
-
 
 
 def model() -> nn.Module:
@@ -203,5 +201,5 @@ for m, mode, exact in (("qsgd", "bucket", True), ("dgc", "model", True),
     same(results[1], results[0], f"{m} mode={mode} over gradwire's ring", exact, atol=1e-12)
     same(results[2], results[0], f"{m} mode={mode} without the comm thread")
 
-check.done()
+done()
 dist.destroy_process_group()

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from checklist import counted, counters, done, fail  # noqa: E402
 from sparse_reference import reference  # noqa: E402
 
 from gradwire.schedules.cost import traffic  # noqa: E402
@@ -27,13 +28,6 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank, p = dist.get_rank(), dist.get_world_size()
 METHODS = [("topk", "rd"), ("topk", "ring"), ("gtopk", None)]
 NP = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
-fails: list[str] = []
-checked = 0
-
-
-def fail(msg: str) -> None:
-    fails.append(msg)
-    print(f"FAIL rank {rank}: {msg}", flush=True)
 
 
 def data(n: int, seed: int, dtype: torch.dtype, r: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +46,6 @@ def gather(x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def case(n: int, k: int, dtype: torch.dtype, method: str, algo: str | None, seed: int) -> None:
-    global checked
     tag = f"{method}{'/' + algo if algo else ''} n={n} k={k} {dtype}"
     inputs = [data(n, seed, dtype, r) for r in range(p)]
     x, residual = inputs[rank][0].clone(), inputs[rank][1].clone()
@@ -61,15 +54,9 @@ def case(n: int, k: int, dtype: torch.dtype, method: str, algo: str | None, seed
     avg = sparse_allreduce(x, residual, k, method, transport=t, algo=algo, out=out)
     if out is not None and avg is not x:
         fail(f"{tag}: out= was not used")
-    tr = traffic(schedule(method, p, n, k, dtype, algo), 1)
-    if (t.bytes_sent != tr.bytes_sent[rank].tolist()
-            or t.bytes_received != tr.bytes_received[rank].tolist()
-            or t.messages_sent != tr.messages_sent[rank].tolist()):
-        fail(f"{tag}: counters sent {t.bytes_sent} recv {t.bytes_received} msgs "
-             f"{t.messages_sent}, schedule says {tr.bytes_sent[rank].tolist()} "
-             f"{tr.bytes_received[rank].tolist()} {tr.messages_sent[rank].tolist()}")
+    counters(tag, t, traffic(schedule(method, p, n, k, dtype, algo), 1), rank)
     avgs, residuals = gather(avg), gather(residual)
-    checked += 1
+    counted()
     if rank != 0:
         return
     if avg.dtype != dtype or avg.numel() != n:
@@ -105,5 +92,5 @@ runs += [(n, k, dt) for n, k in [(7, 3), (600, 61)]
 for seed, (n, k, dtype) in enumerate(runs):
     for method, algo in METHODS:
         case(n, k, dtype, method, algo, seed)
-print(f"CHECKED rank {rank} cases={checked} failures={len(fails)}", flush=True)
+done()
 dist.destroy_process_group()

@@ -5,7 +5,7 @@ Example::
     import gradwire.hooks
     state = gradwire.hooks.make("topk", density=0.01)
     state.register(ddp_model)          # or ddp_model.register_comm_hook(state, state.hook)
-    # Lightning: DDPStrategy(ddp_comm_state=state, ddp_comm_hook=state.hook)
+    # Lightning: Trainer(strategy=gradwire.hooks.lightning.strategy(state, ...))
 
 What is written back is the average gradient (signsgd: the majority vote of the signs). For n
 elements of a bucket (fp32), P ranks, k = ⌈density·n⌉:

@@ -36,6 +36,7 @@ from gradwire.compress import (
 from gradwire.compress.base import acc_dtype, index_dtype, select_count
 from gradwire.hooks.comm import Comm
 from gradwire.hooks.layout import Layout
+from gradwire.sparse import sparse_allreduce
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,6 @@ def _dense(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]:
 
 
 def _sparse(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]:
-    from gradwire.sparse import sparse_allreduce  # helper H1's module; imported when used
-
     assert s.ef is not None
     n = x.numel()
     k = select_count(n, s.density, None)
@@ -145,10 +144,14 @@ def _sparse(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]:
     if residual is None:
         residual = s.ef.residuals[key] = torch.zeros_like(x)
     selector = getattr(s.compressor, "selector", "exact")
-    t0 = time.perf_counter()
+    t0, timings = time.perf_counter(), {}
+    # x is spent once added to the residual, so the average is written over it (a fresh
+    # tensor of n elements would cost page faults every step).
     avg = sparse_allreduce(x, residual, k, s.method.name, selector=selector,
-                           transport=s.comm.agreed, group=s.comm.group)
-    s.comm.seconds += time.perf_counter() - t0  # selection and messages interleave: all comm
+                           transport=s.comm.agreed, group=s.comm.group, out=x,
+                           timings=timings)
+    # error feedback and selection count as compression; messages and merges as communication
+    s.comm.seconds += time.perf_counter() - t0 - timings["select"]
     return avg, k * (index_dtype(n).itemsize + x.element_size())
 
 

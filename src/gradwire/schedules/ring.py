@@ -38,13 +38,12 @@ def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> in
 
 def ring_steps(p: int, count: int, first: int, op: str, pipeline: int) -> list[list[Transfer]]:
     """p−1 steps; at step i rank r sends chunk (r + first − i) mod p to r+1."""
-    chunks = blocks(count, p)
+    pieces = [split(c0, cn, pipeline) for c0, cn in blocks(count, p)]  # once, not p² times
     steps = []
     for i in range(p - 1):
         step = []
         for r in range(p):
-            c0, cn = chunks[(r + first - i) % p]
-            step += [Transfer(r, (r + 1) % p, s0, sn, op) for s0, sn in split(c0, cn, pipeline)]
+            step += [Transfer(r, (r + 1) % p, s0, sn, op) for s0, sn in pieces[(r + first - i) % p]]
         steps.append(step)
     return steps
 

@@ -1,0 +1,168 @@
+"""Performance model against measured training on the emulated cluster.
+
+For each link rate and P, one emulated cluster runs ``gradwire train`` (the project's 1.13 M
+parameter MLP, batch 32 per rank, no warm-up, DDP's default buckets) once per aggregation, and
+the model predicts the same configuration:
+
+- compute: forward + backward of the *dense run at the same P and rate* (its reported compute),
+  split into forward and per-tensor backward as ``gradwire profile`` measures them in one
+  process; the optimizer step from that run too. So dense predictions test the communication
+  and overlap model only; P ranks share this machine's 2 cores, which a one-process profile
+  cannot see;
+- network: α and γ of this cluster's 1 Gbit/s calibration; β = calibrated β × 1 Gbit/s / rate;
+- encode/decode: the built-in ``here`` codec table (one process, 2 threads);
+- overlap slowdown κ = 1 (not fitted).
+
+Measured iteration = P·batch / samples per second over the steady epochs. The advisor's pick at
+each (rate, P) is the scheme with the lowest prediction among those measured.
+
+    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 25 minutes
+    python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,fp16 --out v.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from gradwire.bandwidth import parse_bandwidth
+from gradwire.bench import provenance
+from gradwire.cluster import ephemeral_cluster
+from gradwire.perf import codecs
+from gradwire.perf.measure import measure
+from gradwire.perf.model import Aggregation, Cluster, predict
+from gradwire.train.job import TrainConfig, train_on, validate
+
+HERE = Path(__file__).parent
+# benchmarks/results/collectives_1gbit.json, "calibration"
+ALPHA_S, BETA_1GBIT, GAMMA = 306.5e-6, 8.362e-9, 0.108e-9
+EPOCHS = {2: 2, 4: 3, 8: 5}  # about 20 steady iterations each (digits: 1437 training samples)
+
+
+def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, console: Console,
+        batch: int = 32) -> dict:
+    prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
+    table = codecs.load("here")
+    doc = {**provenance.stamp("python benchmarks/perf_validation.py " + shlex.join(sys.argv[1:])),
+           "model": "mlp", "batch_size": batch, "profile_one_process": prof.to_json() | {
+               "params": len(prof.params)}, "rows": [],
+           "conditions": {"load_average_start": os.getloadavg()}}
+    for rate in rates:
+        bps = parse_bandwidth(rate)
+        for p in workers:
+            measured = {}
+            with ephemeral_cluster(p, rate, False) as c:
+                for agg in aggs:
+                    cfg = TrainConfig(model="mlp", agg=agg, warmup=False, epochs=EPOCHS.get(p, 3),
+                                      batch_size=batch)
+                    validate(cfg, p)
+                    res = train_on(c, cfg, f"{agg} P={p} {rate}", 1800, console)
+                    measured[agg] = res
+            ref = measured.get("dense") or next(iter(measured.values()))
+            compute = ref["seconds_per_iter"]["compute"]
+            share = prof.forward_s / (prof.forward_s + prof.backward_s)
+            here = prof.with_compute(compute * share, compute * (1 - share),
+                                     "dense run's compute")
+            here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
+            cluster = Cluster(p, bps, ALPHA_S, GAMMA, beta=BETA_1GBIT * 1e9 / bps)
+            for agg, res in measured.items():
+                pred = predict(here, cluster, Aggregation(agg), table)
+                meas = p * batch / res["samples_per_s"]
+                doc["rows"].append({
+                    "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
+                    "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
+                    "measured_parts_s": res["seconds_per_iter"],
+                    "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
+                                          "step": pred.step, "coding": pred.coding,
+                                          "communicate": float(pred.communicate),
+                                          "exposed": float(pred.exposed)},
+                    "iterations": res["iterations"], "load_average": os.getloadavg()[0]})
+            out.write_text(json.dumps(summarise(doc), indent=1) + "\n")  # partial results kept
+    return summarise(doc)
+
+
+def summarise(doc: dict) -> dict:
+    rows = doc["rows"]
+    if not rows:
+        return doc
+    errs = [abs(r["error"]) for r in rows]
+    picks = []
+    for key in dict.fromkeys((r["bandwidth"], r["workers"]) for r in rows):
+        group = [r for r in rows if (r["bandwidth"], r["workers"]) == key]
+        pick = min(group, key=lambda r: r["predicted_s"])
+        best = min(group, key=lambda r: r["measured_s"])
+        picks.append({"bandwidth": key[0], "workers": key[1], "advised": pick["agg"],
+                      "best_measured": best["agg"],
+                      "advised_vs_best": pick["measured_s"] / best["measured_s"] - 1})
+    doc["summary"] = {"configs": len(rows), "median_abs_error": statistics.median(errs),
+                      "max_abs_error": max(errs), "advisor": picks,
+                      "advisor_within_5pct": sum(x["advised_vs_best"] <= 0.05 for x in picks),
+                      "load_average_end": os.getloadavg()}
+    return doc
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    aggs = list(dict.fromkeys(r["agg"] for r in doc["rows"]))
+    for i, agg in enumerate(aggs):
+        for rate, marker in zip(dict.fromkeys(r["bandwidth"] for r in doc["rows"]), "os^",
+                                strict=False):
+            pts = [(r["measured_s"] * 1e3, r["predicted_s"] * 1e3) for r in doc["rows"]
+                   if r["agg"] == agg and r["bandwidth"] == rate]
+            if pts:
+                ax.scatter(*zip(*pts, strict=True), color=f"C{i}", marker=marker,
+                           label=f"{agg}, {rate}", zorder=3)
+    lim = [min(min(r["measured_s"], r["predicted_s"]) for r in doc["rows"]) * 1e3 * 0.8,
+           max(max(r["measured_s"], r["predicted_s"]) for r in doc["rows"]) * 1e3 * 1.2]
+    xs = np.geomspace(*lim, 50)
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, xs * 0.85, xs * 1.15, color="0.9", label="±15 %", zorder=1)
+    ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured iteration (ms)",
+           ylabel="predicted iteration (ms)")
+    s = doc["summary"]
+    ax.set_title(f"mlp, P = 2/4/8: median |error| {s['median_abs_error']:.1%}, "
+                 f"max {s['max_abs_error']:.1%}", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", default="1gbit,100mbit")
+    ap.add_argument("--workers", default="2,4,8")
+    ap.add_argument("--aggs", default="dense,fp16,topk,gtopk,powersgd,signsgd")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "perf_validation.json")
+    a = ap.parse_args()
+    console = Console()
+    doc = run(a.rates.split(","), [int(p) for p in a.workers.split(",")], a.aggs.split(","),
+              a.out, console)
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    plot(doc, a.out.with_suffix(".png"))
+    s = doc["summary"]
+    for r in doc["rows"]:
+        console.print(f"{r['bandwidth']:>7} P={r['workers']} {r['agg']:>9}: measured "
+                      f"{r['measured_s'] * 1e3:7.1f} ms, predicted {r['predicted_s'] * 1e3:7.1f} "
+                      f"ms ({r['error']:+.1%})")
+    console.print(f"median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}; "
+                  f"advisor within 5 % of best in {s['advisor_within_5pct']} of "
+                  f"{len(s['advisor'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""``gradwire advise``: rank every aggregation scheme for one cluster and say why the winner wins.
+
+Each method of :data:`gradwire.hooks.METHODS` runs with the parameters given (density for the
+sparsifiers, rank for PowerSGD) through :func:`gradwire.perf.model.predict`; methods the codec
+table has no encode/decode time for are listed as not ranked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradwire.errors import GradwireError
+from gradwire.hooks.methods import TABLE
+from gradwire.perf.codecs import CodecTable
+from gradwire.perf.model import Aggregation, Cluster, Prediction, predict
+from gradwire.perf.profiles import Profile
+
+
+@dataclass(frozen=True)
+class Ranked:
+    agg: Aggregation
+    prediction: Prediction
+
+    @property
+    def seconds(self) -> float:
+        return float(self.prediction.iteration)
+
+    @property
+    def overhead(self) -> float:
+        """What the iteration costs beyond compute: exposed communication and coding."""
+        p = self.prediction
+        return float(p.iteration) - p.forward - p.backward - p.step
+
+
+def rank(profile: Profile, cluster: Cluster, aggs: list[Aggregation], codecs: CodecTable,
+         compute_speedup: float = 1.0,
+         overlap_slowdown: float = 1.0) -> tuple[list[Ranked], list[str]]:
+    """Schemes fastest first, and the methods left out (with why)."""
+    ranked, skipped = [], []
+    for agg in aggs:
+        try:
+            r = predict(profile, cluster, agg, codecs, compute_speedup, overlap_slowdown)
+        except GradwireError as e:
+            if agg.method in codecs.methods:
+                raise
+            skipped.append(f"{agg.label}: {e}")
+            continue
+        ranked.append(Ranked(agg, r))
+    if not ranked:
+        raise GradwireError("no aggregation scheme could be predicted: " + "; ".join(skipped))
+    ranked.sort(key=lambda r: r.seconds)
+    return ranked, skipped
+
+
+def default_schemes(density: float, rank_: int) -> list[Aggregation]:
+    return [Aggregation(m, density=density, rank=rank_) for m in TABLE]
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f} ms"
+
+
+def explain(ranked: list[Ranked]) -> str:
+    """Why the first scheme wins, against the runner-up and dense, in numbers."""
+    w = ranked[0]
+    p = w.prediction
+    compute = p.forward + p.backward + p.step
+    lines = [f"{w.agg.label} wins at {_ms(w.seconds)} per iteration: {_ms(compute)} of compute "
+             f"and {_ms(w.overhead)} that backward does not hide ({_ms(p.coding)} encode+decode"
+             f", {_ms(float(p.communicate))} on the wire in all, {p.wire_bytes / 1e6:.3g} MB "
+             f"sent per rank over {p.buckets} buckets)."]
+    if len(ranked) > 1:
+        r = ranked[1]
+        q = r.prediction
+        why = ("more encode+decode" if q.coding - p.coding > float(q.communicate - p.communicate)
+               else "more time on the wire")
+        lines.append(f"Runner-up {r.agg.label} takes {_ms(r.seconds)} "
+                     f"({(r.seconds / w.seconds - 1) * 100:.1f} % slower), mostly {why}: "
+                     f"encode+decode {_ms(q.coding)}, wire {_ms(float(q.communicate))}.")
+    dense = next((r for r in ranked if r.agg.method == "dense"), None)
+    if dense is not None and dense is not w:
+        lines.append(f"Dense takes {_ms(dense.seconds)} ({dense.seconds / w.seconds:.2f}× the "
+                     f"winner): {_ms(float(dense.prediction.communicate))} on the wire, "
+                     f"{_ms(dense.overhead)} of it not hidden by backward.")
+    elif dense is w:
+        lines.append("No compressor saves more wire time than its encode+decode costs here.")
+    return "\n".join(lines)

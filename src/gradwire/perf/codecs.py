@@ -1,0 +1,95 @@
+"""Encode and decode time of each aggregation method: the part of compression the model cannot
+hide behind communication (it runs on the hook's thread, before and after each bucket's
+messages).
+
+A codec table is JSON: ``numel`` (the gradient the times were measured on), ``source`` and, per
+method, ``encode_s`` and ``decode_s`` with the ``params`` used. Times scale in proportion to the
+elements compressed. Methods that gather payloads (``gather`` and ``vote`` in
+:data:`gradwire.hooks.methods.TABLE`) decode every rank's payload, so their decode is P times
+the table's. Built-in tables: ``here`` (this machine's compress_speed benchmark) and ``v100``
+(Table 2 of the compression-utility paper: one encode+decode number per method). ``gradwire
+calibrate`` measures a table on the machine it runs on and stores it with α, β, γ; pass that
+calibration file as the table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from gradwire.errors import GradwireError, did_you_mean
+from gradwire.hooks.methods import TABLE
+
+
+@dataclass(frozen=True)
+class CodecTable:
+    name: str
+    numel: int
+    methods: dict[str, dict]
+    source: str
+
+    def seconds(self, method: str, numel: int, world_size: int) -> tuple[float, float]:
+        """(encode, decode) seconds for one bucket of ``numel`` elements."""
+        if method not in self.methods:
+            raise GradwireError(f"codec table {self.name!r} has no encode/decode time for "
+                                f"{method!r} (it has {', '.join(self.methods)}): use another "
+                                f"--codecs table or run gradwire calibrate")
+        m, scale = self.methods[method], numel / self.numel
+        gathered = TABLE[method].combine in ("gather", "vote")
+        return m["encode_s"] * scale, m["decode_s"] * scale * (world_size if gathered else 1)
+
+
+BUILTIN = ("here", "v100")
+
+
+def load(name_or_path: str) -> CodecTable:
+    if name_or_path in BUILTIN:
+        text = resources.files("gradwire.perf").joinpath("codecs", f"{name_or_path}.json")
+        doc = json.loads(text.read_text())
+    elif Path(name_or_path).is_file():
+        doc = json.loads(Path(name_or_path).read_text())
+        doc = doc.get("codecs", doc)  # a calibration file keeps its table under "codecs"
+    else:
+        raise GradwireError(f"unknown codec table {name_or_path!r}"
+                            f"{did_you_mean(name_or_path, BUILTIN)}: expected "
+                            f"{', '.join(BUILTIN)} or a JSON file")
+    for key in ("numel", "methods"):
+        if key not in doc:
+            raise GradwireError(f"codec table {name_or_path}: missing field {key!r}")
+    return CodecTable(name_or_path, int(doc["numel"]), dict(doc["methods"]),
+                      str(doc.get("source", "")))
+
+
+def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
+            rank: int = 4) -> dict:
+    """Encode and decode medians of every method on ``numel`` random fp32 elements, here."""
+    from gradwire.compress import get
+
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    params = {"topk": {"density": density}, "randomk": {"density": density},
+              "dgc": {"density": density}, "powersgd": {"rank": rank}}
+    methods: dict[str, dict] = {"dense": {"params": {}, "encode_s": 0.0, "decode_s": 0.0}}
+    for name, m in TABLE.items():
+        if m.compressor is None:
+            continue
+        c = get(m.compressor, **params.get(m.compressor, {}))
+        enc, dec = [], []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            payload = c.compress(x)
+            t1 = time.perf_counter()
+            c.decompress(payload, numel)
+            enc.append(t1 - t0)
+            dec.append(time.perf_counter() - t1)
+        methods[name] = {"params": params.get(m.compressor, {}),
+                         "encode_s": statistics.median(enc[1:]),
+                         "decode_s": statistics.median(dec[1:])}
+    return {"numel": numel, "dtype": "float32", "methods": methods,
+            "source": f"measured by gradwire calibrate: torch {torch.__version__}, "
+                      f"{torch.get_num_threads()} threads, median of {repeats}"}

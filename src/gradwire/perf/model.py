@@ -1,0 +1,192 @@
+"""Predicted iteration time of data-parallel training: compute overlapped with bucketed,
+scheduled communication (the compression-utility paper's model, §4, with every collective
+costed from its schedule).
+
+For a profile (tensors in backward order, compute times), a cluster (P, α, β, γ) and an
+aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
+
+1. Buckets as DDP forms them: tensors in backward order, the first bucket closed at
+   ``first_bucket_mb`` and the others at ``bucket_mb`` (mode "model": one bucket of
+   everything). Bucket b is ready when backward has produced its last tensor:
+   R_b = κ·Σ backward time of the tensors up to it, κ ≥ 1 the slowdown of compute that runs
+   beside communication (only when there is something to overlap: more than one bucket).
+2. One FIFO communication thread (as the hooks run): E_b = max(R_b, E_{b−1}) + encode_b +
+   comm_b + decode_b. The last bucket can only start after backward: the exposed tail.
+3. comm_b is ``cost()`` of the method's schedules (:mod:`.comm`) on the bucket's wire bytes:
+   dense, fp16/bf16, random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and
+   Q); top-k and gTop-k: their sparse schedules; every other method: ring allgather of the
+   payloads. encode/decode from a codec table (:mod:`.codecs`).
+4. t_iter = t_f + max(κ·t_b, E_last) + t_step; scaling efficiency e = (t_f + t_b)/t_iter
+   (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
+
+Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidths is one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from gradwire.bandwidth import parse_bandwidth
+from gradwire.compress import get, matrix_shape
+from gradwire.compress.base import select_count
+from gradwire.errors import GradwireError, did_you_mean
+from gradwire.hooks.methods import TABLE
+from gradwire.perf import comm
+from gradwire.perf.codecs import CodecTable
+from gradwire.perf.profiles import Profile
+from gradwire.sparse.allreduce import spec as sparse_spec
+
+DDP_BUCKET_MB = 25.0  # DistributedDataParallel's bucket_cap_mb
+DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """P workers on links of ``link_bps`` each way; α s per message, β s per byte (default
+    8/link_bps), γ s per byte reduced. Arrays of link rates give one prediction per rate."""
+
+    workers: int
+    link_bps: np.ndarray | float
+    alpha: float
+    gamma: float = 0.0
+    beta: np.ndarray | float | None = None
+
+    @property
+    def beta_s(self) -> np.ndarray:
+        return np.asarray(8.0 / np.asarray(self.link_bps, dtype=float) if self.beta is None
+                          else self.beta, dtype=float)
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A method of gradwire.hooks.METHODS with its parameters, as ``gradwire train`` runs it."""
+
+    method: str
+    density: float = 0.001
+    rank: int = 4
+    mode: str = "bucket"
+    bucket_mb: float = DDP_BUCKET_MB
+    first_bucket_mb: float = DDP_FIRST_BUCKET_MB
+
+    def __post_init__(self) -> None:
+        if self.method not in TABLE:
+            raise GradwireError(f"unknown aggregation {self.method!r}"
+                                f"{did_you_mean(self.method, TABLE)}: expected one of "
+                                f"{', '.join(TABLE)}")
+        if not 0 < self.density <= 1:
+            raise GradwireError(f"density must be in (0, 1], got {self.density}")
+        if self.mode not in ("bucket", "model"):
+            raise GradwireError(f"mode must be 'bucket' or 'model', got {self.mode!r}")
+
+    @property
+    def label(self) -> str:
+        m = TABLE[self.method]
+        if m.sparse:
+            return f"{self.method} ρ={self.density:g}"
+        return f"{self.method} r={self.rank}" if self.method == "powersgd" else self.method
+
+
+@dataclass
+class Prediction:
+    """Seconds per iteration and its parts, each an array over the cluster's link rates."""
+
+    iteration: np.ndarray
+    forward: float
+    backward: float  # κ·t_b, as it runs beside communication
+    step: float
+    communicate: np.ndarray  # Σ comm_b
+    coding: float  # Σ encode_b + decode_b
+    exposed: np.ndarray  # what backward did not hide: t_iter − t_f − κ·t_b − t_step
+    wire_bytes: int  # one rank's payload per iteration
+    buckets: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def efficiency(self) -> np.ndarray:
+        return (self.forward + self.backward) / self.iteration
+
+
+def buckets(profile: Profile, agg: Aggregation) -> list[tuple[int, float]]:
+    """(elements, backward seconds until ready) of each bucket, in the order they fill."""
+    times = profile.layer_backward_s()
+    if agg.mode == "model":
+        return [(profile.numel, sum(times))]
+    out, n, t = [], 0, 0.0
+    cap = agg.first_bucket_mb * 2**20
+    for (_, size), dt in zip(profile.params, times, strict=True):
+        n, t = n + size, t + dt
+        if n * profile.itemsize >= cap:
+            out.append((n, t))
+            n, cap = 0, agg.bucket_mb * 2**20
+    if n:
+        out.append((n, t))
+    return out
+
+
+def operations(agg: Aggregation, numel: int, world: int,
+               dtype: str = "float32") -> tuple[list[tuple[str, str, int, float, dict]], int]:
+    """The collectives one bucket of ``numel`` elements runs, as (collective, algorithm, count,
+    bytes per element, params), and this rank's payload bytes."""
+    m, td, item = TABLE[agg.method], DTYPES[dtype], DTYPES[dtype].itemsize
+    dense = [("allreduce", "ring", numel, item, {"pipeline": 1})], numel * item
+    k = select_count(numel, agg.density, None)
+    if m.combine == "dense" or (m.sparse and k == numel):
+        return dense
+    if m.combine == "sparse":
+        coll, algo, count, params = sparse_spec(agg.method, world, numel, k, td)
+        return [(coll, algo, count, 1, params)], count // (world if coll == "allgather" else 1)
+    if m.combine == "powersgd":
+        rows, cols = matrix_shape(numel)
+        r = get("powersgd", rank=agg.rank).power.effective_rank(rows, cols)
+        if (rows + cols) * r >= numel:
+            return dense
+        return ([("allreduce", "ring", rows * r, item, {"pipeline": 1}),
+                 ("allreduce", "ring", cols * r, item, {"pipeline": 1})], (rows + cols) * r * item)
+    c = get(m.compressor, **({"density": agg.density} if m.sparse else {}))
+    wire = c.wire_bytes(numel, td)
+    if m.combine == "allreduce":
+        return [("allreduce", "ring", wire, 1, {"pipeline": 1})], wire
+    return [("allgather", "ring", world * wire, 1, {"pipeline": 1})], wire
+
+
+def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecTable,
+            compute_speedup: float = 1.0, overlap_slowdown: float = 1.0) -> Prediction:
+    """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring)."""
+    if not profile.has_compute:
+        raise GradwireError(f"profile {profile.model!r} has no compute times "
+                            f"({profile.sources.get('backward_s', 'no source')}); give "
+                            f"--compute-ms FORWARD,BACKWARD or a measured profile")
+    if compute_speedup <= 0 or overlap_slowdown < 1:
+        raise GradwireError(f"compute speedup must be > 0 and overlap slowdown >= 1, got "
+                            f"{compute_speedup} and {overlap_slowdown}")
+    p = cluster.workers
+    alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
+    bs = buckets(profile, agg)
+    kappa = overlap_slowdown if len(bs) > 1 and p > 1 else 1.0
+    end = np.zeros_like(beta)
+    total_comm, coding, wire = np.zeros_like(beta), 0.0, 0
+    for numel, ready in bs:
+        ops, sent = operations(agg, numel, p, profile.dtype)
+        t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, **prm) for c, a, n, e, prm in ops)
+        enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
+        enc, dec = enc / compute_speedup, dec / compute_speedup
+        end = np.maximum(end, kappa * ready / compute_speedup) + enc + t + dec
+        total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
+    f = profile.forward_s / compute_speedup  # type: ignore[operator]
+    b = kappa * profile.backward_s / compute_speedup  # type: ignore[operator]
+    s = profile.step_s / compute_speedup
+    done = np.maximum(end, b)
+    it = f + done + s
+    return Prediction(it, f, b, s, total_comm, coding, done - b, wire, len(bs))
+
+
+def parse_link(text: str) -> float:
+    """A link rate like "10gbit" in bits per second (``none`` is not a rate here)."""
+    bps = parse_bandwidth(text)
+    if bps is None:
+        raise GradwireError(f"bandwidth {text!r}: the model needs a rate (e.g. 1gbit, 25gbit)")
+    return float(bps)

@@ -1,0 +1,183 @@
+"""Model profiles: what the performance model needs to know about a network.
+
+A profile is a plain JSON file (``profiles/*.json`` are the built-in ones; a user may write
+their own and pass its path wherever a model name is accepted). Fields:
+
+- ``format``: 1, the version of this layout.
+- ``model`` (text): the name shown in tables; ``description`` (text): one line, architecture
+  and reference implementation.
+- ``params``: ``[[name, elements], ...]``, every parameter tensor **in backward order** (the
+  order their gradients become ready: the reverse of registration order).
+- ``forward_s``, ``backward_s``: seconds for one mini-batch, or null; ``step_s``: the optimizer
+  step (default 0).
+- ``backward_layer_s`` (optional): backward compute of each tensor of ``params`` (same length,
+  summing to ``backward_s``); without it, backward time is spread in proportion to elements.
+- ``batch_size``: the per-worker mini-batch the times are for, or null.
+- ``dtype``: "float32" (default), "float16" or "bfloat16", the gradient's element type.
+- ``sources``: ``{field: text}``, where each number comes from (paper and table, or "measured
+  here by gradwire profile: ...").
+
+null compute times mean no source gives them: the model refuses to predict until a user
+supplies them (``--compute-ms``) or measures the project's model with ``gradwire profile``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from gradwire.errors import GradwireError, did_you_mean
+
+FORMAT = 1
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
+BUILTIN_DIR = "profiles"
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    params: tuple[tuple[str, int], ...]  # backward order
+    forward_s: float | None
+    backward_s: float | None
+    step_s: float = 0.0
+    backward_layer_s: tuple[float, ...] | None = None
+    batch_size: int | None = None
+    dtype: str = "float32"
+    description: str = ""
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def numel(self) -> int:
+        return sum(n for _, n in self.params)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def has_compute(self) -> bool:
+        return self.forward_s is not None and self.backward_s is not None
+
+    def layer_backward_s(self) -> list[float]:
+        """Backward compute of each tensor (backward order): measured, or ∝ elements."""
+        if self.backward_layer_s is not None:
+            return list(self.backward_layer_s)
+        total = self.numel or 1
+        return [(self.backward_s or 0.0) * n / total for _, n in self.params]
+
+    def with_compute(self, forward_s: float, backward_s: float, source: str) -> Profile:
+        """This profile with other compute times (per-tensor split kept in proportion)."""
+        layers = None
+        if self.backward_layer_s is not None and self.backward_s:
+            layers = tuple(t * backward_s / self.backward_s for t in self.backward_layer_s)
+        return Profile(self.model, self.params, forward_s, backward_s, self.step_s, layers,
+                       self.batch_size, self.dtype, self.description,
+                       {**self.sources, "forward_s": source, "backward_s": source})
+
+    def to_json(self) -> dict[str, object]:
+        doc: dict[str, object] = {
+            "format": FORMAT, "model": self.model, "description": self.description,
+            "batch_size": self.batch_size, "dtype": self.dtype, "forward_s": self.forward_s,
+            "backward_s": self.backward_s, "step_s": self.step_s, "sources": self.sources}
+        if self.backward_layer_s is not None:
+            doc["backward_layer_s"] = list(self.backward_layer_s)
+        doc["params"] = [list(p) for p in self.params]
+        return doc
+
+    def to_text(self) -> str:
+        """The JSON file: header fields indented, then one parameter tensor per line."""
+        doc = self.to_json()
+        params = doc.pop("params")
+        head = json.dumps(doc, indent=1, ensure_ascii=False)[:-2]
+        rows = ",\n".join("  " + json.dumps(p) for p in params)  # type: ignore[union-attr]
+        return f'{head},\n "params": [\n{rows}\n ]\n}}\n'
+
+
+def builtin_names() -> list[str]:
+    root = resources.files("gradwire.perf").joinpath(BUILTIN_DIR)
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def load(name_or_path: str) -> Profile:
+    """The built-in profile ``name_or_path``, or the profile file at that path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise GradwireError(f"profile file {name_or_path!r} not found")
+        return parse(path.read_text(), str(path))
+    names = builtin_names()
+    if name_or_path not in names:
+        raise GradwireError(f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, names)}"
+                            f": expected one of {', '.join(names)} or a .json file")
+    text = resources.files("gradwire.perf").joinpath(BUILTIN_DIR, f"{name_or_path}.json")
+    return parse(text.read_text(), f"built-in profile {name_or_path}")
+
+
+def parse(text: str, where: str) -> Profile:
+    """A Profile from JSON ``text``; every defect is a one-line error naming the field."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GradwireError(f"{where}: line {e.lineno}, column {e.colno}: not valid JSON: "
+                            f"{e.msg}") from None
+    if not isinstance(doc, dict):
+        raise GradwireError(f"{where}: expected a JSON object at the top, got "
+                            f"{type(doc).__name__}")
+    known = ("format", "model", "description", "params", "forward_s", "backward_s", "step_s",
+             "backward_layer_s", "batch_size", "dtype", "sources")
+    for key in doc:
+        if key not in known:
+            raise GradwireError(f"{where}: unknown field {key!r}{did_you_mean(key, known)}")
+    if doc.get("format") != FORMAT:
+        raise GradwireError(f"{where}: field 'format' must be {FORMAT}, got "
+                            f"{doc.get('format')!r}")
+
+    def bad(name: str, expected: str, got: object) -> GradwireError:
+        return GradwireError(f"{where}: field {name!r} must be {expected}, got {got!r}")
+
+    def seconds(name: str, optional: bool) -> float | None:
+        v = doc.get(name)
+        if v is None and optional:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise bad(name, "a number of seconds >= 0" + (" or null" if optional else ""), v)
+        return float(v)
+
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", "a non-empty string", model)
+    params = doc.get("params")
+    if not isinstance(params, list) or not params:
+        raise bad("params", "a non-empty list of [name, elements]", params)
+    tensors = []
+    for i, p in enumerate(params):
+        if (not isinstance(p, list) or len(p) != 2 or not isinstance(p[0], str)
+                or isinstance(p[1], bool) or not isinstance(p[1], int) or p[1] < 1):
+            raise bad(f"params[{i}]", "[name, elements >= 1]", p)
+        tensors.append((p[0], p[1]))
+    forward_s, backward_s = seconds("forward_s", True), seconds("backward_s", True)
+    step_s = seconds("step_s", False) if "step_s" in doc else 0.0
+    layers = doc.get("backward_layer_s")
+    if layers is not None:
+        if (not isinstance(layers, list) or len(layers) != len(tensors)
+                or any(isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0
+                       for t in layers)):
+            raise bad("backward_layer_s", f"a list of {len(tensors)} numbers >= 0 (one per "
+                      "tensor of params)", layers if not isinstance(layers, list)
+                      else f"{len(layers)} entries")
+        layers = tuple(float(t) for t in layers)
+        if backward_s is None:
+            backward_s = sum(layers)
+    batch = doc.get("batch_size")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise bad("batch_size", "an integer >= 1 or null", batch)
+    dtype = doc.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise bad("dtype", f"one of {', '.join(DTYPES)}", dtype)
+    sources = doc.get("sources", {})
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise bad("sources", "an object of text", sources)
+    return Profile(model, tuple(tensors), forward_s, backward_s, step_s or 0.0, layers, batch,
+                   dtype, str(doc.get("description", "")), dict(sources))

@@ -1,0 +1,149 @@
+"""What-if sweeps and the two questions of the compression-utility paper's §5.
+
+:func:`sweep` predicts every (aggregation, workers, link rate, compute speedup); link rates are
+one array per call of :func:`gradwire.perf.model.predict`, so 1024 workers × 10 rates is one
+schedule summary per collective.
+
+- Required compression for near-linear scaling (§5, "Compression for perfect scalability"):
+  with all communication overlapped in one bucket, an all-reducible compressor of ratio c
+  scales linearly when ring_allreduce(bytes/c) ≤ t_b. The ring's time is A + B·bytes (α part
+  and β, γ part, both read from its schedule summary), so c = B·bytes/(t_b − A); none exists
+  when the α part alone, A, exceeds t_b.
+- Encode+decode budget (§5, "Bounding encoding time"): predicted dense (synchronous SGD) time
+  minus the compute-only time; a compressor whose encode+decode exceeds it cannot help even
+  if its messages were free.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gradwire.bandwidth import format_bandwidth
+from gradwire.bench.sizes import parse_sizes
+from gradwire.errors import GradwireError
+from gradwire.perf import comm
+from gradwire.perf.codecs import CodecTable
+from gradwire.perf.model import Aggregation, Cluster, predict
+from gradwire.perf.profiles import Profile
+
+# This cluster's calibration (benchmarks/results/collectives_1gbit.json): α 307 µs per
+# message, γ 0.11 ns per byte reduced. β comes from each link rate.
+ALPHA_S = 307e-6
+GAMMA_S_PER_BYTE = 0.11e-9
+
+
+def parse_workers(text: str) -> list[int]:
+    """``4:128`` (doubling), ``4:128:4`` (×4) or ``2,3,8``: worker counts >= 1."""
+    try:
+        return parse_sizes(text)
+    except GradwireError as e:
+        raise GradwireError(f"--workers {text!r}: {e}".replace("size", "worker count")) from None
+
+
+def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
+    out = []
+    for part in text.split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            raise GradwireError(f"{option} {text!r}: {part!r} is not a number") from None
+        if not v > low:
+            raise GradwireError(f"{option} {text!r}: each value must be > {low:g}, got {v:g}")
+        out.append(v)
+    return out
+
+
+@dataclass(frozen=True)
+class Setting:
+    alpha: float = ALPHA_S
+    gamma: float = GAMMA_S_PER_BYTE
+    overlap_slowdown: float = 1.0
+
+
+def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
+          speedups: list[float], codecs: CodecTable, setting: Setting) -> dict:
+    """Every prediction as rows, plus the §5 answers per (workers, rate, speedup)."""
+    link = np.asarray(rates, dtype=float)
+    rows, answers = [], []
+    for x in speedups:
+        for p in workers:
+            cluster = Cluster(p, link, setting.alpha, setting.gamma)
+            dense = None
+            for agg in aggs:
+                r = predict(profile, cluster, agg, codecs, x, setting.overlap_slowdown)
+                if agg.method == "dense":
+                    dense = r
+                for i, bps in enumerate(rates):
+                    rows.append({"agg": agg.label, "method": agg.method, "workers": p,
+                                 "bandwidth": format_bandwidth(bps), "compute_speedup": x,
+                                 "iteration_s": float(r.iteration[i]),
+                                 "efficiency": float(r.efficiency[i]),
+                                 "communicate_s": float(r.communicate[i]),
+                                 "exposed_s": float(r.exposed[i]), "coding_s": r.coding,
+                                 "wire_bytes": r.wire_bytes})
+            if dense is None:
+                dense = predict(profile, cluster, Aggregation("dense"), codecs, x,
+                                setting.overlap_slowdown)
+            ratio = required_compression(profile, cluster, x)
+            for i, bps in enumerate(rates):
+                answers.append({"workers": p, "bandwidth": format_bandwidth(bps),
+                                "compute_speedup": x, "required_compression": ratio[i],
+                                "coding_budget_s": float(dense.exposed[i])})
+    return {"model": profile.model, "parameters": profile.numel, "rows": rows,
+            "answers": answers, "alpha_s": setting.alpha, "gamma_s_per_byte": setting.gamma,
+            "overlap_slowdown": setting.overlap_slowdown, "codecs": codecs.source,
+            "compute_source": profile.sources.get("backward_s", ""),
+            "load_average": os.getloadavg()[0]}
+
+
+def required_compression(profile: Profile, cluster: Cluster, speedup: float) -> list[float]:
+    """Smallest all-reducible compression ratio whose one-bucket ring allreduce fits in
+    backward (inf where latency alone does not fit; 1 where dense already fits)."""
+    p, n = cluster.workers, profile.numel
+    if p == 1:
+        return [1.0] * np.size(cluster.beta_s)
+    budget = profile.backward_s / speedup  # type: ignore[operator]
+    args = ("allreduce", "ring", p, n, profile.itemsize)
+    latency = float(comm.seconds(*args, cluster.alpha, 0.0, 0.0, pipeline=1))
+    volume = comm.seconds(*args, 0.0, cluster.beta_s, cluster.gamma, pipeline=1)
+    if latency >= budget:
+        return [float("inf")] * np.size(volume)
+    return [max(1.0, float(v) / (budget - latency)) for v in np.atleast_1d(volume)]
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Iteration time against workers, one panel per link rate, one colour per aggregation and
+    one line style per compute speedup."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = list(dict.fromkeys(r["bandwidth"] for r in result["rows"]))
+    fig, axes = plt.subplots(1, len(rates), figsize=(5 * len(rates), 4), squeeze=False)
+    for ax, bw in zip(axes[0], rates, strict=True):
+        keys = dict.fromkeys((r["agg"], r["compute_speedup"]) for r in result["rows"])
+        colours = {a: f"C{i % 10}" for i, a in enumerate(dict.fromkeys(a for a, _ in keys))}
+        styles = {x: ("-", "--", ":", "-.")[i % 4]
+                  for i, x in enumerate(dict.fromkeys(x for _, x in keys))}
+        for agg, x in keys:
+            pts = [(r["workers"], r["iteration_s"] * 1e3) for r in result["rows"]
+                   if r["bandwidth"] == bw and r["agg"] == agg and r["compute_speedup"] == x]
+            label = agg if x == 1 else f"{agg}, compute ×{x:g}"
+            ax.plot(*zip(*pts, strict=True), marker="o", label=label, color=colours[agg],
+                    linestyle=styles[x])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("predicted iteration (ms)")
+        ax.set_title(f"{result['model']}, {bw}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

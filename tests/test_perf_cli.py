@@ -1,0 +1,81 @@
+"""gradwire whatif, advise and profile: outputs, files, and one-line errors for every option."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from gradwire.cli import main
+
+
+def _cli(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["gradwire", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_whatif_writes_every_prediction_and_the_plot(tmp_path, monkeypatch, capsys) -> None:
+    js, png = tmp_path / "w.json", tmp_path / "w.png"
+    code, out, err = _cli(["whatif", "--model", "resnet50", "--workers", "4:16", "--bandwidth",
+                           "1gbit,10gbit", "--agg", "dense,gtopk,powersgd",
+                           "--compute-speedup", "1,2", "--plot", str(png), "--json", str(js)],
+                          monkeypatch, capsys)
+    assert code == 0, err
+    res = json.loads(js.read_text())
+    assert len(res["rows"]) == 3 * 3 * 2 * 2 and len(res["answers"]) == 3 * 2 * 2
+    assert png.stat().st_size > 10_000
+    # Faster links never need more compression, and dense never beats compute alone.
+    for r in res["answers"]:
+        assert r["coding_budget_s"] >= 0
+    one = {(r["workers"], r["compute_speedup"]): r["required_compression"]
+           for r in res["answers"] if r["bandwidth"] == "1gbit"}
+    ten = {(r["workers"], r["compute_speedup"]): r["required_compression"]
+           for r in res["answers"] if r["bandwidth"] == "10gbit"}
+    assert all(ten[k] <= one[k] for k in one)
+
+
+def test_advise_ranks_every_method_and_explains_the_winner(monkeypatch, capsys) -> None:
+    code, out, err = _cli(["advise", "--model", "resnet50", "--workers", "32", "--bandwidth",
+                           "1gbit"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "wins at" in out and "Dense takes" in out
+    for method in ("dense", "fp16", "topk", "gtopk", "powersgd", "signsgd", "qsgd"):
+        assert method in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["whatif", "--workers", "8:2"], "--workers '8:2'"),
+    (["whatif", "--bandwidth", "1gbt"], "bandwidth '1gbt' is not valid"),
+    (["whatif", "--bandwidth", "none"], "the model needs a rate"),
+    (["whatif", "--agg", "dense,topkk"], "did you mean 'topk'"),
+    (["whatif", "--compute-speedup", "2,x"], "'x' is not a number"),
+    (["whatif", "--density", "2"], "density must be in (0, 1]"),
+    (["whatif", "--mode", "layer"], "mode must be 'bucket' or 'model'"),
+    (["whatif", "--overlap-slowdown", "0.5"], "--overlap-slowdown >= 1"),
+    (["whatif", "--codecs", "h100"], "unknown codec table 'h100'"),
+    (["whatif", "--model", "bert-base"], "has no compute times"),
+    (["whatif", "--compute-ms", "1,2,3"], "expected FORWARD,BACKWARD"),
+    (["advise", "--model", "resnet-50"], "did you mean 'resnet50'"),
+    (["advise", "--rank", "0"], "--rank must be >= 1"),
+    (["advise", "--bucket-mb", "0"], "--bucket-mb must be > 0"),
+    (["advise", "--workers", "0"], "--workers"),
+    (["profile", "--model", "resnet"], "unknown model 'resnet'"),
+])
+def test_bad_options_are_one_line(args, message, monkeypatch, capsys) -> None:
+    code, out, err = _cli(args, monkeypatch, capsys)
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_compute_ms_makes_a_profile_without_times_usable(monkeypatch, capsys) -> None:
+    code, out, err = _cli(["advise", "--model", "bert-base", "--compute-ms", "100,200",
+                           "--workers", "8", "--agg", "dense,powersgd"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "bert-base, 8 workers" in out

@@ -1,0 +1,157 @@
+"""The performance model: communication from schedules (summaries equal cost()), the gTop-k
+paper's Fig. 9 from Table I, and the iteration model's invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradwire.errors import GradwireError
+from gradwire.perf import codecs, comm, profiles
+from gradwire.perf.model import Aggregation, Cluster, buckets, predict
+from gradwire.schedules.cost import CostParams, cost
+from gradwire.schedules.registry import schedule
+from gradwire.sparse import estimate
+from gradwire.sparse.allreduce import spec
+
+PARAMS = CostParams(307e-6, 8.36e-9, 0.11e-9)
+CASES = [("allreduce", "ring", {"pipeline": 1}), ("allreduce", "rhd", {}),
+         ("allreduce", "tree", {}), ("allgather", "ring", {"pipeline": 1}),
+         ("allgather", "rd", {}), ("reducescatter", "ring", {"pipeline": 2})]
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=st.sampled_from(CASES), p=st.integers(1, 17), data=st.data())
+def test_summary_costs_exactly_what_cost_gives_up_to_the_reference_count(case, p, data):
+    collective, algo, params = case
+    count = data.draw(st.integers(0, comm.ref_count(p, params.get("pipeline"))))
+    want = cost(schedule(collective, algo, p, count, **params), PARAMS, 4)
+    got = comm.seconds(collective, algo, p, count, 4, *PARAMS.__dict__.values(), **params)
+    assert float(got) == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=st.sampled_from(CASES), p=st.integers(2, 17), data=st.data())
+def test_scaled_summary_is_within_a_thousandth_of_cost(case, p, data):
+    # Above the reference count blocks differ by at most one element from the scaled ones:
+    # at most (β+γ)·4 bytes per message against the α each message pays.
+    collective, algo, params = case
+    count = data.draw(st.integers(comm.ref_count(p, params.get("pipeline")), 10**6))
+    want = cost(schedule(collective, algo, p, count, **params), PARAMS, 4)
+    got = comm.seconds(collective, algo, p, count, 4, *PARAMS.__dict__.values(), **params)
+    assert float(got) == pytest.approx(want, rel=1e-3)
+
+
+def test_summary_of_a_ring_is_one_row_per_phase() -> None:
+    s = comm.summary("allreduce", "ring", 64, 10**6, pipeline=1)
+    # 63 reduce-scatter steps, then 63 allgather steps; every rank alike in each.
+    assert [(steps, len(rows)) for steps, rows in s.groups] == [(63, 1), (63, 1)]
+
+
+# gTop-k paper, §IV-C and Fig. 9: α = 0.436 ms, β = 3.6e-5 ms per 4-byte element, m = 25e6,
+# ρ = 0.001 (k = 25 000). Table I in ms: dense 2(P−1)α + 2(P−1)/P·mβ; TopKAllReduce
+# lgP·α + 2(P−1)kβ; gTopKAllReduce 2lgP·α + 4k·lgP·β. Values worked out by hand from Table I.
+FIG9 = CostParams(0.436e-3, 3.6e-8 / 4)
+FIG9_LEFT_MS = {  # P: (dense, topk, gtopk)
+    4: (1352.616, 6.272, 8.944),
+    8: (1581.104, 13.908, 13.416),
+    16: (1700.58, 28.744, 17.888),
+    32: (1770.782, 57.98, 22.36),
+    64: (1826.811, 116.016, 26.832),
+    128: (1896.6815, 231.652, 31.304),
+}
+
+
+def _fig9(method: str, p: int, m: int) -> float:
+    if method == "dense":
+        return 1e3 * float(comm.seconds("allreduce", "ring", p, m, 4, FIG9.alpha, FIG9.beta,
+                                        pipeline=1))
+    coll, algo, count, params = spec(method, p, m, round(m * 0.001))
+    return 1e3 * float(comm.seconds(coll, algo, p, count, 1, FIG9.alpha, FIG9.beta, **params))
+
+
+@pytest.mark.parametrize("p", sorted(FIG9_LEFT_MS))
+def test_fig9_left_worker_sweep_from_table_i(p: int) -> None:
+    got = tuple(_fig9(method, p, 25_000_000) for method in ("dense", "topk", "gtopk"))
+    assert got == pytest.approx(FIG9_LEFT_MS[p], rel=1e-4)
+    for method in ("topk", "gtopk"):  # the sparse module's own estimate agrees
+        want = estimate(method, p, 25_000_000, 25_000, FIG9) * 1e3
+        assert _fig9(method, p, 25_000_000) == pytest.approx(want, rel=1e-12)
+
+
+def test_fig9_gtopk_overtakes_topk_at_eight_workers() -> None:
+    faster = [p for p in (4, 8, 16, 32, 64, 128)
+              if _fig9("gtopk", p, 25_000_000) < _fig9("topk", p, 25_000_000)]
+    assert faster == [8, 16, 32, 64, 128]
+
+
+def test_fig9_right_message_sweep_at_32_workers() -> None:
+    # At P = 32: topk 5α + 62ρmβ, gtopk 10α + 20ρmβ; gtopk wins once 42ρmβ > 5α,
+    # m > 1.44e6 elements; at m = 1e8 topk is 2.7x slower.
+    assert _fig9("topk", 32, 1_000_000) < _fig9("gtopk", 32, 1_000_000)
+    assert _fig9("topk", 32, 2_000_000) > _fig9("gtopk", 32, 2_000_000)
+    assert _fig9("topk", 32, 100_000_000) == pytest.approx(2.18 + 62 * 3.6, rel=1e-4)
+    assert _fig9("gtopk", 32, 100_000_000) == pytest.approx(4.36 + 20 * 3.6, rel=1e-4)
+
+
+HERE = codecs.load("here")
+TOY = profiles.parse("""{"format": 1, "model": "toy", "forward_s": 0.05, "backward_s": 0.1,
+  "step_s": 0.01, "params": [["c", 1000000], ["b", 3000000], ["a", 4000000]]}""", "toy")
+
+
+def test_one_worker_runs_compute_only() -> None:
+    r = predict(TOY, Cluster(1, 1e9, 307e-6), Aggregation("dense"), HERE)
+    assert float(r.iteration) == pytest.approx(0.16) and float(r.exposed) == 0
+
+
+def test_buckets_follow_ddp_caps_in_backward_order() -> None:
+    got = buckets(TOY, Aggregation("dense", bucket_mb=10))
+    # 4 MB fills the 1 MiB first bucket; 12 MB fills a 10 MiB one; 16 MB the rest.
+    assert [n for n, _ in got] == [1_000_000, 3_000_000, 4_000_000]
+    assert [t for _, t in got] == pytest.approx([0.0125, 0.05, 0.1])
+    assert buckets(TOY, Aggregation("dense", mode="model")) == [(8_000_000, pytest.approx(0.1))]
+
+
+def test_single_bucket_dense_is_compute_plus_the_ring_allreduce() -> None:
+    agg = Aggregation("dense", mode="model")
+    r = predict(TOY, Cluster(4, 1e9, 307e-6, beta=8.36e-9), agg, HERE)
+    ring = cost(schedule("allreduce", "ring", 4, 8_000_000, pipeline=1), CostParams(307e-6,
+                8.36e-9), 4)
+    assert float(r.iteration) == pytest.approx(0.05 + 0.1 + ring + 0.01, rel=1e-9)
+    assert float(r.efficiency) == pytest.approx(0.15 / float(r.iteration))
+
+
+@settings(max_examples=25, deadline=None)
+@given(method=st.sampled_from(["dense", "fp16", "topk", "gtopk", "powersgd", "signsgd",
+                               "randomk", "qsgd"]), p=st.integers(2, 40),
+       slowdown=st.floats(1, 1.5))
+def test_iteration_is_at_least_compute_and_falls_with_bandwidth(method, p, slowdown) -> None:
+    rates = np.array([1e8, 1e9, 1e10, 1e11])
+    r = predict(TOY, Cluster(p, rates, 307e-6, 0.1e-9), Aggregation(method), HERE,
+                overlap_slowdown=slowdown)
+    assert (r.iteration >= r.forward + r.backward + r.step - 1e-12).all()
+    assert (np.diff(r.iteration) <= 1e-12).all() and (r.efficiency <= 1 + 1e-12).all()
+    assert (r.exposed >= -1e-12).all()
+
+
+def test_gathered_methods_pay_decode_per_rank_and_sparse_ones_do_not() -> None:
+    a = predict(TOY, Cluster(8, 1e9, 0), Aggregation("signsgd"), HERE).coding
+    b = predict(TOY, Cluster(16, 1e9, 0), Aggregation("signsgd"), HERE).coding
+    enc, dec = HERE.seconds("signsgd", TOY.numel, 1)
+    assert b - a == pytest.approx(8 * dec)
+    assert predict(TOY, Cluster(8, 1e9, 0), Aggregation("topk"), HERE).coding == \
+        predict(TOY, Cluster(16, 1e9, 0), Aggregation("topk"), HERE).coding
+
+
+def test_model_refuses_profiles_without_compute_and_bad_options() -> None:
+    with pytest.raises(GradwireError, match="no compute times"):
+        predict(profiles.load("alexnet"), Cluster(4, 1e9, 1e-4), Aggregation("dense"), HERE)
+    with pytest.raises(GradwireError, match="unknown aggregation 'topkk'.*did you mean"):
+        Aggregation("topkk")
+    with pytest.raises(GradwireError, match="has no encode/decode time for 'gtopk'"):
+        predict(TOY, Cluster(4, 1e9, 1e-4), Aggregation("gtopk"), codecs.load("v100"))
+    assert dataclasses.replace(Aggregation("topk"), density=0.01).label == "topk ρ=0.01"
