@@ -12,6 +12,16 @@ _ok, _why = netns_available()
 needs_netns = pytest.mark.skipif(not _ok, reason=_why or "network namespaces unavailable")
 
 
+def cli_error(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """Run ``gradwire ARGS`` in this process; (exit code, stderr). For inputs that must fail."""
+    from gradwire import cli
+
+    monkeypatch.setattr(sys, "argv", ["gradwire", *args])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    return e.value.code, capsys.readouterr().err
+
+
 def script(name: str) -> list[str]:
     return [sys.executable, str(SCRIPTS / name)]
 

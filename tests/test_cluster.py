@@ -86,19 +86,24 @@ def test_failure_half_way_rolls_back():
         cluster_down(c.name)
 
 
-def test_sigterm_during_a_run_removes_the_cluster():
-    # `gradwire run` makes an ephemeral cluster; SIGTERM to it must leave nothing behind.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_run_removes_the_cluster(sig):
+    # `gradwire run` makes an ephemeral cluster; SIGTERM or SIGINT (Ctrl-C) to it must leave
+    # nothing behind: no namespace, link or rank process. Clusters that were up before (other
+    # runs on this machine) are not ours to judge.
+    others = {c.name for c in list_clusters()}
     p = subprocess.Popen([sys.executable, "-m", "gradwire.cli", "run", "--hosts", "2", "--",
-                          "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          "sleep", SLEEP], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
     names = set()
     for _ in range(200):
         names = {n.split("-")[0] for n in netns_names() if n.startswith("gw")} - {"gwprobe"}
-        if any(c.name in names for c in list_clusters()) and _running_sleep():
+        if any(c.name in names - others for c in list_clusters()) and _running_sleep():
             break
         time.sleep(0.05)
-    mine = {c.name for c in list_clusters()} & names
-    p.send_signal(signal.SIGTERM)
+    mine = ({c.name for c in list_clusters()} & names) - others
+    assert mine, "the run's cluster never came up"
+    p.send_signal(sig)
     out, _ = p.communicate(timeout=30)
     assert p.returncode != 0
     for n in mine:
@@ -106,8 +111,12 @@ def test_sigterm_during_a_run_removes_the_cluster():
     assert not _running_sleep()
 
 
+SLEEP = "60.0713"  # an argument no other `sleep` on this machine is likely to have
+
+
 def _running_sleep() -> bool:
-    out = subprocess.run(["pgrep", "-f", "^sleep 60$"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"^sleep {SLEEP}$"], capture_output=True,
+                         text=True).stdout
     return bool(out.strip())
 
 

@@ -5,22 +5,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import netns_names
+from conftest import cli_error, netns_names
 from rich.console import Console
 
-from gradwire import cli
 from gradwire.cluster import loopback_cluster
 from gradwire.jobs import run_ranks
 from gradwire.train.job import TrainConfig
 
 QUICK = ["--loopback", "--hosts", "2", "--model", "mlp-small", "--batch-size", "64"]
 
-
-def _cli(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["gradwire", *args])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    return e.value.code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -41,7 +34,7 @@ def _cli(monkeypatch, capsys, *args):
 ])
 def test_bad_train_input_is_one_line_exit_2_and_builds_nothing(monkeypatch, capsys, args, msg):
     before = netns_names()
-    code, err = _cli(monkeypatch, capsys, "train", *args)
+    code, err = cli_error(monkeypatch, capsys, "train", *args)
     assert code == 2
     assert msg in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
@@ -55,14 +48,14 @@ def test_resume_refuses_a_checkpoint_of_another_run(monkeypatch, capsys, tmp_pat
     settings = {"model": "mlp-small", "agg": "dense", "density": 0.001, "mode": "bucket",
                 "warmup": True, "world_size": 2, "batch_size": 64, "seed": 0, "seq_len": 64}
     checkpoint.save(ck, {"epoch": 1, "settings": settings})
-    code, err = _cli(monkeypatch, capsys, "train", *QUICK, "--hosts", "3", "--resume",
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--hosts", "3", "--resume",
                      "--checkpoint", str(ck))
     assert code == 2 and "made with world_size=2, this run has 3" in err
-    code, err = _cli(monkeypatch, capsys, "train", *QUICK, "--epochs", "1", "--resume",
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--epochs", "1", "--resume",
                      "--checkpoint", str(ck))
     assert code == 2 and "already holds 1 epochs; expected --epochs > 1, got 1" in err
     (tmp_path / "junk.pt").write_text("not a checkpoint")
-    code, err = _cli(monkeypatch, capsys, "train", *QUICK, "--resume", "--checkpoint",
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--resume", "--checkpoint",
                      str(tmp_path / "junk.pt"))
     assert code == 2 and "is not a gradwire checkpoint" in err
 

@@ -4,12 +4,16 @@
 |---|---|---|
 | GRADWIRE_HOME | ~/.cache/gradwire | calibrations and other saved state |
 | GRADWIRE_STATE_DIR | /run/gradwire | live emulated clusters (one JSON file each) |
+| GRADWIRE_TIMEOUT | 60 | seconds one send or receive may wait before it fails naming the peer |
+| GRADWIRE_CHECK_CALLS | 1 | 0: skip the header exchange that catches mismatched calls |
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from gradwire.errors import GradwireError
 
 
 def home() -> Path:
@@ -18,3 +22,20 @@ def home() -> Path:
 
 def state_dir() -> Path:
     return Path(os.environ.get("GRADWIRE_STATE_DIR", "/run/gradwire"))
+
+
+def timeout() -> float:
+    """Seconds one point-to-point operation may take before the peer counts as lost."""
+    raw = os.environ.get("GRADWIRE_TIMEOUT", "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise GradwireError(f"GRADWIRE_TIMEOUT must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def check_calls() -> bool:
+    """Whether collectives exchange a header first so that mismatched calls fail clearly."""
+    return os.environ.get("GRADWIRE_CHECK_CALLS", "1") not in ("0", "false", "no", "off")

@@ -7,6 +7,7 @@ under ``torchrun`` on a real cluster. Each emulated host is its own node, so LOC
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gradwire.cluster import Cluster
@@ -52,10 +53,33 @@ class RunResult:
     exits: list[RankExit]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextlib.contextmanager
+def _loopback_store() -> Iterator[tuple[int, dict[str, str]]]:
+    """The rendezvous store for ranks on 127.0.0.1, served by the launcher on 127.0.0.1 only.
+
+    Left to itself, rank 0's TCPStore listens on every interface of the machine (``*:port``,
+    measured with ``ss -ltn``); ranks inside a namespace reach only the emulated subnet, but
+    on the loopback fallback that would open the store to the network. As torchrun's agent
+    does, the launcher serves the store itself (on a socket it bound to 127.0.0.1) and the
+    ranks connect as clients (TORCHELASTIC_USE_AGENT_STORE).
+    """
+    from torch.distributed import TCPStore
+
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    # The store owns the listening socket from here and closes it when collected.
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                     master_listen_fd=sock.detach())
+    try:
+        yield port, {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    finally:
+        del store
 
 
 def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
@@ -90,11 +114,14 @@ def launch(
     timeout: float | None = None,
     sink: Callable[[str], None] | None = None,
     extra_env: dict[str, str] | None = None,
+    linger: float = 0.0,
 ) -> RunResult:
     """Start ``cmd`` once per host, stream output with a ``[rank i]`` prefix, and wait.
 
     If a rank fails, the others are stopped (SIGTERM, then SIGKILL after a grace period) and the
-    result names the first rank that failed and how. ``timeout`` bounds the whole run.
+    result names the first rank that failed and how. ``linger``: seconds the others get first
+    to fail on their own (their errors then name the peer they lost); the fault tests use it
+    to prove that no rank hangs. ``timeout`` bounds the whole run.
     """
     if not cmd:
         raise GradwireError("no command given: expected `gradwire run ... -- CMD ARGS...`")
@@ -103,7 +130,16 @@ def launch(
     if sink is None:
         def sink(line: str) -> None:
             print(line, flush=True)
-    port = _free_port() if cluster.hosts[0].netns is None else MASTER_PORT
+    store = (_loopback_store() if cluster.hosts[0].netns is None
+             else contextlib.nullcontext((MASTER_PORT, {})))
+    with store as (port, store_env):
+        return _start(cluster, cmd, timeout, sink, {**store_env, **(extra_env or {})}, linger,
+                      port)
+
+
+def _start(cluster: Cluster, cmd: Sequence[str], timeout: float | None,
+           sink: Callable[[str], None], extra_env: dict[str, str], linger: float,
+           port: int) -> RunResult:
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
     width = len(str(len(cluster.hosts) - 1))
@@ -111,7 +147,7 @@ def launch(
         for host in cluster.hosts:
             env = dict(os.environ)
             env.update(rank_env(cluster, host.rank, port))
-            env.update(extra_env or {})
+            env.update(extra_env)
             argv = list(cmd)
             if host.netns is not None:
                 argv = ["ip", "netns", "exec", host.netns, *argv]
@@ -126,21 +162,25 @@ def launch(
                                                         p.stdout, sink), daemon=True)
             t.start()
             threads.append(t)
-        return _wait(procs, timeout)
+        return _wait(procs, timeout, linger)
     finally:
         _stop(procs)
         for t in threads:
             t.join(timeout=2)
 
 
-def _wait(procs: list[subprocess.Popen], timeout: float | None) -> RunResult:
+def _wait(procs: list[subprocess.Popen], timeout: float | None, linger: float) -> RunResult:
     deadline = None if timeout is None else time.monotonic() + timeout
+    stop_at, first = 0.0, None  # the first failure seen (a rank killed by a signal before
+    # ranks that exited with an error at the same poll) and when its linger ends
     while True:
         codes = [p.poll() for p in procs]
         exits = [RankExit(i, c) for i, c in enumerate(codes)]
         failed = [e for e in exits if e.returncode not in (None, 0)]
-        if failed:
-            first = failed[0]
+        if failed and first is None:
+            first = min(failed, key=lambda e: (e.returncode or 0) > 0)
+            stop_at = time.monotonic() + linger
+        if first is not None and (None not in codes or time.monotonic() >= stop_at):
             rc = first.returncode if first.returncode and first.returncode > 0 else 1
             return RunResult(rc, f"{first.describe()}; stopped the other ranks", exits)
         if all(c == 0 for c in codes):

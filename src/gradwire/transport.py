@@ -7,15 +7,18 @@ bytes and in messages, so a cost model can be checked byte for byte and message 
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 
-from gradwire.errors import GradwireError
+from gradwire import config
+from gradwire.errors import GradwireError, PeerError
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,44 @@ def _upstream_group(group: dist.ProcessGroup | None, backend: str) -> dist.Proce
     return twin
 
 
+class Pending:
+    """A posted send or receive; ``wait()`` is bounded by the transport's timeout and raises
+    :class:`PeerError` naming the peer when the operation fails or does not finish."""
+
+    def __init__(self, work: dist.Work, op: str, peer: int, nbytes: int, rank: int,
+                 timeout: float) -> None:
+        self.work, self.op, self.peer, self.nbytes = work, op, peer, nbytes
+        self.rank, self.timeout = rank, timeout
+
+    def wait(self) -> bool:
+        try:
+            done = self.work.wait(datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as e:
+            raise _peer_error(self.rank, self.op, self.peer, self.nbytes, str(e),
+                              self.timeout) from None
+        if done is False:  # NCCL reports a timeout this way
+            raise _peer_error(self.rank, self.op, self.peer, self.nbytes, "timed out",
+                              self.timeout)
+        return True
+
+
+def _peer_error(rank: int, op: str, peer: int, nbytes: int, message: str,
+                timeout: float) -> PeerError:
+    what = f"send of {nbytes} bytes to" if op == "send" else f"receive of {nbytes} bytes from"
+    return PeerError(rank, peer, what, _why(message, peer, timeout))
+
+
+def _why(message: str, peer: int, timeout: float) -> str:
+    """Gloo's message, reduced to what happened (its first line names a C++ source file)."""
+    low = message.lower()
+    if "timed out" in low or "timeout" in low:
+        return (f"timed out after {timeout:g} s: rank {peer} stalled, skipped this call, or "
+                "its link is down (GRADWIRE_TIMEOUT sets the limit)")
+    if "closed" in low or "reset" in low or "broken pipe" in low:
+        return f"failed: the connection closed (rank {peer} exited or was killed)"
+    return f"failed: {message.splitlines()[0][-200:] if message else 'unknown error'}"
+
+
 class Transport:
     """Point-to-point messaging for one process group, with per-peer counters.
 
@@ -67,9 +108,15 @@ class Transport:
         t.recv(y, src=1)
         work.wait()
         assert t.bytes_sent[1] == x.numel() * x.element_size()
+
+    ``timeout``: seconds one wait may take (default ``GRADWIRE_TIMEOUT``, 60).
+    ``check_calls``: collectives run over this transport first exchange a small header so
+    that ranks making different calls all fail clearly (default ``GRADWIRE_CHECK_CALLS``, on;
+    :mod:`gradwire.collectives.agree`).
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None,
+                 timeout: float | None = None, check_calls: bool | None = None) -> None:
         if not dist.is_initialized():
             raise GradwireError("torch.distributed is not initialized: call "
                                 "dist.init_process_group() (gloo or nccl) first")
@@ -77,6 +124,10 @@ class Transport:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.backend = dist.get_backend(group)
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+            raise GradwireError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout) if timeout is not None else config.timeout()
+        self.check_calls = config.check_calls() if check_calls is None else bool(check_calls)
         self._upstream = _upstream_group(group, self.backend)
         self.reset_counters()
 
@@ -86,14 +137,29 @@ class Transport:
 
     # counters -------------------------------------------------------------------------------
     def reset_counters(self) -> None:
+        """Zero the per-peer counters of data, and ``control_bytes_sent`` (header exchanges,
+        kept apart so that the data counters equal a schedule's traffic exactly)."""
         p = self.world_size
         self.bytes_sent = [0] * p
         self.bytes_received = [0] * p
         self.messages_sent = [0] * p
         self.messages_received = [0] * p
+        self.control_bytes_sent = 0
+        self._control = False
+
+    @contextlib.contextmanager
+    def control(self) -> Iterator[None]:
+        """Count what is sent in this block as control traffic, not data."""
+        self._control = True
+        try:
+            yield
+        finally:
+            self._control = False
 
     def _count(self, op: str, nbytes: int, peer: int) -> None:
-        if op == "send":
+        if self._control:
+            self.control_bytes_sent += nbytes if op == "send" else 0
+        elif op == "send":
             self.bytes_sent[peer] += nbytes
             self.messages_sent[peer] += 1
         else:
@@ -107,23 +173,38 @@ class Transport:
                                 f"rank in 0..{self.world_size - 1}")
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
-    def isend(self, tensor: torch.Tensor, dst: int) -> dist.Work | None:
-        """Post a send; returns the work handle (None for an empty tensor, which sends nothing)."""
-        g = self._check_peer(dst)
+    def _pending(self, work: dist.Work, op: str, peer: int, nbytes: int) -> Pending:
+        return Pending(work, op, peer, nbytes, self.rank, self.timeout)
+
+    def _post(self, op: str, buf: torch.Tensor, peer: int) -> Pending:
+        """isend or irecv; gloo raises at once if the peer's connection is already closed."""
+        g = self._check_peer(peer)
+        try:
+            if op == "send":
+                work = dist.isend(buf, dst=g, group=self._group_for(self.rank, peer))
+            else:
+                work = dist.irecv(buf, src=g, group=self._group_for(peer, self.rank))
+        except RuntimeError as e:
+            raise _peer_error(self.rank, op, peer, buf.numel(), str(e), self.timeout) from None
+        return self._pending(work, op, peer, buf.numel())
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> Pending | None:
+        """Post a send; returns its handle (None for an empty tensor, which sends nothing)."""
+        self._check_peer(dst)
         buf = _wire(tensor)
         if buf.numel() == 0:
             return None
         self._count("send", buf.numel(), dst)
-        return dist.isend(buf, dst=g, group=self._group_for(self.rank, dst))
+        return self._post("send", buf, dst)
 
-    def irecv(self, tensor: torch.Tensor, src: int) -> dist.Work | None:
+    def irecv(self, tensor: torch.Tensor, src: int) -> Pending | None:
         """Post a receive into ``tensor`` (None for an empty tensor)."""
-        g = self._check_peer(src)
+        self._check_peer(src)
         buf = _wire(tensor)
         if buf.numel() == 0:
             return None
         self._count("recv", buf.numel(), src)
-        return dist.irecv(buf, src=g, group=self._group_for(src, self.rank))
+        return self._post("recv", buf, src)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         wait_all([self.isend(tensor, dst)])
@@ -131,7 +212,7 @@ class Transport:
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         wait_all([self.irecv(tensor, src)])
 
-    def batch(self, ops: Sequence[P2P]) -> list[dist.Work]:
+    def batch(self, ops: Sequence[P2P]) -> list[Pending]:
         """Post several sends and receives at once (one NCCL group; gloo posts them in order)."""
         live = [o for o in ops if _wire(o.tensor).numel() > 0]
         if self.backend == "nccl" and live:
@@ -141,13 +222,16 @@ class Transport:
                 self._count(o.op, _wire(o.tensor).numel(), o.peer)
                 fn = dist.isend if o.op == "send" else dist.irecv
                 p2p.append(dist.P2POp(fn, _wire(o.tensor), g, self.group))
-            return list(dist.batch_isend_irecv(p2p))
+            # One work per op, or a single coalesced one (then named after the first op).
+            works = dist.batch_isend_irecv(p2p)
+            return [self._pending(w, o.op, o.peer, _wire(o.tensor).numel())
+                    for w, o in zip(works, live, strict=False)]
         works = [self.isend(o.tensor, o.peer) if o.op == "send" else self.irecv(o.tensor, o.peer)
                  for o in live]
         return [w for w in works if w is not None]
 
 
-def wait_all(works: Sequence[dist.Work | None]) -> None:
+def wait_all(works: Sequence[Pending | None]) -> None:
     """Wait for every posted operation (None entries were empty and are skipped)."""
     for w in works:
         if w is not None:

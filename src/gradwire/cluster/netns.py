@@ -74,9 +74,18 @@ class Cluster:
 
     @staticmethod
     def from_json(text: str) -> Cluster:
+        """Parse a state file; ValueError unless every name it holds is one gradwire makes
+        (they go to ``ip netns exec`` as arguments: nothing that starts with '-' or lies
+        outside the cluster may pass)."""
         d = json.loads(text)
         d["hosts"] = [Host(**h) for h in d["hosts"]]
-        return Cluster(**d)
+        c = Cluster(**d)
+        ns = re.compile(rf"^{re.escape(c.name)}-h\d+$")
+        if not NAME_RE.match(c.name) or any(
+                h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
+                or not re.match(r"^\w+$", h.ifname) for h in c.hosts):
+            raise ValueError(f"cluster state {c.name!r} holds names gradwire does not make")
+        return c
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -225,7 +234,11 @@ def load_cluster(name: str) -> Cluster:
     if not path.exists():
         known = ", ".join(c.name for c in list_clusters()) or "none"
         raise GradwireError(f"no cluster named {name} (live clusters: {known})")
-    return Cluster.from_json(path.read_text())
+    try:
+        return Cluster.from_json(path.read_text())
+    except (ValueError, TypeError, KeyError) as e:
+        raise GradwireError(f"cluster state file {path} is unreadable ({e}): remove the "
+                            f"cluster with `gradwire cluster down {name}`") from None
 
 
 def list_clusters() -> list[Cluster]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from gradwire.collectives.agree import agree
 from gradwire.collectives.executor import execute
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
@@ -77,8 +78,12 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
     t = transport or Transport(group)
     params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
+    call = [("call", collective), ("algo", s.algo), ("elements", buf.numel()),
+            ("dtype", buf.dtype), ("root", root),
+            ("params", ",".join(f"{k}={v}" for k, v in sorted(params.items())))]
 
     def go() -> None:
+        agree(t, call)
         execute(s, buf, t)
         if after is not None:
             after()
@@ -94,9 +99,9 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
                transport: Transport | None = None, **params: object) -> Handle | None:
     """Every rank ends with the sum (or average) of ``tensor`` over ranks, in place."""
     buf, how = _flat(tensor, "tensor"), _op(op)
-    world = (transport.world_size if transport else dist.get_world_size(group))
-    after = (lambda: buf.div_(world)) if how == "avg" else None
-    return _run("allreduce", algo, buf, 0, group, transport, async_op, after, params)
+    t = transport or Transport(group)
+    after = (lambda: buf.div_(t.world_size)) if how == "avg" else None
+    return _run("allreduce", algo, buf, 0, group, t, async_op, after, params)
 
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",

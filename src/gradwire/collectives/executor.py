@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules.ir import Schedule, Transfer
 from gradwire.transport import Transport
 
@@ -45,7 +45,19 @@ def _overlaps(a: Transfer, b: Transfer) -> bool:
 
 def execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
             combine: dict[str, Combine] | None = None) -> None:
-    """Run this rank's part of ``s`` in place on ``buffer`` (1-D, ``s.count`` elements)."""
+    """Run this rank's part of ``s`` in place on ``buffer`` (1-D, ``s.count`` elements).
+
+    A peer that fails or stalls raises :class:`PeerError` naming it and this collective.
+    """
+    try:
+        _execute(s, buffer, transport, combine)
+    except PeerError as e:
+        raise e.within(f"{s.collective}/{s.algo} ({s.count} elements of "
+                       f"{str(buffer.dtype).removeprefix('torch.')})") from None
+
+
+def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
+             combine: dict[str, Combine] | None) -> None:
     if buffer.dim() != 1 or buffer.numel() != s.count:
         raise GradwireError(f"rank {transport.rank}: buffer has shape {tuple(buffer.shape)}, "
                             f"the schedule expects ({s.count},)")

@@ -11,6 +11,7 @@ buckets ("collective mismatch").
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import queue
 import threading
 import time
@@ -21,7 +22,10 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
+from gradwire import config
+from gradwire.collectives.agree import Call, agree
 from gradwire.compress import Payload
+from gradwire.errors import GradwireError
 from gradwire.transport import Transport
 
 Task = Callable[[], list[torch.Tensor]]
@@ -82,7 +86,8 @@ class Comm:
 
     ``algo`` None: torch.distributed's own collectives (gloo's allreduce is a ring). A name:
     gradwire's allreduce schedule of that name and gradwire's default (ring) allgather, over a
-    :class:`Transport` made here (so this must run on every rank at the same point).
+    :class:`Transport` made here (so this must run on every rank at the same point). The
+    transport is made for the header exchange too (:meth:`agree`) unless that is turned off.
     """
 
     def __init__(self, group: dist.ProcessGroup | None, algo: str | None,
@@ -91,16 +96,47 @@ class Comm:
         self.algo = algo
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self.transport = Transport(group) if transport or algo is not None else None
+        wanted = transport or algo is not None or config.check_calls()
+        self.transport = Transport(group) if wanted else None
+        # For the data calls that follow a bucket's header (aggregate() exchanges one per
+        # bucket; everything after it derives from what that header agreed): one exchange per
+        # bucket, not one per call.
+        self.agreed = (Transport(group, check_calls=False)
+                       if self.transport is not None and self.transport.check_calls
+                       else self.transport)
         self.seconds = 0.0
+
+    def _bounded(self, work: dist.Work, what: str) -> None:
+        """Wait for a torch.distributed collective within GRADWIRE_TIMEOUT, not the process
+        group's timeout (30 min by default for gloo); a failure names this rank and the call
+        (c10d does not say which peer)."""
+        timeout = self.transport.timeout if self.transport is not None else config.timeout()
+        try:
+            work.wait(datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:
+            why = str(e).splitlines()[0][-200:]
+            raise GradwireError(f"rank {self.rank}: torch.distributed {what} failed or timed "
+                                f"out after {timeout:g} s (a rank died, stalled or skipped "
+                                f"this call; GRADWIRE_TIMEOUT sets the limit): {why}") from None
+
+    def agree(self, call: Call, finite: bool = True) -> bool | None:
+        """Fail on every rank, before any state changes, unless every rank makes ``call``;
+        whether every rank's data is ``finite`` (None with the header exchange off)."""
+        if self.transport is None:
+            return None
+        t0 = time.perf_counter()
+        everywhere = agree(self.transport, call, finite)
+        self.seconds += time.perf_counter() - t0
+        return everywhere
 
     def all_reduce(self, t: torch.Tensor) -> None:
         """``t`` becomes the sum over ranks, in place."""
         t0 = time.perf_counter()
         if self.algo is None:
-            dist.all_reduce(t, group=self.group)
+            self._bounded(dist.all_reduce(t, group=self.group, async_op=True),
+                          f"all_reduce of {t.numel()} elements")
         else:
-            gc.all_reduce(t, algo=self.algo, transport=self.transport)
+            gc.all_reduce(t, algo=self.algo, transport=self.agreed)
         self.seconds += time.perf_counter() - t0
 
     def all_gather(self, payload: Payload) -> list[Payload]:
@@ -110,7 +146,8 @@ class Comm:
         t0 = time.perf_counter()
         if self.algo is None:
             out = torch.empty(self.world * n, dtype=torch.uint8)
-            _ALL_GATHER(out, mine, group=self.group)
+            self._bounded(_ALL_GATHER(out, mine, group=self.group, async_op=True),
+                          f"all_gather of {n} bytes")
         else:
             # gradwire's collectives take float tensors; an allgather only moves the words, so
             # the bytes travel as float32 words (padded to a multiple of 4).
@@ -118,7 +155,7 @@ class Comm:
             send = torch.zeros(words * 4, dtype=torch.uint8)
             send[:n] = mine
             got = torch.empty(self.world * words, dtype=torch.float32)
-            gc.all_gather_into_tensor(got, send.view(torch.float32), transport=self.transport)
+            gc.all_gather_into_tensor(got, send.view(torch.float32), transport=self.agreed)
             out = got.view(torch.uint8).reshape(self.world, words * 4)[:, :n].reshape(-1)
         self.seconds += time.perf_counter() - t0
         return [unpack(payload, out[r * n : (r + 1) * n]) for r in range(self.world)]

@@ -17,6 +17,7 @@ and keeps what was not applied, so Σ_ranks e_after + P·avg = Σ_ranks (e_befor
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,20 @@ class Step:
 def aggregate(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]:
     """(average, payload bytes) for this rank's gradient ``x`` of layout ``key``."""
     m, n = s.method, x.numel()
+    # Before any residual changes: ranks that disagree fail here, all of them, naming why.
+    # NaN/Inf on any rank: every rank goes dense, so the average holds them as DDP's would
+    # (GradScaler then skips the step) and the residual is consumed, never left non-finite.
+    selector = getattr(s.compressor, "selector", None)
+    method = f"{m.name}/{selector}" if selector else m.name
+    finite = s.comm.agree([("call", "hook"), ("method", method),
+                           ("dense", s.dense), ("elements", n), ("dtype", x.dtype),
+                           ("density", f"{s.density:.6g}")],
+                          finite=bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite()))
+    if finite is False and m.combine != "dense":
+        warnings.warn(f"gradwire hook {m.name}: a gradient bucket holds NaN or Inf on some "
+                      "rank; aggregated dense this step (its residual applied and cleared)",
+                      RuntimeWarning, stacklevel=2)
+        return _dense(s, x, key)
     if s.dense or m.combine == "dense" or (m.sparse and select_count(n, s.density, None) == n):
         # Nothing would be dropped: the dense allreduce sends 4n bytes where the pairs send 8n.
         return _dense(s, x, key)
@@ -133,7 +148,7 @@ def _sparse(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]:
     # x is spent once added to the residual, so the average is written over it (a fresh
     # tensor of n elements would cost page faults every step).
     avg = sparse_allreduce(x, residual, k, s.method.name, selector=selector,
-                           transport=s.comm.transport, group=s.comm.group, out=x,
+                           transport=s.comm.agreed, group=s.comm.group, out=x,
                            timings=timings)
     # error feedback and selection count as compression; messages and merges as communication
     s.comm.seconds += time.perf_counter() - t0 - timings["select"]

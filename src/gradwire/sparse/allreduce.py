@@ -9,15 +9,18 @@ all ranks in one process, under :func:`gradwire.sparse.local.simulate`.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+import gradwire.collectives as gc
+from gradwire.collectives.agree import agree
 from gradwire.collectives.executor import Combine, execute
 from gradwire.compress.base import FLOATS, acc_dtype
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost
 from gradwire.schedules.ir import Schedule
@@ -165,9 +168,21 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     return Plan(s, buf, {GTOPK_OP: merge}, finish)
 
 
-def _run(plan: Plan, transport: Transport) -> SparseResult:
-    execute(plan.schedule, plan.buffer, transport, plan.combine)
+def _run(plan: Plan, transport: Transport, method: str) -> SparseResult:
+    try:
+        execute(plan.schedule, plan.buffer, transport, plan.combine)
+    except PeerError as e:
+        raise e.within(f"{method} over {e.during}") from None
     return plan.finish()
+
+
+def _agree(t: Transport, call: str, method: str, algo: str | None, numel: int,
+           dtype: torch.dtype, k: int, selector: str = "", finite: bool = True) -> bool | None:
+    """Every rank must be making this call (agree.py): checked before any state changes.
+    Returns whether every rank's data is finite (None with the check off)."""
+    return agree(t, [("call", call), ("method", method if algo is None else f"{method}/{algo}"),
+                     ("elements", numel), ("dtype", dtype), ("k", k), ("selector", selector)],
+                 finite)
 
 
 def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
@@ -181,7 +196,8 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     """
     t = transport or Transport(group)
     e = Entries(values, indices.long())
-    return _run(topk_plan(e, _count(e, k), numel, t.rank, t.world_size, algo), t)
+    _agree(t, "topk_allreduce", "topk", algo, numel, values.dtype, _count(e, k))
+    return _run(topk_plan(e, _count(e, k), numel, t.rank, t.world_size, algo), t, "topk")
 
 
 def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
@@ -193,7 +209,9 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     (dense, numel elements, values' dtype) in place."""
     t = transport or Transport(group)
     e = Entries(values, indices.long())
-    return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size), t)
+    _agree(t, "gtopk_allreduce", "gtopk", None, numel, values.dtype, _count(e, k))
+    return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size), t,
+                "gtopk")
 
 
 def _count(e: Entries, k: int | None) -> int:
@@ -255,6 +273,18 @@ def plan(method: str, e: Entries, k: int, numel: int, residual: torch.Tensor, ra
     return gtopk_plan(e, k, numel, residual, rank, world_size)
 
 
+def _dense_average(x: torch.Tensor, residual: torch.Tensor, t: Transport,
+                   out: torch.Tensor | None) -> torch.Tensor:
+    """The NaN/Inf policy: some rank's x is not finite, so every rank sends residual + x
+    dense, as a dense allreduce would, and its residual is applied and cleared."""
+    warnings.warn("sparse_allreduce: x holds NaN or Inf on some rank; aggregated dense "
+                  "this call (residuals applied and cleared)", RuntimeWarning, stacklevel=3)
+    total = residual.add_(x).clone()
+    residual.zero_()
+    gc.all_reduce(total, op="avg", transport=t)
+    return total if out is None else out.copy_(total)
+
+
 def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: str = "gtopk", *,
                      selector: str = "exact", transport: Transport | None = None,
                      group: dist.ProcessGroup | None = None,
@@ -270,6 +300,11 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     3. Return total / P: dense, n elements, x's dtype, identical on every rank.
 
     Summed over ranks, Σ residual_after + P·result = Σ (residual_before + x).
+
+    NaN or Inf in any rank's ``x`` (the header exchange tells every rank): every rank
+    returns the dense average of residual + x instead, as a dense allreduce would (NaN/Inf
+    where it has them), with a RuntimeWarning, and its residual is cleared: never left
+    non-finite. With the header exchange off (``GRADWIRE_CHECK_CALLS=0``) there is no policy.
     Cost (Table I, β per element, fp32): topk log(P)α + 2(P−1)kβ; gtopk 2lg(P)α + 4k·lg(P)β.
 
     ``out``: where to write the result (may be ``x`` itself, which is no longer needed once
@@ -280,15 +315,21 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     ``timings``: if given, receives ``"select"``, the seconds of step 1 (error feedback and
     selection, this rank's work alone; the rest is communication and merging).
 
-    Warning: like any collective, every rank must make the same calls in the same order with
-    the same n, k, dtype and method; otherwise the message sizes disagree and gloo aborts.
+    Like any collective, every rank must make the same calls in the same order with the same
+    n, k, dtype, method and selector: a header exchange before ``residual`` is touched makes
+    a mismatch a :class:`~gradwire.collectives.agree.MismatchError` on every rank.
     """
     check_args(x, residual, k, method, selector, algo, out)
     t = transport or Transport(group)
     n = x.numel()
+    finite = bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite())
+    if _agree(t, "sparse_allreduce", method, algo, n, x.dtype, k, selector, finite) is False:
+        if timings is not None:
+            timings["select"] = 0.0
+        return _dense_average(x, residual, t, out)
     t0 = time.perf_counter()
     e = feed(x, residual, k, selector)
     if timings is not None:
         timings["select"] = time.perf_counter() - t0
-    return _run(plan(method, e, min(k, n), n, residual, t.rank, t.world_size, algo),
-                t).average(out)
+    return _run(plan(method, e, min(k, n), n, residual, t.rank, t.world_size, algo), t,
+                method).average(out)

@@ -4,6 +4,7 @@ leaves nothing behind."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from gradwire.cluster import Cluster
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jobs import run_ranks
 from gradwire.models import MODELS, get_spec
 from gradwire.train.aggregate import METHODS
@@ -54,10 +55,11 @@ class TrainConfig:
 def validate(cfg: TrainConfig, hosts: int) -> None:
     """One-line GradwireErrors for every setting a run would fail on, before anything starts."""
     if cfg.model not in MODELS:
-        raise GradwireError(f"unknown model {cfg.model!r}: expected one of {', '.join(MODELS)}")
+        raise GradwireError(f"unknown model {cfg.model!r}{did_you_mean(cfg.model, MODELS)}: "
+                            f"expected one of {', '.join(MODELS)}")
     if cfg.agg not in METHODS:
-        raise GradwireError(f"unknown aggregation {cfg.agg!r}: expected one of "
-                            f"{', '.join(METHODS)}")
+        raise GradwireError(f"unknown aggregation {cfg.agg!r}{did_you_mean(cfg.agg, METHODS)}: "
+                            f"expected one of {', '.join(METHODS)}")
     if cfg.mode not in MODES:
         raise GradwireError(f"--mode {cfg.mode!r} is not valid: expected one of "
                             f"{', '.join(MODES)}")
@@ -67,8 +69,8 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
         if getattr(cfg, name) < 1:
             raise GradwireError(f"--{name.replace('_', '-')} must be >= 1, got "
                                 f"{getattr(cfg, name)}")
-    if not cfg.lr > 0:
-        raise GradwireError(f"--lr must be > 0, got {cfg.lr:g}")
+    if not 0 < cfg.lr < math.inf:
+        raise GradwireError(f"--lr must be a finite number > 0, got {cfg.lr:g}")
     if not 0 <= cfg.momentum < 1:
         raise GradwireError(f"--momentum must be in [0, 1), got {cfg.momentum:g}")
     if cfg.seed < 0:

@@ -1,0 +1,48 @@
+"""What the header exchange (gradwire.collectives.agree) costs: each call timed with it and
+without, interleaved, on an emulated cluster (or loopback); writes results/header_overhead.json.
+
+    python benchmarks/header_overhead.py                       # 4 hosts, 1gbit; needs root
+    python benchmarks/header_overhead.py --loopback --out /tmp/h.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from gradwire.bench import provenance
+from gradwire.cluster import ephemeral_cluster
+from gradwire.launcher import launch
+
+HERE = Path(__file__).parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--bandwidth", default="1gbit")
+    ap.add_argument("--loopback", action="store_true")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "header_overhead.json")
+    args = ap.parse_args()
+    lines: list[str] = []
+    with ephemeral_cluster(args.hosts, args.bandwidth, args.loopback) as c:
+        res = launch(c, [sys.executable, str(HERE / "ranks" / "header_overhead.py")],
+                     timeout=900, sink=lines.append)
+        label = c.label
+    if res.returncode != 0:
+        sys.exit("\n".join(lines[-30:] + [res.message]))
+    rows = [json.loads(x.partition("ROW ")[2]) for x in lines if "] ROW " in x]
+    print(f"{'case':<40} {'checked':>12} {'unchecked':>12} overhead")
+    for r in rows:
+        pct = "" if r["overhead_pct"] is None else f"{r['overhead_pct']:+7.1f} %"
+        print(f"{r['case']:<40} {r['checked_ms']:9.3f} ms {r['unchecked_ms']:9.3f} ms {pct}")
+    result = {**provenance.stamp("python " + shlex.join(sys.argv)), "network": label,
+              "hosts": args.hosts, "rows": rows}
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Agreement before data: every rank shows every other rank the call it is about to make.
+
+Ranks that disagree on a collective (a different size, dtype, algorithm, density or root, or
+one rank a call behind) would otherwise exchange messages of the wrong length (gloo aborts),
+of the right length but the wrong meaning (a silently wrong result), or wait forever. Before
+the data moves, each rank allgathers a fixed-size header of a few text fields describing its
+call (recursive doubling: ⌈lg P⌉ messages of at most P/2 headers each). Every rank then holds
+every header and raises the same :class:`MismatchError`, naming each field that differs and
+which ranks hold which value. A rank that skipped the call is not there to answer: its peers'
+header exchange times out naming it (:class:`~gradwire.errors.PeerError`).
+
+The header also carries whether this rank's data is finite, so that every rank can take the
+same path when one of them holds NaN or Inf (the NaN/Inf policy, docs/reliability.md).
+
+Cost: one extra latency per doubling step, ⌈lg P⌉·α; the header is 7 × 24 bytes. Measured in
+docs/reliability.md. ``Transport(check_calls=False)`` or ``GRADWIRE_CHECK_CALLS=0`` turns it off
+(the same setting on every rank, or the exchanges themselves disagree).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import torch
+
+from gradwire.collectives.executor import execute
+from gradwire.errors import GradwireError, PeerError
+from gradwire.schedules import registry
+from gradwire.transport import Transport
+
+FIELD_BYTES = 24
+FIELDS = 6  # compared; every header has this many, so exchanges have one size on every rank
+FINITE = FIELDS  # one more slot, not compared: "0" when this rank's data holds NaN or Inf
+
+Call = Sequence[tuple[str, object]]  # (field name, value), at most FIELDS of them
+
+
+class MismatchError(GradwireError):
+    """Ranks made different collective calls; raised on every rank with the same fields."""
+
+
+def _text(value: object) -> str:
+    s = value if isinstance(value, str) else str(value).removeprefix("torch.")
+    if len(s.encode()) <= FIELD_BYTES:
+        return s
+    # Long values (parameter lists) keep a readable head and a checksum of the whole.
+    return f"{s[:FIELD_BYTES - 9]}#{zlib.crc32(s.encode()):08x}"
+
+
+def encode(call: Call, finite: bool = True) -> torch.Tensor:
+    """The header of ``call``: FIELDS + 1 slots of FIELD_BYTES bytes, zero-padded text."""
+    if len(call) > FIELDS:
+        raise ValueError(f"a header has at most {FIELDS} fields, got {len(call)}")
+    raw = bytearray((FIELDS + 1) * FIELD_BYTES)
+    for i, (_, value) in enumerate([*call, *[("", "")] * (FIELDS - len(call)),
+                                    ("finite", int(finite))]):
+        b = _text(value).encode()
+        raw[i * FIELD_BYTES : i * FIELD_BYTES + len(b)] = b
+    return torch.frombuffer(raw, dtype=torch.uint8).clone()
+
+
+def decode(header: torch.Tensor) -> list[str]:
+    raw = bytes(header.tolist())
+    return [raw[i * FIELD_BYTES : (i + 1) * FIELD_BYTES].rstrip(b"\0").decode(errors="replace")
+            for i in range(FIELDS + 1)]
+
+
+def differences(call: Call, headers: list[list[str]]) -> list[str]:
+    """For each field on which ranks differ: ``name: value on ranks a, b; other on rank c``."""
+    out = []
+    for i, (name, _) in enumerate(call):
+        by_value: dict[str, list[int]] = {}
+        for r, h in enumerate(headers):
+            by_value.setdefault(h[i], []).append(r)
+        if len(by_value) > 1:
+            parts = [f"{v or '?'} on rank{'s' if len(rs) > 1 else ''} "
+                     f"{', '.join(map(str, rs))}" for v, rs in by_value.items()]
+            out.append(f"{name}: {'; '.join(parts)}")
+    return out
+
+
+def agree(transport: Transport, call: Call, finite: bool = True) -> bool | None:
+    """Raise :class:`MismatchError` on every rank unless every rank is making ``call``.
+
+    Returns whether every rank's ``finite`` was true (the same answer on every rank), or
+    ``finite`` itself for one rank, or None when ``transport.check_calls`` is off (then no
+    rank knows about the others).
+    """
+    p = transport.world_size
+    if p == 1:
+        return finite
+    if not transport.check_calls:
+        return None
+    mine = encode(call, finite)
+    h = mine.numel()
+    s = registry.schedule("allgather", "rd", p, p * h, itemsize=1)
+    buf = torch.zeros(p * h, dtype=torch.uint8)
+    buf[transport.rank * h : (transport.rank + 1) * h] = mine
+    what = f"{call[0][1]}/{call[1][1]}"  # the call and its algorithm or method
+    try:
+        with transport.control():
+            execute(s, buf, transport)
+    except PeerError as e:
+        raise e.within(f"the header exchange before {what}") from None
+    headers = [decode(buf[r * h : (r + 1) * h]) for r in range(p)]
+    diff = differences(call, headers)
+    if diff:
+        raise MismatchError(f"rank {transport.rank}: ranks made different collective calls: "
+                            f"{' | '.join(diff)} (every rank must make the same collective "
+                            "calls in the same order)")
+    return all(hd[FINITE] == "1" for hd in headers)

@@ -1,0 +1,184 @@
+"""Bad input, across the CLI and the Python API: one clear line, exit 2 (CLI) or a GradwireError
+(API), never a traceback, never anything built. The CLI runs in this process (cli.main()), so
+the ~60 cases take about a second. Inputs that need a live cluster or a run stay with their
+feature's tests (test_train: checkpoints; test_cluster: cluster_up)."""
+import datetime
+import json
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import cli_error, netns_names
+
+import gradwire.collectives as gc
+import gradwire.hooks as gh
+from gradwire.bandwidth import parse_bandwidth
+from gradwire.bench import calibrate
+from gradwire.cluster import list_clusters, load_cluster, loopback_cluster
+from gradwire.compress import get as get_compressor
+from gradwire.errors import GradwireError
+from gradwire.schedules import registry
+from gradwire.sparse import sparse_allreduce
+from gradwire.train import checkpoint
+from gradwire.transport import Transport
+
+LOOP = ["--loopback"]
+CLI = [
+    # gradwire run
+    (["run", "--hosts", "0", "--", "true"], "Invalid value for '--hosts'"),
+    (["run", "--bandwidth", "1gb", "--", "true"], "bandwidth '1gb' is not valid"),
+    (["run", "--bandwidth", "-5mbit", "--", "true"], "bandwidth '-5mbit' is not valid"),
+    (["run", "--bandwidth", "0gbit", "--", "true"], "bandwidth '0gbit' is out of range"),
+    (["run", *LOOP, "--timeout", "0", "--", "true"], "--timeout must be a positive number"),
+    (["run", *LOOP, "--timeout", "-1", "--", "true"], "--timeout must be a positive number"),
+    (["run", *LOOP, "--timeout", "soon", "--", "true"], "Invalid value for '--timeout'"),
+    (["run", *LOOP], "Missing argument"),
+    (["run", "--cluster", "gwzzzzzz", "--", "true"], "cluster name 'gwzzzzzz' is not valid"),
+    (["run", "--cluster", "gw;rm -rf", "--", "true"], "is not valid"),
+    (["rnu"], "No such command 'rnu'"),
+    # gradwire cluster
+    (["cluster", "up", "--hosts", "0"], "Invalid value for '--hosts'"),
+    (["cluster", "up", "--hosts", "251"], "--hosts must be between 1 and 250"),
+    (["cluster", "up", "--bandwidth", "fast"], "bandwidth 'fast' is not valid"),
+    (["cluster", "up", "--hosts", "2", "--name", "x;rm"], "cluster name 'x;rm' is not valid"),
+    (["cluster", "up", "--name", "gw12345"], "cluster name 'gw12345' is not valid"),
+    (["cluster", "up", "--name", "gw123456 x"], "is not valid"),
+    (["cluster", "down", "../../etc"], "cluster name '../../etc' is not valid"),
+    (["cluster", "down", "gw;reboot"], "is not valid"),
+    (["cluster", "stauts"], "No such command 'stauts'"),
+    # gradwire demo
+    (["demo", "--bandwidth", "fast"], "bandwidth 'fast' is not valid"),
+    (["demo", "--agg", "nope"], "unknown aggregation 'nope'"),
+    (["demo", "--agg", "gtpok"], "did you mean 'gtopk'"),
+    (["demo", "--agg", " , "], "--agg is empty"),
+    (["demo", "--model", "nope"], "unknown model 'nope'"),
+    (["demo", "--epochs", "0"], "--epochs must be >= 1, got 0"),
+    (["demo", "--density", "0"], "--density must be in (0, 1], got 0"),
+    (["demo", "--density", "2"], "--density must be in (0, 1], got 2"),
+    (["demo", "--mode", "layer"], "--mode 'layer' is not valid"),
+    (["demo", "--hosts", "-2"], "Invalid value for '--hosts'"),
+    # gradwire train (more in test_train.py)
+    (["train", "--density", "nan"], "--density must be in (0, 1], got nan"),
+    (["train", "--density", "-0.5"], "--density must be in (0, 1]"),
+    (["train", "--model", "resnet2"], "did you mean 'resnet20'"),
+    (["train", "--lr", "-1"], "--lr must be a finite number > 0"),
+    (["train", "--lr", "inf"], "--lr must be a finite number > 0"),
+    (["train", "--momentum", "-0.1"], "--momentum must be in [0, 1)"),
+    (["train", "--seq-len", "0"], "--seq-len must be >= 1"),
+    (["train", "--batch-size", "0"], "--batch-size must be >= 1"),
+    (["train", "--seed", "-1"], "--seed must be >= 0"),
+    (["train", "--densty", "0.1"], "No such option: --densty"),
+    # gradwire bench and calibrate
+    (["bench", "--algo", "rnig"], "did you mean 'ring'"),
+    (["bench", "--collective", "alltoall"], "unknown collective 'alltoall'"),
+    (["bench", "--sizes", "8K:1K"], "size range '8K:1K' is not valid"),
+    (["bench", "--sizes", "lots"], "'lots' is not valid"),
+    (["bench", "--param", "block"], "--param 'block' is not valid"),
+    (["bench", "--dtype", "int8"], "--dtype 'int8' is not supported"),
+    (["bench", "--iters", "0"], "Invalid value for '--iters'"),
+    (["bench", "--warmup", "-1"], "Invalid value for '--warmup'"),
+    (["bench", "--bandwidth", "1gbps"], "bandwidth '1gbps' is not valid"),
+    (["calibrate", "--hosts", "1"], "calibrate needs --hosts >= 2"),
+]
+
+
+@pytest.mark.parametrize("args,msg", CLI, ids=[" ".join(a) for a, _ in CLI])
+def test_bad_cli_input_is_one_line_exit_2_and_builds_nothing(monkeypatch, capsys, args, msg):
+    before = netns_names()
+    code, err = cli_error(monkeypatch, capsys, *args)
+    assert code == 2, err
+    assert msg in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert netns_names() == before
+
+
+def test_collectives_without_a_process_group_say_so():
+    assert not dist.is_initialized()  # runs before the fixture below makes one
+    with pytest.raises(GradwireError, match="torch.distributed is not initialized"):
+        gc.all_reduce(torch.ones(4))
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """A world of one rank in this process (what the API calls below validate against)."""
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+x8 = torch.ones(8)
+API = [
+    (lambda: gc.all_reduce(torch.ones(3, dtype=torch.int32)), "has dtype torch.int32"),
+    (lambda: gc.all_reduce([1.0, 2.0]), "tensor must be a torch.Tensor, got list"),
+    (lambda: gc.all_reduce(torch.ones(4, 4).t()), "must be contiguous"),
+    (lambda: gc.all_reduce(x8, op="max"), "reduction op 'max' is not supported"),
+    (lambda: gc.all_reduce(x8, algo="rnig"), "did you mean 'ring'"),
+    (lambda: gc.broadcast(x8, src=5), "root must be a rank in 0..0, got 5"),
+    (lambda: gc.all_gather_into_tensor(torch.ones(3), x8), "output must have world_size"),
+    (lambda: gc.reduce_scatter_tensor(x8, torch.ones(3)), "input must have world_size"),
+    (lambda: sparse_allreduce(x8, torch.zeros(8), 0), "k must be an integer >= 1"),
+    (lambda: sparse_allreduce(x8, torch.zeros(8), 2.5), "k must be an integer >= 1"),
+    (lambda: sparse_allreduce(x8, torch.zeros(8), 2, "gtop"), "method must be one of"),
+    (lambda: sparse_allreduce(x8, torch.zeros(8), 2, selector="fast"), "selector must be"),
+    (lambda: sparse_allreduce(torch.ones(2, 4), torch.zeros(2, 4), 2), "x must be a 1-D"),
+    (lambda: sparse_allreduce(x8, torch.zeros(9), 2), "residual must match x"),
+    (lambda: sparse_allreduce(x8, torch.zeros(8), 2, algo="ring"), "gtopk runs on the binomial"),
+    (lambda: gh.make("topkk"), "did you mean 'topk'"),
+    (lambda: gh.make("topk", density=0), "density"),
+    (lambda: gh.make("topk", density=1.5), "density"),
+    (lambda: gh.make("topk", mode="layer"), "mode must be one of"),
+    (lambda: Transport(timeout=0), "timeout must be a positive number of seconds"),
+    (lambda: Transport(timeout=math.nan), "timeout must be a positive number of seconds"),
+    (lambda: parse_bandwidth("-1gbit"), "bandwidth '-1gbit' is not valid"),
+    (lambda: get_compressor("tpok"), "did you mean 'topk'"),
+    (lambda: get_compressor("topk", density=0), "density"),
+    (lambda: registry.get("allreduce", "rign"), "did you mean 'ring'"),
+    (lambda: registry.get("alreduce"), "unknown collective 'alreduce'"),
+    (lambda: loopback_cluster(0), "--hosts must be between 1 and 250, got 0"),
+]
+
+
+@pytest.mark.parametrize("call,msg", API, ids=[m for _, m in API])
+def test_bad_api_input_is_one_gradwire_error(one_rank, call, msg):
+    with pytest.raises(GradwireError) as e:
+        call()
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unreadable_files_say_where(monkeypatch, tmp_path):
+    """Calibration JSON with the line and column, or the missing field; a checkpoint that is
+    not one (torch.load with weights_only=True, so never unpickled code)."""
+    monkeypatch.setenv("GRADWIRE_HOME", str(tmp_path))
+    path = calibrate.calibration_path("1gbit")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"alpha_s": 1e-4,\n "beta_s_per_byte": }\n')
+    with pytest.raises(GradwireError, match=r"unreadable .*line 2 column 21"):
+        calibrate.load("1gbit")
+    path.write_text('{"alpha_s": 1e-4, "beta_s_per_byte": 8e-9}\n')
+    with pytest.raises(GradwireError, match="unreadable .*gamma_s_per_byte"):
+        calibrate.load("1gbit")
+    bad = tmp_path / "ck.pt"
+    bad.write_bytes(b"PK\x03\x04 not a checkpoint")
+    with pytest.raises(GradwireError, match="is not a gradwire checkpoint"):
+        checkpoint.load(bad)
+
+
+def test_a_tampered_cluster_state_file_is_refused(monkeypatch, tmp_path):
+    """Names from /run/gradwire go to `ip netns exec`: one that is not gradwire's (here an
+    option, "-all") must not get there."""
+    monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path))
+    host = {"rank": 0, "netns": "-all", "addr": "10.213.1.1", "ifname": "eth0"}
+    (tmp_path / "gw00aa11.json").write_text(json.dumps(
+        {"name": "gw00aa11", "bandwidth_bps": 1e9, "hosts": [host], "subnet": 1}))
+    with pytest.raises(GradwireError, match="unreadable .*names gradwire does not make"):
+        load_cluster("gw00aa11")
+    assert list_clusters() == []
+
+
+def test_environment_overrides_are_checked(monkeypatch, one_rank):
+    monkeypatch.setenv("GRADWIRE_TIMEOUT", "soon")
+    with pytest.raises(GradwireError, match="GRADWIRE_TIMEOUT must be a positive number"):
+        Transport()
