@@ -10,13 +10,13 @@ import json
 import math
 import os
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
+from gradwire.bench.rank import slowest_rank_times
 from gradwire.sparse import gtopk_allreduce, select, sparse_allreduce, topk_allreduce
 from gradwire.transport import Transport
 
@@ -37,17 +37,11 @@ values = grad[picked]
 
 
 def timed(fn: Callable[[], object], t: Transport | None = None) -> dict:
-    times = []
-    for i in range(warmup + iters):
+    def before(i: int) -> None:
         if t is not None and i == warmup:
             t.reset_counters()
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-        if i >= warmup:
-            times.append(dt.item())
+
+    times = slowest_rank_times(fn, iters, warmup, before)
     row = {"time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
            "times_s": times}
     if t is not None:

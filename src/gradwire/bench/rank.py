@@ -70,16 +70,15 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
     }[collective]
 
 
-def bench_one(collective: str, spec: dict, count: int, dtype: torch.dtype, iters: int,
-              warmup: int) -> dict:
-    algo, params = spec["name"], spec["params"]
-    p, rank = dist.get_world_size(), dist.get_rank()
-    inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
-    t = Transport()
-    run = _call(collective, algo, inp, out, t, params)
+def slowest_rank_times(run: Callable[[], object], iters: int, warmup: int,
+                       before: Callable[[int], object] | None = None) -> list[float]:
+    """Seconds of each of ``iters`` timed calls of ``run`` (after ``warmup`` untimed ones): all
+    ranks start together at a barrier and a call lasts as long as its slowest rank.
+    ``before(i)`` runs ahead of call i, outside the timing."""
     times = []
     for i in range(warmup + iters):
-        reset()
+        if before is not None:
+            before(i)
         dist.barrier()
         t0 = time.perf_counter()
         run()
@@ -87,6 +86,17 @@ def bench_one(collective: str, spec: dict, count: int, dtype: torch.dtype, iters
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)
         if i >= warmup:
             times.append(dt.item())
+    return times
+
+
+def bench_one(collective: str, spec: dict, count: int, dtype: torch.dtype, iters: int,
+              warmup: int) -> dict:
+    algo, params = spec["name"], spec["params"]
+    p, rank = dist.get_world_size(), dist.get_rank()
+    inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
+    t = Transport()
+    run = _call(collective, algo, inp, out, t, params)
+    times = slowest_rank_times(run, iters, warmup, before=lambda i: reset())
     wrong = torch.tensor([0 if want is None else int((out != want).sum())])
     dist.all_reduce(wrong)
     sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64)
