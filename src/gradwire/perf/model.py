@@ -33,6 +33,7 @@ from gradwire.bandwidth import parse_bandwidth
 from gradwire.compress import get, matrix_shape
 from gradwire.compress.base import select_count
 from gradwire.errors import GradwireError, did_you_mean
+from gradwire.hooks import MODES
 from gradwire.hooks.methods import TABLE
 from gradwire.perf import comm
 from gradwire.perf.codecs import CodecTable
@@ -79,7 +80,7 @@ class Aggregation:
                                 f"{', '.join(TABLE)}")
         if not 0 < self.density <= 1:
             raise GradwireError(f"density must be in (0, 1], got {self.density}")
-        if self.mode not in ("bucket", "model"):
+        if self.mode not in MODES:
             raise GradwireError(f"mode must be 'bucket' or 'model', got {self.mode!r}")
 
     @property

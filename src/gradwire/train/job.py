@@ -13,11 +13,10 @@ from rich.console import Console
 
 from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError, did_you_mean
+from gradwire.hooks import MODES
 from gradwire.jobs import run_ranks
 from gradwire.models import MODELS, get_spec
 from gradwire.train.aggregate import METHODS
-
-MODES = ("bucket", "model")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gradwire.data import shard_indices
+from gradwire.hooks import MODES
 from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.train import checkpoint
@@ -41,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="mlp")
     p.add_argument("--agg", default="dense", choices=METHODS)
     p.add_argument("--density", type=float, default=0.001, help="sparsifiers' kept fraction")
-    p.add_argument("--mode", default="bucket", choices=("bucket", "model"))
+    p.add_argument("--mode", default="bucket", choices=MODES)
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="dense-to-sparse density warm-up over the first epochs")
     p.add_argument("--epochs", type=int, default=10)
