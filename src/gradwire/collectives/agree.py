@@ -20,11 +20,12 @@ docs/reliability.md. ``Transport(check_calls=False)`` or ``GRADWIRE_CHECK_CALLS=
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from gradwire.collectives.executor import execute
+from gradwire.compress.base import acc_dtype
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import registry
 from gradwire.transport import Transport
@@ -80,19 +81,27 @@ def differences(call: Call, headers: list[list[str]]) -> list[str]:
     return out
 
 
-def agree(transport: Transport, call: Call, finite: bool = True) -> bool | None:
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether ``x`` holds no NaN or Inf (one pass: a sum in the accumulation dtype)."""
+    return bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite())
+
+
+def agree(transport: Transport, call: Call,
+          finite: bool | Callable[[], bool] = True) -> bool | None:
     """Raise :class:`MismatchError` on every rank unless every rank is making ``call``.
 
     Returns whether every rank's ``finite`` was true (the same answer on every rank), or
     ``finite`` itself for one rank, or None when ``transport.check_calls`` is off (then no
-    rank knows about the others).
+    rank knows about the others). ``finite`` may be a function (e.g. ``lambda:
+    all_finite(x)``), called only when its answer is used: not with the check off.
     """
     p = transport.world_size
-    if p == 1:
-        return finite
-    if not transport.check_calls:
+    if p > 1 and not transport.check_calls:
         return None
-    mine = encode(call, finite)
+    ok = finite() if callable(finite) else finite
+    if p == 1:
+        return ok
+    mine = encode(call, ok)
     h = mine.numel()
     s = registry.schedule("allgather", "rd", p, p * h, itemsize=1)
     buf = torch.zeros(p * h, dtype=torch.uint8)

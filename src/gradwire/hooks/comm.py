@@ -119,7 +119,7 @@ class Comm:
                                 f"out after {timeout:g} s (a rank died, stalled or skipped "
                                 f"this call; GRADWIRE_TIMEOUT sets the limit): {why}") from None
 
-    def agree(self, call: Call, finite: bool = True) -> bool | None:
+    def agree(self, call: Call, finite: bool | Callable[[], bool] = True) -> bool | None:
         """Fail on every rank, before any state changes, unless every rank makes ``call``;
         whether every rank's data is ``finite`` (None with the header exchange off)."""
         if self.transport is None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gradwire.collectives.agree import all_finite
 from gradwire.compress import (
     DGC,
     Compressor,
@@ -90,7 +91,7 @@ def aggregate(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]
     finite = s.comm.agree([("call", "hook"), ("method", method),
                            ("dense", s.dense), ("elements", n), ("dtype", x.dtype),
                            ("density", f"{s.density:.6g}")],
-                          finite=bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite()))
+                          finite=lambda: all_finite(x))
     if finite is False and m.combine != "dense":
         warnings.warn(f"gradwire hook {m.name}: a gradient bucket holds NaN or Inf on some "
                       "rank; aggregated dense this step (its residual applied and cleared)",

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.collectives.agree import agree
+from gradwire.collectives.agree import agree, all_finite
 from gradwire.collectives.executor import Combine, execute
 from gradwire.compress.base import FLOATS, acc_dtype
 from gradwire.errors import GradwireError, PeerError
@@ -177,7 +177,8 @@ def _run(plan: Plan, transport: Transport, method: str) -> SparseResult:
 
 
 def _agree(t: Transport, call: str, method: str, algo: str | None, numel: int,
-           dtype: torch.dtype, k: int, selector: str = "", finite: bool = True) -> bool | None:
+           dtype: torch.dtype, k: int, selector: str = "",
+           finite: bool | Callable[[], bool] = True) -> bool | None:
     """Every rank must be making this call (agree.py): checked before any state changes.
     Returns whether every rank's data is finite (None with the check off)."""
     return agree(t, [("call", call), ("method", method if algo is None else f"{method}/{algo}"),
@@ -322,8 +323,8 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     check_args(x, residual, k, method, selector, algo, out)
     t = transport or Transport(group)
     n = x.numel()
-    finite = bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite())
-    if _agree(t, "sparse_allreduce", method, algo, n, x.dtype, k, selector, finite) is False:
+    if _agree(t, "sparse_allreduce", method, algo, n, x.dtype, k, selector,
+              lambda: all_finite(x)) is False:
         if timings is not None:
             timings["select"] = 0.0
         return _dense_average(x, residual, t, out)
