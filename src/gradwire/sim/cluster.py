@@ -16,7 +16,9 @@ class SimCluster:
     non-blocking switch, every link ``bandwidth_bps`` bits/s each way.
 
     ``latency``: one-way seconds per host, paid by every flow at each end; ``alpha``: seconds a
-    sender's port spends per message (the cost model's α); ``gamma``: seconds per byte combined.
+    sender's port spends per message (the cost model's α); ``gamma``: seconds per byte combined;
+    ``send_buffer``: bytes of a parameter-server message that may still be on the wire while
+    its sender starts the next one (a TCP socket's send buffer; 0: one message at a time).
     ``iterations`` simulated per run; ``seed`` picks which recorded iteration each simulated
     (worker, iteration) replays.
     """
@@ -28,12 +30,15 @@ class SimCluster:
     alpha: float = 0.0
     gamma: float = 0.0
     iterations: int = 3
+    send_buffer: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.servers < 1 or self.iterations < 1:
             raise GradwireError(f"workers, servers and iterations must be >= 1, got "
                                 f"{self.workers}, {self.servers}, {self.iterations}")
+        if self.send_buffer < 0:
+            raise GradwireError(f"send_buffer must be >= 0 bytes, got {self.send_buffer}")
         if not self.bandwidth_bps > 0:
             raise GradwireError(f"bandwidth must be > 0 bits/s, got {self.bandwidth_bps}")
 

@@ -59,9 +59,11 @@ def buckets(trace: Trace, bucket_bytes: int) -> list[list[int]]:
 
 def bucket_spec(nbytes: int, p: int, o: CollectiveOptions) -> tuple[str, str | None, int, dict]:
     """(collective, algorithm, count, params) of the schedule that moves one bucket of
-    ``nbytes``, counted in bytes (itemsize 1)."""
+    ``nbytes``: counted in float32 elements when ``nbytes`` is a multiple of 4 (so blocks split
+    where they split a real gradient's), else in bytes; ``params["itemsize"]`` says which."""
     if o.compressor is None:
-        return "allreduce", o.algo, nbytes, {"itemsize": 1, **o.params}
+        item = 4 if nbytes % 4 == 0 else 1
+        return "allreduce", o.algo, nbytes // item, {**o.params, "itemsize": item}
     import torch
 
     from gradwire import compress
@@ -113,7 +115,8 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
             tables = [registry.table(coll, algo, p, n, **kw) for coll, algo, n, kw in specs]
         if single_peer(tables):
             eng = Engine(net)
-            compiled = {id(t): step_arrays(t, 1) for t in tables}  # equal sizes share a table
+            compiled = {id(t): step_arrays(t, kw["itemsize"])  # equal sizes share a table
+                        for t, (_, _, _, kw) in zip(tables, specs, strict=True)}
             arrays = [compiled[id(t)] for t in tables]
             start, port, ends = np.zeros(p), None, []
             for it in range(c.iterations):
@@ -153,7 +156,7 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     replay = Replay(eng, hosts, 1, c.alpha, c.gamma, done)
     for it in range(c.iterations):
         for b, s in enumerate(scheds):
-            replay.add(s, f"bucket {b} iter {it}")
+            replay.add(s, f"bucket {b} iter {it}", specs[b][3]["itemsize"])
         left[it] = len(scheds)
     for r in range(p):
         eng.at(0.0, lambda r=r: start_iteration(0, r))

@@ -41,6 +41,7 @@ BASELINE = "ps"
 class Mechanism:
     label: str
     run: Callable[[Trace, SimCluster, bool], SimResult]
+    options: PSOptions | CollectiveOptions
 
 
 def _flag(label: str, key: str, v: object) -> bool:
@@ -69,7 +70,7 @@ def parse(text: str) -> Mechanism:
                                     f"{did_you_mean(key, ['order', 'barrier', 'sharding'])}: "
                                     "expected order, barrier or sharding")
         opts = PSOptions(**kw)
-        return Mechanism(label, lambda t, c, rec: simulate_ps(t, c, opts, label, rec))
+        return Mechanism(label, lambda t, c, rec: simulate_ps(t, c, opts, label, rec), opts)
     algo = ALIASES.get(name, name)
     known = [a.name for a in registry.algorithms("allreduce")]
     if algo not in known:
@@ -88,7 +89,7 @@ def parse(text: str) -> Mechanism:
     else:
         registry.schedule("allreduce", algo, 2, 2, **params)  # checks the parameters now
         opts2 = CollectiveOptions(algo, bucket, None, {}, params)
-    return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec))
+    return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec), opts2)
 
 
 def parse_list(text: str) -> list[Mechanism]:

@@ -22,6 +22,7 @@ round-robin by tensor, §9.1), ``"even"`` splits every parameter into S equal pi
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +64,16 @@ def pieces(trace: Trace, servers: int, sharding: str) -> list[tuple[int, int, in
             for s, (_, n) in enumerate(blocks(p.bytes, servers)) if n > 0]
 
 
+def distribution(mine: list[int], workers: int, o: PSOptions) -> list[tuple[int, int | None]]:
+    """(piece, worker) in the order a server sends its pieces ``mine``; worker None: one
+    multicast to all."""
+    if o.multicast:
+        return [(k, None) for k in mine]
+    if o.order == "roundrobin":
+        return [(k, w) for k in mine for w in range(workers)]
+    return [(k, w) for w in range(workers) for k in mine]
+
+
 class _PS:
     def __init__(self, trace: Trace, c: SimCluster, o: PSOptions, record: bool) -> None:
         self.t, self.c, self.o = trace, c, o
@@ -84,6 +95,7 @@ class _PS:
         self.queue: list[deque] = [deque() for _ in range(w)]
         self.busy = [False] * w
         self.server_q: list[deque] = [deque() for _ in range(s)]
+        self.prepared = [0.0] * (w + s)  # when each host's CPU has readied its last message
         self.server_busy = [False] * s
         self.count: dict[tuple[int, int], int] = {}
         self.started: dict[tuple[int, int], int] = {}
@@ -92,43 +104,66 @@ class _PS:
         self.compute: list[float] = []
         self.timeline: list[dict] = []
 
+    def overhead(self, host: int, queued: float) -> float:
+        """Seconds from now until the next message of ``host``, queued at ``queued``, can
+        start: the sender spends α on each message, one after another, while earlier
+        messages' bytes are still on the wire (they wait in the socket's buffer), so a stream
+        costs max(α, transfer) per message, not the sum; a lone message pays α."""
+        self.prepared[host] = max(self.prepared[host], queued) + self.c.alpha
+        return max(self.prepared[host] - self.eng.now, 0.0)
+
+    def transmit(self, links: tuple[int, ...], nbytes: int, label: str, delay: float,
+                 freed: Callable[[], None], arrived: Callable[[], None]) -> None:
+        """Send one message after ``delay``: the sender's port is busy until all but its last
+        ``send_buffer`` bytes have left (the rest waits in the socket's buffer and flows on
+        its own while the port starts the next message); ``arrived()`` when the last byte is
+        in. With no buffer the port is busy for the whole message."""
+        tail = min(self.c.send_buffer, nbytes)
+
+        def head_done(t: float) -> None:
+            if tail == 0:
+                arrived()
+                freed()
+                return
+            self.eng.send(links, tail, lambda t: arrived(), label)
+            freed()
+
+        self.eng.send(links, nbytes - tail, head_done, label, delay)
+
     # -- distribution
     def distribute(self, it: int, ks: list[int]) -> None:
         """Queue pieces ``ks`` of iteration ``it`` at their servers, in the chosen order."""
         for s in range(self.c.servers):
             mine = [k for k in ks if self.pieces[k][1] == s]
-            if self.o.multicast:
-                items = [(it, k, None) for k in mine]
-            elif self.o.order == "roundrobin":
-                items = [(it, k, w) for k in mine for w in range(self.c.workers)]
-            else:
-                items = [(it, k, w) for w in range(self.c.workers) for k in mine]
-            self.server_q[s].extend(items)
+            self.server_q[s].extend((it, k, w, self.eng.now) for k, w in
+                                    distribution(mine, self.c.workers, self.o))
             self.pump_server(s)
 
     def pump_server(self, s: int) -> None:
         if self.server_busy[s] or not self.server_q[s]:
             return
-        it, k, w = self.server_q[s].popleft()
+        it, k, w, queued = self.server_q[s].popleft()
         self.server_busy[s] = True
         host = self.c.workers + s
+        cpu = self.overhead(host, queued)
         nbytes = self.pieces[k][2]
         label = f"param {self.pieces[k][0]} iter {it}"
 
-        def sent(t: float) -> None:
-            self.server_busy[s] = False
+        def arrived() -> None:
             for dst in (range(self.c.workers) if w is None else (w,)):
                 self.piece_arrived(dst, it, k)
+
+        def freed() -> None:
+            self.server_busy[s] = False
             self.pump_server(s)
 
         if w is None:
             links = (self.net.up(host), *(self.net.down(x) for x in range(self.c.workers)))
             lat = float(self.net.latency[host] + self.net.latency[: self.c.workers].max())
-            self.eng.send(links, nbytes, sent, label, lat + self.c.alpha)
         else:
+            links = (self.net.up(host), self.net.down(w))
             lat = float(self.net.latency[host] + self.net.latency[w])
-            self.eng.send((self.net.up(host), self.net.down(w)), nbytes, sent, label,
-                          lat + self.c.alpha)
+        self.transmit(links, nbytes, label, lat + cpu, freed, arrived)
 
     # -- workers
     def piece_arrived(self, w: int, it: int, k: int) -> None:
@@ -166,35 +201,34 @@ class _PS:
         self.compute_free[w] = bstart + rec.backward_s
         self.next_fwd[w] = 0
         self.iter_of[w] = it + 1
-        for i in sorted(range(n), key=lambda j: (rec.backward[j], -j)):
+        for i in rec.ready_order():
             self.eng.at(bstart + rec.backward[i], lambda i=i: self.grad_ready(w, it, i))
 
     def grad_ready(self, w: int, it: int, i: int) -> None:
-        self.queue[w].extend((it, k) for k in self.of_param[i])
+        self.queue[w].extend((it, k, self.eng.now) for k in self.of_param[i])
         self.pump_worker(w)
 
     def pump_worker(self, w: int) -> None:
         if self.busy[w] or not self.queue[w]:
             return
-        it, k = self.queue[w].popleft()
+        it, k, queued = self.queue[w].popleft()
         self.busy[w] = True
+        cpu = self.overhead(w, queued)
         _, s, nbytes = self.pieces[k]
         host = self.c.workers + s
 
-        def sent(t: float) -> None:
+        def freed() -> None:
             self.busy[w] = False
-            self.push_arrived(it, k)
             self.pump_worker(w)
 
         label = f"grad {self.pieces[k][0]} iter {it}"
         if self.o.ina:  # to the switch only
             self.ina_started(it, k)
-            self.eng.send((self.net.up(w),), nbytes, sent, label,
-                          float(self.net.latency[w]) + self.c.alpha)
+            links, lat = (self.net.up(w),), float(self.net.latency[w])
         else:
+            links = (self.net.up(w), self.net.down(host))
             lat = float(self.net.latency[w] + self.net.latency[host])
-            self.eng.send((self.net.up(w), self.net.down(host)), nbytes, sent, label,
-                          lat + self.c.alpha)
+        self.transmit(links, nbytes, label, lat + cpu, freed, lambda: self.push_arrived(it, k))
 
     # -- aggregation
     def ina_started(self, it: int, k: int) -> None:

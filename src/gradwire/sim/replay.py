@@ -57,13 +57,15 @@ class Replay:
         self.sends_left: list[np.ndarray] = []
         self.labels: list[str] = []
 
-    def add(self, s: Schedule, label: str = "") -> int:
+    def add(self, s: Schedule, label: str = "", itemsize: int | None = None) -> int:
+        """Append ``s`` (its counts in elements of ``itemsize`` bytes, default the replay's)."""
         c, p = len(self.need), len(self.hosts)
+        item = self.itemsize if itemsize is None else itemsize
         need = np.zeros((p, len(s.steps) + 1), dtype=np.int64)
         left = np.zeros(p, dtype=np.int64)
         for k, step in enumerate(s.steps):
             for t in step.transfers:
-                self.sends[t.src].append((c, k, t.dst, t.count * self.itemsize, t.reduces))
+                self.sends[t.src].append((c, k, t.dst, t.count * item, t.reduces))
                 need[t.dst, k] += 1
                 left[t.src] += 1
         self.need.append(need)

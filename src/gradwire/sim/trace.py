@@ -51,6 +51,12 @@ class Iteration:
     def backward_s(self) -> float:
         return max(self.backward, default=0.0)
 
+    def ready_order(self) -> list[int]:
+        """Parameters in the order their gradients become ready (ties: the later layer
+        first, as backward visits it first)."""
+        b = self.backward
+        return sorted(range(len(b)), key=lambda i: (b[i], -i))
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -66,8 +72,7 @@ class Trace:
 
     def backward_order(self) -> list[int]:
         """Parameters in the order their gradients become ready (first iteration)."""
-        b = self.iterations[0].backward
-        return sorted(range(len(b)), key=lambda i: (b[i], -i))
+        return self.iterations[0].ready_order()
 
 
 # ---------------------------------------------------------------- writing and reading
