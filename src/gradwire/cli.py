@@ -408,6 +408,9 @@ def simulate(
     plot: Annotated[Path | None, typer.Option(help="the sweep's PNG")] = None,
     table: Annotated[int | None, typer.Option(help="one of the paper's tables: 4, 6, 8, 9, "
                                               "10")] = None,
+    emulate: Annotated[bool, typer.Option(help="also run each mechanism for real on an "
+                                          "emulated cluster of --bandwidth links (root) and "
+                                          "compare")] = False,
     json_out: JsonOut = None,
 ) -> None:
     """Trace-driven simulation of parameter servers, multicast, in-network aggregation and
@@ -449,6 +452,17 @@ def simulate(
         if plot:
             console.print(f"wrote {report.plot_sweep(rows, plot, traces[0].model)}")
         out["rows"] = rows
+    elif emulate:
+        from gradwire.sim import emulate as emu
+
+        if len(trace) != 1 or timeline or plot:
+            raise GradwireError("--emulate takes one --trace and no --timeline, --sweep or "
+                                "--plot")
+        rows, cal = emu.validate(trace[0], workers, servers, bandwidth,
+                                 mech.parse_list(mechanism), console, iterations, seed)
+        console.print(report.validation_table(rows, f"{traces[0].model}: {workers} workers, "
+                                              f"{bandwidth} emulated, {servers} server(s)"))
+        out |= {"calibration": cal, "rows": rows}
     else:
         results = mech.run(traces[0], cluster, mech.parse_list(mechanism), timeline is not None)
         console.print(report.results_table(results, f"{traces[0].model}: {workers} workers, "

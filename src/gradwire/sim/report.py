@@ -36,6 +36,18 @@ def results_table(results: Sequence[SimResult], title: str) -> Table:
     return t
 
 
+def validation_table(rows: Sequence[dict], title: str) -> Table:
+    """Simulated vs measured (``gradwire simulate --emulate``)."""
+    t = Table("mechanism", "servers", "α µs", "simulated s", "measured s", "error",
+              "bytes equal", title=title)
+    for r in rows:
+        same = r["simulated_link_bytes"] == r["measured_link_bytes"]
+        t.add_row(r["mechanism"], str(r["servers"] or "-"), f"{r['alpha_s'] * 1e6:.0f}",
+                  f"{r['simulated_s']:.4f}", f"{r['measured_s']:.4f}", f"{r['error']:+.1%}",
+                  "yes" if same else "NO")
+    return t
+
+
 # The paper's tables: (columns as mechanism specs, what the cells are, cluster changes).
 PAPER_TABLES: dict[int, dict] = {
     4: {"title": "Table 4: speed-up of network support over PS",

@@ -1,0 +1,350 @@
+"""Run the simulator's mechanisms for real, on the emulated cluster, to check the simulator.
+
+Every rank replays the trace's compute as waits — each simulated (worker, iteration) replays
+the recorded iteration the simulator draws for it with the same seed — and moves the real
+bytes over the transport, in the order the simulator moves them:
+
+- collectives (``ring``, ``butterfly``, any allreduce algorithm, ``bucket=``): the forward
+  pass, then each bucket's gradient is ready at its traced time and is all-reduced by the
+  library's executor with the bucket's schedule (the one the simulator replays), one at a
+  time in ready order; the next forward pass starts when the rank's last collective ends;
+- parameter servers (``ps`` with any ``order``, ``sharding``, ``--servers``; barrier on):
+  ranks ``0 … W−1`` are workers and ``W … W+S−1`` servers. A server sends its pieces in the
+  simulator's distribution order, receives every worker's pushes and sums them; a worker uses
+  parameter i at its traced forward time but not before it has arrived, then pushes each
+  gradient piece when it is ready, in ready order, one send at a time; the servers end an
+  iteration together (a one-byte barrier among them) before distributing the next.
+
+An iteration ends when its last collective ends on any rank (PS: when the last server has
+every push), on the machine-wide monotonic clock that all namespaces share; the steady
+iteration time is the simulator's (mean interval between ends after the first). Collectives
+run without the header exchange (``check_calls=False``): the simulator moves the mechanism's
+bytes only, and the transport's data counters are compared with its link bytes.
+
+Multicast, in-network aggregation, compressors and ``barrier=off`` have no real counterpart
+here and are refused with a one-line error.
+
+Rank program::
+
+    python -m gradwire.sim.emulate --trace T --mechanism ring --workers 4 --iterations 5 --out F
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from gradwire.errors import GradwireError
+from gradwire.sim.cluster import SimCluster, choices, steady
+from gradwire.sim.collective import bucket_spec, buckets
+from gradwire.sim.mechanisms import Mechanism
+from gradwire.sim.mechanisms import parse as parse_mechanism
+from gradwire.sim.ps import PSOptions, distribution, pieces
+from gradwire.sim.trace import Trace
+from gradwire.sim.trace import load as load_trace
+
+
+def check(m: Mechanism) -> None:
+    """Refuse what the emulated cluster cannot run, in one line."""
+    o = m.options
+    if isinstance(o, PSOptions):
+        if o.multicast or o.ina:
+            raise GradwireError(f"mechanism {m.label!r} cannot run on the emulated cluster: it "
+                                "has no IP multicast or in-network aggregation (ps, ring, "
+                                "butterfly and the allreduce algorithms can)")
+        if not o.barrier:
+            raise GradwireError(f"mechanism {m.label!r} cannot run on the emulated cluster: "
+                                "only barrier=on is emulated")
+    elif o.compressor is not None:
+        raise GradwireError(f"mechanism {m.label!r} cannot run on the emulated cluster: "
+                            "compressed mechanisms are simulated only")
+
+
+def calls(trace: Trace, m: Mechanism, p: int) -> list[tuple[list[int], str, int, dict]]:
+    """A collective mechanism's buckets as (parameters, algorithm, float32 count, schedule
+    params); a bucket that is not a whole number of float32 elements is refused."""
+    o = m.options
+    out = []
+    for g in buckets(trace, o.bucket_bytes):
+        _, algo, n, kw = bucket_spec(sum(trace.params[i].bytes for i in g), p, o)
+        if kw["itemsize"] != 4:
+            raise GradwireError(f"{m.label}: the bucket of parameters {g} is not a whole number "
+                                "of float32 elements; the emulated run moves float32 gradients")
+        out.append((g, algo, n, {k: v for k, v in kw.items() if k != "itemsize"}))
+    return out
+
+
+def check_trace(trace: Trace, m: Mechanism, c: SimCluster) -> None:
+    check(m)
+    if not isinstance(m.options, PSOptions):
+        calls(trace, m, c.workers)
+
+
+def hosts(m: Mechanism, c: SimCluster) -> int:
+    return c.workers + (c.servers if isinstance(m.options, PSOptions) else 0)
+
+
+# ------------------------------------------------------------------------------ rank side
+def _until(t: float) -> None:
+    d = t - time.monotonic()
+    if d > 0:
+        time.sleep(d)
+
+
+def _alpha(m: Mechanism, c: SimCluster, t) -> float:
+    """Seconds per message of ``m`` on this cluster, measured before the run, trace-free:
+    parameter servers stream messages, so a server's cost is its software overhead per
+    message (300 back-to-back 8-byte sends to worker 0); collectives wait on each step, so
+    theirs is one P-element call of the mechanism's own schedule divided by its steps (P
+    ranks share this machine's cores, which a two-host ping-pong cannot see)."""
+    import torch
+    import torch.distributed as dist
+
+    import gradwire.collectives as gc
+    from gradwire.schedules import registry
+    from gradwire.transport import wait_all
+
+    if isinstance(m.options, PSOptions):
+        n, src, msg = 200, c.workers, torch.zeros(8, dtype=torch.uint8)
+        runs = []
+        for _ in range(5):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if t.rank == src:
+                for _ in range(n):
+                    t.send(msg, 0)
+                t.recv(msg, 0)
+            elif t.rank == 0:
+                wait_all([t.irecv(torch.zeros_like(msg), src) for _ in range(n)])
+                t.send(msg, src)
+            runs.append((time.perf_counter() - t0) / n)
+        per = torch.tensor([statistics.median(runs)])
+    else:
+        o = m.options
+        _, algo, _, kw = bucket_spec(4 * t.world_size, t.world_size, o)
+        params = {k: v for k, v in kw.items() if k != "itemsize"}
+        steps = len(registry.schedule("allreduce", algo, t.world_size, t.world_size,
+                                      **kw).steps)
+        buf = torch.ones(t.world_size)
+        for i in range(120):
+            if i == 20:
+                dist.barrier()
+                t0 = time.perf_counter()
+            gc.all_reduce(buf, algo=algo, transport=t, **params)
+        per = torch.tensor([(time.perf_counter() - t0) / 100 / max(steps, 1)])
+    dist.broadcast(per, 0)
+    t.reset_counters()
+    return float(per)
+
+
+def _collective_rank(trace: Trace, c: SimCluster, m: Mechanism, t, pick) -> list[float]:
+    import torch
+
+    import gradwire.collectives as gc
+
+    r = t.rank
+    todo = [(torch.ones(n), algo, params, g) for g, algo, n, params in calls(trace, m, c.workers)]
+    ends = []
+    start = time.monotonic()
+    for it in range(c.iterations):
+        rec = trace.iterations[pick[r, it]]
+        b0 = start + rec.forward_s
+        for buf, algo, params, g in todo:
+            _until(b0 + max(rec.backward[i] for i in g))
+            gc.all_reduce(buf, op="sum", algo=algo, transport=t, **params)
+        start = time.monotonic()
+        ends.append(start)
+    return ends
+
+
+def _ps_rank(trace: Trace, c: SimCluster, o: PSOptions, t, pick) -> list[float]:
+    import torch
+
+    from gradwire.transport import wait_all
+
+    w_count, s_count = c.workers, c.servers
+    pcs = pieces(trace, s_count, o.sharding)
+    of_param: list[list[int]] = [[] for _ in trace.params]
+    for k, (i, _, _) in enumerate(pcs):
+        of_param[i].append(k)
+    buf = [torch.ones(n, dtype=torch.uint8) for _, _, n in pcs]
+    order = [distribution([k for k, pc in enumerate(pcs) if pc[1] == s], w_count, o)
+             for s in range(s_count)]
+    ends: list[float] = []
+    if t.rank >= w_count:  # a server
+        s = t.rank - w_count
+        push = {(w, k): torch.empty_like(buf[k]) for w in range(w_count) for k, pc in
+                enumerate(pcs) if pc[1] == s}
+        flag = torch.zeros(1, dtype=torch.uint8)
+        for it in range(c.iterations):
+            recvs = []
+            for w in range(w_count):
+                for i in trace.iterations[pick[w, it]].ready_order():
+                    recvs += [(w, k, t.irecv(push[w, k], w)) for k in of_param[i]
+                              if pcs[k][1] == s]
+            for k, w in order[s]:
+                t.send(buf[k], w)
+            for w, k, h in recvs:
+                h.wait()
+                buf[k].add_(push[w, k])  # the aggregation (uint8: the bytes matter, not sums)
+            ends.append(time.monotonic())
+            with t.control():  # every server has everything before the next distribution
+                others = [w_count + x for x in range(s_count) if x != s]
+                wait_all([t.isend(flag, h) for h in others] +
+                         [t.irecv(torch.zeros_like(flag), h) for h in others])
+        return ends
+    w = t.rank
+    free = time.monotonic()
+    n = len(trace.params)
+    for it in range(c.iterations):
+        rec = trace.iterations[pick[w, it]]
+        got = {k: t.irecv(buf[k], w_count + s) for s in range(s_count)
+               for k, dst in order[s] if dst == w}
+        last = free
+        for i in range(n):
+            target = last + rec.forward[i] - (rec.forward[i - 1] if i else 0.0)
+            _until(target)
+            for k in of_param[i]:
+                got[k].wait()
+            last = max(target, time.monotonic())
+        bstart = last + rec.forward_s - (rec.forward[-1] if n else 0.0)
+        for i in rec.ready_order():
+            _until(bstart + rec.backward[i])
+            for k in of_param[i]:
+                t.send(buf[k], w_count + pcs[k][1])
+        free = bstart + rec.backward_s
+    return ends
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="rank side of gradwire simulate --emulate")
+    ap.add_argument("--trace", required=True, type=Path)
+    ap.add_argument("--mechanism", required=True)
+    ap.add_argument("--workers", required=True, type=int)
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    from gradwire.transport import Transport
+
+    trace = load_trace(a.trace)
+    m = parse_mechanism(a.mechanism)
+    check(m)
+    c = SimCluster(a.workers, 1.0, a.servers, iterations=a.iterations, seed=a.seed)
+    pick = choices(c, len(trace.iterations))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    t = Transport(check_calls=False)
+    if t.world_size != hosts(m, c):
+        raise GradwireError(f"{m.label} with {c.workers} workers needs {hosts(m, c)} ranks, "
+                            f"got {t.world_size}")
+    alpha = _alpha(m, c, t)
+    dist.barrier()
+    if isinstance(m.options, PSOptions):
+        ends = _ps_rank(trace, c, m.options, t, pick)
+    else:
+        ends = _collective_rank(trace, c, m, t, pick)
+    mine = torch.tensor([*(ends or [float("nan")] * c.iterations), sum(t.bytes_sent),
+                         sum(t.bytes_received)], dtype=torch.float64)
+    rows = [torch.empty_like(mine) for _ in range(t.world_size)]
+    dist.all_gather(rows, mine)
+    if t.rank == 0:
+        table = torch.stack(rows)
+        ended = table[:, : c.iterations]
+        ended = ended[~ended[:, 0].isnan()]
+        ends = ended.max(dim=0).values
+        ends = (ends - ends[0]).tolist()
+        w = c.workers
+        sent, recv = table[:, c.iterations], table[:, c.iterations + 1]
+        link = {"worker up": sent[:w].sum(), "worker down": recv[:w].sum()}
+        if t.world_size > w:
+            link |= {"server up": sent[w:].sum(), "server down": recv[w:].sum()}
+        Path(a.out).write_text(json.dumps({
+            "mechanism": m.label, "ends": ends, "iteration_s": steady(ends), "alpha_s": alpha,
+            "link_bytes": {k: float(v) for k, v in link.items()}}))
+    dist.destroy_process_group()
+    return 0
+
+
+# ------------------------------------------------------------------------------ driver
+def run(trace_path: Path, c: SimCluster, mechanisms: list[Mechanism], bandwidth: str,
+        console: Console, loopback: bool = False, timeout: float | None = None) -> list[dict]:
+    """Each mechanism for real on its own emulated cluster of ``bandwidth`` links; per
+    mechanism the measured steady iteration time, iteration ends and bytes per link kind."""
+    from gradwire.cluster import ephemeral_cluster
+    from gradwire.jobs import run_ranks
+
+    for m in mechanisms:
+        check(m)
+    out = []
+    for m in mechanisms:
+        args = ["--trace", str(trace_path), "--mechanism", m.label, "--workers",
+                str(c.workers), "--servers", str(c.servers), "--iterations",
+                str(c.iterations), "--seed", str(c.seed)]
+        with ephemeral_cluster(hosts(m, c), bandwidth, loopback) as cl:
+            out.append(run_ranks(cl, "gradwire.sim.emulate", args, f"emulate {m.label}",
+                                 timeout, console))
+    return out
+
+
+def send_buffer() -> int:
+    """This machine's TCP send-buffer limit (``net.ipv4.tcp_wmem`` max, 4 MiB by default): the
+    bytes of a message that may still be on the wire while its sender moves on."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, ValueError, IndexError):
+        return 4 * 2**20
+
+
+def validate(trace_path: Path, workers: int, servers: int, bandwidth: str,
+             mechanisms: list[Mechanism], console: Console, iterations: int = 5,
+             seed: int = 0, loopback: bool = False,
+             calibration: dict | None = None) -> tuple[list[dict], dict]:
+    """Simulate and measure each mechanism on the same trace; returns (rows, calibration).
+
+    The simulated cluster takes what was measured, never the results it is compared with:
+    the link rate (β) and reduction speed (γ) from ``gradwire calibrate`` on two hosts of
+    ``bandwidth``, each mechanism's α from its own run (:func:`_alpha`), and this machine's
+    TCP send buffer. ``calibration``: a result of ``gradwire.bench.calibrate`` to use instead
+    of measuring one."""
+    from gradwire.cluster import ephemeral_cluster
+    from gradwire.jobs import run_ranks
+
+    trace = load_trace(trace_path)
+    c = SimCluster(workers, 1.0, servers, iterations=iterations, seed=seed)
+    for m in mechanisms:
+        check_trace(trace, m, c)
+    cal = calibration
+    if cal is None:
+        with ephemeral_cluster(2, bandwidth, loopback) as cl:
+            cal = run_ranks(cl, "gradwire.bench.calibrate", [], "calibrate", None, console)
+    c = SimCluster(workers, 8 / cal["beta_s_per_byte"], servers, gamma=cal["gamma_s_per_byte"],
+                   iterations=iterations, seed=seed, send_buffer=send_buffer())
+    rows = []
+    for m, real in zip(mechanisms, run(trace_path, c, mechanisms, bandwidth, console, loopback),
+                       strict=True):
+        sim = m.run(trace, dataclasses.replace(c, alpha=real["alpha_s"]), False)
+        rows.append({
+            "mechanism": m.label, "workers": workers,
+            "servers": servers if isinstance(m.options, PSOptions) else 0,
+            "alpha_s": real["alpha_s"], "simulated_s": sim.iteration_s,
+            "measured_s": real["iteration_s"], "error": sim.iteration_s / real["iteration_s"] - 1,
+            "simulated_ends": sim.ends, "measured_ends": real["ends"],
+            "simulated_link_bytes": sim.link_bytes, "measured_link_bytes": real["link_bytes"]})
+    cal = {**cal, "link_bps": c.bandwidth_bps, "send_buffer": c.send_buffer}
+    return rows, cal
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
