@@ -1,0 +1,114 @@
+"""The simulator against the emulated cluster (issue 6's validation).
+
+Two traces recorded on this machine by ``gradwire trace`` — VGG-16 (61 MB of gradients in 45
+tensors, batch 32: bandwidth-bound) and ResNet-20 (1.1 MB in 65 tensors, batch 128: many small
+messages) — are replayed by every rank of an emulated 1 Gbit/s cluster (compute as waits, real
+bytes through the transport; ``gradwire.sim.emulate``) for PS with 1 and 2 servers, ring-reduce
+and butterfly mixing at P = 4 and 8, and simulated with what was measured: the link rate and γ
+of one ``gradwire calibrate`` run at the start, each run's own α (PS: per message of a stream;
+collectives: one P-element call of the schedule per step) and this machine's TCP send buffer.
+P = 8 (+ 2 servers: 10 ranks) contends for this machine's 2 cores.
+
+    flock /tmp/gradwire-bench.lock python benchmarks/sim_validation.py   # about 8 minutes
+    python benchmarks/sim_validation.py --traces resnet20 --workers 4 --out v.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from gradwire.bench import provenance
+from gradwire.cluster import ephemeral_cluster
+from gradwire.jobs import run_ranks
+from gradwire.sim import emulate, report
+from gradwire.sim import mechanisms as mech
+from gradwire.sim.record import record
+from gradwire.sim.trace import save
+
+HERE = Path(__file__).parent
+BATCH = {"vgg16": 32, "resnet20": 128}
+RATE = "1gbit"
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    marks = {"ps": "o", "ring": "s", "butterfly": "^"}
+    for r in doc["rows"]:
+        label = f"{r['mechanism']}{'/' + str(r['servers']) if r['servers'] else ''}"
+        ax.scatter(r["measured_s"], r["simulated_s"], marker=marks[r["mechanism"]],
+                   c="tab:blue" if r["trace"] == "vgg16" else "tab:orange",
+                   s=30 + 10 * r["workers"], alpha=0.8)
+        ax.annotate(f"{label} P={r['workers']}", (r["measured_s"], r["simulated_s"]),
+                    fontsize=6, xytext=(3, -3), textcoords="offset points")
+    lo = min(min(r["measured_s"], r["simulated_s"]) for r in doc["rows"]) * 0.8
+    hi = max(max(r["measured_s"], r["simulated_s"]) for r in doc["rows"]) * 1.25
+    xs = [lo, hi]
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, [x * 0.9 for x in xs], [x * 1.1 for x in xs], color="grey", alpha=0.2,
+                    label="±10 %")
+    ax.set(xscale="log", yscale="log", xlabel="measured iteration (s)",
+           ylabel="simulated iteration (s)",
+           title=f"simulator vs emulated {RATE} cluster\n(blue VGG-16, orange ResNet-20) "
+                 f"median |error| {doc['summary']['median_abs_error']:.1%}, "
+                 f"max {doc['summary']['max_abs_error']:.1%}")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", default="vgg16,resnet20")
+    ap.add_argument("--workers", default="4,8")
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "sim_validation.json")
+    a = ap.parse_args()
+    console = Console(stderr=True)
+    doc: dict = {**provenance.stamp("python benchmarks/sim_validation.py " +
+                                    shlex.join(sys.argv[1:])),
+                 "conditions": {"load_average_start": os.getloadavg()}, "rows": []}
+    tdir = a.out.parent / "traces"
+    tdir.mkdir(parents=True, exist_ok=True)
+    with ephemeral_cluster(2, RATE) as cl:
+        cal = run_ranks(cl, "gradwire.bench.calibrate", [], "calibrate", None, console)
+    doc["calibration"] = cal
+    for model in a.traces.split(","):
+        path = save(record(model, iterations=3, batch_size=BATCH[model]),
+                    tdir / f"{model}.trace.jsonl")
+        for p in map(int, a.workers.split(",")):
+            for servers, names in ((1, "ps,ring,butterfly"), (2, "ps")):
+                rows, used = emulate.validate(path, p, servers, RATE, mech.parse_list(names),
+                                              console, a.iterations, calibration=cal)
+                console.print(report.validation_table(rows, f"{model}: {p} workers, {RATE}, "
+                                                      f"{servers} server(s)"))
+                doc["rows"] += [{"trace": model, "batch_size": BATCH[model], **r} for r in rows]
+                doc["simulated_cluster"] = {k: v for k, v in used.items()
+                                            if k in ("link_bps", "send_buffer")}
+    errs = [abs(r["error"]) for r in doc["rows"]]
+    doc["summary"] = {"runs": len(errs), "median_abs_error": statistics.median(errs),
+                      "max_abs_error": max(errs),
+                      "bytes_equal": all(r["simulated_link_bytes"] == r["measured_link_bytes"]
+                                         for r in doc["rows"])}
+    doc["conditions"]["load_average_end"] = os.getloadavg()
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    plot(doc, a.out.with_suffix(".png"))
+    console.print(f"median |error| {doc['summary']['median_abs_error']:.1%}, max "
+                  f"{doc['summary']['max_abs_error']:.1%} over {len(errs)} runs; wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
