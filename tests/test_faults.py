@@ -15,13 +15,18 @@ from gradwire.launcher import launch
 TIMEOUT = 4  # GRADWIRE_TIMEOUT for the ranks: a link down is detected by this timeout
 
 
-def test_twenty_random_kills_on_loopback():
-    """20 seeded trials (algorithm, P, victim, kill time); see tests/scripts/fault_trials.py."""
+@needs_netns
+def test_twenty_random_kills_on_the_emulated_cluster():
+    """20 seeded trials (algorithm, P, victim, kill time) on one 4-host 1 Gbit/s cluster; see
+    tests/scripts/fault_trials.py. Nothing of the cluster is left afterwards."""
     p = subprocess.run([sys.executable, str(SCRIPTS / "fault_trials.py")], capture_output=True,
-                       text=True, timeout=240, env={**_env(), "TRIALS": "20", "SEED": "7"})
+                       text=True, timeout=300, env={**_env(), "TRIALS": "20", "SEED": "7",
+                                                    "CLUSTER": "emulated"})
     out = p.stdout + p.stderr
-    assert "TRIALS trials=20" in out and "failures=0" in out, out[-3000:]
+    assert "TRIALS trials=20 cluster=emulated" in out and "failures=0" in out, out[-3000:]
     assert p.returncode == 0, out[-3000:]
+    name = re.search(r"CLUSTER (gw[0-9a-f]{6})", out).group(1)
+    assert gradwire_leftovers(name) == []
 
 
 def test_mismatched_calls_and_nan_policy_on_every_rank():

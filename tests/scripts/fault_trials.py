@@ -1,13 +1,18 @@
-"""Kill one rank mid-collective, TRIALS times with seeded random choices; on loopback.
+"""Kill one rank mid-collective, TRIALS times with seeded random choices, on the emulated
+cluster (CLUSTER=emulated: one 4-host 1 Gbit/s cluster for every trial, rank r in host r's
+network namespace) or on loopback (the default).
 
 One process imports torch once and forks the ranks of every trial (fork before any gloo or
-thread exists in this parent), so a trial costs a rendezvous, not P interpreter starts. The
+thread exists in this parent), so a trial costs a rendezvous, not P interpreter starts; on the
+emulated cluster a forked rank first enters its host's namespace (setns). The
 ranks loop one collective; after a random delay the parent SIGKILLs one of them. Every other
 rank must raise PeerError (naming itself, a peer and the collective) and exit on its own within
 the bound; at least one must name the victim. Prints one FAIL line per problem and CHECKED.
 
-Environment: TRIALS (20), SEED (7), TIMEOUT (transport seconds, 3).
+Environment: TRIALS (20), SEED (7), TIMEOUT (transport seconds, 3), CLUSTER (loopback).
 """
+import contextlib
+import ctypes
 import datetime
 import multiprocessing as mp
 import os
@@ -22,6 +27,7 @@ import torch.distributed as dist
 from checklist import check, done, fails
 
 import gradwire.collectives as gc
+from gradwire.cluster import Host, ephemeral_cluster
 from gradwire.errors import PeerError
 from gradwire.sparse import sparse_allreduce
 from gradwire.transport import Transport
@@ -38,11 +44,29 @@ KINDS = {
                                                 transport=t),
 }
 phases = {"header": 0, "data": 0}  # where the survivors' errors happened
+CLONE_NEWNET = 0x40000000
+
+
+def enter(host: Host | None) -> str:
+    """Move this (single-threaded, just forked) process into ``host``'s network namespace;
+    returns the address rank 0 listens on."""
+    if host is None or host.netns is None:
+        return "127.0.0.1"
+    fd = os.open(f"/run/netns/{host.netns}", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {host.netns}")
+    finally:
+        os.close(fd)
+    os.environ["GLOO_SOCKET_IFNAME"] = host.ifname
+    return host.addr
 
 
 
-def rank_main(kind: str, rank: int, p: int, port: int, ready, report) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+def rank_main(kind: str, rank: int, p: int, port: int, hosts, ready, report) -> None:
+    enter(hosts[rank] if hosts else None)
+    master = hosts[0].addr if hosts else "127.0.0.1"
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=p, timeout=datetime.timedelta(seconds=30))
     t = Transport(timeout=TIMEOUT)
     x = torch.randn(300_000)
@@ -65,17 +89,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trial(i: int, rng: random.Random) -> None:
+def trial(i: int, rng: random.Random, hosts: list[Host] | None) -> None:
     kind = rng.choice(sorted(KINDS))
     p = rng.choice([2, 3, 4])
     victim = rng.randrange(p)
     delay = rng.uniform(0.0, 0.3)
     tag = f"trial {i} ({kind}, P={p}, kill rank {victim} after {delay:.2f} s)"
     ctx = mp.get_context("fork")
-    port = free_port()
+    port = free_port() if hosts is None else 29600 + i  # a fresh namespace: every port free
     pipes = [ctx.Pipe(duplex=False) for _ in range(p)]
     reports = [ctx.Pipe(duplex=False) for _ in range(p)]
-    procs = [ctx.Process(target=rank_main, args=(kind, r, p, port, pipes[r][1], reports[r][1]))
+    procs = [ctx.Process(target=rank_main, args=(kind, r, p, port, hosts, pipes[r][1],
+                                                     reports[r][1]))
              for r in range(p)]
     for q in procs:
         q.start()
@@ -116,12 +141,17 @@ def trial(i: int, rng: random.Random) -> None:
 if __name__ == "__main__":
     rng = random.Random(int(os.environ.get("SEED", "7")))
     t0 = time.monotonic()
-    for i in range(TRIALS):
-        trial(i, rng)
+    emulated = os.environ.get("CLUSTER", "loopback") == "emulated"
+    with (ephemeral_cluster(4, "1gbit") if emulated else contextlib.nullcontext()) as c:
+        if c is not None:
+            print(f"CLUSTER {c.name}", flush=True)
+        for i in range(TRIALS):
+            trial(i, rng, c.hosts if c is not None else None)
     # Kills must land in the data phase too, not only in the header exchange (about 24 of 42
     # survivor reports did here).
     check(phases["data"] >= 5, f"errors by phase: {phases}")
-    print(f"TRIALS trials={TRIALS} phases={phases} seconds={time.monotonic() - t0:.1f}",
+    print(f"TRIALS trials={TRIALS} cluster={'emulated' if emulated else 'loopback'} "
+          f"phases={phases} seconds={time.monotonic() - t0:.1f}",
           flush=True)
     done()
     sys.exit(1 if fails else 0)
