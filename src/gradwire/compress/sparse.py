@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gradwire.compress.base import (
@@ -80,9 +81,17 @@ def _kth_largest(v: torch.Tensor, j: int) -> float:
     return float(torch.topk(v, j, sorted=False).values.min())
 
 
+NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
 def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
-    # Two compares on x instead of one on x.abs(): |x| would be a fresh n-element tensor whose
-    # page faults alone cost ~36 ms at 25 M fp32 (measured, 2 cores); the compares take ~17 ms.
+    """Indices of every |x| ≥ threshold (never a NaN). Two compares on x instead of one on
+    x.abs() (a fresh n-element tensor). On the CPU numpy does the pass: measured here at
+    1.13 M fp32, one thread, 0.35 ms against torch's 2.6 ms (compares 1.3, nonzero 1.2); at
+    25 M, 31 ms against 39 ms with torch on 2 threads."""
+    if x.device.type == "cpu" and x.dtype in NUMPY_DTYPES and not x.requires_grad:
+        a = x.numpy()
+        return torch.from_numpy(np.flatnonzero((a >= threshold) | (a <= -threshold)))
     return torch.nonzero((x >= threshold) | (x <= -threshold)).squeeze(1)
 
 
