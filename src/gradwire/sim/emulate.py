@@ -82,6 +82,8 @@ def calls(trace: Trace, m: Mechanism, p: int) -> list[tuple[list[int], str, int,
 
 
 def check_trace(trace: Trace, m: Mechanism, c: SimCluster) -> None:
+    """:func:`check`, and a collective's buckets must be whole float32s: before any rank
+    starts."""
     check(m)
     if not isinstance(m.options, PSOptions):
         calls(trace, m, c.workers)
@@ -101,9 +103,10 @@ def _until(t: float) -> None:
 def _alpha(m: Mechanism, c: SimCluster, t) -> float:
     """Seconds per message of ``m`` on this cluster, measured before the run, trace-free:
     parameter servers stream messages, so a server's cost is its software overhead per
-    message (300 back-to-back 8-byte sends to worker 0); collectives wait on each step, so
-    theirs is one P-element call of the mechanism's own schedule divided by its steps (P
-    ranks share this machine's cores, which a two-host ping-pong cannot see)."""
+    message (200 back-to-back 8-byte sends from server 0 to worker 0, median of 5);
+    collectives wait on each step, so theirs is one P-element call of the mechanism's own
+    schedule divided by its steps (P ranks share this machine's cores, which a two-host
+    ping-pong cannot see)."""
     import torch
     import torch.distributed as dist
 
