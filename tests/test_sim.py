@@ -245,6 +245,26 @@ def test_collectives_fast_path_matches_engine_and_compression_helps():
     assert topk.iteration_s < fast.iteration_s
 
 
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
+def test_ring_multicast_sends_each_block_once_and_ties_ring(p):
+    """Reduce-scatter by the ring schedule, then one multicast of each rank's block: a worker
+    sends (P−1)/P·n + n/P = n bytes per tensor and receives 2(P−1)/P·n, as ring does; with
+    links this fast against compute it ties ring (the paper's Table 6 finding)."""
+    t = small_trace(6)
+    c = SimCluster(p, 1e9, iterations=2)
+    rm = parse("ring+multicast").run(t, c, False)
+    ring = parse("ring").run(t, c, False)
+    n = sum(x.bytes for x in t.params)
+    assert rm.link_bytes["worker up"] == pytest.approx(2 * p * n if p > 1 else 0)
+    assert rm.link_bytes["worker down"] == pytest.approx(ring.link_bytes["worker down"])
+    assert rm.iteration_s <= ring.iteration_s * 1.05
+    assert parse("ring+multicast:bucket=4096").run(t, c, True).timeline  # records flows
+    for bad, msg in [("ring+multicast:compress=fp16", "no compressor"),
+                     ("ring+multicast:bucket=-1", "bucket must be")]:
+        with pytest.raises(GradwireError, match=msg):
+            parse(bad)
+
+
 def test_mechanism_names_and_options_are_checked():
     assert [m.label for m in parse_list("ps,ring,butterfly,ps:order=block")] == [
         "ps", "ring", "butterfly", "ps:order=block"]
@@ -268,7 +288,7 @@ def test_cli_simulate_and_bad_trace(tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())["results"]
     assert [x["mechanism"] for x in res] == ["ps", "multicast", "ina", "multicast+ina", "ring",
-                                             "butterfly"]
+                                             "ring+multicast", "butterfly"]
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert {e["ph"] for e in events} == {"M", "X"}
     bad = tmp_path / "bad.jsonl"

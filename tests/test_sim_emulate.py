@@ -37,6 +37,7 @@ def test_emulated_runs_move_the_simulated_bytes(tmp_path):
 
 @pytest.mark.parametrize("label,what", [
     ("multicast", "multicast"), ("ina", "in-network"), ("ps:barrier=off", "barrier=on"),
+    ("ring+multicast", "no IP multicast"),
     ("ring:compress=topk:density=0.1", "compressed"),
 ])
 def test_what_cannot_be_emulated_is_refused(label, what):

@@ -394,9 +394,10 @@ def simulate(
     bandwidth: Annotated[str, typer.Option(help="every link, each way: 10gbit, 25gbit, "
                                            "...")] = "25gbit",
     mechanism: Annotated[str, typer.Option(help="comma list (see docs/simulator.md): ps, "
-                                           "multicast, ina, multicast+ina, ring, butterfly, "
-                                           "any allreduce algorithm, NAME:KEY=VALUE options")
-                         ] = "ps,multicast,ina,multicast+ina,ring,butterfly",
+                                           "multicast, ina, multicast+ina, ring, "
+                                           "ring+multicast, butterfly, any allreduce "
+                                           "algorithm, NAME:KEY=VALUE options")
+                         ] = "ps,multicast,ina,multicast+ina,ring,ring+multicast,butterfly",
     servers: Annotated[int, typer.Option(min=1, help="parameter servers")] = 1,
     iterations: Annotated[int, typer.Option(min=1)] = 3,
     latency_us: Annotated[float, typer.Option(min=0, help="one-way latency per host")] = 0.0,

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
+from gradwire.schedules.ir import blocks
 from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
 from gradwire.sim.engine import Engine, Network
 from gradwire.sim.replay import Replay, dataflow, single_peer, step_arrays
@@ -39,6 +40,7 @@ class CollectiveOptions:
     compressor: str | None = None
     compressor_params: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)  # the schedule's own (pipeline=, block=, ...)
+    multicast: bool = False  # ring+multicast: the second ring is IP multicast
 
 
 def buckets(trace: Trace, bucket_bytes: int) -> list[list[int]]:
@@ -89,6 +91,38 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _start(trace: Trace, groups: list[list[int]], pick: np.ndarray, eng: Engine,
+           timeline: list[dict] | None, replay: Replay, it: int, r: int) -> None:
+    """Rank r begins iteration ``it`` now: its forward pass, then each bucket is ready for
+    ``replay`` when its last gradient is (collective ``it·buckets + b``)."""
+    rec = trace.iterations[pick[r, it]]
+    t0 = eng.now
+    if timeline is not None:
+        timeline.append({"name": f"forward {it}", "ph": "X", "pid": r, "tid": 0,
+                         "ts": t0 * 1e6, "dur": rec.forward_s * 1e6})
+        timeline.append({"name": f"backward {it}", "ph": "X", "pid": r, "tid": 0,
+                         "ts": (t0 + rec.forward_s) * 1e6, "dur": rec.backward_s * 1e6})
+    for b, g in enumerate(groups):
+        t = t0 + rec.forward_s + max(rec.backward[i] for i in g)
+        eng.at(t, lambda b=b: replay.ready(it * len(groups) + b, r))
+
+
+def _run(replay: Replay, scheds: list, specs: list, iterations: int,
+         start_iteration: Callable[[int, int], None], left: np.ndarray, name: str) -> float:
+    """Queue every bucket's schedule for every iteration, start iteration 0 on every rank, run
+    the engine; ``left`` (buckets unfinished per iteration and rank) must end all zero."""
+    for it in range(iterations):
+        for b, s in enumerate(scheds):
+            replay.add(s, f"bucket {b} iter {it}", specs[b][3]["itemsize"])
+    for r in range(len(replay.hosts)):
+        replay.eng.at(0.0, lambda r=r: start_iteration(0, r))
+    end = replay.eng.run()
+    if left.any():
+        raise GradwireError(f"{name}: replay stopped with buckets unfinished (a deadlock: "
+                            "report this)")
+    return end
+
+
 def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name: str = "ring",
                         record: bool = False, fast: bool = True) -> SimResult:
     """Run ``c.iterations`` iterations of host-based aggregation ``o`` on ``c.workers`` hosts."""
@@ -134,16 +168,7 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     ends = [0.0] * c.iterations
 
     def start_iteration(it: int, r: int) -> None:
-        rec = trace.iterations[pick[r, it]]
-        t0 = eng.now
-        if record:
-            timeline.append({"name": f"forward {it}", "ph": "X", "pid": r, "tid": 0,
-                             "ts": t0 * 1e6, "dur": rec.forward_s * 1e6})
-            timeline.append({"name": f"backward {it}", "ph": "X", "pid": r, "tid": 0,
-                             "ts": (t0 + rec.forward_s) * 1e6, "dur": rec.backward_s * 1e6})
-        for b, g in enumerate(groups):
-            t = t0 + rec.forward_s + max(rec.backward[i] for i in g)
-            eng.at(t, lambda b=b: replay.ready(it * len(groups) + b, r))
+        _start(trace, groups, pick, eng, timeline if record else None, replay, it, r)
 
     def done(ci: int, r: int, t: float) -> None:
         it = ci // len(groups)
@@ -154,15 +179,66 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
                 start_iteration(it + 1, r)
 
     replay = Replay(eng, hosts, 1, c.alpha, c.gamma, done)
-    for it in range(c.iterations):
-        for b, s in enumerate(scheds):
-            replay.add(s, f"bucket {b} iter {it}", specs[b][3]["itemsize"])
-        left[it] = len(scheds)
-    for r in range(p):
-        eng.at(0.0, lambda r=r: start_iteration(0, r))
-    end = eng.run()
-    if left.any():
-        raise GradwireError(f"{name}: replay stopped with collectives unfinished (a deadlock: "
-                            "report this)")
+    left[:] = len(scheds)
+    end = _run(replay, scheds, specs, c.iterations, start_iteration, left, name)
     return finish(name, ends, mean_compute, eng, p, end, timeline)
 
+
+
+def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
+                            name: str = "ring+multicast", record: bool = False) -> SimResult:
+    """Ring-reduce whose second ring is IP multicast (the network-operator paper §8.3, Table
+    6's middle column): each bucket is reduce-scattered by the library's ring schedule; as soon
+    as a rank holds its reduced block it multicasts it to every other worker (one flow over its
+    up link and their down links); a rank has the bucket when its own reduce-scatter is done
+    and the P − 1 other blocks have arrived. Iterations as in :func:`simulate_collective`."""
+    p = c.workers
+    groups = buckets(trace, o.bucket_bytes)
+    specs = [bucket_spec(sum(trace.params[i].bytes for i in g), p, o) for g in groups]
+    with _no_gc():
+        scheds = [registry.schedule("reducescatter", "ring", p, n, **kw)
+                  for _, _, n, kw in specs]
+    block = [[size * kw["itemsize"] for _, size in blocks(n, p)] for _, _, n, kw in specs]
+    pick = choices(c, len(trace.iterations))
+    net = Network.uniform(p, c.bytes_per_s, c.latency)
+    eng = Engine(net, record)
+    compute = [it.forward_s + it.backward_s for it in trace.iterations]
+    mean_compute = float(np.mean([compute[k] for k in pick.ravel()]))
+    nb = len(groups)
+    scattered = np.zeros((c.iterations * nb, p), dtype=bool)
+    arrived = np.zeros((c.iterations * nb, p), dtype=np.int64)
+    left = np.full((c.iterations, p), nb, dtype=np.int64)
+    ends = [0.0] * c.iterations
+    timeline: list[dict] = []
+
+    def start_iteration(it: int, r: int) -> None:
+        _start(trace, groups, pick, eng, timeline if record else None, replay, it, r)
+
+    def check(ci: int, r: int) -> None:
+        if scattered[ci, r] and arrived[ci, r] == p - 1:
+            arrived[ci, r] = -1  # reported
+            it = ci // nb
+            left[it, r] -= 1
+            if left[it, r] == 0:
+                ends[it] = max(ends[it], eng.now)
+                if it + 1 < c.iterations:
+                    start_iteration(it + 1, r)
+
+    def multicast_in(ci: int, src: int) -> None:
+        for x in range(p):
+            if x != src:
+                arrived[ci, x] += 1
+                check(ci, x)
+
+    def done(ci: int, r: int, t: float) -> None:
+        scattered[ci, r] = True
+        if p > 1:
+            links = (net.up(r), *(net.down(x) for x in range(p) if x != r))
+            lat = float(net.latency[r] + net.latency.max())
+            eng.send(links, block[ci % nb][r], lambda t: multicast_in(ci, r),
+                     f"multicast {ci % nb} iter {ci // nb}", lat + c.alpha)
+        check(ci, r)
+
+    replay = Replay(eng, list(range(p)), 1, c.alpha, c.gamma, done)
+    end = _run(replay, scheds, specs, c.iterations, start_iteration, left, name)
+    return finish(name, ends, mean_compute, eng, p, end, timeline)

@@ -62,6 +62,10 @@ def check(m: Mechanism) -> None:
         if not o.barrier:
             raise GradwireError(f"mechanism {m.label!r} cannot run on the emulated cluster: "
                                 "only barrier=on is emulated")
+    elif o.multicast:
+        raise GradwireError(f"mechanism {m.label!r} cannot run on the emulated cluster: it "
+                            "has no IP multicast (ps, ring, butterfly and the allreduce "
+                            "algorithms can)")
     elif o.compressor is not None:
         raise GradwireError(f"mechanism {m.label!r} cannot run on the emulated cluster: "
                             "compressed mechanisms are simulated only")

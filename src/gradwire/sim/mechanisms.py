@@ -7,6 +7,7 @@
 | ina | ps with in-network aggregation at the switch |
 | multicast+ina | both |
 | ring | ring-reduce with messaging: one ring allreduce per parameter, split over the workers |
+| ring+multicast | ring-reduce whose second ring (distribution) is one IP multicast per worker |
 | butterfly | butterfly mixing: one recursive-doubling allreduce per parameter |
 | any allreduce algorithm of the registry (rhd, lp, dbtree, tree, master, …) | per parameter |
 
@@ -26,14 +27,15 @@ from gradwire.bench.spec import parse_params
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 from gradwire.sim.cluster import SimCluster, SimResult
-from gradwire.sim.collective import CollectiveOptions, simulate_collective
+from gradwire.sim.collective import CollectiveOptions, simulate_collective, simulate_ring_multicast
 from gradwire.sim.ps import PSOptions, simulate_ps
 from gradwire.sim.trace import Trace
 
 PS_FAMILY = {"ps": {}, "multicast": {"multicast": True}, "ina": {"ina": True},
              "multicast+ina": {"multicast": True, "ina": True}}
 ALIASES = {"butterfly": "rd"}
-PAPER = ("ps", "multicast", "ina", "multicast+ina", "ring", "butterfly")
+RING_MULTICAST = "ring+multicast"
+PAPER = ("ps", "multicast", "ina", "multicast+ina", "ring", "ring+multicast", "butterfly")
 BASELINE = "ps"
 
 
@@ -71,15 +73,15 @@ def parse(text: str) -> Mechanism:
                                     "expected order, barrier or sharding")
         opts = PSOptions(**kw)
         return Mechanism(label, lambda t, c, rec: simulate_ps(t, c, opts, label, rec), opts)
+    if name == RING_MULTICAST:
+        return _ring_multicast(label, params)
     algo = ALIASES.get(name, name)
     known = [a.name for a in registry.algorithms("allreduce")]
     if algo not in known:
-        names = [*PS_FAMILY, *ALIASES, *known]
+        names = [*PS_FAMILY, RING_MULTICAST, *ALIASES, *known]
         raise GradwireError(f"unknown mechanism {name!r}{did_you_mean(name, names)}: expected "
                             f"one of {', '.join(names)}")
-    bucket = params.pop("bucket", 0)
-    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
-        raise GradwireError(f"mechanism {label!r}: bucket must be bytes >= 0, got {bucket!r}")
+    bucket = _bucket(label, params)
     comp = params.pop("compress", None)
     if comp is not None:
         from gradwire import compress
@@ -90,6 +92,24 @@ def parse(text: str) -> Mechanism:
         registry.schedule("allreduce", algo, 2, 2, **params)  # checks the parameters now
         opts2 = CollectiveOptions(algo, bucket, None, {}, params)
     return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec), opts2)
+
+
+def _bucket(label: str, params: dict) -> int:
+    bucket = params.pop("bucket", 0)
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
+        raise GradwireError(f"mechanism {label!r}: bucket must be bytes >= 0, got {bucket!r}")
+    return bucket
+
+
+def _ring_multicast(label: str, params: dict) -> Mechanism:
+    bucket = _bucket(label, params)
+    if "compress" in params:
+        raise GradwireError(f"mechanism {label!r}: ring+multicast takes no compressor "
+                            "(bucket= and pipeline= only)")
+    registry.schedule("reducescatter", "ring", 2, 2, **params)  # checks the parameters now
+    opts = CollectiveOptions("ring", bucket, None, {}, params, multicast=True)
+    return Mechanism(label, lambda t, c, rec: simulate_ring_multicast(t, c, opts, label, rec),
+                     opts)
 
 
 def parse_list(text: str) -> list[Mechanism]:
