@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     traces = {m: paper_trace(m) for m in TABLE3}
     c32 = SimCluster(32, 25e9, iterations=3)
     out: dict = {**provenance.stamp("python " + shlex.join(sys.argv)),
-                 "conditions": {"loadavg_start": os.getloadavg(),
-                                "note": "2-core machine shared with two other sessions"},
+                 "conditions": {"loadavg_start": os.getloadavg()},
                  "traces": {m: t.source for m, t in traces.items()}}
     rows = []
     for name, t in traces.items():
