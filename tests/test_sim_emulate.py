@@ -61,3 +61,9 @@ def test_simulate_emulate_cli_errors(monkeypatch, capsys, tmp_path):
     rc, err = cli_error(monkeypatch, capsys, "simulate", "--trace", str(path), "--emulate",
                         "--timeline", str(tmp_path / "tl.json"))
     assert rc != 0 and "--emulate takes one --trace" in err
+    # The default mechanism list (fabric mechanisms included) becomes ps,ring,butterfly, which
+    # then fail on this trace's odd bytes before any rank starts, naming the ring's bucket.
+    odd = save(synthetic("odd", [1030], 0.01, 0.01), tmp_path / "odd.jsonl")
+    rc, err = cli_error(monkeypatch, capsys, "simulate", "--trace", str(odd), "--emulate",
+                        "--bandwidth", "1gbit", "--workers", "2")
+    assert rc != 0 and err.count("\n") <= 1 and "ring: the bucket of parameters [0]" in err

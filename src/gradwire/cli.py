@@ -386,6 +386,10 @@ def trace_cmd(
                   f"{it.forward_s * 1e3:.1f} ms, backward {it.backward_s * 1e3:.1f} ms")
 
 
+SIM_MECHANISMS = "ps,multicast,ina,multicast+ina,ring,ring+multicast,butterfly"
+EMULATED_MECHANISMS = "ps,ring,butterfly"  # --emulate's default: what runs for real
+
+
 @app.command()
 def simulate(
     trace: Annotated[list[Path], typer.Option(help="a trace from `gradwire trace` "
@@ -397,7 +401,7 @@ def simulate(
                                            "multicast, ina, multicast+ina, ring, "
                                            "ring+multicast, butterfly, any allreduce "
                                            "algorithm, NAME:KEY=VALUE options")
-                         ] = "ps,multicast,ina,multicast+ina,ring,ring+multicast,butterfly",
+                         ] = SIM_MECHANISMS,
     servers: Annotated[int, typer.Option(min=1, help="parameter servers")] = 1,
     iterations: Annotated[int, typer.Option(min=1)] = 3,
     latency_us: Annotated[float, typer.Option(min=0, help="one-way latency per host")] = 0.0,
@@ -411,7 +415,8 @@ def simulate(
                                               "10")] = None,
     emulate: Annotated[bool, typer.Option(help="also run each mechanism for real on an "
                                           "emulated cluster of --bandwidth links (root) and "
-                                          "compare")] = False,
+                                          "compare; default mechanisms ps,ring,butterfly")
+                       ] = False,
     json_out: JsonOut = None,
 ) -> None:
     """Trace-driven simulation of parameter servers, multicast, in-network aggregation and
@@ -459,6 +464,8 @@ def simulate(
         if len(trace) != 1 or timeline or plot:
             raise GradwireError("--emulate takes one --trace and no --timeline, --sweep or "
                                 "--plot")
+        if mechanism == SIM_MECHANISMS:  # the default names fabric mechanisms it cannot run
+            mechanism = EMULATED_MECHANISMS
         rows, cal = emu.validate(trace[0], workers, servers, bandwidth,
                                  mech.parse_list(mechanism), console, iterations, seed)
         console.print(report.validation_table(rows, f"{traces[0].model}: {workers} workers, "

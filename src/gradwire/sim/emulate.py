@@ -108,9 +108,9 @@ def _alpha(m: Mechanism, c: SimCluster, t) -> float:
     """Seconds per message of ``m`` on this cluster, measured before the run, trace-free:
     parameter servers stream messages, so a server's cost is its software overhead per
     message (200 back-to-back 8-byte sends from server 0 to worker 0, median of 5);
-    collectives wait on each step, so theirs is one P-element call of the mechanism's own
-    schedule divided by its steps (P ranks share this machine's cores, which a two-host
-    ping-pong cannot see)."""
+    collectives wait on each step, so theirs is a P-element call of the mechanism's own
+    schedule divided by its steps (5 runs of 40 calls, median; P ranks share this machine's
+    cores, which a two-host ping-pong cannot see)."""
     import torch
     import torch.distributed as dist
 
@@ -140,12 +140,16 @@ def _alpha(m: Mechanism, c: SimCluster, t) -> float:
         steps = len(registry.schedule("allreduce", algo, t.world_size, t.world_size,
                                       **kw).steps)
         buf = torch.ones(t.world_size)
-        for i in range(120):
-            if i == 20:
-                dist.barrier()
-                t0 = time.perf_counter()
+        for _ in range(20):
             gc.all_reduce(buf, algo=algo, transport=t, **params)
-        per = torch.tensor([(time.perf_counter() - t0) / 100 / max(steps, 1)])
+        runs = []
+        for _ in range(5):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(40):
+                gc.all_reduce(buf, algo=algo, transport=t, **params)
+            runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
+        per = torch.tensor([statistics.median(runs)])
     dist.broadcast(per, 0)
     t.reset_counters()
     return float(per)
