@@ -6,8 +6,8 @@ messages) — are replayed by every rank of an emulated 1 Gbit/s cluster (comput
 bytes through the transport; ``gradwire.sim.emulate``) for PS with 1 and 2 servers, ring-reduce
 and butterfly mixing at P = 4 and 8, and simulated with what was measured: the link rate and γ
 of one ``gradwire calibrate`` run at the start, each run's own α (PS: per message of a stream;
-collectives: one P-element call of the schedule per step) and this machine's TCP send buffer.
-P = 8 (+ 2 servers: 10 ranks) contends for this machine's 2 cores.
+collectives: a P-element call of the schedule per step, median of 5 × 40 calls) and this
+machine's TCP send buffer. P = 8 (+ 2 servers: 10 ranks) contends for this machine's 2 cores.
 
     flock /tmp/gradwire-bench.lock python benchmarks/sim_validation.py   # about 8 minutes
     python benchmarks/sim_validation.py --traces resnet20 --workers 4 --out v.json
