@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,36 +91,62 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _start(trace: Trace, groups: list[list[int]], pick: np.ndarray, eng: Engine,
-           timeline: list[dict] | None, replay: Replay, it: int, r: int) -> None:
-    """Rank r begins iteration ``it`` now: its forward pass, then each bucket is ready for
-    ``replay`` when its last gradient is (collective ``it·buckets + b``)."""
-    rec = trace.iterations[pick[r, it]]
-    t0 = eng.now
-    if timeline is not None:
-        timeline.append({"name": f"forward {it}", "ph": "X", "pid": r, "tid": 0,
-                         "ts": t0 * 1e6, "dur": rec.forward_s * 1e6})
-        timeline.append({"name": f"backward {it}", "ph": "X", "pid": r, "tid": 0,
-                         "ts": (t0 + rec.forward_s) * 1e6, "dur": rec.backward_s * 1e6})
-    for b, g in enumerate(groups):
-        t = t0 + rec.forward_s + max(rec.backward[i] for i in g)
-        eng.at(t, lambda b=b: replay.ready(it * len(groups) + b, r))
+class _Loop:
+    """Iterations of host-based aggregation in the event engine: rank r begins its forward
+    pass now (:meth:`start`), each bucket is ready for the replay when its last gradient is
+    (collective ``it·buckets + b``), and the rank begins iteration ``it + 1`` when its last
+    bucket of ``it`` is done (:meth:`bucket_done`); ``ends[it]`` is the latest such time."""
+
+    def __init__(self, trace: Trace, c: SimCluster, groups: list[list[int]], pick: np.ndarray,
+                 eng: Engine, record: bool) -> None:
+        self.trace, self.c, self.groups, self.pick, self.eng = trace, c, groups, pick, eng
+        self.timeline: list[dict] | None = [] if record else None
+        self.left = np.full((c.iterations, c.workers), len(groups), dtype=np.int64)
+        self.ends = [0.0] * c.iterations
+        self.replay: Replay | None = None
+
+    def start(self, it: int, r: int) -> None:
+        rec = self.trace.iterations[self.pick[r, it]]
+        t0 = self.eng.now
+        if self.timeline is not None:
+            self.timeline.append({"name": f"forward {it}", "ph": "X", "pid": r, "tid": 0,
+                                  "ts": t0 * 1e6, "dur": rec.forward_s * 1e6})
+            self.timeline.append({"name": f"backward {it}", "ph": "X", "pid": r, "tid": 0,
+                                  "ts": (t0 + rec.forward_s) * 1e6,
+                                  "dur": rec.backward_s * 1e6})
+        nb = len(self.groups)
+        for b, g in enumerate(self.groups):
+            t = t0 + rec.forward_s + max(rec.backward[i] for i in g)
+            self.eng.at(t, lambda b=b: self.replay.ready(it * nb + b, r))
+
+    def bucket_done(self, ci: int, r: int, t: float) -> None:
+        it = ci // len(self.groups)
+        self.left[it, r] -= 1
+        if self.left[it, r] == 0:
+            self.ends[it] = max(self.ends[it], t)
+            if it + 1 < self.c.iterations:
+                self.start(it + 1, r)
+
+    def run(self, replay: Replay, scheds: list, specs: list, name: str) -> float:
+        """Queue every bucket's schedule for every iteration, start iteration 0 on every rank,
+        run the engine; every bucket of every iteration must end done."""
+        self.replay = replay
+        for it in range(self.c.iterations):
+            for b, s in enumerate(scheds):
+                replay.add(s, f"bucket {b} iter {it}", specs[b][3]["itemsize"])
+        for r in range(self.c.workers):
+            self.eng.at(0.0, lambda r=r: self.start(0, r))
+        end = self.eng.run()
+        if self.left.any():
+            raise GradwireError(f"{name}: replay stopped with buckets unfinished (a deadlock: "
+                                "report this)")
+        return end
 
 
-def _run(replay: Replay, scheds: list, specs: list, iterations: int,
-         start_iteration: Callable[[int, int], None], left: np.ndarray, name: str) -> float:
-    """Queue every bucket's schedule for every iteration, start iteration 0 on every rank, run
-    the engine; ``left`` (buckets unfinished per iteration and rank) must end all zero."""
-    for it in range(iterations):
-        for b, s in enumerate(scheds):
-            replay.add(s, f"bucket {b} iter {it}", specs[b][3]["itemsize"])
-    for r in range(len(replay.hosts)):
-        replay.eng.at(0.0, lambda r=r: start_iteration(0, r))
-    end = replay.eng.run()
-    if left.any():
-        raise GradwireError(f"{name}: replay stopped with buckets unfinished (a deadlock: "
-                            "report this)")
-    return end
+def _mean_compute(trace: Trace, pick: np.ndarray) -> float:
+    """Mean forward + backward over the recorded iterations the simulated ones replay."""
+    compute = [it.forward_s + it.backward_s for it in trace.iterations]
+    return float(np.mean([compute[k] for k in pick.ravel()]))
 
 
 def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name: str = "ring",
@@ -131,8 +157,7 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     specs = [bucket_spec(sum(trace.params[i].bytes for i in g), p, o) for g in groups]
     pick = choices(c, len(trace.iterations))
     net = Network.uniform(p, c.bytes_per_s, c.latency)
-    compute = [it.forward_s + it.backward_s for it in trace.iterations]
-    mean_compute = float(np.mean([compute[k] for k in pick.ravel()]))
+    mean_compute = _mean_compute(trace, pick)
     hosts = list(range(p))
 
     def ready_times(it: int, start: np.ndarray) -> np.ndarray:
@@ -163,26 +188,10 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     with _no_gc():
         scheds = [registry.schedule(coll, algo, p, n, **kw) for coll, algo, n, kw in specs]
     eng = Engine(net, record)
-    timeline: list[dict] = []
-    left = np.zeros((c.iterations, p), dtype=np.int64)
-    ends = [0.0] * c.iterations
-
-    def start_iteration(it: int, r: int) -> None:
-        _start(trace, groups, pick, eng, timeline if record else None, replay, it, r)
-
-    def done(ci: int, r: int, t: float) -> None:
-        it = ci // len(groups)
-        left[it, r] -= 1
-        if left[it, r] == 0:
-            ends[it] = max(ends[it], t)
-            if it + 1 < c.iterations:
-                start_iteration(it + 1, r)
-
-    replay = Replay(eng, hosts, 1, c.alpha, c.gamma, done)
-    left[:] = len(scheds)
-    end = _run(replay, scheds, specs, c.iterations, start_iteration, left, name)
-    return finish(name, ends, mean_compute, eng, p, end, timeline)
-
+    loop = _Loop(trace, c, groups, pick, eng, record)
+    end = loop.run(Replay(eng, hosts, 1, c.alpha, c.gamma, loop.bucket_done), scheds, specs,
+                   name)
+    return finish(name, loop.ends, mean_compute, eng, p, end, loop.timeline or [])
 
 
 def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
@@ -202,27 +211,15 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
     pick = choices(c, len(trace.iterations))
     net = Network.uniform(p, c.bytes_per_s, c.latency)
     eng = Engine(net, record)
-    compute = [it.forward_s + it.backward_s for it in trace.iterations]
-    mean_compute = float(np.mean([compute[k] for k in pick.ravel()]))
+    loop = _Loop(trace, c, groups, pick, eng, record)
     nb = len(groups)
     scattered = np.zeros((c.iterations * nb, p), dtype=bool)
     arrived = np.zeros((c.iterations * nb, p), dtype=np.int64)
-    left = np.full((c.iterations, p), nb, dtype=np.int64)
-    ends = [0.0] * c.iterations
-    timeline: list[dict] = []
-
-    def start_iteration(it: int, r: int) -> None:
-        _start(trace, groups, pick, eng, timeline if record else None, replay, it, r)
 
     def check(ci: int, r: int) -> None:
         if scattered[ci, r] and arrived[ci, r] == p - 1:
             arrived[ci, r] = -1  # reported
-            it = ci // nb
-            left[it, r] -= 1
-            if left[it, r] == 0:
-                ends[it] = max(ends[it], eng.now)
-                if it + 1 < c.iterations:
-                    start_iteration(it + 1, r)
+            loop.bucket_done(ci, r, eng.now)
 
     def multicast_in(ci: int, src: int) -> None:
         for x in range(p):
@@ -239,6 +236,5 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
                      f"multicast {ci % nb} iter {ci // nb}", lat + c.alpha)
         check(ci, r)
 
-    replay = Replay(eng, list(range(p)), 1, c.alpha, c.gamma, done)
-    end = _run(replay, scheds, specs, c.iterations, start_iteration, left, name)
-    return finish(name, ends, mean_compute, eng, p, end, timeline)
+    end = loop.run(Replay(eng, list(range(p)), 1, c.alpha, c.gamma, done), scheds, specs, name)
+    return finish(name, loop.ends, _mean_compute(trace, pick), eng, p, end, loop.timeline or [])
