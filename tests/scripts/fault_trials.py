@@ -47,11 +47,11 @@ phases = {"header": 0, "data": 0}  # where the survivors' errors happened
 CLONE_NEWNET = 0x40000000
 
 
-def enter(host: Host | None) -> str:
-    """Move this (single-threaded, just forked) process into ``host``'s network namespace;
-    returns the address rank 0 listens on."""
+def enter(host: Host | None) -> None:
+    """Move this (single-threaded, just forked) process into ``host``'s network namespace
+    (nothing on loopback)."""
     if host is None or host.netns is None:
-        return "127.0.0.1"
+        return
     fd = os.open(f"/run/netns/{host.netns}", os.O_RDONLY)
     try:
         if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
@@ -59,7 +59,6 @@ def enter(host: Host | None) -> str:
     finally:
         os.close(fd)
     os.environ["GLOO_SOCKET_IFNAME"] = host.ifname
-    return host.addr
 
 
 
