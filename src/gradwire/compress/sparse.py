@@ -86,9 +86,9 @@ NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
     """Indices of every |x| ≥ threshold (never a NaN). Two compares on x instead of one on
-    x.abs() (a fresh n-element tensor). On the CPU numpy does the pass: measured here at
-    1.13 M fp32, one thread, 0.35 ms against torch's 2.6 ms (compares 1.3, nonzero 1.2); at
-    25 M, 31 ms against 39 ms with torch on 2 threads."""
+    x.abs() (a fresh n-element tensor). On the CPU numpy does the pass: torch's compares into
+    a bool tensor and its nonzero were several times slower here (benchmarks/results:
+    compress_speed.json for 25 M, train_demo_1gbit.json's compress column at 1.13 M)."""
     if x.device.type == "cpu" and x.dtype in NUMPY_DTYPES and not x.requires_grad:
         a = x.numpy()
         return torch.from_numpy(np.flatnonzero((a >= threshold) | (a <= -threshold)))
