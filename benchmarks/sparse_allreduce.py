@@ -1,7 +1,8 @@
 """Sparse aggregation on the emulated 1 Gbit/s cluster, next to Table I of the gTop-k paper.
 
 For m = 25·10⁶ fp32 elements, density ρ = 0.001 (k = 25 000), P = 4 and 8: measured time of
-gTopKAllReduce, TopKAllReduce (rd and ring allgather), dense allreduce (gradwire's ring and
+gTopKAllReduce (on the paper's binomial tree, and on the butterfly: ``gtopk_rd``),
+TopKAllReduce (rd and ring allgather), dense allreduce (gradwire's ring and
 torch.distributed's built-in), and gTop-k end to end (error feedback, selection, dense
 average), next to the predictions of
 - Table I's formulas with the paper's α = 0.436 ms, β = 3.6·10⁻⁵ ms per element;
@@ -52,7 +53,8 @@ def model(p: int, m: int, k: int, params: CostParams) -> dict[str, tuple[float, 
     runs = {"dense_ring": (registry.schedule("allreduce", "ring", p, m, itemsize=4), 4),
             "topk_rd": (schedule("topk", p, m, k, algo="rd"), 1),
             "topk_ring": (schedule("topk", p, m, k, algo="ring"), 1),
-            "gtopk": (schedule("gtopk", p, m, k), 1)}
+            "gtopk": (schedule("gtopk", p, m, k), 1),
+            "gtopk_rd": (schedule("gtopk", p, m, k, algo="rd"), 1)}
     return {name: (cost(s, params, size), int(traffic(s, size).bytes_sent.sum(1).max()))
             for name, (s, size) in runs.items()}
 
@@ -104,6 +106,8 @@ def one(p: int, args: argparse.Namespace, cal: CostParams) -> dict:
     ratios = {f"{d}_over_gtopk": rows[d]["time_s"] / g for d in ("dense_ring", "dense_builtin")
               if d in rows}
     ratios["topk_rd_over_gtopk"] = rows["topk_rd"]["time_s"] / g
+    if "gtopk_rd" in rows:
+        ratios["gtopk_rd_over_gtopk"] = rows["gtopk_rd"]["time_s"] / g
     return {**got, "ratios": ratios,
             "table1_paper_dense_over_gtopk": paper["dense"] / paper["gtopk"],
             "table1_calibrated_dense_over_gtopk": ours["dense"] / ours["gtopk"]}

@@ -66,6 +66,9 @@ t = Transport()
 rows["gtopk"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch, transport=t), t)
 rows["gtopk"]["identical_on_all_ranks"] = same_everywhere(
     gtopk_allreduce(values, picked, m, scratch).total())
+t = Transport()
+rows["gtopk_rd"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch, algo="rd",
+                                                 transport=t), t)
 for algo in ("rd", "ring"):
     t = Transport()
     rows[f"topk_{algo}"] = timed(lambda a=algo, tr=t: topk_allreduce(values, picked, m, algo=a,

@@ -21,14 +21,7 @@ moves the whole buffer, so for large n the ring or Rabenseifner's algorithm wins
 
 from __future__ import annotations
 
-from gradwire.errors import GradwireError
-from gradwire.schedules.ir import Algorithm, Schedule, Transfer, build
-
-
-def _op(op: object) -> str:
-    if not isinstance(op, str) or op == "copy":
-        raise GradwireError(f"binomial: op must name a combine (e.g. 'sum'), got {op!r}")
-    return op
+from gradwire.schedules.ir import Algorithm, Schedule, Transfer, build, combine_op
 
 
 def _levels(p: int) -> list[int]:
@@ -59,14 +52,14 @@ def broadcast(p: int, count: int, *, root: int = 0, **_: object) -> Schedule:
 
 def reduce(p: int, count: int, *, root: int = 0, op: str = "sum", **_: object) -> Schedule:
     """Binomial tree towards the root, summing; the root ends with the sum."""
-    return build("binomial", "reduce", p, count, reduce_steps(p, count, root, _op(op)),
-                 root=root)
+    steps = reduce_steps(p, count, root, combine_op("binomial", op))
+    return build("binomial", "reduce", p, count, steps, root=root)
 
 
 def allreduce(p: int, count: int, *, op: str = "sum", **_: object) -> Schedule:
     """Binomial reduce to rank 0, then binomial broadcast from it; everyone has the sum."""
-    return build("tree", "allreduce", p, count,
-                 reduce_steps(p, count, 0, _op(op)) + broadcast_steps(p, count, 0))
+    steps = reduce_steps(p, count, 0, combine_op("binomial", op))
+    return build("tree", "allreduce", p, count, steps + broadcast_steps(p, count, 0))
 
 
 ALGORITHMS = (

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build
+from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build, combine_op
 
 Range = tuple[int, int]  # (start, count) of elements
 
@@ -58,7 +58,7 @@ def span(count: int, bounds: list[int]) -> Callable[[int, int], Range]:
     return lambda a, b: (starts[bounds[a]], starts[bounds[b]] - starts[bounds[a]])
 
 
-def _distances(ranks: list[int]) -> list[int]:
+def distances(ranks: list[int]) -> list[int]:
     """1, 2, …, p'/2: the partner distances of a butterfly over p' (a power of two) ranks."""
     return [1 << k for k in range(len(ranks).bit_length() - 1)]
 
@@ -68,10 +68,10 @@ def _group(j: int, d: int) -> tuple[int, int]:
     return j - j % d, j - j % d + d
 
 
-def butterfly(ranks: list[int], count: int) -> list[list[Transfer]]:
-    """At distance d = 1, 2, …, core rank j adds its whole buffer into core rank j xor d."""
-    return [[Transfer(ranks[j], ranks[j ^ d], 0, count, "sum") for j in range(len(ranks))]
-            for d in _distances(ranks)]
+def butterfly(ranks: list[int], count: int, op: str = "sum") -> list[list[Transfer]]:
+    """At distance d = 1, 2, …, core rank j combines its whole buffer into core rank j xor d."""
+    return [[Transfer(ranks[j], ranks[j ^ d], 0, count, op) for j in range(len(ranks))]
+            for d in distances(ranks)]
 
 
 def halving(ranks: list[int], part: Callable[[int, int], Range]) -> list[list[Transfer]]:
@@ -79,19 +79,21 @@ def halving(ranks: list[int], part: Callable[[int, int], Range]) -> list[list[Tr
     partner's group of d into the partner j xor d and keeps its own group's. Core rank j ends
     with the sum of ``part(j, j+1)``."""
     return [[Transfer(ranks[j], ranks[j ^ d], *part(*_group(j ^ d, d)), "sum")
-             for j in range(len(ranks))] for d in reversed(_distances(ranks))]
+             for j in range(len(ranks))] for d in reversed(distances(ranks))]
 
 
 def doubling(ranks: list[int], part: Callable[[int, int], Range]) -> list[list[Transfer]]:
     """Recursive doubling: at distance d = 1, 2, …, p'/2 core rank j copies what its group of
     d holds to core rank j xor d. Core rank j starts holding ``part(j, j+1)``, ends with all."""
     return [[Transfer(ranks[j], ranks[j ^ d], *part(*_group(j, d))) for j in range(len(ranks))]
-            for d in _distances(ranks)]
+            for d in distances(ranks)]
 
 
-def allreduce(p: int, count: int, **_: object) -> Schedule:
-    """Butterfly: lg p' whole-buffer exchanges, summing; everyone ends with the sum."""
-    steps = [fold(p, lambda r: (0, count), "sum"), *butterfly(core(p), count),
+def allreduce(p: int, count: int, *, op: str = "sum", **_: object) -> Schedule:
+    """Butterfly: lg p' whole-buffer exchanges, summing (or combining with ``op``, e.g. the
+    gTop-k merge); everyone ends with the result."""
+    op = combine_op("rd", op)
+    steps = [fold(p, lambda r: (0, count), op), *butterfly(core(p), count, op),
              unfold(p, lambda r: (0, count))]
     return build("rd", "allreduce", p, count, steps)
 

@@ -19,7 +19,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gradwire.errors import GradwireError
+
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reducescatter")
+
+
+def combine_op(algo: str, op: object) -> str:
+    """``op`` checked as the name of a combine (e.g. "sum", or gTop-k's merge "gtopk")."""
+    if not isinstance(op, str) or op == "copy":
+        raise GradwireError(f"{algo}: op must name a combine (e.g. 'sum'), got {op!r}")
+    return op
 
 
 class Transfer(NamedTuple):

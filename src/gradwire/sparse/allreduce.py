@@ -21,7 +21,7 @@ from gradwire.collectives.agree import agree, all_finite
 from gradwire.collectives.executor import Combine, execute
 from gradwire.compress.base import FLOATS, acc_dtype
 from gradwire.errors import GradwireError, PeerError
-from gradwire.schedules import registry
+from gradwire.schedules import butterfly, registry
 from gradwire.schedules.cost import CostParams, cost
 from gradwire.schedules.ir import Schedule
 from gradwire.sparse.topk import SELECTORS, select, top_merge
@@ -30,6 +30,17 @@ from gradwire.transport import Transport
 
 METHODS = ("topk", "gtopk")
 GTOPK_OP = "gtopk"  # the tree's combine op: the ⊤ merge instead of a sum
+GTOPK_ALGOS = ("tree", "rd")
+
+
+def gtopk_algo(algo: object) -> str:
+    """gTop-k's allreduce schedule: "tree" (None) or "rd"; anything else is a one-line error."""
+    if algo is None:
+        return "tree"
+    if algo not in GTOPK_ALGOS:
+        raise GradwireError(f"gtopk runs on the binomial tree ('tree', the paper's) or the "
+                            f"butterfly ('rd'), got algo={algo!r}")
+    return str(algo)
 
 
 @dataclass(frozen=True)
@@ -90,17 +101,15 @@ def spec(method: str, world_size: int, numel: int, k: int, dtype: torch.dtype = 
          algo: str | None = None) -> tuple[str, str, int, dict[str, object]]:
     """(collective, algorithm, count, parameters) of ``method``'s schedule; counts are bytes.
 
-    topk: allgather (``algo``, default "rd") of P·k packed entries. gtopk: the "tree"
-    allreduce (binomial reduce to rank 0, binomial broadcast) of k packed entries, op "gtopk".
+    topk: allgather (``algo``, default "rd") of P·k packed entries. gtopk: an allreduce of k
+    packed entries with op "gtopk", on ``algo`` "tree" (default: binomial reduce to rank 0,
+    binomial broadcast; the paper's) or "rd" (the butterfly: every rank merges at every step).
     """
     nbytes = min(k, numel) * entry_bytes(numel, dtype)
     if method == "topk":
         return "allgather", algo or "rd", world_size * nbytes, {"itemsize": 1}
     if method == "gtopk":
-        if algo not in (None, "tree"):
-            raise GradwireError(f"gtopk runs on the binomial tree only (algo 'tree'), got "
-                                f"algo={algo!r}")
-        return "allreduce", "tree", nbytes, {"op": GTOPK_OP}
+        return "allreduce", gtopk_algo(algo), nbytes, {"op": GTOPK_OP}
     raise GradwireError(f"sparse method must be one of {', '.join(METHODS)}, got {method!r}")
 
 
@@ -145,16 +154,24 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
 
 
 def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int,
-               world_size: int) -> Plan:
-    """gTopKAllReduce (Algorithm 3) on the binomial tree, any P: each merge keeps a ⊤ b and
-    adds what it drops to this rank's ``residual``, so no gradient mass is lost."""
+               world_size: int, algo: str | None = None) -> Plan:
+    """gTopKAllReduce (Algorithm 3), any P: each merge keeps a ⊤ b; what it drops goes to the
+    ``residual`` of exactly one rank that holds the merge, so no gradient mass is lost.
+
+    On the tree ("tree") one rank makes each merge. On the butterfly ("rd") the 2d ranks of
+    an aligned group all make the same merge at distance d (⊤ does not depend on the order of
+    its operands), and only the group's first rank keeps the drops: the merges, their drops
+    and who keeps them are the tree's, for P a power of two, in lg P steps instead of 2 lg P.
+    """
     dtype, k = e.values.dtype, min(k, numel)
-    s = schedule("gtopk", world_size, numel, k, dtype)
+    s = schedule("gtopk", world_size, numel, k, dtype, algo)
+    keeps = iter(_keeps_drops(s.algo, rank, world_size))
 
     def merge(into: torch.Tensor, received: torch.Tensor) -> None:
         kept, dropped = top_merge(unpack(into, k, numel, dtype),
                                   unpack(received, k, numel, dtype), k)
-        residual.index_add_(0, dropped.indices, dropped.values)
+        if next(keeps):
+            residual.index_add_(0, dropped.indices, dropped.values)
         into.copy_(pack(kept, k, numel))
 
     buf = pack(e, k, numel)
@@ -166,6 +183,18 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
                             s)
 
     return Plan(s, buf, {GTOPK_OP: merge}, finish)
+
+
+def _keeps_drops(algo: str, rank: int, world_size: int) -> list[bool]:
+    """For each merge this rank makes, in order: whether it keeps what the merge drops."""
+    if algo == "tree":
+        return [True] * world_size  # every merge is this rank's alone (at most lg P of them)
+    ranks = butterfly.core(world_size)
+    if rank not in ranks:
+        return []  # folded in: it sends and is sent the result, it merges nothing
+    j = ranks.index(rank)
+    folded = [True] if rank + 1 < world_size and rank + 1 not in ranks else []
+    return folded + [j % (2 * d) == 0 for d in butterfly.distances(ranks)]
 
 
 def _run(plan: Plan, transport: Transport, method: str) -> SparseResult:
@@ -202,16 +231,18 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
 
 
 def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
-                    residual: torch.Tensor, *, k: int | None = None,
+                    residual: torch.Tensor, *, k: int | None = None, algo: str | None = None,
                     transport: Transport | None = None,
                     group: dist.ProcessGroup | None = None) -> SparseResult:
     """The global top-k of the sum of every rank's (values, indices), on every rank
-    (cost: 2⌈lg P⌉α + 4k⌈lg P⌉β). What a merge on this rank drops is added to ``residual``
-    (dense, numel elements, values' dtype) in place."""
+    (cost on the tree: 2⌈lg P⌉α + 4k⌈lg P⌉β; ``algo="rd"``, the butterfly, P a power of
+    two: lg P·α + 2k·lg P·β). What a merge on this rank keeps of its drops is added to
+    ``residual`` (dense, numel elements, values' dtype) in place."""
     t = transport or Transport(group)
     e = Entries(values, indices.long())
-    _agree(t, "gtopk_allreduce", "gtopk", None, numel, values.dtype, _count(e, k))
-    return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size), t,
+    _agree(t, "gtopk_allreduce", "gtopk", gtopk_algo(algo) if algo else None, numel,
+           values.dtype, _count(e, k))
+    return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo), t,
                 "gtopk")
 
 
@@ -230,9 +261,8 @@ def check_args(x: object, residual: object, k: object, method: object, selector:
     if method not in METHODS:
         raise GradwireError(f"sparse_allreduce: method must be one of "
                             f"{', '.join(map(repr, METHODS))}, got {method!r}")
-    if method == "gtopk" and algo not in (None, "tree"):
-        raise GradwireError(f"sparse_allreduce: gtopk runs on the binomial tree only (algo "
-                            f"'tree'), got algo={algo!r}")
+    if method == "gtopk":
+        gtopk_algo(algo)
     if method == "topk" and algo is not None:
         registry.get("allgather", str(algo))  # raises naming the known allgathers
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -271,7 +301,7 @@ def plan(method: str, e: Entries, k: int, numel: int, residual: torch.Tensor, ra
     """This rank's part of ``method`` (``residual`` receives gtopk's drops)."""
     if method == "topk":
         return topk_plan(e, k, numel, rank, world_size, algo)
-    return gtopk_plan(e, k, numel, residual, rank, world_size)
+    return gtopk_plan(e, k, numel, residual, rank, world_size, algo)
 
 
 def _dense_average(x: torch.Tensor, residual: torch.Tensor, t: Transport,
