@@ -118,11 +118,24 @@ def test_buckets_follow_ddp_caps_in_backward_order() -> None:
 
 def test_single_bucket_dense_is_compute_plus_the_ring_allreduce() -> None:
     agg = Aggregation("dense", mode="model")
-    r = predict(TOY, Cluster(4, 1e9, 307e-6, beta=8.36e-9), agg, HERE)
+    r = predict(TOY, Cluster(4, 1e9, 307e-6, beta=8.36e-9, check_calls=False), agg, HERE)
     ring = cost(schedule("allreduce", "ring", 4, 8_000_000, pipeline=1), CostParams(307e-6,
                 8.36e-9), 4)
     assert float(r.iteration) == pytest.approx(0.05 + 0.1 + ring + 0.01, rel=1e-9)
     assert float(r.efficiency) == pytest.approx(0.15 / float(r.iteration))
+
+
+@pytest.mark.parametrize("mode, calls", [("bucket", 3), ("model", 1)])
+@pytest.mark.parametrize("p", [2, 5, 8])
+def test_each_bucket_pays_the_header_exchange_of_agree(mode, calls, p) -> None:
+    agg = Aggregation("gtopk", mode=mode, bucket_mb=10)
+    on, off = (predict(TOY, Cluster(p, 1e9, 307e-6, beta=8.36e-9, check_calls=c), agg, HERE)
+               for c in (True, False))
+    # agree.py's exchange: recursive-doubling allgather of one 168-byte header per rank
+    header = cost(schedule("allgather", "rd", p, 168 * p, itemsize=1), CostParams(307e-6,
+                  8.36e-9), 1)
+    assert float(on.communicate - off.communicate) == pytest.approx(calls * header, rel=1e-9)
+    assert float(on.iteration) > float(off.iteration)
 
 
 @settings(max_examples=25, deadline=None)

@@ -81,6 +81,15 @@ def differences(call: Call, headers: list[list[str]]) -> list[str]:
     return out
 
 
+HEADER_BYTES = (FIELDS + 1) * FIELD_BYTES
+
+
+def header_spec(world_size: int) -> tuple[str, str, int, dict[str, object]]:
+    """(collective, algorithm, bytes, parameters) of one header exchange: the schedule
+    :func:`agree` runs, and what the performance model charges for it."""
+    return "allgather", "rd", world_size * HEADER_BYTES, {"itemsize": 1}
+
+
 def all_finite(x: torch.Tensor) -> bool:
     """Whether ``x`` holds no NaN or Inf (one pass: a sum in the accumulation dtype)."""
     return bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite())
@@ -103,7 +112,8 @@ def agree(transport: Transport, call: Call,
         return ok
     mine = encode(call, ok)
     h = mine.numel()
-    s = registry.schedule("allgather", "rd", p, p * h, itemsize=1)
+    collective, algo, count, params = header_spec(p)
+    s = registry.schedule(collective, algo, p, count, **params)
     buf = torch.zeros(p * h, dtype=torch.uint8)
     buf[transport.rank * h : (transport.rank + 1) * h] = mine
     what = f"{call[0][1]}/{call[1][1]}"  # the call and its algorithm or method

@@ -105,6 +105,7 @@ class Comm:
                        if self.transport is not None and self.transport.check_calls
                        else self.transport)
         self.seconds = 0.0
+        self.header_seconds = 0.0  # the part of ``seconds`` spent in header exchanges
 
     def _bounded(self, work: dist.Work, what: str) -> None:
         """Wait for a torch.distributed collective within GRADWIRE_TIMEOUT, not the process
@@ -126,7 +127,9 @@ class Comm:
             return None
         t0 = time.perf_counter()
         everywhere = agree(self.transport, call, finite)
-        self.seconds += time.perf_counter() - t0
+        spent = time.perf_counter() - t0
+        self.seconds += spent
+        self.header_seconds += spent
         return everywhere
 
     def all_reduce(self, t: torch.Tensor) -> None:

@@ -25,7 +25,7 @@ from gradwire.schedules import registry
 
 METHODS: tuple[str, ...] = tuple(TABLE)
 MODES = ("bucket", "model")
-STATS = ("compress", "communicate", "tail", "sent", "steps", "buckets", "dense")
+STATS = ("compress", "communicate", "header", "tail", "sent", "steps", "buckets", "dense")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ class HookState:
 
     def reset_stats(self) -> None:
         """Zero ``stats``: seconds ``compress`` (compress, decompress, error feedback, average)
-        and ``communicate`` (in collectives), both on the comm thread; ``tail``, seconds from
+        and ``communicate`` (in collectives), both on the comm thread, and ``header``, the part
+        of ``communicate`` spent in the call-header exchanges (agree.py); ``tail``, seconds from
         handing over an iteration's last bucket to its result (with overlap, the part of
         compress + communicate backward did not hide); ``sent``, payload bytes this rank
         contributed; counts of ``steps``, ``buckets`` and ``dense`` aggregations."""
@@ -207,13 +208,14 @@ class HookState:
     # --- on the comm thread --------------------------------------------------------------
     def _aggregate(self, x: torch.Tensor, key: layout.Layout, plan: Step) -> torch.Tensor:
         comm, s = plan.comm, self.stats
-        before, t0 = comm.seconds, time.perf_counter()
+        before, header, t0 = comm.seconds, comm.header_seconds, time.perf_counter()
         if self.ef is not None:
             layout.carry(self.ef.residuals, key, self.positions.numels, x)
         avg, sent = aggregate(plan, x, key)
         spent = comm.seconds - before
         s["compress"] += time.perf_counter() - t0 - spent
         s["communicate"] += spent
+        s["header"] += comm.header_seconds - header
         s["sent"] += sent
         s["buckets"] += 1
         s["dense"] += plan.dense

@@ -12,7 +12,8 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    beside communication (only when there is something to overlap: more than one bucket).
 2. One FIFO communication thread (as the hooks run): E_b = max(R_b, E_{b−1}) + encode_b +
    comm_b + decode_b. The last bucket can only start after backward: the exposed tail.
-3. comm_b is ``cost()`` of the method's schedules (:mod:`.comm`) on the bucket's wire bytes:
+3. comm_b is ``cost()`` of the method's schedules (:mod:`.comm`) on the bucket's wire bytes,
+   after the call header's exchange (``Cluster.check_calls``; one per bucket, as the hooks):
    dense, fp16/bf16, random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and
    Q); top-k and gTop-k: their sparse schedules; every other method: ring allgather of the
    payloads. encode/decode from a codec table (:mod:`.codecs`).
@@ -29,7 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gradwire import config
 from gradwire.bandwidth import parse_bandwidth
+from gradwire.collectives.agree import header_spec
 from gradwire.compress import get, matrix_shape
 from gradwire.compress.base import select_count
 from gradwire.errors import GradwireError, did_you_mean
@@ -48,13 +51,17 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 @dataclass(frozen=True)
 class Cluster:
     """P workers on links of ``link_bps`` each way; α s per message, β s per byte (default
-    8/link_bps), γ s per byte reduced. Arrays of link rates give one prediction per rate."""
+    8/link_bps), γ s per byte reduced. Arrays of link rates give one prediction per rate.
+    ``check_calls``: charge each bucket's header exchange (default: as gradwire would run)."""
 
     workers: int
     link_bps: np.ndarray | float
     alpha: float
     gamma: float = 0.0
     beta: np.ndarray | float | None = None
+    # gradwire's hooks exchange a call header before each bucket (agree.py) unless
+    # GRADWIRE_CHECK_CALLS=0; the model charges its schedule when this is on.
+    check_calls: bool = field(default_factory=config.check_calls)
 
     @property
     def beta_s(self) -> np.ndarray:
@@ -172,6 +179,9 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     total_comm, coding, wire = np.zeros_like(beta), 0.0, 0
     for numel, ready in bs:
         ops, sent = operations(agg, numel, p, profile.dtype)
+        if cluster.check_calls and p > 1:
+            c, a, n, prm = header_spec(p)
+            ops = [(c, a, n, 1, prm), *ops]
         t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, **prm) for c, a, n, e, prm in ops)
         enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
         enc, dec = enc / compute_speedup, dec / compute_speedup

@@ -33,7 +33,8 @@ from gradwire.train.task import Task, evaluate, load_task, loss_fn
 from gradwire.train.wire import tx_bytes
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
-SUMMED = ("loss_sum", "compute", "compress", "communicate", "tail", "step", "sent", "wire")
+SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "step", "sent",
+          "wire")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,13 +95,14 @@ def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, ta
             done, total = progress
             print(f"{PROGRESS} {done + it + 1} {total}", flush=True)
     tx1 = tx_bytes()
-    d = {k: agg.stats[k] - before[k] for k in ("compress", "communicate", "tail", "sent")}
+    d = {k: agg.stats[k] - before[k]
+         for k in ("compress", "communicate", "header", "tail", "sent")}
     # The hook compresses and communicates on its own thread while backward goes on; backward
     # waits only for the tail, so compute is forward + backward less the tail.
     compute = max(t["compute"] - d["tail"], 0.0)
     wire = -1.0 if tx0 is None or tx1 is None else float(tx1 - tx0)
-    return [loss_sum, compute, d["compress"], d["communicate"], d["tail"], t["step"],
-            float(d["sent"]), wire]
+    return [loss_sum, compute, d["compress"], d["communicate"], d["header"], d["tail"],
+            t["step"], float(d["sent"]), wire]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +139,8 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
         opt.load_state_dict(ck["optimizer"])
         agg.load_state_dict(ck["aggregation"][rank])
         history, first = ck["history"], ck["epoch"]
+        for k in SUMMED:  # a checkpoint written before a counter existed: 0 for its epochs
+            history.setdefault(k, [0.0] * first)
     n_local = len(task.train) // world
     iters = n_local // args.batch_size
     if iters == 0:
@@ -209,8 +213,8 @@ def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.
         "batch_size_per_rank": args.batch_size,
         "samples_per_s": iters * samples / total("seconds", steady),
         "samples_per_s_overall": sum(history["iterations"]) * samples / wall[-1],
-        "seconds_per_iter": {k: total(k, steady) / iters
-                             for k in ("compute", "compress", "communicate", "tail", "step")},
+        "seconds_per_iter": {k: total(k, steady) / iters for k in (
+            "compute", "compress", "communicate", "header", "tail", "step")},
         "wire_tx_bytes_per_iter_per_rank": (None if any(w is None for w in wire)
                                             else sum(wire) / iters),
         "payload_bytes_per_iter_per_rank": total("sent", steady) / iters,
