@@ -57,8 +57,9 @@ def results_table(results: Sequence[dict], title: str) -> Table:
 
 
 TABLE_NOTE = ("samples/s, bytes and times are per iteration over the epochs at the final "
-              "density (after the sparsifiers' warm-up; every epoch for the others), averaged "
-              "over ranks; wall s is the whole run's training time, warm-up included. wire MB = "
+              "density (after the sparsifiers' warm-up; every epoch for the others) but the "
+              "run's first when others remain, averaged over ranks; wall s is the whole run's "
+              "training time, warm-up included. wire MB = "
               "bytes leaving each host's interface (TCP/IP headers included), measured; payload "
               "MB = what the aggregation handed to the network per rank. compress and comm run "
               "on the hook's thread while backward goes on; compute = forward + backward less "
