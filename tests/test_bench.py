@@ -69,12 +69,23 @@ def _gradwire(*args, env=None):
                           text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
+def test_calibrate_on_three_hosts(tmp_path):
+    """Ranks 0 and 1 measure α and β alone; the third waits for them without deadlock, and
+    every rank takes part in the per-step α."""
+    env = {"GRADWIRE_HOME": str(tmp_path), "GRADWIRE_TIMEOUT": "30"}
+    p = _gradwire("calibrate", "--loopback", "--hosts", "3", "--codec-numel", "0", env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    cal = json.loads((tmp_path / "calibration" / "loopback.json").read_text())
+    assert cal["hosts"] == 3 and cal["alpha_step_s"] > 0
+
+
 def test_bench_and_calibrate_on_loopback(tmp_path):
     env = {"GRADWIRE_HOME": str(tmp_path)}
     p = _gradwire("calibrate", "--loopback", "--codec-numel", "20000", env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     cal = json.loads((tmp_path / "calibration" / "loopback.json").read_text())
     assert cal["alpha_s"] > 0 and cal["beta_s_per_byte"] > 0 and cal["gamma_s_per_byte"] > 0
+    assert cal["alpha_step_s"] > 0 and cal["hosts"] == 2
     from gradwire.hooks import METHODS
     from gradwire.perf import codecs
 

@@ -307,8 +307,9 @@ def calibrate(
     2_000_000,
     loopback: Loopback = False,
 ) -> None:
-    """Measure α (ping-pong), β (streaming) and γ (reduction), and each compressor's encode and
-    decode time, and save them for the model (whatif/advise --codecs FILE reads the latter)."""
+    """Measure α (ping-pong, and per step of an allreduce over every host), β (streaming) and γ
+    (reduction), and each compressor's encode and decode time, and save them for the model
+    (whatif/advise --codecs FILE reads the latter)."""
     from gradwire.bench import calibrate as cal
     from gradwire.jobs import run_ranks
     from gradwire.perf import codecs
@@ -323,8 +324,10 @@ def calibrate(
     if codec_numel:
         measured["codecs"] = codecs.measure(codec_numel)
     d = cal.record(measured, key, n_hosts, label)
-    t = Table("α (us)", "β (ns/byte)", "link (Gbit/s)", "γ (ns/byte)", "network", "saved to")
-    t.add_row(f"{d['alpha_s'] * 1e6:.1f}", f"{d['beta_s_per_byte'] * 1e9:.3f}",
+    t = Table("α (us)", f"α per step, {n_hosts} ranks (us)", "β (ns/byte)", "link (Gbit/s)",
+              "γ (ns/byte)", "network", "saved to")
+    t.add_row(f"{d['alpha_s'] * 1e6:.1f}", f"{d['alpha_step_s'] * 1e6:.1f}",
+              f"{d['beta_s_per_byte'] * 1e9:.3f}",
               f"{d['link_gbit_per_s_measured']:.3f}", f"{d['gamma_s_per_byte'] * 1e9:.4f}",
               d["network"], d["path"])
     console.print(t)

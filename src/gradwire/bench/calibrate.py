@@ -7,6 +7,10 @@ Rank side (ranks 0 and 1 of the launched job):
 2. β — streaming: a window of ``WINDOW`` sends of ``STREAM_BYTES`` each, then a 4-byte ack
    (osu_bw); β = t / (window · bytes).
 3. γ — reduction speed on one rank: ``a.add_(b)`` over 64 MiB of float32, per byte of ``b``.
+4. α per step with every rank taking part (:func:`step_alpha`): a P-element recursive-doubling
+   allreduce without the call header (which the model charges apart), 5 runs of 40 calls,
+   median, divided by its steps. It holds the collective call's own software cost, and P
+   ranks share this machine's cores, which the two-rank ping-pong cannot see.
 
 Stored as JSON in ``$GRADWIRE_HOME/calibration/<bandwidth>.json`` with the machine and date.
 """
@@ -72,7 +76,7 @@ def _stream(t: Transport) -> float:
     ack = torch.zeros(4, dtype=torch.uint8)
     rates = []
     for _ in range(3):
-        dist.barrier()
+        dist.barrier(group=t.group)  # ranks 0 and 1 only: the others are not here
         t0 = time.perf_counter()
         if t.rank == 0:
             wait_all([t.isend(b, 1) for b in bufs])
@@ -82,6 +86,32 @@ def _stream(t: Transport) -> float:
             t.send(ack, 0)
         rates.append((time.perf_counter() - t0) / (WINDOW * STREAM_BYTES))
     return statistics.median(rates)
+
+
+def step_alpha(t: Transport, algo: str = "rd", **params: object) -> float:
+    """Seconds per step of gradwire's ``algo`` allreduce on P elements, every rank of ``t``
+    taking part (5 runs of 40 calls after 20, median; rank 0's value on every rank). With
+    ``t.check_calls`` on, each call's header exchange is in it too."""
+    import gradwire.collectives as gc
+    from gradwire.schedules import registry
+
+    p = t.world_size
+    steps = len(registry.schedule("allreduce", algo, p, p, **params).steps)
+    run = {k: v for k, v in params.items() if k != "itemsize"}
+    buf = torch.ones(p)
+    for _ in range(20):
+        gc.all_reduce(buf, algo=algo, transport=t, **run)
+    runs = []
+    for _ in range(5):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(40):
+            gc.all_reduce(buf, algo=algo, transport=t, **run)
+        runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
+    per = torch.tensor([statistics.median(runs)])
+    dist.broadcast(per, 0)
+    t.reset_counters()
+    return float(per)
 
 
 def _reduce_speed() -> float:
@@ -111,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dist.new_group([0, 1])
     gamma = _reduce_speed()
+    alpha_step = step_alpha(Transport(check_calls=False))  # the model charges headers apart
     if t.rank == 0:
         Path(a.out).write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
-                                           "gamma_s_per_byte": gamma}))
+                                           "gamma_s_per_byte": gamma,
+                                           "alpha_step_s": alpha_step}))
     dist.destroy_process_group()
     return 0
 

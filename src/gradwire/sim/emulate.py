@@ -114,42 +114,26 @@ def _alpha(m: Mechanism, c: SimCluster, t) -> float:
     import torch
     import torch.distributed as dist
 
-    import gradwire.collectives as gc
-    from gradwire.schedules import registry
+    from gradwire.bench.calibrate import step_alpha
     from gradwire.transport import wait_all
 
-    if isinstance(m.options, PSOptions):
-        n, src, msg = 200, c.workers, torch.zeros(8, dtype=torch.uint8)
-        runs = []
-        for _ in range(5):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if t.rank == src:
-                for _ in range(n):
-                    t.send(msg, 0)
-                t.recv(msg, 0)
-            elif t.rank == 0:
-                wait_all([t.irecv(torch.zeros_like(msg), src) for _ in range(n)])
-                t.send(msg, src)
-            runs.append((time.perf_counter() - t0) / n)
-        per = torch.tensor([statistics.median(runs)])
-    else:
-        o = m.options
-        _, algo, _, kw = bucket_spec(4 * t.world_size, t.world_size, o)
-        params = {k: v for k, v in kw.items() if k != "itemsize"}
-        steps = len(registry.schedule("allreduce", algo, t.world_size, t.world_size,
-                                      **kw).steps)
-        buf = torch.ones(t.world_size)
-        for _ in range(20):
-            gc.all_reduce(buf, algo=algo, transport=t, **params)
-        runs = []
-        for _ in range(5):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(40):
-                gc.all_reduce(buf, algo=algo, transport=t, **params)
-            runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
-        per = torch.tensor([statistics.median(runs)])
+    if not isinstance(m.options, PSOptions):
+        _, algo, _, kw = bucket_spec(4 * t.world_size, t.world_size, m.options)
+        return step_alpha(t, algo, **kw)
+    n, src, msg = 200, c.workers, torch.zeros(8, dtype=torch.uint8)
+    runs = []
+    for _ in range(5):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if t.rank == src:
+            for _ in range(n):
+                t.send(msg, 0)
+            t.recv(msg, 0)
+        elif t.rank == 0:
+            wait_all([t.irecv(torch.zeros_like(msg), src) for _ in range(n)])
+            t.send(msg, src)
+        runs.append((time.perf_counter() - t0) / n)
+    per = torch.tensor([statistics.median(runs)])
     dist.broadcast(per, 0)
     t.reset_counters()
     return float(per)
