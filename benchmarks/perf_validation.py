@@ -1,22 +1,25 @@
 """Performance model against measured training on the emulated cluster.
 
-For each link rate and P, one emulated cluster runs ``gradwire train`` (the project's 1.13 M
-parameter MLP, batch 32 per rank, no warm-up, DDP's default buckets) once per aggregation, and
-the model predicts the same configuration:
+For each link rate and P, one emulated cluster first runs ``gradwire calibrate``'s rank side
+(α per step of a P-element allreduce with every rank taking part, β by streaming, γ), then
+``gradwire train`` (the project's 1.13 M parameter MLP, batch 32 per rank, no density warm-up,
+DDP's default buckets) once per aggregation; the model predicts the same configuration:
 
 - compute: forward + backward of the *dense run at the same P and rate* (its reported compute),
   split into forward and per-tensor backward as ``gradwire profile`` measures them in one
   process; the optimizer step from that run too. So dense predictions test the communication
   and overlap model only; P ranks share this machine's 2 cores, which a one-process profile
   cannot see;
-- network: α and γ of this cluster's 1 Gbit/s calibration; β = calibrated β × 1 Gbit/s / rate;
-- encode/decode: the built-in ``here`` codec table (one process, 2 threads);
+- network: that cluster's α per step, β and γ; every bucket pays the call-header exchange;
+- encode/decode: a codec table measured here before the runs, one thread (as each rank runs)
+  on the model's number of elements;
 - overlap slowdown κ = 1 (not fitted).
 
-Measured iteration = P·batch / samples per second over the steady epochs. The advisor's pick at
-each (rate, P) is the scheme with the lowest prediction among those measured.
+Measured iteration = P·batch / samples per second over the steady epochs (the first epoch,
+which pays one-time costs, is left out). The advisor's pick at each (rate, P) is the scheme
+with the lowest prediction among those measured.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 25 minutes
+    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 35 minutes
     python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,fp16 --out v.json
 """
 
@@ -32,35 +35,44 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 from rich.console import Console
 
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.bench import provenance
 from gradwire.cluster import ephemeral_cluster
+from gradwire.jobs import run_ranks
 from gradwire.perf import codecs
 from gradwire.perf.measure import measure
 from gradwire.perf.model import Aggregation, Cluster, predict
 from gradwire.train.job import TrainConfig, train_on, validate
 
 HERE = Path(__file__).parent
-# benchmarks/results/collectives_1gbit.json, "calibration"
-ALPHA_S, BETA_1GBIT, GAMMA = 306.5e-6, 8.362e-9, 0.108e-9
-EPOCHS = {2: 2, 4: 3, 8: 5}  # about 20 steady iterations each (digits: 1437 training samples)
+# about 20 steady iterations each after the first epoch (digits: 1437 training samples)
+EPOCHS = {2: 3, 4: 4, 8: 6}
 
 
 def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, console: Console,
         batch: int = 32) -> dict:
     prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
-    table = codecs.load("here")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs (OMP_NUM_THREADS=1)
+    table = codecs.CodecTable("one thread", prof.numel, codecs.measure(prof.numel)["methods"],
+                              "measured by perf_validation.py, one thread")
+    torch.set_num_threads(threads)
     doc = {**provenance.stamp("python benchmarks/perf_validation.py " + shlex.join(sys.argv[1:])),
            "model": "mlp", "batch_size": batch, "profile_one_process": prof.to_json() | {
                "params": len(prof.params)}, "rows": [],
-           "conditions": {"load_average_start": os.getloadavg()}}
+           "codecs_one_thread": table.methods,
+           "conditions": {"load_average_start": os.getloadavg()}, "calibration": {}}
     for rate in rates:
         bps = parse_bandwidth(rate)
         for p in workers:
             measured = {}
             with ephemeral_cluster(p, rate, False) as c:
+                cal = run_ranks(c, "gradwire.bench.calibrate", [], f"calibrate P={p} {rate}",
+                                600, console)
+                doc["calibration"][f"{rate} P={p}"] = cal
                 for agg in aggs:
                     cfg = TrainConfig(model="mlp", agg=agg, warmup=False, epochs=EPOCHS.get(p, 3),
                                       batch_size=batch)
@@ -73,7 +85,8 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
             here = prof.with_compute(compute * share, compute * (1 - share),
                                      "dense run's compute")
             here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
-            cluster = Cluster(p, bps, ALPHA_S, GAMMA, beta=BETA_1GBIT * 1e9 / bps)
+            cluster = Cluster(p, bps, cal["alpha_step_s"], cal["gamma_s_per_byte"],
+                              beta=cal["beta_s_per_byte"], check_calls=True)
             for agg, res in measured.items():
                 pred = predict(here, cluster, Aggregation(agg), table)
                 meas = p * batch / res["samples_per_s"]
