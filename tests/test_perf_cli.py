@@ -41,6 +41,20 @@ def test_whatif_writes_every_prediction_and_the_plot(tmp_path, monkeypatch, caps
     assert all(ten[k] <= one[k] for k in one)
 
 
+def test_eight_ranks_per_node_sharing_a_link_turn_the_ranking_to_gtopk(monkeypatch,
+                                                                       capsys) -> None:
+    # Top-k gathers every rank's entries: 8 ranks behind one 10 Gbit/s link send 8 times the
+    # bytes through it; gTop-k's tree sends k entries per edge.
+    args = ["advise", "--model", "resnet50", "--workers", "32", "--bandwidth", "10gbit",
+            "--agg", "topk,gtopk"]
+    code, out, err = _cli(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert "topk ρ=0.001 wins" in out
+    code, out, err = _cli([*args, "--ranks-per-node", "8"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "8 per node (100gbit inside)" in out and "gtopk ρ=0.001 wins" in out
+
+
 def test_advise_ranks_every_method_and_explains_the_winner(monkeypatch, capsys) -> None:
     code, out, err = _cli(["advise", "--model", "resnet50", "--workers", "32", "--bandwidth",
                            "1gbit"], monkeypatch, capsys)
@@ -64,6 +78,9 @@ def test_advise_ranks_every_method_and_explains_the_winner(monkeypatch, capsys) 
     (["whatif", "--compute-ms", "1,2,3"], "expected FORWARD,BACKWARD"),
     (["advise", "--model", "resnet-50"], "did you mean 'resnet50'"),
     (["advise", "--rank", "0"], "--rank must be >= 1"),
+    (["advise", "--ranks-per-node", "0"], "--ranks-per-node must be >= 1"),
+    (["whatif", "--ranks-per-node", "2", "--intra-bandwidth", "fast"],
+     "--intra-bandwidth: bandwidth 'fast' is not valid"),
     (["advise", "--bucket-mb", "0"], "--bucket-mb must be > 0"),
     (["advise", "--workers", "0"], "--workers"),
     (["profile", "--model", "resnet"], "unknown model 'resnet'"),

@@ -46,6 +46,49 @@ def test_scaled_summary_is_within_a_thousandth_of_cost(case, p, data):
     assert float(got) == pytest.approx(want, rel=1e-3)
 
 
+A, B, G = 307e-6, 8.36e-9, 0.11e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=st.sampled_from(CASES), p=st.integers(2, 17), data=st.data())
+def test_one_node_holding_every_rank_costs_its_own_link(case, p, data):
+    collective, algo, params = case
+    count = data.draw(st.integers(0, 5000))
+    inside = comm.Node(p, 50e-6, 0.1e-9)
+    got = comm.seconds(collective, algo, p, count, 4, A, B, G, node=inside, **params)
+    want = comm.seconds(collective, algo, p, count, 4, 50e-6, 0.1e-9, G, **params)
+    assert float(got) == pytest.approx(float(want), rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("p", [4, 6, 8, 16])
+def test_a_ring_sends_one_message_per_node_so_two_per_node_cost_the_same(p):
+    # Consecutive placement: rank 2i+1 -> 2i+2 leaves the node, 2i -> 2i+1 stays inside.
+    same = comm.Node(2, A, B)
+    for count in (10**3, 10**6):
+        one = comm.seconds("allreduce", "ring", p, count, 4, A, B, G, pipeline=1)
+        two = comm.seconds("allreduce", "ring", p, count, 4, A, B, G, node=same, pipeline=1)
+        assert float(two) == pytest.approx(float(one), rel=1e-12)
+
+
+def test_ranks_of_a_node_share_its_link_between_nodes():
+    # Butterfly over 4 ranks, 2 per node: distance 1 stays inside (α_i + nβ_i), distance 2
+    # sends both ranks' n bytes through each node's link at once (α + 2nβ); both reduce n.
+    n = 4 * 1000
+    inside = comm.Node(2, 50e-6, 0.1e-9)
+    got = comm.seconds("allreduce", "rd", 4, 1000, 4, A, B, G, node=inside)
+    want = (50e-6 + n * 0.1e-9 + n * G) + (A + 2 * n * B + n * G)
+    assert float(got) == pytest.approx(want, rel=1e-12)
+
+
+def test_cluster_ranks_per_node_reaches_the_model_and_bad_values_are_refused():
+    agg = Aggregation("topk")
+    one = predict(TOY, Cluster(16, 1e9, 307e-6), agg, HERE)
+    eight = predict(TOY, Cluster(16, 1e9, 307e-6, ranks_per_node=8), agg, HERE)
+    assert float(eight.communicate) > float(one.communicate)  # 8 ranks' entries per link
+    with pytest.raises(GradwireError, match="ranks per node must be an integer >= 1"):
+        Cluster(4, 1e9, 307e-6, ranks_per_node=0)
+
+
 def test_summary_of_a_ring_is_one_row_per_phase() -> None:
     s = comm.summary("allreduce", "ring", 64, 10**6, pipeline=1)
     # 63 reduce-scatter steps, then 63 allgather steps; every rank alike in each.

@@ -543,6 +543,21 @@ PerfCompute = Annotated[str | None, typer.Option("--compute-ms", help="FORWARD,B
                                                  "to use instead of the profile's")]
 PerfMode = Annotated[str, typer.Option(help="bucket: DDP buckets; model: one bucket")]
 PerfBucket = Annotated[float, typer.Option("--bucket-mb", help="DDP bucket cap, MiB")]
+PerfPerNode = Annotated[int, typer.Option(help="consecutive ranks per node: they share the "
+                                          "node's link to other nodes")]
+PerfIntra = Annotated[str, typer.Option(help="link between the ranks of one node (with "
+                                        "--ranks-per-node > 1)")]
+
+
+def _node(ranks_per_node: int, intra_bandwidth: str) -> tuple[int, float]:
+    from gradwire.perf.model import parse_link
+
+    if ranks_per_node < 1:
+        raise GradwireError(f"--ranks-per-node must be >= 1, got {ranks_per_node}")
+    try:
+        return ranks_per_node, parse_link(intra_bandwidth)
+    except GradwireError as e:
+        raise GradwireError(f"--intra-bandwidth: {e}") from None
 
 
 def _perf_inputs(model: str, agg: str, density: float, rank: int, mode: str, bucket_mb: float,
@@ -586,6 +601,8 @@ def whatif(
     overlap_slowdown: PerfSlowdown = 1.0,
     alpha_us: PerfAlpha = 307.0,
     gamma_ns: PerfGamma = 0.11,
+    ranks_per_node: PerfPerNode = 1,
+    intra_bandwidth: PerfIntra = "100gbit",
     codecs: PerfCodecs = "here",
     compute_ms: PerfCompute = None,
     plot: Annotated[Path | None, typer.Option(help="write a PNG of iteration time against "
@@ -606,7 +623,8 @@ def whatif(
                                      compute_ms)
     rates = [parse_link(b) for b in bandwidth.split(",")]
     speedups = w.parse_numbers("--compute-speedup", compute_speedup)
-    setting = w.Setting(alpha_us * 1e-6, gamma_ns * 1e-9, overlap_slowdown)
+    setting = w.Setting(alpha_us * 1e-6, gamma_ns * 1e-9, overlap_slowdown,
+                        *_node(ranks_per_node, intra_bandwidth))
     if alpha_us < 0 or gamma_ns < 0 or overlap_slowdown < 1:
         raise GradwireError("--alpha-us and --gamma-ns must be >= 0 and --overlap-slowdown >= 1")
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, setting)
@@ -631,9 +649,11 @@ def whatif(
                                 f"{r['coding_budget_s'] * 1e3:.1f} ms"
                                 for r in ans if r["workers"] == p))
         console.print(a)
+    per_node = (f"{ranks_per_node} ranks per node ({intra_bandwidth} inside); "
+                if ranks_per_node > 1 else "")
     console.print(f"α {alpha_us:g} µs, γ {gamma_ns:g} ns/B, overlap slowdown "
-                  f"{overlap_slowdown:g}; compute: {result['compute_source']}; encode/decode: "
-                  f"{table.source}")
+                  f"{overlap_slowdown:g}; {per_node}compute: {result['compute_source']}; "
+                  f"encode/decode: {table.source}")
     if plot:
         console.print(f"wrote {w.plot(result, plot)}")
     if json_out:
@@ -656,6 +676,8 @@ def advise(
     overlap_slowdown: PerfSlowdown = 1.0,
     alpha_us: PerfAlpha = 307.0,
     gamma_ns: PerfGamma = 0.11,
+    ranks_per_node: PerfPerNode = 1,
+    intra_bandwidth: PerfIntra = "100gbit",
     codecs: PerfCodecs = "here",
     compute_ms: PerfCompute = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the ranking here")]
@@ -673,11 +695,14 @@ def advise(
                                      bucket_mb, codecs, compute_ms)
     if alpha_us < 0 or gamma_ns < 0:
         raise GradwireError("--alpha-us and --gamma-ns must be >= 0")
-    cluster = Cluster(workers, parse_link(bandwidth), alpha_us * 1e-6, gamma_ns * 1e-9)
+    g, intra = _node(ranks_per_node, intra_bandwidth)
+    cluster = Cluster(workers, parse_link(bandwidth), alpha_us * 1e-6, gamma_ns * 1e-9,
+                      ranks_per_node=g, intra_bps=intra)
     ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup, overlap_slowdown)
     t = Table("#", "aggregation", "iteration (ms)", "efficiency", "not hidden (ms)",
               "encode+decode (ms)", "wire (ms)", "sent/rank (MB)",
-              title=f"{prof.model}, {workers} workers, {bandwidth}")
+              title=f"{prof.model}, {workers} workers, {bandwidth}"
+                    + (f", {g} per node ({intra_bandwidth} inside)" if g > 1 else ""))
     for i, r in enumerate(ranked, 1):
         p = r.prediction
         t.add_row(str(i), r.agg.label, f"{r.seconds * 1e3:.1f}", f"{float(p.efficiency):.0%}",

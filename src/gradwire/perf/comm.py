@@ -1,10 +1,12 @@
 """Communication time of any collective from its schedule, fast enough for P = 1024 sweeps.
 
 A schedule's cost (:mod:`gradwire.schedules.cost`) needs, per step, each rank's messages and
-bytes out, in and reduced. :func:`summary` reads them from the schedule once and keeps, per
-step, only the distinct per-rank rows, and merges steps whose rows are identical (a ring's
-2(P−1) steps become one row set with multiplicity 2(P−1)). :func:`seconds` then costs the
-summary for any number of (α, β, γ) at once: it is exactly ``cost()`` of the same schedule.
+bytes out, in and reduced (with several ranks per node, split into traffic inside the node
+and the node's shared traffic to the others: :class:`Node`). :func:`summary` reads them from
+the schedule once and keeps, per step, only the distinct per-rank rows, and merges steps whose
+rows are identical (a ring's 2(P−1) steps become one row set with multiplicity 2(P−1)).
+:func:`seconds` then costs the summary for any number of (α, β, γ) at once: with one rank per
+node it is exactly ``cost()`` of the same schedule.
 
 Messages of ``ref_count(P)`` = lcm(P, 2^⌈lg P⌉)·pipeline elements or more reuse the summary
 at that count: there the blocks of the algorithms the model uses (ring, recursive doubling
@@ -29,28 +31,52 @@ import numpy as np
 from gradwire.schedules import registry
 from gradwire.schedules.ir import Schedule
 
-_HASH = np.array([1.0, 2.0**-20, np.pi, np.e * 2.0**-20, np.sqrt(2) * 2.0**-21])
+_HASH = np.array([1.0, 2.0**-20, np.pi, np.e * 2.0**-20, np.sqrt(2) * 2.0**-21, np.sqrt(3),
+                  np.sqrt(5) * 2.0**-20, np.sqrt(7), np.sqrt(11) * 2.0**-21])
 
 
 @dataclass(frozen=True)
 class Summary:
-    """``groups``: (steps, rows) pairs; rows[i] = (m_out, b_out, m_in, b_in, b_reduced) of one
-    rank in one step, bytes counted in elements of the schedule at ``count`` elements."""
+    """``groups``: (steps, rows) pairs; rows[i] is one rank in one step: its intra-node
+    messages and bytes out and in, its node's inter-node messages (the most any of the node's
+    ranks sends or receives) and bytes (all of them, sharing the node's link) out and in, and
+    the bytes it reduces; bytes counted in elements of the schedule at ``count`` elements.
+    With one rank per node every transfer is inter-node and a node's traffic is the rank's."""
 
     count: int
     groups: tuple[tuple[int, np.ndarray], ...]
 
 
-def summarise(s: Schedule) -> Summary:
-    p = s.world_size
+COLUMNS = ("m_out_intra", "b_out_intra", "m_in_intra", "b_in_intra",
+           "m_out_node", "b_out_node", "m_in_node", "b_in_node", "b_reduced")
+
+
+def summarise(s: Schedule, ranks_per_node: int = 1) -> Summary:
+    """The schedule's steps as per-rank rows (:class:`Summary`), ranks r·G … r·G+G−1 on node
+    r for G = ``ranks_per_node`` (as torchrun places them)."""
+    p, g = s.world_size, ranks_per_node
+    node = np.arange(p) // g
+    nodes = int(node[-1]) + 1 if p else 0
     seen: dict[bytes, list] = {}
     for step in s.steps:
         ts = step.transfers
         flat = chain.from_iterable((x.src, x.dst, x.count, x.reduces) for x in ts)
         t = np.fromiter(flat, np.int64, 4 * len(ts)).reshape(-1, 4)
         src, dst, n, red = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
-        rows = np.stack([np.bincount(src, minlength=p), np.bincount(src, n, p),
-                         np.bincount(dst, minlength=p), np.bincount(dst, n, p),
+        intra = node[src] == node[dst]
+        ni, ne = n * intra, n * ~intra
+        m_out_e, m_in_e = np.bincount(src, ~intra, p), np.bincount(dst, ~intra, p)
+        b_out_e = np.bincount(node[src], ne, nodes)
+        b_in_e = np.bincount(node[dst], ne, nodes)
+        if g == 1:
+            top_out, top_in = m_out_e, m_in_e
+        else:
+            top_out, top_in = np.zeros(nodes), np.zeros(nodes)
+            np.maximum.at(top_out, node, m_out_e)
+            np.maximum.at(top_in, node, m_in_e)
+        rows = np.stack([np.bincount(src, intra, p), np.bincount(src, ni, p),
+                         np.bincount(dst, intra, p), np.bincount(dst, ni, p),
+                         top_out[node], b_out_e[node], top_in[node], b_in_e[node],
                          np.bincount(dst, n * red, p)], axis=1).astype(float)
         # Most steps treat every rank alike; the others are deduplicated on a hash of each
         # row (a 1-D unique is much cheaper than np.unique(axis=0) at P = 1024).
@@ -74,30 +100,49 @@ def ref_count(p: int, pipeline: object = 1) -> int:
 
 @functools.lru_cache(maxsize=512)
 def _summary(collective: str, algo: str, p: int, count: int,
-             params: tuple[tuple[str, object], ...]) -> Summary:
-    return summarise(registry.schedule(collective, algo, p, count, **dict(params)))
+             params: tuple[tuple[str, object], ...], ranks_per_node: int) -> Summary:
+    return summarise(registry.schedule(collective, algo, p, count, **dict(params)),
+                     ranks_per_node)
 
 
-def summary(collective: str, algo: str, p: int, count: int, **params: object) -> Summary:
+def summary(collective: str, algo: str, p: int, count: int, ranks_per_node: int = 1,
+            **params: object) -> Summary:
     """The summary of ``registry.schedule(collective, algo, p, count, **params)`` (cached; a
     count above ``ref_count(p)`` reuses that count's summary)."""
     key = tuple(sorted(params.items()))
-    return _summary(collective, algo, p, min(count, ref_count(p, params.get("pipeline"))), key)
+    return _summary(collective, algo, p, min(count, ref_count(p, params.get("pipeline"))), key,
+                    ranks_per_node)
 
 
 def seconds(collective: str, algo: str, p: int, count: int, elem_bytes: float,
             alpha: np.ndarray | float, beta: np.ndarray | float, gamma: np.ndarray | float = 0.0,
-            **params: object) -> np.ndarray:
+            *, node: Node | None = None, **params: object) -> np.ndarray:
     """Predicted seconds of the collective on ``count`` elements of ``elem_bytes`` bytes, for
-    each (α, β, γ) given (arrays broadcast): ``cost()`` of its schedule."""
+    each (α, β, γ) given (arrays broadcast): ``cost()`` of its schedule. ``node``: several
+    ranks per node (:class:`Node`); then a node's ranks share its link (α, β) for traffic
+    between nodes, and traffic inside a node takes the node's own α and β."""
     if p == 1 or count == 0:
         return np.zeros(np.broadcast(alpha, beta, gamma).shape)
-    s = summary(collective, algo, p, count, **params)
+    g = node.ranks if node is not None and node.ranks > 1 else 1
+    s = summary(collective, algo, p, count, g, **params)
     scale = elem_bytes * count / s.count
-    a, b, g = (np.asarray(v, dtype=float)[..., None] for v in (alpha, beta, gamma))
+    a, b, y = (np.asarray(v, dtype=float)[..., None] for v in (alpha, beta, gamma))
+    ai, bi = ((np.asarray(v, dtype=float)[..., None] for v in (node.alpha, node.beta))
+              if g > 1 else (a, b))
     total = 0.0
     for steps, rows in s.groups:
-        out = a * rows[:, 0] + b * scale * rows[:, 1]
-        inn = a * rows[:, 2] + b * scale * rows[:, 3]
-        total = total + steps * (np.maximum(out, inn) + g * scale * rows[:, 4]).max(axis=-1)
+        c = rows.T
+        t = np.maximum(np.maximum(ai * c[0] + bi * scale * c[1], ai * c[2] + bi * scale * c[3]),
+                       np.maximum(a * c[4] + b * scale * c[5], a * c[6] + b * scale * c[7]))
+        total = total + steps * (t + y * scale * c[8]).max(axis=-1)
     return np.asarray(total)
+
+
+@dataclass(frozen=True)
+class Node:
+    """``ranks`` ranks per node (consecutive ranks, as torchrun places them), talking inside
+    the node at ``alpha`` s per message and ``beta`` s per byte (NVLink, PCIe, shared memory)."""
+
+    ranks: int = 1
+    alpha: float = 0.0
+    beta: float = 0.0

@@ -52,7 +52,9 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class Cluster:
     """P workers on links of ``link_bps`` each way; α s per message, β s per byte (default
     8/link_bps), γ s per byte reduced. Arrays of link rates give one prediction per rate.
-    ``check_calls``: charge each bucket's header exchange (default: as gradwire would run)."""
+    ``check_calls``: charge each bucket's header exchange (default: as gradwire would run).
+    ``ranks_per_node`` consecutive ranks share a node's link to the others and talk inside
+    the node at ``intra_bps`` (α the same)."""
 
     workers: int
     link_bps: np.ndarray | float
@@ -62,6 +64,26 @@ class Cluster:
     # gradwire's hooks exchange a call header before each bucket (agree.py) unless
     # GRADWIRE_CHECK_CALLS=0; the model charges its schedule when this is on.
     check_calls: bool = field(default_factory=config.check_calls)
+    # Consecutive ranks per node: they share the node's link for traffic between nodes and
+    # talk inside the node over a link of intra_bps (NVLink/PCIe class by default).
+    ranks_per_node: int = 1
+    intra_bps: float = 100e9
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) \
+                or self.ranks_per_node < 1:
+            raise GradwireError(f"ranks per node must be an integer >= 1, got "
+                                f"{self.ranks_per_node!r}")
+        if not self.intra_bps > 0:
+            raise GradwireError(f"the link inside a node must be faster than 0, got "
+                                f"{self.intra_bps!r} bit/s")
+
+    @property
+    def node(self) -> comm.Node | None:
+        """What :func:`gradwire.perf.comm.seconds` needs to cost several ranks per node."""
+        if self.ranks_per_node == 1:
+            return None
+        return comm.Node(self.ranks_per_node, self.alpha, 8.0 / self.intra_bps)
 
     @property
     def beta_s(self) -> np.ndarray:
@@ -182,7 +204,8 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
         if cluster.check_calls and p > 1:
             c, a, n, prm = header_spec(p)
             ops = [(c, a, n, 1, prm), *ops]
-        t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, **prm) for c, a, n, e, prm in ops)
+        t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, node=cluster.node, **prm)
+                for c, a, n, e, prm in ops)
         enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
         enc, dec = enc / compute_speedup, dec / compute_speedup
         end = np.maximum(end, kappa * ready / compute_speedup) + enc + t + dec

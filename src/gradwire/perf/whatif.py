@@ -17,7 +17,7 @@ schedule summary per collective.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +62,8 @@ class Setting:
     alpha: float = ALPHA_S
     gamma: float = GAMMA_S_PER_BYTE
     overlap_slowdown: float = 1.0
+    ranks_per_node: int = 1
+    intra_bps: float = 100e9
 
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
@@ -71,7 +73,8 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
     rows, answers = [], []
     for x in speedups:
         for p in workers:
-            cluster = Cluster(p, link, setting.alpha, setting.gamma)
+            cluster = Cluster(p, link, setting.alpha, setting.gamma,
+                              ranks_per_node=setting.ranks_per_node, intra_bps=setting.intra_bps)
             dense = None
             for agg in aggs:
                 r = predict(profile, cluster, agg, codecs, x, setting.overlap_slowdown)
@@ -96,6 +99,7 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
     return {"model": profile.model, "parameters": profile.numel, "rows": rows,
             "answers": answers, "alpha_s": setting.alpha, "gamma_s_per_byte": setting.gamma,
             "overlap_slowdown": setting.overlap_slowdown, "codecs": codecs.source,
+            "ranks_per_node": setting.ranks_per_node, "intra_bps": setting.intra_bps,
             "compute_source": profile.sources.get("backward_s", ""),
             "load_average": os.getloadavg()[0]}
 
@@ -108,8 +112,11 @@ def required_compression(profile: Profile, cluster: Cluster, speedup: float) -> 
         return [1.0] * np.size(cluster.beta_s)
     budget = profile.backward_s / speedup  # type: ignore[operator]
     args = ("allreduce", "ring", p, n, profile.itemsize)
-    latency = float(comm.seconds(*args, cluster.alpha, 0.0, 0.0, pipeline=1))
-    volume = comm.seconds(*args, 0.0, cluster.beta_s, cluster.gamma, pipeline=1)
+    node = cluster.node
+    lat_node, vol_node = ((replace(node, beta=0.0), replace(node, alpha=0.0))
+                          if node is not None else (None, None))
+    latency = float(comm.seconds(*args, cluster.alpha, 0.0, 0.0, node=lat_node, pipeline=1))
+    volume = comm.seconds(*args, 0.0, cluster.beta_s, cluster.gamma, node=vol_node, pipeline=1)
     if latency >= budget:
         return [float("inf")] * np.size(volume)
     return [max(1.0, float(v) / (budget - latency)) for v in np.atleast_1d(volume)]
