@@ -38,8 +38,8 @@ def gtopk_algo(algo: object) -> str:
     if algo is None:
         return "tree"
     if algo not in GTOPK_ALGOS:
-        raise GradwireError(f"gtopk runs on the binomial tree ('tree', the paper's) or the "
-                            f"butterfly ('rd'), got algo={algo!r}")
+        raise GradwireError(f"sparse_allreduce: gtopk runs on the binomial tree ('tree', the "
+                            f"paper's) or the butterfly ('rd'), got algo={algo!r}")
     return str(algo)
 
 
@@ -205,6 +205,14 @@ def _run(plan: Plan, transport: Transport, method: str) -> SparseResult:
     return plan.finish()
 
 
+def _shown(method: str, algo: str | None) -> str | None:
+    """The algorithm a header names: gtopk's default tree is named as no algorithm, so that
+    ranks passing None and "tree" make one call."""
+    if method == "gtopk":
+        return None if gtopk_algo(algo) == "tree" else algo
+    return algo
+
+
 def _agree(t: Transport, call: str, method: str, algo: str | None, numel: int,
            dtype: torch.dtype, k: int, selector: str = "",
            finite: bool | Callable[[], bool] = True) -> bool | None:
@@ -240,8 +248,8 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     ``residual`` (dense, numel elements, values' dtype) in place."""
     t = transport or Transport(group)
     e = Entries(values, indices.long())
-    _agree(t, "gtopk_allreduce", "gtopk", gtopk_algo(algo) if algo else None, numel,
-           values.dtype, _count(e, k))
+    _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo), numel, values.dtype,
+           _count(e, k))
     return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo), t,
                 "gtopk")
 
@@ -326,8 +334,9 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     1. acc = residual + x, in place in ``residual``; select min(k, n) entries of largest |acc|
        (``selector``: "exact", or "threshold" for about one pass over acc); residual −= sent.
     2. ``method`` "topk": TopKAllReduce, allgather (``algo`` "rd" default, or "ring") of every
-       rank's entries, all applied; "gtopk": gTopKAllReduce on the binomial tree, each merge's
-       drops added to the merging rank's ``residual``.
+       rank's entries, all applied; "gtopk": gTopKAllReduce on the binomial tree (``algo``
+       "tree", default) or the butterfly ("rd"), each merge's drops added to the ``residual``
+       of one rank that made it.
     3. Return total / P: dense, n elements, x's dtype, identical on every rank.
 
     Summed over ranks, Σ residual_after + P·result = Σ (residual_before + x).
@@ -353,7 +362,8 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     check_args(x, residual, k, method, selector, algo, out)
     t = transport or Transport(group)
     n = x.numel()
-    if _agree(t, "sparse_allreduce", method, algo, n, x.dtype, k, selector,
+    shown = _shown(method, algo)
+    if _agree(t, "sparse_allreduce", method, shown, n, x.dtype, k, selector,
               lambda: all_finite(x)) is False:
         if timings is not None:
             timings["select"] = 0.0
