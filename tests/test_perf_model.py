@@ -85,7 +85,7 @@ def test_cluster_ranks_per_node_reaches_the_model_and_bad_values_are_refused():
     one = predict(TOY, Cluster(16, 1e9, 307e-6), agg, HERE)
     eight = predict(TOY, Cluster(16, 1e9, 307e-6, ranks_per_node=8), agg, HERE)
     assert float(eight.communicate) > float(one.communicate)  # 8 ranks' entries per link
-    with pytest.raises(GradwireError, match="ranks per node must be an integer >= 1"):
+    with pytest.raises(GradwireError, match="cluster: ranks per node must be an integer >= 1"):
         Cluster(4, 1e9, 307e-6, ranks_per_node=0)
 
 

@@ -34,7 +34,7 @@ from gradwire import config
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.collectives.agree import header_spec
 from gradwire.compress import get, matrix_shape
-from gradwire.compress.base import select_count
+from gradwire.compress.base import check_int, select_count
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
 from gradwire.hooks.methods import TABLE
@@ -70,10 +70,7 @@ class Cluster:
     intra_bps: float = 100e9
 
     def __post_init__(self) -> None:
-        if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) \
-                or self.ranks_per_node < 1:
-            raise GradwireError(f"ranks per node must be an integer >= 1, got "
-                                f"{self.ranks_per_node!r}")
+        check_int("cluster", "ranks per node", self.ranks_per_node, 1)
         if not self.intra_bps > 0:
             raise GradwireError(f"the link inside a node must be faster than 0, got "
                                 f"{self.intra_bps!r} bit/s")
