@@ -2,8 +2,40 @@
 torch.distributed's own collective, and the transport counts exactly the schedule's bytes."""
 import pytest
 from conftest import run_checks
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradwire.collectives.executor import _plan
+from gradwire.schedules import registry
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 7, 8])
 def test_every_algorithm_matches_torch_distributed(p):
     run_checks("collectives_check.py", p, timeout=600)
+
+
+ALGOS = [pytest.param(a, id=f"{a.collective}/{a.name}") for a in registry.ALGORITHMS]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@given(p=st.integers(1, 9), n=st.integers(0, 200), rank=st.integers(0, 8))
+@settings(max_examples=20, deadline=None)
+def test_plan_finds_the_latest_earlier_overlap_of_every_entry(algo, p, n, rank):
+    """What lets a receive land in the buffer (no staging copy) is the latest earlier entry of
+    the rank's program touching its range; the sweep must equal the pairwise definition."""
+    s = registry.schedule(algo.collective, algo.name, p, n)
+    program, conflict = _plan(s, rank % p)
+    assert program == s.program(rank % p)
+    for i, (_, _, t) in enumerate(program):
+        earlier = [j for j in range(i) if program[j][2].start < t.stop
+                   and t.start < program[j][2].stop]
+        assert conflict[i] == (earlier[-1] if earlier else -1)
+
+
+@pytest.mark.parametrize("collective,algo", [("broadcast", "lp"), ("allgather", "ring"),
+                                             ("broadcast", "binomial")])
+def test_copies_into_untouched_ranges_need_no_staging(collective, algo):
+    s = registry.schedule(collective, algo, 8, 1 << 20, alpha=3e-4, beta=8e-9, itemsize=4)
+    for rank in range(8):
+        program, conflict = _plan(s, rank)
+        assert all(conflict[i] < 0 for i, (_, kind, _) in enumerate(program) if kind == "recv")

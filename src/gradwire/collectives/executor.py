@@ -1,8 +1,10 @@
 """Run a schedule over the transport.
 
 Each rank follows its program (``Schedule.program``) as dataflow, not lock-step:
-- receives are posted ahead, in program order, into staging buffers (so a peer's send never
-  waits for this rank to reach its step); the staging memory is bounded by the buffer's size;
+- receives are posted ahead, in program order (so a peer's send never waits for this rank to
+  reach its step): a copy whose range no unfinished earlier transfer touches lands directly in
+  the buffer, anything else in a staging buffer; the staging memory is bounded by the buffer's
+  size;
 - a send waits only for the receives that write the bytes it reads (read after write), and for
   this rank's sends of earlier steps to other peers (one port per rank, as the cost model
   assumes: a binomial root feeds its first child at full rate, not all children at a fraction);
@@ -16,6 +18,8 @@ sender reaches it without waiting on this rank, so no schedule that passes ``che
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections import deque
 from collections.abc import Callable
 
@@ -43,6 +47,26 @@ def _overlaps(a: Transfer, b: Transfer) -> bool:
     return a.start < b.stop and b.start < a.stop
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(s: Schedule, rank: int) -> tuple[list[tuple[int, str, Transfer]], list[int]]:
+    """``rank``'s program, and for each entry the index of the latest earlier entry whose range
+    overlaps it (-1 if none): a sweep over range boundaries, not a pairwise scan, because LP's
+    programs run to thousands of entries."""
+    program = s.program(rank)
+    bounds, last = [0, s.count], [-1]  # segment k = [bounds[k], bounds[k+1]) last touched by
+    conflict = []
+    for i, (_, _, t) in enumerate(program):
+        for edge in (t.start, t.stop):
+            k = bisect.bisect_right(bounds, edge) - 1
+            if bounds[k] != edge:
+                bounds.insert(k + 1, edge)
+                last.insert(k + 1, last[k])
+        lo, hi = bisect.bisect_left(bounds, t.start), bisect.bisect_left(bounds, t.stop)
+        conflict.append(max(last[lo:hi], default=-1))
+        last[lo:hi] = [i] * (hi - lo)
+    return program, conflict
+
+
 def execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
             combine: dict[str, Combine] | None = None) -> None:
     """Run this rank's part of ``s`` in place on ``buffer`` (1-D, ``s.count`` elements).
@@ -66,13 +90,41 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
                             f"the group has {transport.world_size}")
     ops = {**COMBINE, **(combine or {})}
     rank = transport.rank
-    program = s.program(rank)
+    program, conflict = _plan(s, rank)
     recvs = [i for i, (_, kind, _) in enumerate(program) if kind == "recv"]
     budget = max(buffer.numel() * buffer.element_size(), LOOKAHEAD_MIN_BYTES)
-    pending: deque[tuple[int, Transfer, object, torch.Tensor]] = deque()  # posted, not applied
+    # posted, not applied: (program index, transfer, work, staging buffer or None if direct)
+    pending: deque[tuple[int, Transfer, object, torch.Tensor | None]] = deque()
     sending: list[tuple[Transfer, object, int]] = []  # (transfer, work, step)
     posted = 0  # receives posted so far (a prefix of ``recvs``)
-    held = 0  # bytes of posted receives not yet applied
+    held = 0  # bytes of posted staged receives not yet applied
+    cursor = 0  # program entries before this one have been issued
+
+    def direct(i: int, t: Transfer) -> bool:
+        """Whether receive ``i`` may land in the buffer: a copy, and every earlier entry that
+        touches its range is issued and finished (no overlapping receive is pending, and every
+        overlapping send belongs to an earlier step than the current one)."""
+        if t.op != "copy":
+            return False
+        if conflict[i] < 0:
+            return True
+        if conflict[i] >= cursor:
+            return False
+        for j, r, _, _ in pending:
+            if j > conflict[i]:
+                break
+            if _overlaps(r, t):
+                return False
+        # gloo marks a send done only when it is waited for: sends of steps before the current
+        # one are waited for here (their bytes left long ago, or this rank is behind anyway).
+        now = program[cursor][0] if cursor < len(program) else len(s.steps)
+        late = [x for x in sending if _overlaps(x[0], t)]
+        if any(x[2] >= now for x in late):
+            return False
+        for x in late:
+            x[1].wait()
+            sending.remove(x)
+        return True
 
     def post(upto: int) -> None:
         """Post receives in program order: every one before program index ``upto``, then more
@@ -81,6 +133,12 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
         while posted < len(recvs):
             i = recvs[posted]
             t = program[i][2]
+            if direct(i, t):
+                pending.append((i, t, transport.irecv(buffer[t.start : t.stop], t.src), None))
+                posted += 1
+                continue
+            if i >= upto and t.op == "copy":
+                break  # it may land in the buffer once what touches its range has finished
             nbytes = t.count * buffer.element_size()
             if i >= upto and held + nbytes > budget:
                 break
@@ -100,6 +158,8 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
         while pending and pending[0][0] <= last:
             _, t, work, tmp = pending.popleft()
             work.wait()
+            if tmp is None:
+                continue
             finish_sends(t)
             view = buffer[t.start : t.stop]
             if t.op == "copy":
@@ -114,6 +174,7 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
 
     post(0)
     for i, (step, kind, t) in enumerate(program):
+        cursor = i
         if kind == "send":
             hits = [j for j, r, _, _ in pending if j < i and _overlaps(r, t)]
             if hits:
@@ -124,8 +185,10 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
                 item[1].wait()
                 sending.remove(item)
             sending.append((t, transport.isend(buffer[t.start : t.stop], t.dst), step))
+            post(0)
         else:
             post(i + 1)
+    cursor = len(program)
     apply_through(len(program))
     for _, work, _ in sending:
         work.wait()
