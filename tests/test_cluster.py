@@ -141,3 +141,31 @@ def test_down_removes_an_orphan_by_name():
     # --all would also take down clusters of tests running side by side, so name it.
     assert cluster_down(c.name) == [c.name]
     assert gradwire_leftovers(c.name) == []
+
+
+def test_a_killed_runs_cluster_is_stale_and_the_next_cluster_removes_it():
+    # SIGKILL leaves no chance to clean up: the run's cluster stays, marked by its owner.
+    others = {c.name for c in list_clusters()}
+    p = subprocess.Popen([sys.executable, "-m", "gradwire.cli", "run", "--hosts", "2", "--",
+                          "sleep", SLEEP], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mine = set()
+    for _ in range(200):
+        mine = {c.name for c in list_clusters() if c.owner and c.owner[0] == p.pid} - others
+        if mine and _running_sleep():
+            break
+        time.sleep(0.05)
+    assert mine, "the run's cluster never came up"
+    (name,) = mine
+    assert not load_cluster(name).stale  # its run is alive
+    p.kill()
+    p.wait()
+    assert load_cluster(name).stale
+    out = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "status"],
+                         capture_output=True, text=True).stdout
+    assert "stale" in out and name in out
+    up = cluster_up(1, "none")  # made by `cluster up`: no owner, never stale
+    try:
+        assert up.owner is None and not up.stale
+        assert gradwire_leftovers(name) == [] and not _running_sleep()
+    finally:
+        cluster_down(up.name)

@@ -93,7 +93,10 @@ def cluster_status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False)
     if not live:
         console.print("no gradwire clusters are up")
     for c in live:
-        console.print(f"[bold]{c.name}[/]: {c.label}")
+        note = (f" [yellow](stale: run {c.owner[0]} exited without removing it; the next "
+                f"cluster made here removes it, or `gradwire cluster down {c.name}`)[/]"
+                if c.stale else "")
+        console.print(f"[bold]{c.name}[/]: {c.label}{note}")
         _print_hosts(c)
 
 

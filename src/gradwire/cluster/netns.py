@@ -23,6 +23,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from gradwire import config
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
@@ -53,6 +54,15 @@ class Cluster:
     bandwidth_bps: float | None
     hosts: list[Host] = field(default_factory=list)
     subnet: int = 0
+    # [pid, start time in clock ticks] of the run that made it for itself (ephemeral_cluster);
+    # None for `gradwire cluster up`, which stays until `cluster down`.
+    owner: list[int] | None = None
+
+    @property
+    def stale(self) -> bool:
+        """A run's cluster whose run has exited without removing it (SIGKILL, a crash of the
+        machine's session): nothing can use it any more."""
+        return self.owner is not None and _start_ticks(self.owner[0]) != self.owner[1]
 
     @property
     def shaped(self) -> bool:
@@ -81,6 +91,9 @@ class Cluster:
         d["hosts"] = [Host(**h) for h in d["hosts"]]
         c = Cluster(**d)
         ns = re.compile(rf"^{re.escape(c.name)}-h\d+$")
+        if c.owner is not None and not (isinstance(c.owner, list) and len(c.owner) == 2 and all(
+                isinstance(x, int) for x in c.owner)):
+            raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
         if not NAME_RE.match(c.name) or any(
                 h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
                 or not re.match(r"^\w+$", h.ifname) for h in c.hosts):
@@ -135,6 +148,24 @@ def _tbf(dev: str, bps: float, netns: str | None) -> None:
         "burst", str(burst), "latency", "100ms", netns=netns)
 
 
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), None if there is no such
+    process: a pid with the same start time is the same process, not a reuse of its number."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def reap_stale() -> list[str]:
+    """Remove the clusters of runs that exited without removing them; returns their names."""
+    gone = [c.name for c in list_clusters() if c.stale]
+    for name in gone:
+        _teardown(name)
+    return gone
+
+
 def _free_subnet() -> int:
     used = {c.subnet for c in list_clusters()}
     for s in range(1, 255):
@@ -143,8 +174,13 @@ def _free_subnet() -> int:
     raise GradwireError("all 254 gradwire subnets are in use: run `gradwire cluster down --all`")
 
 
-def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None) -> Cluster:
-    """Create a cluster of ``hosts`` namespaces; on any failure everything made is removed."""
+def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
+               owned: bool = False) -> Cluster:
+    """Create a cluster of ``hosts`` namespaces; on any failure everything made is removed.
+
+    ``owned``: the cluster belongs to this process (``ephemeral_cluster``); should the process
+    die without removing it, the next cluster made on this machine removes it first. Stale
+    clusters of other runs are removed here in any case."""
     if not 1 <= hosts <= MAX_HOSTS:
         raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     bps = parse_bandwidth(bandwidth)
@@ -157,7 +193,9 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None) ->
     if (config.state_dir() / f"{name}.json").exists():
         raise GradwireError(f"cluster {name} already exists")
     config.state_dir().mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(name=name, bandwidth_bps=bps, subnet=_free_subnet())
+    reap_stale()
+    owner = [os.getpid(), _start_ticks(os.getpid()) or 0] if owned else None
+    cluster = Cluster(name=name, bandwidth_bps=bps, subnet=_free_subnet(), owner=owner)
     # The state file is written first so that a crash half-way still leaves a record to clean up.
     _save(cluster)
     with _cleanup_on_failure(cluster):
@@ -321,7 +359,7 @@ def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False) -> Ite
         parse_bandwidth(bandwidth)
         yield loopback_cluster(hosts)
         return
-    cluster = cluster_up(hosts, bandwidth)
+    cluster = cluster_up(hosts, bandwidth, owned=True)
     with _signals_raise():
         try:
             yield cluster
