@@ -1,0 +1,84 @@
+"""Executor A/B: this checkout's collectives against an earlier commit's, interleaved, on the
+same emulated 1 Gbit/s cluster size (8 hosts, 64 MiB): LP broadcast time and ring allreduce
+busbw against torch.distributed's all_reduce measured in the same `gradwire bench` call.
+
+The earlier commit's ``src`` comes from a temporary `git worktree` and goes first on
+PYTHONPATH, so the ranks (which inherit the environment) run its code; everything else (the
+cluster, the launcher of this checkout's Python) is the same.
+
+    python benchmarks/executor_ab.py                  # old = c6f8093 (before in-place receives)
+    python benchmarks/executor_ab.py --old REV --rounds 3
+
+Needs root (network namespaces) and an otherwise idle machine: 8 ranks share 2 cores.
+Writes benchmarks/results/executor_ab.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gradwire.bench import provenance
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+OUT = HERE / "results" / "executor_ab.json"
+CASES = {"lp_broadcast": ("broadcast", "lp", ["--no-builtin"]),
+         "ring_allreduce": ("allreduce", "ring", [])}
+
+
+def bench(src: Path, home: str, collective: str, algo: str, extra: list[str]) -> dict:
+    out = Path(home) / f"{collective}-{len(os.listdir(home))}.json"
+    args = ["bench", "--hosts", "8", "--bandwidth", "1gbit", "--collective", collective,
+            "--algo", algo, "--sizes", "64M", "--iters", "5", *extra, "--json", str(out)]
+    print(f"$ PYTHONPATH={src} gradwire {shlex.join(args)}", flush=True)
+    env = {**os.environ, "PYTHONPATH": str(src), "GRADWIRE_HOME": home}
+    subprocess.run([sys.executable, "-m", "gradwire.cli", *args], env=env, check=True)
+    rows = json.loads(out.read_text())["rows"]
+    mine = next(r for r in rows if r["algo"] == algo)
+    base = next((r for r in rows if r["algo"] == "builtin"), None)
+    return {"time_s": mine["time_s"], "busbw_Gbitps": mine["busbw_Gbitps"],
+            "builtin_busbw_Gbitps": base and base["busbw_Gbitps"],
+            "ratio_to_builtin": base and mine["busbw_Gbitps"] / base["busbw_Gbitps"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", default="c6f8093", help="the earlier commit (default: c6f8093)")
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    home = tempfile.mkdtemp(prefix="gradwire-ab-")
+    tree = Path(tempfile.mkdtemp(prefix="gradwire-ab-old-")) / "old"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), a.old],
+                   check=True, capture_output=True)
+    new_rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    runs: list[dict] = []
+    try:
+        for r in range(a.rounds):
+            for version, src in (("old", tree / "src"), ("new", ROOT / "src")):
+                for case, (collective, algo, extra) in CASES.items():
+                    runs.append({"round": r + 1, "version": version, "case": case,
+                                 **bench(src, home, collective, algo, extra)})
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)
+    result = {**provenance.stamp("python benchmarks/executor_ab.py " + " ".join(sys.argv[1:])),
+              "old": a.old, "new": new_rev,
+              "note": "8 emulated hosts at 1gbit on one machine: 8 ranks share its cores; old "
+                      "and new alternate within each round",
+              "runs": runs}
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    for x in runs:
+        extra = (f", {x['ratio_to_builtin']:.3f}x built-in" if x["ratio_to_builtin"] else "")
+        print(f"round {x['round']} {x['version']:3} {x['case']:15} {x['time_s']:.3f} s{extra}")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
