@@ -136,9 +136,10 @@ def netns_available() -> tuple[bool, str]:
 
 def tbf_burst(bps: float) -> int:
     """Bytes of the token bucket shaping a link of ``bps``: at least one timer tick (HZ=250) of
-    traffic at the rate. Smaller buckets cost throughput here when flows share a link (128 KiB
-    at 1gbit: LP allreduce of 64 MiB on 4 hosts 13 % slower than with 500 kB), so a transfer
-    after an idle spell may start faster than the rate (1 MiB at 1.7 Gbit/s after 50 ms idle)."""
+    traffic at the rate. Smaller buckets cost throughput here when flows share links (64 KiB at
+    1gbit: a 4-host allreduce of 64 MiB 1.54 s against 0.84 s with 500 kB), so a transfer after
+    an idle spell may start faster than the rate (1 MiB at 1.7 Gbit/s after 50 ms idle;
+    benchmarks/results/tbf_burst.json)."""
     return max(256 * 1024, int(bps / 8 / 250))
 
 
