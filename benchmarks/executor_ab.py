@@ -23,10 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ab import ROOT, earlier_src, revision
+
 from gradwire.bench import provenance
 
 HERE = Path(__file__).parent
-ROOT = HERE.parent
 OUT = HERE / "results" / "executor_ab.json"
 CASES = {"lp_broadcast": ("broadcast", "lp", ["--no-builtin"]),
          "ring_allreduce": ("allreduce", "ring", [])}
@@ -53,23 +54,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     home = tempfile.mkdtemp(prefix="gradwire-ab-")
-    tree = Path(tempfile.mkdtemp(prefix="gradwire-ab-old-")) / "old"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), a.old],
-                   check=True, capture_output=True)
-    new_rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                             check=True, capture_output=True, text=True).stdout.strip()
     runs: list[dict] = []
-    try:
+    with earlier_src(a.old) as old_src:
         for r in range(a.rounds):
-            for version, src in (("old", tree / "src"), ("new", ROOT / "src")):
+            for version, src in (("old", old_src), ("new", ROOT / "src")):
                 for case, (collective, algo, extra) in CASES.items():
                     runs.append({"round": r + 1, "version": version, "case": case,
                                  **bench(src, home, collective, algo, extra)})
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       capture_output=True)
     result = {**provenance.stamp("python benchmarks/executor_ab.py " + " ".join(sys.argv[1:])),
-              "old": a.old, "new": new_rev,
+              "old": a.old, "new": revision(),
               "note": "8 emulated hosts at 1gbit on one machine: 8 ranks share its cores; old "
                       "and new alternate within each round",
               "runs": runs}

@@ -27,7 +27,10 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
+
+from ab import dirty, earlier_src, revision
 
 from gradwire.bench import calibrate, provenance
 from gradwire.schedules import registry
@@ -72,7 +75,8 @@ def calibration(bandwidth: str) -> tuple[CostParams, str]:
                      f"--bandwidth {bandwidth}` first")
 
 
-def run_ranks(p: int, args: argparse.Namespace) -> dict:
+def run_ranks(p: int, args: argparse.Namespace, src: Path | None = None,
+              skip: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="gradwire-sparse-") as tmp:
         out = Path(tmp) / "rows.json"
         net = ["--loopback"] if args.loopback else ["--bandwidth", args.bandwidth]
@@ -80,21 +84,32 @@ def run_ranks(p: int, args: argparse.Namespace) -> dict:
                "--timeout", str(args.timeout), "--", sys.executable, str(RANK)]
         env = {**os.environ, "M": str(args.m), "DENSITY": str(args.density),
                "ITERS": str(args.iters), "WARMUP": str(args.warmup), "OUT": str(out),
-               "SKIP": args.skip}
-        print("$ " + shlex.join(cmd), flush=True)
+               "SKIP": args.skip if skip is None else skip}
+        if src is not None:
+            env["PYTHONPATH"] = str(src)
+        print("$ " + (f"PYTHONPATH={src} " if src else "") + shlex.join(cmd), flush=True)
         res = subprocess.run(cmd, env=env)
         if res.returncode != 0 or not out.exists():
             raise SystemExit(f"P={p} failed ({res.returncode})")
         return json.loads(out.read_text())
 
 
-def one(p: int, args: argparse.Namespace, cal: CostParams) -> dict:
+SPARSE_ROWS = ("gtopk", "gtopk_unchecked", "gtopk_rd", "topk_rd", "topk_ring")
+SLOW_ROWS = "gtopk_end_to_end_threshold,gtopk_end_to_end_exact,dense_ring,dense_builtin"
+
+
+def one(p: int, args: argparse.Namespace, cal: CostParams, old_src: Path | None) -> dict:
+    baseline = None
+    if old_src is not None:  # the earlier commit's sparse rows, run just before these
+        old = run_ranks(p, args, old_src, SLOW_ROWS)["rows"]
+        baseline = {name: old[name]["time_s"] for name in SPARSE_ROWS}
     got = run_ranks(p, args)
     m, k, rows = got["m"], got["k"], got["rows"]
     paper = table_1(p, m, k, PAPER_ALPHA_S, PAPER_BETA_S_PER_ELEMENT)
     ours = table_1(p, m, k, cal.alpha, 4 * cal.beta)
     predicted = model(p, m, k, cal)
-    table = {"gtopk": "gtopk", "topk_rd": "topk", "topk_ring": "topk",
+    predicted["gtopk_unchecked"] = predicted["gtopk"]  # the model prices no header
+    table = {"gtopk": "gtopk", "gtopk_unchecked": "gtopk", "topk_rd": "topk", "topk_ring": "topk",
              "dense_ring": "dense", "dense_builtin": "dense"}
     for name, row in rows.items():
         if name in table:
@@ -106,8 +121,16 @@ def one(p: int, args: argparse.Namespace, cal: CostParams) -> dict:
     ratios = {f"{d}_over_gtopk": rows[d]["time_s"] / g for d in ("dense_ring", "dense_builtin")
               if d in rows}
     ratios["topk_rd_over_gtopk"] = rows["topk_rd"]["time_s"] / g
+    if "gtopk_unchecked" in rows:
+        u = rows["gtopk_unchecked"]["time_s"]
+        ratios.update({f"{d}_over_gtopk_unchecked": rows[d]["time_s"] / u
+                       for d in ("dense_ring", "dense_builtin") if d in rows})
     if "gtopk_rd" in rows:
         ratios["gtopk_rd_over_gtopk"] = rows["gtopk_rd"]["time_s"] / g
+    if baseline:
+        got["baseline_time_s"] = baseline
+        ratios.update({f"{n}_baseline_over_this": baseline[n] / rows[n]["time_s"]
+                       for n in SPARSE_ROWS})
     return {**got, "ratios": ratios,
             "table1_paper_dense_over_gtopk": paper["dense"] / paper["gtopk"],
             "table1_calibrated_dense_over_gtopk": ours["dense"] / ours["gtopk"]}
@@ -141,10 +164,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--skip", default="", help="comma list of rows not to run")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also run the sparse rows with commit REV's code, just before this "
+                         "checkout's, on the same cluster size (A/B in one run)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sparse_allreduce_1gbit.json")
     args = ap.parse_args()
     args.m = int(args.m)
     cal, source = calibration(args.bandwidth)
+    with ExitStack() as stack:
+        old_src = stack.enter_context(earlier_src(args.baseline)) if args.baseline else None
+        by_size = {int(p): one(int(p), args, cal, old_src) for p in args.hosts.split(",")}
     result = {
         **provenance.stamp(shlex.join(["python", "benchmarks/sparse_allreduce.py",
                                        *sys.argv[1:]])),
@@ -157,7 +186,9 @@ def main() -> None:
         "calibration": {"alpha_s": cal.alpha, "beta_s_per_byte": cal.beta,
                         "gamma_s_per_byte": cal.gamma, "source": source},
         "target": "dense / gtopk >= 50 at P=8",
-        "by_world_size": {int(p): one(int(p), args, cal) for p in args.hosts.split(",")},
+        "code": revision() + ("+" if dirty() else ""),
+        "baseline": args.baseline and revision(args.baseline),
+        "by_world_size": by_size,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

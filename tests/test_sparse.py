@@ -64,6 +64,26 @@ def test_top_merge_keeps_everything_when_the_union_is_small():
     assert as_dict(kept) == {3: 0.0} and len(dropped) == 0
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 40), st.integers(-3, 3), max_size=20),
+       st.dictionaries(st.integers(0, 40), st.integers(-3, 3), max_size=20),
+       st.integers(1, 45), st.booleans())
+def test_top_merge_is_definition_1_for_any_lists(a, b, k, ascending):
+    """Against a long-hand ⊤: union, sums, the k largest |sum| with ties to the smaller index,
+    both results ascending. Lists in ascending or shuffled order (a caller's own selection)."""
+    def listed(d: dict[int, int]) -> Entries:
+        idx = sorted(d) if ascending else sorted(d, key=lambda i: (i * 7919) % 41)
+        return Entries(torch.tensor([float(d[i]) for i in idx], dtype=torch.float64),
+                       torch.tensor(idx, dtype=torch.long))
+
+    union = {i: a.get(i, 0) + b.get(i, 0) for i in set(a) | set(b)}
+    ranked = sorted(union, key=lambda i: (-abs(union[i]), i))
+    kept, dropped = top_merge(listed(a), listed(b), k)
+    assert kept.indices.tolist() == sorted(ranked[:k])
+    assert dropped.indices.tolist() == sorted(ranked[k:])
+    assert as_dict(kept) | as_dict(dropped) == {i: float(v) for i, v in union.items()}
+
+
 # local selection ----------------------------------------------------------------------------
 
 def test_select_exact_breaks_ties_by_index_and_takes_zeros_last():
@@ -75,8 +95,9 @@ def test_select_exact_breaks_ties_by_index_and_takes_zeros_last():
     assert select(torch.zeros(0), 3).numel() == 0
 
 
-def test_select_counts_nan_as_largest():
-    acc = torch.tensor([1.0, float("nan"), -5.0, 2.0])
+@pytest.mark.parametrize("pad", [0, 30])  # k a large share of n (numpy's partition), or not
+def test_select_counts_nan_as_largest(pad):
+    acc = torch.tensor([1.0, float("nan"), -5.0, 2.0] + [0.5] * pad)
     assert select(acc, 2).tolist() == [1, 2]
 
 

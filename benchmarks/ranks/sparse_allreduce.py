@@ -3,7 +3,8 @@ allreduce of M fp32 gradient elements at density DENSITY; rank 0 writes JSON to 
 
 Each method: WARMUP + ITERS runs, each between barriers; a run's time is the slowest rank's.
 The sparse aggregations start from entries selected beforehand (what Table I prices); the
-end-to-end row adds error feedback, selection and the dense average (sparse_allreduce).
+end-to-end row adds error feedback, selection and the dense average (sparse_allreduce);
+gtopk_unchecked is gtopk without the call header (``check_calls=False``).
 """
 import datetime
 import json
@@ -66,6 +67,10 @@ t = Transport()
 rows["gtopk"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch, transport=t), t)
 rows["gtopk"]["identical_on_all_ranks"] = same_everywhere(
     gtopk_allreduce(values, picked, m, scratch).total())
+if "gtopk_unchecked" not in skip:  # the same call without the header exchange before it
+    t = Transport(check_calls=False)
+    rows["gtopk_unchecked"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch,
+                                                            transport=t), t)
 t = Transport()
 rows["gtopk_rd"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch, algo="rd",
                                                  transport=t), t)
