@@ -99,11 +99,15 @@ SLOW_ROWS = "gtopk_end_to_end_threshold,gtopk_end_to_end_exact,dense_ring,dense_
 
 
 def one(p: int, args: argparse.Namespace, cal: CostParams, old_src: Path | None) -> dict:
-    baseline = None
-    if old_src is not None:  # the earlier commit's sparse rows, run just before these
+    def earlier() -> dict[str, float]:
         old = run_ranks(p, args, old_src, SLOW_ROWS)["rows"]
-        baseline = {name: old[name]["time_s"] for name in SPARSE_ROWS}
+        return {name: old[name]["time_s"] for name in SPARSE_ROWS}
+
+    # The earlier commit's sparse rows run just before and just after these, so that a drift
+    # over the run (or the order) does not favour either side; the ratios use their mean.
+    before = earlier() if old_src is not None else None
     got = run_ranks(p, args)
+    after = earlier() if old_src is not None else None
     m, k, rows = got["m"], got["k"], got["rows"]
     paper = table_1(p, m, k, PAPER_ALPHA_S, PAPER_BETA_S_PER_ELEMENT)
     ours = table_1(p, m, k, cal.alpha, 4 * cal.beta)
@@ -127,9 +131,9 @@ def one(p: int, args: argparse.Namespace, cal: CostParams, old_src: Path | None)
                        for d in ("dense_ring", "dense_builtin") if d in rows})
     if "gtopk_rd" in rows:
         ratios["gtopk_rd_over_gtopk"] = rows["gtopk_rd"]["time_s"] / g
-    if baseline:
-        got["baseline_time_s"] = baseline
-        ratios.update({f"{n}_baseline_over_this": baseline[n] / rows[n]["time_s"]
+    if before and after:
+        got["baseline_time_s"] = {"before": before, "after": after}
+        ratios.update({f"{n}_baseline_over_this": (before[n] + after[n]) / 2 / rows[n]["time_s"]
                        for n in SPARSE_ROWS})
     return {**got, "ratios": ratios,
             "table1_paper_dense_over_gtopk": paper["dense"] / paper["gtopk"],
@@ -165,8 +169,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--skip", default="", help="comma list of rows not to run")
     ap.add_argument("--baseline", metavar="REV",
-                    help="also run the sparse rows with commit REV's code, just before this "
-                         "checkout's, on the same cluster size (A/B in one run)")
+                    help="also run the sparse rows with commit REV's code, just before and "
+                         "just after this checkout's, on the same cluster size (A/B in one run)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sparse_allreduce_1gbit.json")
     args = ap.parse_args()
     args.m = int(args.m)
