@@ -7,6 +7,8 @@ dense's, both from this one run.
 
     python benchmarks/train_demo.py          # ~5 min; needs root (namespaces)
     python benchmarks/train_demo.py --epochs 2 --out /tmp/t.json      # a quick look
+    python benchmarks/train_demo.py --agg gtopk --epochs 8 --baseline REV \
+        --out benchmarks/results/train_ab_gtopk.json   # A/B: REV's code before and after
 
 Writes benchmarks/results/train_demo_1gbit.json and the curves next to it (.png).
 """
@@ -18,6 +20,7 @@ import json
 import os
 import shlex
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
@@ -25,6 +28,9 @@ from rich.console import Console
 from gradwire.bench import provenance
 from gradwire.cluster.netns import ephemeral_cluster
 from gradwire.demo import DEMO, run_demo
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ab import dirty, earlier_src, revision  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -36,15 +42,47 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=DEMO.epochs)
     ap.add_argument("--agg", default="dense,topk,gtopk")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "train_demo_1gbit.json")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also train with commit REV's code (its ranks import a worktree of "
+                         "it), just before and just after this code, on the same cluster")
     args = ap.parse_args()
     aggs = args.agg.split(",")
     base = dataclasses.replace(DEMO, epochs=args.epochs)
     console = Console(width=150)
     stamp = provenance.stamp(shlex.join(["python", "benchmarks/train_demo.py", *sys.argv[1:]]))
     load_before = os.getloadavg()
-    with ephemeral_cluster(args.hosts, args.bandwidth) as cluster:
+    baseline: dict = {}
+    with ExitStack() as stack:
+        cluster = stack.enter_context(ephemeral_cluster(args.hosts, args.bandwidth))
+        old = stack.enter_context(earlier_src(args.baseline)) if args.baseline else None
+
+        def earlier() -> list[dict]:
+            saved = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = str(old)  # the ranks inherit it
+            try:
+                return run_demo(cluster, aggs, base, 1800, console, None)
+            finally:
+                if saved is None:
+                    del os.environ["PYTHONPATH"]
+                else:
+                    os.environ["PYTHONPATH"] = saved
+
+        before = earlier() if old else []
         results = run_demo(cluster, aggs, base, 1800, console, args.out.with_suffix(".png"))
+        after = earlier() if old else []
         network = cluster.label
+    if old:
+        baseline = {"rev": revision(args.baseline), "this_code": revision() +
+                    (" + uncommitted changes" if dirty() else ""), "order": "before, this, after",
+                    "samples_per_s": {r["agg"]: {"before": b["samples_per_s"],
+                                                 "this": r["samples_per_s"],
+                                                 "after": a["samples_per_s"]}
+                                      for b, r, a in zip(before, results, after, strict=True)},
+                    "before": before, "after": after}
+        for agg, v in baseline["samples_per_s"].items():
+            console.print(f"{agg}: {v['this']:.0f} samples/s; {baseline['rev']}: "
+                          f"{v['before']:.0f} before, {v['after']:.0f} after "
+                          f"({2 * v['this'] / (v['before'] + v['after']):.2f}×)")
     by = {r["agg"]: r for r in results}
     checks = {}
     if "dense" in by and "gtopk" in by:
@@ -64,7 +102,7 @@ def main() -> None:
            "conditions": {"loadavg_1_5_15_before": load_before,
                           "loadavg_1_5_15_after": os.getloadavg()},
            "settings": dataclasses.asdict(base) | {"checkpoint": None}, "checks": checks,
-           "results": results}
+           "results": results, **({"baseline": baseline} if baseline else {})}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     console.print(f"wrote {args.out}")

@@ -60,8 +60,14 @@ class HookState:
        write the average into the bucket and complete its future.
 
     In model mode (``mode="model"``, the gTop-k paper's setting) each bucket's future stays
-    pending until the last bucket; then the whole model, in parameter-position order, is
-    aggregated at once and every future is completed with its slice.
+    pending until the last bucket; then the whole model is aggregated at once and every
+    future is completed with its slice. With several buckets the model is gathered in
+    parameter-position order; a single bucket (DDP with ``bucket_cap_mb`` at least the model's
+    size, as ``gradwire train`` builds it) is aggregated where it lies, in its own order, with
+    no copy in or out. ``state_dict`` records that order and a resumed state's first
+    aggregation keeps to it (a new DDP's first bucket has its construction order until DDP
+    rebuilds it in gradient-ready order), so a resumed run repeats the uninterrupted one bit
+    for bit.
 
     Tuned by the user: ``config`` (:class:`HookConfig`). Internal: ``epoch`` (``set_epoch``),
     ``step`` (iterations handed over), ``positions``, ``compressor``, ``ef`` (error feedback,
@@ -101,6 +107,10 @@ class HookState:
         self._comm: Comm | None = None
         self._worker: Worker | None = None
         self._pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]] = []
+        # Model mode: the element order of the last whole-model aggregation, and the order a
+        # loaded state_dict asks of the next one; see _model.
+        self._order: layout.Layout | None = None
+        self._resume_order: layout.Layout | None = None
         self._handoff = 0.0
         self._used: set[layout.Layout] = set()
         self.reset_stats()
@@ -136,7 +146,7 @@ class HookState:
         PowerSGD's Q memory). Call it between iterations."""
         residuals = layout.split(self.ef.residuals, self.positions.numels) if self.ef else {}
         return {"method": self.config.method.name, "epoch": self.epoch, "step": self.step,
-                "residuals": residuals,
+                "residuals": residuals, "order": self._resume_order or self._order,
                 "compressor": self.compressor.state_dict() if self.compressor else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -145,6 +155,8 @@ class HookState:
             raise GradwireError(f"hook state_dict is for method {state.get('method')!r}, this "
                                 f"hook runs {name!r}")
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        order = state.get("order")
+        self._resume_order = tuple(int(p) for p in order) if order else None
         if self.ef is not None:
             residuals = {}
             for pos, t in state["residuals"].items():
@@ -251,12 +263,23 @@ class HookState:
                 n = self.positions.numels[pos]
                 views[pos] = buf[offset : offset + n]
                 offset += n
-        order = tuple(sorted(views))
-        avg = self._aggregate(torch.cat([views[p] for p in order]), order, plan)
-        offset = 0
-        for p in order:
-            views[p].copy_(avg[offset : offset + views[p].numel()])
-            offset += views[p].numel()
+        order, self._resume_order = self._resume_order, None
+        if order is None:
+            order = pending[0][1] if len(pending) == 1 else tuple(sorted(views))
+        elif sorted(order) != sorted(views):
+            raise GradwireError("hook state_dict's model order names parameter positions "
+                                f"{sorted(order)}, this model's are {sorted(views)}")
+        if len(pending) == 1 and pending[0][1] == order:
+            x = pending[0][0]  # aggregated where it lies: no copy in, none back
+        else:
+            x = torch.cat([views[p] for p in order])
+        self._order = order
+        avg = self._aggregate(x, order, plan)
+        if avg is not pending[0][0]:
+            offset = 0
+            for p in order:
+                views[p].copy_(avg[offset : offset + views[p].numel()])
+                offset += views[p].numel()
         self._end_step()
         return [buf for buf, _, _ in pending]
 

@@ -17,7 +17,7 @@ import torch
 
 from gradwire.models import build_model, get_spec
 from gradwire.perf.profiles import Profile
-from gradwire.train.task import load_task, loss_fn
+from gradwire.train.task import load_task, loss_fn, optimizer
 
 
 def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
@@ -25,7 +25,7 @@ def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
     spec = get_spec(model)
     task = load_task(spec, seed, seq_len)
     net = build_model(model, seed, task.classes)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    opt = optimizer(net.parameters(), 0.01, 0.9)
     names = {p: n for n, p in net.named_parameters()}
     stamps: list[tuple[float, torch.nn.Parameter]] = []
     for p in names:

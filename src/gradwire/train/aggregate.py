@@ -31,7 +31,15 @@ class Aggregation:
         self.hook = make(method, density=density, mode=mode, warmup=warmup, seed=seed)
 
     def start(self, model: nn.Module) -> nn.Module:
-        ddp = DistributedDataParallel(model)
+        # Gradients as views of DDP's buckets: backward writes them in place, so neither the
+        # copy into the buckets nor the copy back out is made (the optimizer must not set
+        # them to None: the trainer zeroes them).
+        # Model mode aggregates once the last bucket is in, so buckets would overlap nothing:
+        # one bucket of every gradient is aggregated where it lies (hooks.state: _model).
+        cap = None
+        if self.hook.config.mode == "model":
+            cap = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
+        ddp = DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=cap)
         self.hook.register(ddp)
         return ddp
 

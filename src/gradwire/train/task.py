@@ -5,6 +5,7 @@ classes (or the vocabulary) in its last dimension and the labels have the other 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -61,3 +62,14 @@ def evaluate(model: nn.Module, split: Split, batch: int = 256) -> tuple[float, f
 def perplexity(loss: float) -> float:
     """exp(loss) for a loss in nats per symbol; inf where it would overflow."""
     return math.exp(loss) if loss < 700 else math.inf
+
+
+def optimizer(params: Iterable[nn.Parameter], lr: float, momentum: float) -> torch.optim.SGD:
+    """Momentum SGD as every gradwire run steps it: torch's fused kernel where this torch has
+    one for the parameters' device (one pass over each parameter instead of three), else the
+    per-tensor loop. Trainer and performance model use this one, so they time the same step."""
+    params = list(params)
+    try:
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, fused=True)
+    except (RuntimeError, TypeError, ValueError):  # no fused SGD for this torch or device
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)

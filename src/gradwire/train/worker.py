@@ -29,7 +29,7 @@ from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.train import checkpoint
 from gradwire.train.aggregate import METHODS, Aggregation
-from gradwire.train.task import Task, evaluate, load_task, loss_fn
+from gradwire.train.task import Task, evaluate, load_task, loss_fn, optimizer
 from gradwire.train.wire import tx_bytes
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
@@ -125,7 +125,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     spec = get_spec(args.model)
     task = load_task(spec, args.seed, args.seq_len)
     model = build_model(args.model, args.seed, task.classes)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = optimizer(model.parameters(), args.lr, args.momentum)
     agg = Aggregation(args.agg, args.density, args.mode, args.warmup, args.seed)
     fwd = agg.start(model)
     run_settings = settings(args, world)
