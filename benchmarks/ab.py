@@ -17,10 +17,12 @@ def revision(rev: str = "HEAD") -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
-def dirty() -> bool:
-    """Whether this checkout has uncommitted changes under src/ (then its code is not HEAD's)."""
-    return bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "src"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+def this_code() -> str:
+    """The code this checkout runs: HEAD's short hash, with "+uncommitted" when src/ has
+    changes that are not committed (then its code is not HEAD's)."""
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "src"],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    return revision() + ("+uncommitted" if dirty else "")
 
 
 @contextmanager

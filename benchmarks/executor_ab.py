@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ab import ROOT, earlier_src, revision
+from ab import ROOT, earlier_src, this_code
 
 from gradwire.bench import provenance
 
@@ -62,7 +62,7 @@ def main() -> None:
                     runs.append({"round": r + 1, "version": version, "case": case,
                                  **bench(src, home, collective, algo, extra)})
     result = {**provenance.stamp("python benchmarks/executor_ab.py " + " ".join(sys.argv[1:])),
-              "old": a.old, "new": revision(),
+              "old": a.old, "new": this_code(),
               "note": "8 emulated hosts at 1gbit on one machine: 8 ranks share its cores; old "
                       "and new alternate within each round",
               "runs": runs}

@@ -30,7 +30,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from ab import dirty, earlier_src, revision
+from ab import earlier_src, revision, this_code
 
 from gradwire.bench import calibrate, provenance
 from gradwire.schedules import registry
@@ -190,7 +190,7 @@ def main() -> None:
         "calibration": {"alpha_s": cal.alpha, "beta_s_per_byte": cal.beta,
                         "gamma_s_per_byte": cal.gamma, "source": source},
         "target": "dense / gtopk >= 50 at P=8",
-        "code": revision() + ("+" if dirty() else ""),
+        "code": this_code(),
         "baseline": args.baseline and revision(args.baseline),
         "by_world_size": by_size,
     }

@@ -7,8 +7,8 @@ dense's, both from this one run.
 
     python benchmarks/train_demo.py          # ~5 min; needs root (namespaces)
     python benchmarks/train_demo.py --epochs 2 --out /tmp/t.json      # a quick look
-    python benchmarks/train_demo.py --agg gtopk --epochs 8 --baseline REV \
-        --out benchmarks/results/train_ab_gtopk.json   # A/B: REV's code before and after
+    python benchmarks/train_demo.py --agg dense,gtopk --epochs 8 --baseline REV \
+        --out benchmarks/results/train_ab_1gbit.json   # A/B: REV's code before and after
 
 Writes benchmarks/results/train_demo_1gbit.json and the curves next to it (.png).
 """
@@ -23,14 +23,12 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+from ab import earlier_src, revision, this_code
 from rich.console import Console
 
 from gradwire.bench import provenance
 from gradwire.cluster.netns import ephemeral_cluster
 from gradwire.demo import DEMO, run_demo
-
-sys.path.insert(0, str(Path(__file__).parent))
-from ab import dirty, earlier_src, revision  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -72,8 +70,8 @@ def main() -> None:
         after = earlier() if old else []
         network = cluster.label
     if old:
-        baseline = {"rev": revision(args.baseline), "this_code": revision() +
-                    (" + uncommitted changes" if dirty() else ""), "order": "before, this, after",
+        baseline = {"rev": revision(args.baseline), "this_code": this_code(),
+                    "order": "before, this, after",
                     "samples_per_s": {r["agg"]: {"before": b["samples_per_s"],
                                                  "this": r["samples_per_s"],
                                                  "after": a["samples_per_s"]}
