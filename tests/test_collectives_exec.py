@@ -39,3 +39,24 @@ def test_copies_into_untouched_ranges_need_no_staging(collective, algo):
     for rank in range(8):
         program, conflict = _plan(s, rank)
         assert all(conflict[i] < 0 for i, (_, kind, _) in enumerate(program) if kind == "recv")
+
+
+def test_reduce_scatter_reuses_one_spare_buffer_and_never_shares_it():
+    """reduce_scatter_tensor reduces in a borrowed copy of its input: a call after another
+    reuses the spare (no fresh allocation per call), two calls at once get different ones."""
+    import torch
+
+    from gradwire.collectives import api
+
+    x = torch.ones(1000)
+    a = api._take_scratch(x)
+    b = api._take_scratch(x)  # a is out: a second borrower gets its own
+    assert a.data_ptr() != b.data_ptr()
+    api._give_scratch(a)
+    api._give_scratch(b)  # only the larger of equal spares is kept: still a
+    assert api._take_scratch(torch.ones(10)).data_ptr() == a.data_ptr()
+    big = api._take_scratch(torch.ones(5000))
+    assert big.numel() == 5000
+    api._give_scratch(big)
+    assert api._take_scratch(torch.ones(5000, dtype=torch.float64)).dtype == torch.float64
+    assert api._take_scratch(x).data_ptr() == big.data_ptr()

@@ -70,8 +70,11 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
                 full = torch.zeros(n * p, dtype=torch.float64)
                 dist.all_reduce(full.copy_(xin.double()))
                 out = torch.zeros(n, dtype=dt)
+                kept = xin.clone()
                 gc.reduce_scatter_tensor(out, xin, algo=algo.name, transport=t, **params)
                 got, want = out, full[rank * n : (rank + 1) * n]
+                if not torch.equal(xin, kept):
+                    fail(f"{tag} n={n} {dt}: reduce_scatter_tensor changed its input")
             counted()
             if got is not None and not torch.equal(got.double(), want):
                 bad = (got.double() != want).nonzero()[0].item()

@@ -138,6 +138,31 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
     return _run("allgather", algo, out, 0, group, t, async_op, None, params)
 
 
+# reduce_scatter_tensor reduces in a copy of its input. A fresh copy per call costs more than
+# the copying (a 64 MiB clone 29 ms against 5 ms into a reused buffer here: first-touch page
+# faults), so each call borrows a spare buffer and gives it back; calls running at once (async_op)
+# borrow different ones. At most one spare is kept per dtype and device, the largest.
+_SPARE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_SPARE_LOCK = threading.Lock()
+
+
+def _take_scratch(like: torch.Tensor) -> torch.Tensor:
+    key = (like.dtype, like.device)
+    with _SPARE_LOCK:
+        spare = _SPARE.get(key)
+        if spare is not None and spare.numel() >= like.numel():
+            return _SPARE.pop(key)
+    return torch.empty(like.numel(), dtype=like.dtype, device=like.device)
+
+
+def _give_scratch(buf: torch.Tensor) -> None:
+    key = (buf.dtype, buf.device)
+    with _SPARE_LOCK:
+        spare = _SPARE.get(key)
+        if spare is None or spare.numel() < buf.numel():
+            _SPARE[key] = buf
+
+
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object = "sum",
                           group: dist.ProcessGroup | None = None, async_op: bool = False,
                           algo: str | None = None, transport: Transport | None = None,
@@ -149,12 +174,14 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
         raise GradwireError(f"input must have world_size × output = {t.world_size} × "
                             f"{out.numel()} elements of {out.dtype}, got {inp.numel()} of "
                             f"{inp.dtype}")
-    work = inp.clone()  # c10d leaves the input as it was
+    scratch = _take_scratch(inp)  # c10d leaves the input as it was
+    work = scratch[: inp.numel()].copy_(inp)
     n = out.numel()
 
     def after() -> None:
         out.copy_(work[t.rank * n : (t.rank + 1) * n])
         if how == "avg":
             out.div_(t.world_size)
+        _give_scratch(scratch)
 
     return _run("reducescatter", algo, work, 0, group, t, async_op, after, params)
