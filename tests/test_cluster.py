@@ -169,3 +169,29 @@ def test_a_killed_runs_cluster_is_stale_and_the_next_cluster_removes_it():
         assert gradwire_leftovers(name) == [] and not _running_sleep()
     finally:
         cluster_down(up.name)
+
+
+def _machine_tcp():
+    return [open(f"/proc/sys/net/ipv4/tcp_{k}").read().split()
+            for k in ("congestion_control", "allowed_congestion_control")]
+
+
+@pytest.mark.skipif("cubic" not in open("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                    .read().split(), reason="this kernel has no TCP cubic")
+def test_hosts_run_cubic_and_the_machine_keeps_its_tcp_settings():
+    from gradwire.cluster.netns import set_congestion_control
+
+    before = _machine_tcp()
+    c = cluster_up(2, "1gbit")
+    try:
+        for h in c.hosts:
+            got = subprocess.run(["ip", "netns", "exec", h.netns, "cat",
+                                  "/proc/sys/net/ipv4/tcp_congestion_control"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+            assert got == "cubic"
+        assert _machine_tcp() == before
+        with pytest.warns(UserWarning, match="TCP nosuchcc is not available here"):
+            assert not set_congestion_control(c.hosts[0].netns, "nosuchcc")
+        assert _machine_tcp() == before
+    finally:
+        cluster_down(c.name)

@@ -7,13 +7,15 @@ Layout for a cluster named ``gw3f9a1c`` with N hosts::
     bridge    gw3f9a1c-br              a non-blocking switch, no address in the root namespace
 
 Each host link is shaped in both directions with ``tc qdisc ... tbf``: on eth0 (the host's
-upload) and on the bridge-side veth (the host's download). State lives in
+upload) and on the bridge-side veth (the host's download). Hosts run TCP ``CONGESTION_CONTROL``
+(cubic, Linux's default) whatever this machine's default is. State lives in
 ``/run/gradwire/<name>.json`` so ``cluster down`` works from another process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -21,6 +23,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -143,6 +146,43 @@ def tbf_burst(bps: float) -> int:
     return max(256 * 1024, int(bps / 8 / 250))
 
 
+# With BBR (some machines' default, this one's included) a flow that keeps a queue at a shaped
+# link drains it in ProbeRTT every 10 s, its window cut for 200 ms or more: collectives of
+# 64 MiB on 4 hosts took up to 1.5 s instead of 0.85 s now and then, while with cubic every
+# iteration took 0.84-0.87 s (benchmarks/results/tcp_cc.json).
+CONGESTION_CONTROL = "cubic"
+_ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+def set_congestion_control(ns: str, algo: str = CONGESTION_CONTROL) -> bool:
+    """Make ``algo`` the TCP congestion control of namespace ``ns`` (for sockets made after);
+    False, with a warning, if the kernel refuses. A namespace may pick only an algorithm the
+    machine lists as allowed, so ``algo`` is listed for that moment and the list restored."""
+    if not re.fullmatch(r"[a-z0-9_]+", algo):
+        raise GradwireError(f"TCP congestion control {algo!r} is not a valid name: expected "
+                            "lower-case letters, digits and '_' (e.g. cubic, reno, bbr)")
+    config.state_dir().mkdir(parents=True, exist_ok=True)
+    with open(config.state_dir() / "tcp.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # other runs add to and restore the same list
+        allowed = _ALLOWED_CC.read_text().split()
+        added = False
+        if algo not in allowed:
+            with contextlib.suppress(OSError):  # an algorithm the kernel does not have
+                _ALLOWED_CC.write_text(" ".join([*allowed, algo]))
+                added = True
+        try:
+            p = _sh(["ip", "netns", "exec", ns, "sh", "-c",
+                     f"echo {algo} > /proc/sys/net/ipv4/tcp_congestion_control"], check=False)
+        finally:
+            if added:
+                _ALLOWED_CC.write_text(" ".join(allowed))
+    if p.returncode != 0:
+        why = " ".join(p.stderr.split()) or f"exit {p.returncode}"
+        warnings.warn(f"TCP {algo} is not available here ({why}): the emulated "
+                      "hosts keep this machine's default congestion control", stacklevel=2)
+    return p.returncode == 0
+
+
 def _tbf(dev: str, bps: float, netns: str | None) -> None:
     burst = tbf_burst(bps)
     _tc("qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{int(bps)}bit",
@@ -220,6 +260,7 @@ def _add_host(cluster: Cluster, host: Host, bps: float | None) -> None:
     _ip("addr", "add", f"{host.addr}/24", "dev", host.ifname, netns=ns)
     _ip("link", "set", host.ifname, "up", netns=ns)
     _ip("link", "set", "lo", "up", netns=ns)
+    set_congestion_control(ns)
     _ip("link", "set", outer, "master", cluster.bridge)
     _ip("link", "set", outer, "up")
     if bps is not None:

@@ -1,0 +1,82 @@
+"""Why the emulated hosts run TCP cubic (cluster.netns.CONGESTION_CONTROL), whatever the
+machine's default congestion control is.
+
+For each algorithm in ALGOS (this machine's default, bbr, and cubic) a cluster is made, its
+namespaces switched to it before any rank starts, and `gradwire bench` times 64 MiB allreduces
+(built-in, ring, rhd; 10 iterations each) at P=4 and P=8. Recorded per row: every iteration's
+time, the median and the worst, and the TCP retransmissions the hosts counted.
+
+    python benchmarks/tcp_cc.py          # ~5 min; needs root; writes results/tcp_cc.json
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gradwire.bench import provenance
+from gradwire.cluster import cluster_down, cluster_up
+from gradwire.cluster.netns import set_congestion_control
+
+OUT = Path(__file__).parent / "results" / "tcp_cc.json"
+ALGOS = ("bbr", "cubic")
+ITERS = 10
+
+
+def retransmitted(c) -> int:
+    total = 0
+    for h in c.hosts:
+        out = subprocess.run(["ip", "netns", "exec", h.netns, "cat", "/proc/net/snmp"],
+                             capture_output=True, text=True, check=True).stdout
+        head, vals = [ln.split() for ln in out.splitlines() if ln.startswith("Tcp:")][:2]
+        total += int(vals[head.index("RetransSegs")])
+    return total
+
+
+def bench(c, home: str) -> dict:
+    out = Path(home) / f"{c.name}.json"
+    subprocess.run([sys.executable, "-m", "gradwire.cli", "bench", "--cluster", c.name,
+                    "--collective", "allreduce", "--algo", "ring,rhd", "--sizes", "64M",
+                    "--iters", str(ITERS), "--json", str(out)], check=True,
+                   env={**os.environ, "GRADWIRE_HOME": home}, capture_output=True)
+    return {r["algo"]: {"times_s": r["times_s"], "median_s": statistics.median(r["times_s"]),
+                        "max_s": max(r["times_s"])}
+            for r in json.loads(out.read_text())["rows"]}
+
+
+def main() -> None:
+    home = tempfile.mkdtemp(prefix="gradwire-cc-")
+    rows = []
+    for hosts in (4, 8):
+        for algo in ALGOS:
+            c = cluster_up(hosts, "1gbit")
+            try:
+                if not all(set_congestion_control(h.netns, algo) for h in c.hosts):
+                    raise SystemExit(f"could not switch the hosts to TCP {algo}")
+                times = bench(c, home)
+                row = {"hosts": hosts, "congestion_control": algo, "allreduce_64MiB": times,
+                       "ring_over_builtin": times["builtin"]["median_s"]
+                       / times["ring"]["median_s"],
+                       "tcp_retransmitted_segments": retransmitted(c)}
+            finally:
+                cluster_down(c.name)
+            print(json.dumps({k: v for k, v in row.items() if k != "allreduce_64MiB"}),
+                  {a: (round(t["median_s"], 3), round(t["max_s"], 3)) for a, t in times.items()},
+                  flush=True)
+            rows.append(row)
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    OUT.write_text(json.dumps({**provenance.stamp("python benchmarks/tcp_cc.py"),
+                               "machine_default_congestion_control": default,
+                               "network": "emulated hosts, 1gbit links",
+                               "note": f"{ITERS} iterations per algorithm; 8 ranks share the "
+                                       "machine's 2 cores (CPU contention at P=8)",
+                               "rows": rows}, indent=1) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
