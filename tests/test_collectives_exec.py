@@ -41,13 +41,14 @@ def test_copies_into_untouched_ranges_need_no_staging(collective, algo):
         assert all(conflict[i] < 0 for i, (_, kind, _) in enumerate(program) if kind == "recv")
 
 
-def test_reduce_scatter_reuses_one_spare_buffer_and_never_shares_it():
+def test_reduce_scatter_reuses_one_spare_buffer_and_never_shares_it(monkeypatch):
     """reduce_scatter_tensor reduces in a borrowed copy of its input: a call after another
     reuses the spare (no fresh allocation per call), two calls at once get different ones."""
     import torch
 
     from gradwire.collectives import api
 
+    monkeypatch.setattr(api, "_SPARE", {})
     x = torch.ones(1000)
     a = api._take_scratch(x)
     b = api._take_scratch(x)  # a is out: a second borrower gets its own
