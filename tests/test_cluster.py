@@ -199,6 +199,8 @@ def test_hosts_run_cubic_and_the_machine_keeps_its_tcp_settings():
                                   "/proc/sys/net/ipv4/tcp_congestion_control"],
                                  capture_output=True, text=True, check=True).stdout.strip()
             assert got == "cubic"
+        assert c.tcp == load_cluster(c.name).tcp == "cubic"
+        assert c.label == "emulated 2 hosts, 1gbit links, TCP cubic"
         assert _machine_tcp() == before
         with pytest.warns(UserWarning, match="TCP nosuchcc is not available here"):
             assert not set_congestion_control(c.hosts[0].netns, "nosuchcc")

@@ -60,6 +60,9 @@ class Cluster:
     # [pid, start time in clock ticks] of the run that made it for itself (ephemeral_cluster);
     # None for `gradwire cluster up`, which stays until `cluster down`.
     owner: list[int] | None = None
+    # The hosts' TCP congestion control (CONGESTION_CONTROL when every host took it); None:
+    # the machine's default.
+    tcp: str | None = None
 
     @property
     def stale(self) -> bool:
@@ -76,7 +79,9 @@ class Cluster:
         """How every report names the network this ran on."""
         if self.name == LOOPBACK:
             return LOOPBACK_LABEL
-        return f"emulated {len(self.hosts)} hosts, {format_bandwidth(self.bandwidth_bps)} links"
+        tcp = f", TCP {self.tcp}" if self.tcp else ""
+        return (f"emulated {len(self.hosts)} hosts, {format_bandwidth(self.bandwidth_bps)} links"
+                f"{tcp}")
 
     @property
     def bridge(self) -> str:
@@ -97,6 +102,9 @@ class Cluster:
         if c.owner is not None and not (isinstance(c.owner, list) and len(c.owner) == 2 and all(
                 isinstance(x, int) for x in c.owner)):
             raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
+        if c.tcp is not None and not (isinstance(c.tcp, str) and re.fullmatch(r"[a-z0-9_]+",
+                                                                                c.tcp)):
+            raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
         if not NAME_RE.match(c.name) or any(
                 h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
                 or not re.match(r"^\w+$", h.ifname) for h in c.hosts):
@@ -244,13 +252,16 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         _ip("link", "set", cluster.bridge, "up")
         for i in range(hosts):
             host = Host(i, f"{name}-h{i}", f"{SUBNET_PREFIX}.{cluster.subnet}.{i + 1}", "eth0")
-            _add_host(cluster, host, bps)
+            took = _add_host(cluster, host, bps)
+            # named only while every host so far took it
+            cluster.tcp = CONGESTION_CONTROL if took and (i == 0 or cluster.tcp) else None
             cluster.hosts.append(host)
             _save(cluster)
     return cluster
 
 
-def _add_host(cluster: Cluster, host: Host, bps: float | None) -> None:
+def _add_host(cluster: Cluster, host: Host, bps: float | None) -> bool:
+    """Make ``host``; whether it took CONGESTION_CONTROL."""
     ns, outer, inner = host.netns, f"{cluster.name}-v{host.rank}", f"{cluster.name}-i{host.rank}"
     assert ns is not None
     _sh(["ip", "netns", "add", ns])
@@ -260,12 +271,13 @@ def _add_host(cluster: Cluster, host: Host, bps: float | None) -> None:
     _ip("addr", "add", f"{host.addr}/24", "dev", host.ifname, netns=ns)
     _ip("link", "set", host.ifname, "up", netns=ns)
     _ip("link", "set", "lo", "up", netns=ns)
-    set_congestion_control(ns)
+    took = set_congestion_control(ns)
     _ip("link", "set", outer, "master", cluster.bridge)
     _ip("link", "set", outer, "up")
     if bps is not None:
         _tbf(host.ifname, bps, ns)  # upload: host -> switch
         _tbf(outer, bps, None)  # download: switch -> host
+    return took
 
 
 @contextlib.contextmanager
