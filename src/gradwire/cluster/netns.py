@@ -102,8 +102,7 @@ class Cluster:
         if c.owner is not None and not (isinstance(c.owner, list) and len(c.owner) == 2 and all(
                 isinstance(x, int) for x in c.owner)):
             raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
-        if c.tcp is not None and not (isinstance(c.tcp, str) and re.fullmatch(r"[a-z0-9_]+",
-                                                                                c.tcp)):
+        if c.tcp is not None and not (isinstance(c.tcp, str) and CC_NAME_RE.fullmatch(c.tcp)):
             raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
         if not NAME_RE.match(c.name) or any(
                 h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
@@ -159,6 +158,7 @@ def tbf_burst(bps: float) -> int:
 # 64 MiB on 4 hosts took up to 1.5 s instead of 0.85 s now and then, while with cubic every
 # iteration took 0.84-0.87 s (benchmarks/results/tcp_cc.json).
 CONGESTION_CONTROL = "cubic"
+CC_NAME_RE = re.compile(r"[a-z0-9_]+")  # what a congestion control's name may hold
 _ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
 
 
@@ -166,7 +166,7 @@ def set_congestion_control(ns: str, algo: str = CONGESTION_CONTROL) -> bool:
     """Make ``algo`` the TCP congestion control of namespace ``ns`` (for sockets made after);
     False, with a warning, if the kernel refuses. A namespace may pick only an algorithm the
     machine lists as allowed, so ``algo`` is listed for that moment and the list restored."""
-    if not re.fullmatch(r"[a-z0-9_]+", algo):
+    if not CC_NAME_RE.fullmatch(algo):
         raise GradwireError(f"TCP congestion control {algo!r} is not a valid name: expected "
                             "lower-case letters, digits and '_' (e.g. cubic, reno, bbr)")
     config.state_dir().mkdir(parents=True, exist_ok=True)
@@ -250,11 +250,11 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     with _cleanup_on_failure(cluster):
         _ip("link", "add", cluster.bridge, "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
+        took_all = True
         for i in range(hosts):
             host = Host(i, f"{name}-h{i}", f"{SUBNET_PREFIX}.{cluster.subnet}.{i + 1}", "eth0")
-            took = _add_host(cluster, host, bps)
-            # named only while every host so far took it
-            cluster.tcp = CONGESTION_CONTROL if took and (i == 0 or cluster.tcp) else None
+            took_all = _add_host(cluster, host, bps) and took_all
+            cluster.tcp = CONGESTION_CONTROL if took_all else None
             cluster.hosts.append(host)
             _save(cluster)
     return cluster
