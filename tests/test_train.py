@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -79,6 +80,9 @@ def test_train_on_loopback_prints_the_table_and_writes_json_and_plot(tmp_path):
     k = -(-r["parameters"] * 725 // 10_000)
     assert r["payload_bytes_per_iter_per_rank"] == 8 * k
     assert r["loss"][-1] < r["loss"][0]
+    # one rank's process uses at most every core of the machine for an iteration's wall time
+    iteration = r["batch_size_per_rank"] * r["world_size"] / r["samples_per_s"]
+    assert 0 < r["cpu_s_per_iter"] <= 1.1 * (os.cpu_count() or 1) * iteration
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

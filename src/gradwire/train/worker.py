@@ -34,7 +34,7 @@ from gradwire.train.wire import tx_bytes
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
 SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "step", "sent",
-          "wire")
+          "wire", "cpu")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,6 +80,7 @@ def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, ta
     t = {"compute": 0.0, "step": 0.0}
     loss_sum = 0.0
     tx0 = tx_bytes()
+    cpu0 = time.process_time()  # every thread of this rank: autograd, the hook's, gloo's
     for it in range(len(idx) // batch):
         x, y = task.batch(task.train, idx[it * batch : (it + 1) * batch])
         t0 = time.perf_counter()
@@ -94,6 +95,7 @@ def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, ta
         if progress is not None:
             done, total = progress
             print(f"{PROGRESS} {done + it + 1} {total}", flush=True)
+    cpu = time.process_time() - cpu0
     tx1 = tx_bytes()
     d = {k: agg.stats[k] - before[k]
          for k in ("compress", "communicate", "header", "tail", "sent")}
@@ -102,7 +104,7 @@ def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, ta
     compute = max(t["compute"] - d["tail"], 0.0)
     wire = -1.0 if tx0 is None or tx1 is None else float(tx1 - tx0)
     return [loss_sum, compute, d["compress"], d["communicate"], d["header"], d["tail"],
-            t["step"], float(d["sent"]), wire]
+            t["step"], float(d["sent"]), wire, cpu]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,12 +153,15 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     for epoch in range(first, args.epochs):
         agg.set_epoch(epoch)
         idx = shard_indices(len(task.train), rank, world, epoch, args.seed)
+        # Every rank has finished the last epoch's evaluation: on shared cores, a rank still
+        # evaluating would otherwise slow the others' first iterations, which count.
+        dist.barrier()
         t0 = time.perf_counter()
         progress = (iters * (epoch - first), total) if rank == 0 else None
         sums = torch.tensor(train_epoch(fwd, agg, opt, task, idx, args.batch_size, progress),
                             dtype=torch.float64)
         seconds = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        wire_ok = torch.tensor([float(sums[-1] >= 0)])
+        wire_ok = torch.tensor([float(sums[SUMMED.index("wire")] >= 0)])
         dist.all_reduce(sums)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         dist.all_reduce(wire_ok, op=dist.ReduceOp.MIN)
@@ -220,6 +225,8 @@ def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.
         "samples_per_s_overall": sum(history["iterations"]) * samples / wall[-1],
         "seconds_per_iter": {k: total(k, steady) / iters for k in (
             "compute", "compress", "communicate", "header", "tail", "step")},
+        # CPU seconds one rank's process used per iteration, all its threads (mean of ranks)
+        "cpu_s_per_iter": total("cpu", steady) / iters,
         "wire_tx_bytes_per_iter_per_rank": (None if any(w is None for w in wire)
                                             else sum(wire) / iters),
         "payload_bytes_per_iter_per_rank": total("sent", steady) / iters,
