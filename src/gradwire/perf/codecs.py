@@ -68,13 +68,22 @@ def load(name_or_path: str) -> CodecTable:
 
 def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
             rank: int = 4) -> dict:
-    """Encode and decode medians of every method on ``numel`` random fp32 elements, here."""
+    """Encode and decode medians of every method on ``numel`` random fp32 elements, here.
+
+    decode: the compressor's decompress of one payload (gathered methods do it once per
+    rank). encode: the rest of what the hook does with one bucket on one rank — the call
+    header's finiteness check, error feedback, compress, decompress, writing the bucket —
+    timed through the hook itself (:func:`hook_seconds`) less one decode; where
+    torch.distributed is already initialized, the compressor's compress alone.
+    """
     from gradwire.compress import get
 
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     params = {"topk": {"density": density}, "randomk": {"density": density},
               "dgc": {"density": density}, "powersgd": {"rank": rank}}
-    methods: dict[str, dict] = {"dense": {"params": {}, "encode_s": 0.0, "decode_s": 0.0}}
+    hook = hook_seconds(numel, repeats, density, rank)
+    methods: dict[str, dict] = {"dense": {"params": {}, "encode_s": hook.get("dense", 0.0),
+                                          "decode_s": 0.0}}
     for name, m in TABLE.items():
         if m.compressor is None:
             continue
@@ -87,9 +96,46 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
             c.decompress(payload, numel)
             enc.append(t1 - t0)
             dec.append(time.perf_counter() - t1)
-        methods[name] = {"params": params.get(m.compressor, {}),
-                         "encode_s": statistics.median(enc[1:]),
-                         "decode_s": statistics.median(dec[1:])}
+        decode = statistics.median(dec[1:])
+        encode = (max(hook[name] - decode, 0.0) if name in hook
+                  else statistics.median(enc[1:]))
+        methods[name] = {"params": params.get(m.compressor, {}), "encode_s": encode,
+                         "decode_s": decode}
+    how = "through the hook" if hook else "compressor only"
     return {"numel": numel, "dtype": "float32", "methods": methods,
-            "source": f"measured by gradwire calibrate: torch {torch.__version__}, "
+            "source": f"measured by gradwire calibrate ({how}): torch {torch.__version__}, "
                       f"{torch.get_num_threads()} threads, median of {repeats}"}
+
+
+def hook_seconds(numel: int, repeats: int = 3, density: float = 0.001,
+                 rank: int = 4) -> dict[str, float]:
+    """Seconds the hook's path takes with one bucket of ``numel`` elements on a one-rank
+    process group made here, per method (median of ``repeats`` after one); {} when
+    torch.distributed is already initialized (a second group cannot be made here)."""
+    import torch.distributed as dist
+
+    from gradwire.hooks.methods import Step
+    from gradwire.hooks.state import make
+
+    if not dist.is_available() or dist.is_initialized():
+        return {}
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        runs = {}
+        src = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+        for name, m in TABLE.items():
+            opts = {"rank": rank} if name == "powersgd" else {}
+            state = make(name, density=density, warmup=False, overlap=False, **opts)
+            comm = state._setup()  # noqa: SLF001 - the hook's own path, run here to time it
+            runs[name] = (state, Step(m, comm, state.compressor, state.ef, density, dense=False),
+                          state.positions.layout([torch.empty(numel)]), torch.empty(numel), [])
+        # Round-robin, so that a slow spell of the machine lands on every method alike.
+        for _ in range(repeats + 1):
+            for state, plan, key, x, times in runs.values():
+                x.copy_(src)  # as DDP refills its bucket
+                t0 = time.perf_counter()
+                state._bucket(x, key, plan, False)  # noqa: SLF001
+                times.append(time.perf_counter() - t0)
+        return {name: statistics.median(r[-1][1:]) for name, r in runs.items()}
+    finally:
+        dist.destroy_process_group()
