@@ -77,6 +77,10 @@ def test_calibrate_on_three_hosts(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     cal = json.loads((tmp_path / "calibration" / "loopback.json").read_text())
     assert cal["hosts"] == 3 and cal["alpha_step_s"] > 0
+    # every rank on this machine: three ranks share its cores
+    assert cal["cpu_step_s"] > 0 and cal["cpu_byte_s"] >= 0
+    assert cal["cpu_ranks_per_machine"] == 3 and cal["cores_per_machine"] >= 1
+    assert 0 < cal["cpu_share"] <= 1
 
 
 def test_bench_and_calibrate_on_loopback(tmp_path):
@@ -91,7 +95,8 @@ def test_bench_and_calibrate_on_loopback(tmp_path):
 
     table = codecs.load(str(tmp_path / "calibration" / "loopback.json"))
     assert table.numel == 20000 and set(table.methods) == set(METHODS)
-    assert table.methods["powersgd"]["encode_s"] > 0 and table.methods["dense"]["encode_s"] == 0
+    assert table.methods["powersgd"]["encode_s"] > 0 and table.methods["dense"]["decode_s"] == 0
+    assert "through the hook" in table.source
     assert cal["network"] == "loopback, links not shaped"
     out = tmp_path / "b.json"
     p = _gradwire("bench", "--loopback", "--hosts", "3", "--sizes", "1K,13K", "--iters", "2",

@@ -310,9 +310,9 @@ def calibrate(
     2_000_000,
     loopback: Loopback = False,
 ) -> None:
-    """Measure α (ping-pong, and per step of an allreduce over every host), β (streaming) and γ
-    (reduction), and each compressor's encode and decode time, and save them for the model
-    (whatif/advise --codecs FILE reads the latter)."""
+    """Measure α (ping-pong, and per step of an allreduce over every host), β (streaming), γ
+    (reduction), the CPU ranks spend and how they share cores, and each method's encode and
+    decode time, and save them for the model (whatif/advise --codecs FILE reads the latter)."""
     from gradwire.bench import calibrate as cal
     from gradwire.jobs import run_ranks
     from gradwire.perf import codecs
@@ -334,9 +334,16 @@ def calibrate(
               f"{d['link_gbit_per_s_measured']:.3f}", f"{d['gamma_s_per_byte'] * 1e9:.4f}",
               d["network"], d["path"])
     console.print(t)
+    console.print(f"CPU: {d['cpu_step_s'] * 1e6:.0f} us per step, "
+                  f"{d['cpu_byte_s'] * 1e9:.2f} ns per byte moved; "
+                  f"{d['cpu_ranks_per_machine']} ranks on {d['cores_per_machine']} cores keep "
+                  f"{d['cpu_share']:.0%} of them busy, {d['cpu_sync_s'] * 1e6:.0f} us wait per "
+                  "collective call (the model's shared-CPU term)")
     if codec_numel:
+        how = ("through the hook" if "through the hook" in measured["codecs"]["source"]
+               else "compressors only")
         t = Table("method", "encode (ms)", "decode (ms)",
-                  title=f"encode/decode of {codec_numel:,} fp32 elements, this machine")
+                  title=f"encode/decode of {codec_numel:,} fp32 elements, this machine ({how})")
         for name, m in measured["codecs"]["methods"].items():
             t.add_row(name, f"{m['encode_s'] * 1e3:.2f}", f"{m['decode_s'] * 1e3:.2f}")
         console.print(t)

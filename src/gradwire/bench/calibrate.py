@@ -10,7 +10,14 @@ Rank side (ranks 0 and 1 of the launched job):
 4. α per step with every rank taking part (:func:`step_alpha`): a P-element recursive-doubling
    allreduce without the call header (which the model charges apart), 5 runs of 40 calls,
    median, divided by its steps. It holds the collective call's own software cost, and P
-   ranks share this machine's cores, which the two-rank ping-pong cannot see.
+   ranks share this machine's cores, which the two-rank ping-pong cannot see. The same runs
+   give the CPU one rank spends per step (``cpu_step_s``).
+5. CPU per byte moved (:func:`byte_cpu`), every rank taking part in a 4 MiB allreduce.
+6. How the ranks share their machines' cores (:func:`cpu_sharing`): ranks and cores per
+   machine, the share of the cores they keep busy, and the wait per collective call.
+
+5 and 6 are what the performance model charges when ranks share cores (point 5 of
+:mod:`gradwire.perf.model`), as every rank of an emulated cluster shares this machine's.
 
 Stored as JSON in ``$GRADWIRE_HOME/calibration/<bandwidth>.json`` with the machine and date.
 """
@@ -20,10 +27,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import socket
 import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,6 +46,8 @@ from gradwire.transport import Transport, wait_all
 WINDOW = 16
 STREAM_BYTES = 4 * 2**20
 PINGS = 200
+SHARING_BURSTS_MS = (2.0, 5.0, 10.0)
+BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
 
 
 def calibration_path(bandwidth: str) -> Path:
@@ -88,10 +100,40 @@ def _stream(t: Transport) -> float:
     return statistics.median(rates)
 
 
+def byte_cpu(t: Transport, cpu_step: float, gamma: float) -> float:
+    """CPU seconds per byte moved (its sender's and receiver's together, as
+    :func:`gradwire.perf.comm.cpu_seconds` charges it): torch.distributed's allreduce (gloo's
+    ring, which the hooks' dense allreduces run and the model costs as gradwire's ring) of
+    ``BYTE_CPU_ELEMENTS`` float32 over ``t``'s ranks, 3 calls after 1; each rank's process CPU
+    less what the ring's steps (``cpu_step``) and reductions (``gamma``) account for, the
+    mean over ranks."""
+    from gradwire.perf import comm
+
+    p, n = t.world_size, BYTE_CPU_ELEMENTS
+    buf = torch.ones(n)
+    dist.all_reduce(buf, group=t.group)
+    dist.barrier(group=t.group)
+    c0 = time.process_time()
+    for _ in range(3):
+        dist.all_reduce(buf, group=t.group)
+    spent = torch.tensor([(time.process_time() - c0) / 3 / p], dtype=torch.float64)
+    dist.all_reduce(spent, group=t.group)
+    args = ("allreduce", "ring", p, n, 4)
+    known = comm.cpu_seconds(*args, cpu_step, 0.0, gamma, pipeline=1)
+    per_byte = comm.cpu_seconds(*args, 0.0, 1.0, 0.0, pipeline=1)
+    return max(float(spent) - known, 0.0) / per_byte
+
+
 def step_alpha(t: Transport, algo: str = "rd", **params: object) -> float:
     """Seconds per step of gradwire's ``algo`` allreduce on P elements, every rank of ``t``
     taking part (5 runs of 40 calls after 20, median; rank 0's value on every rank). With
     ``t.check_calls`` on, each call's header exchange is in it too."""
+    return step_times(t, algo, **params)[0]
+
+
+def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float, float]:
+    """(wall, CPU) seconds per step of :func:`step_alpha`'s runs; CPU is what one rank's
+    process spent (all its threads), the mean over ranks, the same on every rank."""
     import gradwire.collectives as gc
     from gradwire.schedules import registry
 
@@ -101,17 +143,77 @@ def step_alpha(t: Transport, algo: str = "rd", **params: object) -> float:
     buf = torch.ones(p)
     for _ in range(20):
         gc.all_reduce(buf, algo=algo, transport=t, **run)
-    runs = []
+    runs, cpus = [], []
     for _ in range(5):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(40):
             gc.all_reduce(buf, algo=algo, transport=t, **run)
         runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
-    per = torch.tensor([statistics.median(runs)])
+        cpus.append((time.process_time() - c0) / 40 / max(steps, 1))
+    per = torch.tensor([statistics.median(runs)], dtype=torch.float64)
     dist.broadcast(per, 0)
+    cpu = torch.tensor([statistics.median(cpus) / p], dtype=torch.float64)
+    dist.all_reduce(cpu)
     t.reset_counters()
-    return float(per)
+    return float(per), float(cpu)
+
+
+def cpu_sharing(t: Transport) -> dict:
+    """How the ranks share their machines' cores when they alternate compute with
+    collectives, as training does.
+
+    ``ranks``: the most ranks on one machine (ranks with the same host name: every rank of an
+    emulated cluster); ``cores``: its cores. Then, for bursts of ``SHARING_BURSTS_MS`` of CPU
+    (matrix products, one thread) each followed by a P-element allreduce, 30 iterations after
+    5: wall seconds per iteration W against L·D, D the CPU a rank's process spent per
+    iteration (the mean over ranks) and L = max(1, ranks/cores). A least-squares line
+    W = L·D/share + sync gives ``share`` (at most 1), the share of the cores the ranks keep
+    busy, and ``sync`` (at least 0), the seconds each collective call waits for ranks that
+    the scheduler has not run yet — what :class:`gradwire.perf.model.Cluster` charges.
+    """
+    import gradwire.collectives as gc
+
+    rows: list = [None] * t.world_size
+    dist.all_gather_object(rows, (socket.gethostname(), _cores()), group=t.group)
+    hosts: dict[str, list[int]] = {}
+    for host, n in rows:
+        hosts.setdefault(host, []).append(n)
+    ranks = max(len(v) for v in hosts.values())
+    cores = min(n for v in hosts.values() for n in v)
+    load = max(1.0, ranks / cores)
+    a, buf = torch.randn(192, 192, generator=torch.Generator().manual_seed(0)), torch.ones(
+        t.world_size)
+
+    def iteration(ms: float) -> None:
+        c0 = time.thread_time()
+        while time.thread_time() - c0 < ms / 1e3:
+            a @ a
+        gc.all_reduce(buf, algo="rd", transport=t)
+
+    xs, ys = [], []
+    for ms in SHARING_BURSTS_MS:
+        for _ in range(5):
+            iteration(ms)
+        dist.barrier(group=t.group)
+        w0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(30):
+            iteration(ms)
+        got = torch.tensor([time.process_time() - c0, time.perf_counter() - w0],
+                           dtype=torch.float64) / 30 / t.world_size
+        dist.all_reduce(got, group=t.group)
+        xs.append(load * float(got[0]))
+        ys.append(float(got[1]))
+    slope, sync = np.polyfit(xs, ys, 1)
+    return {"ranks": ranks, "cores": cores, "share": float(min(1.0, 1.0 / max(slope, 1e-9))),
+            "sync": float(max(sync, 0.0))}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _reduce_speed() -> float:
@@ -141,11 +243,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dist.new_group([0, 1])
     gamma = _reduce_speed()
-    alpha_step = step_alpha(Transport(check_calls=False))  # the model charges headers apart
+    # the model charges headers apart
+    plain = Transport(check_calls=False)
+    alpha_step, cpu_step = step_times(plain)
+    cpu_byte = byte_cpu(plain, cpu_step, gamma)
+    sharing = cpu_sharing(plain)
     if t.rank == 0:
+        cpu = {"cpu_step_s": cpu_step, "cpu_byte_s": cpu_byte,
+               "cpu_ranks_per_machine": sharing["ranks"],
+               "cores_per_machine": sharing["cores"], "cpu_share": sharing["share"],
+               "cpu_sync_s": sharing["sync"]}
         Path(a.out).write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
                                            "gamma_s_per_byte": gamma,
-                                           "alpha_step_s": alpha_step}))
+                                           "alpha_step_s": alpha_step, **cpu}))
     dist.destroy_process_group()
     return 0
 
