@@ -1,25 +1,30 @@
 """Performance model against measured training on the emulated cluster.
 
 For each link rate and P, one emulated cluster first runs ``gradwire calibrate``'s rank side
-(α per step of a P-element allreduce with every rank taking part, β by streaming, γ), then
-``gradwire train`` (the project's 1.13 M parameter MLP, batch 32 per rank, no density warm-up,
-DDP's default buckets) once per aggregation; the model predicts the same configuration:
+(α per step of a P-element allreduce with every rank taking part, β by streaming, γ, and the
+CPU a rank spends per step and per byte, how many ranks share how many cores, the share of
+them the ranks keep busy and what each collective call waits for ranks not yet scheduled),
+then ``gradwire train`` (the project's 1.13 M parameter MLP, batch 32 per rank, no density
+warm-up, DDP's default buckets) once per aggregation; the model predicts the same
+configuration:
 
 - compute: forward + backward of the *dense run at the same P and rate* (its reported compute),
   split into forward and per-tensor backward as ``gradwire profile`` measures them in one
-  process; the optimizer step from that run too. So dense predictions test the communication
-  and overlap model only; P ranks share this machine's 2 cores, which a one-process profile
-  cannot see;
+  process; the optimizer step from that run too;
 - network: that cluster's α per step, β and γ; every bucket pays the call-header exchange;
-- encode/decode: a codec table measured here before the runs, one thread (as each rank runs)
-  on the model's number of elements;
+- encode/decode: a codec table measured here before the runs, one thread (as each rank runs),
+  through the hook's own path on the model's number of elements (``codecs.measure``);
+- shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
+  CPU besides coding and communication is the dense run's measured CPU per rank less the
+  model's coding and communication CPU for that run; every other aggregation adds its own;
 - overlap slowdown κ = 1 (not fitted).
 
-Measured iteration = P·batch / samples per second over the steady epochs (the first epoch,
-which pays one-time costs, is left out). The advisor's pick at each (rate, P) is the scheme
-with the lowest prediction among those measured.
+So the dense run supplies compute (its wall time and its CPU); everything that differs between
+aggregations is predicted. Measured iteration = P·batch / samples per second over the steady
+epochs (the first epoch, which pays one-time costs, is left out). The advisor's pick at each
+(rate, P) is the scheme with the lowest prediction among those measured.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 35 minutes
+    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 15 minutes
     python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,fp16 --out v.json
 """
 
@@ -57,12 +62,14 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
     prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank runs (OMP_NUM_THREADS=1)
-    table = codecs.CodecTable("one thread", prof.numel, codecs.measure(prof.numel)["methods"],
+    prof1 = measure("mlp", batch_size=batch, iters=20, warmup=5)
+    table = codecs.CodecTable("one thread", prof.numel,
+                              codecs.measure(prof.numel, repeats=7)["methods"],
                               "measured by perf_validation.py, one thread")
     torch.set_num_threads(threads)
     doc = {**provenance.stamp("python benchmarks/perf_validation.py " + shlex.join(sys.argv[1:])),
            "model": "mlp", "batch_size": batch, "profile_one_process": prof.to_json() | {
-               "params": len(prof.params)}, "rows": [],
+               "params": len(prof.params)}, "profile_one_thread": prof1.to_json(), "rows": [],
            "codecs_one_thread": table.methods,
            "conditions": {"load_average_start": os.getloadavg()}, "calibration": {}}
     for rate in rates:
@@ -86,18 +93,29 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                                      "dense run's compute")
             here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
             cluster = Cluster(p, bps, cal["alpha_step_s"], cal["gamma_s_per_byte"],
-                              beta=cal["beta_s_per_byte"], check_calls=True)
+                              beta=cal["beta_s_per_byte"], check_calls=True,
+                              cores=cal.get("cores_per_machine"),
+                              cpu_ranks=cal.get("cpu_ranks_per_machine"),
+                              cpu_step=cal["cpu_step_s"], cpu_byte=cal["cpu_byte_s"],
+                              cpu_share=cal.get("cpu_share", 1.0),
+                              cpu_sync=cal.get("cpu_sync_s", 0.0))
+            own = predict(here, cluster, Aggregation(ref["agg"]), table)
+            rank_cpu = ref["cpu_s_per_iter"] - own.cpu_comm - own.coding
             for agg, res in measured.items():
-                pred = predict(here, cluster, Aggregation(agg), table)
+                pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu)
                 meas = p * batch / res["samples_per_s"]
                 doc["rows"].append({
                     "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
                     "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
                     "measured_parts_s": res["seconds_per_iter"],
+                    "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
                     "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
                                           "step": pred.step, "coding": pred.coding,
                                           "communicate": float(pred.communicate),
-                                          "exposed": float(pred.exposed)},
+                                          "exposed": float(pred.exposed),
+                                          "cpu_per_rank": pred.cpu,
+                                          "cpu_communicate": pred.cpu_comm,
+                                          "cpu_bound": pred.cpu_bound},
                     "iterations": res["iterations"], "load_average": os.getloadavg()[0]})
             out.write_text(json.dumps(summarise(doc), indent=1) + "\n")  # partial results kept
     return summarise(doc)
@@ -125,6 +143,7 @@ def summarise(doc: dict) -> dict:
 
 def plot(doc: dict, path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -146,6 +165,11 @@ def plot(doc: dict, path: Path) -> None:
     ax.fill_between(xs, xs * 0.85, xs * 1.15, color="0.9", label="±15 %", zorder=1)
     ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured iteration (ms)",
            ylabel="predicted iteration (ms)")
+    ticks = [t for t in (10, 20, 50, 100, 200, 500, 1000, 2000) if lim[0] <= t <= lim[1]]
+    for axis in (ax.xaxis, ax.yaxis):  # plain labels, none on the minor ticks (they collide)
+        axis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+        axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     s = doc["summary"]
     ax.set_title(f"mlp, P = 2/4/8: median |error| {s['median_abs_error']:.1%}, "
                  f"max {s['max_abs_error']:.1%}", fontsize=9)

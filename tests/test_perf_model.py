@@ -211,3 +211,89 @@ def test_model_refuses_profiles_without_compute_and_bad_options() -> None:
     with pytest.raises(GradwireError, match="has no encode/decode time for 'gtopk'"):
         predict(TOY, Cluster(4, 1e9, 1e-4), Aggregation("gtopk"), codecs.load("v100"))
     assert dataclasses.replace(Aggregation("topk"), density=0.01).label == "topk ρ=0.01"
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(2, 17), n=st.integers(1, 5_000_000))
+def test_cpu_of_a_ring_allreduce_is_its_steps_bytes_and_reductions(p, n) -> None:
+    """Every rank of a ring takes part in all 2(P−1) steps, sends and receives 2(P−1)/P of
+    the bytes and reduces (P−1)/P of them; the scaled summary is exact to one element per
+    message, so the comparison allows that."""
+    step, per_byte, gamma = 3e-4, 0.7e-9, 0.12e-9
+    got = comm.cpu_seconds("allreduce", "ring", p, n, 4, step, per_byte, gamma, pipeline=1)
+    want = 2 * (p - 1) * step + 2 * (p - 1) / p * 4 * n * per_byte + (p - 1) / p * 4 * n * gamma
+    assert got == pytest.approx(want, rel=1e-9, abs=2 * (p - 1) * 4 * (per_byte + gamma) + 1e-15)
+    assert comm.cpu_seconds("allreduce", "ring", 1, n, 4, step, per_byte, gamma) == 0
+
+
+def test_cpu_of_a_tree_charges_its_busiest_rank() -> None:
+    """Binomial gTop-k tree at P = 8: rank 0 takes part in every step of the reduce and the
+    broadcast (lg P each), while some leaves are idle in most of them."""
+    c, a, n, prm = spec("gtopk", 8, 1_000_000, 1000)
+    steps = len(schedule(c, a, 8, n, **prm).steps)
+    assert comm.cpu_seconds(c, a, 8, n, 1, 1.0, 0.0, 0.0, **prm) == pytest.approx(steps)
+
+
+def _shared(p: int, **kw) -> Cluster:
+    return Cluster(p, 1e9, 307e-6, 0.1e-9, beta=8.36e-9, cores=2, cpu_ranks=p, cpu_step=3e-4,
+                   cpu_byte=0.7e-9, **kw)
+
+
+@pytest.mark.parametrize("method", ["dense", "topk", "signsgd", "powersgd"])
+def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
+    """8 ranks on 2 cores: an iteration takes at least 4·D/u + c·s, D = the rank's own CPU
+    (here given) + coding + its part of the schedules, c its collective calls (a header and
+    the method's collectives per bucket); without ``cores`` nothing changes."""
+    agg = Aggregation(method)
+    free = predict(TOY, Cluster(8, 1e9, 307e-6, 0.1e-9, beta=8.36e-9), agg, HERE)
+    assert free.cpu_bound == 0 and free.cpu_comm == 0
+    assert free.cpu == pytest.approx(0.16 + free.coding)
+    r = predict(TOY, _shared(8, cpu_share=0.9, cpu_sync=1e-3), agg, HERE, rank_cpu=0.2)
+    assert r.cpu == pytest.approx(0.2 + r.coding + r.cpu_comm) and r.cpu_comm > 0
+    per_bucket = 1 + (2 if method == "powersgd" else 1)
+    assert r.calls == len(buckets(TOY, agg)) * per_bucket
+    assert r.cpu_bound == pytest.approx(4 * r.cpu / 0.9 + r.calls * 1e-3)
+    assert float(r.iteration) == pytest.approx(max(float(free.iteration), r.cpu_bound))
+    # fewer ranks than cores: each has one of its own, and still needs its own CPU time
+    two = predict(TOY, _shared(2), agg, HERE, rank_cpu=0.2)
+    assert two.cpu_bound == pytest.approx(two.cpu)
+
+
+def test_cluster_refuses_bad_cpu_settings() -> None:
+    for kw, msg in (({"cores": 0}, "cores per machine must be > 0"),
+                    ({"cpu_share": 0}, r"CPU share must be a number in \(0, 1\]"),
+                    ({"cpu_share": 1.5}, r"CPU share must be a number in \(0, 1\]"),
+                    ({"cpu_step": -1}, "CPU per step, per byte and sync wait per call must"),
+                    ({"cpu_sync": -1e-3}, "CPU per step, per byte and sync wait per call must"),
+                    ({"cpu_ranks": 0}, "ranks per machine")):
+        with pytest.raises(GradwireError, match=msg):
+            Cluster(4, 1e9, 1e-4, **kw)
+
+
+def test_codec_table_is_timed_through_the_hook_on_a_one_rank_group() -> None:
+    """Every method's encode holds what its hook does with a bucket beyond one decode (the
+    dense hook too: its finiteness check and scaling), and the group made for it is gone."""
+    import torch.distributed as dist
+
+    from gradwire.hooks import METHODS
+
+    doc = codecs.measure(20_000, repeats=1)
+    assert "through the hook" in doc["source"] and set(doc["methods"]) == set(METHODS)
+    assert all(m["encode_s"] >= 0 and m["decode_s"] >= 0 for m in doc["methods"].values())
+    assert doc["methods"]["dense"]["encode_s"] > 0 and doc["methods"]["dense"]["decode_s"] == 0
+    assert not dist.is_initialized()
+
+
+def test_codec_table_inside_a_job_times_the_compressors_alone(tmp_path) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        assert codecs.hook_seconds(1000, repeats=1) == {}
+        doc = codecs.measure(1000, repeats=1)
+        assert "compressor only" in doc["source"] and doc["methods"]["dense"]["encode_s"] == 0
+    finally:
+        dist.destroy_process_group()

@@ -146,3 +146,23 @@ class Node:
     ranks: int = 1
     alpha: float = 0.0
     beta: float = 0.0
+
+
+def cpu_seconds(collective: str, algo: str, p: int, count: int, elem_bytes: float,
+                per_step: float, per_byte: float, gamma: float = 0.0,
+                **params: object) -> float:
+    """CPU seconds the busiest rank spends on the collective: per step it takes part in
+    (sends or receives), ``per_step``; per byte it moves, half of ``per_byte`` (the CPU a
+    byte costs its sender and its receiver together); per byte it reduces, ``gamma``.
+    Read from the same schedule summary as :func:`seconds`."""
+    if p == 1 or count == 0:
+        return 0.0
+    s = summary(collective, algo, p, count, 1, **params)
+    scale = elem_bytes * count / s.count
+    total = 0.0
+    for steps, rows in s.groups:
+        c = rows.T
+        busy = ((c[0] + c[2] + c[4] + c[6]) > 0) * per_step
+        moved = (c[1] + c[3] + c[5] + c[7]) * scale * per_byte / 2
+        total += steps * float((busy + moved + c[8] * scale * gamma).max())
+    return total

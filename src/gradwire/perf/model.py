@@ -19,6 +19,16 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    payloads. encode/decode from a codec table (:mod:`.codecs`).
 4. t_iter = t_f + max(κ·t_b, E_last) + t_step; scaling efficiency e = (t_f + t_b)/t_iter
    (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
+5. Shared CPU (``Cluster.cores`` set): when n ranks share a machine of C cores, an iteration
+   takes at least max(1, n/C)·D/u + c·s. D is the CPU one rank spends per iteration: its
+   compute (``rank_cpu``, default t_f + t_b + t_step), encode and decode, and its part of
+   every schedule (:func:`gradwire.perf.comm.cpu_seconds`: ``cpu_step`` per step it takes
+   part in, ``cpu_byte`` per byte it moves, γ per byte it reduces). u (``cpu_share``) is the
+   share of the cores the ranks keep busy, c the collective calls per iteration (headers
+   included) and s (``cpu_sync``) what each call waits for ranks the scheduler has not run
+   yet. ``gradwire calibrate`` measures u and s by alternating bursts of compute with
+   allreduces. The emulated cluster is such a machine: every rank on its 2 cores, so
+   compressed runs, whose wire time is small, are bound by CPU there.
 
 Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidths is one call.
 """
@@ -34,7 +44,7 @@ from gradwire import config
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.collectives.agree import header_spec
 from gradwire.compress import get, matrix_shape
-from gradwire.compress.base import check_int, select_count
+from gradwire.compress.base import check_fraction, check_int, select_count
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
 from gradwire.hooks.methods import TABLE
@@ -68,9 +78,27 @@ class Cluster:
     # talk inside the node over a link of intra_bps (NVLink/PCIe class by default).
     ranks_per_node: int = 1
     intra_bps: float = 100e9
+    # CPU the ranks share (point 5 of the module docstring): ``cpu_ranks`` ranks run on one
+    # machine of ``cores`` cores (default: ranks_per_node per machine); None: every rank has
+    # cores enough of its own and CPU bounds nothing. ``gradwire calibrate`` measures the rest.
+    cores: float | None = None
+    cpu_ranks: int | None = None
+    cpu_step: float = 0.0  # CPU seconds a rank spends per schedule step it takes part in
+    cpu_byte: float = 0.0  # CPU seconds per byte moved, its sender's and receiver's together
+    cpu_share: float = 1.0  # the share of the machine's cores the ranks keep busy
+    cpu_sync: float = 0.0  # seconds each collective call waits for ranks not yet scheduled
 
     def __post_init__(self) -> None:
         check_int("cluster", "ranks per node", self.ranks_per_node, 1)
+        if self.cpu_ranks is not None:
+            check_int("cluster", "ranks per machine", self.cpu_ranks, 1)
+        if self.cores is not None and not self.cores > 0:
+            raise GradwireError(f"cores per machine must be > 0, got {self.cores!r}")
+        check_fraction("cluster", "CPU share", self.cpu_share)
+        if min(self.cpu_step, self.cpu_byte, self.cpu_sync) < 0:
+            raise GradwireError(f"CPU per step, per byte and sync wait per call must be >= 0, "
+                                f"got {self.cpu_step!r}, {self.cpu_byte!r} and "
+                                f"{self.cpu_sync!r}")
         if not self.intra_bps > 0:
             raise GradwireError(f"the link inside a node must be faster than 0, got "
                                 f"{self.intra_bps!r} bit/s")
@@ -81,6 +109,15 @@ class Cluster:
         if self.ranks_per_node == 1:
             return None
         return comm.Node(self.ranks_per_node, self.alpha, 8.0 / self.intra_bps)
+
+    @property
+    def cpu_load(self) -> float:
+        """Ranks per core on a machine, at least 1: how much longer CPU work takes than on
+        cores of its own (0 when CPU bounds nothing)."""
+        if self.cores is None:
+            return 0.0
+        n = self.cpu_ranks if self.cpu_ranks is not None else self.ranks_per_node
+        return max(1.0, min(n, self.workers) / self.cores)
 
     @property
     def beta_s(self) -> np.ndarray:
@@ -131,6 +168,10 @@ class Prediction:
     wire_bytes: int  # one rank's payload per iteration
     buckets: int
     notes: list[str] = field(default_factory=list)
+    cpu: float = 0.0  # D: CPU seconds one rank spends per iteration (point 5)
+    cpu_comm: float = 0.0  # its part in the schedules
+    cpu_bound: float = 0.0  # max(1, n/C)·D/u + c·s, 0 when the cluster's CPU bounds nothing
+    calls: int = 0  # collective calls per iteration, headers included
 
     @property
     def efficiency(self) -> np.ndarray:
@@ -181,8 +222,11 @@ def operations(agg: Aggregation, numel: int, world: int,
 
 
 def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecTable,
-            compute_speedup: float = 1.0, overlap_slowdown: float = 1.0) -> Prediction:
-    """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring)."""
+            compute_speedup: float = 1.0, overlap_slowdown: float = 1.0,
+            rank_cpu: float | None = None) -> Prediction:
+    """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring).
+    ``rank_cpu``: CPU seconds per iteration one rank spends besides coding and communication
+    (default: the profile's forward + backward + step)."""
     if not profile.has_compute:
         raise GradwireError(f"profile {profile.model!r} has no compute times "
                             f"({profile.sources.get('backward_s', 'no source')}); give "
@@ -195,7 +239,7 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     bs = buckets(profile, agg)
     kappa = overlap_slowdown if len(bs) > 1 and p > 1 else 1.0
     end = np.zeros_like(beta)
-    total_comm, coding, wire = np.zeros_like(beta), 0.0, 0
+    total_comm, coding, wire, cpu_comm, calls = np.zeros_like(beta), 0.0, 0, 0.0, 0
     for numel, ready in bs:
         ops, sent = operations(agg, numel, p, profile.dtype)
         if cluster.check_calls and p > 1:
@@ -203,6 +247,11 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
             ops = [(c, a, n, 1, prm), *ops]
         t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, node=cluster.node, **prm)
                 for c, a, n, e, prm in ops)
+        calls += len(ops) if p > 1 else 0
+        if cluster.cores is not None:
+            cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, cluster.cpu_step, cluster.cpu_byte,
+                                             float(np.max(gamma)), **prm)
+                            for c, a, n, e, prm in ops)
         enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
         enc, dec = enc / compute_speedup, dec / compute_speedup
         end = np.maximum(end, kappa * ready / compute_speedup) + enc + t + dec
@@ -212,7 +261,15 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     s = profile.step_s / compute_speedup
     done = np.maximum(end, b)
     it = f + done + s
-    return Prediction(it, f, b, s, total_comm, coding, done - b, wire, len(bs))
+    own = (f + profile.backward_s / compute_speedup + s  # type: ignore[operator]
+           if rank_cpu is None else rank_cpu / compute_speedup)
+    cpu = own + coding + cpu_comm
+    bound = (cluster.cpu_load * cpu / cluster.cpu_share + calls * cluster.cpu_sync
+             if cluster.cores is not None else 0.0)
+    bound_it = np.maximum(it, bound)
+    return Prediction(bound_it, f, b, s, total_comm, coding, done - b + (bound_it - it), wire,
+                      len(bs), cpu=cpu,
+                      cpu_comm=cpu_comm, cpu_bound=bound, calls=calls)
 
 
 def parse_link(text: str) -> float:
