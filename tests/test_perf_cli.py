@@ -96,3 +96,60 @@ def test_compute_ms_makes_a_profile_without_times_usable(monkeypatch, capsys) ->
                            "--workers", "8", "--agg", "dense,powersgd"], monkeypatch, capsys)
     assert code == 0, err
     assert "bert-base, 8 workers" in out
+
+
+CALIBRATION = {"alpha_s": 3e-4, "alpha_step_s": 1.6e-3, "beta_s_per_byte": 8.36e-9,
+               "gamma_s_per_byte": 1e-10, "hosts": 8, "cpu_step_s": 3.5e-4,
+               "cpu_byte_s": 5e-10, "cpu_ranks_per_machine": 8, "cores_per_machine": 2,
+               "cpu_share": 0.95, "cpu_sync_s": 1.5e-3}
+
+
+def test_a_calibration_of_an_emulated_cluster_puts_every_worker_on_its_cores(
+        tmp_path, monkeypatch, capsys) -> None:
+    """8 ranks on 2 cores: the sparse methods, with little on the wire, are bound by CPU; a
+    calibration without CPU fields (older calibrate) gives cores of their own, and says so."""
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(CALIBRATION))
+    args = ["advise", "--model", "resnet20", "--compute-ms", "20,40", "--workers", "8",
+            "--agg", "dense,topk", "--json", str(tmp_path / "a.json")]
+    code, out, err = _cli([*args, "--calibration", str(path)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "bound by the shared cores" in out and "every worker on one machine" in out
+    shared = json.loads((tmp_path / "a.json").read_text())
+    path.write_text(json.dumps({k: v for k, v in CALIBRATION.items() if "cpu" not in k}))
+    code, out, err = _cli([*args, "--calibration", str(path)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "no CPU terms in it" in out and "bound by the shared cores" not in out
+    alone = json.loads((tmp_path / "a.json").read_text())
+    by = {r["agg"]: r["iteration_s"] for r in alone}
+    assert all(r["iteration_s"] >= by[r["agg"]] for r in shared)
+    assert any(r["iteration_s"] > 1.5 * by[r["agg"]] for r in shared)
+
+
+def test_whatif_records_the_shared_cpu_it_used(tmp_path, monkeypatch, capsys) -> None:
+    path, js = tmp_path / "cal.json", tmp_path / "w.json"
+    path.write_text(json.dumps(CALIBRATION))
+    code, out, err = _cli(["whatif", "--model", "resnet20", "--compute-ms", "20,40",
+                           "--workers", "2,8", "--bandwidth", "1gbit", "--agg", "topk",
+                           "--calibration", str(path), "--json", str(js)], monkeypatch, capsys)
+    assert code == 0, err
+    res = json.loads(js.read_text())
+    assert res["shared_cpu"]["cores"] == 2 and res["shared_cpu"]["one_machine"] is True
+    assert res["alpha_s"] == CALIBRATION["alpha_step_s"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "No such file or directory"),
+    ("[1, 2", "not a gradwire calibrate file"),
+    ('{"alpha_s": 1}', "missing field 'alpha_step_s'"),
+    (json.dumps({**CALIBRATION, "cpu_share": "most"}), "its CPU fields are unreadable"),
+])
+def test_bad_calibration_files_are_one_line(text, message, tmp_path, monkeypatch,
+                                            capsys) -> None:
+    path = tmp_path / "cal.json"
+    if text is not None:
+        path.write_text(text)
+    code, out, err = _cli(["advise", "--model", "resnet20", "--compute-ms", "20,40",
+                           "--calibration", str(path)], monkeypatch, capsys)
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -557,6 +557,26 @@ PerfPerNode = Annotated[int, typer.Option(help="consecutive ranks per node: they
                                           "node's link to other nodes")]
 PerfIntra = Annotated[str, typer.Option(help="link between the ranks of one node (with "
                                         "--ranks-per-node > 1)")]
+PerfCalibration = Annotated[Path | None, typer.Option(
+    "--calibration", help="a `gradwire calibrate` file: its α per step and γ replace "
+    "--alpha-us and --gamma-ns, and its shared-CPU terms bound the iteration")]
+
+
+def _calibrated(path: Path | None, alpha_us: float, gamma_ns: float):
+    """(α s, γ s/B, shared-CPU terms or None, a line saying where they came from)."""
+    from gradwire.perf.whatif import load_calibration
+
+    if path is None:
+        return alpha_us * 1e-6, gamma_ns * 1e-9, None, f"α {alpha_us:g} µs, γ {gamma_ns:g} ns/B"
+    alpha, gamma, cpu = load_calibration(path)
+    where = f"α {alpha * 1e6:.0f} µs per step, γ {gamma * 1e9:.3g} ns/B from {path}"
+    if cpu is None:
+        return alpha, gamma, None, where + " (no CPU terms in it: cores of their own)"
+    who = "every worker on one machine" if cpu.one_machine else "each node's ranks"
+    return alpha, gamma, cpu, (where + f"; {who} sharing {cpu.cores:g} cores "
+                               f"(CPU {cpu.step * 1e6:.0f} µs per step, "
+                               f"{cpu.byte * 1e9:.2f} ns/B, {cpu.share:.0%} busy, "
+                               f"{cpu.sync * 1e6:.0f} µs wait per call)")
 
 
 def _node(ranks_per_node: int, intra_bandwidth: str) -> tuple[int, float]:
@@ -615,6 +635,7 @@ def whatif(
     intra_bandwidth: PerfIntra = "100gbit",
     codecs: PerfCodecs = "here",
     compute_ms: PerfCompute = None,
+    calibration: PerfCalibration = None,
     plot: Annotated[Path | None, typer.Option(help="write a PNG of iteration time against "
                                               "workers here")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write every prediction "
@@ -633,10 +654,11 @@ def whatif(
                                      compute_ms)
     rates = [parse_link(b) for b in bandwidth.split(",")]
     speedups = w.parse_numbers("--compute-speedup", compute_speedup)
-    setting = w.Setting(alpha_us * 1e-6, gamma_ns * 1e-9, overlap_slowdown,
-                        *_node(ranks_per_node, intra_bandwidth))
     if alpha_us < 0 or gamma_ns < 0 or overlap_slowdown < 1:
         raise GradwireError("--alpha-us and --gamma-ns must be >= 0 and --overlap-slowdown >= 1")
+    alpha, gamma, cpu, where = _calibrated(calibration, alpha_us, gamma_ns)
+    setting = w.Setting(alpha, gamma, overlap_slowdown, *_node(ranks_per_node, intra_bandwidth),
+                        cpu=cpu)
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, setting)
     result["command"] = "gradwire " + shlex.join(sys.argv[1:])
     bws = list(dict.fromkeys(r["bandwidth"] for r in result["rows"]))
@@ -661,7 +683,7 @@ def whatif(
         console.print(a)
     per_node = (f"{ranks_per_node} ranks per node ({intra_bandwidth} inside); "
                 if ranks_per_node > 1 else "")
-    console.print(f"α {alpha_us:g} µs, γ {gamma_ns:g} ns/B, overlap slowdown "
+    console.print(f"{where}, overlap slowdown "
                   f"{overlap_slowdown:g}; {per_node}compute: {result['compute_source']}; "
                   f"encode/decode: {table.source}")
     if plot:
@@ -690,6 +712,7 @@ def advise(
     intra_bandwidth: PerfIntra = "100gbit",
     codecs: PerfCodecs = "here",
     compute_ms: PerfCompute = None,
+    calibration: PerfCalibration = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the ranking here")]
     = None,
 ) -> None:
@@ -699,15 +722,17 @@ def advise(
     """
     from gradwire.hooks import METHODS
     from gradwire.perf import advise as adv
-    from gradwire.perf.model import Cluster, parse_link
+    from gradwire.perf.model import parse_link
+    from gradwire.perf.whatif import Setting
 
     prof, aggs, table = _perf_inputs(model, agg or ",".join(METHODS), density, rank, mode,
                                      bucket_mb, codecs, compute_ms)
     if alpha_us < 0 or gamma_ns < 0:
         raise GradwireError("--alpha-us and --gamma-ns must be >= 0")
-    g, intra = _node(ranks_per_node, intra_bandwidth)
-    cluster = Cluster(workers, parse_link(bandwidth), alpha_us * 1e-6, gamma_ns * 1e-9,
-                      ranks_per_node=g, intra_bps=intra)
+    alpha, gamma, cpu, where = _calibrated(calibration, alpha_us, gamma_ns)
+    cluster = Setting(alpha, gamma, overlap_slowdown, *_node(ranks_per_node, intra_bandwidth),
+                      cpu=cpu).cluster(workers, parse_link(bandwidth))
+    g = cluster.ranks_per_node
     ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup, overlap_slowdown)
     t = Table("#", "aggregation", "iteration (ms)", "efficiency", "not hidden (ms)",
               "encode+decode (ms)", "wire (ms)", "sent/rank (MB)",
@@ -720,6 +745,7 @@ def advise(
                   f"{float(p.communicate) * 1e3:.1f}", f"{p.wire_bytes / 1e6:.3g}")
     console.print(t)
     console.print(adv.explain(ranked))
+    console.print(where)
     for s in skipped:
         console.print(f"not ranked: {s}")
     if json_out:

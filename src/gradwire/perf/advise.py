@@ -69,6 +69,10 @@ def explain(ranked: list[Ranked]) -> str:
              f"and {_ms(w.overhead)} that backward does not hide ({_ms(p.coding)} encode+decode"
              f", {_ms(float(p.communicate))} on the wire in all, {p.wire_bytes / 1e6:.3g} MB "
              f"sent per rank over {p.buckets} buckets)."]
+    if p.cpu_bound >= float(w.seconds) - 1e-12 and p.cpu_bound > 0:
+        lines.append(f"It is bound by the shared cores: {_ms(p.cpu)} of CPU per rank "
+                     f"({_ms(p.cpu_comm)} of it in the collectives) and {p.calls} collective "
+                     f"calls make {_ms(p.cpu_bound)}.")
     if len(ranked) > 1:
         r = ranked[1]
         q = r.prediction

@@ -16,6 +16,7 @@ schedule summary per collective.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -64,6 +65,57 @@ class Setting:
     overlap_slowdown: float = 1.0
     ranks_per_node: int = 1
     intra_bps: float = 100e9
+    cpu: CpuSetting | None = None  # shared cores, from a calibration (see load_calibration)
+
+    def cluster(self, workers: int, link: np.ndarray | float) -> Cluster:
+        c = self.cpu
+        extra = {} if c is None else {
+            "cores": c.cores, "cpu_ranks": workers if c.one_machine else None,
+            "cpu_step": c.step, "cpu_byte": c.byte, "cpu_share": c.share, "cpu_sync": c.sync}
+        return Cluster(workers, link, self.alpha, self.gamma, ranks_per_node=self.ranks_per_node,
+                       intra_bps=self.intra_bps, **extra)
+
+
+@dataclass(frozen=True)
+class CpuSetting:
+    """The shared-CPU terms of a calibration (point 6 of docs/performance-model.md).
+    ``one_machine``: every rank of the calibrated cluster ran on one machine (an emulated
+    cluster), so every worker of a what-if shares its cores too; otherwise each node's
+    ``ranks_per_node`` ranks share ``cores``."""
+
+    cores: float
+    one_machine: bool
+    step: float
+    byte: float
+    share: float
+    sync: float
+
+
+def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
+    """(α per step, γ, shared-CPU terms or None) from a ``gradwire calibrate`` file. α is the
+    per-step value measured with every rank taking part, as the validation uses it; files
+    written before calibrate measured CPU give None."""
+    try:
+        d = json.loads(Path(path).read_text())
+        alpha, gamma = float(d["alpha_step_s"]), float(d["gamma_s_per_byte"])
+    except OSError as e:
+        raise GradwireError(f"--calibration {path}: {e.strerror}") from None
+    except KeyError as e:
+        raise GradwireError(f"--calibration {path}: missing field {e.args[0]!r} (not a gradwire "
+                            "calibrate file? run `gradwire calibrate` to write one)") from None
+    except (ValueError, TypeError) as e:
+        raise GradwireError(f"--calibration {path}: not a gradwire calibrate file ({e}); run "
+                            "`gradwire calibrate` to write one") from None
+    if "cpu_sync_s" not in d:
+        return alpha, gamma, None
+    try:
+        cpu = CpuSetting(float(d["cores_per_machine"]),
+                         int(d["cpu_ranks_per_machine"]) >= int(d["hosts"]),
+                         float(d["cpu_step_s"]), float(d["cpu_byte_s"]), float(d["cpu_share"]),
+                         float(d["cpu_sync_s"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise GradwireError(f"--calibration {path}: its CPU fields are unreadable ({e})") from None
+    return alpha, gamma, cpu
 
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
@@ -73,8 +125,7 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
     rows, answers = [], []
     for x in speedups:
         for p in workers:
-            cluster = Cluster(p, link, setting.alpha, setting.gamma,
-                              ranks_per_node=setting.ranks_per_node, intra_bps=setting.intra_bps)
+            cluster = setting.cluster(p, link)
             dense = None
             for agg in aggs:
                 r = predict(profile, cluster, agg, codecs, x, setting.overlap_slowdown)
@@ -100,6 +151,7 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
             "answers": answers, "alpha_s": setting.alpha, "gamma_s_per_byte": setting.gamma,
             "overlap_slowdown": setting.overlap_slowdown, "codecs": codecs.source,
             "ranks_per_node": setting.ranks_per_node, "intra_bps": setting.intra_bps,
+            "shared_cpu": None if setting.cpu is None else vars(setting.cpu),
             "compute_source": profile.sources.get("backward_s", ""),
             "load_average": os.getloadavg()[0]}
 
