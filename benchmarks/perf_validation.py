@@ -3,7 +3,8 @@
 For each link rate and P, one emulated cluster first runs ``gradwire calibrate``'s rank side
 (α per step of a P-element allreduce with every rank taking part, β by streaming, γ, and the
 CPU a rank spends per step and per byte, how many ranks share how many cores, the share of
-them the ranks keep busy and what each collective call waits for ranks not yet scheduled),
+them the ranks keep busy, what each collective call waits for ranks not yet scheduled and
+how much slower memory-bound CPU work runs beside the other ranks),
 then ``gradwire train`` (the project's 1.13 M parameter MLP, batch 32 per rank, no density
 warm-up, DDP's default buckets) once per aggregation; the model predicts the same
 configuration:
@@ -98,9 +99,11 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                               cpu_ranks=cal.get("cpu_ranks_per_machine"),
                               cpu_step=cal["cpu_step_s"], cpu_byte=cal["cpu_byte_s"],
                               cpu_share=cal.get("cpu_share", 1.0),
-                              cpu_sync=cal.get("cpu_sync_s", 0.0))
-            own = predict(here, cluster, Aggregation(ref["agg"]), table)
-            rank_cpu = ref["cpu_s_per_iter"] - own.cpu_comm - own.coding
+                              cpu_sync=cal.get("cpu_sync_s", 0.0),
+                              cpu_slowdown=cal.get("cpu_slowdown", 1.0))
+            # the dense run's CPU less what the model charges it for coding and collectives
+            rank_cpu = ref["cpu_s_per_iter"] - predict(here, cluster, Aggregation(ref["agg"]),
+                                                       table, rank_cpu=0.0).cpu
             for agg, res in measured.items():
                 pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu)
                 meas = p * batch / res["samples_per_s"]

@@ -80,7 +80,7 @@ def test_calibrate_on_three_hosts(tmp_path):
     # every rank on this machine: three ranks share its cores
     assert cal["cpu_step_s"] > 0 and cal["cpu_byte_s"] >= 0
     assert cal["cpu_ranks_per_machine"] == 3 and cal["cores_per_machine"] >= 1
-    assert 0 < cal["cpu_share"] <= 1
+    assert 0 < cal["cpu_share"] <= 1 and cal["cpu_sync_s"] >= 0 and cal["cpu_slowdown"] >= 1
 
 
 def test_bench_and_calibrate_on_loopback(tmp_path):

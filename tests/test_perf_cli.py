@@ -101,7 +101,7 @@ def test_compute_ms_makes_a_profile_without_times_usable(monkeypatch, capsys) ->
 CALIBRATION = {"alpha_s": 3e-4, "alpha_step_s": 1.6e-3, "beta_s_per_byte": 8.36e-9,
                "gamma_s_per_byte": 1e-10, "hosts": 8, "cpu_step_s": 3.5e-4,
                "cpu_byte_s": 5e-10, "cpu_ranks_per_machine": 8, "cores_per_machine": 2,
-               "cpu_share": 0.95, "cpu_sync_s": 1.5e-3}
+               "cpu_share": 0.95, "cpu_sync_s": 1.5e-3, "cpu_slowdown": 1.3}
 
 
 def test_a_calibration_of_an_emulated_cluster_puts_every_worker_on_its_cores(

@@ -248,8 +248,9 @@ def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     free = predict(TOY, Cluster(8, 1e9, 307e-6, 0.1e-9, beta=8.36e-9), agg, HERE)
     assert free.cpu_bound == 0 and free.cpu_comm == 0
     assert free.cpu == pytest.approx(0.16 + free.coding)
-    r = predict(TOY, _shared(8, cpu_share=0.9, cpu_sync=1e-3), agg, HERE, rank_cpu=0.2)
-    assert r.cpu == pytest.approx(0.2 + r.coding + r.cpu_comm) and r.cpu_comm > 0
+    r = predict(TOY, _shared(8, cpu_share=0.9, cpu_sync=1e-3, cpu_slowdown=1.5), agg, HERE,
+                rank_cpu=0.2)
+    assert r.cpu == pytest.approx(0.2 + 1.5 * r.coding + r.cpu_comm) and r.cpu_comm > 0
     per_bucket = 1 + (2 if method == "powersgd" else 1)
     assert r.calls == len(buckets(TOY, agg)) * per_bucket
     assert r.cpu_bound == pytest.approx(4 * r.cpu / 0.9 + r.calls * 1e-3)
@@ -265,7 +266,8 @@ def test_cluster_refuses_bad_cpu_settings() -> None:
                     ({"cpu_share": 1.5}, r"CPU share must be a number in \(0, 1\]"),
                     ({"cpu_step": -1}, "CPU per step, per byte and sync wait per call must"),
                     ({"cpu_sync": -1e-3}, "CPU per step, per byte and sync wait per call must"),
-                    ({"cpu_ranks": 0}, "ranks per machine")):
+                    ({"cpu_ranks": 0}, "ranks per machine"),
+                    ({"cpu_slowdown": 0.5}, "CPU slowdown must be >= 1")):
         with pytest.raises(GradwireError, match=msg):
             Cluster(4, 1e9, 1e-4, **kw)
 

@@ -338,7 +338,8 @@ def calibrate(
                   f"{d['cpu_byte_s'] * 1e9:.2f} ns per byte moved; "
                   f"{d['cpu_ranks_per_machine']} ranks on {d['cores_per_machine']} cores keep "
                   f"{d['cpu_share']:.0%} of them busy, {d['cpu_sync_s'] * 1e6:.0f} us wait per "
-                  "collective call (the model's shared-CPU term)")
+                  f"collective call, memory-bound CPU ×{d['cpu_slowdown']:.2f} beside the other "
+                  "ranks (the model's shared-CPU terms)")
     if codec_numel:
         how = ("through the hook" if "through the hook" in measured["codecs"]["source"]
                else "compressors only")
@@ -576,7 +577,8 @@ def _calibrated(path: Path | None, alpha_us: float, gamma_ns: float):
     return alpha, gamma, cpu, (where + f"; {who} sharing {cpu.cores:g} cores "
                                f"(CPU {cpu.step * 1e6:.0f} µs per step, "
                                f"{cpu.byte * 1e9:.2f} ns/B, {cpu.share:.0%} busy, "
-                               f"{cpu.sync * 1e6:.0f} µs wait per call)")
+                               f"{cpu.sync * 1e6:.0f} µs wait per call, coding CPU "
+                               f"×{cpu.slowdown:.2f})")
 
 
 def _node(ranks_per_node: int, intra_bandwidth: str) -> tuple[int, float]:

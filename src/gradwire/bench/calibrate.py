@@ -14,7 +14,8 @@ Rank side (ranks 0 and 1 of the launched job):
    give the CPU one rank spends per step (``cpu_step_s``).
 5. CPU per byte moved (:func:`byte_cpu`), every rank taking part in a 4 MiB allreduce.
 6. How the ranks share their machines' cores (:func:`cpu_sharing`): ranks and cores per
-   machine, the share of the cores they keep busy, and the wait per collective call.
+   machine, the share of the cores they keep busy, the wait per collective call, and how much
+   more CPU memory-bound work takes with every rank running than alone.
 
 5 and 6 are what the performance model charges when ranks share cores (point 5 of
 :mod:`gradwire.perf.model`), as every rank of an emulated cluster shares this machine's.
@@ -206,7 +207,35 @@ def cpu_sharing(t: Transport) -> dict:
         ys.append(float(got[1]))
     slope, sync = np.polyfit(xs, ys, 1)
     return {"ranks": ranks, "cores": cores, "share": float(min(1.0, 1.0 / max(slope, 1e-9))),
-            "sync": float(max(sync, 0.0))}
+            "sync": float(max(sync, 0.0)), "slowdown": _memory_slowdown(t)}
+
+
+def _memory_slowdown(t: Transport) -> float:
+    """How much more CPU memory-bound work (``a.add_(b)`` over 4 MiB of float32, as encode
+    and decode do) takes when every rank runs it at once than when rank 0 runs it alone, the
+    others waiting (median of 5 rounds; at least 1)."""
+    a, b = torch.ones(2**20), torch.ones(2**20)
+
+    def work() -> float:
+        c0 = time.thread_time()
+        for _ in range(20):
+            a.add_(b)
+        return time.thread_time() - c0
+
+    work()
+    alone, together = [], []
+    for _ in range(5):
+        dist.barrier(group=t.group)
+        if t.rank == 0:
+            alone.append(work())
+        dist.barrier(group=t.group)
+        together.append(work())
+    mean = torch.tensor([statistics.median(together) / t.world_size], dtype=torch.float64)
+    dist.all_reduce(mean, group=t.group)
+    ratio = torch.tensor([float(mean) / statistics.median(alone) if t.rank == 0 else 0.0],
+                         dtype=torch.float64)
+    dist.broadcast(ratio, 0, group=t.group)
+    return max(1.0, float(ratio))
 
 
 def _cores() -> int:
@@ -252,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu = {"cpu_step_s": cpu_step, "cpu_byte_s": cpu_byte,
                "cpu_ranks_per_machine": sharing["ranks"],
                "cores_per_machine": sharing["cores"], "cpu_share": sharing["share"],
-               "cpu_sync_s": sharing["sync"]}
+               "cpu_sync_s": sharing["sync"], "cpu_slowdown": sharing["slowdown"]}
         Path(a.out).write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
                                            "gamma_s_per_byte": gamma,
                                            "alpha_step_s": alpha_step, **cpu}))

@@ -21,7 +21,8 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
 5. Shared CPU (``Cluster.cores`` set): when n ranks share a machine of C cores, an iteration
    takes at least max(1, n/C)·D/u + c·s. D is the CPU one rank spends per iteration: its
-   compute (``rank_cpu``, default t_f + t_b + t_step), encode and decode, and its part of
+   compute (``rank_cpu``, default t_f + t_b + t_step), encode and decode (times
+   ``cpu_slowdown``: memory-bound work takes longer beside the other ranks), and its part of
    every schedule (:func:`gradwire.perf.comm.cpu_seconds`: ``cpu_step`` per step it takes
    part in, ``cpu_byte`` per byte it moves, γ per byte it reduces). u (``cpu_share``) is the
    share of the cores the ranks keep busy, c the collective calls per iteration (headers
@@ -87,6 +88,7 @@ class Cluster:
     cpu_byte: float = 0.0  # CPU seconds per byte moved, its sender's and receiver's together
     cpu_share: float = 1.0  # the share of the machine's cores the ranks keep busy
     cpu_sync: float = 0.0  # seconds each collective call waits for ranks not yet scheduled
+    cpu_slowdown: float = 1.0  # CPU of encode/decode with every rank running / alone
 
     def __post_init__(self) -> None:
         check_int("cluster", "ranks per node", self.ranks_per_node, 1)
@@ -95,6 +97,8 @@ class Cluster:
         if self.cores is not None and not self.cores > 0:
             raise GradwireError(f"cores per machine must be > 0, got {self.cores!r}")
         check_fraction("cluster", "CPU share", self.cpu_share)
+        if not self.cpu_slowdown >= 1:
+            raise GradwireError(f"CPU slowdown must be >= 1, got {self.cpu_slowdown!r}")
         if min(self.cpu_step, self.cpu_byte, self.cpu_sync) < 0:
             raise GradwireError(f"CPU per step, per byte and sync wait per call must be >= 0, "
                                 f"got {self.cpu_step!r}, {self.cpu_byte!r} and "
@@ -263,7 +267,7 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     it = f + done + s
     own = (f + profile.backward_s / compute_speedup + s  # type: ignore[operator]
            if rank_cpu is None else rank_cpu / compute_speedup)
-    cpu = own + coding + cpu_comm
+    cpu = own + coding * (cluster.cpu_slowdown if cluster.cores is not None else 1.0) + cpu_comm
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + calls * cluster.cpu_sync
              if cluster.cores is not None else 0.0)
     bound_it = np.maximum(it, bound)

@@ -71,7 +71,8 @@ class Setting:
         c = self.cpu
         extra = {} if c is None else {
             "cores": c.cores, "cpu_ranks": workers if c.one_machine else None,
-            "cpu_step": c.step, "cpu_byte": c.byte, "cpu_share": c.share, "cpu_sync": c.sync}
+            "cpu_step": c.step, "cpu_byte": c.byte, "cpu_share": c.share, "cpu_sync": c.sync,
+            "cpu_slowdown": c.slowdown}
         return Cluster(workers, link, self.alpha, self.gamma, ranks_per_node=self.ranks_per_node,
                        intra_bps=self.intra_bps, **extra)
 
@@ -89,6 +90,7 @@ class CpuSetting:
     byte: float
     share: float
     sync: float
+    slowdown: float = 1.0
 
 
 def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
@@ -112,7 +114,7 @@ def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
         cpu = CpuSetting(float(d["cores_per_machine"]),
                          int(d["cpu_ranks_per_machine"]) >= int(d["hosts"]),
                          float(d["cpu_step_s"]), float(d["cpu_byte_s"]), float(d["cpu_share"]),
-                         float(d["cpu_sync_s"]))
+                         float(d["cpu_sync_s"]), float(d.get("cpu_slowdown", 1.0)))
     except (ValueError, KeyError, TypeError) as e:
         raise GradwireError(f"--calibration {path}: its CPU fields are unreadable ({e})") from None
     return alpha, gamma, cpu
