@@ -151,18 +151,32 @@ class Node:
 def cpu_seconds(collective: str, algo: str, p: int, count: int, elem_bytes: float,
                 per_step: float, per_byte: float, gamma: float = 0.0,
                 **params: object) -> float:
-    """CPU seconds the busiest rank spends on the collective: per step it takes part in
-    (sends or receives), ``per_step``; per byte it moves, half of ``per_byte`` (the CPU a
-    byte costs its sender and its receiver together); per byte it reduces, ``gamma``.
-    Read from the same schedule summary as :func:`seconds`."""
+    """CPU seconds a rank spends on the collective, the mean over ranks (ranks sharing cores
+    share the sum): per step it takes part in (sends or receives), ``per_step``; per byte it
+    moves, half of ``per_byte`` (the CPU a byte costs its sender and its receiver together);
+    per byte it reduces, ``gamma``. Counted on the schedule at ``min(count, ref_count(P))``
+    elements, bytes scaled to ``count`` as :func:`seconds` does."""
     if p == 1 or count == 0:
         return 0.0
-    s = summary(collective, algo, p, count, 1, **params)
-    scale = elem_bytes * count / s.count
-    total = 0.0
-    for steps, rows in s.groups:
-        c = rows.T
-        busy = ((c[0] + c[2] + c[4] + c[6]) > 0) * per_step
-        moved = (c[1] + c[3] + c[5] + c[7]) * scale * per_byte / 2
-        total += steps * float((busy + moved + c[8] * scale * gamma).max())
-    return total
+    key = tuple(sorted(params.items()))
+    c0 = min(count, ref_count(p, params.get("pipeline")))
+    steps, moved, reduced = _cpu_totals(collective, algo, p, c0, key)
+    scale = elem_bytes * count / c0
+    return steps * per_step + scale * (moved * per_byte / 2 + reduced * gamma)
+
+
+@functools.lru_cache(maxsize=512)
+def _cpu_totals(collective: str, algo: str, p: int, count: int,
+                params: tuple[tuple[str, object], ...]) -> tuple[float, float, float]:
+    """Per rank, the mean over ranks: steps it takes part in, elements it sends plus those it
+    receives, elements it reduces."""
+    s = registry.schedule(collective, algo, p, count, **dict(params))
+    steps = moved = reduced = 0
+    for step in s.steps:
+        busy = set()
+        for x in step.transfers:
+            busy.update((x.src, x.dst))
+            moved += 2 * x.count
+            reduced += x.count * bool(x.reduces)
+        steps += len(busy)
+    return steps / p, moved / p, reduced / p
