@@ -51,6 +51,7 @@ from gradwire.jobs import run_ranks
 from gradwire.perf import codecs
 from gradwire.perf.measure import measure
 from gradwire.perf.model import Aggregation, Cluster, predict
+from gradwire.perf.whatif import CpuSetting
 from gradwire.train.job import TrainConfig, train_on, validate
 
 HERE = Path(__file__).parent
@@ -95,12 +96,7 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
             here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
             cluster = Cluster(p, bps, cal["alpha_step_s"], cal["gamma_s_per_byte"],
                               beta=cal["beta_s_per_byte"], check_calls=True,
-                              cores=cal.get("cores_per_machine"),
-                              cpu_ranks=cal.get("cpu_ranks_per_machine"),
-                              cpu_step=cal["cpu_step_s"], cpu_byte=cal["cpu_byte_s"],
-                              cpu_share=cal.get("cpu_share", 1.0),
-                              cpu_sync=cal.get("cpu_sync_s", 0.0),
-                              cpu_slowdown=cal.get("cpu_slowdown", 1.0))
+                              **CpuSetting.from_calibration(cal, p).fields(p))
             # the dense run's CPU less what the model charges it for coding and collectives
             rank_cpu = ref["cpu_s_per_iter"] - predict(here, cluster, Aggregation(ref["agg"]),
                                                        table, rank_cpu=0.0).cpu

@@ -316,6 +316,7 @@ def calibrate(
     from gradwire.bench import calibrate as cal
     from gradwire.jobs import run_ranks
     from gradwire.perf import codecs
+    from gradwire.perf.whatif import CpuSetting
 
     parse_bandwidth(bandwidth)
     if cluster is None and hosts < 2:
@@ -334,12 +335,9 @@ def calibrate(
               f"{d['link_gbit_per_s_measured']:.3f}", f"{d['gamma_s_per_byte'] * 1e9:.4f}",
               d["network"], d["path"])
     console.print(t)
-    console.print(f"CPU: {d['cpu_step_s'] * 1e6:.0f} us per step, "
-                  f"{d['cpu_byte_s'] * 1e9:.2f} ns per byte moved; "
-                  f"{d['cpu_ranks_per_machine']} ranks on {d['cores_per_machine']} cores keep "
-                  f"{d['cpu_share']:.0%} of them busy, {d['cpu_sync_s'] * 1e6:.0f} us wait per "
-                  f"collective call, memory-bound CPU ×{d['cpu_slowdown']:.2f} beside the other "
-                  "ranks (the model's shared-CPU terms)")
+    console.print(f"shared-CPU terms for the model: {d['cpu_ranks_per_machine']} ranks on "
+                  f"{d['cores_per_machine']} cores; "
+                  f"{CpuSetting.from_calibration(d, n_hosts).describe()}")
     if codec_numel:
         how = ("through the hook" if "through the hook" in measured["codecs"]["source"]
                else "compressors only")
@@ -574,11 +572,7 @@ def _calibrated(path: Path | None, alpha_us: float, gamma_ns: float):
     if cpu is None:
         return alpha, gamma, None, where + " (no CPU terms in it: cores of their own)"
     who = "every worker on one machine" if cpu.one_machine else "each node's ranks"
-    return alpha, gamma, cpu, (where + f"; {who} sharing {cpu.cores:g} cores "
-                               f"(CPU {cpu.step * 1e6:.0f} µs per step, "
-                               f"{cpu.byte * 1e9:.2f} ns/B, {cpu.share:.0%} busy, "
-                               f"{cpu.sync * 1e6:.0f} µs wait per call, coding CPU "
-                               f"×{cpu.slowdown:.2f})")
+    return alpha, gamma, cpu, where + f"; {who} sharing {cpu.cores:g} cores ({cpu.describe()})"
 
 
 def _node(ranks_per_node: int, intra_bandwidth: str) -> tuple[int, float]:

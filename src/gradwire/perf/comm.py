@@ -109,9 +109,13 @@ def summary(collective: str, algo: str, p: int, count: int, ranks_per_node: int 
             **params: object) -> Summary:
     """The summary of ``registry.schedule(collective, algo, p, count, **params)`` (cached; a
     count above ``ref_count(p)`` reuses that count's summary)."""
-    key = tuple(sorted(params.items()))
-    return _summary(collective, algo, p, min(count, ref_count(p, params.get("pipeline"))), key,
-                    ranks_per_node)
+    return _summary(collective, algo, p, *_reference(p, count, params), ranks_per_node)
+
+
+def _reference(p: int, count: int, params: dict[str, object]) -> tuple[int, tuple]:
+    """The count a schedule is built at for ``count`` elements (at most ``ref_count``) and
+    ``params`` as a cache key."""
+    return min(count, ref_count(p, params.get("pipeline"))), tuple(sorted(params.items()))
 
 
 def seconds(collective: str, algo: str, p: int, count: int, elem_bytes: float,
@@ -158,8 +162,7 @@ def cpu_seconds(collective: str, algo: str, p: int, count: int, elem_bytes: floa
     elements, bytes scaled to ``count`` as :func:`seconds` does."""
     if p == 1 or count == 0:
         return 0.0
-    key = tuple(sorted(params.items()))
-    c0 = min(count, ref_count(p, params.get("pipeline")))
+    c0, key = _reference(p, count, params)
     steps, moved, reduced = _cpu_totals(collective, algo, p, c0, key)
     scale = elem_bytes * count / c0
     return steps * per_step + scale * (moved * per_byte / 2 + reduced * gamma)

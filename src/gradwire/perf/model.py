@@ -242,6 +242,7 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
     bs = buckets(profile, agg)
     kappa = overlap_slowdown if len(bs) > 1 and p > 1 else 1.0
+    shared = cluster.cores is not None  # point 5: ranks share cores
     end = np.zeros_like(beta)
     total_comm, coding, wire, cpu_comm, calls = np.zeros_like(beta), 0.0, 0, 0.0, 0
     for numel, ready in bs:
@@ -252,7 +253,7 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
         t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, node=cluster.node, **prm)
                 for c, a, n, e, prm in ops)
         calls += len(ops) if p > 1 else 0
-        if cluster.cores is not None:
+        if shared:
             cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, cluster.cpu_step, cluster.cpu_byte,
                                              float(np.max(gamma)), **prm)
                             for c, a, n, e, prm in ops)
@@ -267,9 +268,9 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     it = f + done + s
     own = (f + profile.backward_s / compute_speedup + s  # type: ignore[operator]
            if rank_cpu is None else rank_cpu / compute_speedup)
-    cpu = own + coding * (cluster.cpu_slowdown if cluster.cores is not None else 1.0) + cpu_comm
+    cpu = own + coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + calls * cluster.cpu_sync
-             if cluster.cores is not None else 0.0)
+             if shared else 0.0)
     bound_it = np.maximum(it, bound)
     return Prediction(bound_it, f, b, s, total_comm, coding, done - b + (bound_it - it), wire,
                       len(bs), cpu=cpu,

@@ -68,11 +68,7 @@ class Setting:
     cpu: CpuSetting | None = None  # shared cores, from a calibration (see load_calibration)
 
     def cluster(self, workers: int, link: np.ndarray | float) -> Cluster:
-        c = self.cpu
-        extra = {} if c is None else {
-            "cores": c.cores, "cpu_ranks": workers if c.one_machine else None,
-            "cpu_step": c.step, "cpu_byte": c.byte, "cpu_share": c.share, "cpu_sync": c.sync,
-            "cpu_slowdown": c.slowdown}
+        extra = {} if self.cpu is None else self.cpu.fields(workers)
         return Cluster(workers, link, self.alpha, self.gamma, ranks_per_node=self.ranks_per_node,
                        intra_bps=self.intra_bps, **extra)
 
@@ -91,6 +87,25 @@ class CpuSetting:
     share: float
     sync: float
     slowdown: float = 1.0
+
+    @classmethod
+    def from_calibration(cls, d: dict, hosts: int) -> CpuSetting:
+        """The terms of a calibration's fields ``d``, measured on ``hosts`` ranks (KeyError,
+        ValueError or TypeError where they are missing or malformed)."""
+        return cls(float(d["cores_per_machine"]), int(d["cpu_ranks_per_machine"]) >= hosts,
+                   float(d["cpu_step_s"]), float(d["cpu_byte_s"]), float(d["cpu_share"]),
+                   float(d["cpu_sync_s"]), float(d.get("cpu_slowdown", 1.0)))
+
+    def fields(self, workers: int) -> dict[str, object]:
+        """:class:`Cluster`'s shared-CPU arguments for ``workers`` ranks."""
+        return {"cores": self.cores, "cpu_ranks": workers if self.one_machine else None,
+                "cpu_step": self.step, "cpu_byte": self.byte, "cpu_share": self.share,
+                "cpu_sync": self.sync, "cpu_slowdown": self.slowdown}
+
+    def describe(self) -> str:
+        return (f"CPU {self.step * 1e6:.0f} µs per step, {self.byte * 1e9:.2f} ns/B, "
+                f"{self.share:.0%} busy, {self.sync * 1e6:.0f} µs wait per call, coding CPU "
+                f"×{self.slowdown:.2f}")
 
 
 def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
@@ -111,10 +126,7 @@ def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
     if "cpu_sync_s" not in d:
         return alpha, gamma, None
     try:
-        cpu = CpuSetting(float(d["cores_per_machine"]),
-                         int(d["cpu_ranks_per_machine"]) >= int(d["hosts"]),
-                         float(d["cpu_step_s"]), float(d["cpu_byte_s"]), float(d["cpu_share"]),
-                         float(d["cpu_sync_s"]), float(d.get("cpu_slowdown", 1.0)))
+        cpu = CpuSetting.from_calibration(d, int(d["hosts"]))
     except (ValueError, KeyError, TypeError) as e:
         raise GradwireError(f"--calibration {path}: its CPU fields are unreadable ({e})") from None
     return alpha, gamma, cpu
