@@ -51,6 +51,58 @@ def test_unshaped_cluster_has_no_tbf():
         cluster_down(c.name)
 
 
+def _mtu(dev, netns=None):
+    cmd = ["ip", "-o", "link", "show", dev]
+    out = subprocess.run(["ip", "netns", "exec", netns, *cmd] if netns else cmd,
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split(" mtu ")[1].split()[0])
+
+
+def _tcp_mss(c):
+    """The segment size a TCP connection from host 0 to host 1 settles on."""
+    serve = ("import socket; s = socket.create_server(('{a}', 45123)); print(1, flush=True); "
+             "s.accept()[0].recv(1)").format(a=c.hosts[1].addr)
+    server = subprocess.Popen(["ip", "netns", "exec", c.hosts[1].netns, sys.executable, "-c",
+                               serve], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "1"
+        ask = ("import socket; s = socket.create_connection(('{a}', 45123), timeout=10); "
+               "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)); s.send(b'x')"
+               ).format(a=c.hosts[1].addr)
+        out = subprocess.run(["ip", "netns", "exec", c.hosts[0].netns, sys.executable, "-c",
+                              ask], capture_output=True, text=True, timeout=30, check=True)
+        return int(out.stdout)
+    finally:
+        server.wait(timeout=30)
+
+
+def test_mtu_reaches_the_bridge_and_both_ends_of_every_link():
+    jumbo, default = cluster_up(2, "1gbit", mtu=9000), cluster_up(2, "1gbit")
+    try:
+        assert _mtu(jumbo.bridge) == 9000
+        for h in jumbo.hosts:
+            assert _mtu(h.ifname, h.netns) == _mtu(f"{jumbo.name}-v{h.rank}") == 9000
+        assert load_cluster(jumbo.name).mtu == 9000
+        assert _tcp_mss(jumbo) == 9000 - 52  # IP 20 + TCP 20 + timestamps 12: segments fill it
+        assert jumbo.label.endswith(", MTU 9000") and jumbo.link_key == "1gbit-mtu9000"
+        # Ethernet's default keeps the names reports and calibrations have always had.
+        assert _mtu(default.hosts[0].ifname, default.hosts[0].netns) == 1500
+        assert _tcp_mss(default) == 1500 - 52
+        assert "MTU" not in default.label and default.link_key == "1gbit"
+    finally:
+        cluster_down(jumbo.name)
+        cluster_down(default.name)
+    assert gradwire_leftovers(jumbo.name) == gradwire_leftovers(default.name) == []
+
+
+@pytest.mark.parametrize("mtu", [575, 65536, True, "9000", 1500.0])
+def test_bad_mtu_makes_nothing(mtu):
+    before = netns_names()
+    with pytest.raises(GradwireError, match="--mtu must be an integer number of bytes from 576"):
+        cluster_up(2, "1gbit", mtu=mtu)
+    assert netns_names() == before
+
+
 def test_two_clusters_side_by_side_do_not_collide():
     a, b = cluster_up(2, "1gbit"), cluster_up(2, "1gbit")
     try:

@@ -23,7 +23,7 @@ from gradwire.cluster import (
     load_cluster,
     netns_available,
 )
-from gradwire.cluster.netns import LOOPBACK_LABEL
+from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.errors import GradwireError
 from gradwire.launcher import launch
 
@@ -39,6 +39,9 @@ Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (rank
 Bandwidth = Annotated[str, typer.Option(
     "--bandwidth", "-b", help="per-host link rate in each direction: 100mbit, 1gbit, 10gbit, "
     "25gbit or none")]
+Mtu = Annotated[int, typer.Option(
+    help="largest IP packet on every link, bytes: 1500 (Ethernet) or e.g. 9000 (jumbo frames); "
+    "tbf counts frame headers against the rate")]
 Loopback = Annotated[bool, typer.Option(
     "--loopback", help=f"run without namespaces ({LOOPBACK_LABEL}); automatic without root")]
 
@@ -52,24 +55,25 @@ def _use_loopback(requested: bool) -> bool:
     return not ok
 
 
-def _cluster(hosts: int, bandwidth: str, name: str | None,
-             loopback: bool) -> contextlib.AbstractContextManager[Cluster]:
+def _cluster(hosts: int, bandwidth: str, name: str | None, loopback: bool,
+             mtu: int = MTU) -> contextlib.AbstractContextManager[Cluster]:
     """The live cluster ``name``, or an ephemeral one removed when the block ends."""
     if name is not None:
         return contextlib.nullcontext(load_cluster(name))
-    return ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback))
+    return ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback), mtu)
 
 
 ClusterName = Annotated[str | None, typer.Option(
-    "--cluster", help="use this live cluster (its hosts and bandwidth) instead of a new one")]
+    "--cluster", help="use this live cluster (its hosts, bandwidth and MTU) instead of a new "
+    "one")]
 
 
 @cluster_app.command("up")
 def cluster_up_cmd(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
                    name: Annotated[str | None, typer.Option(help="gw + 6 hex digits")] = None,
-                   ) -> None:
+                   mtu: Mtu = MTU) -> None:
     """Create an emulated cluster that stays up until `gradwire cluster down`."""
-    c = cluster_up(hosts, bandwidth, name)
+    c = cluster_up(hosts, bandwidth, name, mtu=mtu)
     console.print(f"cluster [bold]{c.name}[/] up: {c.label}")
     _print_hosts(c)
 
@@ -101,9 +105,10 @@ def cluster_status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False)
 
 
 def _print_hosts(c) -> None:
-    t = Table("rank", "namespace", "address", "interface", "link (each direction)")
+    t = Table("rank", "namespace", "address", "interface", "link (each direction)", "MTU")
     for h in c.hosts:
-        t.add_row(str(h.rank), h.netns or "-", h.addr, h.ifname, format_bandwidth(c.bandwidth_bps))
+        t.add_row(str(h.rank), h.netns or "-", h.addr, h.ifname, format_bandwidth(c.bandwidth_bps),
+                  str(c.mtu) if h.netns else "-")
     console.print(t)
 
 
@@ -114,13 +119,14 @@ def run(
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
     timeout: Annotated[float | None, typer.Option(help="seconds for the whole run")] = None,
+    mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
     """Run CMD once per host with torchrun's environment; stop all if one fails.
 
     Example: gradwire run --hosts 4 --bandwidth 1gbit -- python train.py
     """
-    with _cluster(hosts, bandwidth, cluster, loopback) as c:
+    with _cluster(hosts, bandwidth, cluster, loopback, mtu) as c:
         res = launch(c, cmd, timeout=timeout)
     if res.returncode != 0:
         print(f"gradwire run: {res.message}", file=sys.stderr)
@@ -183,6 +189,7 @@ def train(
     json_out: JsonOut = None,
     plot: Annotated[Path | None, typer.Option(help="write loss and accuracy curves (PNG) "
                                               "here")] = None,
+    mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
     """Data-parallel training on an emulated cluster; prints throughput, bytes per iteration,
@@ -198,7 +205,7 @@ def train(
                       seq_len=seq_len, checkpoint=checkpoint, resume=resume)
     parse_bandwidth(bandwidth)
     validate(cfg, hosts)
-    with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback)) as c:
+    with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback), mtu) as c:
         result = train_on(c, cfg, agg, timeout, console)
         label = c.label
     title = (f"{model} ({result['parameters'] / 1e6:.2f} M params), {hosts} ranks, {label}, "
@@ -228,6 +235,7 @@ def demo(
     timeout: Annotated[float, typer.Option(help="seconds per training run")] = 900,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
     plot: Annotated[Path | None, typer.Option(help="the figure (PNG)")] = Path("gradwire-demo.png"),
+    mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
     """The headline comparison: dense vs Top-k vs gTop-k (density 0.001, warm-up) training a
@@ -248,7 +256,7 @@ def demo(
     parse_bandwidth(bandwidth)
     for a in aggs:
         validate(dataclasses.replace(base, agg=a), hosts)
-    with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback)) as c:
+    with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback), mtu) as c:
         results = run_demo(c, aggs, base, timeout, console, plot)
     if json_out:
         json_out.write_text(json.dumps(results, indent=1))
@@ -275,6 +283,7 @@ def bench(
                                           "the baseline row")] = True,
     timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 3600,
     json_out: Annotated[Path | None, typer.Option("--json", help="write rows here")] = None,
+    mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
     """Time collectives like nccl-tests, with the built-in collective and the model's
@@ -290,7 +299,7 @@ def bench(
     size_list = parse_sizes(sizes)
     params = parse_params(param or [])
     parse_bandwidth(bandwidth)
-    with _cluster(hosts, bandwidth, cluster, loopback) as c:
+    with _cluster(hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
                            builtin, timeout, console)
     result["command"] = "gradwire " + shlex.join(sys.argv[1:])
@@ -308,6 +317,7 @@ def calibrate(
     codec_numel: Annotated[int, typer.Option(min=0, help="also time every compressor's encode "
                                              "and decode on this many elements (0: skip)")] =
     2_000_000,
+    mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
     """Measure α (ping-pong, and per step of an allreduce over every host), β (streaming), γ
@@ -321,9 +331,9 @@ def calibrate(
     parse_bandwidth(bandwidth)
     if cluster is None and hosts < 2:
         raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
-    with _cluster(hosts, bandwidth, cluster, loopback) as c:
+    with _cluster(hosts, bandwidth, cluster, loopback, mtu) as c:
         measured = run_ranks(c, "gradwire.bench.calibrate", [], "calibrate", timeout, console)
-        key = format_bandwidth(c.bandwidth_bps) if c.shaped else "loopback"
+        key = c.link_key
         n_hosts, label = len(c.hosts), c.label
     if codec_numel:
         measured["codecs"] = codecs.measure(codec_numel)

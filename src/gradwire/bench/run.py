@@ -7,7 +7,6 @@ import os
 
 from rich.console import Console
 
-from gradwire.bandwidth import format_bandwidth
 from gradwire.bench import calibrate, provenance
 from gradwire.bench.report import annotate, table
 from gradwire.bench.spec import BUILTIN, AlgoSpec
@@ -20,7 +19,7 @@ DEFAULT_ALPHA_S = 100e-6  # used only when no calibration exists: say so in the 
 
 def model_params(cluster: Cluster) -> tuple[CostParams, str]:
     """Calibrated α, β, γ for this cluster's links, or nominal ones (and which it was)."""
-    key = format_bandwidth(cluster.bandwidth_bps) if cluster.shaped else "loopback"
+    key = cluster.link_key
     found = calibrate.load(key)
     if found:
         return found[0], f"calibrated {found[1]['date']} ({calibrate.calibration_path(key)})"

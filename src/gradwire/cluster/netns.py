@@ -7,7 +7,11 @@ Layout for a cluster named ``gw3f9a1c`` with N hosts::
     bridge    gw3f9a1c-br              a non-blocking switch, no address in the root namespace
 
 Each host link is shaped in both directions with ``tc qdisc ... tbf``: on eth0 (the host's
-upload) and on the bridge-side veth (the host's download). Hosts run TCP ``CONGESTION_CONTROL``
+upload) and on the bridge-side veth (the host's download). Links carry Ethernet frames of
+``mtu`` bytes of IP packet (1500 by default; 9000 for the jumbo frames many clusters use): tbf
+counts each frame's headers against the rate, so TCP's payload rate is at most
+(mtu − 52)/(mtu + 14) of it, 95.6 % at 1500 and 99.3 % at 9000 (IP and TCP headers with
+timestamps, 52 bytes; Ethernet's, 14). Hosts run TCP ``CONGESTION_CONTROL``
 (cubic, Linux's default) whatever this machine's default is. State lives in
 ``/run/gradwire/<name>.json`` so ``cluster down`` works from another process.
 """
@@ -35,6 +39,8 @@ from gradwire.errors import GradwireError
 SUBNET_PREFIX = "10.213"  # 10.213.S.0/24, one S per live cluster; reserved for gradwire
 NAME_RE = re.compile(r"^gw[0-9a-f]{6}$")
 MAX_HOSTS = 250
+MTU = 1500  # Ethernet's default
+MTU_RANGE = (576, 65535)  # IPv4's smallest datagram every host must take; veth's largest
 LOOPBACK = "loopback"
 LOOPBACK_LABEL = "loopback, links not shaped"
 
@@ -63,6 +69,7 @@ class Cluster:
     # The hosts' TCP congestion control (CONGESTION_CONTROL when every host took it); None:
     # the machine's default.
     tcp: str | None = None
+    mtu: int = MTU
 
     @property
     def stale(self) -> bool:
@@ -80,8 +87,18 @@ class Cluster:
         if self.name == LOOPBACK:
             return LOOPBACK_LABEL
         tcp = f", TCP {self.tcp}" if self.tcp else ""
+        mtu = f", MTU {self.mtu}" if self.mtu != MTU else ""
         return (f"emulated {len(self.hosts)} hosts, {format_bandwidth(self.bandwidth_bps)} links"
-                f"{tcp}")
+                f"{tcp}{mtu}")
+
+    @property
+    def link_key(self) -> str:
+        """What a calibration of these links is saved under: the rate (``1gbit``), with the
+        MTU when it is not Ethernet's default (``1gbit-mtu9000``); ``loopback`` unshaped."""
+        if not self.shaped:
+            return "loopback"
+        rate = format_bandwidth(self.bandwidth_bps)
+        return rate if self.mtu == MTU else f"{rate}-mtu{self.mtu}"
 
     @property
     def bridge(self) -> str:
@@ -104,6 +121,8 @@ class Cluster:
             raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
         if c.tcp is not None and not (isinstance(c.tcp, str) and CC_NAME_RE.fullmatch(c.tcp)):
             raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
+        if not (isinstance(c.mtu, int) and MTU_RANGE[0] <= c.mtu <= MTU_RANGE[1]):
+            raise ValueError(f"cluster state {c.name!r} has an MTU outside {MTU_RANGE}")
         if not NAME_RE.match(c.name) or any(
                 h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
                 or not re.match(r"^\w+$", h.ifname) for h in c.hosts):
@@ -223,9 +242,21 @@ def _free_subnet() -> int:
     raise GradwireError("all 254 gradwire subnets are in use: run `gradwire cluster down --all`")
 
 
+def check_mtu(mtu: int) -> int:
+    """``mtu`` if a link may carry it, else a GradwireError saying what is allowed."""
+    lo, hi = MTU_RANGE
+    if isinstance(mtu, bool) or not isinstance(mtu, int) or not lo <= mtu <= hi:
+        raise GradwireError(f"--mtu must be an integer number of bytes from {lo} to {hi} "
+                            f"(1500: Ethernet's default; 9000: jumbo frames), got {mtu!r}")
+    return mtu
+
+
 def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
-               owned: bool = False) -> Cluster:
+               owned: bool = False, mtu: int = MTU) -> Cluster:
     """Create a cluster of ``hosts`` namespaces; on any failure everything made is removed.
+
+    ``mtu``: the largest IP packet on every link (bytes); the bridge and both ends of every
+    veth pair take it.
 
     ``owned``: the cluster belongs to this process (``ephemeral_cluster``); should the process
     die without removing it, the next cluster made on this machine removes it first. Stale
@@ -233,6 +264,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     if not 1 <= hosts <= MAX_HOSTS:
         raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     bps = parse_bandwidth(bandwidth)
+    check_mtu(mtu)
     ok, why = netns_available()
     if not ok:
         raise GradwireError(f"{why}; without it use the loopback fallback ({LOOPBACK_LABEL})")
@@ -244,11 +276,11 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     config.state_dir().mkdir(parents=True, exist_ok=True)
     reap_stale()
     owner = [os.getpid(), _start_ticks(os.getpid()) or 0] if owned else None
-    cluster = Cluster(name=name, bandwidth_bps=bps, subnet=_free_subnet(), owner=owner)
+    cluster = Cluster(name=name, bandwidth_bps=bps, subnet=_free_subnet(), owner=owner, mtu=mtu)
     # The state file is written first so that a crash half-way still leaves a record to clean up.
     _save(cluster)
     with _cleanup_on_failure(cluster):
-        _ip("link", "add", cluster.bridge, "type", "bridge")
+        _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
         took_all = True
         for i in range(hosts):
@@ -265,7 +297,8 @@ def _add_host(cluster: Cluster, host: Host, bps: float | None) -> bool:
     ns, outer, inner = host.netns, f"{cluster.name}-v{host.rank}", f"{cluster.name}-i{host.rank}"
     assert ns is not None
     _sh(["ip", "netns", "add", ns])
-    _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+    _ip("link", "add", outer, "mtu", str(cluster.mtu), "type", "veth", "peer", "name", inner,
+        "mtu", str(cluster.mtu))
     _ip("link", "set", inner, "netns", ns)
     _ip("link", "set", inner, "name", host.ifname, netns=ns)
     _ip("addr", "add", f"{host.addr}/24", "dev", host.ifname, netns=ns)
@@ -404,16 +437,19 @@ def loopback_cluster(hosts: int) -> Cluster:
 
 
 @contextlib.contextmanager
-def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False) -> Iterator[Cluster]:
+def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False,
+                      mtu: int = MTU) -> Iterator[Cluster]:
     """A cluster that lives for one ``with`` block and is removed on any exit, signals included.
 
-    ``loopback=True`` (or no namespace support) gives the unshaped loopback fallback instead.
+    ``loopback=True`` (or no namespace support) gives the unshaped loopback fallback instead
+    (``mtu`` checked, then not used: loopback's own MTU is 64 KiB).
     """
     if loopback:
         parse_bandwidth(bandwidth)
+        check_mtu(mtu)
         yield loopback_cluster(hosts)
         return
-    cluster = cluster_up(hosts, bandwidth, owned=True)
+    cluster = cluster_up(hosts, bandwidth, owned=True, mtu=mtu)
     with _signals_raise():
         try:
             yield cluster
