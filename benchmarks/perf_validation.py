@@ -6,8 +6,9 @@ CPU a rank spends per step and per byte, how many ranks share how many cores, th
 them the ranks keep busy, what each collective call waits for ranks not yet scheduled and
 how much slower memory-bound CPU work runs beside the other ranks),
 then ``gradwire train`` (the project's 1.13 M parameter MLP, batch 32 per rank, no density
-warm-up, DDP's default buckets) once per aggregation; the model predicts the same
-configuration:
+warm-up, DDP's default buckets) ``--repeats`` times per aggregation, the rounds interleaved
+(every aggregation once, then again), and the measurements averaged; the model predicts the
+same configuration:
 
 - compute: forward + backward of the *dense run at the same P and rate* (its reported compute),
   split into forward and per-tensor backward as ``gradwire profile`` measures them in one
@@ -25,7 +26,7 @@ aggregations is predicted. Measured iteration = P·batch / samples per second ov
 epochs (the first epoch, which pays one-time costs, is left out). The advisor's pick at each
 (rate, P) is the scheme with the lowest prediction among those measured.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 15 minutes
+    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 30 minutes
     python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,fp16 --out v.json
 """
 
@@ -59,8 +60,21 @@ HERE = Path(__file__).parent
 EPOCHS = {2: 3, 4: 4, 8: 6}
 
 
+def average(runs: list[dict]) -> dict:
+    """One result from repeated training runs of one configuration: the means of the iteration
+    time, the time breakdown and the CPU per rank; each run's iteration time kept."""
+    size = runs[0]["world_size"] * runs[0]["batch_size_per_rank"]
+    its = [size / r["samples_per_s"] for r in runs]
+    mean = statistics.fmean
+    return {**runs[0], "samples_per_s": size / mean(its), "iteration_each_s": its,
+            "seconds_per_iter": {k: mean(r["seconds_per_iter"][k] for r in runs)
+                                 for k in runs[0]["seconds_per_iter"]},
+            "cpu_s_per_iter": mean(r["cpu_s_per_iter"] for r in runs),
+            "iterations": sum(r["iterations"] for r in runs)}
+
+
 def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, console: Console,
-        batch: int = 32) -> dict:
+        batch: int = 32, repeats: int = 2) -> dict:
     prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank runs (OMP_NUM_THREADS=1)
@@ -70,24 +84,27 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                               "measured by perf_validation.py, one thread")
     torch.set_num_threads(threads)
     doc = {**provenance.stamp("python benchmarks/perf_validation.py " + shlex.join(sys.argv[1:])),
-           "model": "mlp", "batch_size": batch, "profile_one_process": prof.to_json() | {
-               "params": len(prof.params)}, "profile_one_thread": prof1.to_json(), "rows": [],
+           "model": "mlp", "batch_size": batch, "repeats": repeats,
+           "profile_one_process": prof.to_json() | {"params": len(prof.params)},
+           "profile_one_thread": prof1.to_json(), "rows": [],
            "codecs_one_thread": table.methods,
            "conditions": {"load_average_start": os.getloadavg()}, "calibration": {}}
     for rate in rates:
         bps = parse_bandwidth(rate)
         for p in workers:
-            measured = {}
+            runs: dict[str, list[dict]] = {agg: [] for agg in aggs}
             with ephemeral_cluster(p, rate, False) as c:
                 cal = run_ranks(c, "gradwire.bench.calibrate", [], f"calibrate P={p} {rate}",
                                 600, console)
                 doc["calibration"][f"{rate} P={p}"] = cal
-                for agg in aggs:
-                    cfg = TrainConfig(model="mlp", agg=agg, warmup=False, epochs=EPOCHS.get(p, 3),
-                                      batch_size=batch)
-                    validate(cfg, p)
-                    res = train_on(c, cfg, f"{agg} P={p} {rate}", 1800, console)
-                    measured[agg] = res
+                for i in range(repeats):
+                    for agg in aggs:
+                        cfg = TrainConfig(model="mlp", agg=agg, warmup=False,
+                                          epochs=EPOCHS.get(p, 3), batch_size=batch)
+                        validate(cfg, p)
+                        runs[agg].append(train_on(c, cfg, f"{agg} P={p} {rate} ({i + 1})",
+                                                  1800, console))
+            measured = {agg: average(rs) for agg, rs in runs.items()}
             ref = measured.get("dense") or next(iter(measured.values()))
             compute = ref["seconds_per_iter"]["compute"]
             share = prof.forward_s / (prof.forward_s + prof.backward_s)
@@ -105,6 +122,7 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                 meas = p * batch / res["samples_per_s"]
                 doc["rows"].append({
                     "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
+                    "measured_each_s": res["iteration_each_s"],
                     "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
                     "measured_parts_s": res["seconds_per_iter"],
                     "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
@@ -183,11 +201,15 @@ def main() -> None:
     ap.add_argument("--rates", default="1gbit,100mbit")
     ap.add_argument("--workers", default="2,4,8")
     ap.add_argument("--aggs", default="dense,fp16,topk,gtopk,powersgd,signsgd")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="training runs per configuration, interleaved, averaged")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "perf_validation.json")
     a = ap.parse_args()
+    if a.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {a.repeats}")
     console = Console()
     doc = run(a.rates.split(","), [int(p) for p in a.workers.split(",")], a.aggs.split(","),
-              a.out, console)
+              a.out, console, repeats=a.repeats)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, a.out.with_suffix(".png"))
     s = doc["summary"]

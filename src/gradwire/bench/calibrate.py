@@ -47,7 +47,8 @@ from gradwire.transport import Transport, wait_all
 WINDOW = 16
 STREAM_BYTES = 4 * 2**20
 PINGS = 200
-SHARING_BURSTS_MS = (2.0, 5.0, 10.0)
+SHARING_BURSTS_MS = (0.0, 1.0, 2.0, 5.0, 10.0)
+SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of their fits
 BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
 
 
@@ -172,6 +173,10 @@ def cpu_sharing(t: Transport) -> dict:
     W = L·D/share + sync gives ``share`` (at most 1), the share of the cores the ranks keep
     busy, and ``sync`` (at least 0), the seconds each collective call waits for ranks that
     the scheduler has not run yet — what :class:`gradwire.perf.model.Cluster` charges.
+    ``SHARING_ROUNDS`` sweeps, one line each, give the medians: sync is where the line meets
+    L·D = 0, and single sweeps of three bursts from 2 ms put it anywhere from 0.1 to 2.3 ms on
+    one cluster (P = 2 and 8 at 1 Gbit/s); the bursts of 0 and 1 ms pin that end and the
+    median of four sweeps keeps one slow sweep out (0.46–1.15 ms per sweep, same probe).
     """
     import gradwire.collectives as gc
 
@@ -192,22 +197,26 @@ def cpu_sharing(t: Transport) -> dict:
             a @ a
         gc.all_reduce(buf, algo="rd", transport=t)
 
-    xs, ys = [], []
-    for ms in SHARING_BURSTS_MS:
-        for _ in range(5):
-            iteration(ms)
-        dist.barrier(group=t.group)
-        w0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(30):
-            iteration(ms)
-        got = torch.tensor([time.process_time() - c0, time.perf_counter() - w0],
-                           dtype=torch.float64) / 30 / t.world_size
-        dist.all_reduce(got, group=t.group)
-        xs.append(load * float(got[0]))
-        ys.append(float(got[1]))
-    slope, sync = np.polyfit(xs, ys, 1)
-    return {"ranks": ranks, "cores": cores, "share": float(min(1.0, 1.0 / max(slope, 1e-9))),
-            "sync": float(max(sync, 0.0)), "slowdown": _memory_slowdown(t)}
+    shares, syncs = [], []
+    for _ in range(SHARING_ROUNDS):
+        xs, ys = [], []
+        for ms in SHARING_BURSTS_MS:
+            for _ in range(5):
+                iteration(ms)
+            dist.barrier(group=t.group)
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(30):
+                iteration(ms)
+            got = torch.tensor([time.process_time() - c0, time.perf_counter() - w0],
+                               dtype=torch.float64) / 30 / t.world_size
+            dist.all_reduce(got, group=t.group)
+            xs.append(load * float(got[0]))
+            ys.append(float(got[1]))
+        slope, sync = np.polyfit(xs, ys, 1)
+        shares.append(min(1.0, 1.0 / max(slope, 1e-9)))
+        syncs.append(max(sync, 0.0))
+    return {"ranks": ranks, "cores": cores, "share": float(statistics.median(shares)),
+            "sync": float(statistics.median(syncs)), "slowdown": _memory_slowdown(t)}
 
 
 def _memory_slowdown(t: Transport) -> float:
