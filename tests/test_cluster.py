@@ -60,15 +60,15 @@ def _mtu(dev, netns=None):
 
 def _tcp_mss(c):
     """The segment size a TCP connection from host 0 to host 1 settles on."""
-    serve = ("import socket; s = socket.create_server(('{a}', 45123)); print(1, flush=True); "
-             "s.accept()[0].recv(1)").format(a=c.hosts[1].addr)
+    addr = c.hosts[1].addr
+    serve = (f"import socket; s = socket.create_server(('{addr}', 45123)); "
+             "print(1, flush=True); s.accept()[0].recv(1)")
     server = subprocess.Popen(["ip", "netns", "exec", c.hosts[1].netns, sys.executable, "-c",
                                serve], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout.readline().strip() == "1"
-        ask = ("import socket; s = socket.create_connection(('{a}', 45123), timeout=10); "
-               "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)); s.send(b'x')"
-               ).format(a=c.hosts[1].addr)
+        ask = (f"import socket; s = socket.create_connection(('{addr}', 45123), timeout=10); "
+               "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)); s.send(b'x')")
         out = subprocess.run(["ip", "netns", "exec", c.hosts[0].netns, sys.executable, "-c",
                               ask], capture_output=True, text=True, timeout=30, check=True)
         return int(out.stdout)
