@@ -6,11 +6,15 @@
 (b) Encode and decode time of every registered compressor on a 25.6 M-element fp32 gradient
     (ResNet-50 sized), shaped like Table 2 of the compression-utility paper (Agarwal et al.
     2021): method, params, encode ms, decode ms, wire bytes, compression ratio.
+(c) signSGD's majority vote over P = 2, 4, 8, 16 ranks' sign payloads of that many elements:
+    gradwire's ``majority_vote`` against the plain way (unpack each rank's bits to ±1, add
+    them up, take the sign) in the same process; the results must be equal.
 
     python benchmarks/compress_speed.py            # writes benchmarks/results/compress_speed.json
     python benchmarks/compress_speed.py --size 2000000 --topk-size 2000000 --repeats 3 \\
         --out /tmp/quick.json                       # a quick look
     python benchmarks/compress_speed.py --device cuda
+    python benchmarks/compress_speed.py --parts c  # one part; the others kept from --out
 """
 from __future__ import annotations
 
@@ -29,8 +33,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gradwire.bench import provenance
-from gradwire.compress import get, threshold_topk
+from gradwire.compress import SignSGD, get, majority_vote, threshold_topk
 from gradwire.compress.base import generator
+from gradwire.compress.bits import unpack_bits
 
 HERE = Path(__file__).parent
 
@@ -92,6 +97,29 @@ def encode_decode(size: int, repeats: int, device: str) -> list[dict[str, object
     return rows
 
 
+def plain_vote(payloads: list, numel: int) -> torch.Tensor:
+    """The baseline of (c): every rank's bits unpacked to ±1 and added, then the sign."""
+    total = torch.zeros(numel, dtype=torch.int32, device=payloads[0].bits.device)
+    for p in payloads:
+        total += unpack_bits(p.bits, 1, numel).to(torch.int8) * 2 - 1
+    return torch.sign(total).to(payloads[0].dtype)
+
+
+def vote(size: int, repeats: int, device: str) -> list[dict[str, object]]:
+    rows = []
+    for ranks in (2, 4, 8, 16):
+        g = torch.Generator().manual_seed(ranks)
+        payloads = [SignSGD().compress(torch.randn(size, generator=g).to(device))
+                    for _ in range(ranks)]
+        plain_ms, want = median_ms(lambda p=payloads: plain_vote(p, size), repeats, device)
+        ours_ms, got = median_ms(lambda p=payloads: majority_vote(p, size), repeats, device)
+        rows.append({"ranks": ranks, "numel": size, "plain_ms": round(plain_ms, 2),
+                     "majority_vote_ms": round(ours_ms, 2),
+                     "speedup": round(plain_ms / ours_ms, 2),
+                     "equal": bool(torch.equal(got, want))})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=25_600_000, help="elements for table (b)")
@@ -100,36 +128,54 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "compress_speed.json")
+    ap.add_argument("--parts", default="a,b,c", help="comma list of a, b, c (see above)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
+    parts = set(args.parts.split(","))
+    if not parts <= {"a", "b", "c"}:
+        raise SystemExit(f"--parts: expected a comma list of a, b, c, got {args.parts!r}")
 
-    sel = topk_selection(args.topk_size, args.density, args.repeats, args.device)
-    rows = encode_decode(args.size, args.repeats, args.device)
-    result = {
-        **provenance.stamp(shlex.join(["python", "benchmarks/compress_speed.py",
-                                       *sys.argv[1:]]), args.device),
-        "threads": torch.get_num_threads(),
-        "topk_selection": sel,
-        "rows": rows,
-    }
+    # Parts not run keep what --out holds; each part records when and how it ran.
+    result = json.loads(args.out.read_text()) if args.out.exists() and parts != {
+        "a", "b", "c"} else {}
+    stamp = {**provenance.stamp(shlex.join(["python", "benchmarks/compress_speed.py",
+                                            *sys.argv[1:]]), args.device),
+             "threads": torch.get_num_threads()}
+    if "a" in parts or "b" in parts:
+        result.update(stamp)
+    if "a" in parts:
+        result["topk_selection"] = topk_selection(args.topk_size, args.density, args.repeats,
+                                                  args.device)
+    if "b" in parts:
+        result["rows"] = encode_decode(args.size, args.repeats, args.device)
+    if "c" in parts:
+        result["vote"] = {**stamp, "rows": vote(args.size, args.repeats, args.device)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
     console = Console(width=max(130, shutil.get_terminal_size().columns))
-    console.print(f"(a) top-k of {sel['numel']:,} fp32, k = {sel['k']:,}: torch.topk "
-                  f"{sel['torch_topk_ms']} ms, threshold selector {sel['threshold_ms']} ms, "
-                  f"{sel['speedup']}x, recall {sel['recall']:.4f}")
-    table = Table(title=f"(b) encode + decode, {args.size:,} fp32 elements, {args.device}, "
-                        f"median of {args.repeats}")
-    for col in ("method", "params", "encode ms", "decode ms", "wire bytes", "ratio"):
-        table.add_column(col, justify="left" if col in ("method", "params") else "right",
-                         no_wrap=True)
-    for r in rows:
-        params = ", ".join(f"{k}={v}" for k, v in r["params"].items())  # type: ignore[attr-defined]
-        table.add_row(str(r["method"]), params, f"{r['encode_ms']:.1f}", f"{r['decode_ms']:.1f}",
-                      f"{r['wire_bytes']:,}", f"{r['compression']}x")
-    console.print(table)
+    if "a" in parts:
+        sel = result["topk_selection"]
+        console.print(f"(a) top-k of {sel['numel']:,} fp32, k = {sel['k']:,}: torch.topk "
+                      f"{sel['torch_topk_ms']} ms, threshold selector {sel['threshold_ms']} ms, "
+                      f"{sel['speedup']}x, recall {sel['recall']:.4f}")
+    if "b" in parts:
+        table = Table(title=f"(b) encode + decode, {args.size:,} fp32 elements, {args.device}, "
+                            f"median of {args.repeats}")
+        for col in ("method", "params", "encode ms", "decode ms", "wire bytes", "ratio"):
+            table.add_column(col, justify="left" if col in ("method", "params") else "right",
+                             no_wrap=True)
+        for r in result["rows"]:
+            params = ", ".join(f"{k}={v}" for k, v in r["params"].items())  # type: ignore[attr-defined]
+            table.add_row(str(r["method"]), params, f"{r['encode_ms']:.1f}",
+                          f"{r['decode_ms']:.1f}", f"{r['wire_bytes']:,}", f"{r['compression']}x")
+        console.print(table)
+    if "c" in parts:
+        for r in result["vote"]["rows"]:
+            console.print(f"(c) vote of {r['ranks']} ranks, {r['numel']:,} elements: plain "
+                          f"{r['plain_ms']} ms, majority_vote {r['majority_vote_ms']} ms, "
+                          f"{r['speedup']}x, equal: {r['equal']}")
     console.print(f"wrote {args.out}")
 
 

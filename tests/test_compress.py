@@ -285,6 +285,20 @@ def test_majority_vote():
         majority_vote(payloads)
 
 
+@pytest.mark.parametrize("ranks", [1, 2, 3, 7, 8, 17, 255, 256, 300])
+@pytest.mark.parametrize("n", [1, 9, 1001])
+def test_majority_vote_of_payloads_counts_every_rank(ranks, n):
+    """The packed vote equals the sign of the summed ±1 of every rank, ties 0, past the 255
+    ranks a byte can count too."""
+    g = torch.Generator().manual_seed(ranks * 1000 + n)
+    x = torch.randn(ranks, n, generator=g)
+    x[:, : n // 3] = x[:1, : n // 3]  # unanimous elements, where a byte count could wrap
+    signs = torch.where(x >= 0, 1.0, -1.0)
+    expected = torch.sign(signs.sum(0))
+    got = majority_vote([SignSGD().compress(v) for v in x], n)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("name,params,tol", [("qsgd", {"s": 4}, 0.15),
                                              ("qsgd", {"s": 1}, 0.3),
                                              ("terngrad", {}, 0.15)])

@@ -87,10 +87,18 @@ def majority_vote(signs: Sequence[Payload] | torch.Tensor, numel: int | None = N
     if not signs or numel is None:
         raise GradwireError("majority_vote: give at least one sign payload and numel")
     payloads = [expect("majority_vote", p, SignPayload) for p in signs]
-    total = torch.zeros(numel, dtype=torch.int32, device=payloads[0].bits.device)
-    for p in payloads:
-        total += _unsigned(p.bits, numel)
-    return torch.sign(total).to(payloads[0].dtype)
+    # Count the ranks whose bit is 1 at every element, one bit position of every byte at a
+    # time over all ranks' bytes at once: contiguous shifts and sums, in bytes while P < 256.
+    # 4.4–9.8× faster than unpacking each rank to ±1 and adding them up (P = 2…16, 25.6 M
+    # elements: benchmarks/compress_speed.py, part c). Σ(±1) = 2·ones − P.
+    ranks = len(payloads)
+    bits = torch.stack([p.bits for p in payloads])  # (P, ⌈n/8⌉)
+    ones = torch.empty(bits.shape[1], 8, dtype=torch.uint8 if ranks < 256 else torch.int32,
+                       device=bits.device)
+    for j in range(8):  # element i is bit i % 8 of byte i // 8 (pack_bits)
+        ones[:, j] = (bits >> j).bitwise_and_(1).sum(0, dtype=ones.dtype)
+    vote = ones.view(-1)[:numel].to(torch.float32).mul_(2).sub_(ranks).sign_()
+    return vote.to(payloads[0].dtype)
 
 
 class EFSignSGD(Compressor):
