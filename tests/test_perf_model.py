@@ -203,6 +203,13 @@ def test_gathered_methods_pay_decode_per_rank_and_sparse_ones_do_not() -> None:
         predict(TOY, Cluster(16, 1e9, 0), Aggregation("topk"), HERE).coding
 
 
+def test_a_vote_pays_its_fixed_decode_once_and_the_per_rank_part_per_rank() -> None:
+    t = codecs.CodecTable("t", 1000, {"signsgd": {"encode_s": 1.0, "decode_s": 0.1,
+                                                  "decode_fixed_s": 2.0}}, "")
+    assert t.seconds("signsgd", 1000, 1) == pytest.approx((1.0, 2.1))
+    assert t.seconds("signsgd", 2000, 8) == pytest.approx((2.0, 2 * 2.8))
+
+
 def test_model_refuses_profiles_without_compute_and_bad_options() -> None:
     with pytest.raises(GradwireError, match="no compute times"):
         predict(profiles.load("alexnet"), Cluster(4, 1e9, 1e-4), Aggregation("dense"), HERE)
@@ -287,6 +294,7 @@ def test_codec_table_is_timed_through_the_hook_on_a_one_rank_group() -> None:
     assert "through the hook" in doc["source"] and set(doc["methods"]) == set(METHODS)
     assert all(m["encode_s"] >= 0 and m["decode_s"] >= 0 for m in doc["methods"].values())
     assert doc["methods"]["dense"]["encode_s"] > 0 and doc["methods"]["dense"]["decode_s"] == 0
+    assert doc["methods"]["signsgd"]["decode_fixed_s"] >= 0  # the vote: fixed + per rank
     assert not dist.is_initialized()
 
 

@@ -6,10 +6,12 @@ A codec table is JSON: ``numel`` (the gradient the times were measured on), ``so
 method, ``encode_s`` and ``decode_s`` with the ``params`` used. Times scale in proportion to the
 elements compressed. Methods that gather payloads (``gather`` and ``vote`` in
 :data:`gradwire.hooks.methods.TABLE`) decode every rank's payload, so their decode is P times
-the table's. Built-in tables: ``here`` (this machine's compress_speed benchmark) and ``v100``
-(Table 2 of the compression-utility paper: one encode+decode number per method). ``gradwire
-calibrate`` measures a table on the machine it runs on and stores it with α, β, γ; pass that
-calibration file as the table.
+the table's ``decode_s``, plus ``decode_fixed_s`` where a method has one: the majority vote
+counts all ranks' bits in one pass whatever P is, so its cost is mostly fixed. Built-in
+tables: ``here`` (this machine's compress_speed benchmark) and ``v100`` (Table 2 of the
+compression-utility paper: one encode+decode number per method). ``gradwire calibrate``
+measures a table on the machine it runs on and stores it with α, β, γ; pass that calibration
+file as the table.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class CodecTable:
                                 f"--codecs table or run gradwire calibrate")
         m, scale = self.methods[method], numel / self.numel
         gathered = TABLE[method].combine in ("gather", "vote")
-        return m["encode_s"] * scale, m["decode_s"] * scale * (world_size if gathered else 1)
+        decode = m.get("decode_fixed_s", 0.0) + m["decode_s"] * (world_size if gathered else 1)
+        return m["encode_s"] * scale, decode * scale
 
 
 BUILTIN = ("here", "v100")
@@ -71,12 +74,14 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
     """Encode and decode medians of every method on ``numel`` random fp32 elements, here.
 
     decode: the compressor's decompress of one payload (gathered methods do it once per
-    rank). encode: the rest of what the hook does with one bucket on one rank — the call
-    header's finiteness check, error feedback, compress, decompress, writing the bucket —
-    timed through the hook itself (:func:`hook_seconds`) less one decode; where
-    torch.distributed is already initialized, the compressor's compress alone.
+    rank); for the vote, its time per rank (``decode_s``) and the rest (``decode_fixed_s``)
+    from votes over 1 and ``VOTE_RANKS`` payloads. encode: the rest of what the hook does with
+    one bucket on one rank — the call header's finiteness check, error feedback, compress,
+    decompress, writing the bucket — timed through the hook itself (:func:`hook_seconds`)
+    less one decode; where torch.distributed is already initialized, the compressor's
+    compress alone.
     """
-    from gradwire.compress import get
+    from gradwire.compress import get, majority_vote
 
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
     params = {"topk": {"density": density}, "randomk": {"density": density},
@@ -97,14 +102,32 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
             enc.append(t1 - t0)
             dec.append(time.perf_counter() - t1)
         decode = statistics.median(dec[1:])
+        row = {"params": params.get(m.compressor, {}), "decode_s": decode}
+        if m.combine == "vote":
+            one, many = (_median_s(lambda n=n, p=payload: majority_vote([p] * n, numel),
+                                   repeats) for n in (1, VOTE_RANKS))
+            decode = one  # what the one-rank hook spent on it
+            row["decode_s"] = max(many - one, 0.0) / (VOTE_RANKS - 1)
+            row["decode_fixed_s"] = max(one - row["decode_s"], 0.0)
         encode = (max(hook[name] - decode, 0.0) if name in hook
                   else statistics.median(enc[1:]))
-        methods[name] = {"params": params.get(m.compressor, {}), "encode_s": encode,
-                         "decode_s": decode}
+        methods[name] = {**row, "encode_s": encode}
     how = "through the hook" if hook else "compressor only"
     return {"numel": numel, "dtype": "float32", "methods": methods,
             "source": f"measured by gradwire calibrate ({how}): torch {torch.__version__}, "
                       f"{torch.get_num_threads()} threads, median of {repeats}"}
+
+
+VOTE_RANKS = 8
+
+
+def _median_s(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
 
 
 def hook_seconds(numel: int, repeats: int = 3, density: float = 0.001,
