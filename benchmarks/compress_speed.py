@@ -35,7 +35,7 @@ from rich.table import Table
 from gradwire.bench import provenance
 from gradwire.compress import SignSGD, get, majority_vote, threshold_topk
 from gradwire.compress.base import generator
-from gradwire.compress.bits import unpack_bits
+from gradwire.compress.quantize import _unsigned  # each rank's bits as ±1
 
 HERE = Path(__file__).parent
 
@@ -101,7 +101,7 @@ def plain_vote(payloads: list, numel: int) -> torch.Tensor:
     """The baseline of (c): every rank's bits unpacked to ±1 and added, then the sign."""
     total = torch.zeros(numel, dtype=torch.int32, device=payloads[0].bits.device)
     for p in payloads:
-        total += unpack_bits(p.bits, 1, numel).to(torch.int8) * 2 - 1
+        total += _unsigned(p.bits, numel)
     return torch.sign(total).to(payloads[0].dtype)
 
 

@@ -121,7 +121,7 @@ class Cluster:
             raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
         if c.tcp is not None and not (isinstance(c.tcp, str) and CC_NAME_RE.fullmatch(c.tcp)):
             raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
-        if not (isinstance(c.mtu, int) and MTU_RANGE[0] <= c.mtu <= MTU_RANGE[1]):
+        if not _mtu_ok(c.mtu):
             raise ValueError(f"cluster state {c.name!r} has an MTU outside {MTU_RANGE}")
         if not NAME_RE.match(c.name) or any(
                 h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
@@ -242,10 +242,15 @@ def _free_subnet() -> int:
     raise GradwireError("all 254 gradwire subnets are in use: run `gradwire cluster down --all`")
 
 
+def _mtu_ok(mtu: object) -> bool:
+    return (isinstance(mtu, int) and not isinstance(mtu, bool)
+            and MTU_RANGE[0] <= mtu <= MTU_RANGE[1])
+
+
 def check_mtu(mtu: int) -> int:
     """``mtu`` if a link may carry it, else a GradwireError saying what is allowed."""
     lo, hi = MTU_RANGE
-    if isinstance(mtu, bool) or not isinstance(mtu, int) or not lo <= mtu <= hi:
+    if not _mtu_ok(mtu):
         raise GradwireError(f"--mtu must be an integer number of bytes from {lo} to {hi} "
                             f"(1500: Ethernet's default; 9000: jumbo frames), got {mtu!r}")
     return mtu
