@@ -3,9 +3,18 @@
 4 emulated hosts at 1 Gbit/s, the 1.12 M-parameter MLP on scikit-learn's digits, density 0.001
 with the gTop-k paper's warm-up, whole-model aggregation (``gradwire.demo.DEMO``). Targets
 (issue 4): gTop-k samples/s ≥ 3× dense's, and gTop-k's final test accuracy within 1 point of
-dense's, both from this one run.
+dense's.
 
-    python benchmarks/train_demo.py          # ~5 min; needs root (namespaces)
+The methods train in turn, ``--rounds`` times (dense, topk, gtopk, dense, ...), and the speed-up
+is the median of the rounds' gTop-k / dense ratios. One run is not enough here: the same code
+gave gTop-k 1270 samples/s in two runs at 00:47 on 2026-11-24 and 1630 at 00:51, while dense,
+bound by the wire, stayed at 441-449. Before each round a probe times one training iteration of
+the model on one thread (``cpu_probe_ms``, the machine's speed at that moment); in the first run
+with it the probe did not follow the rounds' throughput (2.20, 2.21, 3.01 ms against gTop-k
+1317, 1386, 1497 samples/s). Training is deterministic: every round ends with the same accuracy
+(``accuracy_same_every_round``).
+
+    python benchmarks/train_demo.py          # ~8 min; needs root (namespaces)
     python benchmarks/train_demo.py --epochs 2 --out /tmp/t.json      # a quick look
     python benchmarks/train_demo.py --agg dense,gtopk --epochs 8 --baseline REV \
         --out benchmarks/results/train_ab_1gbit.json   # A/B: REV's code before and after
@@ -19,18 +28,29 @@ import dataclasses
 import json
 import os
 import shlex
+import statistics
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+import torch
 from ab import earlier_src, revision, this_code
 from rich.console import Console
 
 from gradwire.bench import provenance
 from gradwire.cluster.netns import ephemeral_cluster
 from gradwire.demo import DEMO, run_demo
+from gradwire.perf.measure import measure
 
 HERE = Path(__file__).parent
+
+
+def cpu_probe() -> float:
+    """Milliseconds of one training iteration (forward, backward, step) of the demo's model on
+    one thread in this process, the ranks idle: median of 100, how fast the machine runs now."""
+    torch.set_num_threads(1)  # as each rank runs (OMP_NUM_THREADS=1)
+    p = measure(DEMO.model, batch_size=DEMO.batch_size, iters=100, warmup=10)
+    return (p.forward_s + p.backward_s + p.step_s) * 1e3
 
 
 def main() -> None:
@@ -39,11 +59,16 @@ def main() -> None:
     ap.add_argument("--bandwidth", default="1gbit")
     ap.add_argument("--epochs", type=int, default=DEMO.epochs)
     ap.add_argument("--agg", default="dense,topk,gtopk")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="train every method this many times in turn; the speed-up is the "
+                         "median of the rounds' ratios")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "train_demo_1gbit.json")
     ap.add_argument("--baseline", metavar="REV",
                     help="also train with commit REV's code (its ranks import a worktree of "
                          "it), just before and just after this code, on the same cluster")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     aggs = args.agg.split(",")
     base = dataclasses.replace(DEMO, epochs=args.epochs)
     console = Console(width=150)
@@ -66,7 +91,20 @@ def main() -> None:
                     os.environ["PYTHONPATH"] = saved
 
         before = earlier() if old else []
-        results = run_demo(cluster, aggs, base, 1800, console, args.out.with_suffix(".png"))
+        rounds: list[dict] = []
+        finals: list[list[float]] = []
+        results: list[dict] = []
+        for r in range(args.rounds):
+            probe = cpu_probe()
+            got = run_demo(cluster, aggs, base, 1800, console,
+                           args.out.with_suffix(".png") if r == 0 else None)
+            results = results or got  # the rows, curves and plot kept: the first round's
+            rounds.append({"cpu_probe_ms": round(probe, 3),
+                           "samples_per_s": {x["agg"]: x["samples_per_s"] for x in got}})
+            finals.append([x["test_accuracy"][-1] for x in got])
+            if "dense" in aggs and "gtopk" in aggs:
+                rounds[-1]["gtopk_over_dense"] = round(
+                    rounds[-1]["samples_per_s"]["gtopk"] / rounds[-1]["samples_per_s"]["dense"], 3)
         after = earlier() if old else []
         network = cluster.label
     if old:
@@ -83,24 +121,35 @@ def main() -> None:
                           f"({2 * v['this'] / (v['before'] + v['after']):.2f}×)")
     by = {r["agg"]: r for r in results}
     checks = {}
+    for i, r in enumerate(rounds):
+        speeds = ", ".join(f"{a} {v:.0f}" for a, v in r["samples_per_s"].items())
+        ratio = f"; gTop-k / dense {r['gtopk_over_dense']:.2f}×" if "gtopk_over_dense" in r else ""
+        console.print(f"round {i + 1}: CPU probe {r['cpu_probe_ms']:.2f} ms; samples/s "
+                      f"{speeds}{ratio}")
+    same = all(f == finals[0] for f in finals)
     if "dense" in by and "gtopk" in by:
         d, g = by["dense"], by["gtopk"]
-        speedup = g["samples_per_s"] / d["samples_per_s"]
+        ratios = [r["gtopk_over_dense"] for r in rounds]
+        speedup = statistics.median(ratios)
         gap = (d["test_accuracy"][-1] - g["test_accuracy"][-1]) * 100
         checks = {"gtopk_over_dense_samples_per_s": round(speedup, 2),
+                  "per_round": ratios, "statistic": f"median of {len(ratios)} rounds",
                   "speedup_target": ">= 3", "speedup_met": speedup >= 3,
                   "accuracy_gap_points": round(gap, 2),
-                  "accuracy_target": "gtopk within 1 point of dense", "accuracy_met": gap <= 1}
-        console.print(f"gTop-k / dense samples/s: {speedup:.2f}× (target ≥ 3); accuracy: dense "
+                  "accuracy_target": "gtopk within 1 point of dense", "accuracy_met": gap <= 1,
+                  "accuracy_same_every_round": same}
+        console.print(f"gTop-k / dense samples/s: median {speedup:.2f}× of "
+                      f"{', '.join(f'{x:.2f}' for x in ratios)} (target ≥ 3); accuracy: dense "
                       f"{d['test_accuracy'][-1] * 100:.1f} %, gTop-k "
-                      f"{g['test_accuracy'][-1] * 100:.1f} % (target: within 1 point)")
+                      f"{g['test_accuracy'][-1] * 100:.1f} % (target: within 1 point)"
+                      f"{'' if same else '; the rounds ended with different accuracies'}")
     out = {**stamp, "network": network,
            "note": f"{args.hosts} ranks share the machine's cores: compute is slower than on "
                    "one rank per machine, which shrinks what compression can save",
            "conditions": {"loadavg_1_5_15_before": load_before,
                           "loadavg_1_5_15_after": os.getloadavg()},
            "settings": dataclasses.asdict(base) | {"checkpoint": None}, "checks": checks,
-           "results": results, **({"baseline": baseline} if baseline else {})}
+           "rounds": rounds, "results": results, **({"baseline": baseline} if baseline else {})}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     console.print(f"wrote {args.out}")
