@@ -159,7 +159,7 @@ def test_unreadable_files_say_where(monkeypatch, tmp_path):
     path = calibrate.calibration_path("1gbit")
     path.parent.mkdir(parents=True)
     path.write_text('{"alpha_s": 1e-4,\n "beta_s_per_byte": }\n')
-    with pytest.raises(GradwireError, match=r"unreadable .*line 2 column 21"):
+    with pytest.raises(GradwireError, match=r"calibration file .*line 2, column 21: not valid"):
         calibrate.load("1gbit")
     path.write_text('{"alpha_s": 1e-4, "beta_s_per_byte": 8e-9}\n')
     with pytest.raises(GradwireError, match="unreadable .*gamma_s_per_byte"):

@@ -91,6 +91,30 @@ def test_bad_options_are_one_line(args, message, monkeypatch, capsys) -> None:
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "unknown codec table"),
+    ('{"numel": 5, "methods": }', "line 1, column 25: not valid JSON"),
+    ("[1, 2]", "expected a JSON object at the top, got list"),
+    ('{"numel": "x", "methods": {}}', "field 'numel' must be an integer >= 1"),
+    ('{"numel": 5, "methods": []}', "field 'methods' must be an object"),
+    ('{"numel": 5, "methods": {"dense": 1}}', "methods.dense must be an object"),
+    ('{"numel": 5, "methods": {"dense": {"encode_s": 0}}}', "methods.dense.decode_s must be a"),
+    ('{"numel": 5, "methods": {"dense": {"encode_s": -1, "decode_s": 0}}}',
+     "methods.dense.encode_s must be a number of seconds >= 0, got -1"),
+    ('{"codecs": {"numel": 5, "methods": {"dense": {"encode_s": 0, "decode_s": 0, '
+     '"decode_fixed_s": "x"}}}}', "methods.dense.decode_fixed_s must be a"),
+])
+def test_bad_codec_tables_are_one_line(text, message, tmp_path, monkeypatch, capsys) -> None:
+    """--codecs FILE: a codec table, or a calibration file holding one under "codecs"."""
+    path = tmp_path / "codecs.json"
+    if text is not None:
+        path.write_text(text)
+    code, out, err = _cli(["whatif", "--model", "resnet20", "--workers", "4", "--agg", "dense",
+                           "--codecs", str(path)], monkeypatch, capsys)
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 def test_compute_ms_makes_a_profile_without_times_usable(monkeypatch, capsys) -> None:
     code, out, err = _cli(["advise", "--model", "bert-base", "--compute-ms", "100,200",
                            "--workers", "8", "--agg", "dense,powersgd"], monkeypatch, capsys)
@@ -140,7 +164,8 @@ def test_whatif_records_the_shared_cpu_it_used(tmp_path, monkeypatch, capsys) ->
 
 @pytest.mark.parametrize(("text", "message"), [
     (None, "No such file or directory"),
-    ("[1, 2", "not a gradwire calibrate file"),
+    ("[1, 2", "line 1, column 6: not valid JSON"),
+    ("[1, 2]", "expected a JSON object at the top, got list"),
     ('{"alpha_s": 1}', "missing field 'alpha_step_s'"),
     (json.dumps({**CALIBRATION, "cpu_share": "most"}), "its CPU fields are unreadable"),
 ])

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from gradwire import config
 from gradwire.bench import provenance
 from gradwire.errors import GradwireError
+from gradwire.jsonfile import read_object
 from gradwire.schedules.cost import CostParams
 from gradwire.transport import Transport, wait_all
 
@@ -62,10 +63,13 @@ def load(bandwidth: str) -> tuple[CostParams, dict] | None:
     if not path.exists():
         return None
     try:
-        d = json.loads(path.read_text())
+        d = read_object(path, f"calibration file {path}")
+    except GradwireError as e:
+        raise GradwireError(f"{e} (run `gradwire calibrate` again or delete it)") from None
+    try:
         return CostParams(float(d["alpha_s"]), float(d["beta_s_per_byte"]),
                           float(d["gamma_s_per_byte"])), d
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise GradwireError(f"calibration file {path} is unreadable ({e}): run "
                             "`gradwire calibrate` again or delete it") from None
 

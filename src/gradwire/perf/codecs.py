@@ -16,7 +16,7 @@ file as the table.
 
 from __future__ import annotations
 
-import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,6 +27,7 @@ import torch
 
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks.methods import TABLE
+from gradwire.jsonfile import parse_object, read_object
 
 
 @dataclass(frozen=True)
@@ -52,21 +53,36 @@ BUILTIN = ("here", "v100")
 
 
 def load(name_or_path: str) -> CodecTable:
+    """The built-in table ``name_or_path`` or the table in that JSON file (a calibration file's
+    ``codecs``); every defect is a one-line error naming the field."""
+    where = f"codec table {name_or_path}"
     if name_or_path in BUILTIN:
         text = resources.files("gradwire.perf").joinpath("codecs", f"{name_or_path}.json")
-        doc = json.loads(text.read_text())
+        doc = parse_object(text.read_text(), where)
     elif Path(name_or_path).is_file():
-        doc = json.loads(Path(name_or_path).read_text())
+        doc = read_object(name_or_path, where)
         doc = doc.get("codecs", doc)  # a calibration file keeps its table under "codecs"
     else:
         raise GradwireError(f"unknown codec table {name_or_path!r}"
                             f"{did_you_mean(name_or_path, BUILTIN)}: expected "
                             f"{', '.join(BUILTIN)} or a JSON file")
-    for key in ("numel", "methods"):
-        if key not in doc:
-            raise GradwireError(f"codec table {name_or_path}: missing field {key!r}")
-    return CodecTable(name_or_path, int(doc["numel"]), dict(doc["methods"]),
-                      str(doc.get("source", "")))
+    numel, methods = doc.get("numel"), doc.get("methods")
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
+        raise GradwireError(f"{where}: field 'numel' must be an integer >= 1 (the elements the "
+                            f"times were measured on), got {numel!r}")
+    if not isinstance(methods, dict):
+        raise GradwireError(f"{where}: field 'methods' must be an object of methods, got "
+                            f"{methods!r}")
+    for name, m in methods.items():
+        if not isinstance(m, dict):
+            raise GradwireError(f"{where}: methods.{name} must be an object with encode_s and "
+                                f"decode_s, got {m!r}")
+        for key in ("encode_s", "decode_s", "decode_fixed_s"):
+            v = m.get(key, 0.0 if key == "decode_fixed_s" else None)  # decode_fixed_s: optional
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+                raise GradwireError(f"{where}: methods.{name}.{key} must be a number of seconds "
+                                    f">= 0, got {v!r}")
+    return CodecTable(name_or_path, numel, dict(methods), str(doc.get("source", "")))
 
 
 def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,

@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from gradwire.errors import GradwireError, did_you_mean
+from gradwire.jsonfile import parse_object
 
 FORMAT = 1
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -117,14 +118,7 @@ def load(name_or_path: str) -> Profile:
 
 def parse(text: str, where: str) -> Profile:
     """A Profile from JSON ``text``; every defect is a one-line error naming the field."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GradwireError(f"{where}: line {e.lineno}, column {e.colno}: not valid JSON: "
-                            f"{e.msg}") from None
-    if not isinstance(doc, dict):
-        raise GradwireError(f"{where}: expected a JSON object at the top, got "
-                            f"{type(doc).__name__}")
+    doc = parse_object(text, where)
     known = ("format", "model", "description", "params", "forward_s", "backward_s", "step_s",
              "backward_layer_s", "batch_size", "dtype", "sources")
     for key in doc:

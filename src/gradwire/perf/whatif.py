@@ -16,7 +16,6 @@ schedule summary per collective.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 from gradwire.bandwidth import format_bandwidth
 from gradwire.bench.sizes import parse_sizes
 from gradwire.errors import GradwireError
+from gradwire.jsonfile import read_object
 from gradwire.perf import comm
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, Cluster, predict
@@ -112,11 +112,9 @@ def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
     """(α per step, γ, shared-CPU terms or None) from a ``gradwire calibrate`` file. α is the
     per-step value measured with every rank taking part, as the validation uses it; files
     written before calibrate measured CPU give None."""
+    d = read_object(path, f"--calibration {path}")
     try:
-        d = json.loads(Path(path).read_text())
         alpha, gamma = float(d["alpha_step_s"]), float(d["gamma_s_per_byte"])
-    except OSError as e:
-        raise GradwireError(f"--calibration {path}: {e.strerror}") from None
     except KeyError as e:
         raise GradwireError(f"--calibration {path}: missing field {e.args[0]!r} (not a gradwire "
                             "calibrate file? run `gradwire calibrate` to write one)") from None
