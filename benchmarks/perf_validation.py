@@ -27,7 +27,7 @@ aggregations is predicted. Measured iteration = P·batch / samples per second ov
 epochs (the first epoch, which pays one-time costs, is left out). The advisor's pick at each
 (rate, P) is the scheme with the lowest prediction among those measured.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 45 minutes
+    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 40 minutes
     python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,fp16 --out v.json
 """
 
