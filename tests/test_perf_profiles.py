@@ -77,6 +77,13 @@ def test_invalid_json_names_the_line(tmp_path) -> None:
         profiles.load(str(path))
 
 
+def test_a_binary_profile_file_is_one_line(tmp_path) -> None:
+    path = tmp_path / "bin.json"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(GradwireError, match=r"bin.json: not a text file$"):
+        profiles.load(str(path))
+
+
 def test_unknown_profile_suggests_a_name() -> None:
     with pytest.raises(GradwireError, match="did you mean 'resnet50'"):
         profiles.load("resnet-50")

@@ -22,12 +22,16 @@ def parse_object(text: str, where: str) -> dict:
     return doc
 
 
-def read_object(path: str | Path, where: str) -> dict:
-    """The JSON object in the file at ``path`` (:func:`parse_object`)."""
+def read_text(path: str | Path, where: str) -> str:
+    """The text of the file at ``path``; a file that cannot be read is a one-line error."""
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except OSError as e:
         raise GradwireError(f"{where}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise GradwireError(f"{where}: not a text file") from None
-    return parse_object(text, where)
+
+
+def read_object(path: str | Path, where: str) -> dict:
+    """The JSON object in the file at ``path`` (:func:`parse_object`)."""
+    return parse_object(read_text(path, where), where)

@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from gradwire.errors import GradwireError, did_you_mean
-from gradwire.jsonfile import parse_object
+from gradwire.jsonfile import parse_object, read_text
 
 FORMAT = 1
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -107,7 +107,7 @@ def load(name_or_path: str) -> Profile:
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
             raise GradwireError(f"profile file {name_or_path!r} not found")
-        return parse(path.read_text(), str(path))
+        return parse(read_text(path, str(path)), str(path))
     names = builtin_names()
     if name_or_path not in names:
         raise GradwireError(f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, names)}"
