@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gradwire.bench import provenance
+from gradwire.bench import calibrate, provenance
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost
 
@@ -127,7 +127,7 @@ def part_crossover(home: str, cal: dict) -> dict:
     res = bench(home, "allreduce", "rd,tree,rhd,ring", "1K:64M:4", p, 5)
     sizes = sorted({r["bytes"] for r in res["rows"]})
     times = {a: [row(res, a, s)["time_s"] for s in sizes] for a in ("rd", "ring")}
-    params = CostParams(cal["alpha_s"], cal["beta_s_per_byte"], cal["gamma_s_per_byte"])
+    params = calibrate.cost_params(cal)
     return {"world_size": p, "latency_optimal": "rd", "bandwidth_optimal": "ring",
             "measured_crossover_bytes": crossing(sizes, times["rd"], times["ring"]),
             "predicted_crossover_bytes": predicted_crossover(params, p, "rd", "ring"),
@@ -159,18 +159,18 @@ def plot(model: dict, path: Path) -> None:
     for i, c in enumerate(colls):
         pts = [x for x in model["points"] if x["collective"] == c]
         ax.scatter([x["measured_s"] for x in pts], [x["predicted_s"] for x in pts], s=18,
-                   label=c, color=f"C{i}")
+                   label=c, color=f"C{i}", zorder=3)
         bx.scatter([x["bytes"] for x in pts], [100 * x["error"] for x in pts], s=18,
-                   color=f"C{i}", label=c)
+                   color=f"C{i}", label=c, zorder=3)
     lo = min(x["measured_s"] for x in model["points"]) / 1.5
     hi = max(x["measured_s"] for x in model["points"]) * 1.5
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
     ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.9",
-                    label="±15 %")
+                    label="±15 %", zorder=0)
     ax.set(xscale="log", yscale="log", xlabel="measured time (s)", ylabel="predicted time (s)",
            title=f"α-β-γ model vs measured, P={model['world_size']}, 1 Gbit/s emulated")
     ax.legend(fontsize=8)
-    bx.axhspan(-5, 5, color="0.9", label="±5 %")
+    bx.axhspan(-5, 5, color="0.9", label="±5 %", zorder=0)
     bx.axhline(0, color="k", lw=0.8)
     bx.set(xscale="log", xlabel="message size (bytes)", ylabel="prediction error (%)",
            title=f"median |error| {100 * model['median_abs_error']:.1f} %, "

@@ -4,12 +4,14 @@ import subprocess
 import sys
 
 import pytest
+from conftest import needs_netns
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gradwire.bench.report import BUSBW_FACTOR, annotate
 from gradwire.bench.sizes import format_size, parse_sizes
 from gradwire.bench.spec import parse_params, parse_specs
+from gradwire.cluster.netns import tbf_burst
 from gradwire.errors import GradwireError
 from gradwire.schedules.cost import CostParams
 
@@ -81,6 +83,21 @@ def test_calibrate_on_three_hosts(tmp_path):
     assert cal["cpu_step_s"] > 0 and cal["cpu_byte_s"] >= 0
     assert cal["cpu_ranks_per_machine"] == 3 and cal["cores_per_machine"] >= 1
     assert 0 < cal["cpu_share"] <= 1 and cal["cpu_sync_s"] >= 0 and cal["cpu_slowdown"] >= 1
+    # loopback is not shaped: no token bucket for the model, whatever the check measured
+    assert cal["burst_bytes"] == 0 and cal["burst_bytes_measured"] >= 0
+
+
+@needs_netns
+def test_calibrate_records_the_token_bucket_an_idle_shaped_link_lets_through(tmp_path):
+    env = {"GRADWIRE_HOME": str(tmp_path)}
+    p = _gradwire("calibrate", "--hosts", "2", "--bandwidth", "1gbit", "--codec-numel", "0",
+                  env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    cal = json.loads((tmp_path / "calibration" / "1gbit.json").read_text())
+    assert cal["burst_bytes"] == tbf_burst(1e9) == 500_000
+    # one message after 50 ms idle beats α + n·β by most of the bucket (371 and 426 kB
+    # measured on an idle machine); loose, as CPU contention delays the message
+    assert 50_000 < cal["burst_bytes_measured"] < 1_000_000
 
 
 def test_bench_and_calibrate_on_loopback(tmp_path):

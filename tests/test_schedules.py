@@ -103,3 +103,54 @@ def test_ring_cuts_large_chunks_into_sub_chunks_unless_told():
                .messages_sent[0].sum()) == 14 * 2
     with pytest.raises(GradwireError, match="pipeline must be an int >= 1"):
         registry.schedule("allreduce", "ring", 4, 100, pipeline=0)
+
+
+# Links shaped by a token bucket (cost.py's docstring) ----------------------------------------
+BUCKET_PARAMS = CostParams(2e-4, 8e-9, 1e-10)
+
+
+@settings(max_examples=80, deadline=None)
+@given(algo=st.sampled_from(registry.ALGORITHMS), p=st.integers(1, 9),
+       count=st.integers(0, 5000), burst=st.floats(0, 1e5), start=st.floats(0, 1e5))
+def test_a_token_bucket_never_beats_the_rate_nor_costs_more_than_a_plain_link(
+        algo, p, count, burst, start):
+    s = registry.schedule(algo.collective, algo.name, p, count)
+    a, b, g = BUCKET_PARAMS.alpha, BUCKET_PARAMS.beta, BUCKET_PARAMS.gamma
+    plain = cost(s, BUCKET_PARAMS, 4)
+    shaped = cost(s, CostParams(a, b, g, burst=burst, start_credit=start), 4)
+    assert shaped <= plain * (1 + 1e-12)
+    # in the long run a link passes at most its credit at the start plus what it earns
+    t = traffic(s, 4)
+    busiest = max(t.bytes_sent.sum(axis=1).max(), t.bytes_received.sum(axis=1).max())
+    assert shaped >= (busiest - min(start, burst)) * b * (1 - 1e-12)
+    # α and γ are not the link's: no bucket hides them
+    floor = sum(max(a * n for n in _messages(step, p)) for step in s.steps)
+    assert shaped >= floor * (1 - 1e-12)
+
+
+def _messages(step, p: int) -> list[int]:
+    out, inn = [0] * p, [0] * p
+    for t in step.transfers:
+        out[t.src] += 1
+        inn[t.dst] += 1
+    return [max(o, i) for o, i in zip(out, inn, strict=True)]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_no_bucket_is_the_plain_step_sum_whatever_the_start_credit(algo):
+    s = registry.schedule(algo.collective, algo.name, 5, 1003)
+    a, b, g = BUCKET_PARAMS.alpha, BUCKET_PARAMS.beta, BUCKET_PARAMS.gamma
+    assert cost(s, CostParams(a, b, g, burst=0, start_credit=1e9), 4) == cost(
+        s, BUCKET_PARAMS, 4)
+
+
+def test_a_bucket_hides_the_linear_pipelines_fill_and_latency():
+    # The emulated 1 Gbit/s cluster (α 372 µs, β 8.34 ns/B, a 500 kB bucket), 64 MiB, P = 8:
+    # the plain model charges LP broadcast 1.13 n·β, the bucket 1.06 (measured: 1.07, 0.597 s)
+    a, b, n = 372e-6, 8.34e-9, 64 * 2**20
+    s = registry.schedule("broadcast", "lp", 8, n // 4, itemsize=4, alpha=a, beta=b)
+    assert cost(s, CostParams(a, b), 4) / (n * b) == pytest.approx(1.131, abs=0.001)
+    assert cost(s, CostParams(a, b, burst=500_000), 4) / (n * b) == pytest.approx(1.058, abs=0.001)
+    # with a full bucket at the start, one block passes before the first α is paid
+    one = registry.schedule("broadcast", "lp", 2, 1000, block=1000)
+    assert cost(one, CostParams(a, b, burst=4000, start_credit=4000), 4) == pytest.approx(a)

@@ -322,7 +322,8 @@ def calibrate(
 ) -> None:
     """Measure α (ping-pong, and per step of an allreduce over every host), β (streaming), γ
     (reduction), the CPU ranks spend and how they share cores, and each method's encode and
-    decode time, and save them for the model (whatif/advise --codecs FILE reads the latter)."""
+    decode time, and save them with the links' token bucket for the model (whatif/advise
+    --codecs FILE reads the coding times)."""
     from gradwire.bench import calibrate as cal
     from gradwire.jobs import run_ranks
     from gradwire.perf import codecs
@@ -334,16 +335,17 @@ def calibrate(
     with _cluster(hosts, bandwidth, cluster, loopback, mtu) as c:
         measured = run_ranks(c, "gradwire.bench.calibrate", [], "calibrate", timeout, console)
         key = c.link_key
-        n_hosts, label = len(c.hosts), c.label
+        n_hosts, label, bucket = len(c.hosts), c.label, c.burst_bytes
     if codec_numel:
         measured["codecs"] = codecs.measure(codec_numel)
-    d = cal.record(measured, key, n_hosts, label)
+    d = cal.record(measured, key, n_hosts, label, bucket)
     t = Table("α (us)", f"α per step, {n_hosts} ranks (us)", "β (ns/byte)", "link (Gbit/s)",
-              "γ (ns/byte)", "network", "saved to")
+              "burst (kB, measured)", "γ (ns/byte)", "network", "saved to")
     t.add_row(f"{d['alpha_s'] * 1e6:.1f}", f"{d['alpha_step_s'] * 1e6:.1f}",
               f"{d['beta_s_per_byte'] * 1e9:.3f}",
-              f"{d['link_gbit_per_s_measured']:.3f}", f"{d['gamma_s_per_byte'] * 1e9:.4f}",
-              d["network"], d["path"])
+              f"{d['link_gbit_per_s_measured']:.3f}",
+              f"{d['burst_bytes'] / 1e3:.0f} ({d['burst_bytes_measured'] / 1e3:.0f})",
+              f"{d['gamma_s_per_byte'] * 1e9:.4f}", d["network"], d["path"])
     console.print(t)
     console.print(f"shared-CPU terms for the model: {d['cpu_ranks_per_machine']} ranks on "
                   f"{d['cores_per_machine']} cores; "

@@ -5,7 +5,8 @@ Rank side (ranks 0 and 1 of the launched job):
    (osu_latency). It includes gradwire's per-message software cost, which is what the
    executor pays per transfer.
 2. β — streaming: a window of ``WINDOW`` sends of ``STREAM_BYTES`` each, then a 4-byte ack
-   (osu_bw); β = t / (window · bytes).
+   (osu_bw); β = t / (window · bytes). Then the link's token bucket (:func:`burst`): one
+   message after both ranks idled, against what α and β make of it.
 3. γ — reduction speed on one rank: ``a.add_(b)`` over 64 MiB of float32, per byte of ``b``.
 4. α per step with every rank taking part (:func:`step_alpha`): a P-element recursive-doubling
    allreduce without the call header (which the model charges apart), 5 runs of 40 calls,
@@ -50,6 +51,9 @@ STREAM_BYTES = 4 * 2**20
 PINGS = 200
 SHARING_BURSTS_MS = (0.0, 1.0, 2.0, 5.0, 10.0)
 SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of their fits
+# idle before burst()'s message: a 500 kB bucket refills in 4 ms at 1 Gbit/s, 256 KiB in 21 ms
+# at 100 Mbit/s
+BURST_IDLE_S = 0.05
 BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
 
 
@@ -67,11 +71,20 @@ def load(bandwidth: str) -> tuple[CostParams, dict] | None:
     except GradwireError as e:
         raise GradwireError(f"{e} (run `gradwire calibrate` again or delete it)") from None
     try:
-        return CostParams(float(d["alpha_s"]), float(d["beta_s_per_byte"]),
-                          float(d["gamma_s_per_byte"])), d
+        return cost_params(d), d
     except (ValueError, KeyError, TypeError) as e:
         raise GradwireError(f"calibration file {path} is unreadable ({e}): run "
                             "`gradwire calibrate` again or delete it") from None
+
+
+def cost_params(d: dict) -> CostParams:
+    """The cost model's parameters from a calibration's fields (KeyError, ValueError or
+    TypeError where they are missing or malformed). ``burst_bytes`` is the token bucket the
+    cluster shapes its links with (:func:`record`; files from before it have none: 0).
+    Links start a call with no credit: a benchmark's calls follow one another with only a
+    barrier between."""
+    return CostParams(float(d["alpha_s"]), float(d["beta_s_per_byte"]),
+                      float(d["gamma_s_per_byte"]), burst=float(d.get("burst_bytes", 0.0)))
 
 
 def _pingpong(t: Transport) -> float:
@@ -104,6 +117,31 @@ def _stream(t: Transport) -> float:
             t.send(ack, 0)
         rates.append((time.perf_counter() - t0) / (WINDOW * STREAM_BYTES))
     return statistics.median(rates)
+
+
+def burst(t: Transport, alpha: float, beta: float) -> float:
+    """Bytes a link lets through at once after an idle spell: the token bucket of a link
+    shaped by ``tc tbf`` (the emulated cluster's: 500 kB at 1 Gbit/s), about 0 on a plain
+    one. Both ranks idle ``BURST_IDLE_S``, then rank 0 sends one message of n bytes (at least
+    ``STREAM_BYTES``, and 50 ms of traffic at β) and rank 1 acks it: t = 2α + (n − burst)·β,
+    median of 5, clamped to [0, n]."""
+    size = torch.tensor([min(64 * 2**20, max(STREAM_BYTES, 0.05 / beta))], dtype=torch.float64)
+    dist.broadcast(size, 0, group=t.group)  # the ranks' β differ in the last digits
+    n = int(size)
+    buf, ack = torch.zeros(n, dtype=torch.uint8), torch.zeros(4, dtype=torch.uint8)
+    runs = []
+    for _ in range(5):
+        dist.barrier(group=t.group)
+        time.sleep(BURST_IDLE_S)
+        t0 = time.perf_counter()
+        if t.rank == 0:
+            t.send(buf, 1)
+            t.recv(ack, 1)
+        else:
+            t.recv(buf, 0)
+            t.send(ack, 0)
+        runs.append(time.perf_counter() - t0)
+    return float(min(max(n - (statistics.median(runs) - 2 * alpha) / beta, 0.0), n))
 
 
 def byte_cpu(t: Transport, cpu_step: float, gamma: float) -> float:
@@ -282,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         tp = Transport(sub)
         alpha = _pingpong(tp)
         beta = _stream(tp)
+        bucket = burst(tp, alpha, beta)
     else:
         dist.new_group([0, 1])
     gamma = _reduce_speed()
@@ -297,14 +336,18 @@ def main(argv: list[str] | None = None) -> int:
                "cpu_sync_s": sharing["sync"], "cpu_slowdown": sharing["slowdown"]}
         Path(a.out).write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
                                            "gamma_s_per_byte": gamma,
+                                           "burst_bytes_measured": bucket,
                                            "alpha_step_s": alpha_step, **cpu}))
     dist.destroy_process_group()
     return 0
 
 
-def record(measured: dict, bandwidth: str, hosts: int, network: str) -> dict:
-    """Add provenance to a measurement and save it where ``load`` finds it."""
-    d = {**measured,
+def record(measured: dict, bandwidth: str, hosts: int, network: str,
+           burst_bytes: float = 0.0) -> dict:
+    """Add provenance and the links' token bucket (``burst_bytes``, what the cluster shapes
+    them with; :func:`burst` measures it as a check) to a measurement and save it where
+    ``load`` finds it."""
+    d = {**measured, "burst_bytes": burst_bytes,
          "bandwidth": bandwidth, "hosts": hosts, "network": network,
          "link_gbit_per_s_measured": 8 / measured["beta_s_per_byte"] / 1e9,
          **provenance.stamp()}

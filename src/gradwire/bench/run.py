@@ -53,6 +53,7 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
         "collective": collective, "world_size": p, "network": cluster.label,
         **provenance.stamp(),
         "model": {"alpha_s": cost_params.alpha, "beta_s_per_byte": cost_params.beta,
-                  "gamma_s_per_byte": cost_params.gamma, "source": source},
+                  "gamma_s_per_byte": cost_params.gamma, "burst_bytes": cost_params.burst,
+                  "source": source},
         "algo_params": algo_params, "iters": iters, "warmup": warmup, "rows": rows,
     }

@@ -82,6 +82,11 @@ class Cluster:
         return self.name != LOOPBACK and self.bandwidth_bps is not None
 
     @property
+    def burst_bytes(self) -> int:
+        """The token bucket of each shaped link (:func:`tbf_burst`), 0 when not shaped."""
+        return tbf_burst(self.bandwidth_bps) if self.shaped else 0  # type: ignore[arg-type]
+
+    @property
     def label(self) -> str:
         """How every report names the network this ran on."""
         if self.name == LOOPBACK:
