@@ -19,13 +19,7 @@ same configuration:
   through the hook's own path on the model's number of elements (``codecs.measure``);
 - shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
   CPU besides coding and communication is the dense run's measured CPU per rank less the
-  model's coding and communication CPU for that run, the dense run *on the fastest link
-  measured at that P*; every other aggregation adds its own. What a rank does besides
-  aggregating does not depend on the link, while the subtracted part does: a collective's
-  CPU grows with how long it takes (calibrate's CPU per byte moved was 1.5-6x higher at
-  100 Mbit/s than at 1 Gbit/s in every run), so the slower link's dense run, 5x longer and
-  mostly collective, leaves the least certain remainder (at P = 8 on 100 Mbit/s it left
-  5.7 ms against 11.7 on 1 Gbit/s, and its sparse rows were predicted 32-35 % too fast);
+  model's coding and communication CPU for that run; every other aggregation adds its own;
 - overlap slowdown κ = 1 (not fitted).
 
 So the dense run supplies compute (its wall time and its CPU); everything that differs between
@@ -59,7 +53,6 @@ from gradwire.jobs import run_ranks
 from gradwire.perf import codecs
 from gradwire.perf.measure import measure
 from gradwire.perf.model import Aggregation, Cluster, predict
-from gradwire.perf.profiles import Profile
 from gradwire.perf.whatif import CpuSetting
 from gradwire.train.job import TrainConfig, train_on, validate
 
@@ -101,8 +94,8 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
            "profile_one_thread": prof1.to_json(), "rows": [],
            "codecs_one_thread": table.methods,
            "conditions": {"load_average_start": os.getloadavg()}, "calibration": {}}
-    done: dict[tuple[str, int], tuple[dict, dict[str, dict]]] = {}
     for rate in rates:
+        bps = parse_bandwidth(rate)
         for p in workers:
             runs: dict[str, list[dict]] = {agg: [] for agg in aggs}
             with ephemeral_cluster(p, rate, False) as c:
@@ -116,63 +109,38 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                         validate(cfg, p)
                         runs[agg].append(train_on(c, cfg, f"{agg} P={p} {rate} ({i + 1})",
                                                   1800, console))
-            load = os.getloadavg()[0]  # after the configuration's runs
-            done[(rate, p)] = cal, {agg: {**median_run(rs), "load_average": load}
-                                    for agg, rs in runs.items()}
-            doc["rows"] = predict_rows(done, prof, table, batch)
+            measured = {agg: median_run(rs) for agg, rs in runs.items()}
+            ref = measured.get("dense") or next(iter(measured.values()))
+            compute = ref["seconds_per_iter"]["compute"]
+            share = prof.forward_s / (prof.forward_s + prof.backward_s)
+            here = prof.with_compute(compute * share, compute * (1 - share),
+                                     "dense run's compute")
+            here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
+            cluster = Cluster(p, bps, cal["alpha_step_s"], cal["gamma_s_per_byte"],
+                              beta=cal["beta_s_per_byte"], check_calls=True,
+                              **CpuSetting.from_calibration(cal, p).fields(p))
+            # the dense run's CPU less what the model charges it for coding and collectives
+            rank_cpu = ref["cpu_s_per_iter"] - predict(here, cluster, Aggregation(ref["agg"]),
+                                                       table, rank_cpu=0.0).cpu
+            for agg, res in measured.items():
+                pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu)
+                meas = p * batch / res["samples_per_s"]
+                doc["rows"].append({
+                    "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
+                    "measured_each_s": res["iteration_each_s"],
+                    "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
+                    "measured_parts_s": res["seconds_per_iter"],
+                    "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
+                    "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
+                                          "step": pred.step, "coding": pred.coding,
+                                          "communicate": float(pred.communicate),
+                                          "exposed": float(pred.exposed),
+                                          "cpu_per_rank": pred.cpu,
+                                          "cpu_communicate": pred.cpu_comm,
+                                          "cpu_bound": pred.cpu_bound},
+                    "iterations": res["iterations"], "load_average": os.getloadavg()[0]})
             out.write_text(json.dumps(summarise(doc), indent=1) + "\n")  # partial results kept
     return summarise(doc)
-
-
-def predict_rows(done: dict[tuple[str, int], tuple[dict, dict[str, dict]]], prof: Profile,
-                 table: codecs.CodecTable, batch: int) -> list[dict]:
-    """Predicted beside measured for every configuration in ``done`` ((rate, P) → its
-    calibration and median runs per aggregation). Compute (wall) is the dense run's at the same
-    rate and P; a rank's own CPU is the dense run's CPU less the model's coding and collective
-    CPU for it, from the fastest link measured at that P (see the module docstring)."""
-    def dense(key: tuple[str, int]) -> dict:
-        measured = done[key][1]
-        return measured.get("dense") or next(iter(measured.values()))
-
-    def setting(key: tuple[str, int]) -> tuple[Profile, Cluster]:
-        (rate, p), (cal, _) = key, done[key]
-        ref = dense(key)
-        compute = ref["seconds_per_iter"]["compute"]
-        share = prof.forward_s / (prof.forward_s + prof.backward_s)
-        here = prof.with_compute(compute * share, compute * (1 - share), "dense run's compute")
-        here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
-        cluster = Cluster(p, parse_bandwidth(rate), cal["alpha_step_s"], cal["gamma_s_per_byte"],
-                          beta=cal["beta_s_per_byte"], check_calls=True,
-                          **CpuSetting.from_calibration(cal, p).fields(p))
-        return here, cluster
-
-    rows = []
-    for (rate, p), (_, measured) in done.items():
-        fastest = max((k for k in done if k[1] == p), key=lambda k: parse_bandwidth(k[0]))
-        here_f, cluster_f = setting(fastest)
-        # the dense run's CPU less what the model charges it for coding and collectives
-        rank_cpu = dense(fastest)["cpu_s_per_iter"] - predict(
-            here_f, cluster_f, Aggregation(dense(fastest)["agg"]), table, rank_cpu=0.0).cpu
-        here, cluster = setting((rate, p))
-        for agg, res in measured.items():
-            pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu)
-            meas = p * batch / res["samples_per_s"]
-            rows.append({
-                "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
-                "measured_each_s": res["iteration_each_s"],
-                "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
-                "measured_parts_s": res["seconds_per_iter"],
-                "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
-                "rank_cpu_from": f"dense, {fastest[0]} P={fastest[1]}",
-                "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
-                                      "step": pred.step, "coding": pred.coding,
-                                      "communicate": float(pred.communicate),
-                                      "exposed": float(pred.exposed),
-                                      "cpu_per_rank": pred.cpu,
-                                      "cpu_communicate": pred.cpu_comm,
-                                      "cpu_bound": pred.cpu_bound},
-                "iterations": res["iterations"], "load_average": res["load_average"]})
-    return rows
 
 
 def summarise(doc: dict) -> dict:
