@@ -1,11 +1,13 @@
 """Every registered algorithm, executed over gloo for P in {1,2,3,4,5,7,8}, equals
 torch.distributed's own collective, and the transport counts exactly the schedule's bytes."""
+import itertools
+
 import pytest
 from conftest import run_checks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradwire.collectives.executor import _plan
+from gradwire.collectives.executor import Unwritten, _plan
 from gradwire.schedules import registry
 
 
@@ -61,3 +63,24 @@ def test_reduce_scatter_reuses_one_spare_buffer_and_never_shares_it(monkeypatch)
     api._give_scratch(big)
     assert api._take_scratch(torch.ones(5000, dtype=torch.float64)).dtype == torch.float64
     assert api._take_scratch(x).data_ptr() == big.data_ptr()
+
+
+@given(n=st.integers(0, 60), writes=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)),
+                                            max_size=12),
+       ask=st.tuples(st.integers(0, 60), st.integers(0, 60)))
+def test_unwritten_ranges_follow_a_mask(n, writes, ask):
+    """Out of place, what a rank has not written is read from the source: the interval set
+    must say exactly which elements those are, as a per-element mask would."""
+    u, mask = Unwritten(n), [True] * n
+    for a, b in writes:
+        lo, hi = min(a, b, n), min(max(a, b), n)
+        u.write(lo, hi)
+        mask[lo:hi] = [False] * (hi - lo)
+    lo, hi = min(ask[0], ask[1], n), min(max(ask), n)
+    got = [False] * n
+    pieces = u.within(lo, hi)
+    for a, b in pieces:
+        assert lo <= a < b <= hi
+        got[a:b] = [True] * (b - a)
+    assert got[lo:hi] == mask[lo:hi]
+    assert all(x[1] < y[0] for x, y in itertools.pairwise(pieces))

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from checklist import counted, counters, done, fail
 
 import gradwire.collectives as gc
+from gradwire.collectives.executor import execute
 from gradwire.schedules import registry
 from gradwire.schedules.cost import traffic
 from gradwire.transport import Transport
@@ -97,5 +98,42 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
             counted()
             if not torch.allclose(x, ref, rtol=1e-5, atol=1e-5):
                 fail(f"{tag} float32 {how}: max error {(x - ref).abs().max().item()}")
+
+# Out of place (the executor's ``source``, which reduce-scatter uses): the buffer starts as NaN,
+# every schedule must read what it has not written from the source, and leave the source as it
+# was; ranges it never wrote are taken from the source, as the API does.
+for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a.name, [{}])]:
+    tag = f"{algo.collective}/{algo.name}" + "".join(f" {k}={v}" for k, v in params.items())
+    if only and f"{algo.collective}/{algo.name}" not in only.split(","):
+        continue
+    c = algo.collective
+    for n in (0, 1, 5, 13, 1000):
+        seed = n * 11 + 3
+        root = (n + 2) % p if algo.rooted else 0
+        count = n * p if c in ("allgather", "reducescatter") else n
+        allin = torch.stack([data(count, seed, torch.float64, r) for r in range(p)])
+        src = allin[rank].clone()
+        if c == "allgather":  # every rank contributes its own block
+            src.zero_()[rank * n : (rank + 1) * n] = allin[rank, rank * n : (rank + 1) * n]
+        kept = src.clone()
+        s = registry.schedule(c, algo.name, p, count, root, itemsize=8, **params)
+        buf = torch.full((count,), float("nan"), dtype=torch.float64)
+        unwritten = execute(s, buf, Transport(), source=src)
+        for a, b in unwritten.within(0, count):
+            buf[a:b] = src[a:b]
+        total = allin.sum(0)
+        if c == "allgather":
+            want = torch.cat([allin[r, r * n : (r + 1) * n] for r in range(p)])
+        else:
+            want = {"allreduce": total, "broadcast": allin[root], "reduce": total,
+                    "reducescatter": total}[c]
+        lo, hi = ((rank * n, (rank + 1) * n) if c == "reducescatter" else (0, count))
+        counted()
+        if (c != "reduce" or rank == root) and not torch.equal(buf[lo:hi], want[lo:hi]):
+            bad = lo + (buf[lo:hi] != want[lo:hi]).nonzero()[0].item()
+            fail(f"{tag} n={n} out of place: element {bad} is {buf[bad].item()}, "
+                 f"expected {want[bad].item()}")
+        if not torch.equal(src, kept):
+            fail(f"{tag} n={n} out of place: the source changed")
 done()
 dist.destroy_process_group()

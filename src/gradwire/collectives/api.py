@@ -74,7 +74,11 @@ def _flat(tensor: torch.Tensor, what: str) -> torch.Tensor:
 
 def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
          group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
-         after: Callable[[], None] | None, params: dict) -> Handle | None:
+         after: Callable[[], None] | None, params: dict,
+         source: tuple[torch.Tensor, int, int] | None = None) -> Handle | None:
+    """Agree on the call, run the schedule on ``buf``, then ``after()``. ``source`` = (input,
+    start, stop): run out of place from ``input`` (the executor's ``source``), and afterwards
+    make ``buf[start:stop]``, the part the caller reads, whole."""
     t = transport or Transport(group)
     params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
@@ -84,7 +88,13 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
 
     def go() -> None:
         agree(t, call)
-        execute(s, buf, t)
+        if source is None:
+            execute(s, buf, t)
+        else:
+            inp, lo, hi = source
+            unwritten = execute(s, buf, t, source=inp)
+            for a, b in unwritten.within(lo, hi) if unwritten is not None else ():
+                buf[a:b].copy_(inp[a:b])  # nothing arrived for it (P = 1)
         if after is not None:
             after()
 
@@ -138,10 +148,11 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
     return _run("allgather", algo, out, 0, group, t, async_op, None, params)
 
 
-# reduce_scatter_tensor reduces in a copy of its input. A fresh buffer per call costs more than
-# the copy into it (a 64 MiB clone took 29 ms here, a copy into a reused buffer 5 ms: first-touch
-# page faults), so each call borrows a spare buffer and gives it back; calls running at once
-# (async_op) borrow different ones. At most one spare is kept per dtype and device, the largest.
+# reduce_scatter_tensor reduces out of its input into a work buffer. A fresh buffer per call
+# costs more than the reduction's own passes (a 64 MiB clone took 29 ms here, a copy into a
+# reused buffer 5 ms: first-touch page faults), so each call borrows a spare buffer and gives
+# it back; calls running at once (async_op) borrow different ones. At most one spare is kept
+# per dtype and device, the largest.
 _SPARE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 _SPARE_LOCK = threading.Lock()
 
@@ -168,16 +179,16 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
                           algo: str | None = None, transport: Transport | None = None,
                           **params: object) -> Handle | None:
     """``output`` ends with this rank's block of the sum of every rank's ``input``, which is
-    left as it was. The sum is formed in a spare buffer kept for the next call (one per dtype
-    and device, as large as the largest input so far)."""
+    left as it was. The sum is formed out of place (no copy of the input) in a spare buffer
+    kept for the next call (one per dtype and device, as large as the largest input so far)."""
     out, inp, how = _flat(output, "output"), _flat(input, "input"), _op(op)
     t = transport or Transport(group)
     if inp.numel() != t.world_size * out.numel() or out.dtype != inp.dtype:
         raise GradwireError(f"input must have world_size × output = {t.world_size} × "
                             f"{out.numel()} elements of {out.dtype}, got {inp.numel()} of "
                             f"{inp.dtype}")
-    scratch = _take_scratch(inp)  # c10d leaves the input as it was
-    work = scratch[: inp.numel()].copy_(inp)
+    scratch = _take_scratch(inp)  # c10d leaves the input as it was: reduce out of place
+    work = scratch[: inp.numel()]
     n = out.numel()
 
     def after() -> None:
@@ -186,4 +197,5 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
             out.div_(t.world_size)
         _give_scratch(scratch)
 
-    return _run("reducescatter", algo, work, 0, group, t, async_op, after, params)
+    return _run("reducescatter", algo, work, 0, group, t, async_op, after, params,
+                source=(inp, t.rank * n, (t.rank + 1) * n))
