@@ -12,7 +12,8 @@ user would, with a private GRADWIRE_HOME so the model uses the calibration of th
 4. crossover  allreduce 1 KiB…64 MiB at P=8: the size where the bandwidth-optimal ring starts to
               beat the latency-optimal recursive doubling, measured and predicted.
 5. model      every registered algorithm of every collective, P=4, 1…64 MiB: predicted vs
-              measured time (targets: median error ≤ 5 %, max ≤ 15 %) and a plot.
+              measured time (targets: median error ≤ 5 %, max ≤ 15 %) and a plot; median of
+              11 calls at 1 and 4 MiB, of 3 at 16 and 64 MiB.
 
     python benchmarks/collectives.py                 # ~15 min; writes benchmarks/results/
     python benchmarks/collectives.py --parts ring    # one part (others kept from the last run)
@@ -134,10 +135,15 @@ def part_crossover(home: str, cal: dict) -> dict:
             "bench": res}
 
 
+# Calls of 1 and 4 MiB vary most from one to the next (a ring allreduce of 1 MiB took 15.8 to
+# 23.1 ms within one run of three), and cost least: they get more iterations.
+MODEL_ITERS = {"1M,4M": 11, "16M,64M": 3}
+
+
 def part_model(home: str) -> dict:
-    benches = [bench(home, c, ",".join(a.name for a in registry.algorithms(c)), "1M:64M:4", 4,
-                     3) for c in ("allreduce", "broadcast", "reduce", "allgather",
-                                  "reducescatter")]
+    benches = [bench(home, c, ",".join(a.name for a in registry.algorithms(c)), sizes, 4, iters)
+               for c in ("allreduce", "broadcast", "reduce", "allgather", "reducescatter")
+               for sizes, iters in MODEL_ITERS.items()]
     pts = [{"collective": r["collective"], "algo": r["algo"], "bytes": r["bytes"],
             "measured_s": r["time_s"], "predicted_s": r["predicted_s"],
             "error": r["prediction_error"]}

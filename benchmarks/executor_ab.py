@@ -9,7 +9,7 @@ cluster, the launcher of this checkout's Python) is the same.
 
     python benchmarks/executor_ab.py                  # old = c6f8093 (before in-place receives)
     python benchmarks/executor_ab.py --old REV --rounds 3
-    python benchmarks/executor_ab.py --old 5d4a2e1 --cases rs_ring,rs_rhd --hosts 4 --rounds 3 \
+    python benchmarks/executor_ab.py --old e4bcd88 --cases rs_ring,rs_rhd --hosts 4 --rounds 3 \
         --out benchmarks/results/executor_ab_rs.json      # reduce-scatter without the copy
 
 Needs root (network namespaces) and an otherwise idle machine: 8 ranks share 2 cores.
