@@ -3,11 +3,12 @@ torch.distributed's own collective, and the transport counts exactly the schedul
 import itertools
 
 import pytest
+import torch
 from conftest import run_checks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradwire.collectives.executor import Unwritten, _plan
+from gradwire.collectives.executor import Unwritten, _plan, _Staging
 from gradwire.schedules import registry
 
 
@@ -84,3 +85,21 @@ def test_unwritten_ranges_follow_a_mask(n, writes, ask):
         got[a:b] = [True] * (b - a)
     assert got[lo:hi] == mask[lo:hi]
     assert all(x[1] < y[0] for x, y in itertools.pairwise(pieces))
+
+
+def test_staging_buffers_are_reused_within_a_byte_cap():
+    """A receive's staging buffer goes back to the pool, not to the allocator (whose returned
+    pages fault again on first touch), and the pool never holds more than its cap."""
+    pool = _Staging(keep=3 * 4096)
+    like = torch.zeros(1)
+    a = pool.take(1024, like)
+    pool.give(a)
+    assert pool.take(1024, like) is a  # the same memory again
+    assert pool.take(1024, like) is not a  # taken: a fresh one
+    assert pool.take(1024, torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
+    bufs = [pool.take(1024, like) for _ in range(4)]
+    for b in bufs:
+        pool.give(b)  # 4 x 4 KiB offered, 12 KiB kept: the fourth starts the pool afresh
+    assert pool._bytes <= pool.keep
+    pool.give(pool.take(10_000, like))  # larger than the cap: not kept
+    assert pool._bytes <= pool.keep
