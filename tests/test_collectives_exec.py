@@ -45,10 +45,9 @@ def test_copies_into_untouched_ranges_need_no_staging(collective, algo):
 
 
 def test_reduce_scatter_reuses_one_spare_buffer_and_never_shares_it(monkeypatch):
-    """reduce_scatter_tensor reduces in a borrowed copy of its input: a call after another
-    reuses the spare (no fresh allocation per call), two calls at once get different ones."""
-    import torch
-
+    """reduce_scatter_tensor reduces out of its input into a borrowed work buffer: a call after
+    another reuses the spare (no fresh allocation per call), two calls at once get different
+    ones."""
     from gradwire.collectives import api
 
     monkeypatch.setattr(api, "_SPARE", {})

@@ -93,7 +93,7 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
         else:
             inp, lo, hi = source
             unwritten = execute(s, buf, t, source=inp)
-            for a, b in unwritten.within(lo, hi) if unwritten is not None else ():
+            for a, b in unwritten.within(lo, hi):  # type: ignore[union-attr]
                 buf[a:b].copy_(inp[a:b])  # nothing arrived for it (P = 1)
         if after is not None:
             after()

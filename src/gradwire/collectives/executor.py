@@ -117,6 +117,10 @@ class Unwritten:
             k += 1
         return out
 
+    def untouched(self, lo: int, hi: int) -> bool:
+        """Whether none of [lo, hi) is written yet."""
+        return self.within(lo, hi) == [(lo, hi)]
+
     def write(self, lo: int, hi: int) -> None:
         """Mark [lo, hi) written."""
         if lo >= hi:
@@ -180,6 +184,9 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
     if buffer.dim() != 1 or buffer.numel() != s.count:
         raise GradwireError(f"rank {transport.rank}: buffer has shape {tuple(buffer.shape)}, "
                             f"the schedule expects ({s.count},)")
+    if transport.world_size != s.world_size:
+        raise GradwireError(f"rank {transport.rank}: schedule is for {s.world_size} ranks, "
+                            f"the group has {transport.world_size}")
     if source is not None and (source.shape != buffer.shape or source.dtype != buffer.dtype
                                or source.device != buffer.device):
         raise GradwireError(f"rank {transport.rank}: source is {tuple(source.shape)} "
@@ -196,13 +203,10 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
 
     def outgoing(t: Transfer) -> torch.Tensor:
         """The bytes a send reads: the source while none of its range is written yet."""
-        if fresh is not None and fresh.within(t.start, t.stop) == [(t.start, t.stop)]:
+        if fresh is not None and fresh.untouched(t.start, t.stop):
             return source[t.start : t.stop]  # type: ignore[index]
         fill(t.start, t.stop)
         return buffer[t.start : t.stop]
-    if transport.world_size != s.world_size:
-        raise GradwireError(f"rank {transport.rank}: schedule is for {s.world_size} ranks, "
-                            f"the group has {transport.world_size}")
     ops = {**COMBINE, **(combine or {})}
     rank = transport.rank
     program, conflict = _plan(s, rank)
@@ -285,7 +289,7 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
                 raise GradwireError(f"schedule {s.algo} uses combine op {t.op!r}; known: "
                                     f"{', '.join(['copy', *ops])}")
             elif (fresh is not None and ops[t.op] is _sum
-                  and fresh.within(t.start, t.stop) == [(t.start, t.stop)]):
+                  and fresh.untouched(t.start, t.stop)):
                 torch.add(source[t.start : t.stop], tmp, out=view)  # type: ignore[index]
             else:
                 fill(t.start, t.stop)
