@@ -1,13 +1,14 @@
 """Measure α, β and γ for the cost model, OSU-style, and keep them for later predictions.
 
-Rank side (ranks 0 and 1 of the launched job):
-1. α — ping-pong of 8-byte messages, 200 round trips; one-way latency = t / (2·iters)
-   (osu_latency). It includes gradwire's per-message software cost, which is what the
-   executor pays per transfer.
+Rank side (1–3: ranks 0 and 1 of the launched job, the others waiting at a barrier, blocked,
+so that ranks sharing the machine's cores do not run beside what is timed):
+1. α — ping-pong of 8-byte messages, 5 batches of 40 round trips; one-way latency =
+   t / (2·40), the median batch (osu_latency). It includes gradwire's per-message software
+   cost, which is what the executor pays per transfer.
 2. β — streaming: a window of ``WINDOW`` sends of ``STREAM_BYTES`` each, then a 4-byte ack
    (osu_bw); β = t / (window · bytes). Then the link's token bucket (:func:`burst`): one
    message after both ranks idled, against what α and β make of it.
-3. γ — reduction speed on one rank: ``a.add_(b)`` over 64 MiB of float32, per byte of ``b``.
+3. γ — reduction speed on rank 0 alone: ``a.add_(b)`` over 64 MiB of float32, per byte of ``b``.
 4. α per step with every rank taking part (:func:`step_alpha`): a P-element recursive-doubling
    allreduce without the call header (which the model charges apart), 5 runs of 40 calls,
    median, divided by its steps. It holds the collective call's own software cost, and P
@@ -48,7 +49,8 @@ from gradwire.transport import Transport, wait_all
 
 WINDOW = 16
 STREAM_BYTES = 4 * 2**20
-PINGS = 200
+PINGS = 40  # round trips per batch
+PING_BATCHES = 5
 SHARING_BURSTS_MS = (0.0, 1.0, 2.0, 5.0, 10.0)
 SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of their fits
 # idle before burst()'s message: a 500 kB bucket refills in 4 ms at 1 Gbit/s, 256 KiB in 21 ms
@@ -88,18 +90,27 @@ def cost_params(d: dict) -> CostParams:
 
 
 def _pingpong(t: Transport) -> float:
+    """One-way latency: ``PING_BATCHES`` batches of ``PINGS`` round trips after 10, the
+    median of the batches' means (rank 0's value on both ranks)."""
     buf = torch.zeros(8, dtype=torch.uint8)
     peer = 1 - t.rank
-    for i in range(PINGS + 10):
-        if i == 10:
-            t0 = time.perf_counter()
-        if t.rank == 0:
-            t.send(buf, peer)
-            t.recv(buf, peer)
-        else:
-            t.recv(buf, peer)
-            t.send(buf, peer)
-    return (time.perf_counter() - t0) / (2 * PINGS)
+
+    def trips(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            if t.rank == 0:
+                t.send(buf, peer)
+                t.recv(buf, peer)
+            else:
+                t.recv(buf, peer)
+                t.send(buf, peer)
+        return (time.perf_counter() - t0) / (2 * n)
+
+    trips(10)
+    one_way = torch.tensor([statistics.median(trips(PINGS) for _ in range(PING_BATCHES))],
+                           dtype=torch.float64)
+    dist.broadcast(one_way, 0, group=t.group)
+    return float(one_way)
 
 
 def _stream(t: Transport) -> float:
@@ -315,15 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     t = Transport()
     if t.world_size < 2:
         raise SystemExit("calibrate needs at least 2 ranks")
+    sub = dist.new_group([0, 1])
+    # The other ranks wait at the barrier (blocked, not spinning) while ranks 0 and 1 time the
+    # link, and rank 0 times γ alone: ranks sharing the cores would otherwise be measured too.
     if t.rank < 2:
-        sub = dist.new_group([0, 1])
         tp = Transport(sub)
         alpha = _pingpong(tp)
         beta = _stream(tp)
         bucket = burst(tp, alpha, beta)
-    else:
-        dist.new_group([0, 1])
-    gamma = _reduce_speed()
+    dist.barrier()
+    gamma = torch.tensor([_reduce_speed() if t.rank == 0 else 0.0], dtype=torch.float64)
+    dist.broadcast(gamma, 0)
+    gamma = float(gamma)
     # the model charges headers apart
     plain = Transport(check_calls=False)
     alpha_step, cpu_step = step_times(plain)
