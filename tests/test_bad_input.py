@@ -18,6 +18,7 @@ from gradwire.bench import calibrate
 from gradwire.cluster import list_clusters, load_cluster, loopback_cluster
 from gradwire.compress import get as get_compressor
 from gradwire.errors import GradwireError
+from gradwire.perf.measure import measure
 from gradwire.schedules import registry
 from gradwire.sparse import sparse_allreduce
 from gradwire.train import checkpoint
@@ -84,6 +85,10 @@ CLI = [
     (["bench", "--warmup", "-1"], "Invalid value for '--warmup'"),
     (["bench", "--bandwidth", "1gbps"], "bandwidth '1gbps' is not valid"),
     (["calibrate", "--hosts", "1"], "calibrate needs --hosts >= 2"),
+    # gradwire profile
+    (["profile", "--model", "mlp", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["profile", "--model", "mlp", "--batch-size", "-1"], "--batch-size must be >= 1, got -1"),
+    (["profile", "--model", "mlpp"], "did you mean 'mlp'"),
 ]
 
 
@@ -142,6 +147,8 @@ API = [
     (lambda: registry.get("allreduce", "rign"), "did you mean 'ring'"),
     (lambda: registry.get("alreduce"), "unknown collective 'alreduce'"),
     (lambda: loopback_cluster(0), "--hosts must be between 1 and 250, got 0"),
+    (lambda: measure("mlp", batch_size=0), "batch_size must be an integer >= 1, got 0"),
+    (lambda: measure("mlp", warmup=-1), "warmup must be an integer >= 0, got -1"),
 ]
 
 

@@ -50,5 +50,8 @@ def test_resnet50_takes_imagenet_images_and_small_ones():
 
 
 def test_unknown_model_says_what_is_allowed():
-    with pytest.raises(GradwireError, match="unknown model 'resnet18': expected one of mlp"):
+    with pytest.raises(GradwireError, match=r"unknown model 'resnet18' \(did you mean "
+                       r"'resnet[25]0'\?\): expected one of mlp"):
         build_model("resnet18")
+    with pytest.raises(GradwireError, match="unknown model 'xyz': expected one of mlp"):
+        build_model("xyz")

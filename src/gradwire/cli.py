@@ -535,6 +535,8 @@ def profile(
         return
     from gradwire.perf.measure import measure
 
+    if batch_size < 1:
+        raise GradwireError(f"--batch-size must be >= 1, got {batch_size}")
     p = measure(model, batch_size, iters, warmup, seq_len)
     t = Table("model", "parameters", "tensors", "forward (ms)", "backward (ms)", "step (ms)",
               title=p.sources["forward_s"])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.models.lstm import lstm
 from gradwire.models.mlp import mlp
 from gradwire.models.resnet import resnet20, resnet50
@@ -60,7 +60,8 @@ MODELS: dict[str, ModelSpec] = {
 
 def get_spec(name: str) -> ModelSpec:
     if name not in MODELS:
-        raise GradwireError(f"unknown model {name!r}: expected one of {', '.join(MODELS)}")
+        raise GradwireError(f"unknown model {name!r}{did_you_mean(name, MODELS)}: expected one "
+                            f"of {', '.join(MODELS)}")
     return MODELS[name]
 
 

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from gradwire.compress.base import check_int
 from gradwire.models import build_model, get_spec
 from gradwire.perf.profiles import Profile
 from gradwire.train.task import load_task, loss_fn, optimizer
@@ -22,6 +23,9 @@ from gradwire.train.task import load_task, loss_fn, optimizer
 
 def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
             seq_len: int = 64, seed: int = 0) -> Profile:
+    for param, value, low in (("batch_size", batch_size, 1), ("iters", iters, 1),
+                              ("warmup", warmup, 0), ("seq_len", seq_len, 1)):
+        check_int("profile", param, value, low)
     spec = get_spec(model)
     task = load_task(spec, seed, seq_len)
     net = build_model(model, seed, task.classes)
