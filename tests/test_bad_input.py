@@ -85,6 +85,20 @@ CLI = [
     (["bench", "--warmup", "-1"], "Invalid value for '--warmup'"),
     (["bench", "--bandwidth", "1gbps"], "bandwidth '1gbps' is not valid"),
     (["calibrate", "--hosts", "1"], "calibrate needs --hosts >= 2"),
+    # output paths, refused before any work
+    (["train", "--json", "/nonexistent-gw/x.json"], "folder '/nonexistent-gw' does not exist"),
+    (["train", "--checkpoint", "/"], "--checkpoint '/' is a directory"),
+    (["demo", "--plot", "/nonexistent-gw/d.png"], "--plot '/nonexistent-gw/d.png': folder"),
+    (["bench", "--json", "/"], "--json '/' is a directory: give a file name"),
+    (["whatif", "--plot", "/nonexistent-gw/w.png"], "folder '/nonexistent-gw' does not exist"),
+    (["advise", "--json", "/"], "--json '/' is a directory"),
+    (["profile", "--model", "mlp", "--out", "/nonexistent-gw/p.json"], "--out '/nonexistent-gw"),
+    (["trace", "--model", "mlp", "-o", "/nonexistent-gw/t.jsonl"], "--out '/nonexistent-gw"),
+    (["simulate", "--trace", "t.jsonl", "--timeline", "/nonexistent-gw/t.json"], "--timeline"),
+    (["simulate", "--trace", "t.jsonl", "--plot", "p.png"], "--plot draws a --sweep"),
+    # a write the check cannot foresee (root may write into /proc, the kernel refuses)
+    (["whatif", "--workers", "4", "--agg", "dense", "--json", "/proc/gw-x.json"],
+     "/proc/gw-x.json"),
     # gradwire profile
     (["profile", "--model", "mlp", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["profile", "--model", "mlp", "--batch-size", "-1"], "--batch-size must be >= 1, got -1"),
@@ -193,3 +207,33 @@ def test_environment_overrides_are_checked(monkeypatch, one_rank):
     monkeypatch.setenv("GRADWIRE_TIMEOUT", "soon")
     with pytest.raises(GradwireError, match="GRADWIRE_TIMEOUT must be a positive number"):
         Transport()
+
+
+@pytest.mark.parametrize("axis,text,msg", [
+    ("workers", "abc", "expected whole numbers >= 1"), ("workers", "2.5", "whole numbers >= 1"),
+    ("workers", "0", "whole numbers >= 1"), ("layers", "-1", "whole numbers >= 0"),
+    ("speedup", "0", "numbers > 0"), ("speedup", "nan", "numbers > 0"),
+    ("bandwidth", "none", "cannot be simulated"), ("bandwidth", "fast", "is not valid")])
+def test_bad_sweep_values_are_one_line(axis, text, msg):
+    from gradwire.cli import _sweep_value
+
+    with pytest.raises(GradwireError, match=msg):
+        _sweep_value(axis, text)
+    assert _sweep_value("workers", "8") == 8 and _sweep_value("layers", "0") == 0
+    assert _sweep_value("bandwidth", "1gbit") == 1e9 and _sweep_value("speedup", "0.5") == 0.5
+
+
+def test_output_paths_are_checked_before_the_work(tmp_path):
+    from gradwire.jsonfile import check_writable
+
+    (tmp_path / "file").write_text("x")
+    assert check_writable(None, "--json") is None
+    assert check_writable(tmp_path / "new.json", "--json") == tmp_path / "new.json"
+    assert check_writable(tmp_path / "file", "--json") == tmp_path / "file"  # overwritten
+    with pytest.raises(GradwireError, match="is a directory"):
+        check_writable(tmp_path, "--json")
+    with pytest.raises(GradwireError, match="is not a folder"):
+        check_writable(tmp_path / "file" / "x.json", "--json")
+    with pytest.raises(GradwireError, match="does not exist"):
+        check_writable(tmp_path / "no" / "x.json", "--plot")
+    assert not (tmp_path / "new.json").exists()  # checking writes nothing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from gradwire.cluster import (
 )
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.errors import GradwireError
+from gradwire.jsonfile import check_writable
 from gradwire.launcher import launch
 
 app = typer.Typer(help="gradwire: gradient aggregation on bandwidth-limited networks.",
@@ -147,6 +149,12 @@ Seed = Annotated[int, typer.Option(help="model initialisation and data order")]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="write the result JSON here")]
 
 
+def _outputs(*options: tuple[str, Path | None]) -> None:
+    """Refuse, before any work, output paths that cannot be written (one line each)."""
+    for option, path in options:
+        check_writable(path, option)
+
+
 @app.command()
 def models() -> None:
     """List the models `gradwire train --model` accepts, with their size and data."""
@@ -205,6 +213,7 @@ def train(
                       seq_len=seq_len, checkpoint=checkpoint, resume=resume)
     parse_bandwidth(bandwidth)
     validate(cfg, hosts)
+    _outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
     with ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback), mtu) as c:
         result = train_on(c, cfg, agg, timeout, console)
         label = c.label
@@ -246,6 +255,7 @@ def demo(
     from gradwire.demo import DEMO, run_demo
     from gradwire.train.job import validate
 
+    _outputs(("--json", json_out), ("--plot", plot))
     overrides = {k: v for k, v in (("epochs", epochs), ("model", model), ("density", density),
                                    ("mode", mode), ("batch_size", batch_size), ("lr", lr))
                  if v is not None}
@@ -292,6 +302,7 @@ def bench(
     from gradwire.bench.sizes import parse_sizes
     from gradwire.bench.spec import parse_params, parse_specs
 
+    _outputs(("--json", json_out))
     specs = parse_specs(collective, algo)
     if dtype not in ("float32", "float16", "bfloat16", "float64"):
         raise GradwireError(f"--dtype {dtype!r} is not supported: expected float32, float16, "
@@ -387,6 +398,7 @@ def trace_cmd(
 
     if (model is None) == (source is None):
         raise GradwireError("give exactly one of --model (record) and --from (edit)")
+    _outputs(("--out", out))
     if model is not None:
         from gradwire.sim.record import record
 
@@ -408,6 +420,28 @@ def trace_cmd(
     console.print(f"wrote {out}: {t.model}, {len(t.params)} parameters, "
                   f"{t.total_bytes / 1e6:.2f} MB, {len(t.iterations)} iterations, forward "
                   f"{it.forward_s * 1e3:.1f} ms, backward {it.backward_s * 1e3:.1f} ms")
+
+
+def _sweep_value(axis: str, text: str) -> float:
+    """One value of ``--sweep AXIS=..``: a link rate, or a number (whole for workers and
+    layers, > 0 for speedup)."""
+    if axis == "bandwidth":
+        bps = parse_bandwidth(text)
+        if bps is None:
+            raise GradwireError("--sweep bandwidth=none cannot be simulated: give rates such "
+                                "as 10gbit,25gbit")
+        return bps
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    whole = axis in ("workers", "layers")
+    if not math.isfinite(v) or (whole and (v != int(v) or v < (1 if axis == "workers" else 0))
+                                ) or (not whole and v <= 0):
+        allowed = {"workers": "whole numbers >= 1", "layers": "whole numbers >= 0"}.get(
+            axis, "numbers > 0")
+        raise GradwireError(f"--sweep {axis}: {text!r} is not valid: expected {allowed}")
+    return v
 
 
 SIM_MECHANISMS = "ps,multicast,ina,multicast+ina,ring,ring+multicast,butterfly"
@@ -454,6 +488,9 @@ def simulate(
     from gradwire.sim.cluster import SimCluster
     from gradwire.sim.trace import load
 
+    _outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out))
+    if plot is not None and sweep is None:
+        raise GradwireError("--plot draws a --sweep: give --sweep AXIS=V1,V2,.. too")
     bps = parse_bandwidth(bandwidth)
     if bps is None:
         raise GradwireError("--bandwidth none cannot be simulated: give a rate such as 25gbit")
@@ -473,8 +510,9 @@ def simulate(
         if axis not in report.AXES or not sep:
             raise GradwireError(f"--sweep {sweep!r}: expected AXIS=V1,V2 with AXIS one of "
                                 f"{', '.join(report.AXES)}")
-        vals = [parse_bandwidth(v) if axis == "bandwidth" else float(v)
-                for v in values.split(",") if v.strip()]
+        vals = [_sweep_value(axis, v.strip()) for v in values.split(",") if v.strip()]
+        if not vals:
+            raise GradwireError(f"--sweep {sweep!r}: no values: expected {axis}=V1,V2,..")
         rows = report.sweep(traces[0], cluster, mech.parse_list(mechanism), axis, vals)
         for r in rows:
             console.print(f"{axis}={r['value']:g}: " + ", ".join(
@@ -537,6 +575,7 @@ def profile(
 
     if batch_size < 1:
         raise GradwireError(f"--batch-size must be >= 1, got {batch_size}")
+    _outputs(("--out", out))
     p = measure(model, batch_size, iters, warmup, seq_len)
     t = Table("model", "parameters", "tensors", "forward (ms)", "backward (ms)", "step (ms)",
               title=p.sources["forward_s"])
@@ -660,6 +699,7 @@ def whatif(
     from gradwire.perf import whatif as w
     from gradwire.perf.model import parse_link
 
+    _outputs(("--plot", plot), ("--json", json_out))
     prof, aggs, table = _perf_inputs(model, agg, density, rank, mode, bucket_mb, codecs,
                                      compute_ms)
     rates = [parse_link(b) for b in bandwidth.split(",")]
@@ -735,6 +775,7 @@ def advise(
     from gradwire.perf.model import parse_link
     from gradwire.perf.whatif import Setting
 
+    _outputs(("--json", json_out))
     prof, aggs, table = _perf_inputs(model, agg or ",".join(METHODS), density, rank, mode,
                                      bucket_mb, codecs, compute_ms)
     if alpha_us < 0 or gamma_ns < 0:
@@ -769,6 +810,12 @@ def main() -> None:
         rc = app(standalone_mode=False)
     except GradwireError as e:
         print(f"gradwire: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # a file the checks up front could not foresee (a disk that filled, a folder removed)
+        print(f"gradwire: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
         print("gradwire: interrupted; cleaned up", file=sys.stderr)

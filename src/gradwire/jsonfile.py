@@ -1,9 +1,11 @@
-"""The JSON files a user hands to gradwire (model profiles, codec tables, calibrations), read
-with one-line errors that name the file and what is wrong with it, never a traceback."""
+"""The files a user hands to gradwire (model profiles, codec tables, calibrations), read with
+one-line errors that name the file and what is wrong with it, never a traceback; and the
+output paths of every command, checked before the work starts (:func:`check_writable`)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from gradwire.errors import GradwireError
@@ -35,3 +37,27 @@ def read_text(path: str | Path, where: str) -> str:
 def read_object(path: str | Path, where: str) -> dict:
     """The JSON object in the file at ``path`` (:func:`parse_object`)."""
     return parse_object(read_text(path, where), where)
+
+
+def check_writable(path: str | Path | None, option: str) -> Path | None:
+    """``path`` as a Path once it is clear that a file can be written there (None stays None):
+    commands check their output options before the work, so that an hour of training is not
+    lost to a typo in ``--json``. Refused with a one-line error: a directory, a parent folder
+    that does not exist or is not a folder, one this process may not write into, or a file it
+    may not overwrite."""
+    if path is None:
+        return None
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    where = f"{option} {str(p)!r}"
+    if p.is_dir():
+        raise GradwireError(f"{where} is a directory: give a file name")
+    if not parent.exists():
+        raise GradwireError(f"{where}: folder {str(parent)!r} does not exist (create it first)")
+    if not parent.is_dir():
+        raise GradwireError(f"{where}: {str(parent)!r} is not a folder")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise GradwireError(f"{where}: the file exists and may not be written")
+    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise GradwireError(f"{where}: folder {str(parent)!r} may not be written")
+    return p

@@ -78,7 +78,7 @@ def parse(text: str) -> Mechanism:
     algo = ALIASES.get(name, name)
     known = [a.name for a in registry.algorithms("allreduce")]
     if algo not in known:
-        names = [*PS_FAMILY, RING_MULTICAST, *ALIASES, *known]
+        names = list(dict.fromkeys([*PS_FAMILY, RING_MULTICAST, *ALIASES, *known]))
         raise GradwireError(f"unknown mechanism {name!r}{did_you_mean(name, names)}: expected "
                             f"one of {', '.join(names)}")
     bucket = _bucket(label, params)
