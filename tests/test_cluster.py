@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-from conftest import gradwire_leftovers, needs_netns, netns_names
+from conftest import cli_error, gradwire_leftovers, needs_netns, netns_names
 
 from gradwire.cluster import cluster_down, cluster_up, list_clusters, load_cluster
 from gradwire.errors import GradwireError
@@ -185,6 +185,24 @@ def test_cli_status_json_and_down_unknown():
     assert p.returncode == 2
     assert p.stderr.strip().startswith("gradwire: error: no cluster named gw000000")
     assert "Traceback" not in p.stderr
+
+
+def test_options_that_contradict_a_live_cluster_are_refused(monkeypatch, capsys):
+    c = cluster_up(2, "1gbit")
+    try:
+        for args, msg in [(["run", "--hosts", "3"], "--hosts 3 does not match cluster"),
+                          (["bench", "-b", "100mbit"], "--bandwidth 100mbit does not match"),
+                          (["calibrate", "--mtu", "9000"], "--mtu 9000 does not match")]:
+            code, err = cli_error(monkeypatch, capsys, *args, "--cluster", c.name,
+                                  *(["--", "true"] if args[0] == "run" else []))
+            assert code == 2 and msg in err, err
+            assert len(err.strip().splitlines()) == 1, err
+        # the same values typed out, or none at all, run on the cluster
+        code, err = cli_error(monkeypatch, capsys, "run", "--cluster", c.name, "--hosts", "2",
+                              "-b", "1gbit", "--", "sh", "-c", "exit 3")
+        assert code == 3, err
+    finally:
+        cluster_down(c.name)
 
 
 def test_down_removes_an_orphan_by_name():

@@ -57,17 +57,32 @@ def _use_loopback(requested: bool) -> bool:
     return not ok
 
 
-def _cluster(hosts: int, bandwidth: str, name: str | None, loopback: bool,
+def _cluster(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None, loopback: bool,
              mtu: int = MTU) -> contextlib.AbstractContextManager[Cluster]:
-    """The live cluster ``name``, or an ephemeral one removed when the block ends."""
+    """The live cluster ``name``, or an ephemeral one removed when the block ends. With a live
+    cluster, a --hosts, --bandwidth or --mtu typed on the command line must match it (they
+    would otherwise be ignored without a word)."""
     if name is not None:
-        return contextlib.nullcontext(load_cluster(name))
+        c = load_cluster(name)
+        _match_live(ctx, c, hosts=len(c.hosts), bandwidth=c.bandwidth_bps, mtu=c.mtu,
+                    given={"hosts": hosts, "bandwidth": parse_bandwidth(bandwidth), "mtu": mtu})
+        return contextlib.nullcontext(c)
     return ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback), mtu)
+
+
+def _match_live(ctx: typer.Context, c: Cluster, given: dict, **actual: object) -> None:
+    for key, have in actual.items():
+        src = ctx.get_parameter_source(key)
+        if getattr(src, "name", None) == "COMMANDLINE" and given[key] != have:
+            shown = (f"{have} hosts" if key == "hosts" else f"MTU {have}" if key == "mtu"
+                     else f"{format_bandwidth(have)} links")  # type: ignore[arg-type]
+            raise GradwireError(f"--{key} {ctx.params[key]} does not match cluster {c.name} "
+                                f"({shown}): leave --{key} out with --cluster")
 
 
 ClusterName = Annotated[str | None, typer.Option(
     "--cluster", help="use this live cluster (its hosts, bandwidth and MTU) instead of a new "
-    "one")]
+    "one; a --hosts, --bandwidth or --mtu given with it must match it")]
 
 
 @cluster_app.command("up")
@@ -116,6 +131,7 @@ def _print_hosts(c) -> None:
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
+    ctx: typer.Context,
     cmd: Annotated[list[str], typer.Argument(help="the command each rank runs, after --")],
     hosts: Hosts = 2,
     bandwidth: Bandwidth = "1gbit",
@@ -128,7 +144,7 @@ def run(
 
     Example: gradwire run --hosts 4 --bandwidth 1gbit -- python train.py
     """
-    with _cluster(hosts, bandwidth, cluster, loopback, mtu) as c:
+    with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         res = launch(c, cmd, timeout=timeout)
     if res.returncode != 0:
         print(f"gradwire run: {res.message}", file=sys.stderr)
@@ -274,6 +290,7 @@ def demo(
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     collective: Annotated[str, typer.Option(help="allreduce, broadcast, reduce, allgather or "
                                             "reducescatter")] = "allreduce",
     algo: Annotated[str | None, typer.Option(help="comma list, each NAME or NAME:KEY=VALUE[:...] "
@@ -310,7 +327,7 @@ def bench(
     size_list = parse_sizes(sizes)
     params = parse_params(param or [])
     parse_bandwidth(bandwidth)
-    with _cluster(hosts, bandwidth, cluster, loopback, mtu) as c:
+    with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
                            builtin, timeout, console)
     result["command"] = "gradwire " + shlex.join(sys.argv[1:])
@@ -321,6 +338,7 @@ def bench(
 
 @app.command()
 def calibrate(
+    ctx: typer.Context,
     hosts: Hosts = 2,
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
@@ -343,7 +361,7 @@ def calibrate(
     parse_bandwidth(bandwidth)
     if cluster is None and hosts < 2:
         raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
-    with _cluster(hosts, bandwidth, cluster, loopback, mtu) as c:
+    with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         measured = run_ranks(c, "gradwire.bench.calibrate", [], "calibrate", timeout, console)
         key = c.link_key
         n_hosts, label, bucket = len(c.hosts), c.label, c.burst_bytes
