@@ -203,10 +203,26 @@ def test_a_tampered_cluster_state_file_is_refused(monkeypatch, tmp_path):
     assert list_clusters() == []
 
 
+def test_calibrate_refuses_a_home_it_cannot_write_before_measuring(monkeypatch, capsys):
+    monkeypatch.setenv("GRADWIRE_HOME", "/etc/passwd")
+    before = netns_names()
+    code, err = cli_error(monkeypatch, capsys, "calibrate", "--hosts", "2")
+    assert code == 2 and "cannot save calibrations in '/etc/passwd/calibration'" in err, err
+    assert len(err.strip().splitlines()) == 1 and netns_names() == before
+
+
 def test_environment_overrides_are_checked(monkeypatch, one_rank):
     monkeypatch.setenv("GRADWIRE_TIMEOUT", "soon")
     with pytest.raises(GradwireError, match="GRADWIRE_TIMEOUT must be a positive number"):
         Transport()
+    monkeypatch.delenv("GRADWIRE_TIMEOUT")
+    monkeypatch.setenv("GRADWIRE_CHECK_CALLS", "maybe")
+    with pytest.raises(GradwireError, match="GRADWIRE_CHECK_CALLS must be 1/true/yes/on or"):
+        Transport()
+    for word, on in (("OFF", False), ("0", False), ("no", False), ("", True), ("Yes", True),
+                     ("1", True)):
+        monkeypatch.setenv("GRADWIRE_CHECK_CALLS", word)
+        assert Transport().check_calls is on
 
 
 @pytest.mark.parametrize("axis,text,msg", [

@@ -361,6 +361,12 @@ def calibrate(
     parse_bandwidth(bandwidth)
     if cluster is None and hosts < 2:
         raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
+    folder = cal.calibration_path("x").parent  # where the result goes: check it first
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GradwireError(f"cannot save calibrations in {str(folder)!r} ({e.strerror}): set "
+                            "GRADWIRE_HOME to a folder that can be written") from None
     with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         measured = run_ranks(c, "gradwire.bench.calibrate", [], "calibrate", timeout, console)
         key = c.link_key

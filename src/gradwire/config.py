@@ -38,4 +38,11 @@ def timeout() -> float:
 
 def check_calls() -> bool:
     """Whether collectives exchange a header first so that mismatched calls fail clearly."""
-    return os.environ.get("GRADWIRE_CHECK_CALLS", "1") not in ("0", "false", "no", "off")
+    raw = os.environ.get("GRADWIRE_CHECK_CALLS", "")
+    word = raw.strip().lower()
+    if word in ("", "1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise GradwireError(f"GRADWIRE_CHECK_CALLS must be 1/true/yes/on or 0/false/no/off, got "
+                        f"{raw!r}")
