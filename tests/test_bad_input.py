@@ -133,6 +133,7 @@ def one_rank(tmp_path_factory):
 
 
 x8 = torch.ones(8)
+r8, r16 = torch.zeros(8), torch.zeros(16)
 API = [
     (lambda: gc.all_reduce(torch.ones(3, dtype=torch.int32)), "has dtype torch.int32"),
     (lambda: gc.all_reduce([1.0, 2.0]), "tensor must be a torch.Tensor, got list"),
@@ -148,6 +149,9 @@ API = [
     (lambda: sparse_allreduce(x8, torch.zeros(8), 2, selector="fast"), "selector must be"),
     (lambda: sparse_allreduce(torch.ones(2, 4), torch.zeros(2, 4), 2), "x must be a 1-D"),
     (lambda: sparse_allreduce(x8, torch.zeros(9), 2), "residual must match x"),
+    (lambda: sparse_allreduce(x8, x8, 2), "residual must be a tensor of its own"),
+    (lambda: sparse_allreduce(x8, r8, 2, out=r8), "out may be x, never the residual"),
+    (lambda: sparse_allreduce(x8, r16[:8], 2, out=r16[4:12]), "residual must be a tensor of"),
     (lambda: sparse_allreduce(x8, torch.zeros(8), 2, algo="ring"), "gtopk runs on the binomial"),
     (lambda: gh.make("topkk"), "did you mean 'topk'"),
     (lambda: gh.make("topk", density=0), "density"),
@@ -155,6 +159,9 @@ API = [
     (lambda: gh.make("topk", mode="layer"), "mode must be one of"),
     (lambda: Transport(timeout=0), "timeout must be a positive number of seconds"),
     (lambda: Transport(timeout=math.nan), "timeout must be a positive number of seconds"),
+    (lambda: Transport(timeout=math.inf), "seconds up to 2e+06, got inf"),
+    (lambda: Transport(timeout=1e15), "timeout must be a positive number of seconds up to"),
+    (lambda: Transport(timeout=True), "got True"),
     (lambda: parse_bandwidth("-1gbit"), "bandwidth '-1gbit' is not valid"),
     (lambda: get_compressor("tpok"), "did you mean 'topk'"),
     (lambda: get_compressor("topk", density=0), "density"),
@@ -213,6 +220,9 @@ def test_calibrate_refuses_a_home_it_cannot_write_before_measuring(monkeypatch, 
 
 def test_environment_overrides_are_checked(monkeypatch, one_rank):
     monkeypatch.setenv("GRADWIRE_TIMEOUT", "soon")
+    with pytest.raises(GradwireError, match="GRADWIRE_TIMEOUT must be a positive number"):
+        Transport()
+    monkeypatch.setenv("GRADWIRE_TIMEOUT", "inf")
     with pytest.raises(GradwireError, match="GRADWIRE_TIMEOUT must be a positive number"):
         Transport()
     monkeypatch.delenv("GRADWIRE_TIMEOUT")

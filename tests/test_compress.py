@@ -447,6 +447,13 @@ def test_error_feedback_state_and_bucket_changes():
         other.compress(0, torch.zeros(5))
     other.reset(0)
     other.compress(0, torch.zeros(5))
+    kept = {k: v.clone() for k, v in other.residuals.items()}
+    for bad in ({"residuals": {"b": torch.ones(2)}}, {"residuals": [1]}, None,
+                {"residuals": {"b": "x"}, "compressor": {"step": 0}}):
+        with pytest.raises(GradwireError, match="error-feedback state_dict is malformed"):
+            other.load_state_dict(bad)
+        assert other.residuals.keys() == kept.keys()  # a refused state changes nothing
+        assert all(torch.equal(other.residuals[k], kept[k]) for k in kept)
 
 
 def test_error_feedback_with_powersgd_steps():

@@ -128,7 +128,8 @@ def test_positions_are_first_seen_order_and_check_sizes():
 
 # --- checkpoints --------------------------------------------------------------------------
 
-def test_state_dict_round_trip_and_method_check():
+def _powersgd_state():
+    """A PowerSGD hook part-way through training: epoch 3, step 17, residuals and memory."""
     s = gh.make("powersgd", rank=1)
     s.set_epoch(3)
     s.step = 17
@@ -136,6 +137,11 @@ def test_state_dict_round_trip_and_method_check():
     s.ef.residuals[(1, 0)] = torch.tensor([1.0, 2, 3, 4, 5])
     s.compressor.power.memory[(1, 0)] = torch.ones(3, 1)
     s.compressor.power.step = 9
+    return s
+
+
+def test_state_dict_round_trip_and_method_check():
+    s = _powersgd_state()
     saved = s.state_dict()
     assert {k: v.tolist() for k, v in saved["residuals"].items()} == {1: [1, 2, 3], 0: [4, 5]}
     t = gh.make("powersgd", rank=1)
@@ -145,6 +151,28 @@ def test_state_dict_round_trip_and_method_check():
     assert t.state_dict()["residuals"].keys() == {0, 1}
     with pytest.raises(GradwireError, match="for method 'powersgd', this hook runs 'topk'"):
         gh.make("topk").load_state_dict(saved)
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"step": 99, "order": "xyz"}, "malformed"),
+    ({"step": 99, "residuals": {0: torch.zeros(7)}}, "residual of parameter 0 has 7 elements"),
+    ({"step": 99, "compressor": None}, "malformed"),
+    ({"step": 99, "compressor": {"step": 1}}, "malformed"),  # PowerSGD's memory is missing
+    ({"epoch": "late"}, "malformed"),
+])
+def test_a_refused_state_dict_changes_nothing(change, msg):
+    s = _powersgd_state()
+    before = s.state_dict()
+    with pytest.raises(GradwireError, match=msg):
+        s.load_state_dict({**before, **change})
+    for bad in (None, [], {"method": "powersgd"}):
+        with pytest.raises(GradwireError):
+            s.load_state_dict(bad)
+    after = s.state_dict()
+    assert (after["epoch"], after["step"], s.positions.numels) == (3, 17, {0: 2, 1: 3})
+    assert {k: v.tolist() for k, v in after["residuals"].items()} == {1: [1, 2, 3], 0: [4, 5]}
+    assert after["compressor"]["step"] == 9
+    assert torch.equal(s.compressor.power.memory[(1, 0)], torch.ones(3, 1))
 
 
 # --- payload bytes and the comm thread ------------------------------------------------------

@@ -24,6 +24,16 @@ def state_dir() -> Path:
     return Path(os.environ.get("GRADWIRE_STATE_DIR", "/run/gradwire"))
 
 
+# c10d takes a wait's limit in milliseconds as a C int: 2**31 ms is 24.8 days.
+MAX_TIMEOUT_S = 2_000_000.0
+
+
+def valid_timeout(value: object) -> bool:
+    """Whether ``value`` can bound a wait: a number of seconds in (0, MAX_TIMEOUT_S]."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and 0 < value <= MAX_TIMEOUT_S)
+
+
 def timeout() -> float:
     """Seconds one point-to-point operation may take before the peer counts as lost."""
     raw = os.environ.get("GRADWIRE_TIMEOUT", "60")
@@ -31,8 +41,9 @@ def timeout() -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise GradwireError(f"GRADWIRE_TIMEOUT must be a positive number of seconds, got {raw!r}")
+    if not valid_timeout(value):
+        raise GradwireError(f"GRADWIRE_TIMEOUT must be a positive number of seconds up to "
+                            f"{MAX_TIMEOUT_S:g}, got {raw!r}")
     return value
 
 

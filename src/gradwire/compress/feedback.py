@@ -72,5 +72,17 @@ class ErrorFeedback:
         return {"residuals": dict(self.residuals), "compressor": self.compressor.state_dict()}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.residuals = dict(state["residuals"])  # type: ignore[call-overload]
-        self.compressor.load_state_dict(state["compressor"])  # type: ignore[arg-type]
+        """Restore :meth:`state_dict`'s residuals and compressor memory; all or nothing (a
+        malformed state is a GradwireError and leaves both as they were)."""
+        saved = (self.residuals, self.compressor.state_dict())
+        try:
+            residuals = dict(state["residuals"])  # type: ignore[call-overload]
+            if not all(isinstance(t, torch.Tensor) for t in residuals.values()):
+                raise TypeError("residuals must be tensors")
+            self.compressor.load_state_dict(state["compressor"])  # type: ignore[arg-type]
+            self.residuals = residuals
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            self.residuals = saved[0]
+            self.compressor.load_state_dict(saved[1])
+            raise GradwireError(f"error-feedback state_dict is malformed ({type(e).__name__}: "
+                                f"{e}): expected what state_dict() returned") from None

@@ -150,6 +150,28 @@ class HookState:
                 "compressor": self.compressor.state_dict() if self.compressor else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved. All or nothing: a state that is refused
+        (another method, a residual of the wrong size, a missing or malformed field) leaves
+        this hook's counters, residuals and compressor memory as they were."""
+        saved = (self.epoch, self.step, self._resume_order, dict(self.positions.numels),
+                 dict(self.ef.residuals) if self.ef is not None else None,
+                 self.compressor.state_dict() if self.compressor is not None else None)
+        try:
+            self._load_state_dict(state)
+        except Exception as e:
+            self.epoch, self.step, self._resume_order = saved[:3]
+            self.positions.numels.clear()
+            self.positions.numels.update(saved[3])
+            if self.ef is not None:
+                self.ef.residuals = saved[4]  # type: ignore[assignment]
+            if self.compressor is not None:
+                self.compressor.load_state_dict(saved[5])  # type: ignore[arg-type]
+            if isinstance(e, GradwireError):
+                raise
+            raise GradwireError(f"hook state_dict is malformed ({type(e).__name__}: {e}): "
+                                "expected what state_dict() returned") from None
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
         name = self.config.method.name
         if state.get("method") != name:
             raise GradwireError(f"hook state_dict is for method {state.get('method')!r}, this "

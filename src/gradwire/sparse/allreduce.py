@@ -294,6 +294,22 @@ def check_args(x: object, residual: object, k: object, method: object, selector:
                    else type(t).__name__)
             raise GradwireError(f"sparse_allreduce: {name} must match x ({tuple(x.shape)} "
                                 f"{x.dtype} on {x.device}), got {got}")
+    # The residual is state that outlives the call: nothing may be written over it, and x must
+    # not be it (residual += x would double the gradient).
+    if isinstance(residual, torch.Tensor) and residual.numel() and any(
+            isinstance(t, torch.Tensor) and t.numel() and _shares_memory(t, residual)
+            for t in (x, out)):
+        raise GradwireError("sparse_allreduce: residual must be a tensor of its own: x or out "
+                            "shares its memory (out may be x, never the residual)")
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two 1-D tensors' bytes overlap (views of one buffer may sit side by side)."""
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        lo = t.data_ptr()
+        return lo, lo + ((t.numel() - 1) * abs(t.stride(0)) + 1) * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def feed(x: torch.Tensor, residual: torch.Tensor, k: int, selector: str) -> Entries:
