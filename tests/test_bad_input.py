@@ -20,6 +20,7 @@ from gradwire.compress import get as get_compressor
 from gradwire.errors import GradwireError
 from gradwire.perf.measure import measure
 from gradwire.schedules import registry
+from gradwire.sim.cluster import SimCluster
 from gradwire.sparse import sparse_allreduce
 from gradwire.train import checkpoint
 from gradwire.transport import Transport
@@ -165,10 +166,20 @@ API = [
     (lambda: parse_bandwidth("-1gbit"), "bandwidth '-1gbit' is not valid"),
     (lambda: get_compressor("tpok"), "did you mean 'topk'"),
     (lambda: get_compressor("topk", density=0), "density"),
+    (lambda: get_compressor("qsgd", s=2**31), "qsgd: s must be at most 2147483647"),
+    (lambda: get_compressor("dgc", slack=math.nan), "dgc: slack must be a finite number >= 1"),
+    (lambda: gh.make("dgc", slack=math.inf), "dgc: slack must be a finite number >= 1"),
+    (lambda: gc.all_reduce(x8, algo="ring", foo={}), "schedule parameter foo={}: expected"),
     (lambda: registry.get("allreduce", "rign"), "did you mean 'ring'"),
     (lambda: registry.get("alreduce"), "unknown collective 'alreduce'"),
     (lambda: loopback_cluster(0), "--hosts must be between 1 and 250, got 0"),
     (lambda: measure("mlp", batch_size=0), "batch_size must be an integer >= 1, got 0"),
+    (lambda: SimCluster(2, math.inf), "bandwidth must be a finite rate > 0"),  # it hung
+    (lambda: SimCluster(2, 1e9, send_buffer=math.nan), "send_buffer must be a finite number"),
+    (lambda: SimCluster(2, 1e9, latency=-1e-6), "latency must be a finite number of seconds"),
+    (lambda: SimCluster(2, 1e9, alpha=math.nan), "alpha must be a finite number of seconds"),
+    (lambda: SimCluster(2.5, 1e9), "whole numbers >= 1, got 2.5"),
+    (lambda: SimCluster(2, 1e9, seed=-1), "seed must be a whole number >= 0"),
     (lambda: measure("mlp", warmup=-1), "warmup must be an integer >= 0, got -1"),
 ]
 

@@ -474,7 +474,7 @@ def test_error_feedback_with_powersgd_steps():
     ("topk", {"density": 0.1, "k": 3}, r"topk: give density or k, not both"),
     ("topk", {"selector": "fast"}, r"topk: selector must be 'threshold' or 'exact'"),
     ("randomk", {"k": 2.5}, r"randomk: k must be an integer >= 1, got 2.5"),
-    ("dgc", {"slack": 0.5}, r"dgc: slack must be a number >= 1, got 0.5"),
+    ("dgc", {"slack": 0.5}, r"dgc: slack must be a finite number >= 1, got 0.5"),
     ("qsgd", {"s": 0}, r"qsgd: s must be an integer >= 1, got 0"),
     ("powersgd", {"rank": 0}, r"powersgd: rank must be an integer >= 1, got 0"),
     ("topk", {"densty": 0.1}, r"topk: unknown parameter 'densty' \(did you mean 'density'\?\): "

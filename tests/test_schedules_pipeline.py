@@ -202,6 +202,9 @@ def test_ps_roundrobin_places_whole_tensors():
     assert {(t.dst, t.start, t.count) for t in s.steps[0].transfers} == {
         (0, 0, 3), (1, 3, 4), (0, 7, 2), (1, 9, 1)}
     assert len(s.steps[0].transfers) == 4 * 4  # 4 tensors, each from 4 workers
+    # sizes as a list (what a user has at hand) give the same schedule
+    assert registry.schedule("allreduce", "ps", 5, 10, servers=2, sharding="roundrobin",
+                             tensor_sizes=[3, 4, 2, 1]) is s
 
 
 @pytest.mark.parametrize("p", range(1, 18))

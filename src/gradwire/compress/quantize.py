@@ -31,6 +31,8 @@ from gradwire.compress.base import (
 from gradwire.compress.bits import code_width, pack_bits, packed_bytes, unpack_bits
 from gradwire.errors import GradwireError
 
+QSGD_MAX_S = 2**31 - 1  # the levels' codes are at most int32
+
 
 @dataclass(frozen=True, kw_only=True)
 class SignPayload(Payload):
@@ -143,6 +145,9 @@ class QSGD(Compressor):
     def __init__(self, s: int = 255, seed: int = 0) -> None:
         super().__init__(seed)
         self.s = check_int(self.name, "s", s, 1)
+        if self.s > QSGD_MAX_S:  # levels travel as at most 32-bit integers
+            raise GradwireError(f"qsgd: s must be at most {QSGD_MAX_S} (levels fit in 32 bits), "
+                                f"got {s}")
 
     @property
     def params(self) -> dict[str, object]:

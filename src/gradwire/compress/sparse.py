@@ -331,8 +331,9 @@ class DGC(Compressor):
         self.density, self.k = _sparse_params(self.name, density, k)
         self.sample = check_fraction(self.name, "sample", sample)
         self.passes = check_int(self.name, "passes", passes, 1)
-        if isinstance(slack, bool) or not isinstance(slack, (int, float)) or slack < 1:
-            raise GradwireError(f"dgc: slack must be a number >= 1, got {slack!r}")
+        if (isinstance(slack, bool) or not isinstance(slack, (int, float))
+                or not 1 <= slack < math.inf):
+            raise GradwireError(f"dgc: slack must be a finite number >= 1, got {slack!r}")
         self.slack = float(slack)
 
     @property

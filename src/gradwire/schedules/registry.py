@@ -63,7 +63,23 @@ def schedule(collective: str, name: str | None, p: int, count: int, root: int = 
     if not 0 <= root < p:
         raise GradwireError(f"root must be a rank in 0..{p - 1}, got {root}")
     a = get(collective, name)
-    return _cached(collective, a.name, p, count, root, tuple(sorted(params.items())))
+    return _cached(collective, a.name, p, count, root, _key(params))
+
+
+def _key(params: dict[str, object]) -> tuple[tuple[str, object], ...]:
+    """``params`` as a cache key: lists (a natural way to pass tensor sizes) become tuples;
+    anything else that cannot be hashed is a one-line error."""
+    out = []
+    for k, v in sorted(params.items()):
+        if isinstance(v, list):
+            v = tuple(v)
+        try:
+            hash(v)
+        except TypeError:
+            raise GradwireError(f"schedule parameter {k}={v!r}: expected a number, a string or "
+                                "a list of numbers") from None
+        out.append((k, v))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=64)
@@ -81,5 +97,4 @@ def table(collective: str, name: str | None, p: int, count: int, **params: objec
     at P = 1024)."""
     if p < 1 or count < 0:
         raise GradwireError(f"a table needs p >= 1 and count >= 0, got p={p}, count={count}")
-    return _cached_table(collective, get(collective, name).name, p, count,
-                         tuple(sorted(params.items())))
+    return _cached_table(collective, get(collective, name).name, p, count, _key(params))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,13 +36,24 @@ class SimCluster:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.servers < 1 or self.iterations < 1:
-            raise GradwireError(f"workers, servers and iterations must be >= 1, got "
-                                f"{self.workers}, {self.servers}, {self.iterations}")
-        if self.send_buffer < 0:
-            raise GradwireError(f"send_buffer must be >= 0 bytes, got {self.send_buffer}")
-        if not self.bandwidth_bps > 0:
-            raise GradwireError(f"bandwidth must be > 0 bits/s, got {self.bandwidth_bps}")
+        whole = (self.workers, self.servers, self.iterations)
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                   for v in whole):
+            raise GradwireError(f"workers, servers and iterations must be whole numbers >= 1, "
+                                f"got {self.workers}, {self.servers}, {self.iterations}")
+        if (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
+                or self.seed < 0):
+            raise GradwireError(f"seed must be a whole number >= 0, got {self.seed!r}")
+        # a NaN or infinite number would make the event loop spin for ever or return NaN
+        if not (isinstance(self.bandwidth_bps, numbers.Real)
+                and 0 < self.bandwidth_bps < math.inf):
+            raise GradwireError(f"bandwidth must be a finite rate > 0 bits/s, got "
+                                f"{self.bandwidth_bps}")
+        for name in ("latency", "alpha", "gamma", "send_buffer"):
+            v = getattr(self, name)
+            if not (isinstance(v, numbers.Real) and 0 <= v < math.inf):
+                unit = "bytes" if name == "send_buffer" else "seconds"
+                raise GradwireError(f"{name} must be a finite number of {unit} >= 0, got {v}")
 
     @property
     def bytes_per_s(self) -> float:
