@@ -21,7 +21,7 @@ from gradwire.errors import GradwireError
 from gradwire.perf.measure import measure
 from gradwire.schedules import registry
 from gradwire.sim.cluster import SimCluster
-from gradwire.sparse import sparse_allreduce
+from gradwire.sparse import gtopk_allreduce, sparse_allreduce, topk_allreduce
 from gradwire.train import checkpoint
 from gradwire.transport import Transport
 
@@ -133,7 +133,7 @@ def one_rank(tmp_path_factory):
     dist.destroy_process_group()
 
 
-x8 = torch.ones(8)
+x8, x3 = torch.ones(8), torch.tensor([1.0, 2.0, 3.0])
 r8, r16 = torch.zeros(8), torch.zeros(16)
 API = [
     (lambda: gc.all_reduce(torch.ones(3, dtype=torch.int32)), "has dtype torch.int32"),
@@ -151,6 +151,14 @@ API = [
     (lambda: sparse_allreduce(torch.ones(2, 4), torch.zeros(2, 4), 2), "x must be a 1-D"),
     (lambda: sparse_allreduce(x8, torch.zeros(9), 2), "residual must match x"),
     (lambda: sparse_allreduce(x8, x8, 2), "residual must be a tensor of its own"),
+    (lambda: topk_allreduce(x3, torch.tensor([0, 5, -1]), 10), "indices must lie in [0, 10)"),
+    (lambda: topk_allreduce(x3, torch.tensor([0, 5, 10]), 10), "got 0..10"),
+    (lambda: topk_allreduce(x3, torch.tensor([0, 5]), 10), "indices must be an integer tensor"),
+    (lambda: topk_allreduce(x3, torch.tensor([0.0, 1, 2]), 10), "indices must be an integer"),
+    (lambda: topk_allreduce(x3, torch.tensor([0, 1, 2]), "10"), "numel must be an integer"),
+    (lambda: topk_allreduce(torch.tensor([1, 2]), torch.tensor([0, 1]), 10), "values must be"),
+    (lambda: gtopk_allreduce(x3, torch.tensor([0, 1, 2]), 10, torch.zeros(9)),
+     "residual must be (10,) torch.float32"),
     (lambda: sparse_allreduce(x8, r8, 2, out=r8), "out may be x, never the residual"),
     (lambda: sparse_allreduce(x8, r16[:8], 2, out=r16[4:12]), "residual must be a tensor of"),
     (lambda: sparse_allreduce(x8, torch.zeros(8), 2, algo="ring"), "gtopk runs on the binomial"),

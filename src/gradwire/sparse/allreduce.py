@@ -234,8 +234,8 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     ``k`` (default: len(values)) entries per rank, the same on every rank; shorter lists are
     padded. ``algo``: the allgather, "rd" (default) or "ring" (or any registered one).
     """
+    e = _entries("topk_allreduce", values, indices, numel)
     t = transport or Transport(group)
-    e = Entries(values, indices.long())
     _agree(t, "topk_allreduce", "topk", algo, numel, values.dtype, _count(e, k))
     return _run(topk_plan(e, _count(e, k), numel, t.rank, t.world_size, algo), t, "topk")
 
@@ -248,12 +248,38 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     (cost on the tree: 2⌈lg P⌉α + 4k⌈lg P⌉β; ``algo="rd"``, the butterfly, P a power of
     two: lg P·α + 2k·lg P·β). What a merge on this rank keeps of its drops is added to
     ``residual`` (dense, numel elements, values' dtype) in place."""
+    e = _entries("gtopk_allreduce", values, indices, numel)
+    if (not isinstance(residual, torch.Tensor) or residual.shape != (numel,)
+            or residual.dtype != values.dtype):
+        got = (f"{tuple(residual.shape)} {residual.dtype}" if isinstance(residual, torch.Tensor)
+               else type(residual).__name__)
+        raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) {values.dtype}, "
+                            f"got {got}")
     t = transport or Transport(group)
-    e = Entries(values, indices.long())
     _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo), numel, values.dtype,
            _count(e, k))
     return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo), t,
                 "gtopk")
+
+
+def _entries(name: str, values: object, indices: object, numel: object) -> Entries:
+    """Already selected (values, indices) of a ``numel``-element tensor, checked: a 1-D float
+    values tensor, as many integer indices, each in [0, numel) (-1 would read as the wire's
+    padding and be dropped)."""
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise GradwireError(f"{name}: numel must be an integer >= 0, got {numel!r}")
+    if not (isinstance(values, torch.Tensor) and values.dim() == 1
+            and values.dtype.is_floating_point):
+        raise GradwireError(f"{name}: values must be a 1-D float tensor, got "
+                            f"{getattr(values, 'dtype', type(values).__name__)}")
+    if not (isinstance(indices, torch.Tensor) and indices.shape == values.shape
+            and not indices.dtype.is_floating_point and indices.dtype != torch.bool):
+        raise GradwireError(f"{name}: indices must be an integer tensor of the values' "
+                            f"{len(values)} entries")
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= numel):
+        raise GradwireError(f"{name}: indices must lie in [0, {numel}), got "
+                            f"{int(indices.min())}..{int(indices.max())}")
+    return Entries(values, indices.long())
 
 
 def _count(e: Entries, k: int | None) -> int:
