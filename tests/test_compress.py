@@ -130,6 +130,23 @@ def test_bad_input_and_foreign_payload_are_user_errors():
         SignSGD().decompress(TopK().compress(data(10)), 10)
 
 
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+def test_decompress_refuses_a_numel_the_payload_was_not_made_from(name):
+    c = get(name)
+    payload = c.compress(data(100))
+    assert c.decompress(payload, 100).numel() == 100
+    for wrong in (0, -1, 100.0, "100", None):
+        with pytest.raises(GradwireError, match=f"{name}: "):
+            c.decompress(payload, wrong)
+    # a numel whose wire bytes equal the payload's cannot be told apart (top-k's k is the same
+    # for 100 and 200 elements at density 0.001); it may pass, but as a tensor of that length
+    for numel in (99, 101, 200, 1000):
+        try:
+            assert c.decompress(payload, numel).numel() == numel
+        except GradwireError as e:
+            assert str(e).startswith(f"{name}: ")
+
+
 # --- sparsifiers -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("selector", ["exact", "threshold"])
@@ -391,7 +408,7 @@ def test_powersgd_zero_gradient_gives_zero_without_nan_then_recovers():
     for n in (1, 7, 1000):
         y = c.decompress(c.compress(torch.zeros(n)), n)
         assert torch.equal(y, torch.zeros(n))
-    x = low_rank(31, 32, 2, 3)[:1000]  # 1000 elements view as 32×32: rank ≤ 4 after padding
+    x = low_rank(32, 32, 2, 3)[:1000]  # 1000 elements view as 32×32: rank ≤ 4 after padding
     c.compress(torch.zeros(1000))
     y = c.decompress(c.compress(x), 1000)
     assert not y.isnan().any() and torch.allclose(y, x, atol=1e-4 * x.abs().max())

@@ -17,6 +17,7 @@ Contract, held by ``tests/test_compress.py`` for every registered compressor:
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
@@ -45,6 +46,31 @@ class Payload:
         return sum(t.nbytes for t in self.tensors())
 
 
+def _checked_decompress(fn):  # type: ignore[no-untyped-def]
+    """``decompress`` behind a check that ``numel`` is what the payload was made from: a wrong
+    one gave a tensor of the wrong length, an IndexError or a RuntimeError, depending on the
+    method; now a GradwireError. Costs nothing on the way through."""
+    @functools.wraps(fn)
+    def decompress(self, payload, numel):  # type: ignore[no-untyped-def]
+        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+            raise GradwireError(f"{self.name}: numel must be an integer >= 0, got {numel!r}")
+        try:
+            out = fn(self, payload, numel)
+        except (IndexError, RuntimeError, ValueError) as e:
+            raise GradwireError(f"{self.name}: cannot decompress this payload to {numel} "
+                                f"elements ({type(e).__name__}): was it made from "
+                                f"{numel}?") from None
+        if isinstance(out, torch.Tensor) and out.numel() != numel:
+            raise GradwireError(f"{self.name}: this payload holds {out.numel()} elements, not "
+                                f"the {numel} asked for")
+        want = self.wire_bytes(numel, payload.dtype)
+        if payload.nbytes != want:  # what every compressor sends for numel elements, exactly
+            raise GradwireError(f"{self.name}: this payload ({payload.nbytes} bytes) was not "
+                                f"made from {numel} elements ({want} bytes)")
+        return out
+    return decompress
+
+
 class Compressor(ABC):
     """Base of every compressor: see the module docstring for the contract."""
 
@@ -54,6 +80,11 @@ class Compressor(ABC):
     def __init__(self, seed: int = 0) -> None:
         self.seed = check_int(self.name, "seed", seed, 0)
         self.step = 0
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "decompress" in cls.__dict__:
+            cls.decompress = _checked_decompress(cls.__dict__["decompress"])  # type: ignore
 
     @property
     def params(self) -> dict[str, object]:
