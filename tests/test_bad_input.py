@@ -142,6 +142,8 @@ API = [
     (lambda: gc.all_reduce(x8, op="max"), "reduction op 'max' is not supported"),
     (lambda: gc.all_reduce(x8, algo="rnig"), "did you mean 'ring'"),
     (lambda: gc.broadcast(x8, src=5), "root must be a rank in 0..0, got 5"),
+    (lambda: gc.broadcast(x8, src="0"), "root must be a rank in 0..0, got '0'"),
+    (lambda: gc.reduce(x8, dst=None), "root must be a rank in 0..0, got None"),
     (lambda: gc.all_gather_into_tensor(torch.ones(3), x8), "output must have world_size"),
     (lambda: gc.reduce_scatter_tensor(x8, torch.ones(3)), "input must have world_size"),
     (lambda: sparse_allreduce(x8, torch.zeros(8), 0), "k must be an integer >= 1"),
@@ -266,6 +268,20 @@ def test_bad_sweep_values_are_one_line(axis, text, msg):
         _sweep_value(axis, text)
     assert _sweep_value("workers", "8") == 8 and _sweep_value("layers", "0") == 0
     assert _sweep_value("bandwidth", "1gbit") == 1e9 and _sweep_value("speedup", "0.5") == 0.5
+
+
+def test_binary_or_deeply_nested_files_are_one_line(tmp_path):
+    from gradwire.perf import profiles
+    from gradwire.sim import trace
+
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00abc")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(GradwireError, match="not a text file"):
+        trace.load(tmp_path / "bin.jsonl")
+    with pytest.raises(GradwireError, match="nested too deep"):
+        trace.load(tmp_path / "deep.json")
+    with pytest.raises(GradwireError, match="nested too deep"):
+        profiles.load(str(tmp_path / "deep.json"))
 
 
 def test_output_paths_are_checked_before_the_work(tmp_path):

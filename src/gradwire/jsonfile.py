@@ -18,6 +18,8 @@ def parse_object(text: str, where: str) -> dict:
     except json.JSONDecodeError as e:
         raise GradwireError(f"{where}: line {e.lineno}, column {e.colno}: not valid JSON: "
                             f"{e.msg}") from None
+    except RecursionError:
+        raise GradwireError(f"{where}: not valid JSON here: nested too deep") from None
     if not isinstance(doc, dict):
         raise GradwireError(f"{where}: expected a JSON object at the top, got "
                             f"{type(doc).__name__}")

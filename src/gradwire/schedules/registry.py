@@ -4,6 +4,7 @@ so an algorithm added here is executed, costed, checked and benchmarked with no 
 from __future__ import annotations
 
 import functools
+import numbers
 
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import (
@@ -60,8 +61,9 @@ def schedule(collective: str, name: str | None, p: int, count: int, root: int = 
         raise GradwireError(f"world size must be >= 1, got {p}")
     if count < 0:
         raise GradwireError(f"element count must be >= 0, got {count}")
-    if not 0 <= root < p:
-        raise GradwireError(f"root must be a rank in 0..{p - 1}, got {root}")
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < p:
+        raise GradwireError(f"root must be a rank in 0..{p - 1}, got {root!r}")
+    root = int(root)
     a = get(collective, name)
     return _cached(collective, a.name, p, count, root, _key(params))
 

@@ -99,6 +99,9 @@ def load(path: Path) -> Trace:
         text = Path(path).read_text()
     except OSError as e:
         raise GradwireError(f"cannot read trace {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise GradwireError(f"cannot read trace {path}: not a text file (a trace is JSON "
+                            "lines)") from None
     return loads(text, str(path))
 
 
@@ -141,6 +144,8 @@ def loads(text: str, where: str = "<trace>") -> Trace:
             rec = json.loads(raw)
         except json.JSONDecodeError as e:
             raise GradwireError(f"{where}:{n}: not JSON: {e.msg} at column {e.colno}") from None
+        except RecursionError:
+            raise GradwireError(f"{where}:{n}: JSON nested too deep") from None
         if not isinstance(rec, dict):
             raise GradwireError(f"{where}:{n}: expected a JSON object, got {type(rec).__name__}")
         records.append((n, rec))
