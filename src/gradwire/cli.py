@@ -64,20 +64,16 @@ def _cluster(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None, l
     would otherwise be ignored without a word)."""
     if name is not None:
         c = load_cluster(name)
-        _match_live(ctx, c, hosts=len(c.hosts), bandwidth=c.bandwidth_bps, mtu=c.mtu,
-                    given={"hosts": hosts, "bandwidth": parse_bandwidth(bandwidth), "mtu": mtu})
+        for key, given, have in (("hosts", hosts, len(c.hosts)), ("mtu", mtu, c.mtu),
+                                 ("bandwidth", parse_bandwidth(bandwidth), c.bandwidth_bps)):
+            typed = getattr(ctx.get_parameter_source(key), "name", None) == "COMMANDLINE"
+            if typed and given != have:
+                shown = (f"{have} hosts" if key == "hosts" else f"MTU {have}" if key == "mtu"
+                         else f"{format_bandwidth(have)} links")  # type: ignore[arg-type]
+                raise GradwireError(f"--{key} {ctx.params[key]} does not match cluster "
+                                    f"{c.name} ({shown}): leave --{key} out with --cluster")
         return contextlib.nullcontext(c)
     return ephemeral_cluster(hosts, bandwidth, _use_loopback(loopback), mtu)
-
-
-def _match_live(ctx: typer.Context, c: Cluster, given: dict, **actual: object) -> None:
-    for key, have in actual.items():
-        src = ctx.get_parameter_source(key)
-        if getattr(src, "name", None) == "COMMANDLINE" and given[key] != have:
-            shown = (f"{have} hosts" if key == "hosts" else f"MTU {have}" if key == "mtu"
-                     else f"{format_bandwidth(have)} links")  # type: ignore[arg-type]
-            raise GradwireError(f"--{key} {ctx.params[key]} does not match cluster {c.name} "
-                                f"({shown}): leave --{key} out with --cluster")
 
 
 ClusterName = Annotated[str | None, typer.Option(
@@ -361,7 +357,7 @@ def calibrate(
     parse_bandwidth(bandwidth)
     if cluster is None and hosts < 2:
         raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
-    folder = cal.calibration_path("x").parent  # where the result goes: check it first
+    folder = cal.calibration_dir()  # where the result goes: check it first
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -459,11 +455,12 @@ def _sweep_value(axis: str, text: str) -> float:
         v = float(text)
     except ValueError:
         v = math.nan
-    whole = axis in ("workers", "layers")
-    if not math.isfinite(v) or (whole and (v != int(v) or v < (1 if axis == "workers" else 0))
-                                ) or (not whole and v <= 0):
-        allowed = {"workers": "whole numbers >= 1", "layers": "whole numbers >= 0"}.get(
-            axis, "numbers > 0")
+    if axis in ("workers", "layers"):
+        low = 1 if axis == "workers" else 0
+        ok, allowed = math.isfinite(v) and v == int(v) and v >= low, f"whole numbers >= {low}"
+    else:
+        ok, allowed = math.isfinite(v) and v > 0, "numbers > 0"
+    if not ok:
         raise GradwireError(f"--sweep {axis}: {text!r} is not valid: expected {allowed}")
     return v
 

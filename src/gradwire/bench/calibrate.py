@@ -59,8 +59,12 @@ BURST_IDLE_S = 0.05
 BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
 
 
+def calibration_dir() -> Path:
+    return config.home() / "calibration"
+
+
 def calibration_path(bandwidth: str) -> Path:
-    return config.home() / "calibration" / f"{bandwidth}.json"
+    return calibration_dir() / f"{bandwidth}.json"
 
 
 def load(bandwidth: str) -> tuple[CostParams, dict] | None:

@@ -49,7 +49,9 @@ class Payload:
 def _checked_decompress(fn):  # type: ignore[no-untyped-def]
     """``decompress`` behind a check that ``numel`` is what the payload was made from: a wrong
     one gave a tensor of the wrong length, an IndexError or a RuntimeError, depending on the
-    method; now a GradwireError. Costs nothing on the way through."""
+    method; now a GradwireError, as is a payload whose bytes are not what ``wire_bytes``
+    says ``numel`` elements take (a numel the output's length cannot show). What it adds per
+    call is arithmetic on sizes, no pass over the data."""
     @functools.wraps(fn)
     def decompress(self, payload, numel):  # type: ignore[no-untyped-def]
         if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:

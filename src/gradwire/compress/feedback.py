@@ -21,6 +21,10 @@ import torch
 from gradwire.compress.base import Compressor, Payload
 from gradwire.errors import GradwireError
 
+# What a state dict that is not what state_dict() returned raises on the way in (a missing key,
+# a field of the wrong type or value): callers turn it into one GradwireError.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
+
 
 class ErrorFeedback:
     """Residuals per key for one compressor.
@@ -81,7 +85,7 @@ class ErrorFeedback:
                 raise TypeError("residuals must be tensors")
             self.compressor.load_state_dict(state["compressor"])  # type: ignore[arg-type]
             self.residuals = residuals
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except MALFORMED as e:
             self.residuals = saved[0]
             self.compressor.load_state_dict(saved[1])
             raise GradwireError(f"error-feedback state_dict is malformed ({type(e).__name__}: "

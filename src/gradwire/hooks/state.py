@@ -16,6 +16,7 @@ import torch.distributed as dist
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback, PowerSGDCompressor
 from gradwire.compress import get as get_compressor
 from gradwire.compress.base import check_fraction, check_int
+from gradwire.compress.feedback import MALFORMED
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import layout
 from gradwire.hooks.comm import Comm, Worker, complete
@@ -158,7 +159,7 @@ class HookState:
                  self.compressor.state_dict() if self.compressor is not None else None)
         try:
             self._load_state_dict(state)
-        except Exception as e:
+        except (GradwireError, *MALFORMED) as e:
             self.epoch, self.step, self._resume_order = saved[:3]
             self.positions.numels.clear()
             self.positions.numels.update(saved[3])
