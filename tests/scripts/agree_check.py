@@ -117,6 +117,21 @@ except Exception as e:  # DDP re-raises the hook's error from backward, wrapped
     check("density" in str(e) and "0.05" in str(e) and "0.1" in str(e),
           f"hook density: message lacks the densities: {str(e)[:300]}")
 
+# DDP hooks: compressor options that differ fail naming them, before anything is sent (qsgd's
+# levels would silently give different averages; PowerSGD's rank, messages of other lengths).
+for method, opts, words in (("qsgd", {"s": 100 if odd else 255}, ["qsgd s=255", "qsgd s=100"]),
+                            ("powersgd", {"rank": 2 if odd else 1}, ["rank=1", "rank=2"])):
+    torch.manual_seed(0)
+    net = DDP(nn.Linear(50, 20))
+    gh.make(method, warmup=False, overlap=False, **opts).register(net)
+    try:
+        net(torch.randn(4, 50)).sum().backward()
+        check(False, f"hook {method} options: no error")
+    except Exception as e:  # DDP re-raises the hook's error from backward, wrapped
+        check("ranks made different collective calls" in str(e)
+              and all(w in str(e) for w in words),
+              f"hook {method} options: message lacks {words}: {str(e)[:300]}")
+
 # NaN/Inf policy, sparse_allreduce: rank p-1 has a NaN and an Inf; every rank goes dense.
 x = torch.randn(200, generator=g)
 if odd:

@@ -78,6 +78,7 @@ class Step:
     ef: ErrorFeedback | None
     density: float
     dense: bool  # warm-up: send x (plus any residual) uncompressed
+    name: str  # the method as the call header shows it (HookState.call_name)
 
 
 def aggregate(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]:
@@ -86,9 +87,7 @@ def aggregate(s: Step, x: torch.Tensor, key: Layout) -> tuple[torch.Tensor, int]
     # Before any residual changes: ranks that disagree fail here, all of them, naming why.
     # NaN/Inf on any rank: every rank goes dense, so the average holds them as DDP's would
     # (GradScaler then skips the step) and the residual is consumed, never left non-finite.
-    selector = getattr(s.compressor, "selector", None)
-    method = f"{m.name}/{selector}" if selector else m.name
-    finite = s.comm.agree([("call", "hook"), ("method", method),
+    finite = s.comm.agree([("call", "hook"), ("method", s.name),
                            ("dense", s.dense), ("elements", n), ("dtype", x.dtype),
                            ("density", f"{s.density:.6g}")],
                           finite=lambda: all_finite(x))

@@ -105,6 +105,7 @@ class HookState:
                 params["seed"] = config.seed
             self.compressor = get_compressor(m.compressor, **params)
         self.ef = ErrorFeedback(self.compressor) if m.feedback and self.compressor else None
+        self.call_name = _call_name(config, self.compressor)
         self._comm: Comm | None = None
         self._worker: Worker | None = None
         self._pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]] = []
@@ -203,7 +204,7 @@ class HookState:
                                 f"parameters {self.positions.size(key)}: gradwire hooks need "
                                 "dense gradients")
         plan = Step(self.config.method, comm, self.compressor, self.ef, self.density,
-                    dense=self.config.warmup.dense(self.step))
+                    dense=self.config.warmup.dense(self.step), name=self.call_name)
         last = bucket.is_last()
         fut: torch.futures.Future = torch.futures.Future()
         if self.config.mode == "bucket":
@@ -305,6 +306,21 @@ class HookState:
                 offset += views[p].numel()
         self._end_step()
         return [buf for buf, _, _ in pending]
+
+
+def _call_name(config: HookConfig, compressor: Compressor | None) -> str:
+    """The method as the call header shows it: its name, the selector, and every option that
+    must be equal on all ranks (``qsgd s=100``, ``powersgd rank=2 seed=0``), so that ranks
+    made with different options fail naming them instead of averaging different things or
+    sending messages of different lengths."""
+    m = config.method
+    shown = {k: v for k, v in config.options.items() if k != "selector"}
+    if (m.compressor is not None and not m.own_seed
+            and "seed" in inspect.signature(COMPRESSORS[m.compressor]).parameters):
+        shown["seed"] = config.seed  # e.g. PowerSGD's first Q, random-k's indices
+    selector = getattr(compressor, "selector", None)
+    return m.name + (f"/{selector}" if selector else "") + "".join(
+        f" {k}={v}" for k, v in sorted(shown.items()))
 
 
 def make(method: str, *, density: float = 0.001, mode: str = "bucket",

@@ -166,7 +166,9 @@ def hook_seconds(numel: int, repeats: int = 3, density: float = 0.001,
             opts = {"rank": rank} if name == "powersgd" else {}
             state = make(name, density=density, warmup=False, overlap=False, **opts)
             comm = state._setup()  # noqa: SLF001 - the hook's own path, run here to time it
-            runs[name] = (state, Step(m, comm, state.compressor, state.ef, density, dense=False),
+            plan = Step(m, comm, state.compressor, state.ef, density, dense=False,
+                        name=state.call_name)
+            runs[name] = (state, plan,
                           state.positions.layout([torch.empty(numel)]), torch.empty(numel), [])
         # Round-robin, so that a slow spell of the machine lands on every method alike.
         for _ in range(repeats + 1):
