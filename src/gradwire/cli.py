@@ -313,7 +313,7 @@ def bench(
     prediction beside each algorithm."""
     from gradwire.bench.run import run_bench
     from gradwire.bench.sizes import parse_sizes
-    from gradwire.bench.spec import parse_params, parse_specs
+    from gradwire.bench.spec import check_shared, parse_params, parse_specs
 
     _outputs(("--json", json_out))
     specs = parse_specs(collective, algo)
@@ -322,6 +322,7 @@ def bench(
                             "bfloat16 or float64")
     size_list = parse_sizes(sizes)
     params = parse_params(param or [])
+    check_shared(collective, specs, params)
     parse_bandwidth(bandwidth)
     with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,

@@ -12,6 +12,7 @@ from gradwire.bench.report import annotate, table
 from gradwire.bench.spec import BUILTIN, AlgoSpec
 from gradwire.cluster import Cluster
 from gradwire.jobs import run_ranks
+from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams
 
 DEFAULT_ALPHA_S = 100e-6  # used only when no calibration exists: say so in the report
@@ -34,9 +35,15 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
     """Time ``specs`` (plus the built-in baseline) at every size; rows with the prediction."""
     cost_params, source = model_params(cluster)
     # LP and the double tree choose their block from α and β: give them the calibrated ones.
+    # --param values go to every algorithm that takes them (check_shared refused the others).
     algo_params = {"alpha": cost_params.alpha, "beta": cost_params.beta, **params}
+
+    def taken(s: AlgoSpec) -> dict:
+        known = registry.parameters(registry.get(collective, s.name))
+        return {**{k: v for k, v in algo_params.items() if k in known}, **s.params}
+
     runs = ([AlgoSpec(BUILTIN, BUILTIN)] if builtin else []) + [
-        AlgoSpec(s.label, s.name, {**algo_params, **s.params}) for s in specs]
+        AlgoSpec(s.label, s.name, taken(s)) for s in specs]
     args = ["--collective", collective, "--algos", json.dumps([r.to_json() for r in runs]),
             "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),
             "--warmup", str(warmup)]

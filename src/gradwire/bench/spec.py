@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 
 BUILTIN = "builtin"
@@ -52,8 +52,13 @@ def parse_spec(collective: str, text: str) -> AlgoSpec:
         name = registry.get(collective, name).name
     elif rest:
         raise GradwireError(f"algorithm {text!r}: the builtin baseline takes no parameters")
-    return AlgoSpec(text.strip(), name, parse_params(rest, f"algorithm {text.strip()!r}: "
-                                                          "parameter"))
+    params = parse_params(rest, f"algorithm {text.strip()!r}: parameter")
+    if name != BUILTIN:
+        try:
+            registry.check_params(registry.get(collective, name), params)
+        except GradwireError as e:
+            raise GradwireError(f"algorithm {text.strip()!r}: {e}") from None
+    return AlgoSpec(text.strip(), name, params)
 
 
 def parse_specs(collective: str, text: str | None) -> list[AlgoSpec]:
@@ -66,3 +71,16 @@ def parse_specs(collective: str, text: str | None) -> list[AlgoSpec]:
         raise GradwireError(f"--algo {text!r} names no algorithm: expected a comma list such as "
                             "ring,lp:block=65536")
     return specs
+
+
+def check_shared(collective: str, specs: list[AlgoSpec], params: dict) -> None:
+    """Each ``--param`` must be taken by at least one algorithm of ``specs`` (it goes to
+    those that take it): otherwise it is a typo or meant for an algorithm not run."""
+    takers = {s.name: registry.parameters(registry.get(collective, s.name))
+              for s in specs if s.name != BUILTIN}
+    known = sorted({k for ks in takers.values() for k in ks})
+    for k in params:
+        if not any(k in ks for ks in takers.values()):
+            raise GradwireError(f"--param {k}: no algorithm of {', '.join(takers) or 'none'} "
+                                f"takes it{did_you_mean(k, known)}; they take "
+                                f"{', '.join(known) or 'no parameters'}")

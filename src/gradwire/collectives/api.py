@@ -79,6 +79,8 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
     """Agree on the call, run the schedule on ``buf``, then ``after()``. ``source`` = (input,
     start, stop): run out of place from ``input`` (the executor's ``source``), and afterwards
     make ``buf[start:stop]``, the part the caller reads, whole."""
+    if not isinstance(async_op, bool):
+        raise GradwireError(f"async_op must be True or False, got {async_op!r}")
     t = transport or Transport(group)
     params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)

@@ -4,6 +4,7 @@ so an algorithm added here is executed, costed, checked and benchmarked with no 
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 
 from gradwire.errors import GradwireError, did_you_mean
@@ -23,6 +24,11 @@ from gradwire.schedules.ir import COLLECTIVES, Algorithm, Schedule, Table
 # One module per algorithm family; each declares its entries as ALGORITHMS.
 MODULES = (ring, binomial, butterfly, rhd, master, lp, scatter_allgather, dbtree, ps)
 ALGORITHMS: tuple[Algorithm, ...] = tuple(a for m in MODULES for a in m.ALGORITHMS)
+
+# The most ranks a schedule is built for: a ring there has 2·4095·4096 = 33.5 M transfers,
+# which the model and the simulator cost in tens of seconds. Beyond it they would take hours
+# and tens of GiB, so both refuse it.
+MAX_WORLD = 4096
 
 DEFAULTS = {"allreduce": "ring", "reducescatter": "ring", "allgather": "ring",
             "broadcast": "binomial", "reduce": "binomial"}
@@ -57,15 +63,37 @@ def _cached(collective: str, name: str, p: int, count: int, root: int,
 def schedule(collective: str, name: str | None, p: int, count: int, root: int = 0,
              **params: object) -> Schedule:
     """Build (or reuse) the schedule of ``name`` for ``p`` ranks and ``count`` elements."""
-    if p < 1:
-        raise GradwireError(f"world size must be >= 1, got {p}")
+    if not 1 <= p <= MAX_WORLD:
+        raise GradwireError(f"world size must be from 1 to {MAX_WORLD}, got {p}")
     if count < 0:
         raise GradwireError(f"element count must be >= 0, got {count}")
     if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < p:
         raise GradwireError(f"root must be a rank in 0..{p - 1}, got {root!r}")
     root = int(root)
     a = get(collective, name)
+    check_params(a, params)
     return _cached(collective, a.name, p, count, root, _key(params))
+
+
+COMMON = ("itemsize", "op")  # given to every builder; those that do not need them ignore them
+
+
+def parameters(a: Algorithm) -> list[str]:
+    """The parameters ``a``'s builder takes besides P, the count, the root and :data:`COMMON`."""
+    sig = inspect.signature(a.build).parameters.values()
+    return [x.name for x in sig if x.kind in (x.POSITIONAL_OR_KEYWORD, x.KEYWORD_ONLY)
+            and x.name not in ("p", "count", "root", *COMMON)]
+
+
+def check_params(a: Algorithm, params: dict[str, object]) -> None:
+    """A parameter ``a`` does not take is a one-line error (a typo would otherwise be
+    silently ignored)."""
+    known = parameters(a)
+    for k in params:
+        if k not in known and k not in COMMON:
+            raise GradwireError(f"{a.collective} {a.name} has no parameter {k!r}"
+                                f"{did_you_mean(k, known)}: it takes "
+                                f"{', '.join(known) or 'none'}")
 
 
 def _key(params: dict[str, object]) -> tuple[tuple[str, object], ...]:
@@ -93,10 +121,16 @@ def _cached_table(collective: str, name: str, p: int, count: int,
     return Table.of(_cached(collective, name, p, count, 0, params))
 
 
-def table(collective: str, name: str | None, p: int, count: int, **params: object) -> Table:
+def table(collective: str, name: str | None, p: int, count: int, *, cached: bool = True,
+          **params: object) -> Table:
     """The transfers of ``schedule(collective, name, p, count, **params)`` as arrays, built
     without Transfer objects when the algorithm has a table builder (the ring: 2 M transfers
-    at P = 1024)."""
-    if p < 1 or count < 0:
-        raise GradwireError(f"a table needs p >= 1 and count >= 0, got p={p}, count={count}")
-    return _cached_table(collective, get(collective, name).name, p, count, _key(params))
+    at P = 1024). ``cached=False``: built afresh and not kept (for callers that keep what
+    they derive from it instead)."""
+    if not 1 <= p <= MAX_WORLD or count < 0:
+        raise GradwireError(f"a table needs p from 1 to {MAX_WORLD} and count >= 0, got p={p}, "
+                            f"count={count}")
+    a = get(collective, name)
+    check_params(a, params)
+    build = _cached_table if cached else _cached_table.__wrapped__
+    return build(collective, a.name, p, count, _key(params))
