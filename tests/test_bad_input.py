@@ -82,6 +82,9 @@ CLI = [
     (["bench", "--sizes", "lots"], "'lots' is not valid"),
     (["bench", "--param", "block"], "--param 'block' is not valid"),
     (["bench", "--dtype", "int8"], "--dtype 'int8' is not supported"),
+    (["bench", "--algo", "ring:blok=4"], "allreduce ring has no parameter 'blok'"),
+    (["bench", "--algo", "ring,lp", "--param", "blok=4"],
+     "--param blok: no algorithm of ring, lp takes it (did you mean 'block'?)"),
     (["bench", "--iters", "0"], "Invalid value for '--iters'"),
     (["bench", "--warmup", "-1"], "Invalid value for '--warmup'"),
     (["bench", "--bandwidth", "1gbps"], "bandwidth '1gbps' is not valid"),
@@ -179,7 +182,7 @@ API = [
     (lambda: get_compressor("qsgd", s=2**31), "qsgd: s must be at most 2147483647"),
     (lambda: get_compressor("dgc", slack=math.nan), "dgc: slack must be a finite number >= 1"),
     (lambda: gh.make("dgc", slack=math.inf), "dgc: slack must be a finite number >= 1"),
-    (lambda: gc.all_reduce(x8, algo="ring", foo={}), "schedule parameter foo={}: expected"),
+    (lambda: gc.all_reduce(x8, algo="ring", pipeline={}), "parameter pipeline={}: expected"),
     (lambda: registry.get("allreduce", "rign"), "did you mean 'ring'"),
     (lambda: registry.get("alreduce"), "unknown collective 'alreduce'"),
     (lambda: loopback_cluster(0), "--hosts must be between 1 and 250, got 0"),
@@ -189,8 +192,15 @@ API = [
     (lambda: SimCluster(2, 1e9, latency=-1e-6), "latency must be a finite number of seconds"),
     (lambda: SimCluster(2, 1e9, alpha=math.nan), "alpha must be a finite number of seconds"),
     (lambda: SimCluster(2.5, 1e9), "whole numbers >= 1, got 2.5"),
+    (lambda: SimCluster(10**5, 1e9), "workers must be at most 4096"),  # it ran for hours
+    (lambda: registry.schedule("allreduce", "ring", 10**5, 8), "world size must be from 1 to"),
     (lambda: SimCluster(2, 1e9, seed=-1), "seed must be a whole number >= 0"),
     (lambda: measure("mlp", warmup=-1), "warmup must be an integer >= 0, got -1"),
+    (lambda: gc.all_reduce(x8, algo="ring", blok=5),
+     "allreduce ring has no parameter 'blok': it takes pipeline"),
+    (lambda: gc.broadcast(x8, algo="lp", blok=5), "did you mean 'block'"),
+    (lambda: gc.all_reduce(x8, algo="rhd", pipeline=2), "it takes none"),
+    (lambda: gc.all_reduce(x8, async_op="yes"), "async_op must be True or False, got 'yes'"),
 ]
 
 

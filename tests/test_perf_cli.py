@@ -83,6 +83,9 @@ def test_advise_ranks_every_method_and_explains_the_winner(monkeypatch, capsys) 
      "--intra-bandwidth: bandwidth 'fast' is not valid"),
     (["advise", "--bucket-mb", "0"], "--bucket-mb must be > 0"),
     (["advise", "--workers", "0"], "--workers"),
+    (["advise", "--workers", "5000"], "workers must be a whole number from 1 to 4096"),
+    (["whatif", "--workers", "4:8192"], "workers must be a whole number from 1 to 4096"),
+    (["whatif", "--compute-speedup", "inf"], "each value must be a finite number > 0, got inf"),
     (["profile", "--model", "resnet"], "unknown model 'resnet'"),
 ])
 def test_bad_options_are_one_line(args, message, monkeypatch, capsys) -> None:
@@ -168,6 +171,13 @@ def test_whatif_records_the_shared_cpu_it_used(tmp_path, monkeypatch, capsys) ->
     ("[1, 2]", "expected a JSON object at the top, got list"),
     ('{"alpha_s": 1}', "missing field 'alpha_step_s'"),
     (json.dumps({**CALIBRATION, "cpu_share": "most"}), "its CPU fields are unreadable"),
+    (json.dumps({**CALIBRATION, "alpha_step_s": float("nan")}),
+     "field 'alpha_step_s' must be a finite number >= 0, got nan"),
+    (json.dumps({**CALIBRATION, "gamma_s_per_byte": -1e-9}), "field 'gamma_s_per_byte' must be"),
+    (json.dumps({**CALIBRATION, "cpu_byte_s": float("inf")}),
+     "field cpu_byte_s must be a finite number >= 0, got inf"),
+    (json.dumps({**CALIBRATION, "cpu_share": 2}),
+     "field cpu_share must be a finite number > 0 and <= 1, got 2.0"),
 ])
 def test_bad_calibration_files_are_one_line(text, message, tmp_path, monkeypatch,
                                             capsys) -> None:

@@ -274,15 +274,61 @@ def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
 
 
 def test_cluster_refuses_bad_cpu_settings() -> None:
-    for kw, msg in (({"cores": 0}, "cores per machine must be > 0"),
+    for kw, msg in (({"cores": 0}, "cores per machine must be a finite number > 0"),
+                    ({"cores": float("inf")}, "cores per machine must be a finite number > 0"),
                     ({"cpu_share": 0}, r"CPU share must be a number in \(0, 1\]"),
                     ({"cpu_share": 1.5}, r"CPU share must be a number in \(0, 1\]"),
-                    ({"cpu_step": -1}, "CPU per step, per byte and sync wait per call must"),
-                    ({"cpu_sync": -1e-3}, "CPU per step, per byte and sync wait per call must"),
+                    ({"cpu_step": -1}, "CPU per step must be a finite number >= 0"),
+                    ({"cpu_byte": float("nan")}, "CPU per byte must be a finite number >= 0"),
+                    ({"cpu_sync": -1e-3}, "sync wait per call must be a finite number >= 0"),
                     ({"cpu_ranks": 0}, "ranks per machine"),
-                    ({"cpu_slowdown": 0.5}, "CPU slowdown must be >= 1")):
+                    ({"cpu_slowdown": 0.5}, "CPU slowdown must be a finite number >= 1"),
+                    ({"cpu_slowdown": float("inf")}, "CPU slowdown must be a finite number")):
         with pytest.raises(GradwireError, match=msg):
             Cluster(4, 1e9, 1e-4, **kw)
+
+
+@pytest.mark.parametrize(("args", "kw", "msg"), [
+    ((0, 1e9, 1e-4), {}, "workers must be a whole number from 1 to 4096"),
+    ((10**7, 1e9, 1e-4), {}, "workers must be a whole number from 1 to 4096"),
+    ((4.0, 1e9, 1e-4), {}, "workers must be a whole number"),
+    ((True, 1e9, 1e-4), {}, "workers must be a whole number"),
+    ((4, float("nan"), 1e-4), {}, "link rates must be finite numbers of bit/s > 0"),
+    ((4, [1e9, float("inf")], 1e-4), {}, "link rates must be finite"),
+    ((4, -1e9, 1e-4), {}, "link rates must be finite"),
+    ((4, [], 1e-4), {}, "link rates must be finite"),
+    ((4, "1gbit", 1e-4), {}, "link rates must be finite"),
+    ((4, 1e9, -1e-4), {}, r"alpha \(seconds per message\) must be a finite number >= 0"),
+    ((4, 1e9, float("nan")), {}, "alpha"),
+    ((4, 1e9, 1e-4, float("inf")), {}, r"gamma \(seconds per byte reduced\) must be"),
+    ((4, 1e9, 1e-4), {"beta": 0.0}, "beta must be finite seconds per byte > 0"),
+    ((4, 1e9, 1e-4), {"intra_bps": float("inf")}, "the link inside a node"),
+])
+def test_cluster_refuses_what_would_make_predictions_nan_or_endless(args, kw, msg) -> None:
+    with pytest.raises(GradwireError, match=msg):
+        Cluster(*args, **kw)
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"compute_speedup": 0}, "compute speedup must be a finite number > 0"),
+    ({"compute_speedup": float("inf")}, "compute speedup must be a finite number > 0"),
+    ({"overlap_slowdown": float("nan")}, "overlap slowdown must be a finite number >= 1"),
+    ({"rank_cpu": -1.0}, "rank CPU seconds must be a finite number >= 0"),
+])
+def test_predict_refuses_bad_speedups(kw, msg) -> None:
+    with pytest.raises(GradwireError, match=msg):
+        predict(TOY, Cluster(4, 1e9, 1e-4), Aggregation("dense"), HERE, **kw)
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"rank": 0}, "PowerSGD rank must be an integer >= 1"),
+    ({"bucket_mb": 0}, r"bucket size \(MiB\) must be a finite number > 0"),
+    ({"first_bucket_mb": float("nan")}, r"first bucket size \(MiB\) must be a finite"),
+    ({"density": float("nan")}, r"density must be in \(0, 1\]"),
+])
+def test_aggregation_refuses_bad_settings(kw, msg) -> None:
+    with pytest.raises(GradwireError, match=msg):
+        Aggregation("powersgd", **kw)
 
 
 def test_codec_table_is_timed_through_the_hook_on_a_one_rank_group() -> None:

@@ -58,8 +58,11 @@ def _doc(**changes: object) -> str:
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"params": [["b", 10], ["w", -3]]}, "field 'params[1]' must be [name, elements >= 1]"),
-    ({"forward_s": "fast"}, "field 'forward_s' must be a number of seconds"),
-    ({"backward_layer_s": [0.1]}, "field 'backward_layer_s' must be a list of 2 numbers"),
+    ({"forward_s": "fast"}, "field 'forward_s' must be a finite number of seconds"),
+    ({"forward_s": float("nan")}, "field 'forward_s' must be a finite number of seconds >= 0"),
+    ({"step_s": float("inf")}, "field 'step_s' must be a finite number of seconds >= 0, got inf"),
+    ({"backward_layer_s": [0.1]}, "field 'backward_layer_s' must be a list of 2 finite numbers"),
+    ({"backward_layer_s": [0.1, float("-inf")]}, "field 'backward_layer_s' must be a list of 2"),
     ({"dtype": "int8"}, "field 'dtype' must be one of float32"),
     ({"format": 2}, "field 'format' must be 1"),
     ({"backwards_s": 1.0}, "unknown field 'backwards_s' (did you mean 'backward_s'?)"),

@@ -36,6 +36,7 @@ Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidt
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,14 +47,16 @@ from gradwire.bandwidth import parse_bandwidth
 from gradwire.collectives.agree import header_spec
 from gradwire.compress import get, matrix_shape
 from gradwire.compress.base import check_fraction, check_int, select_count
-from gradwire.errors import GradwireError, did_you_mean
+from gradwire.errors import GradwireError, check_real, did_you_mean
 from gradwire.hooks import MODES
 from gradwire.hooks.methods import TABLE
 from gradwire.perf import comm
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.profiles import Profile
+from gradwire.schedules import registry
 from gradwire.sparse.allreduce import spec as sparse_spec
 
+MAX_WORKERS = registry.MAX_WORLD
 DDP_BUCKET_MB = 25.0  # DistributedDataParallel's bucket_cap_mb
 DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -91,21 +94,33 @@ class Cluster:
     cpu_slowdown: float = 1.0  # CPU of encode/decode with every rank running / alone
 
     def __post_init__(self) -> None:
+        if (isinstance(self.workers, bool) or not isinstance(self.workers, numbers.Integral)
+                or not 1 <= self.workers <= MAX_WORKERS):
+            raise GradwireError(f"workers must be a whole number from 1 to {MAX_WORKERS} (the "
+                                f"model costs every transfer of a schedule, P² of them for a "
+                                f"ring), got {self.workers!r}")
         check_int("cluster", "ranks per node", self.ranks_per_node, 1)
         if self.cpu_ranks is not None:
             check_int("cluster", "ranks per machine", self.cpu_ranks, 1)
-        if self.cores is not None and not self.cores > 0:
-            raise GradwireError(f"cores per machine must be > 0, got {self.cores!r}")
+        rates = np.asarray(self.link_bps, dtype=float) if _numeric(self.link_bps) else None
+        if rates is None or rates.size == 0 or not (np.isfinite(rates) & (rates > 0)).all():
+            raise GradwireError(f"link rates must be finite numbers of bit/s > 0, got "
+                                f"{self.link_bps!r}")
+        if self.beta is not None:
+            b = np.asarray(self.beta, dtype=float) if _numeric(self.beta) else None
+            if b is None or not (np.isfinite(b) & (b > 0)).all():
+                raise GradwireError(f"beta must be finite seconds per byte > 0, got "
+                                    f"{self.beta!r}")
+        check_real("alpha (seconds per message)", self.alpha)
+        check_real("gamma (seconds per byte reduced)", self.gamma)
+        if self.cores is not None:
+            check_real("cores per machine", self.cores, above=True)
         check_fraction("cluster", "CPU share", self.cpu_share)
-        if not self.cpu_slowdown >= 1:
-            raise GradwireError(f"CPU slowdown must be >= 1, got {self.cpu_slowdown!r}")
-        if min(self.cpu_step, self.cpu_byte, self.cpu_sync) < 0:
-            raise GradwireError(f"CPU per step, per byte and sync wait per call must be >= 0, "
-                                f"got {self.cpu_step!r}, {self.cpu_byte!r} and "
-                                f"{self.cpu_sync!r}")
-        if not self.intra_bps > 0:
-            raise GradwireError(f"the link inside a node must be faster than 0, got "
-                                f"{self.intra_bps!r} bit/s")
+        check_real("CPU slowdown", self.cpu_slowdown, 1.0)
+        for what, v in (("CPU per step", self.cpu_step), ("CPU per byte", self.cpu_byte),
+                        ("sync wait per call", self.cpu_sync)):
+            check_real(what, v)
+        check_real("the link inside a node (bit/s)", self.intra_bps, above=True)
 
     @property
     def node(self) -> comm.Node | None:
@@ -149,6 +164,9 @@ class Aggregation:
             raise GradwireError(f"density must be in (0, 1], got {self.density}")
         if self.mode not in MODES:
             raise GradwireError(f"mode must be 'bucket' or 'model', got {self.mode!r}")
+        check_int("aggregation", "PowerSGD rank", self.rank, 1)
+        check_real("bucket size (MiB)", self.bucket_mb, above=True)
+        check_real("first bucket size (MiB)", self.first_bucket_mb, above=True)
 
     @property
     def label(self) -> str:
@@ -225,6 +243,12 @@ def operations(agg: Aggregation, numel: int, world: int,
     return [("allgather", "ring", world * wire, 1, {"pipeline": 1})], wire
 
 
+def _numeric(v: object) -> bool:
+    """A real number or an array of them (not text, not bool)."""
+    a = np.asarray(v) if not isinstance(v, str) else None
+    return a is not None and a.dtype.kind in "iuf" and a.ndim <= 1
+
+
 def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecTable,
             compute_speedup: float = 1.0, overlap_slowdown: float = 1.0,
             rank_cpu: float | None = None) -> Prediction:
@@ -235,9 +259,10 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
         raise GradwireError(f"profile {profile.model!r} has no compute times "
                             f"({profile.sources.get('backward_s', 'no source')}); give "
                             f"--compute-ms FORWARD,BACKWARD or a measured profile")
-    if compute_speedup <= 0 or overlap_slowdown < 1:
-        raise GradwireError(f"compute speedup must be > 0 and overlap slowdown >= 1, got "
-                            f"{compute_speedup} and {overlap_slowdown}")
+    check_real("compute speedup", compute_speedup, above=True)
+    check_real("overlap slowdown", overlap_slowdown, 1.0)
+    if rank_cpu is not None:
+        check_real("rank CPU seconds", rank_cpu)
     p = cluster.workers
     alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
     bs = buckets(profile, agg)

@@ -24,6 +24,7 @@ supplies them (``--compute-ms``) or measures the project's model with ``gradwire
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -135,8 +136,9 @@ def parse(text: str, where: str) -> Profile:
         v = doc.get(name)
         if v is None and optional:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise bad(name, "a number of seconds >= 0" + (" or null" if optional else ""), v)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+            raise bad(name, "a finite number of seconds >= 0" + (" or null" if optional else ""),
+                      v)
         return float(v)
 
     model = doc.get("model")
@@ -156,9 +158,9 @@ def parse(text: str, where: str) -> Profile:
     layers = doc.get("backward_layer_s")
     if layers is not None:
         if (not isinstance(layers, list) or len(layers) != len(tensors)
-                or any(isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0
-                       for t in layers)):
-            raise bad("backward_layer_s", f"a list of {len(tensors)} numbers >= 0 (one per "
+                or any(isinstance(t, bool) or not isinstance(t, (int, float))
+                       or not 0 <= t < math.inf for t in layers)):
+            raise bad("backward_layer_s", f"a list of {len(tensors)} finite numbers >= 0 (one per "
                       "tensor of params)", layers if not isinstance(layers, list)
                       else f"{len(layers)} entries")
         layers = tuple(float(t) for t in layers)

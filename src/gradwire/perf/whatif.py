@@ -16,6 +16,7 @@ schedule summary per collective.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 
 from gradwire.bandwidth import format_bandwidth
 from gradwire.bench.sizes import parse_sizes
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, check_real
 from gradwire.jsonfile import read_object
 from gradwire.perf import comm
 from gradwire.perf.codecs import CodecTable
@@ -52,8 +53,9 @@ def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
             v = float(part)
         except ValueError:
             raise GradwireError(f"{option} {text!r}: {part!r} is not a number") from None
-        if not v > low:
-            raise GradwireError(f"{option} {text!r}: each value must be > {low:g}, got {v:g}")
+        if not low < v < math.inf:
+            raise GradwireError(f"{option} {text!r}: each value must be a finite number > "
+                                f"{low:g}, got {v:g}")
         out.append(v)
     return out
 
@@ -96,6 +98,14 @@ class CpuSetting:
                    float(d["cpu_step_s"]), float(d["cpu_byte_s"]), float(d["cpu_share"]),
                    float(d["cpu_sync_s"]), float(d.get("cpu_slowdown", 1.0)))
 
+    def __post_init__(self) -> None:
+        check_real("cores_per_machine", self.cores, above=True)
+        for name, v in (("cpu_step_s", self.step), ("cpu_byte_s", self.byte),
+                        ("cpu_sync_s", self.sync)):
+            check_real(name, v)
+        check_real("cpu_share", self.share, above=True, high=1.0)
+        check_real("cpu_slowdown", self.slowdown, 1.0)
+
     def fields(self, workers: int) -> dict[str, object]:
         """:class:`Cluster`'s shared-CPU arguments for ``workers`` ranks."""
         return {"cores": self.cores, "cpu_ranks": workers if self.one_machine else None,
@@ -121,12 +131,18 @@ def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
     except (ValueError, TypeError) as e:
         raise GradwireError(f"--calibration {path}: not a gradwire calibrate file ({e}); run "
                             "`gradwire calibrate` to write one") from None
+    for name, v in (("alpha_step_s", alpha), ("gamma_s_per_byte", gamma)):
+        if not 0 <= v < math.inf:
+            raise GradwireError(f"--calibration {path}: field {name!r} must be a finite number "
+                                f">= 0, got {v!r}")
     if "cpu_sync_s" not in d:
         return alpha, gamma, None
     try:
         cpu = CpuSetting.from_calibration(d, int(d["hosts"]))
     except (ValueError, KeyError, TypeError) as e:
         raise GradwireError(f"--calibration {path}: its CPU fields are unreadable ({e})") from None
+    except GradwireError as e:
+        raise GradwireError(f"--calibration {path}: field {e}") from None
     return alpha, gamma, cpu
 
 

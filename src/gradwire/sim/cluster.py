@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gradwire.errors import GradwireError
+from gradwire.schedules.registry import MAX_WORLD
 from gradwire.sim.engine import Engine
 
 
@@ -41,6 +42,9 @@ class SimCluster:
                    for v in whole):
             raise GradwireError(f"workers, servers and iterations must be whole numbers >= 1, "
                                 f"got {self.workers}, {self.servers}, {self.iterations}")
+        if self.workers > MAX_WORLD:
+            raise GradwireError(f"workers must be at most {MAX_WORLD} (the simulator replays "
+                                f"every transfer, P² of them per ring), got {self.workers}")
         if (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
                 or self.seed < 0):
             raise GradwireError(f"seed must be a whole number >= 0, got {self.seed!r}")
