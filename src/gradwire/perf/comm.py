@@ -24,15 +24,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
 from gradwire.schedules import registry
-from gradwire.schedules.ir import Schedule
+from gradwire.schedules.ir import Schedule, Table
 
 _HASH = np.array([1.0, 2.0**-20, np.pi, np.e * 2.0**-20, np.sqrt(2) * 2.0**-21, np.sqrt(3),
                   np.sqrt(5) * 2.0**-20, np.sqrt(7), np.sqrt(11) * 2.0**-21])
+_BLOCK_ROWS = 2**21  # (step, rank) pairs summarised at once: about 150 MB of rows
 
 
 @dataclass(frozen=True)
@@ -51,46 +51,62 @@ COLUMNS = ("m_out_intra", "b_out_intra", "m_in_intra", "b_in_intra",
            "m_out_node", "b_out_node", "m_in_node", "b_in_node", "b_reduced")
 
 
-def summarise(s: Schedule, ranks_per_node: int = 1) -> Summary:
+def summarise(s: Schedule | Table, ranks_per_node: int = 1) -> Summary:
     """The schedule's steps as per-rank rows (:class:`Summary`), ranks r·G … r·G+G−1 on node
-    r for G = ``ranks_per_node`` (as torchrun places them)."""
-    p, g = s.world_size, ranks_per_node
+    r for G = ``ranks_per_node`` (as torchrun places them). Read from the schedule's arrays
+    (:class:`~gradwire.schedules.ir.Table`), a block of steps at a time."""
+    t = s if isinstance(s, Table) else Table.of(s)
+    p, g = t.world_size, ranks_per_node
     node = np.arange(p) // g
-    nodes = int(node[-1]) + 1 if p else 0
+    n_steps = int(t.step[-1]) + 1 if len(t.step) else 0
+    block = max(1, _BLOCK_ROWS // max(p, 1))  # steps per block: bounds the [step, rank] arrays
+    edges = np.searchsorted(t.step, np.arange(0, n_steps + block, block))
     seen: dict[bytes, list] = {}
-    for step in s.steps:
-        ts = step.transfers
-        flat = chain.from_iterable((x.src, x.dst, x.count, x.reduces) for x in ts)
-        t = np.fromiter(flat, np.int64, 4 * len(ts)).reshape(-1, 4)
-        src, dst, n, red = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
-        intra = node[src] == node[dst]
-        ni, ne = n * intra, n * ~intra
-        m_out_e, m_in_e = np.bincount(src, ~intra, p), np.bincount(dst, ~intra, p)
-        b_out_e = np.bincount(node[src], ne, nodes)
-        b_in_e = np.bincount(node[dst], ne, nodes)
-        if g == 1:
-            top_out, top_in = m_out_e, m_in_e
-        else:
-            top_out, top_in = np.zeros(nodes), np.zeros(nodes)
-            np.maximum.at(top_out, node, m_out_e)
-            np.maximum.at(top_in, node, m_in_e)
-        rows = np.stack([np.bincount(src, intra, p), np.bincount(src, ni, p),
-                         np.bincount(dst, intra, p), np.bincount(dst, ni, p),
-                         top_out[node], b_out_e[node], top_in[node], b_in_e[node],
-                         np.bincount(dst, n * red, p)], axis=1).astype(float)
+    for b, lo in enumerate(range(0, n_steps, block)):
+        k = min(block, n_steps - lo)
+        part = slice(edges[b], edges[b + 1])
+        rows = _rows(t, part, lo, k, node, g)
         # Most steps treat every rank alike; the others are deduplicated on a hash of each
         # row (a 1-D unique is much cheaper than np.unique(axis=0) at P = 1024).
-        if (rows == rows[0]).all():
-            rows = rows[:1]
-        else:
-            _, first = np.unique(rows @ _HASH, return_index=True)
-            rows = rows[first]
-        key = rows.tobytes()
-        if key in seen:
-            seen[key][0] += 1
-        else:
-            seen[key] = [1, rows]
-    return Summary(s.count, tuple((m, r) for m, r in seen.values()))
+        alike = (rows == rows[:, :1]).all(axis=(1, 2))
+        for i in range(k):
+            r = rows[i]
+            if alike[i]:
+                r = r[:1]
+            else:
+                _, first = np.unique(r @ _HASH, return_index=True)
+                r = r[first]
+            key = r.tobytes()
+            if key in seen:
+                seen[key][0] += 1
+            else:
+                seen[key] = [1, r]
+    return Summary(t.count, tuple((m, r) for m, r in seen.values()))
+
+
+def _rows(t: Table, part: slice, first: int, k: int, node: np.ndarray, g: int) -> np.ndarray:
+    """Steps ``first`` … ``first+k−1`` of the table (its entries ``part``) as per-rank rows,
+    [step, rank, column] (columns as :data:`COLUMNS`)."""
+    p, nodes = len(node), int(node[-1]) + 1
+    step = t.step[part] - first
+    src, dst, n, red = t.src[part], t.dst[part], t.size[part], t.reduces[part]
+    intra = node[src] == node[dst]
+
+    def per(index: np.ndarray, weights: np.ndarray, width: int) -> np.ndarray:
+        return np.bincount(step * width + index, weights, k * width).reshape(k, width)
+
+    ni, ne = n * intra, n * ~intra
+    m_out_e, m_in_e = per(src, ~intra, p), per(dst, ~intra, p)
+    b_out_e, b_in_e = per(node[src], ne, nodes), per(node[dst], ne, nodes)
+    if g == 1:
+        top_out, top_in = m_out_e, m_in_e
+    else:  # the most messages any rank of a node sends (receives) between nodes
+        pad = ((0, 0), (0, nodes * g - p))
+        top_out = np.pad(m_out_e, pad).reshape(k, nodes, g).max(axis=2)
+        top_in = np.pad(m_in_e, pad).reshape(k, nodes, g).max(axis=2)
+    return np.stack([per(src, intra, p), per(src, ni, p), per(dst, intra, p), per(dst, ni, p),
+                     top_out[:, node], b_out_e[:, node], top_in[:, node], b_in_e[:, node],
+                     per(dst, n * red, p)], axis=2)
 
 
 def ref_count(p: int, pipeline: object = 1) -> int:
@@ -101,7 +117,7 @@ def ref_count(p: int, pipeline: object = 1) -> int:
 @functools.lru_cache(maxsize=512)
 def _summary(collective: str, algo: str, p: int, count: int,
              params: tuple[tuple[str, object], ...], ranks_per_node: int) -> Summary:
-    return summarise(registry.schedule(collective, algo, p, count, **dict(params)),
+    return summarise(registry.table(collective, algo, p, count, cached=False, **dict(params)),
                      ranks_per_node)
 
 
@@ -173,13 +189,7 @@ def _cpu_totals(collective: str, algo: str, p: int, count: int,
                 params: tuple[tuple[str, object], ...]) -> tuple[float, float, float]:
     """Per rank, the mean over ranks: steps it takes part in, elements it sends plus those it
     receives, elements it reduces."""
-    s = registry.schedule(collective, algo, p, count, **dict(params))
-    steps = moved = reduced = 0
-    for step in s.steps:
-        busy = set()
-        for x in step.transfers:
-            busy.update((x.src, x.dst))
-            moved += 2 * x.count
-            reduced += x.count * bool(x.reduces)
-        steps += len(busy)
-    return steps / p, moved / p, reduced / p
+    t = registry.table(collective, algo, p, count, cached=False, **dict(params))
+    busy = np.unique(np.concatenate([t.step * p + t.src, t.step * p + t.dst])).size
+    moved, reduced = 2 * int(t.size.sum()), int(t.size[t.reduces].sum())
+    return busy / p, moved / p, reduced / p
