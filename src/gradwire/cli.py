@@ -535,7 +535,9 @@ def simulate(
         vals = [_sweep_value(axis, v.strip()) for v in values.split(",") if v.strip()]
         if not vals:
             raise GradwireError(f"--sweep {sweep!r}: no values: expected {axis}=V1,V2,..")
-        rows = report.sweep(traces[0], cluster, mech.parse_list(mechanism), axis, vals)
+        with console.status("simulating") as status:
+            rows = report.sweep(traces[0], cluster, mech.parse_list(mechanism), axis, vals,
+                                on_start=status.update)
         for r in rows:
             console.print(f"{axis}={r['value']:g}: " + ", ".join(
                 f"{m} {s:.4f} s" for m, s in r["iteration_s"].items()))
@@ -556,7 +558,9 @@ def simulate(
                                               f"{bandwidth} emulated, {servers} server(s)"))
         out |= {"calibration": cal, "rows": rows}
     else:
-        results = mech.run(traces[0], cluster, mech.parse_list(mechanism), timeline is not None)
+        with console.status("simulating") as status:
+            results = mech.run(traces[0], cluster, mech.parse_list(mechanism),
+                               timeline is not None, on_start=status.update)
         console.print(report.results_table(results, f"{traces[0].model}: {workers} workers, "
                                            f"{format_bandwidth(bps)}, {servers} server(s)"))
         if timeline:

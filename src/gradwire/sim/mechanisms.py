@@ -121,10 +121,15 @@ def parse_list(text: str) -> list[Mechanism]:
 
 
 def run(trace: Trace, cluster: SimCluster, mechanisms: list[Mechanism],
-        record: bool = False) -> list[SimResult]:
-    """Every mechanism on the same trace and cluster, each result with its wall time."""
+        record: bool = False, on_start: Callable[[str], None] | None = None
+        ) -> list[SimResult]:
+    """Every mechanism on the same trace and cluster, each result with its wall time.
+    ``on_start(text)``: told which mechanism starts (a progress line)."""
     out = []
-    for m in mechanisms:
+    for i, m in enumerate(mechanisms):
+        if on_start is not None:
+            on_start(f"simulating {m.label} ({i + 1}/{len(mechanisms)}), {cluster.workers} "
+                     f"workers")
         t0 = time.perf_counter()
         r = m.run(trace, cluster, record)
         r.wall_s = time.perf_counter() - t0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.table import Table
@@ -103,9 +103,10 @@ AXES = ("workers", "bandwidth", "speedup", "layers")
 
 def sweep(trace: Trace, cluster: SimCluster, mechs: list[mechanisms.Mechanism], axis: str,
           values: Sequence[float], layer: tuple[int, float, float] = (4 * 2**20, 1e-3, 2e-3),
-          ) -> list[dict]:
+          on_start: Callable[[str], None] | None = None) -> list[dict]:
     """Iteration time of every mechanism at each value of ``axis``: workers, bandwidth
-    (bits/s), compute speed-up, or added layers (``layer`` = bytes, forward s, backward s)."""
+    (bits/s), compute speed-up, or added layers (``layer`` = bytes, forward s, backward s).
+    ``on_start`` as :func:`gradwire.sim.mechanisms.run`'s, with the value prefixed."""
     rows = []
     for v in values:
         t, c = trace, cluster
@@ -117,7 +118,9 @@ def sweep(trace: Trace, cluster: SimCluster, mechs: list[mechanisms.Mechanism], 
             t = scale_compute(trace, float(v))
         else:
             t = add_layers(trace, int(v), *layer)
-        res = mechanisms.run(t, c, mechs)
+        told = None if on_start is None else (
+            lambda text, v=v: on_start(f"{axis}={v:g}: {text}"))
+        res = mechanisms.run(t, c, mechs, on_start=told)
         rows.append({"axis": axis, "value": v,
                      "iteration_s": {r.mechanism: r.iteration_s for r in res},
                      "speedup": speedups(res)})
