@@ -190,6 +190,10 @@ def _cpu_totals(collective: str, algo: str, p: int, count: int,
     """Per rank, the mean over ranks: steps it takes part in, elements it sends plus those it
     receives, elements it reduces."""
     t = registry.table(collective, algo, p, count, cached=False, **dict(params))
-    busy = np.unique(np.concatenate([t.step * p + t.src, t.step * p + t.dst])).size
+    n_steps = int(t.step[-1]) + 1 if len(t.step) else 0
+    taking_part = np.zeros(n_steps * p, dtype=bool)  # [step, rank]: sends or receives
+    taking_part[t.step * p + t.src] = True
+    taking_part[t.step * p + t.dst] = True
+    busy = int(taking_part.sum())
     moved, reduced = 2 * int(t.size.sum()), int(t.size[t.reduces].sum())
     return busy / p, moved / p, reduced / p
