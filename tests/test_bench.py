@@ -12,8 +12,10 @@ from gradwire.bench.report import BUSBW_FACTOR, annotate
 from gradwire.bench.sizes import format_size, parse_sizes
 from gradwire.bench.spec import parse_params, parse_specs
 from gradwire.cluster.netns import tbf_burst
+from gradwire.collectives.agree import header_spec
 from gradwire.errors import GradwireError
-from gradwire.schedules.cost import CostParams
+from gradwire.schedules import registry
+from gradwire.schedules.cost import CostParams, cost
 
 
 def test_sizes_forms():
@@ -52,6 +54,22 @@ def test_ring_prediction_uses_the_schedule():
     row["params"] = {"pipeline": 4}  # each ring step sends 4 sub-chunks: 4 messages
     annotate([row], 4, CostParams(1.0, 0.0, 0.0))
     assert row["predicted_s"] == 24.0
+
+
+def test_a_call_timed_with_its_header_exchange_is_predicted_with_it():
+    """The header is gathered by recursive doubling: ⌈lg P⌉ messages, each paying α."""
+    row = {"collective": "allreduce", "algo": "ring", "name": "ring", "params": {},
+           "bytes": 4000, "count": 1000, "time_s": 1.0, "header": True}
+    annotate([row], 4, CostParams(1.0, 0.0, 0.0))
+    assert row["predicted_s"] == 6.0 + 2.0
+    plain = {**row, "header": False}
+    annotate([plain], 4, CostParams(1.0, 0.0, 0.0))
+    assert plain["predicted_s"] == 6.0
+    annotate([row], 5, CostParams(1.0, 1.0, 0.0))  # bytes matter too: exact cost of both
+    c, a, n, kw = header_spec(5)
+    want = (cost(registry.schedule("allreduce", "ring", 5, 1000), CostParams(1.0, 1.0), 4)
+            + cost(registry.schedule(c, a, 5, n, **kw), CostParams(1.0, 1.0), 1))
+    assert row["predicted_s"] == pytest.approx(want)
 
 
 def test_algo_specs():
@@ -125,4 +143,5 @@ def test_bench_and_calibrate_on_loopback(tmp_path):
     assert {r["algo"] for r in res["rows"]} == {"builtin", "ring", "ring:pipeline=3"}
     assert all(r["wrong"] == 0 for r in res["rows"])
     assert all(r["predicted_s"] > 0 for r in res["rows"])
+    assert [r["header"] for r in res["rows"]] == [r["algo"] != "builtin" for r in res["rows"]]
     assert res["command"].startswith("gradwire bench")

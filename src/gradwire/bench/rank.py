@@ -106,6 +106,8 @@ def bench_one(collective: str, spec: dict, count: int, dtype: torch.dtype, iters
             "bytes": count * inp.element_size(), "type": str(dtype).replace("torch.", ""),
             "time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
             "times_s": times, "wrong": int(wrong.item()),
+            # gradwire's calls exchange a call header first (agree.py); the model charges it
+            "header": algo != BUILTIN and p > 1 and t.check_calls,
             "max_bytes_sent_per_rank_per_iter": sent.item() / (warmup + iters)
             if algo != BUILTIN else None}
 

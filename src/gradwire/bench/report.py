@@ -2,8 +2,11 @@
 
 algbw = S / t (GB = 10⁹ bytes; S is the whole buffer, the gathered output for allgather);
 busbw = algbw × factor: allreduce 2(p−1)/p, allgather and reduce-scatter (p−1)/p, broadcast
-and reduce 1. The prediction is the schedule's cost under calibrated α, β, γ; the built-in
-allreduce row is predicted as a ring (gloo's allreduce is a ring), other built-ins are not.
+and reduce 1. The prediction is the schedule's cost under calibrated α, β, γ, plus the cost
+of the call header's exchange (:func:`gradwire.collectives.agree.header_spec`) where the
+timed call made one (the row's ``header``; gradwire's calls do unless
+GRADWIRE_CHECK_CALLS=0); the built-in allreduce row is predicted as a ring (gloo's allreduce
+is a ring), other built-ins are not.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from rich.table import Table
 
 from gradwire.bench.sizes import format_size
 from gradwire.bench.spec import BUILTIN
+from gradwire.collectives.agree import header_spec
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost
 
@@ -35,7 +39,11 @@ def predict(row: dict, p: int, params: CostParams) -> float | None:
     # The API builds with the buffer's itemsize (LP's auto block depends on it): so does this.
     s = registry.schedule(row["collective"], algo, p, row["count"], 0,
                           **{"itemsize": itemsize, **algo_params})
-    return cost(s, params, itemsize)
+    header = 0.0
+    if row.get("header"):
+        collective, h_algo, count, h_params = header_spec(p)
+        header = cost(registry.schedule(collective, h_algo, p, count, **h_params), params, 1)
+    return header + cost(s, params, itemsize)
 
 
 def annotate(rows: list[dict], p: int, params: CostParams | None) -> None:
