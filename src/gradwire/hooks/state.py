@@ -315,9 +315,12 @@ def _call_name(config: HookConfig, compressor: Compressor | None) -> str:
     sending messages of different lengths."""
     m = config.method
     shown = {k: v for k, v in config.options.items() if k != "selector"}
-    if (m.compressor is not None and not m.own_seed
+    if (m.combine in ("allreduce", "powersgd") and m.compressor is not None
             and "seed" in inspect.signature(COMPRESSORS[m.compressor]).parameters):
-        shown["seed"] = config.seed  # e.g. PowerSGD's first Q, random-k's indices
+        # the payloads are summed element by element, so the seed that draws random-k's
+        # indices or PowerSGD's first Q must be the same everywhere (a top-k's sample of its
+        # own gradient need not)
+        shown["seed"] = config.seed
     selector = getattr(compressor, "selector", None)
     return m.name + (f"/{selector}" if selector else "") + "".join(
         f" {k}={v}" for k, v in sorted(shown.items()))
