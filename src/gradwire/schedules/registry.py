@@ -78,11 +78,13 @@ def schedule(collective: str, name: str | None, p: int, count: int, root: int = 
 COMMON = ("itemsize", "op")  # given to every builder; those that do not need them ignore them
 
 
-def parameters(a: Algorithm) -> list[str]:
-    """The parameters ``a``'s builder takes besides P, the count, the root and :data:`COMMON`."""
+@functools.cache
+def parameters(a: Algorithm) -> tuple[str, ...]:
+    """The parameters ``a``'s builder takes besides P, the count, the root and :data:`COMMON`
+    (cached: every collective call checks its parameters against them)."""
     sig = inspect.signature(a.build).parameters.values()
-    return [x.name for x in sig if x.kind in (x.POSITIONAL_OR_KEYWORD, x.KEYWORD_ONLY)
-            and x.name not in ("p", "count", "root", *COMMON)]
+    return tuple(x.name for x in sig if x.kind in (x.POSITIONAL_OR_KEYWORD, x.KEYWORD_ONLY)
+                 and x.name not in ("p", "count", "root", *COMMON))
 
 
 def check_params(a: Algorithm, params: dict[str, object]) -> None:
