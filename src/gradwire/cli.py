@@ -301,7 +301,8 @@ def bench(
     iters: Annotated[int, typer.Option(min=1)] = 5,
     warmup: Annotated[int, typer.Option(min=0)] = 1,
     param: Annotated[list[str] | None, typer.Option(help="algorithm parameter KEY=VALUE "
-                                                    "(repeatable)")] = None,
+                                                    "for every listed algorithm that takes "
+                                                    "it (repeatable)")] = None,
     builtin: Annotated[bool, typer.Option(help="add torch.distributed's own collective as "
                                           "the baseline row")] = True,
     timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 3600,
