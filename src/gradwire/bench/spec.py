@@ -48,14 +48,16 @@ class AlgoSpec:
 
 def parse_spec(collective: str, text: str) -> AlgoSpec:
     name, *rest = text.strip().split(":")
+    a = None
     if name != BUILTIN:
-        name = registry.get(collective, name).name
+        a = registry.get(collective, name)
+        name = a.name
     elif rest:
         raise GradwireError(f"algorithm {text!r}: the builtin baseline takes no parameters")
     params = parse_params(rest, f"algorithm {text.strip()!r}: parameter")
-    if name != BUILTIN:
+    if a is not None:
         try:
-            registry.check_params(registry.get(collective, name), params)
+            registry.check_params(a, params)
         except GradwireError as e:
             raise GradwireError(f"algorithm {text.strip()!r}: {e}") from None
     return AlgoSpec(text.strip(), name, params)

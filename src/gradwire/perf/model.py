@@ -102,15 +102,11 @@ class Cluster:
         check_int("cluster", "ranks per node", self.ranks_per_node, 1)
         if self.cpu_ranks is not None:
             check_int("cluster", "ranks per machine", self.cpu_ranks, 1)
-        rates = np.asarray(self.link_bps, dtype=float) if _numeric(self.link_bps) else None
-        if rates is None or rates.size == 0 or not (np.isfinite(rates) & (rates > 0)).all():
+        if not _positive(self.link_bps) or np.size(self.link_bps) == 0:
             raise GradwireError(f"link rates must be finite numbers of bit/s > 0, got "
                                 f"{self.link_bps!r}")
-        if self.beta is not None:
-            b = np.asarray(self.beta, dtype=float) if _numeric(self.beta) else None
-            if b is None or not (np.isfinite(b) & (b > 0)).all():
-                raise GradwireError(f"beta must be finite seconds per byte > 0, got "
-                                    f"{self.beta!r}")
+        if self.beta is not None and not _positive(self.beta):
+            raise GradwireError(f"beta must be finite seconds per byte > 0, got {self.beta!r}")
         check_real("alpha (seconds per message)", self.alpha)
         check_real("gamma (seconds per byte reduced)", self.gamma)
         if self.cores is not None:
@@ -243,10 +239,11 @@ def operations(agg: Aggregation, numel: int, world: int,
     return [("allgather", "ring", world * wire, 1, {"pipeline": 1})], wire
 
 
-def _numeric(v: object) -> bool:
-    """A real number or an array of them (not text, not bool)."""
+def _positive(v: object) -> bool:
+    """Whether ``v`` is a finite real number > 0 or a 1-D array of them (not text, not bool)."""
     a = np.asarray(v) if not isinstance(v, str) else None
-    return a is not None and a.dtype.kind in "iuf" and a.ndim <= 1
+    return (a is not None and a.dtype.kind in "iuf" and a.ndim <= 1
+            and bool((np.isfinite(a) & (a > 0)).all()))
 
 
 def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecTable,

@@ -132,9 +132,7 @@ def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
         raise GradwireError(f"--calibration {path}: not a gradwire calibrate file ({e}); run "
                             "`gradwire calibrate` to write one") from None
     for name, v in (("alpha_step_s", alpha), ("gamma_s_per_byte", gamma)):
-        if not 0 <= v < math.inf:
-            raise GradwireError(f"--calibration {path}: field {name!r} must be a finite number "
-                                f">= 0, got {v!r}")
+        check_real(f"--calibration {path}: field {name!r}", v)
     if "cpu_sync_s" not in d:
         return alpha, gamma, None
     try:
