@@ -145,3 +145,38 @@ def test_bench_and_calibrate_on_loopback(tmp_path):
     assert all(r["predicted_s"] > 0 for r in res["rows"])
     assert [r["header"] for r in res["rows"]] == [r["algo"] != "builtin" for r in res["rows"]]
     assert res["command"].startswith("gradwire bench")
+
+
+def test_interleaved_bench_takes_turns_and_checks_each_algorithm(tmp_path, monkeypatch):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from gradwire.bench import rank as bench_rank
+
+    calls: list[str] = []
+    real = bench_rank._call
+
+    def recording(collective, algo, inp, out, t, params):
+        run = real(collective, algo, inp, out, t, params)
+
+        def go():
+            calls.append(algo)
+            run()
+            if algo == "rd":  # a wrong result on every element: #wrong must say so
+                out.add_(1)
+        return go
+
+    monkeypatch.setattr(bench_rank, "_call", recording)
+    specs = [{"label": n, "name": n, "params": {}} for n in ("builtin", "ring", "rd")]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        rows = bench_rank.bench_interleaved("allreduce", specs, 10, torch.float32, 3, 1)
+    finally:
+        dist.destroy_process_group()
+    assert calls == ["builtin", "ring", "rd"] * 4  # one warm-up round, three timed
+    assert [r["algo"] for r in rows] == ["builtin", "ring", "rd"]
+    assert [len(r["times_s"]) for r in rows] == [3, 3, 3]
+    assert [r["wrong"] for r in rows] == [0, 0, 10]

@@ -300,6 +300,10 @@ def bench(
     dtype: Annotated[str, typer.Option(help="float32, float16, bfloat16 or float64")] = "float32",
     iters: Annotated[int, typer.Option(min=1)] = 5,
     warmup: Annotated[int, typer.Option(min=0)] = 1,
+    interleave: Annotated[bool, typer.Option(help="run the algorithms (and the baseline) in "
+                                             "turn, one call each per round, instead of one "
+                                             "after another: ratios between them then hold "
+                                             "on a machine whose speed drifts")] = False,
     param: Annotated[list[str] | None, typer.Option(help="algorithm parameter KEY=VALUE "
                                                     "for every listed algorithm that takes "
                                                     "it (repeatable)")] = None,
@@ -327,7 +331,7 @@ def bench(
     parse_bandwidth(bandwidth)
     with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
-                           builtin, timeout, console)
+                           builtin, timeout, console, interleave)
     result["command"] = "gradwire " + shlex.join(sys.argv[1:])
     if json_out:
         json_out.write_text(json.dumps(result, indent=1) + "\n")

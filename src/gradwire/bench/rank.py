@@ -2,8 +2,10 @@
 
 Started once per host by the launcher (or by torchrun). For each size and algorithm: warm-up
 runs, then timed runs, each between barriers; an iteration's time is the slowest rank's, and
-a row reports the median and mean over iterations. Rank r's input is filled with r+1, so every
-result is known in advance and ``wrong`` counts elements that differ from it on any rank.
+a row reports the median and mean over iterations. With ``--interleave`` the algorithms of a
+size take turns, one call each per round, instead of running one after another. Rank r's
+input is filled with r+1, so every result is known in advance and ``wrong`` counts elements
+that differ from it on any rank.
 """
 
 from __future__ import annotations
@@ -70,6 +72,17 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
     }[collective]
 
 
+def _slowest(run: Callable[[], object]) -> float:
+    """Seconds of one call of ``run``: every rank starts at a barrier, and the call lasts as
+    long as its slowest rank."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    run()
+    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return dt.item()
+
+
 def slowest_rank_times(run: Callable[[], object], iters: int, warmup: int,
                        before: Callable[[int], object] | None = None) -> list[float]:
     """Seconds of each of ``iters`` timed calls of ``run`` (after ``warmup`` untimed ones): all
@@ -79,37 +92,69 @@ def slowest_rank_times(run: Callable[[], object], iters: int, warmup: int,
     for i in range(warmup + iters):
         if before is not None:
             before(i)
-        dist.barrier()
-        t0 = time.perf_counter()
-        run()
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        dt = _slowest(run)
         if i >= warmup:
-            times.append(dt.item())
+            times.append(dt)
     return times
+
+
+def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
+    """Elements of ``out`` that differ from ``want``, summed over ranks."""
+    wrong = torch.tensor([0 if want is None else int((out != want).sum())])
+    dist.all_reduce(wrong)
+    return int(wrong.item())
+
+
+def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transport,
+         times: list[float], wrong: int, calls: int) -> dict:
+    algo = spec["name"]
+    sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64)
+    dist.all_reduce(sent, op=dist.ReduceOp.MAX)
+    return {"collective": collective, "algo": spec["label"], "name": algo,
+            "params": spec["params"], "count": count,
+            "bytes": count * inp.element_size(), "type": str(inp.dtype).replace("torch.", ""),
+            "time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
+            "times_s": times, "wrong": wrong,
+            # gradwire's calls exchange a call header first (agree.py); the model charges it
+            "header": algo != BUILTIN and dist.get_world_size() > 1 and t.check_calls,
+            "max_bytes_sent_per_rank_per_iter": sent.item() / calls
+            if algo != BUILTIN else None}
 
 
 def bench_one(collective: str, spec: dict, count: int, dtype: torch.dtype, iters: int,
               warmup: int) -> dict:
-    algo, params = spec["name"], spec["params"]
     p, rank = dist.get_world_size(), dist.get_rank()
     inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
     t = Transport()
-    run = _call(collective, algo, inp, out, t, params)
+    run = _call(collective, spec["name"], inp, out, t, spec["params"])
     times = slowest_rank_times(run, iters, warmup, before=lambda i: reset())
-    wrong = torch.tensor([0 if want is None else int((out != want).sum())])
-    dist.all_reduce(wrong)
-    sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64)
-    dist.all_reduce(sent, op=dist.ReduceOp.MAX)
-    return {"collective": collective, "algo": spec["label"], "name": algo, "params": params,
-            "count": count,
-            "bytes": count * inp.element_size(), "type": str(dtype).replace("torch.", ""),
-            "time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
-            "times_s": times, "wrong": int(wrong.item()),
-            # gradwire's calls exchange a call header first (agree.py); the model charges it
-            "header": algo != BUILTIN and p > 1 and t.check_calls,
-            "max_bytes_sent_per_rank_per_iter": sent.item() / (warmup + iters)
-            if algo != BUILTIN else None}
+    return _row(collective, spec, count, inp, t, times, _wrong(out, want), warmup + iters)
+
+
+def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: torch.dtype,
+                      iters: int, warmup: int) -> list[dict]:
+    """Every algorithm in turn, one call each per round (``warmup`` untimed rounds, then
+    ``iters`` timed ones), so that all of them meet the same machine: on one whose speed drifts
+    (other load, CPU frequency), ratios between algorithms taken one after another move with
+    the drift. They share one pair of buffers, reset before every call; ``wrong`` is checked
+    after each algorithm's last call."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
+    transports = [Transport() for _ in specs]
+    runs = [_call(collective, s["name"], inp, out, t, s["params"])
+            for s, t in zip(specs, transports, strict=True)]
+    times: list[list[float]] = [[] for _ in specs]
+    wrong = [0] * len(specs)
+    for i in range(warmup + iters):
+        for k, run in enumerate(runs):
+            reset()
+            dt = _slowest(run)
+            if i >= warmup:
+                times[k].append(dt)
+            if i == warmup + iters - 1:
+                wrong[k] = _wrong(out, want)
+    return [_row(collective, s, count, inp, t, ts, w, warmup + iters)
+            for s, t, ts, w in zip(specs, transports, times, wrong, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--interleave", action="store_true",
+                    help="the algorithms in turn, one call each per round")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -132,8 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         count = size // itemsize
         if a.collective in ("allgather", "reducescatter"):
             count -= count % p
-        for spec in json.loads(a.algos):
-            row = bench_one(a.collective, spec, count, dtype, a.iters, a.warmup)
+        specs = json.loads(a.algos)
+        done = (bench_interleaved(a.collective, specs, count, dtype, a.iters, a.warmup)
+                if a.interleave else
+                (bench_one(a.collective, s, count, dtype, a.iters, a.warmup) for s in specs))
+        for row in done:
             rows.append(row)
             if dist.get_rank() == 0:
                 print(f"GW_BENCH {json.dumps(row)}", flush=True)
