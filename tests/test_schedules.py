@@ -92,7 +92,7 @@ def test_ring_cuts_large_chunks_into_sub_chunks_unless_told():
         return int(traffic(registry.schedule("allreduce", "ring", p, n, **kw), 4)
                    .messages_sent[0].sum())
 
-    small = 8 * SUBCHUNK_BYTES // 4 - 8  # 8 chunks just under 1 MiB each at P=8
+    small = 8 * SUBCHUNK_BYTES // 4 - 8  # 8 chunks each just under one sub-chunk at P=8
     assert msgs(8, small) == 14
     assert msgs(8, 8 * 3 * SUBCHUNK_BYTES // 4) == 14 * 3
     assert msgs(8, 8 * 64 * SUBCHUNK_BYTES // 4) == 14 * MAX_PIPELINE

@@ -4,11 +4,13 @@ and allreduce as the two back to back.
 Each rank r sends to r+1 and receives from r-1. Chunks are the ``blocks`` of the buffer; with
 ``pipeline=k`` every chunk moves as k sub-chunks, so the executor can forward sub-chunk j while
 sub-chunk j+1 is still arriving (the ring paper's sub-chunk software pipelining). Without
-``pipeline`` the builders cut chunks into sub-chunks of at least ``SUBCHUNK_BYTES``, at most
-``MAX_PIPELINE`` of them: on the emulated 1 Gbit/s cluster 64 MiB at P=4 and P=8 ran 2–8 % faster
-with 1–2 MiB sub-chunks than unpipelined, and slower again with 32 sub-chunks (per-message
-overhead); see benchmarks/results/collectives_1gbit.json. The α-β model does not see this
-gain (it comes from smoothing out per-step stragglers), so it charges each sub-chunk an α.
+``pipeline`` the builders cut chunks into sub-chunks of at least ``SUBCHUNK_BYTES`` (4 MiB), at
+most ``MAX_PIPELINE`` of them. On the emulated 1 Gbit/s cluster, every setting taking turns with
+torch's all_reduce (benchmarks/ring_pipeline.py), 64 MiB ran fastest in 2–4 sub-chunks of
+4–8 MiB at P=4 and P=8, and 16 MiB unpipelined at P=8 (benchmarks/results/ring_pipeline.json);
+finer cuts lost most at P=8, where 8 ranks share 2 cores and every message costs CPU. The
+α-β model does not see the gain over unpipelined (it comes from smoothing out per-step
+stragglers), so it charges each sub-chunk an α.
 
 Cost (pipeline=1), n bytes: reduce-scatter (p−1)α + ((p−1)/p)n(β+γ); allgather
 (p−1)α + ((p−1)/p)nβ; allreduce 2(p−1)α + 2((p−1)/p)nβ + ((p−1)/p)nγ. Each rank sends
@@ -22,7 +24,7 @@ import numpy as np
 from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Algorithm, Schedule, Table, blocks, build, split
 
-SUBCHUNK_BYTES = 2**20
+SUBCHUNK_BYTES = 4 * 2**20
 MAX_PIPELINE = 8
 
 

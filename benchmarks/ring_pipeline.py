@@ -1,0 +1,72 @@
+"""How finely the ring allreduce should cut its chunks (``pipeline``, sub-chunks per chunk) on
+the emulated 1 Gbit/s cluster: the default ring, pipeline 1, 2, 4 and 8, and torch's own
+all_reduce, taking turns (``gradwire bench --interleave``), at 16 and 64 MiB, P = 4 and 8.
+Writes results/ring_pipeline.json: every row, and per size the ratio of each ring's bus
+bandwidth to the built-in one measured in the same rounds.
+
+    python benchmarks/ring_pipeline.py            # ~4 min; needs root (network namespaces)
+
+Run it on an otherwise idle machine: 8 ranks share 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ab import this_code
+
+from gradwire.bench import provenance
+from gradwire.schedules.ring import SUBCHUNK_BYTES, pick_pipeline
+
+HERE = Path(__file__).parent
+ALGOS = "ring,ring:pipeline=1,ring:pipeline=2,ring:pipeline=4,ring:pipeline=8"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", default="4,8")
+    ap.add_argument("--sizes", default="16M,64M")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "ring_pipeline.json")
+    a = ap.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="gradwire-ring-pipeline-") as home:
+        for p in a.hosts.split(","):
+            out = Path(home) / f"p{p}.json"
+            args = ["bench", "--collective", "allreduce", "--algo", ALGOS, "--sizes", a.sizes,
+                    "--hosts", p, "--bandwidth", "1gbit", "--iters", str(a.iters),
+                    "--interleave", "--json", str(out)]
+            print("$ gradwire " + shlex.join(args), flush=True)
+            env = {**os.environ, "GRADWIRE_HOME": home}
+            if subprocess.run([sys.executable, "-m", "gradwire.cli", *args],
+                              env=env).returncode != 0:
+                raise SystemExit(f"gradwire bench failed at P={p}")
+            runs.append(json.loads(out.read_text()))
+    table = {}
+    for res in runs:
+        for size in sorted({r["bytes"] for r in res["rows"]}):
+            rows = [r for r in res["rows"] if r["bytes"] == size]
+            base = next(r for r in rows if r["algo"] == "builtin")["busbw_Gbitps"]
+            ratios = {r["algo"]: r["busbw_Gbitps"] / base for r in rows if r["algo"] != "builtin"}
+            default = next(r for r in rows if r["algo"] == "ring")
+            table[f"P={res['world_size']} {size >> 20} MiB"] = {
+                "builtin_busbw_Gbitps": base, "ratio_to_builtin": ratios,
+                "default_pipeline": pick_pipeline(res["world_size"], default["count"], None,
+                                                  4)}
+            print(f"P={res['world_size']} {size >> 20:>3} MiB: builtin {base:.3f} Gbit/s; "
+                  + ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+    result = {**provenance.stamp("python " + shlex.join(sys.argv)),
+              "code": this_code(), "subchunk_bytes": SUBCHUNK_BYTES,
+              "network": runs[0]["network"] if runs else None, "ratios": table, "runs": runs}
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
