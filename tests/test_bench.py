@@ -180,3 +180,39 @@ def test_interleaved_bench_takes_turns_and_checks_each_algorithm(tmp_path, monke
     assert [r["algo"] for r in rows] == ["builtin", "ring", "rd"]
     assert [len(r["times_s"]) for r in rows] == [3, 3, 3]
     assert [r["wrong"] for r in rows] == [0, 0, 10]
+
+
+def test_bench_fails_when_a_result_is_wrong_and_keeps_the_rows(tmp_path, monkeypatch, capsys):
+    from conftest import cli_error
+
+    from gradwire.bench import run as bench_run
+
+    def fake_ranks(cluster, module, args, what, timeout, console, total, tick):
+        row = {"collective": "allreduce", "name": "ring", "params": {}, "count": 256,
+               "bytes": 1024, "type": "float32", "time_s": 1e-3, "wrong": 0, "header": True}
+        return [{**row, "algo": "builtin", "name": "builtin", "header": False},
+                {**row, "algo": "ring", "wrong": 7}]
+
+    monkeypatch.setattr(bench_run, "run_ranks", fake_ranks)
+    monkeypatch.setenv("GRADWIRE_HOME", str(tmp_path))
+    out = tmp_path / "b.json"
+    code, err = cli_error(monkeypatch, capsys, "bench", "--loopback", "--hosts", "2",
+                          "--sizes", "1K", "--algo", "ring", "--json", str(out))
+    assert code == 2
+    assert "1 of 2 rows gave a wrong result: ring at 1K (7 elements)" in err
+    assert err.count("\n") == 1
+    assert [r["wrong"] for r in json.loads(out.read_text())["rows"]] == [0, 7]
+
+
+def test_bench_footer_follows_nccl_tests():
+    from gradwire.bench.report import footer, wrong_rows
+
+    rows = [{"algo": "ring", "busbw_Gbitps": 0.5, "wrong": 0, "bytes": 1024},
+            {"algo": "ring", "busbw_Gbitps": 0.9, "wrong": 0, "bytes": 2048},
+            {"algo": "builtin", "busbw_Gbitps": 0.8, "wrong": 0, "bytes": 1024}]
+    assert footer(rows) == ["# Out of bounds values : 0 OK",
+                            "# Avg bus bandwidth    : ring    0.700 Gbit/s",
+                            "# Avg bus bandwidth    : builtin 0.800 Gbit/s"]
+    assert wrong_rows(rows) is None
+    rows[1]["wrong"] = 3
+    assert footer(rows)[0] == "# Out of bounds values : 3 FAILED"

@@ -315,7 +315,9 @@ def bench(
     loopback: Loopback = False,
 ) -> None:
     """Time collectives like nccl-tests, with the built-in collective and the model's
-    prediction beside each algorithm."""
+    prediction beside each algorithm. Every result is checked: the command fails (after
+    writing --json) when any element came out wrong."""
+    from gradwire.bench.report import wrong_rows
     from gradwire.bench.run import run_bench
     from gradwire.bench.sizes import parse_sizes
     from gradwire.bench.spec import check_shared, parse_params, parse_specs
@@ -336,6 +338,9 @@ def bench(
     if json_out:
         json_out.write_text(json.dumps(result, indent=1) + "\n")
         console.print(f"wrote {json_out}")
+    failed = wrong_rows(result["rows"])
+    if failed:
+        raise GradwireError(failed)
 
 
 @app.command()

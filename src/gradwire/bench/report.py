@@ -72,3 +72,29 @@ def table(rows: list[dict], title: str) -> Table:
                    "-" if pred is None else f"{pred * 1e6:.1f}",
                    "-" if err is None else f"{err * 100:+.1f}%", str(r["wrong"]))
     return tb
+
+
+def footer(rows: list[dict]) -> list[str]:
+    """nccl-tests' closing lines: elements that came out wrong (every row, every rank), and
+    each algorithm's bus bandwidth averaged over the sizes."""
+    wrong = sum(r["wrong"] for r in rows)
+    lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
+    by_algo: dict[str, list[float]] = {}
+    for r in rows:
+        by_algo.setdefault(r["algo"], []).append(r["busbw_Gbitps"])
+    width = max((len(a) for a in by_algo), default=0)
+    lines += [f"# Avg bus bandwidth    : {a:<{width}} {sum(v) / len(v):.3f} Gbit/s"
+              for a, v in by_algo.items()]
+    return lines
+
+
+def wrong_rows(rows: list[dict]) -> str | None:
+    """None when every row was right, else a one-line account of the wrong ones."""
+    bad = [r for r in rows if r["wrong"]]
+    if not bad:
+        return None
+    shown = ", ".join(f"{r['algo']} at {format_size(r['bytes'])} ({r['wrong']} elements)"
+                      for r in bad[:5])
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    return (f"{len(bad)} of {len(rows)} rows gave a wrong result: {shown}{more} (every rank "
+            "checks its output against the known answer after the last timed call)")

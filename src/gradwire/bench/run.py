@@ -8,7 +8,7 @@ import os
 from rich.console import Console
 
 from gradwire.bench import calibrate, provenance
-from gradwire.bench.report import annotate, table
+from gradwire.bench.report import annotate, footer, table
 from gradwire.bench.spec import BUILTIN, AlgoSpec
 from gradwire.cluster import Cluster
 from gradwire.jobs import run_ranks
@@ -53,6 +53,8 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
     annotate(rows, p, cost_params)
     title = f"{collective}, {p} ranks, {cluster.label}; model: {source}"
     console.print(table(rows, title))
+    for line in footer(rows):
+        console.print(line, highlight=False)
     if p > 8:
         console.print(f"note: {p} ranks share {os.cpu_count()} cores; CPU contention affects "
                       "these times")
