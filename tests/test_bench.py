@@ -147,11 +147,21 @@ def test_bench_and_calibrate_on_loopback(tmp_path):
     assert res["command"].startswith("gradwire bench")
 
 
-def test_interleaved_bench_takes_turns_and_checks_each_algorithm(tmp_path, monkeypatch):
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo group in this process (the rank side of bench, without a launcher)."""
     import datetime
 
-    import torch
     import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+def test_interleaved_bench_takes_turns_and_checks_each_algorithm(one_rank, monkeypatch):
+    import torch
 
     from gradwire.bench import rank as bench_rank
 
@@ -170,12 +180,7 @@ def test_interleaved_bench_takes_turns_and_checks_each_algorithm(tmp_path, monke
 
     monkeypatch.setattr(bench_rank, "_call", recording)
     specs = [{"label": n, "name": n, "params": {}} for n in ("builtin", "ring", "rd")]
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=30))
-    try:
-        rows = bench_rank.bench_interleaved("allreduce", specs, 10, torch.float32, 3, 1)
-    finally:
-        dist.destroy_process_group()
+    rows = bench_rank.bench_interleaved("allreduce", specs, 10, torch.float32, 3, 1)
     assert calls == ["builtin", "ring", "rd"] * 4  # one warm-up round, three timed
     assert [r["algo"] for r in rows] == ["builtin", "ring", "rd"]
     assert [len(r["times_s"]) for r in rows] == [3, 3, 3]
@@ -216,3 +221,40 @@ def test_bench_footer_follows_nccl_tests():
     assert wrong_rows(rows) is None
     rows[1]["wrong"] = 3
     assert footer(rows)[0] == "# Out of bounds values : 3 FAILED"
+
+
+def test_interleaved_bench_counts_what_an_algorithm_leaves_unwritten(one_rank, monkeypatch):
+    import torch
+
+    from gradwire.bench import rank as bench_rank
+
+    real = bench_rank._call
+
+    def lazy(collective, algo, inp, out, t, params):  # "rd" writes nothing at all
+        return (lambda: None) if algo == "rd" else real(collective, algo, inp, out, t, params)
+
+    monkeypatch.setattr(bench_rank, "_call", lazy)
+    specs = [{"label": n, "name": n, "params": {}} for n in ("builtin", "rd", "ring")]
+    rows = bench_rank.bench_interleaved("allgather", specs, 6, torch.float32, 2, 0)
+    # the built-in call before it filled the shared output; rd's own call must still count
+    assert [r["wrong"] for r in rows] == [0, 6, 0]
+
+
+def test_builtin_rows_use_torchs_current_names(one_rank):
+    """torch 2.13 warns (FutureWarning) on all_gather_into_tensor and reduce_scatter_tensor;
+    the baseline rows call what this torch names them, and gradwire answers to both names."""
+    import warnings
+
+    import torch
+
+    import gradwire.collectives as gc
+    from gradwire.bench import rank as bench_rank
+
+    assert gc.all_gather_single is gc.all_gather_into_tensor
+    assert gc.reduce_scatter_single is gc.reduce_scatter_tensor
+    spec = [{"label": "builtin", "name": "builtin", "params": {}}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        for collective in ("allgather", "reducescatter"):
+            rows = bench_rank.bench_interleaved(collective, spec, 4, torch.float32, 1, 0)
+            assert rows[0]["wrong"] == 0

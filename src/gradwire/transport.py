@@ -20,6 +20,11 @@ import torch.distributed as dist
 from gradwire import config
 from gradwire.errors import GradwireError, PeerError
 
+# torch ≥ 2.13 renames c10d's tensor collectives (the old names warn FutureWarning); older
+# versions lack the new names. Same arguments: (output, input, ...).
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 @dataclass(frozen=True)
 class P2P:

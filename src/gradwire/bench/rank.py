@@ -22,14 +22,15 @@ import torch.distributed as dist
 
 import gradwire.collectives as gc
 from gradwire.bench.spec import BUILTIN
-from gradwire.transport import Transport
+from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
 
 
 def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype):
-    """(input, output, reset(), expected output on this rank or None)."""
+    """(input, output, reset() to run before every call, expected output on this rank or
+    None)."""
     if collective in ("allgather", "reducescatter"):
         per = count // p
         if collective == "allgather":
@@ -40,7 +41,9 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype)
             inp, out = torch.full((per * p,), rank + 1.0, dtype=dtype), torch.zeros(per,
                                                                                     dtype=dtype)
             want = torch.full((per,), p * (p + 1) / 2, dtype=dtype)
-        return inp, out, (lambda: None), want
+        # the output starts as NaN before every call: a part an algorithm never writes counts
+        # as wrong (and is not left over from another algorithm's call, with --interleave)
+        return inp, out, (lambda: out.fill_(float("nan"))), want
     buf = torch.empty(count, dtype=dtype)
     if collective == "allreduce":
         want = torch.full((count,), p * (p + 1) / 2, dtype=dtype)
@@ -58,8 +61,8 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
             "allreduce": lambda: dist.all_reduce(inp),
             "broadcast": lambda: dist.broadcast(inp, 0),
             "reduce": lambda: dist.reduce(inp, 0),
-            "allgather": lambda: dist.all_gather_into_tensor(out, inp),
-            "reducescatter": lambda: dist.reduce_scatter_tensor(out, inp),
+            "allgather": lambda: ALL_GATHER(out, inp),
+            "reducescatter": lambda: REDUCE_SCATTER(out, inp),
         }[collective]
     return {
         "allreduce": lambda: gc.all_reduce(inp, algo=algo, transport=t, **params),

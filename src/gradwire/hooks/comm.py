@@ -26,13 +26,10 @@ from gradwire import config
 from gradwire.collectives.agree import Call, agree
 from gradwire.compress import Payload
 from gradwire.errors import GradwireError
-from gradwire.transport import Transport
+from gradwire.transport import ALL_GATHER, Transport
 
 Task = Callable[[], list[torch.Tensor]]
 Futures = list[torch.futures.Future]
-
-# torch ≥ 2.13 renames all_gather_into_tensor (with a FutureWarning); older ones lack the new name.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def complete(task: Task, futures: Futures) -> None:
@@ -149,7 +146,7 @@ class Comm:
         t0 = time.perf_counter()
         if self.algo is None:
             out = torch.empty(self.world * n, dtype=torch.uint8)
-            self._bounded(_ALL_GATHER(out, mine, group=self.group, async_op=True),
+            self._bounded(ALL_GATHER(out, mine, group=self.group, async_op=True),
                           f"all_gather of {n} bytes")
         else:
             # gradwire's collectives take float tensors; an allgather only moves the words, so
