@@ -11,7 +11,8 @@ user would, with a private GRADWIRE_HOME so the model uses the calibration of th
               (target within 10 %); then again on links of 9000-byte MTU (jumbo frames,
               calibrated apart), where frame headers take 0.7 % of the rate instead of 4.4 %.
 4. crossover  allreduce 1 KiB…64 MiB at P=8: the size where the bandwidth-optimal ring starts to
-              beat the latency-optimal recursive doubling, measured and predicted.
+              beat the latency-optimal recursive doubling, measured (the algorithms taking
+              turns) and predicted.
 5. model      every registered algorithm of every collective, P=4, 1…64 MiB: predicted vs
               measured time (targets: median error ≤ 5 %, max ≤ 15 %) and a plot; median of
               11 calls at 1 and 4 MiB, of 3 at 16 and 64 MiB.
@@ -132,7 +133,8 @@ def predicted_crossover(params: CostParams, p: int, small: str, large: str) -> f
 
 def part_crossover(home: str, cal: dict) -> dict:
     p = 8
-    res = bench(home, "allreduce", "rd,tree,rhd,ring", "1K:64M:4", p, 5)
+    # in turns, like the ring part: which algorithm wins at a size is a comparison
+    res = bench(home, "allreduce", "rd,tree,rhd,ring", "1K:64M:4", p, 5, interleave=True)
     sizes = sorted({r["bytes"] for r in res["rows"]})
     times = {a: [row(res, a, s)["time_s"] for s in sizes] for a in ("rd", "ring")}
     params = calibrate.cost_params(cal)
