@@ -174,8 +174,10 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
             tables = [registry.table(coll, algo, p, n, **kw) for coll, algo, n, kw in specs]
         if single_peer(tables):
             eng = Engine(net)
-            compiled = {id(t): step_arrays(t, kw["itemsize"])  # equal sizes share a table
-                        for t, (_, _, _, kw) in zip(tables, specs, strict=True)}
+            compiled: dict[int, list] = {}  # equal sizes share a table: compile it once
+            for t, (_, _, _, kw) in zip(tables, specs, strict=True):
+                if id(t) not in compiled:
+                    compiled[id(t)] = step_arrays(t, kw["itemsize"])
             arrays = [compiled[id(t)] for t in tables]
             start, port, ends = np.zeros(p), None, []
             for it in range(c.iterations):

@@ -182,8 +182,18 @@ def step_arrays(s: Schedule | Table, itemsize: int) -> list[StepArrays]:
         reds[row, group] = t.reduces[order]
     src, dst, step = t.src[order][first], t.dst[order][first], t.step[order][first]
     cuts = np.flatnonzero(np.r_[True, step[1:] != step[:-1], True])
+    spans = list(zip(cuts[:-1], cuts[1:], strict=True))
+    # A ring's steps all pair the same senders with the same peers: then every step gets the
+    # same two arrays (the same objects), and dataflow derives what depends on them once.
+    width = spans[0][1] - spans[0][0]
+    if all(b - a == width for a, b in spans):
+        s2, d2 = src.reshape(-1, width), dst.reshape(-1, width)
+        if (s2 == s2[0]).all() and (d2 == d2[0]).all():
+            one_src, one_dst = s2[0], d2[0]  # indexing again would make new view objects
+            return [StepArrays(one_src, one_dst, nbytes[:, a:b], sent[:, a:b], reds[:, a:b])
+                    for a, b in spans]
     return [StepArrays(src[a:b], dst[a:b], nbytes[:, a:b], sent[:, a:b], reds[:, a:b])
-            for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+            for a, b in spans]
 
 
 def single_peer(schedules: Sequence[Schedule | Table]) -> bool:
@@ -218,23 +228,35 @@ def dataflow(schedules: Sequence[list[StepArrays]], ready: np.ndarray, net: Netw
     lat = net.latency[h]
     port = np.zeros(p) if port is None else port.copy()
     done = np.zeros((len(schedules), p))
+    pair: tuple[np.ndarray, np.ndarray] | None = None  # the (src, dst) arrays derived below
+    moved = np.zeros(0)  # bytes each sender of ``pair`` has sent, not yet in ``carried``
+
+    def count() -> None:
+        if carried is not None and pair is not None:
+            carried[h[pair[0]]] += moved
+            carried[net.hosts + h[pair[1]]] += moved  # one peer each: receivers are distinct
+
     for c, s in enumerate(schedules):
         rdy = ready[c]
         recv = rdy.copy()  # when every receive of the steps so far has landed
         red_free = rdy.copy()
         sent = np.full(p, -np.inf)
         for st in s:
-            rate = np.minimum(up[st.src], down[st.dst])
-            per_msg = alpha + lat[st.src] + lat[st.dst]
-            end = np.maximum(np.maximum(port[st.src], recv[st.src]), rdy[st.src])
+            if pair is None or st.src is not pair[0] or st.dst is not pair[1]:
+                count()
+                pair, moved = (st.src, st.dst), np.zeros(len(st.src))
+                rate = np.minimum(up[st.src], down[st.dst])
+                per_msg = alpha + lat[st.src] + lat[st.dst]
+                # every rank sends, in rank order: slices instead of gathers
+                by = (slice(None) if len(st.src) == p and (st.src == np.arange(p)).all()
+                      else st.src)
+            end = np.maximum(np.maximum(port[by], recv[by]), rdy[by])
             if st.nbytes.shape[0] == 1 and not (gamma > 0 and st.red.any()):
                 end = end + per_msg + st.nbytes[0] / rate  # one message each, nothing to sum
-                port[st.src] = end
-                sent[st.src] = end
+                port[by] = end
+                sent[by] = end
                 recv[st.dst] = np.maximum(recv[st.dst], end)
-                if carried is not None:
-                    carried[h[st.src]] += st.nbytes[0]
-                    carried[net.hosts + h[st.dst]] += st.nbytes[0]
+                moved += st.nbytes[0]
                 continue
             landed = recv[st.dst].copy()
             reducer = red_free[st.dst]
@@ -245,13 +267,11 @@ def dataflow(schedules: Sequence[list[StepArrays]], ready: np.ndarray, net: Netw
                 reducer = np.where(combine, np.maximum(np.maximum(end, reducer), rdy[st.dst])
                                    + gamma * st.nbytes[j], reducer)
                 landed = np.maximum(landed, np.where(combine, reducer, np.where(on, end, 0.0)))
-            port[st.src] = end
-            sent[st.src] = end
-            if carried is not None:  # senders, and (one peer each) receivers, are distinct
-                moved = st.nbytes.sum(axis=0)
-                carried[h[st.src]] += moved
-                carried[net.hosts + h[st.dst]] += moved
+            port[by] = end
+            sent[by] = end
+            moved += st.nbytes.sum(axis=0)
             red_free[st.dst] = reducer
             recv[st.dst] = landed
         done[c] = np.maximum(np.maximum(recv, sent), rdy)
+    count()
     return done, port
