@@ -11,17 +11,23 @@ Targets (issue 6): ring at 1024 workers ≤ 2 s, PS at 256 workers ≤ 10 s.
 
     flock /tmp/gradwire-bench.lock python benchmarks/sim_speed.py    # writes results/sim_speed.json
     python benchmarks/sim_speed.py --ps 8,16 --ring 8,16 --out /tmp/quick.json
+    python benchmarks/sim_speed.py --old REV     # every row also on commit REV's library, A/B
+
+Every row runs in a fresh process.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ab import earlier_src, revision, this_code
 from rich.console import Console
 from rich.table import Table
 
@@ -56,45 +62,74 @@ def build_time(trace: Trace, p: int, bucket: int) -> float:
     return time.perf_counter() - t0
 
 
+def one(label: str, w: int) -> dict:
+    """One row, timed in this process (cold caches)."""
+    trace = resnet50()
+    mech = mechanisms.parse(label)
+    build = 0.0
+    if label.startswith("ring"):
+        build = build_time(trace, w, 25_000_000 if "bucket" in label else 0)
+    registry._cached.cache_clear()
+    registry._cached_table.cache_clear()
+    t0 = time.perf_counter()
+    r = mech.run(trace, SimCluster(w, 25e9, iterations=1), False)
+    return {"mechanism": label, "workers": w, "schedule_objects_s": build,
+            "simulate_s": time.perf_counter() - t0, "iteration_s": r.iteration_s,
+            "loadavg": os.getloadavg()}
+
+
+def fresh(label: str, w: int, src: Path | None = None) -> dict:
+    """:func:`one` in a new process, on this checkout's code or on the library at ``src``."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, __file__, "--one", f"{label}@{w}"], env=env,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{label} at {w} workers failed: {p.stderr.strip()[-500:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ps", default="8,16,32,64,128,256", help="worker counts for ps rows")
-    ap.add_argument("--ring", default="8,32,128", help="worker counts, ring per tensor")
+    ap.add_argument("--ring", default="8,32,128,512,1024",
+                    help="worker counts, ring per tensor")
     ap.add_argument("--bucketed", default="8,32,128,256,512,1024",
                     help="worker counts, ring with 25 MB buckets")
+    ap.add_argument("--old", metavar="REV", help="also time the library of commit REV, each "
+                    "row right after this code's")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # LABEL@WORKERS: one row, as JSON
     ap.add_argument("--out", type=Path, default=HERE / "results" / "sim_speed.json")
     a = ap.parse_args(argv)
-    trace = resnet50()
+    if a.one:
+        label, w = a.one.rsplit("@", 1)
+        print(json.dumps(one(label, int(w))))
+        return
     console = Console(width=140)
     rows = []
-    plan = [(m, int(w)) for m in ("ps", "multicast+ina") for w in a.ps.split(",")]
-    plan += [("ring", int(w)) for w in a.ring.split(",")]
-    plan += [("ring:bucket=25000000", int(w)) for w in a.bucketed.split(",")]
-    for label, w in plan:
-        mech = mechanisms.parse(label)
-        build = 0.0
-        if label.startswith("ring"):
-            build = build_time(trace, w, 25_000_000 if "bucket" in label else 0)
-        registry._cached.cache_clear()
-        registry._cached_table.cache_clear()
-        t0 = time.perf_counter()
-        r = mech.run(trace, SimCluster(w, 25e9, iterations=1), False)
-        sim = time.perf_counter() - t0
-        rows.append({"mechanism": label, "workers": w, "schedule_objects_s": build,
-                     "simulate_s": sim, "iteration_s": r.iteration_s,
-                     "loadavg": os.getloadavg()})
-        console.print(rows[-1])
-    t = Table("mechanism", "workers", "simulate s (cold)", "Schedule objects s",
+    plan = [(m, int(w)) for m in ("ps", "multicast+ina") for w in a.ps.split(",") if w]
+    plan += [("ring", int(w)) for w in a.ring.split(",") if w]
+    plan += [("ring:bucket=25000000", int(w)) for w in a.bucketed.split(",") if w]
+    with contextlib.ExitStack() as stack:
+        old_src = stack.enter_context(earlier_src(a.old)) if a.old else None
+        for label, w in plan:
+            rows.append({**fresh(label, w), "code": this_code()})
+            console.print(rows[-1])
+            if old_src is not None:
+                rows.append({**fresh(label, w, old_src), "code": revision(a.old)})
+                console.print(rows[-1])
+    t = Table("mechanism", "workers", "code", "simulate s (cold)", "Schedule objects s",
               "simulated iteration s", "load avg (1 min)", title="simulator speed, ResNet-50, "
               "25 Gbit/s, one iteration")
     for r in rows:
-        t.add_row(r["mechanism"], str(r["workers"]), f"{r['simulate_s']:.2f}",
+        t.add_row(r["mechanism"], str(r["workers"]), r["code"], f"{r['simulate_s']:.2f}",
                   f"{r['schedule_objects_s']:.2f}", f"{r['iteration_s']:.4f}",
                   f"{r['loadavg'][0]:.2f}")
     console.print(t)
     out = {**provenance.stamp("python " + shlex.join(sys.argv)),
-           "conditions": "2-core machine shared with two other sessions; load average per row",
-           "rows": rows}
+           "conditions": "each row in a fresh process (cold caches), one after another; load "
+                         "average per row", "rows": rows}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     console.print(f"wrote {a.out}")
 
