@@ -124,23 +124,13 @@ def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transpor
             if algo != BUILTIN else None}
 
 
-def bench_one(collective: str, spec: dict, count: int, dtype: torch.dtype, iters: int,
-              warmup: int) -> dict:
-    p, rank = dist.get_world_size(), dist.get_rank()
-    inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
-    t = Transport()
-    run = _call(collective, spec["name"], inp, out, t, spec["params"])
-    times = slowest_rank_times(run, iters, warmup, before=lambda i: reset())
-    return _row(collective, spec, count, inp, t, times, _wrong(out, want), warmup + iters)
-
-
 def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: torch.dtype,
                       iters: int, warmup: int) -> list[dict]:
     """Every algorithm in turn, one call each per round (``warmup`` untimed rounds, then
     ``iters`` timed ones), so that all of them meet the same machine: on one whose speed drifts
     (other load, CPU frequency), ratios between algorithms taken one after another move with
     the drift. They share one pair of buffers, reset before every call; ``wrong`` is checked
-    after each algorithm's last call."""
+    after each algorithm's last call. With one spec: that algorithm's calls back to back."""
     p, rank = dist.get_world_size(), dist.get_rank()
     inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
     transports = [Transport() for _ in specs]
@@ -183,13 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.collective in ("allgather", "reducescatter"):
             count -= count % p
         specs = json.loads(a.algos)
-        done = (bench_interleaved(a.collective, specs, count, dtype, a.iters, a.warmup)
-                if a.interleave else
-                (bench_one(a.collective, s, count, dtype, a.iters, a.warmup) for s in specs))
-        for row in done:
-            rows.append(row)
-            if dist.get_rank() == 0:
-                print(f"GW_BENCH {json.dumps(row)}", flush=True)
+        for group in [specs] if a.interleave else [[s] for s in specs]:
+            for row in bench_interleaved(a.collective, group, count, dtype, a.iters, a.warmup):
+                rows.append(row)
+                if dist.get_rank() == 0:
+                    print(f"GW_BENCH {json.dumps(row)}", flush=True)
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(rows, f)
