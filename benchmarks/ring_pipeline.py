@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from ab import this_code
+from collectives import bench
 
 from gradwire.bench import provenance
 from gradwire.schedules.ring import SUBCHUNK_BYTES, pick_pipeline
@@ -35,19 +34,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "ring_pipeline.json")
     a = ap.parse_args()
-    runs = []
     with tempfile.TemporaryDirectory(prefix="gradwire-ring-pipeline-") as home:
-        for p in a.hosts.split(","):
-            out = Path(home) / f"p{p}.json"
-            args = ["bench", "--collective", "allreduce", "--algo", ALGOS, "--sizes", a.sizes,
-                    "--hosts", p, "--bandwidth", "1gbit", "--iters", str(a.iters),
-                    "--interleave", "--json", str(out)]
-            print("$ gradwire " + shlex.join(args), flush=True)
-            env = {**os.environ, "GRADWIRE_HOME": home}
-            if subprocess.run([sys.executable, "-m", "gradwire.cli", *args],
-                              env=env).returncode != 0:
-                raise SystemExit(f"gradwire bench failed at P={p}")
-            runs.append(json.loads(out.read_text()))
+        runs = [bench(home, "allreduce", ALGOS, a.sizes, int(p), a.iters, interleave=True)
+                for p in a.hosts.split(",")]
     table = {}
     for res in runs:
         for size in sorted({r["bytes"] for r in res["rows"]}):
