@@ -147,6 +147,44 @@ def test_bench_and_calibrate_on_loopback(tmp_path):
     assert res["command"].startswith("gradwire bench")
 
 
+@pytest.mark.parametrize("collective, algo", [("allreduce", "ring"), ("reduce", "lp"),
+                                               ("reducescatter", "ring")])
+def test_bench_averages_like_the_builtin(tmp_path, collective, algo):
+    """--op avg: every rank's result (the root's for reduce) must be (P+1)/2, not the sum
+    P(P+1)/2, for ours and the baseline alike; the model charges the division."""
+    out = tmp_path / "b.json"
+    p = _gradwire("bench", "--loopback", "--hosts", "3", "--collective", collective,
+                  "--op", "avg", "--sizes", "12K", "--iters", "1", "--algo", algo,
+                  "--json", str(out), env={"GRADWIRE_HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    assert res["op"] == "avg" and f"{collective} (avg)" in p.stdout
+    assert [(r["algo"], r["redop"], r["wrong"]) for r in res["rows"]] == [
+        ("builtin", "avg", 0), (algo, "avg", 0)]
+
+
+def test_averaging_is_predicted_as_one_more_pass():
+    row = {"collective": "reducescatter", "algo": "ring", "name": "ring", "params": {},
+           "bytes": 3000, "count": 750, "time_s": 1.0}
+    annotate([row], 3, CostParams(0.0, 0.0, 1.0))
+    summed = row["predicted_s"]
+    row["redop"] = "avg"
+    annotate([row], 3, CostParams(0.0, 0.0, 1.0))
+    assert row["predicted_s"] == summed + 1000  # its block of the input, at γ per byte
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--op", "max"], "--op 'max' is not supported: expected sum or avg"),
+    (["--op", "avg", "--collective", "broadcast"],
+     "--op avg applies to allreduce, reduce, reducescatter: broadcast does not reduce"),
+])
+def test_bench_refuses_a_reduction_it_cannot_run(monkeypatch, capsys, args, msg):
+    from conftest import cli_error
+
+    code, err = cli_error(monkeypatch, capsys, "bench", "--loopback", *args)
+    assert code == 2 and msg in err and err.count("\n") == 1
+
+
 @pytest.fixture
 def one_rank(tmp_path):
     """A one-rank gloo group in this process (the rank side of bench, without a launcher)."""
@@ -168,8 +206,8 @@ def test_interleaved_bench_takes_turns_and_checks_each_algorithm(one_rank, monke
     calls: list[str] = []
     real = bench_rank._call
 
-    def recording(collective, algo, inp, out, t, params):
-        run = real(collective, algo, inp, out, t, params)
+    def recording(collective, algo, inp, out, t, params, op):
+        run = real(collective, algo, inp, out, t, params, op)
 
         def go():
             calls.append(algo)
@@ -230,8 +268,9 @@ def test_interleaved_bench_counts_what_an_algorithm_leaves_unwritten(one_rank, m
 
     real = bench_rank._call
 
-    def lazy(collective, algo, inp, out, t, params):  # "rd" writes nothing at all
-        return (lambda: None) if algo == "rd" else real(collective, algo, inp, out, t, params)
+    def lazy(collective, algo, inp, out, t, params, op):  # "rd" writes nothing at all
+        return (lambda: None) if algo == "rd" else real(collective, algo, inp, out, t, params,
+                                                        op)
 
     monkeypatch.setattr(bench_rank, "_call", lazy)
     specs = [{"label": n, "name": n, "params": {}} for n in ("builtin", "rd", "ring")]

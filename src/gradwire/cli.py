@@ -298,6 +298,9 @@ def bench(
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
     dtype: Annotated[str, typer.Option(help="float32, float16, bfloat16 or float64")] = "float32",
+    op: Annotated[str, typer.Option(help="reduction of allreduce, reduce and reducescatter: "
+                                    "sum or avg (the sum, then one division by the ranks)")]
+    = "sum",
     iters: Annotated[int, typer.Option(min=1)] = 5,
     warmup: Annotated[int, typer.Option(min=0)] = 1,
     interleave: Annotated[bool, typer.Option(help="run the algorithms (and the baseline) in "
@@ -320,10 +323,11 @@ def bench(
     from gradwire.bench.report import wrong_rows
     from gradwire.bench.run import run_bench
     from gradwire.bench.sizes import parse_sizes
-    from gradwire.bench.spec import check_shared, parse_params, parse_specs
+    from gradwire.bench.spec import check_op, check_shared, parse_params, parse_specs
 
     _outputs(("--json", json_out))
     specs = parse_specs(collective, algo)
+    check_op(collective, op)
     if dtype not in ("float32", "float16", "bfloat16", "float64"):
         raise GradwireError(f"--dtype {dtype!r} is not supported: expected float32, float16, "
                             "bfloat16 or float64")
@@ -333,7 +337,7 @@ def bench(
     parse_bandwidth(bandwidth)
     with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
-                           builtin, timeout, console, interleave)
+                           builtin, timeout, console, interleave, op)
     result["command"] = "gradwire " + shlex.join(sys.argv[1:])
     if json_out:
         json_out.write_text(json.dumps(result, indent=1) + "\n")

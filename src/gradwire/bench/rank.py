@@ -5,7 +5,12 @@ runs, then timed runs, each between barriers; an iteration's time is the slowest
 a row reports the median and mean over iterations. With ``--interleave`` the algorithms of a
 size take turns, one call each per round, instead of running one after another. Rank r's
 input is filled with r+1, so every result is known in advance and ``wrong`` counts elements
-that differ from it on any rank.
+that differ from it on any rank: the sum over P ranks is P(P+1)/2 and the average (P+1)/2,
+both exact in every dtype benched.
+
+``--op avg``: gradwire's collectives divide the sum by P after the reduction; the built-in
+baseline does the same (its SUM, then one division), the way DDP's default hook averages
+and on every torch version (gloo's own ReduceOp.AVG arrived only in 2025).
 """
 
 from __future__ import annotations
@@ -21,16 +26,18 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.bench.spec import BUILTIN
+from gradwire.bench.spec import BUILTIN, REDUCING
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
 
 
-def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype):
+def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
+             op: str = "sum"):
     """(input, output, reset() to run before every call, expected output on this rank or
     None)."""
+    total = p * (p + 1) / 2 if op == "sum" else (p + 1) / 2
     if collective in ("allgather", "reducescatter"):
         per = count // p
         if collective == "allgather":
@@ -40,38 +47,47 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype)
         else:
             inp, out = torch.full((per * p,), rank + 1.0, dtype=dtype), torch.zeros(per,
                                                                                     dtype=dtype)
-            want = torch.full((per,), p * (p + 1) / 2, dtype=dtype)
+            want = torch.full((per,), total, dtype=dtype)
         # the output starts as NaN before every call: a part an algorithm never writes counts
         # as wrong (and is not left over from another algorithm's call, with --interleave)
         return inp, out, (lambda: out.fill_(float("nan"))), want
     buf = torch.empty(count, dtype=dtype)
     if collective == "allreduce":
-        want = torch.full((count,), p * (p + 1) / 2, dtype=dtype)
+        want = torch.full((count,), total, dtype=dtype)
     elif collective == "reduce":
-        want = torch.full((count,), p * (p + 1) / 2, dtype=dtype) if rank == 0 else None
+        want = torch.full((count,), total, dtype=dtype) if rank == 0 else None
     else:  # broadcast from 0
         want = torch.full((count,), 1.0, dtype=dtype)
     return buf, buf, (lambda: buf.fill_(rank + 1.0)), want
 
 
 def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
-          t: Transport, params: dict) -> Callable[[], None]:
+          t: Transport, params: dict, op: str = "sum") -> Callable[[], None]:
     if algo == BUILTIN:
-        return {
+        run = {
             "allreduce": lambda: dist.all_reduce(inp),
             "broadcast": lambda: dist.broadcast(inp, 0),
             "reduce": lambda: dist.reduce(inp, 0),
             "allgather": lambda: ALL_GATHER(out, inp),
             "reducescatter": lambda: REDUCE_SCATTER(out, inp),
         }[collective]
+        if op == "sum":
+            return run
+        p, rank = dist.get_world_size(), dist.get_rank()
+
+        def averaged() -> None:
+            run()
+            if collective != "reduce" or rank == 0:
+                out.div_(p)
+        return averaged
     return {
-        "allreduce": lambda: gc.all_reduce(inp, algo=algo, transport=t, **params),
+        "allreduce": lambda: gc.all_reduce(inp, op=op, algo=algo, transport=t, **params),
         "broadcast": lambda: gc.broadcast(inp, 0, algo=algo, transport=t, **params),
-        "reduce": lambda: gc.reduce(inp, 0, algo=algo, transport=t, **params),
+        "reduce": lambda: gc.reduce(inp, 0, op=op, algo=algo, transport=t, **params),
         "allgather": lambda: gc.all_gather_into_tensor(out, inp, algo=algo, transport=t,
                                                        **params),
-        "reducescatter": lambda: gc.reduce_scatter_tensor(out, inp, algo=algo, transport=t,
-                                                          **params),
+        "reducescatter": lambda: gc.reduce_scatter_tensor(out, inp, op=op, algo=algo,
+                                                          transport=t, **params),
     }[collective]
 
 
@@ -109,13 +125,14 @@ def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
 
 
 def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transport,
-         times: list[float], wrong: int, calls: int) -> dict:
+         times: list[float], wrong: int, calls: int, op: str) -> dict:
     algo = spec["name"]
     sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64)
     dist.all_reduce(sent, op=dist.ReduceOp.MAX)
     return {"collective": collective, "algo": spec["label"], "name": algo,
             "params": spec["params"], "count": count,
             "bytes": count * inp.element_size(), "type": str(inp.dtype).replace("torch.", ""),
+            "redop": op if collective in REDUCING else "none",
             "time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
             "times_s": times, "wrong": wrong,
             # gradwire's calls exchange a call header first (agree.py); the model charges it
@@ -125,16 +142,16 @@ def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transpor
 
 
 def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: torch.dtype,
-                      iters: int, warmup: int) -> list[dict]:
+                      iters: int, warmup: int, op: str = "sum") -> list[dict]:
     """Every algorithm in turn, one call each per round (``warmup`` untimed rounds, then
     ``iters`` timed ones), so that all of them meet the same machine: on one whose speed drifts
     (other load, CPU frequency), ratios between algorithms taken one after another move with
     the drift. They share one pair of buffers, reset before every call; ``wrong`` is checked
     after each algorithm's last call. With one spec: that algorithm's calls back to back."""
     p, rank = dist.get_world_size(), dist.get_rank()
-    inp, out, reset, want = _buffers(collective, count, p, rank, dtype)
+    inp, out, reset, want = _buffers(collective, count, p, rank, dtype, op)
     transports = [Transport() for _ in specs]
-    runs = [_call(collective, s["name"], inp, out, t, s["params"])
+    runs = [_call(collective, s["name"], inp, out, t, s["params"], op)
             for s, t in zip(specs, transports, strict=True)]
     times: list[list[float]] = [[] for _ in specs]
     wrong = [0] * len(specs)
@@ -146,7 +163,7 @@ def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: tor
                 times[k].append(dt)
             if i == warmup + iters - 1:
                 wrong[k] = _wrong(out, want)
-    return [_row(collective, s, count, inp, t, ts, w, warmup + iters)
+    return [_row(collective, s, count, inp, t, ts, w, warmup + iters, op)
             for s, t, ts, w in zip(specs, transports, times, wrong, strict=True)]
 
 
@@ -159,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--op", default="sum", choices=["sum", "avg"],
+                    help="reduction of allreduce, reduce and reducescatter")
     ap.add_argument("--interleave", action="store_true",
                     help="the algorithms in turn, one call each per round")
     ap.add_argument("--out", required=True)
@@ -174,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             count -= count % p
         specs = json.loads(a.algos)
         for group in [specs] if a.interleave else [[s] for s in specs]:
-            for row in bench_interleaved(a.collective, group, count, dtype, a.iters, a.warmup):
+            for row in bench_interleaved(a.collective, group, count, dtype, a.iters, a.warmup,
+                                         a.op):
                 rows.append(row)
                 if dist.get_rank() == 0:
                     print(f"GW_BENCH {json.dumps(row)}", flush=True)

@@ -6,7 +6,9 @@ and reduce 1. The prediction is the schedule's cost under calibrated α, β, γ,
 of the call header's exchange (:func:`gradwire.collectives.agree.header_spec`) where the
 timed call made one (the row's ``header``; gradwire's calls do unless
 GRADWIRE_CHECK_CALLS=0); the built-in allreduce row is predicted as a ring (gloo's allreduce
-is a ring), other built-ins are not.
+is a ring), other built-ins are not. An average (``redop`` avg) adds one pass over the part
+the slowest rank divides, at γ per byte: the whole buffer for allreduce and reduce (the root),
+1/P of the input for reduce-scatter.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ def predict(row: dict, p: int, params: CostParams) -> float | None:
     if row.get("header"):
         collective, h_algo, count, h_params = header_spec(p)
         header = cost(registry.schedule(collective, h_algo, p, count, **h_params), params, 1)
-    return header + cost(s, params, itemsize)
+    divide = 0.0
+    if row.get("redop") == "avg":
+        divided = row["bytes"] // p if row["collective"] == "reducescatter" else row["bytes"]
+        divide = params.gamma * divided
+    return header + cost(s, params, itemsize) + divide
 
 
 def annotate(rows: list[dict], p: int, params: CostParams | None) -> None:
@@ -61,12 +67,13 @@ def annotate(rows: list[dict], p: int, params: CostParams | None) -> None:
 
 def table(rows: list[dict], title: str) -> Table:
     tb = Table(title=title)
-    for col in ("size(B)", "count", "type", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
-                "busbw(Gbit/s)", "model(us)", "model err", "#wrong"):
+    for col in ("size(B)", "count", "type", "redop", "algo", "time(us)", "algbw(GB/s)",
+                "busbw(GB/s)", "busbw(Gbit/s)", "model(us)", "model err", "#wrong"):
         tb.add_column(col, justify="right")
     for r in rows:
         pred, err = r["predicted_s"], r["prediction_error"]
-        tb.add_row(format_size(r["bytes"]), str(r["count"]), r["type"], r["algo"],
+        tb.add_row(format_size(r["bytes"]), str(r["count"]), r["type"], r.get("redop", "-"),
+                   r["algo"],
                    f"{r['time_s'] * 1e6:.1f}", f"{r['algbw_GBps']:.4f}",
                    f"{r['busbw_GBps']:.4f}", f"{r['busbw_Gbitps']:.3f}",
                    "-" if pred is None else f"{pred * 1e6:.1f}",

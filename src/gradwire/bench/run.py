@@ -9,7 +9,7 @@ from rich.console import Console
 
 from gradwire.bench import calibrate, provenance
 from gradwire.bench.report import annotate, footer, table
-from gradwire.bench.spec import BUILTIN, AlgoSpec
+from gradwire.bench.spec import BUILTIN, REDUCING, AlgoSpec
 from gradwire.cluster import Cluster
 from gradwire.jobs import run_ranks
 from gradwire.schedules import registry
@@ -31,7 +31,7 @@ def model_params(cluster: Cluster) -> tuple[CostParams, str]:
 
 def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],
               dtype: str, iters: int, warmup: int, params: dict, builtin: bool, timeout: float,
-              console: Console, interleave: bool = False) -> dict:
+              console: Console, interleave: bool = False, op: str = "sum") -> dict:
     """Time ``specs`` (plus the built-in baseline) at every size; rows with the prediction."""
     cost_params, source = model_params(cluster)
     # LP and the double tree choose their block from α and β: give them the calibrated ones.
@@ -46,12 +46,13 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
         AlgoSpec(s.label, s.name, taken(s)) for s in specs]
     args = ["--collective", collective, "--algos", json.dumps([r.to_json() for r in runs]),
             "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),
-            "--warmup", str(warmup), *(["--interleave"] if interleave else [])]
+            "--warmup", str(warmup), "--op", op, *(["--interleave"] if interleave else [])]
     rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
                      console, total=len(sizes) * len(runs), tick="GW_BENCH ")
     p = len(cluster.hosts)
     annotate(rows, p, cost_params)
-    title = f"{collective}, {p} ranks, {cluster.label}; model: {source}"
+    title = (f"{collective}{f' ({op})' if collective in REDUCING else ''}, {p} ranks, "
+             f"{cluster.label}; model: {source}")
     console.print(table(rows, title))
     for line in footer(rows):
         console.print(line, highlight=False)
@@ -59,7 +60,8 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
         console.print(f"note: {p} ranks share {os.cpu_count()} cores; CPU contention affects "
                       "these times")
     return {
-        "collective": collective, "world_size": p, "network": cluster.label,
+        "collective": collective, "op": op if collective in REDUCING else None,
+        "world_size": p, "network": cluster.label,
         **provenance.stamp(),
         "model": {"alpha_s": cost_params.alpha, "beta_s_per_byte": cost_params.beta,
                   "gamma_s_per_byte": cost_params.gamma, "burst_bytes": cost_params.burst,

@@ -13,6 +13,17 @@ from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 
 BUILTIN = "builtin"
+REDUCING = ("allreduce", "reduce", "reducescatter")  # the collectives --op applies to
+OPS = ("sum", "avg")
+
+
+def check_op(collective: str, op: str) -> None:
+    """``--op``: sum or avg, and avg only where the collective reduces."""
+    if op not in OPS:
+        raise GradwireError(f"--op {op!r} is not supported: expected sum or avg")
+    if op != "sum" and collective not in REDUCING:
+        raise GradwireError(f"--op {op} applies to {', '.join(REDUCING)}: {collective} "
+                            "does not reduce")
 
 
 def parse_value(text: str) -> object:
