@@ -195,6 +195,10 @@ def plot(model: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def command(parts: str) -> str:
+    return "python benchmarks/collectives.py --parts " + parts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="calibrate,ring,lp,crossover,model",
@@ -214,9 +218,12 @@ def main() -> None:
              "crossover": lambda: part_crossover(home, cal), "model": lambda: part_model(home)}
     for name in parts:
         if name in steps:
+            load = os.getloadavg()
             result[name] = steps[name]()
-            result[name]["date"] = provenance.now()
-    result["command"] = "python benchmarks/collectives.py --parts " + a.parts
+            # parts are rerun alone: each keeps when, how, on which code and under what load
+            result[name].update(date=provenance.now(), command=command(a.parts),
+                                commit=provenance.commit(), load_average_before=load)
+    result["command"] = command(a.parts)
     result["machine"] = provenance.machine()
     result["note"] = ("emulated cluster: network namespaces on one bridge, tc tbf 1gbit both "
                       "ways; 8 ranks share the machine's cores (CPU contention at P=8)")

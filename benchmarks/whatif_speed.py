@@ -54,16 +54,6 @@ def timed(args: list[str], src: Path) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
-def commit(src: Path) -> str:
-    """The checkout's commit, with "+changes" when its tree differs from it."""
-    git = ["git", "-C", str(src)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return head + ("+changes" if dirty else "") if head else "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="1024,2048,4096", help="comma list")
@@ -90,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             for label, got in runs.items():
                 rows.append({"command": "gradwire " + shlex.join(args), "what": what,
                              "workers": w, "code": label, "src": str(dict(sides)[label]),
-                             "commit": commit(dict(sides)[label]),
+                             "commit": provenance.commit(dict(sides)[label]),
                              "wall_s": [g[0] for g in got], "peak_mib": [g[1] for g in got],
                              "median_s": statistics.median(g[0] for g in got),
                              "loadavg": os.getloadavg()[0]})

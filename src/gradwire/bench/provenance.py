@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import subprocess
+from pathlib import Path
 
 import torch
 
@@ -25,3 +27,17 @@ def stamp(command: str | None = None, device: str = "cpu") -> dict[str, str]:
     """``{"command": ..., "date": ..., "machine": ...}`` (no command key when None)."""
     d = {"date": now(), "machine": machine(device)}
     return {"command": command, **d} if command is not None else d
+
+
+def commit(src: Path | None = None) -> str:
+    """The git commit of the checkout at ``src`` (default: the one this package is imported
+    from), with "+changes" when its tracked files differ from it; "unknown" outside git."""
+    git = ["git", "-C", str(src or Path(__file__).resolve().parent)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:  # no git
+        return "unknown"
+    return head + ("+changes" if dirty else "") if head else "unknown"
