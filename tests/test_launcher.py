@@ -6,7 +6,7 @@ from conftest import gradwire_leftovers, needs_netns, script
 
 from gradwire.cluster import ephemeral_cluster, loopback_cluster
 from gradwire.errors import GradwireError
-from gradwire.launcher import launch
+from gradwire.launcher import MALLOC_TUNABLES, launch
 
 
 def _collect(cluster, cmd, **kw):
@@ -34,6 +34,20 @@ def test_torchrun_environment_on_loopback():
         assert e["LOCAL_RANK"] == "0" and e["LOCAL_WORLD_SIZE"] == "1"
         assert e["MASTER_ADDR"] == "127.0.0.1" and e["GLOO_SOCKET_IFNAME"] == "lo"
     assert len({e["MASTER_PORT"] for e in envs.values()}) == 1
+
+
+@pytest.mark.parametrize("given", [None, "", "glibc.malloc.arena_max=2"])
+def test_ranks_get_the_allocator_setting_unless_the_caller_chose_one(monkeypatch, given):
+    """GLIBC_TUNABLES: gradwire's (huge pages, no unmapping of freed buffers) by default;
+    whatever the caller set, an empty value (glibc's defaults) included, otherwise."""
+    if given is None:
+        monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    else:
+        monkeypatch.setenv("GLIBC_TUNABLES", given)
+    res, lines = _collect(loopback_cluster(2), script("echo_env.py"), timeout=60)
+    assert res.returncode == 0, lines
+    want = MALLOC_TUNABLES if given is None else given
+    assert [e["GLIBC_TUNABLES"] for e in _envs(lines).values()] == [want, want]
 
 
 @pytest.mark.parametrize("code,expect", [("3", "rank 1 exited with status 3"),

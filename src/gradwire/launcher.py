@@ -22,6 +22,16 @@ from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError
 
 MASTER_PORT = 29500
+# glibc's allocator, for every rank unless GLIBC_TUNABLES is set (an empty value keeps glibc's
+# defaults): buffers of more than 32 MiB come from mmap, page-faulted afresh at every
+# allocation, so a rank that allocates a gradient-sized tensor per call pays 25 000 faults
+# of 4 KiB per 100 MB each time (x.abs() of 25.6 M fp32 took 95-104 ms into a fresh tensor,
+# 15 ms into an existing one). hugetlb=1 has malloc ask for transparent huge pages (where
+# the kernel leaves them to madvise): 2 MiB faults, and the same call took 25-33 ms after a
+# slower first one (benchmarks/malloc_ab.py). Raising the mmap and trim thresholds as well
+# (freed memory kept for reuse) was erratic here, 14-230 ms, and is not set. C libraries
+# other than glibc, and glibc before 2.35, ignore the setting.
+MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 PROGRESS = "GW_PROGRESS"  # rank programs print "GW_PROGRESS done total" for a progress bar
 KILL_GRACE_S = 3.0
 
@@ -99,6 +109,7 @@ def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         # One intra-op thread a rank: more ranks than cores already contend for the CPU.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", MALLOC_TUNABLES),
     }
 
 
