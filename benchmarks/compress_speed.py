@@ -9,12 +9,18 @@
 (c) signSGD's majority vote over P = 2, 4, 8, 16 ranks' sign payloads of that many elements:
     gradwire's ``majority_vote`` against the plain way (unpack each rank's bits to ±1, add
     them up, take the sign) in the same process; the results must be equal.
+(d) The quantizers' decode (signSGD, EF-signSGD, QSGD s = 255 and 15, TernGrad) on that many
+    elements of fp32 and fp16: through the byte table (``bits.decode_codes``, what decompress
+    does) against unpacking every code to a byte first and converting and scaling it after
+    (what decompress did before), in the same process; the results must be equal, element for
+    element (NaN's sign aside: none here).
 
     python benchmarks/compress_speed.py            # writes benchmarks/results/compress_speed.json
     python benchmarks/compress_speed.py --size 2000000 --topk-size 2000000 --repeats 3 \\
         --out /tmp/quick.json                       # a quick look
     python benchmarks/compress_speed.py --device cuda
     python benchmarks/compress_speed.py --parts c  # one part; the others kept from --out
+    python benchmarks/compress_speed.py --parts d
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ from rich.table import Table
 from gradwire.bench import provenance
 from gradwire.compress import SignSGD, get, majority_vote, threshold_topk
 from gradwire.compress.base import generator
-from gradwire.compress.quantize import _unsigned  # each rank's bits as ±1
+from gradwire.compress.bits import unpack_bits
 
 HERE = Path(__file__).parent
 
@@ -101,8 +107,47 @@ def plain_vote(payloads: list, numel: int) -> torch.Tensor:
     """The baseline of (c): every rank's bits unpacked to ±1 and added, then the sign."""
     total = torch.zeros(numel, dtype=torch.int32, device=payloads[0].bits.device)
     for p in payloads:
-        total += _unsigned(p.bits, numel)
+        total += unpack_bits(p.bits, 1, numel).to(torch.int8) * 2 - 1  # ±1
     return torch.sign(total).to(payloads[0].dtype)
+
+
+def unpacked_decode(c: object, p: object, numel: int) -> torch.Tensor:
+    """The baseline of (d): every code unpacked to a byte, then converted and scaled."""
+    if c.name == "signsgd":  # type: ignore[attr-defined]
+        return (unpack_bits(p.bits, 1, numel).to(torch.int8) * 2 - 1).to(p.dtype)  # type: ignore[attr-defined]
+    if c.name == "efsignsgd":  # type: ignore[attr-defined]
+        unit = unpack_bits(p.bits, 1, numel).to(torch.int8) * 2 - 1  # type: ignore[attr-defined]
+        return (unit.to(p.scale.dtype) * p.scale).to(p.dtype)  # type: ignore[attr-defined]
+    if c.name == "qsgd":  # type: ignore[attr-defined]
+        lev = unpack_bits(p.levels, c._level_width(), numel)  # type: ignore[attr-defined]
+        mag = lev.to(p.norm.dtype) * (p.norm / c.s)  # type: ignore[attr-defined]
+        neg = unpack_bits(p.signs, 1, numel).bool()  # type: ignore[attr-defined]
+        return torch.where(neg, -mag, mag).to(p.dtype)  # type: ignore[attr-defined]
+    codes = unpack_bits(p.codes, 2, numel)  # terngrad  # type: ignore[attr-defined]
+    unit = (codes & 1).to(torch.int8) - (codes >> 1).to(torch.int8)
+    return (unit.to(p.scale.dtype) * p.scale).to(p.dtype)  # type: ignore[attr-defined]
+
+
+DECODED = [("signsgd", {}), ("efsignsgd", {}), ("qsgd", {"s": 255}), ("qsgd", {"s": 15}),
+           ("terngrad", {})]
+
+
+def decode_table(size: int, repeats: int, device: str) -> list[dict[str, object]]:
+    rows = []
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(size, generator=torch.Generator().manual_seed(2)).to(device, dtype)
+        for name, params in DECODED:
+            c = get(name, **params)
+            p = c.compress(x)
+            plain_ms, want = median_ms(lambda c=c, p=p: unpacked_decode(c, p, size), repeats,
+                                       device)
+            ours_ms, got = median_ms(lambda c=c, p=p: c.decompress(p, size), repeats, device)
+            rows.append({"method": name, "params": c.params, "dtype": str(dtype)[6:],
+                         "numel": size, "unpacked_ms": round(plain_ms, 2),
+                         "table_ms": round(ours_ms, 2), "speedup": round(plain_ms / ours_ms, 2),
+                         "equal": bool(torch.equal(got, want)
+                                       and torch.equal(got.signbit(), want.signbit()))})
+    return rows
 
 
 def vote(size: int, repeats: int, device: str) -> list[dict[str, object]]:
@@ -128,17 +173,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "compress_speed.json")
-    ap.add_argument("--parts", default="a,b,c", help="comma list of a, b, c (see above)")
+    ap.add_argument("--parts", default="a,b,c,d", help="comma list of a, b, c, d (see above)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
     parts = set(args.parts.split(","))
-    if not parts <= {"a", "b", "c"}:
-        raise SystemExit(f"--parts: expected a comma list of a, b, c, got {args.parts!r}")
+    if not parts <= {"a", "b", "c", "d"}:
+        raise SystemExit(f"--parts: expected a comma list of a, b, c, d, got {args.parts!r}")
 
     # Parts not run keep what --out holds; each part records when and how it ran.
     result = json.loads(args.out.read_text()) if args.out.exists() and parts != {
-        "a", "b", "c"} else {}
+        "a", "b", "c", "d"} else {}
     stamp = {**provenance.stamp(shlex.join(["python", "benchmarks/compress_speed.py",
                                             *sys.argv[1:]]), args.device),
              "threads": torch.get_num_threads()}
@@ -151,6 +196,9 @@ def main() -> None:
         result["rows"] = encode_decode(args.size, args.repeats, args.device)
     if "c" in parts:
         result["vote"] = {**stamp, "rows": vote(args.size, args.repeats, args.device)}
+    if "d" in parts:
+        result["decode"] = {**stamp, "commit": provenance.commit(),
+                            "rows": decode_table(args.size, args.repeats, args.device)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
@@ -176,6 +224,11 @@ def main() -> None:
             console.print(f"(c) vote of {r['ranks']} ranks, {r['numel']:,} elements: plain "
                           f"{r['plain_ms']} ms, majority_vote {r['majority_vote_ms']} ms, "
                           f"{r['speedup']}x, equal: {r['equal']}")
+    if "d" in parts:
+        for r in result["decode"]["rows"]:
+            console.print(f"(d) {r['method']} {r['params']} {r['dtype']}, {r['numel']:,}: "
+                          f"unpacked first {r['unpacked_ms']} ms, byte table {r['table_ms']} "
+                          f"ms, {r['speedup']}x, equal: {r['equal']}")
     console.print(f"wrote {args.out}")
 
 

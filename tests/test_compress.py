@@ -29,7 +29,7 @@ from gradwire.compress import (
     to_matrix,
 )
 from gradwire.compress.base import generator, index_dtype
-from gradwire.compress.bits import WIDTHS, pack_bits, packed_bytes, unpack_bits
+from gradwire.compress.bits import WIDTHS, decode_codes, pack_bits, packed_bytes, unpack_bits
 from gradwire.errors import GradwireError
 
 NAMES = list(COMPRESSORS)
@@ -277,6 +277,26 @@ def test_bit_packing_round_trips():
             assert torch.equal(unpack_bits(packed, w, n), codes)
     assert pack_bits(torch.tensor([1, 0, 0, 0, 0, 0, 0, 1, 1], dtype=torch.uint8), 1).tolist() \
         == [0b10000001, 0b1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(WIDTHS), st.integers(0, 70), st.integers(0, 2**16))
+def test_decoding_through_the_byte_table_is_a_plain_lookup(w, n, seed):
+    """decode_codes = values[code] for every code unpacked, element for element (the
+    quantizers' decompress goes through it; -0.0 and NaN kept where values hold them)."""
+    g = torch.Generator().manual_seed(seed)
+    packed = pack_bits(torch.randint(0, 1 << w, (n,), generator=g, dtype=torch.uint8), w)
+    values = torch.randn(1 << w, generator=g)
+    values[0] = -0.0
+    if w > 1:
+        values[1] = float("nan")
+    want = values[unpack_bits(packed, w, n).long()]
+    got = decode_codes(packed, w, n, values)
+    assert got.shape == (n,) and got.dtype == values.dtype
+    assert torch.equal(got.signbit(), want.signbit())
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+    with pytest.raises(ValueError, match="need"):
+        decode_codes(packed, w, n, values[:-1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

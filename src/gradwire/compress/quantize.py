@@ -28,7 +28,7 @@ from gradwire.compress.base import (
     check_int,
     expect,
 )
-from gradwire.compress.bits import code_width, pack_bits, packed_bytes, unpack_bits
+from gradwire.compress.bits import code_width, decode_codes, pack_bits, packed_bytes
 from gradwire.errors import GradwireError
 
 QSGD_MAX_S = 2**31 - 1  # the levels' codes are at most int32
@@ -48,9 +48,15 @@ def _signs(x: torch.Tensor) -> torch.Tensor:
     return pack_bits((x >= 0).to(torch.uint8), 1)
 
 
-def _unsigned(bits: torch.Tensor, numel: int) -> torch.Tensor:
-    """±1 as int8 from packed sign bits."""
-    return unpack_bits(bits, 1, numel).to(torch.int8) * 2 - 1
+def _signed(bits: torch.Tensor, numel: int, scale: torch.Tensor | float,
+            dtype: torch.dtype) -> torch.Tensor:
+    """±scale in ``dtype`` from packed bits (1: +, as :func:`_signs` packs x ≥ 0). The two
+    values are formed in ``scale``'s precision and rounded to ``dtype`` once, in the table:
+    the elements are those of rounding every element afterwards, and only ``dtype``'s
+    bytes are written."""
+    like = scale.dtype if isinstance(scale, torch.Tensor) else dtype
+    values = (torch.tensor([-1.0, 1.0], dtype=like, device=bits.device) * scale).to(dtype)
+    return decode_codes(bits, 1, numel, values)
 
 
 class SignSGD(Compressor):
@@ -67,7 +73,7 @@ class SignSGD(Compressor):
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
         p = expect(self.name, payload, SignPayload)
-        return _unsigned(p.bits, numel).to(p.dtype)
+        return _signed(p.bits, numel, 1.0, p.dtype)
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return packed_bytes(numel, 1)
@@ -120,7 +126,7 @@ class EFSignSGD(Compressor):
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
         p = expect(self.name, payload, ScaledSignPayload)
-        return (_unsigned(p.bits, numel).to(p.scale.dtype) * p.scale).to(p.dtype)
+        return _signed(p.bits, numel, p.scale, p.dtype)
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return packed_bytes(numel, 1) + acc_dtype(dtype).itemsize
@@ -176,10 +182,16 @@ class QSGD(Compressor):
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
         p = expect(self.name, payload, QSGDPayload)
         w = self._level_width()
-        lev = unpack_bits(p.levels, w, numel) if isinstance(w, int) else p.levels
-        mag = lev.to(p.norm.dtype) * (p.norm / self.s)
-        neg = unpack_bits(p.signs, 1, numel).bool()
-        return torch.where(neg, -mag, mag).to(p.dtype)
+        # level ℓ is worth ℓ·(norm/s) in the norm's precision, rounded to x's dtype; the
+        # sign (bit 1 = negative) then multiplies exactly
+        unit = p.norm / self.s
+        if isinstance(w, int):  # look the products up, one table entry per level
+            levels = torch.arange(1 << w, dtype=p.norm.dtype, device=p.norm.device) * unit
+            mag = decode_codes(p.levels, w, numel, levels.to(p.dtype))
+        else:
+            mag = (p.levels.to(p.norm.dtype) * unit).to(p.dtype)
+        sign = torch.tensor([1.0, -1.0], dtype=p.dtype, device=mag.device)
+        return mag.mul_(decode_codes(p.signs, 1, numel, sign))
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         w = self._level_width()
@@ -215,9 +227,9 @@ class TernGrad(Compressor):
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
         p = expect(self.name, payload, TernaryPayload)
-        c = unpack_bits(p.codes, 2, numel)
-        unit = (c & 1).to(torch.int8) - (c >> 1).to(torch.int8)
-        return (unit.to(p.scale.dtype) * p.scale).to(p.dtype)
+        # code 0: 0, 1: +scale, 2: −scale (3 is never sent)
+        unit = torch.tensor([0.0, 1.0, -1.0, 0.0], dtype=p.scale.dtype, device=p.scale.device)
+        return decode_codes(p.codes, 2, numel, (unit * p.scale).to(p.dtype))
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return packed_bytes(numel, 2) + acc_dtype(dtype).itemsize
