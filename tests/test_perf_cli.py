@@ -50,6 +50,9 @@ def test_eight_ranks_per_node_sharing_a_link_turn_the_ranking_to_gtopk(monkeypat
     code, out, err = _cli(args, monkeypatch, capsys)
     assert code == 0, err
     assert "topk ρ=0.001 wins" in out
+    code, out, err = _cli(["advise", "--model", "resnet50", "--workers", "2", "--bandwidth",
+                           "100gbit", "--agg", "dense"], monkeypatch, capsys)
+    assert code == 0 and "Ranked by time alone" not in out  # dense loses nothing to compression
     code, out, err = _cli([*args, "--ranks-per-node", "8"], monkeypatch, capsys)
     assert code == 0, err
     assert "8 per node (100gbit inside)" in out and "gtopk ρ=0.001 wins" in out
@@ -60,6 +63,7 @@ def test_advise_ranks_every_method_and_explains_the_winner(monkeypatch, capsys) 
                            "1gbit"], monkeypatch, capsys)
     assert code == 0, err
     assert "wins at" in out and "Dense takes" in out
+    assert "Ranked by time alone" in out  # the winner compresses: accuracy is not in the rank
     for method in ("dense", "fp16", "topk", "gtopk", "powersgd", "signsgd", "qsgd"):
         assert method in out
 
