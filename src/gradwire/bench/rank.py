@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.bench.spec import BUILTIN, REDUCING
+from gradwire.bench.spec import BUILTIN, OPS, REDUCING
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--op", default="sum", choices=["sum", "avg"],
+    ap.add_argument("--op", default="sum", choices=OPS,
                     help="reduction of allreduce, reduce and reducescatter")
     ap.add_argument("--interleave", action="store_true",
                     help="the algorithms in turn, one call each per round")
