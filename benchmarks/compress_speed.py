@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -103,29 +104,33 @@ def encode_decode(size: int, repeats: int, device: str) -> list[dict[str, object
     return rows
 
 
+def plus_minus(bits: torch.Tensor, numel: int) -> torch.Tensor:
+    """Each sign bit unpacked to a byte, then ±1 (int8): the baselines' first step."""
+    return unpack_bits(bits, 1, numel).to(torch.int8) * 2 - 1
+
+
 def plain_vote(payloads: list, numel: int) -> torch.Tensor:
     """The baseline of (c): every rank's bits unpacked to ±1 and added, then the sign."""
     total = torch.zeros(numel, dtype=torch.int32, device=payloads[0].bits.device)
     for p in payloads:
-        total += unpack_bits(p.bits, 1, numel).to(torch.int8) * 2 - 1  # ±1
+        total += plus_minus(p.bits, numel)
     return torch.sign(total).to(payloads[0].dtype)
 
 
-def unpacked_decode(c: object, p: object, numel: int) -> torch.Tensor:
+def unpacked_decode(c: Any, p: Any, numel: int) -> torch.Tensor:
     """The baseline of (d): every code unpacked to a byte, then converted and scaled."""
-    if c.name == "signsgd":  # type: ignore[attr-defined]
-        return (unpack_bits(p.bits, 1, numel).to(torch.int8) * 2 - 1).to(p.dtype)  # type: ignore[attr-defined]
-    if c.name == "efsignsgd":  # type: ignore[attr-defined]
-        unit = unpack_bits(p.bits, 1, numel).to(torch.int8) * 2 - 1  # type: ignore[attr-defined]
-        return (unit.to(p.scale.dtype) * p.scale).to(p.dtype)  # type: ignore[attr-defined]
-    if c.name == "qsgd":  # type: ignore[attr-defined]
-        lev = unpack_bits(p.levels, c._level_width(), numel)  # type: ignore[attr-defined]
-        mag = lev.to(p.norm.dtype) * (p.norm / c.s)  # type: ignore[attr-defined]
-        neg = unpack_bits(p.signs, 1, numel).bool()  # type: ignore[attr-defined]
-        return torch.where(neg, -mag, mag).to(p.dtype)  # type: ignore[attr-defined]
-    codes = unpack_bits(p.codes, 2, numel)  # terngrad  # type: ignore[attr-defined]
+    if c.name == "signsgd":
+        return plus_minus(p.bits, numel).to(p.dtype)
+    if c.name == "efsignsgd":
+        return (plus_minus(p.bits, numel).to(p.scale.dtype) * p.scale).to(p.dtype)
+    if c.name == "qsgd":
+        lev = unpack_bits(p.levels, c._level_width(), numel)
+        mag = lev.to(p.norm.dtype) * (p.norm / c.s)
+        neg = unpack_bits(p.signs, 1, numel).bool()
+        return torch.where(neg, -mag, mag).to(p.dtype)
+    codes = unpack_bits(p.codes, 2, numel)  # terngrad
     unit = (codes & 1).to(torch.int8) - (codes >> 1).to(torch.int8)
-    return (unit.to(p.scale.dtype) * p.scale).to(p.dtype)  # type: ignore[attr-defined]
+    return (unit.to(p.scale.dtype) * p.scale).to(p.dtype)
 
 
 DECODED = [("signsgd", {}), ("efsignsgd", {}), ("qsgd", {"s": 255}), ("qsgd", {"s": 15}),

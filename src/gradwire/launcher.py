@@ -25,12 +25,12 @@ MASTER_PORT = 29500
 # glibc's allocator, for every rank unless GLIBC_TUNABLES is set (an empty value keeps glibc's
 # defaults): buffers of more than 32 MiB come from mmap, page-faulted afresh at every
 # allocation, so a rank that allocates a gradient-sized tensor per call pays 25 000 faults
-# of 4 KiB per 100 MB each time (x.abs() of 25.6 M fp32 took 95-104 ms into a fresh tensor,
-# 15 ms into an existing one). hugetlb=1 has malloc ask for transparent huge pages (where
-# the kernel leaves them to madvise): 2 MiB faults, and the same call took 25-33 ms after a
-# slower first one (benchmarks/malloc_ab.py). Raising the mmap and trim thresholds as well
-# (freed memory kept for reuse) was erratic here, 14-230 ms, and is not set. C libraries
-# other than glibc, and glibc before 2.35, ignore the setting.
+# of 4 KiB per 100 MB each time (x.abs() of 25.6 M fp32 took 100.6 ms into a fresh tensor,
+# 21.8 ms into an existing one). hugetlb=1 has malloc ask for transparent huge pages (where
+# the kernel leaves them to madvise): 2 MiB faults, and the same call took 30.3 ms, after a
+# slower first one (medians, benchmarks/results/malloc_ab.json). Raising the mmap and trim
+# thresholds as well (freed memory kept for reuse) was erratic here, 14-230 ms, and is not
+# set. C libraries other than glibc, and glibc before 2.35, ignore the setting.
 MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 PROGRESS = "GW_PROGRESS"  # rank programs print "GW_PROGRESS done total" for a progress bar
 KILL_GRACE_S = 3.0
