@@ -103,3 +103,13 @@ def test_staging_buffers_are_reused_within_a_byte_cap():
     assert pool._bytes <= pool.keep
     pool.give(pool.take(10_000, like))  # larger than the cap: not kept
     assert pool._bytes <= pool.keep
+
+
+@pytest.mark.parametrize("p", [2, 5])
+def test_step_by_step_execution_matches_too(p, monkeypatch):
+    """The executor's NCCL path (each step one group of sends and receives, then its
+    combines), run over gloo so that CI checks it without a GPU (on a GPU, test_nccl.py runs
+    it over NCCL itself)."""
+    monkeypatch.setenv("GRADWIRE_TEST_STEPWISE", "1")
+    monkeypatch.setenv("SIZES", "0,1,5,13,1000")
+    run_checks("collectives_check.py", p, timeout=600)

@@ -104,6 +104,12 @@ def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
         "MASTER_ADDR": cluster.hosts[0].addr,
         "MASTER_PORT": str(port),
         "GLOO_SOCKET_IFNAME": host.ifname,
+        # NCCL as gloo: over the host's link. NCCL takes ranks with one host hash for one
+        # machine (shared memory between them, and two ranks may not share a GPU); each
+        # emulated host is its own machine, so each gets its own, and NCCL's sockets carry the
+        # traffic over the (shaped) link, as between real hosts.
+        "NCCL_SOCKET_IFNAME": host.ifname,
+        "NCCL_HOSTID": f"gradwire-{cluster.name}-host{rank}",
         "GRADWIRE_NETWORK": cluster.label,
         "GRADWIRE_IFNAME": host.ifname,
         "PYTHONUNBUFFERED": "1",

@@ -137,6 +137,14 @@ class Transport:
         self._upstream = _upstream_group(group, self.backend)
         self.reset_counters()
 
+    @property
+    def device(self) -> torch.device:
+        """Where this transport's tensors must live: this rank's current GPU under NCCL, else
+        the CPU. Buffers a collective makes for itself (headers) are made here."""
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def _group_for(self, src: int, dst: int) -> dist.ProcessGroup | None:
         """Data from a lower to a higher rank uses ``group``; the other way, its twin."""
         return self.group if src < dst or self._upstream is None else self._upstream

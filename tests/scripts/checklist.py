@@ -1,11 +1,28 @@
 """What the rank scripts in tests/scripts share: one FAIL line per problem found, a final
 CHECKED line (tests/conftest.py ``run_checks`` reads both), and the comparison of a
-transport's byte and message counters with the traffic its schedule predicts."""
+transport's byte and message counters with the traffic its schedule predicts, and the process
+group they run on: gloo on the CPU, or NCCL on this rank's GPU when GRADWIRE_TEST_BACKEND=nccl
+(tests/test_nccl.py)."""
+import datetime
 import os
 
+import torch
+import torch.distributed as dist
+
 RANK = os.environ.get("RANK", "?")
+BACKEND = os.environ.get("GRADWIRE_TEST_BACKEND", "gloo")
+DEV = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if BACKEND == "nccl"
+       else torch.device("cpu"))
 fails: list[str] = []
 checked = 0
+
+
+def init() -> tuple[int, int]:
+    """Join the process group (BACKEND, on DEV); (rank, world size)."""
+    if DEV.type == "cuda":
+        torch.cuda.set_device(DEV)
+    dist.init_process_group(BACKEND, timeout=datetime.timedelta(seconds=60))
+    return dist.get_rank(), dist.get_world_size()
 
 
 def fail(msg: str) -> None:

@@ -3,13 +3,13 @@
 Integer-valued data (exactly representable in every dtype) must match exactly; random float32
 must match dist.all_reduce within allclose. Transport byte and message counters must equal the
 schedule's traffic exactly. Prints one FAIL line per problem and a final CHECKED line.
+Tensors live on checklist.DEV (the GPU under NCCL).
 """
-import datetime
 import os
 
 import torch
 import torch.distributed as dist
-from checklist import counted, counters, done, fail
+from checklist import DEV, counted, counters, done, fail, init
 
 import gradwire.collectives as gc
 from gradwire.collectives.executor import execute
@@ -17,8 +17,10 @@ from gradwire.schedules import registry
 from gradwire.schedules.cost import traffic
 from gradwire.transport import Transport
 
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-rank, p = dist.get_rank(), dist.get_world_size()
+rank, p = init()
+if os.environ.get("GRADWIRE_TEST_STEPWISE"):  # NCCL's step-by-step execution, over gloo
+    from gradwire.collectives import executor
+    executor.STEPWISE = frozenset({dist.get_backend()})
 sizes = [int(s) for s in os.environ.get("SIZES", "0,1,2,3,5,7,13,16,24,33,1000").split(",")]
 only = os.environ.get("ALGOS")  # "allreduce/ring,broadcast/lp"
 # Non-default parameters worth executing too: many-block pipelines, several servers.
@@ -28,13 +30,13 @@ dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
 def data(n: int, seed: int, dtype: torch.dtype, r: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed * 1000 + r)
-    return torch.randint(-4, 5, (n,), generator=g).to(dtype)
+    return torch.randint(-4, 5, (n,), generator=g).to(DEV, dtype)
 
 
 def everyone(n: int, seed: int) -> torch.Tensor:
     """All ranks' float64 inputs, gathered with the built-in collective: [p, n]."""
     mine = data(n, seed, torch.float64, rank)
-    out = [torch.zeros(n, dtype=torch.float64) for _ in range(p)]
+    out = [torch.zeros(n, dtype=torch.float64, device=DEV) for _ in range(p)]
     dist.all_gather(out, mine)
     return torch.stack(out)
 
@@ -63,14 +65,14 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
                 gc.broadcast(x, src=root, algo=algo.name, transport=t, **params)
                 got, want = x, allin[root]
             elif c == "allgather":
-                out = torch.zeros(n * p, dtype=dt)
+                out = torch.zeros(n * p, dtype=dt, device=DEV)
                 gc.all_gather_into_tensor(out, x, algo=algo.name, transport=t, **params)
                 got, want = out, allin.reshape(-1)
             else:  # reducescatter: input n*p, output n
                 xin = torch.cat([data(n, seed + 99 * j, dt, rank) for j in range(p)])
-                full = torch.zeros(n * p, dtype=torch.float64)
+                full = torch.zeros(n * p, dtype=torch.float64, device=DEV)
                 dist.all_reduce(full.copy_(xin.double()))
-                out = torch.zeros(n, dtype=dt)
+                out = torch.zeros(n, dtype=dt, device=DEV)
                 kept = xin.clone()
                 gc.reduce_scatter_tensor(out, xin, algo=algo.name, transport=t, **params)
                 got, want = out, full[rank * n : (rank + 1) * n]
@@ -89,7 +91,7 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
     if algo.collective == "allreduce":
         for how in ("sum", "avg"):
             g = torch.Generator().manual_seed(rank)
-            x = torch.randn(4099, generator=g)
+            x = torch.randn(4099, generator=g).to(DEV)
             ref = x.clone()
             dist.all_reduce(ref)
             if how == "avg":
@@ -117,7 +119,7 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
             src.zero_()[rank * n : (rank + 1) * n] = allin[rank, rank * n : (rank + 1) * n]
         kept = src.clone()
         s = registry.schedule(c, algo.name, p, count, root, itemsize=8, **params)
-        buf = torch.full((count,), float("nan"), dtype=torch.float64)
+        buf = torch.full((count,), float("nan"), dtype=torch.float64, device=DEV)
         unwritten = execute(s, buf, Transport(), source=src)
         for a, b in unwritten.within(0, count):
             buf[a:b] = src[a:b]

@@ -3,22 +3,21 @@ modes, conservation of gradient mass under error feedback (across DDP's bucket r
 checkpoint round trips. Prints one FAIL line per problem and a final CHECKED line.
 
 DDP builds one bucket in iteration 0 and rebuilds after it; a 104-byte bucket cap gives one
-bucket per layer from iteration 1 on, so every run below goes through a rebuild.
+bucket per layer from iteration 1 on, so every run below goes through a rebuild. The model
+and data live on checklist.DEV (the GPU under NCCL).
 """
 import copy
-import datetime
 import math
 
 import torch
 import torch.distributed as dist
-from checklist import check, done
+from checklist import DEV, check, done, init
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
 
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-rank, p = dist.get_rank(), dist.get_world_size()
+rank, p = init()
 SMALL_BUCKETS, ONE_BUCKET = 0.0001, 25
 STEPS = 3
 EF = {"topk", "gtopk", "randomk", "dgc", "efsignsgd", "powersgd"}
@@ -30,13 +29,13 @@ SPARSE_BOUND = {"gtopk": lambda k: k, "topk": lambda k: p * k, "randomk": lambda
 def model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 8), nn.Tanh(),
-                         nn.Linear(8, 3)).double()
+                         nn.Linear(8, 3)).double().to(DEV)
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(5, 6, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g,
-                                                                             dtype=torch.float64)
+    return (torch.randn(5, 6, generator=g, dtype=torch.float64).to(DEV),
+            torch.randn(5, 3, generator=g, dtype=torch.float64).to(DEV))
 
 
 class Run:
@@ -122,7 +121,7 @@ for m, tol in (("fp16", 1e-3), ("bf16", 1e-2)):
 def by_position(state: gh.HookState, tensors: dict[int, torch.Tensor]) -> torch.Tensor:
     """A vector in the net's parameter order from tensors keyed by hook position."""
     return torch.cat([tensors.get(state.positions.position(q), torch.zeros(q.numel(),
-                      dtype=q.dtype)).reshape(-1) for q in net_params])
+                      dtype=q.dtype, device=q.device)).reshape(-1) for q in net_params])
 
 
 for m in gh.METHODS:

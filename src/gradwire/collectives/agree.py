@@ -110,11 +110,11 @@ def agree(transport: Transport, call: Call,
     ok = finite() if callable(finite) else finite
     if p == 1:
         return ok
-    mine = encode(call, ok)
+    mine = encode(call, ok).to(transport.device)
     h = mine.numel()
     collective, algo, count, params = header_spec(p)
     s = registry.schedule(collective, algo, p, count, **params)
-    buf = torch.zeros(p * h, dtype=torch.uint8)
+    buf = torch.zeros(p * h, dtype=torch.uint8, device=mine.device)
     buf[transport.rank * h : (transport.rank + 1) * h] = mine
     what = f"{call[0][1]}/{call[1][1]}"  # the call and its algorithm or method
     try:

@@ -21,6 +21,12 @@ received straight into the buffer. On the emulated 1 Gbit/s cluster the up-front
 
 Every wait is on an operation of an earlier step, or on a receive whose sender reaches it
 without waiting on this rank, so no schedule that passes ``check`` deadlocks.
+
+NCCL runs a pair's sends and receives in the order posted, on one stream: a receive posted
+ahead blocks the send queued behind it, on both ranks at once. Over NCCL the executor therefore
+goes step by step instead (:func:`_execute_steps`): each step's sends and receives are posted
+as one NCCL group, and what arrived is combined after it. Steps are the schedule's, so
+pipelined schedules (ring sub-chunks, LP blocks) still pipeline across ranks, one step apart.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import torch
 
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules.ir import Schedule, Transfer
-from gradwire.transport import Transport
+from gradwire.transport import P2P, Transport, wait_all
 
 # (into, received) -> None, in place; ``received`` is a staging buffer that is reused once the
 # combine returns, so a combine keeps nothing that refers to it.
@@ -47,6 +53,9 @@ def _sum(into: torch.Tensor, received: torch.Tensor) -> None:
 
 
 COMBINE: dict[str, Combine] = {"sum": _sum}
+
+# Backends executed step by step (_execute_steps); the others as dataflow.
+STEPWISE = frozenset({"nccl"})
 
 # Receives are posted ahead of the program (the peer's send can start at once) while their
 # staging buffers total at most the buffer's size, or this much for small buffers.
@@ -192,6 +201,8 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
         raise GradwireError(f"rank {transport.rank}: source is {tuple(source.shape)} "
                             f"{source.dtype} on {source.device}, expected the buffer's "
                             f"{tuple(buffer.shape)} {buffer.dtype} on {buffer.device}")
+    if transport.backend in STEPWISE:
+        return _execute_steps(s, buffer, transport, {**COMBINE, **(combine or {})}, source)
     fresh = Unwritten(s.count) if source is not None else None
 
     def fill(lo: int, hi: int) -> None:
@@ -283,17 +294,13 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
                 continue
             finish_sends(t)
             view = buffer[t.start : t.stop]
-            if t.op == "copy":
-                view.copy_(tmp)
-            elif t.op not in ops:
-                raise GradwireError(f"schedule {s.algo} uses combine op {t.op!r}; known: "
-                                    f"{', '.join(['copy', *ops])}")
-            elif (fresh is not None and ops[t.op] is _sum
-                  and fresh.untouched(t.start, t.stop)):
+            if (t.reduces and fresh is not None and ops.get(t.op) is _sum
+                    and fresh.untouched(t.start, t.stop)):
                 torch.add(source[t.start : t.stop], tmp, out=view)  # type: ignore[index]
             else:
-                fill(t.start, t.stop)
-                ops[t.op](view, tmp)
+                if t.reduces:
+                    fill(t.start, t.stop)
+                _apply(s, ops, view, t, tmp)
             if fresh is not None:
                 fresh.write(t.start, t.stop)
             STAGING.give(tmp)
@@ -321,3 +328,47 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
     for _, work, _ in sending:
         work.wait()
     return fresh
+
+
+def _apply(s: Schedule, ops: dict[str, Combine], view: torch.Tensor, t: Transfer,
+           received: torch.Tensor) -> None:
+    if t.op == "copy":
+        view.copy_(received)
+    elif t.op in ops:
+        ops[t.op](view, received)
+    else:
+        raise GradwireError(f"schedule {s.algo} uses combine op {t.op!r}; known: "
+                            f"{', '.join(['copy', *ops])}")
+
+
+def _execute_steps(s: Schedule, buffer: torch.Tensor, transport: Transport,
+                   ops: dict[str, Combine], source: torch.Tensor | None) -> Unwritten | None:
+    """Step by step, each step's sends and receives one NCCL group (see the module's notes).
+
+    A receive lands in the buffer directly when it is a copy whose range nothing else of its
+    step touches; otherwise in a staging buffer, combined in listed order once the step is
+    done (a step's sends read what the buffer held before it). Out of place, the buffer first
+    takes a copy of ``source`` (on the GPU a copy costs little next to the transfers).
+    """
+    if source is not None:
+        buffer.copy_(source)
+    rank = transport.rank
+    for step in s.steps:
+        sends = [t for t in step.transfers if t.src == rank and t.count > 0]
+        recvs = [t for t in step.transfers if t.dst == rank and t.count > 0]
+        if not sends and not recvs:
+            continue
+        posted = [P2P("send", buffer[t.start : t.stop], t.dst) for t in sends]
+        staged: list[tuple[Transfer, torch.Tensor]] = []
+        for t in recvs:
+            alone = t.op == "copy" and not any(
+                _overlaps(t, u) for u in (*sends, *recvs) if u is not t)
+            into = buffer[t.start : t.stop] if alone else STAGING.take(t.count, buffer)
+            if not alone:
+                staged.append((t, into))
+            posted.append(P2P("recv", into, t.src))
+        wait_all(transport.batch(posted))
+        for t, tmp in staged:
+            _apply(s, ops, buffer[t.start : t.stop], t, tmp)
+            STAGING.give(tmp)
+    return Unwritten(0) if source is not None else None

@@ -145,16 +145,16 @@ class Comm:
         n = mine.numel()
         t0 = time.perf_counter()
         if self.algo is None:
-            out = torch.empty(self.world * n, dtype=torch.uint8)
+            out = torch.empty(self.world * n, dtype=torch.uint8, device=mine.device)
             self._bounded(ALL_GATHER(out, mine, group=self.group, async_op=True),
                           f"all_gather of {n} bytes")
         else:
             # gradwire's collectives take float tensors; an allgather only moves the words, so
             # the bytes travel as float32 words (padded to a multiple of 4).
             words = -(-n // 4)
-            send = torch.zeros(words * 4, dtype=torch.uint8)
+            send = torch.zeros(words * 4, dtype=torch.uint8, device=mine.device)
             send[:n] = mine
-            got = torch.empty(self.world * words, dtype=torch.float32)
+            got = torch.empty(self.world * words, dtype=torch.float32, device=mine.device)
             gc.all_gather_into_tensor(got, send.view(torch.float32), transport=self.agreed)
             out = got.view(torch.uint8).reshape(self.world, words * 4)[:, :n].reshape(-1)
         self.seconds += time.perf_counter() - t0
