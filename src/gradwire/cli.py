@@ -316,6 +316,9 @@ def bench(
     json_out: Annotated[Path | None, typer.Option("--json", help="write rows here")] = None,
     mtu: Mtu = MTU,
     loopback: Loopback = False,
+    device: Annotated[str, typer.Option(help="cpu (gloo) or cuda: buffers on the GPU, over "
+                                        "NCCL; every emulated host is its own NCCL host, "
+                                        "so hosts may share one GPU")] = "cpu",
 ) -> None:
     """Time collectives like nccl-tests, with the built-in collective and the model's
     prediction beside each algorithm. Every result is checked: the command fails (after
@@ -323,7 +326,7 @@ def bench(
     from gradwire.bench.report import wrong_rows
     from gradwire.bench.run import run_bench
     from gradwire.bench.sizes import parse_sizes
-    from gradwire.bench.spec import check_op, check_shared, parse_params, parse_specs
+    from gradwire.bench.spec import check_device, check_op, check_shared, parse_params, parse_specs
 
     _outputs(("--json", json_out))
     specs = parse_specs(collective, algo)
@@ -331,13 +334,14 @@ def bench(
     if dtype not in ("float32", "float16", "bfloat16", "float64"):
         raise GradwireError(f"--dtype {dtype!r} is not supported: expected float32, float16, "
                             "bfloat16 or float64")
+    check_device(device)
     size_list = parse_sizes(sizes)
     params = parse_params(param or [])
     check_shared(collective, specs, params)
     parse_bandwidth(bandwidth)
     with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
-                           builtin, timeout, console, interleave, op)
+                           builtin, timeout, console, interleave, op, device)
     result["command"] = "gradwire " + shlex.join(sys.argv[1:])
     if json_out:
         json_out.write_text(json.dumps(result, indent=1) + "\n")

@@ -18,9 +18,16 @@ def now() -> str:
 
 def machine(device: str = "cpu") -> str:
     """Host, architecture, cores, kernel, torch version (and the GPU's name for ``cuda``)."""
-    where = f", GPU {torch.cuda.get_device_name()}" if device == "cuda" else ""
+    where = f", GPU {torch.cuda.get_device_name()}{_nccl()}" if device == "cuda" else ""
     return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Linux "
             f"{platform.release()}, torch {torch.__version__}{where}")
+
+
+def _nccl() -> str:
+    try:
+        return ", NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        return ""
 
 
 def stamp(command: str | None = None, device: str = "cpu") -> dict[str, str]:

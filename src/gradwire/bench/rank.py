@@ -8,6 +8,9 @@ input is filled with r+1, so every result is known in advance and ``wrong`` coun
 that differ from it on any rank: the sum over P ranks is P(P+1)/2 and the average (P+1)/2,
 both exact in every dtype benched.
 
+``--device cuda``: the buffers live on this rank's GPU (LOCAL_RANK) and the process group is
+NCCL's, the built-in row included; a timed call ends when the GPU has finished it.
+
 ``--op avg``: gradwire's collectives divide the sum by P after the reduction; the built-in
 baseline does the same (its SUM, then one division), the way DDP's default hook averages
 and on every torch version (gloo's own ReduceOp.AVG arrived only in 2025).
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -26,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.bench.spec import BUILTIN, OPS, REDUCING
+from gradwire.bench.spec import BUILTIN, DEVICES, OPS, REDUCING
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -34,30 +38,29 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
-             op: str = "sum"):
+             op: str = "sum", device: torch.device | str = "cpu"):
     """(input, output, reset() to run before every call, expected output on this rank or
-    None)."""
+    None), on ``device``."""
+    new = {"dtype": dtype, "device": device}
     total = p * (p + 1) / 2 if op == "sum" else (p + 1) / 2
     if collective in ("allgather", "reducescatter"):
         per = count // p
         if collective == "allgather":
-            inp, out = torch.full((per,), rank + 1.0, dtype=dtype), torch.zeros(per * p,
-                                                                                 dtype=dtype)
-            want = torch.arange(1, p + 1, dtype=dtype).repeat_interleave(per)
+            inp, out = torch.full((per,), rank + 1.0, **new), torch.zeros(per * p, **new)
+            want = torch.arange(1, p + 1, **new).repeat_interleave(per)
         else:
-            inp, out = torch.full((per * p,), rank + 1.0, dtype=dtype), torch.zeros(per,
-                                                                                    dtype=dtype)
-            want = torch.full((per,), total, dtype=dtype)
+            inp, out = torch.full((per * p,), rank + 1.0, **new), torch.zeros(per, **new)
+            want = torch.full((per,), total, **new)
         # the output starts as NaN before every call: a part an algorithm never writes counts
         # as wrong (and is not left over from another algorithm's call, with --interleave)
         return inp, out, (lambda: out.fill_(float("nan"))), want
-    buf = torch.empty(count, dtype=dtype)
+    buf = torch.empty(count, **new)
     if collective == "allreduce":
-        want = torch.full((count,), total, dtype=dtype)
+        want = torch.full((count,), total, **new)
     elif collective == "reduce":
-        want = torch.full((count,), total, dtype=dtype) if rank == 0 else None
+        want = torch.full((count,), total, **new) if rank == 0 else None
     else:  # broadcast from 0
-        want = torch.full((count,), 1.0, dtype=dtype)
+        want = torch.full((count,), 1.0, **new)
     return buf, buf, (lambda: buf.fill_(rank + 1.0)), want
 
 
@@ -91,13 +94,25 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
     }[collective]
 
 
+def _device() -> torch.device:
+    """Where the collectives' tensors live: the current GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _slowest(run: Callable[[], object]) -> float:
     """Seconds of one call of ``run``: every rank starts at a barrier, and the call lasts as
-    long as its slowest rank."""
+    long as its slowest rank (on a GPU, until the GPU has finished its work)."""
+    dev = _device()
     dist.barrier()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     run()
-    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=dev)
     dist.all_reduce(dt, op=dist.ReduceOp.MAX)
     return dt.item()
 
@@ -119,7 +134,7 @@ def slowest_rank_times(run: Callable[[], object], iters: int, warmup: int,
 
 def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
     """Elements of ``out`` that differ from ``want``, summed over ranks."""
-    wrong = torch.tensor([0 if want is None else int((out != want).sum())])
+    wrong = torch.tensor([0 if want is None else int((out != want).sum())], device=_device())
     dist.all_reduce(wrong)
     return int(wrong.item())
 
@@ -127,7 +142,7 @@ def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
 def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transport,
          times: list[float], wrong: int, calls: int, op: str) -> dict:
     algo = spec["name"]
-    sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64)
+    sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64, device=_device())
     dist.all_reduce(sent, op=dist.ReduceOp.MAX)
     return {"collective": collective, "algo": spec["label"], "name": algo,
             "params": spec["params"], "count": count,
@@ -149,7 +164,7 @@ def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: tor
     the drift. They share one pair of buffers, reset before every call; ``wrong`` is checked
     after each algorithm's last call. With one spec: that algorithm's calls back to back."""
     p, rank = dist.get_world_size(), dist.get_rank()
-    inp, out, reset, want = _buffers(collective, count, p, rank, dtype, op)
+    inp, out, reset, want = _buffers(collective, count, p, rank, dtype, op, _device())
     transports = [Transport() for _ in specs]
     runs = [_call(collective, s["name"], inp, out, t, s["params"], op)
             for s, t in zip(specs, transports, strict=True)]
@@ -180,9 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="reduction of allreduce, reduce and reducescatter")
     ap.add_argument("--interleave", action="store_true",
                     help="the algorithms in turn, one call each per round")
+    ap.add_argument("--device", default="cpu", choices=DEVICES,
+                    help="cuda: buffers on this rank's GPU, over NCCL")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    if a.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=300))
     dtype = DTYPES[a.dtype]
     itemsize = torch.tensor([], dtype=dtype).element_size()
     p = dist.get_world_size()

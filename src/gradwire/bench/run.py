@@ -31,7 +31,8 @@ def model_params(cluster: Cluster) -> tuple[CostParams, str]:
 
 def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],
               dtype: str, iters: int, warmup: int, params: dict, builtin: bool, timeout: float,
-              console: Console, interleave: bool = False, op: str = "sum") -> dict:
+              console: Console, interleave: bool = False, op: str = "sum",
+              device: str = "cpu") -> dict:
     """Time ``specs`` (plus the built-in baseline) at every size; rows with the prediction."""
     cost_params, source = model_params(cluster)
     # LP and the double tree choose their block from α and β: give them the calibrated ones.
@@ -46,13 +47,15 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
         AlgoSpec(s.label, s.name, taken(s)) for s in specs]
     args = ["--collective", collective, "--algos", json.dumps([r.to_json() for r in runs]),
             "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),
-            "--warmup", str(warmup), "--op", op, *(["--interleave"] if interleave else [])]
+            "--warmup", str(warmup), "--op", op, "--device", device,
+            *(["--interleave"] if interleave else [])]
     rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
                      console, total=len(sizes) * len(runs), tick="GW_BENCH ")
     p = len(cluster.hosts)
     annotate(rows, p, cost_params)
-    title = (f"{collective}{f' ({op})' if collective in REDUCING else ''}, {p} ranks, "
-             f"{cluster.label}; model: {source}")
+    title = (f"{collective}{f' ({op})' if collective in REDUCING else ''}, {p} ranks"
+             f"{' (NCCL, CUDA buffers)' if device == 'cuda' else ''}, {cluster.label}; "
+             f"model: {source}")
     console.print(table(rows, title))
     for line in footer(rows):
         console.print(line, highlight=False)
@@ -62,7 +65,8 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
     return {
         "collective": collective, "op": op if collective in REDUCING else None,
         "world_size": p, "network": cluster.label,
-        **provenance.stamp(),
+        "device": device, "backend": "nccl" if device == "cuda" else "gloo",
+        **provenance.stamp(device=device),
         "model": {"alpha_s": cost_params.alpha, "beta_s_per_byte": cost_params.beta,
                   "gamma_s_per_byte": cost_params.gamma, "burst_bytes": cost_params.burst,
                   "source": source},

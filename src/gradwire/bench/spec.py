@@ -97,3 +97,18 @@ def check_shared(collective: str, specs: list[AlgoSpec], params: dict) -> None:
             raise GradwireError(f"--param {k}: no algorithm of {', '.join(takers) or 'none'} "
                                 f"takes it{did_you_mean(k, known)}; they take "
                                 f"{', '.join(known) or 'no parameters'}")
+
+
+DEVICES = ("cpu", "cuda")
+
+
+def check_device(device: str) -> None:
+    """``--device``: cpu (gloo), or cuda where a GPU and NCCL are there."""
+    if device not in DEVICES:
+        raise GradwireError(f"--device {device!r} is not supported: expected cpu or cuda")
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda" and not (torch.cuda.is_available() and dist.is_nccl_available()):
+        raise GradwireError("--device cuda needs a CUDA device and a torch built with NCCL, "
+                            "and this machine has none: use --device cpu")
