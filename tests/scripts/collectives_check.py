@@ -12,6 +12,7 @@ import torch.distributed as dist
 from checklist import DEV, counted, counters, done, fail, init
 
 import gradwire.collectives as gc
+from gradwire.collectives import executor
 from gradwire.collectives.executor import execute
 from gradwire.schedules import registry
 from gradwire.schedules.cost import traffic
@@ -19,8 +20,9 @@ from gradwire.transport import Transport
 
 rank, p = init()
 if os.environ.get("GRADWIRE_TEST_STEPWISE"):  # NCCL's step-by-step execution, over gloo
-    from gradwire.collectives import executor
     executor.STEPWISE = frozenset({dist.get_backend()})
+if os.environ.get("GRADWIRE_TEST_DATAFLOW"):  # the dataflow executor, over NCCL too
+    executor.STEPWISE = frozenset()
 sizes = [int(s) for s in os.environ.get("SIZES", "0,1,2,3,5,7,13,16,24,33,1000").split(",")]
 only = os.environ.get("ALGOS")  # "allreduce/ring,broadcast/lp"
 # Non-default parameters worth executing too: many-block pipelines, several servers.
