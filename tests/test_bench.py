@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import needs_netns
 from hypothesis import given
 from hypothesis import strategies as st
@@ -177,6 +178,9 @@ def test_averaging_is_predicted_as_one_more_pass():
     (["--op", "max"], "--op 'max' is not supported: expected sum or avg"),
     (["--op", "avg", "--collective", "broadcast"],
      "--op avg applies to allreduce, reduce, reducescatter: broadcast does not reduce"),
+    (["--device", "tpu"], "--device 'tpu' is not supported: expected cpu or cuda"),
+    pytest.param(["--device", "cuda"], "--device cuda needs a CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
 ])
 def test_bench_refuses_a_reduction_it_cannot_run(monkeypatch, capsys, args, msg):
     from conftest import cli_error
