@@ -100,7 +100,7 @@ def test_api_builds_with_the_buffers_itemsize(monkeypatch):
         return real(*args, **params)
 
     monkeypatch.setattr(api.registry, "schedule", spy)
-    alone = SimpleNamespace(rank=0, world_size=1)  # one rank: the schedule sends nothing
+    alone = SimpleNamespace(rank=0, world_size=1, backend="gloo")  # one rank: nothing is sent
     for dtype, size in ((torch.float16, 2), (torch.float64, 8)):
         gc.broadcast(torch.zeros(10, dtype=dtype), algo="lp", transport=alone)
         assert seen[-1]["itemsize"] == size
