@@ -20,19 +20,22 @@ received straight into the buffer. On the emulated 1 Gbit/s cluster the up-front
 64 MiB input had cost a 4-rank reduce-scatter 27 ms of its 466 (ring) and 479 (rhd).
 
 Every wait is on an operation of an earlier step, or on a receive whose sender reaches it
-without waiting on this rank, so no schedule that passes ``check`` deadlocks.
+without waiting on this rank, so no schedule that passes ``check`` deadlocks over gloo.
 
-NCCL runs a pair's sends and receives in the order posted, on one stream: a receive posted
-ahead blocks the send queued behind it, on both ranks at once. Over NCCL the executor therefore
-goes step by step instead (:func:`_execute_steps`): each step's sends and receives are posted
-as one NCCL group, and what arrived is combined after it. Steps are the schedule's, so
-pipelined schedules (ring sub-chunks, LP blocks) still pipeline across ranks, one step apart.
+Over NCCL, receives posted ahead hung (a 2-rank ring allreduce finished nothing in 60 s; part d of
+benchmarks/results/nccl.json), likely because NCCL runs a pair's operations in the order
+posted, on one stream, so a receive posted ahead holds up the send queued behind it on both
+ranks. Over NCCL the executor goes step by step instead (:func:`_execute_steps`): each step's
+sends and receives are posted as one NCCL group, and what arrived is combined after it. The
+steps are the schedule's, so pipelined schedules (ring sub-chunks, LP blocks) still keep every
+rank busy on a different piece at once.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -352,12 +355,10 @@ def _execute_steps(s: Schedule, buffer: torch.Tensor, transport: Transport,
     """
     if source is not None:
         buffer.copy_(source)
-    rank = transport.rank
-    for step in s.steps:
-        sends = [t for t in step.transfers if t.src == rank and t.count > 0]
-        recvs = [t for t in step.transfers if t.dst == rank and t.count > 0]
-        if not sends and not recvs:
-            continue
+    for _, entries in itertools.groupby(_plan(s, transport.rank)[0], key=lambda e: e[0]):
+        mine = list(entries)
+        sends = [t for _, kind, t in mine if kind == "send"]
+        recvs = [t for _, kind, t in mine if kind == "recv"]
         posted = [P2P("send", buffer[t.start : t.stop], t.dst) for t in sends]
         staged: list[tuple[Transfer, torch.Tensor]] = []
         for t in recvs:
