@@ -65,6 +65,14 @@ def _upstream_group(group: dist.ProcessGroup | None, backend: str) -> dist.Proce
     return twin
 
 
+def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where tensors of ``group``'s collectives must live: this rank's current GPU under NCCL,
+    else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class Pending:
     """A posted send or receive; ``wait()`` is bounded by the transport's timeout and raises
     :class:`PeerError` naming the peer when the operation fails or does not finish."""
@@ -139,11 +147,9 @@ class Transport:
 
     @property
     def device(self) -> torch.device:
-        """Where this transport's tensors must live: this rank's current GPU under NCCL, else
-        the CPU. Buffers a collective makes for itself (headers) are made here."""
-        if self.backend == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        """Where this transport's tensors must live (:func:`group_device`). Buffers a
+        collective makes for itself (headers) are made here."""
+        return group_device(self.group)
 
     def _group_for(self, src: int, dst: int) -> dist.ProcessGroup | None:
         """Data from a lower to a higher rank uses ``group``; the other way, its twin."""

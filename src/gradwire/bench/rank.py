@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 import gradwire.collectives as gc
 from gradwire.bench.spec import BUILTIN, DEVICES, OPS, REDUCING
-from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport
+from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
@@ -94,17 +94,10 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
     }[collective]
 
 
-def _device() -> torch.device:
-    """Where the collectives' tensors live: the current GPU under NCCL, else the CPU."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _slowest(run: Callable[[], object]) -> float:
     """Seconds of one call of ``run``: every rank starts at a barrier, and the call lasts as
     long as its slowest rank (on a GPU, until the GPU has finished its work)."""
-    dev = _device()
+    dev = group_device()
     dist.barrier()
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -134,7 +127,7 @@ def slowest_rank_times(run: Callable[[], object], iters: int, warmup: int,
 
 def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
     """Elements of ``out`` that differ from ``want``, summed over ranks."""
-    wrong = torch.tensor([0 if want is None else int((out != want).sum())], device=_device())
+    wrong = torch.tensor([0 if want is None else int((out != want).sum())], device=group_device())
     dist.all_reduce(wrong)
     return int(wrong.item())
 
@@ -142,7 +135,7 @@ def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
 def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transport,
          times: list[float], wrong: int, calls: int, op: str) -> dict:
     algo = spec["name"]
-    sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64, device=_device())
+    sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64, device=group_device())
     dist.all_reduce(sent, op=dist.ReduceOp.MAX)
     return {"collective": collective, "algo": spec["label"], "name": algo,
             "params": spec["params"], "count": count,
@@ -164,7 +157,7 @@ def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: tor
     the drift. They share one pair of buffers, reset before every call; ``wrong`` is checked
     after each algorithm's last call. With one spec: that algorithm's calls back to back."""
     p, rank = dist.get_world_size(), dist.get_rank()
-    inp, out, reset, want = _buffers(collective, count, p, rank, dtype, op, _device())
+    inp, out, reset, want = _buffers(collective, count, p, rank, dtype, op, group_device())
     transports = [Transport() for _ in specs]
     runs = [_call(collective, s["name"], inp, out, t, s["params"], op)
             for s, t in zip(specs, transports, strict=True)]
