@@ -27,7 +27,8 @@ def test_checks_pass_over_nccl(name, p, monkeypatch):
 
 @pytest.mark.parametrize("name", ["sparse_check.py", "hooks_check.py"])
 def test_single_rank_checks_pass_over_gloo(name):
-    """The single-rank paths NCCL runs first, on gloo (the P = 1 case of the scripts)."""
+    """The scripts' single-rank case, which the NCCL tests start with, checked without a GPU
+    (collectives_check.py's runs in test_collectives_exec.py)."""
     run_checks(name, 1, timeout=300)
 
 
