@@ -104,10 +104,10 @@ def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
         "MASTER_ADDR": cluster.hosts[0].addr,
         "MASTER_PORT": str(port),
         "GLOO_SOCKET_IFNAME": host.ifname,
-        # NCCL as gloo: over the host's link. NCCL takes ranks with one host hash for one
-        # machine (shared memory between them, and two ranks may not share a GPU); each
-        # emulated host is its own machine, so each gets its own, and NCCL's sockets carry the
-        # traffic over the (shaped) link, as between real hosts.
+        # NCCL as gloo: bound to the host's link. NCCL takes ranks with one host hash for one
+        # machine (shared memory between them, and two ranks may not share a GPU: "Duplicate
+        # GPU detected", benchmarks/results/nccl.json); each emulated host is its own machine,
+        # so each gets its own id and NCCL connects the ranks over sockets, as between hosts.
         "NCCL_SOCKET_IFNAME": host.ifname,
         "NCCL_HOSTID": f"gradwire-{cluster.name}-host{rank}",
         "GRADWIRE_NETWORK": cluster.label,

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.bench.spec import BUILTIN, DEVICES, OPS, REDUCING
+from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -194,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if a.device == "cuda" else "gloo",
-                            timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(BACKENDS[a.device], timeout=datetime.timedelta(seconds=300))
     dtype = DTYPES[a.dtype]
     itemsize = torch.tensor([], dtype=dtype).element_size()
     p = dist.get_world_size()

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from gradwire.bench import calibrate, provenance
 from gradwire.bench.report import annotate, footer, table
-from gradwire.bench.spec import BUILTIN, REDUCING, AlgoSpec
+from gradwire.bench.spec import BACKENDS, BUILTIN, REDUCING, AlgoSpec
 from gradwire.cluster import Cluster
 from gradwire.jobs import run_ranks
 from gradwire.schedules import registry
@@ -65,7 +65,7 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
     return {
         "collective": collective, "op": op if collective in REDUCING else None,
         "world_size": p, "network": cluster.label,
-        "device": device, "backend": "nccl" if device == "cuda" else "gloo",
+        "device": device, "backend": BACKENDS[device],
         **provenance.stamp(device=device),
         "model": {"alpha_s": cost_params.alpha, "beta_s_per_byte": cost_params.beta,
                   "gamma_s_per_byte": cost_params.gamma, "burst_bytes": cost_params.burst,

@@ -99,7 +99,8 @@ def check_shared(collective: str, specs: list[AlgoSpec], params: dict) -> None:
                                 f"{', '.join(known) or 'no parameters'}")
 
 
-DEVICES = ("cpu", "cuda")
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}  # --device: the process group it runs over
+DEVICES = tuple(BACKENDS)
 
 
 def check_device(device: str) -> None:
