@@ -195,17 +195,21 @@ def plot(model: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def command(parts: str) -> str:
-    return "python benchmarks/collectives.py --parts " + parts
+def command() -> str:
+    return "python benchmarks/collectives.py " + shlex.join(sys.argv[1:])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="calibrate,ring,lp,crossover,model",
                     help="comma list of calibrate, ring, lp, crossover, model")
+    ap.add_argument("--out", type=Path, default=OUT,
+                    help="result file; parts not run are kept from it (the plot goes beside it "
+                         "as .png when the model part is there)")
     a = ap.parse_args()
     parts = a.parts.split(",")
-    result = json.loads(OUT.read_text()) if OUT.exists() else {}
+    out = a.out
+    result = json.loads(out.read_text()) if out.exists() else {}
     home = tempfile.mkdtemp(prefix="gradwire-bench-")
     if "calibrate" in parts or "calibration" not in result:
         result["calibration"] = part_calibrate(home)
@@ -221,18 +225,20 @@ def main() -> None:
             load = os.getloadavg()
             result[name] = steps[name]()
             # parts are rerun alone: each keeps when, how, on which code and under what load
-            result[name].update(date=provenance.now(), command=command(a.parts),
+            result[name].update(date=provenance.now(), command=command(),
                                 commit=provenance.commit(), load_average_before=load)
-    result["command"] = command(a.parts)
+    result["command"] = command()
     result["machine"] = provenance.machine()
+    cores = os.cpu_count() or 1
     result["note"] = ("emulated cluster: network namespaces on one bridge, tc tbf 1gbit both "
-                      "ways; 8 ranks share the machine's cores (CPU contention at P=8)")
-    RESULTS.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+                      f"ways; up to 8 ranks on this machine's {cores} cores"
+                      + (" (CPU contention at P=8)" if cores < 8 else ""))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     if "model" in result:
-        plot(result["model"], PLOT)
+        plot(result["model"], PLOT if out == OUT else out.with_suffix(".png"))
     print(summary(result))
-    print(f"wrote {OUT}")
+    print(f"wrote {out}")
 
 
 def summary(r: dict) -> str:

@@ -163,6 +163,30 @@ def summarise(doc: dict) -> dict:
     return doc
 
 
+def merge(docs: list[dict]) -> dict:
+    """One report from runs of the same script on one machine: their rows and calibrations
+    joined; each run's command, date and conditions kept under "runs" (every row was predicted
+    with its own run's profile and codec table, which the first run's stand for at the top)."""
+    keys = [(r["bandwidth"], r["workers"], r["agg"]) for d in docs for r in d["rows"]]
+    if len(set(keys)) != len(keys):
+        raise SystemExit("--merge: the runs overlap (a rate, P and aggregation twice)")
+    if len({d["machine"] for d in docs}) != 1:
+        raise SystemExit("--merge: the runs come from different machines")
+    doc = {k: v for k, v in docs[0].items() if k != "summary"}
+    doc["runs"] = [{"command": d["command"], "date": d["date"],
+                    "conditions": d["conditions"] | {"load_average_end":
+                                                     d["summary"]["load_average_end"]},
+                    "profile_one_process": d["profile_one_process"],
+                    "profile_one_thread": d["profile_one_thread"],
+                    "codecs_one_thread": d["codecs_one_thread"]} for d in docs]
+    doc["rows"] = [r for d in docs for r in d["rows"]]
+    doc["calibration"] = {k: v for d in docs for k, v in d["calibration"].items()}
+    doc["command"] = "; ".join(d["command"] for d in docs)
+    doc = summarise(doc)
+    del doc["summary"]["load_average_end"]  # this machine's, not the runs' (kept under "runs")
+    return doc
+
+
 def plot(doc: dict, path: Path) -> None:
     import matplotlib
     import matplotlib.ticker
@@ -209,12 +233,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3,
                     help="training runs per configuration, interleaved; the median run is kept")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "perf_validation.json")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                    help="run nothing: join these results of earlier runs (say, one per rate, "
+                         "each inside a time limit) into --out and its plot")
     a = ap.parse_args()
     if a.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {a.repeats}")
     console = Console()
-    doc = run(a.rates.split(","), [int(p) for p in a.workers.split(",")], a.aggs.split(","),
-              a.out, console, repeats=a.repeats)
+    if a.merge:
+        doc = merge([json.loads(f.read_text()) for f in a.merge])
+    else:
+        doc = run(a.rates.split(","), [int(p) for p in a.workers.split(",")],
+                  a.aggs.split(","), a.out, console, repeats=a.repeats)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, a.out.with_suffix(".png"))
     s = doc["summary"]
