@@ -15,6 +15,10 @@ same configuration:
   split into forward and per-tensor backward as ``gradwire profile`` measures them in one
   process; the optimizer step from that run too;
 - network: that cluster's α per step, β and γ; every bucket pays the call-header exchange;
+  each link's token bucket (the cluster's ``tc tbf``, point 7 of ``gradwire.perf.model``):
+  a bucket's data calls start with what the link earned idle before them;
+- stragglers (point 6): the time the dense run's ranks waited at the header exchanges beyond
+  what the model charges for them, per iteration, added to every aggregation's;
 - encode/decode: a codec table measured here before the runs, one thread (as each rank runs),
   through the hook's own path on the model's number of elements (``codecs.measure``);
 - shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
@@ -22,10 +26,11 @@ same configuration:
   model's coding and communication CPU for that run; every other aggregation adds its own;
 - overlap slowdown κ = 1 (not fitted).
 
-So the dense run supplies compute (its wall time and its CPU); everything that differs between
-aggregations is predicted. Measured iteration = P·batch / samples per second over the steady
-epochs (the first epoch, which pays one-time costs, is left out). The advisor's pick at each
-(rate, P) is the scheme with the lowest prediction among those measured.
+So the dense run supplies compute (its wall time, its CPU and its ranks' spread); everything
+that differs between aggregations is predicted. Measured iteration = P·batch / samples per
+second over the steady epochs (the first epoch, which pays one-time costs, is left out). The
+advisor's pick at each (rate, P) is the scheme with the lowest prediction among those
+measured.
 
     flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 40 minutes
     python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,fp16 --out v.json
@@ -49,10 +54,12 @@ from rich.console import Console
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.bench import provenance
 from gradwire.cluster import ephemeral_cluster
+from gradwire.cluster.netns import tbf_burst
 from gradwire.jobs import run_ranks
 from gradwire.perf import codecs
 from gradwire.perf.measure import measure
 from gradwire.perf.model import Aggregation, Cluster, predict
+from gradwire.perf.profiles import Profile
 from gradwire.perf.whatif import CpuSetting
 from gradwire.train.job import TrainConfig, train_on, validate
 
@@ -95,7 +102,6 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
            "codecs_one_thread": table.methods,
            "conditions": {"load_average_start": os.getloadavg()}, "calibration": {}}
     for rate in rates:
-        bps = parse_bandwidth(rate)
         for p in workers:
             runs: dict[str, list[dict]] = {agg: [] for agg in aggs}
             with ephemeral_cluster(p, rate, False) as c:
@@ -110,37 +116,83 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                         runs[agg].append(train_on(c, cfg, f"{agg} P={p} {rate} ({i + 1})",
                                                   1800, console))
             measured = {agg: median_run(rs) for agg, rs in runs.items()}
-            ref = measured.get("dense") or next(iter(measured.values()))
-            compute = ref["seconds_per_iter"]["compute"]
-            share = prof.forward_s / (prof.forward_s + prof.backward_s)
-            here = prof.with_compute(compute * share, compute * (1 - share),
-                                     "dense run's compute")
-            here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
-            cluster = Cluster(p, bps, cal["alpha_step_s"], cal["gamma_s_per_byte"],
-                              beta=cal["beta_s_per_byte"], check_calls=True,
-                              **CpuSetting.from_calibration(cal, p).fields(p))
-            # the dense run's CPU less what the model charges it for coding and collectives
-            rank_cpu = ref["cpu_s_per_iter"] - predict(here, cluster, Aggregation(ref["agg"]),
-                                                       table, rank_cpu=0.0).cpu
-            for agg, res in measured.items():
-                pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu)
-                meas = p * batch / res["samples_per_s"]
-                doc["rows"].append({
-                    "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
-                    "measured_each_s": res["iteration_each_s"],
-                    "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
-                    "measured_parts_s": res["seconds_per_iter"],
-                    "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
-                    "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
-                                          "step": pred.step, "coding": pred.coding,
-                                          "communicate": float(pred.communicate),
-                                          "exposed": float(pred.exposed),
-                                          "cpu_per_rank": pred.cpu,
-                                          "cpu_communicate": pred.cpu_comm,
-                                          "cpu_bound": pred.cpu_bound},
-                    "iterations": res["iterations"], "load_average": os.getloadavg()[0]})
+            doc["rows"] += predict_rows(prof, table, cal, rate, p, measured, batch)
             out.write_text(json.dumps(summarise(doc), indent=1) + "\n")  # partial results kept
     return summarise(doc)
+
+
+def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
+                 measured: dict[str, dict], batch: int) -> list[dict]:
+    """The model's prediction beside each aggregation's measured result at one (rate, P), from
+    the dense run's compute and CPU, the cluster's calibration ``cal`` and the codec table."""
+    bps = parse_bandwidth(rate)
+    ref = measured.get("dense") or next(iter(measured.values()))
+    compute = ref["seconds_per_iter"]["compute"]
+    share = prof.forward_s / (prof.forward_s + prof.backward_s)
+    here = prof.with_compute(compute * share, compute * (1 - share), "dense run's compute")
+    here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
+    cluster = Cluster(p, bps, cal["alpha_step_s"], cal["gamma_s_per_byte"],
+                      beta=cal["beta_s_per_byte"], check_calls=True, burst=float(tbf_burst(bps)),
+                      **CpuSetting.from_calibration(cal, p).fields(p))
+    # the dense run's CPU less what the model charges it for coding and collectives, and the
+    # time its ranks waited at the header exchanges beyond what the model charges them: the
+    # slowest rank's lead (point 6 of gradwire.perf.model)
+    base = predict(here, cluster, Aggregation(ref["agg"]), table, rank_cpu=0.0)
+    rank_cpu = ref["cpu_s_per_iter"] - base.cpu
+    straggle = max(ref["seconds_per_iter"]["header"] - float(base.header), 0.0)
+    cluster = dataclasses.replace(cluster, straggle=straggle)
+    rows = []
+    for agg, res in measured.items():
+        pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu)
+        meas = p * batch / res["samples_per_s"]
+        rows.append({
+            "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
+            "measured_each_s": res["iteration_each_s"],
+            "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
+            "measured_parts_s": res["seconds_per_iter"],
+            "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
+            "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
+                                  "step": pred.step, "coding": pred.coding,
+                                  "communicate": float(pred.communicate),
+                                  "exposed": float(pred.exposed),
+                                  "cpu_per_rank": pred.cpu,
+                                  "cpu_communicate": pred.cpu_comm,
+                                  "cpu_bound": pred.cpu_bound,
+                                  "header": float(pred.header), "straggle": straggle},
+            "iterations": res["iterations"], "load_average": os.getloadavg()[0]})
+    return rows
+
+
+def repredict(doc: dict) -> dict:
+    """``doc``'s measurements with the predictions of the model as it is now, from the inputs
+    the run recorded (its profile's times, codec table and calibrations); the parameter
+    tensors come from the model as built here. Each row keeps its run's load average."""
+    if "runs" in doc:
+        raise SystemExit("--repredict takes one run's result, not a merged one")
+    rec = doc["profile_one_process"]
+    built = measure(doc["model"], batch_size=doc["batch_size"], iters=1, warmup=0)
+    prof = dataclasses.replace(built, forward_s=rec["forward_s"], backward_s=rec["backward_s"],
+                               step_s=rec["step_s"],
+                               backward_layer_s=tuple(rec["backward_layer_s"]))
+    table = codecs.CodecTable("one thread", prof.numel, doc["codecs_one_thread"], "recorded")
+    rows = []
+    for key in dict.fromkeys((r["bandwidth"], r["workers"]) for r in doc["rows"]):
+        group = [r for r in doc["rows"] if (r["bandwidth"], r["workers"]) == key]
+        measured = {r["agg"]: {"agg": r["agg"], "samples_per_s": key[1] * doc["batch_size"]
+                               / r["measured_s"], "seconds_per_iter": r["measured_parts_s"],
+                               "cpu_s_per_iter": r["measured_cpu_s_per_rank"],
+                               "iteration_each_s": r["measured_each_s"],
+                               "iterations": r["iterations"]} for r in group}
+        new = predict_rows(prof, table, doc["calibration"][f"{key[0]} P={key[1]}"], *key,
+                           measured, doc["batch_size"])
+        for old, row in zip(group, new, strict=True):
+            row["load_average"] = old["load_average"]
+        rows += new
+    load_end = doc["summary"]["load_average_end"]
+    out = summarise({**doc, "rows": rows,
+                     "repredicted": {"date": provenance.now(), "commit": provenance.commit()}})
+    out["summary"]["load_average_end"] = load_end
+    return out
 
 
 def summarise(doc: dict) -> dict:
@@ -233,6 +285,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3,
                     help="training runs per configuration, interleaved; the median run is kept")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "perf_validation.json")
+    ap.add_argument("--repredict", type=Path, metavar="JSON",
+                    help="run nothing: predict this earlier run's measurements again with the "
+                         "model as it is now, into --out and its plot")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                     help="run nothing: join these results of earlier runs (say, one per rate, "
                          "each inside a time limit) into --out and its plot")
@@ -242,6 +297,8 @@ def main() -> None:
     console = Console()
     if a.merge:
         doc = merge([json.loads(f.read_text()) for f in a.merge])
+    elif a.repredict:
+        doc = repredict(json.loads(a.repredict.read_text()))
     else:
         doc = run(a.rates.split(","), [int(p) for p in a.workers.split(",")],
                   a.aggs.split(","), a.out, console, repeats=a.repeats)

@@ -359,3 +359,74 @@ def test_codec_table_inside_a_job_times_the_compressors_alone(tmp_path) -> None:
         assert "compressor only" in doc["source"] and doc["methods"]["dense"]["encode_s"] == 0
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("p", [1, 2, 8])
+def test_the_straggler_wait_is_paid_once_an_iteration(p) -> None:
+    agg = Aggregation("gtopk")
+    plain, waited = (predict(TOY, Cluster(p, 1e9, 307e-6, straggle=s), agg, HERE)
+                     for s in (0.0, 0.004))
+    extra = 0.004 if p > 1 else 0.0  # one rank alone waits for nobody
+    assert float(waited.iteration - plain.iteration) == pytest.approx(extra, rel=1e-9)
+    assert float(waited.exposed - plain.exposed) == pytest.approx(extra, rel=1e-9)
+
+
+ZERO = codecs.CodecTable("zero", 1, {"dense": {"encode_s": 0.0, "decode_s": 0.0}}, "test")
+
+
+def test_a_lone_bucket_starts_with_a_full_token_bucket() -> None:
+    # forward, step and backward idle the links far longer than a 500 kB bucket takes to fill,
+    # and the first 500 kB each rank sends then pass at once
+    agg, beta, burst = Aggregation("dense", mode="model"), 8.36e-9, 500e3
+    credited, plain = (predict(TOY, Cluster(4, 1e9, 307e-6, beta=beta, check_calls=False,
+                                            burst=b), agg, ZERO) for b in (burst, 0.0))
+    ring = cost(schedule("allreduce", "ring", 4, 8_000_000, pipeline=1),
+                CostParams(307e-6, beta), 4)
+    assert float(plain.communicate) == pytest.approx(ring, rel=1e-9)
+    assert float(credited.communicate) == pytest.approx(ring - burst * beta, rel=1e-9)
+
+
+def test_buckets_queued_behind_a_busy_link_start_with_no_credit() -> None:
+    # at 100 Mbit/s the first bucket's allreduce outlasts the backward that readies the others
+    agg, beta, burst = Aggregation("dense", bucket_mb=10), 8e-8, 256 * 1024
+    cluster = Cluster(4, 1e8, 307e-6, beta=beta, check_calls=True, burst=burst)
+    r = predict(TOY, cluster, agg, ZERO)
+    header = cost(schedule("allgather", "rd", 4, 168 * 4, itemsize=1),
+                  CostParams(307e-6, beta), 1)
+    rings = sum(cost(schedule("allreduce", "ring", 4, n, pipeline=1), CostParams(307e-6, beta), 4)
+                for n in (1_000_000, 3_000_000, 4_000_000))
+    assert float(r.communicate) == pytest.approx(3 * header + rings - burst * beta, rel=1e-9)
+    assert float(r.header) == pytest.approx(3 * header, rel=1e-9)
+
+
+def test_a_payload_smaller_than_the_credit_pays_only_its_messages() -> None:
+    # Top-k at P = 4 sends 3 × 8000 entries of 8 bytes and receives as many: 192 kB, in credit
+    agg, beta = Aggregation("topk", mode="model"), 8e-8
+    cluster = Cluster(4, 1e8, 307e-6, beta=beta, check_calls=False, burst=256 * 1024)
+    r = predict(TOY, cluster, agg, HERE)
+    plain = cost(schedule("allgather", "rd", 4, 4 * 8000 * 8, itemsize=1),
+                 CostParams(307e-6, beta), 1)
+    assert float(r.communicate) == pytest.approx(plain - 3 * 8000 * 8 * beta, rel=1e-9)
+    assert float(r.communicate) == pytest.approx(2 * 307e-6, rel=1e-9)  # lg 4 messages
+
+
+@settings(max_examples=20, deadline=None)
+@given(method=st.sampled_from(["dense", "fp16", "topk", "gtopk", "powersgd", "signsgd"]),
+       p=st.integers(1, 9), burst=st.floats(0, 2e6))
+def test_a_token_bucket_never_makes_an_iteration_longer(method, p, burst) -> None:
+    rates = np.array([1e8, 1e9])
+    plain, credited = (predict(TOY, Cluster(p, rates, 307e-6, 0.1e-9, burst=b),
+                               Aggregation(method), HERE) for b in (0.0, burst))
+    assert (credited.iteration <= plain.iteration + 1e-12).all()
+    assert (credited.communicate >= 0).all()
+
+
+@pytest.mark.parametrize(("kw", "msg"), [
+    ({"straggle": -1e-3}, "straggler wait per iteration must be a finite number >= 0"),
+    ({"straggle": float("inf")}, "straggler wait per iteration must be a finite number"),
+    ({"burst": float("nan")}, r"token bucket \(bytes\) must be a finite number >= 0"),
+    ({"burst": -1.0}, r"token bucket \(bytes\) must be a finite number >= 0"),
+])
+def test_cluster_refuses_bad_stragglers_and_buckets(kw, msg) -> None:
+    with pytest.raises(GradwireError, match=msg):
+        Cluster(4, 1e9, 1e-4, **kw)

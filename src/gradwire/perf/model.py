@@ -30,6 +30,20 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    yet. ``gradwire calibrate`` measures u and s by alternating bursts of compute with
    allreduces. The emulated cluster is such a machine: every rank on its 2 cores, so
    compressed runs, whose wire time is small, are bound by CPU there.
+6. Stragglers (``Cluster.straggle``, default 0): ranks do not finish their compute together
+   (iteration to iteration, a rank's forward and backward vary by milliseconds here, on idle
+   cores too), and the iteration goes at the pace of the slowest: t_iter + w, w the time a
+   rank waits per iteration, beyond the exchange itself, at the first collective it makes.
+   The validation benchmark takes w from the dense run (its header exchanges' measured time
+   less what point 3 charges for them).
+7. Token buckets (``Cluster.burst``, default 0: a plain link): an emulated cluster's links
+   are ``tc tbf`` buckets that let ``burst`` bytes through at once after an idle spell. A
+   bucket's data calls start with the credit its links earned idle before them (the first
+   bucket: since the iteration before sent its last, through the step, forward, backward
+   until it is ready and its encode; a later one: while it waited to be ready, the last
+   bucket's decode and its own encode), and the first that many bytes the busiest rank sends
+   or receives cost no β. Links earn nothing inside a call: α per step, calibrated here, is
+   mostly the ranks' CPU, which overlaps the wire in large transfers.
 
 Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidths is one call.
 """
@@ -92,6 +106,12 @@ class Cluster:
     cpu_share: float = 1.0  # the share of the machine's cores the ranks keep busy
     cpu_sync: float = 0.0  # seconds each collective call waits for ranks not yet scheduled
     cpu_slowdown: float = 1.0  # CPU of encode/decode with every rank running / alone
+    # Seconds per iteration a rank waits at its first collective call for the slowest rank
+    # (compute that varies from rank to rank and from iteration to iteration): point 6.
+    straggle: float = 0.0
+    # Bytes of each link's token bucket (an emulated cluster's tc tbf; 0: a plain link): a
+    # bucket's data calls start with what the link earned while idle (point 7).
+    burst: float = 0.0
 
     def __post_init__(self) -> None:
         if (isinstance(self.workers, bool) or not isinstance(self.workers, numbers.Integral)
@@ -114,7 +134,9 @@ class Cluster:
         check_fraction("cluster", "CPU share", self.cpu_share)
         check_real("CPU slowdown", self.cpu_slowdown, 1.0)
         for what, v in (("CPU per step", self.cpu_step), ("CPU per byte", self.cpu_byte),
-                        ("sync wait per call", self.cpu_sync)):
+                        ("sync wait per call", self.cpu_sync),
+                        ("straggler wait per iteration", self.straggle),
+                        ("token bucket (bytes)", self.burst)):
             check_real(what, v)
         check_real("the link inside a node (bit/s)", self.intra_bps, above=True)
 
@@ -190,6 +212,7 @@ class Prediction:
     cpu_comm: float = 0.0  # its part in the schedules
     cpu_bound: float = 0.0  # max(1, n/C)·D/u + c·s, 0 when the cluster's CPU bounds nothing
     calls: int = 0  # collective calls per iteration, headers included
+    header: float | np.ndarray = 0.0  # seconds of the call-header exchanges (in communicate)
 
     @property
     def efficiency(self) -> np.ndarray:
@@ -267,36 +290,66 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     shared = cluster.cores is not None  # point 5: ranks share cores
     end = np.zeros_like(beta)
     total_comm, coding, wire, cpu_comm, calls = np.zeros_like(beta), 0.0, 0, 0.0, 0
-    for numel, ready in bs:
-        ops, sent = operations(agg, numel, p, profile.dtype)
+    header = np.zeros_like(beta)
+    f0, s0 = profile.forward_s / compute_speedup, profile.step_s / compute_speedup
+    credited, last_dec = cluster.burst > 0 and p > 1, 0.0
+    for i, (numel, ready) in enumerate(bs):
+        data, sent = operations(agg, numel, p, profile.dtype)
+        enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
+        enc, dec = enc / compute_speedup, dec / compute_speedup
+        if credited:
+            # what the link earned idle before this bucket's data (point 7): the first bucket,
+            # since the iteration before sent its last (step, forward, backward until ready,
+            # encode); a later one, while it waited to be ready, the last bucket's decode and
+            # its own encode; no credit left over from the bucket before
+            idle = (f0 + s0 + kappa * ready / compute_speedup if i == 0
+                    else np.maximum(kappa * ready / compute_speedup - end, 0.0) + last_dec)
+            credit = np.minimum(cluster.burst, (idle + enc) / beta)
+            last_dec = dec
+        t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, node=cluster.node, **prm)
+                - (_credit_saved(c, a, p, n, e, prm, beta, credit) if credited else 0.0)
+                for c, a, n, e, prm in data)
+        ops = data
         if cluster.check_calls and p > 1:
             c, a, n, prm = header_spec(p)
-            ops = [(c, a, n, 1, prm), *ops]
-        t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, node=cluster.node, **prm)
-                for c, a, n, e, prm in ops)
+            ops = [(c, a, n, 1, prm), *data]
+            h = comm.seconds(c, a, p, n, 1, alpha, beta, gamma, node=cluster.node, **prm)
+            header, t = header + h, t + h
         calls += len(ops) if p > 1 else 0
         if shared:
             cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, cluster.cpu_step, cluster.cpu_byte,
                                              float(np.max(gamma)), **prm)
                             for c, a, n, e, prm in ops)
-        enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
-        enc, dec = enc / compute_speedup, dec / compute_speedup
         end = np.maximum(end, kappa * ready / compute_speedup) + enc + t + dec
         total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
     f = profile.forward_s / compute_speedup  # type: ignore[operator]
     b = kappa * profile.backward_s / compute_speedup  # type: ignore[operator]
     s = profile.step_s / compute_speedup
     done = np.maximum(end, b)
-    it = f + done + s
+    wait = cluster.straggle if p > 1 else 0.0
+    it = f + done + s + wait
     own = (f + profile.backward_s / compute_speedup + s  # type: ignore[operator]
            if rank_cpu is None else rank_cpu / compute_speedup)
     cpu = own + coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + calls * cluster.cpu_sync
              if shared else 0.0)
     bound_it = np.maximum(it, bound)
-    return Prediction(bound_it, f, b, s, total_comm, coding, done - b + (bound_it - it), wire,
-                      len(bs), cpu=cpu,
-                      cpu_comm=cpu_comm, cpu_bound=bound, calls=calls)
+    exposed = done - b + wait + (bound_it - it)
+    return Prediction(bound_it, f, b, s, total_comm, coding, exposed, wire, len(bs), cpu=cpu,
+                      cpu_comm=cpu_comm, cpu_bound=bound, calls=calls, header=header)
+
+
+def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: int,
+                  params: dict, beta: np.ndarray, credit: np.ndarray) -> np.ndarray:
+    """Seconds a collective saves when every link starts it with ``credit`` bytes of token
+    bucket (point 7): the first ``credit`` bytes the busiest rank sends or receives pass at
+    once. Links earn nothing inside the call: α per step, as calibrated here, is mostly the
+    ranks' CPU, which overlaps the wire in large transfers."""
+    t = registry.table(collective, algo, p, count, **params)
+    sent = np.bincount(t.src, weights=t.size, minlength=p)
+    received = np.bincount(t.dst, weights=t.size, minlength=p)
+    most = float(max(sent.max(), received.max())) * elem_bytes
+    return np.asarray(beta, dtype=float) * np.minimum(credit, most)
 
 
 def parse_link(text: str) -> float:
