@@ -138,15 +138,21 @@ def test_failure_half_way_rolls_back():
         cluster_down(c.name)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_a_run_removes_the_cluster(sig):
     # `gradwire run` makes an ephemeral cluster; SIGTERM or SIGINT (Ctrl-C) to it must leave
     # nothing behind: no namespace, link or rank process. Clusters that were up before (other
     # runs on this machine) are not ours to judge.
     others = {c.name for c in list_clusters()}
+    # Ctrl-C's SIGINT as a terminal delivers it: a suite started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and Python then keeps it ignored.
     p = subprocess.Popen([sys.executable, "-m", "gradwire.cli", "run", "--hosts", "2", "--",
                           "sleep", SLEEP], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
+                         text=True, preexec_fn=_default_sigint)
     names = set()
     for _ in range(200):
         names = {n.split("-")[0] for n in netns_names() if n.startswith("gw")} - {"gwprobe"}
