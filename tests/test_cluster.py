@@ -249,7 +249,7 @@ def test_a_killed_runs_cluster_is_stale_and_the_next_cluster_removes_it():
 
 def _machine_tcp():
     out = []
-    for k in ("congestion_control", "allowed_congestion_control"):
+    for k in ("congestion_control", "allowed_congestion_control", "wmem"):
         with open(f"/proc/sys/net/ipv4/tcp_{k}") as f:
             out.append(f.read().split())
     return out
@@ -264,7 +264,7 @@ def _kernel_has(algo):
 
 
 @pytest.mark.skipif(not _kernel_has("cubic"), reason="this kernel has no TCP cubic")
-def test_hosts_run_cubic_and_the_machine_keeps_its_tcp_settings():
+def test_hosts_run_cubic_with_small_send_buffers_and_the_machine_keeps_its_tcp_settings():
     from gradwire.cluster.netns import set_congestion_control
 
     before = _machine_tcp()
@@ -275,6 +275,10 @@ def test_hosts_run_cubic_and_the_machine_keeps_its_tcp_settings():
                                   "/proc/sys/net/ipv4/tcp_congestion_control"],
                                  capture_output=True, text=True, check=True).stdout.strip()
             assert got == "cubic"
+            wmem = subprocess.run(["ip", "netns", "exec", h.netns, "cat",
+                                   "/proc/sys/net/ipv4/tcp_wmem"],
+                                  capture_output=True, text=True, check=True).stdout.split()
+            assert int(wmem[2]) == c.send_buffer_bytes == 250_000  # 2 ms at 1 Gbit/s
         assert c.tcp == load_cluster(c.name).tcp == "cubic"
         assert c.label == "emulated 2 hosts, 1gbit links, TCP cubic"
         assert _machine_tcp() == before

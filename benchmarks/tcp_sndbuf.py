@@ -1,0 +1,105 @@
+"""Why the emulated hosts cap TCP's send buffer (cluster.netns.tcp_send_buffer).
+
+A gloo send completes once its bytes are in the kernel, not once they have arrived. With
+Linux's default send buffer (autotuned up to 4 MiB) a rank that sends to one peer and then to
+another starts the second send while megabytes of the first still wait in its socket: the two
+share the rank's link, and the first peer, whose data a tree forwards next, gets the rest at
+half the rate. The schedule (and the model) has the first send done before the second starts.
+
+For each send-buffer ceiling (the machine's default, then what the cluster now sets), every
+host of one cluster is given it (``net.ipv4.tcp_wmem``'s maximum; each bench run makes new
+sockets), then `gradwire bench` times broadcast (binomial, lp, scatter_ag) and allreduce (ring,
+tree, rhd and the built-in) at two sizes, the algorithms taking turns. The settings take turns
+too, ROUNDS times, at P = 4 and 8.
+
+    python benchmarks/tcp_sndbuf.py                      # ~13 min; results/tcp_sndbuf.json
+    python benchmarks/tcp_sndbuf.py --bandwidth 100mbit  # ~10 min; tcp_sndbuf_100mbit.json
+
+Needs root. Run it on an otherwise idle machine: 8 ranks share 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gradwire.bandwidth import parse_bandwidth
+from gradwire.bench import provenance
+from gradwire.cluster import cluster_down, cluster_up
+from gradwire.cluster.netns import cap_send_buffer, tcp_send_buffer
+
+RESULTS = Path(__file__).parent / "results"
+SIZES = {"1gbit": "4M,64M", "100mbit": "1M,8M"}  # about the same seconds per call
+ROUNDS = 2
+ITERS = 3
+# (collective, algorithms, with the built-in baseline row)
+WORK = (("broadcast", "binomial,lp,scatter_ag", False), ("allreduce", "ring,tree,rhd", True))
+
+
+def bench(c, home: str, collective: str, algos: str, builtin: bool,
+          sizes: str) -> dict[str, float]:
+    out = Path(home) / f"{c.name}-{len(os.listdir(home))}.json"
+    subprocess.run([sys.executable, "-m", "gradwire.cli", "bench", "--cluster", c.name,
+                    "--collective", collective, "--algo", algos, "--sizes", sizes,
+                    "--iters", str(ITERS), "--interleave", "--json", str(out),
+                    "--builtin" if builtin else "--no-builtin"], check=True,
+                   env={**os.environ, "GRADWIRE_HOME": home}, capture_output=True)
+    return {f"{collective} {r['algo']} {r['bytes'] >> 20} MiB": r["time_s"]
+            for r in json.loads(out.read_text())["rows"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bandwidth", default="1gbit", choices=sorted(SIZES))
+    a = ap.parse_args()
+    out_path = RESULTS / ("tcp_sndbuf.json" if a.bandwidth == "1gbit"
+                          else f"tcp_sndbuf_{a.bandwidth}.json")
+    home = tempfile.mkdtemp(prefix="gradwire-sndbuf-")
+    default = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    capped = tcp_send_buffer(parse_bandwidth(a.bandwidth))
+    by_hosts = {}
+    for hosts in (4, 8):
+        c = cluster_up(hosts, a.bandwidth)
+        try:
+            times: dict[str, dict[str, list[float]]] = {}
+            for rnd in range(ROUNDS):
+                for ceiling in (default, capped):
+                    if not all(cap_send_buffer(h.netns, ceiling) for h in c.hosts):
+                        raise SystemExit("the hosts' send buffers could not be set")
+                    got = {k: v for col, algos, builtin in WORK for k, v in
+                           bench(c, home, col, algos, builtin, SIZES[a.bandwidth]).items()}
+                    for k, v in got.items():
+                        times.setdefault(str(ceiling), {}).setdefault(k, []).append(v)
+                    print(hosts, rnd, ceiling, {k: round(v * 1e3, 1) for k, v in got.items()},
+                          flush=True)
+        finally:
+            cluster_down(c.name)
+        base = times[str(default)]
+        by_hosts[str(hosts)] = {
+            "median_s": {s: {k: statistics.median(v) for k, v in t.items()}
+                         for s, t in times.items()},
+            "times_s": times,
+            "speedup_over_default": {s: {k: statistics.median(base[k]) / statistics.median(v)
+                                         for k, v in t.items()}
+                                     for s, t in times.items() if s != str(default)}}
+    command = "python benchmarks/tcp_sndbuf.py" + (
+        f" --bandwidth {a.bandwidth}" if a.bandwidth != "1gbit" else "")
+    out_path.write_text(json.dumps({
+        **provenance.stamp(command), "commit": provenance.commit(),
+        "network": f"emulated hosts, {a.bandwidth} links, TCP cubic",
+        "settings": {"machine_default_ceiling_bytes": default,
+                     "cluster_ceiling_bytes": capped},
+        "note": f"each time the median of {ITERS} calls (the algorithms in turn), per round; "
+                f"{ROUNDS} rounds with the settings in turn; 8 ranks share the machine's 2 "
+                "cores (CPU contention at P=8)",
+        "by_hosts": by_hosts}, indent=1) + "\n")
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()
