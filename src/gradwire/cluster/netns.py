@@ -189,10 +189,11 @@ def tcp_send_buffer(bps: float) -> int:
     least 64 KiB. A gloo send completes once its bytes are in the kernel; with Linux's default
     ceiling (4 MiB) a rank that sends to one peer and then another had megabytes of the first
     send still queued behind it, the two sharing its link, so the first peer (which a tree then
-    forwards from) got the rest at half the rate. At 1 Gbit/s, 4 and 8 hosts, against the
-    default in turns: Rabenseifner allreduce of 64 MiB 1.3-1.4x faster, scatter+allgather
-    broadcast of 4 MiB 1.2x, binomial 1.07x, ring and gloo's allreduce unchanged
-    (benchmarks/results/tcp_sndbuf.json)."""
+    forwards from) got the rest at half the rate. At 1 Gbit/s, against the default in turns:
+    Rabenseifner allreduce of 64 MiB 1.23x faster at P=4 and 1.52x at P=8, scatter+allgather
+    broadcast of 4 MiB 1.16x, binomial 1.09-1.11x, ring and gloo's allreduce within the spread
+    (benchmarks/results/tcp_sndbuf.json).
+    """
     return max(64 * 1024, int(bps / 8 * 2e-3))
 
 
