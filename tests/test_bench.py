@@ -73,29 +73,6 @@ def test_a_call_timed_with_its_header_exchange_is_predicted_with_it():
     assert row["predicted_s"] == pytest.approx(want)
 
 
-def test_shaped_links_start_a_call_with_the_credit_earned_idle_before_it():
-    """A broadcast of 1 MB from one rank on token-bucket links: with no idle spell the model
-    is the plain schedule's; an idle spell of t lets t/β bytes (at most the bucket) through at
-    once, and the header's exchange counts as idle too."""
-    a, b, burst = 1e-4, 8e-9, 500_000.0
-    row = {"collective": "broadcast", "algo": "lp", "name": "lp", "params": {"block": 250_000},
-           "bytes": 10**6, "count": 250_000, "time_s": 1.0}
-    shaped = CostParams(a, b, 0.0, burst=burst)
-    plain = cost(registry.schedule("broadcast", "lp", 2, 250_000, 0, block=250_000),
-                 CostParams(a, b), 4)
-    for idle, credit in ((0.0, 0.0), (1e-3, 1e-3 / b), (1.0, burst)):
-        r = {**row, "idle_before_s": idle}
-        annotate([r], 2, shaped)
-        assert r["predicted_s"] == pytest.approx(plain - credit * b)
-    r = {**row, "idle_before_s": 1e-3, "header": True}
-    annotate([r], 2, shaped)
-    c, h_algo, n, kw = header_spec(2)
-    header = cost(registry.schedule(c, h_algo, 2, n, **kw), shaped, 1)
-    assert r["predicted_s"] == pytest.approx(header + plain - (1e-3 + header))
-    annotate([r], 2, CostParams(a, b))  # a plain link: idle earns nothing
-    assert r["predicted_s"] == pytest.approx(header + plain)
-
-
 def test_algo_specs():
     specs = parse_specs("allreduce", "ring,ring:pipeline=4,builtin")
     assert [(s.label, s.name, s.params) for s in specs] == [
@@ -250,31 +227,6 @@ def test_interleaved_bench_takes_turns_and_checks_each_algorithm(one_rank, monke
     assert [r["algo"] for r in rows] == ["builtin", "ring", "rd"]
     assert [len(r["times_s"]) for r in rows] == [3, 3, 3]
     assert [r["wrong"] for r in rows] == [0, 0, 10]
-
-
-def test_each_row_says_how_long_the_links_idled_before_its_calls(one_rank, monkeypatch):
-    """idle_before_s is the median, over the timed calls, of the time from the end of the
-    call before (any algorithm's) to the start of this one."""
-    import time
-
-    import torch
-
-    from gradwire.bench import rank as bench_rank
-
-    real_buffers = bench_rank._buffers
-
-    def buffers(*args, **kwargs):
-        inp, out, reset, want = real_buffers(*args, **kwargs)
-
-        def pause_then_reset():
-            time.sleep(0.02)
-            reset()
-        return inp, out, pause_then_reset, want
-
-    monkeypatch.setattr(bench_rank, "_buffers", buffers)
-    specs = [{"label": n, "name": n, "params": {}} for n in ("builtin", "ring")]
-    rows = bench_rank.bench_interleaved("allreduce", specs, 10, torch.float32, 3, 1)
-    assert all(0.02 <= r["idle_before_s"] < 1.0 for r in rows)
 
 
 def test_bench_fails_when_a_result_is_wrong_and_keeps_the_rows(tmp_path, monkeypatch, capsys):

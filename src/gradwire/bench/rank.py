@@ -94,31 +94,20 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
     }[collective]
 
 
-class _Clock:
-    """Times calls: each lasts as long as its slowest rank, and each is preceded by an idle
-    spell (the barrier, the reset, the time's reduction) in which a shaped link earns token
-    bucket credit (``idle_before_s``, the model's start credit; the least of any rank)."""
-
-    def __init__(self) -> None:
-        self.last_end = time.perf_counter()
-
-    def call(self, run: Callable[[], object]) -> tuple[float, float]:
-        """(seconds of one call of ``run``, seconds since this rank's previous call ended):
-        every rank starts at a barrier (on a GPU, once the GPU is done too)."""
-        dev = group_device()
-        dist.barrier()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        end = time.perf_counter()
-        idle, self.last_end = t0 - self.last_end, end
-        # one reduction for both: the largest time and (negated) the smallest idle spell
-        both = torch.tensor([end - t0, -idle], dtype=torch.float64, device=dev)
-        dist.all_reduce(both, op=dist.ReduceOp.MAX)
-        return both[0].item(), -both[1].item()
+def _slowest(run: Callable[[], object]) -> float:
+    """Seconds of one call of ``run``: every rank starts at a barrier, and the call lasts as
+    long as its slowest rank (on a GPU, until the GPU has finished its work)."""
+    dev = group_device()
+    dist.barrier()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    run()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=dev)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return dt.item()
 
 
 def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
@@ -129,7 +118,7 @@ def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
 
 
 def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transport,
-         times: list[float], wrong: int, calls: int, op: str, idle: float) -> dict:
+         times: list[float], wrong: int, calls: int, op: str) -> dict:
     algo = spec["name"]
     sent = torch.tensor([sum(t.bytes_sent)], dtype=torch.float64, device=group_device())
     dist.all_reduce(sent, op=dist.ReduceOp.MAX)
@@ -138,7 +127,7 @@ def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transpor
             "bytes": count * inp.element_size(), "type": str(inp.dtype).replace("torch.", ""),
             "redop": op if collective in REDUCING else "none",
             "time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
-            "times_s": times, "wrong": wrong, "idle_before_s": idle,
+            "times_s": times, "wrong": wrong,
             # gradwire's calls exchange a call header first (agree.py); the model charges it
             "header": algo != BUILTIN and dist.get_world_size() > 1 and t.check_calls,
             "max_bytes_sent_per_rank_per_iter": sent.item() / calls
@@ -158,20 +147,17 @@ def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: tor
     runs = [_call(collective, s["name"], inp, out, t, s["params"], op)
             for s, t in zip(specs, transports, strict=True)]
     times: list[list[float]] = [[] for _ in specs]
-    idles: list[list[float]] = [[] for _ in specs]
     wrong = [0] * len(specs)
-    clock = _Clock()
     for i in range(warmup + iters):
         for k, run in enumerate(runs):
             reset()
-            dt, idle = clock.call(run)
+            dt = _slowest(run)
             if i >= warmup:
                 times[k].append(dt)
-                idles[k].append(idle)
             if i == warmup + iters - 1:
                 wrong[k] = _wrong(out, want)
-    return [_row(collective, s, count, inp, t, ts, w, warmup + iters, op, statistics.median(d))
-            for s, t, ts, w, d in zip(specs, transports, times, wrong, idles, strict=True)]
+    return [_row(collective, s, count, inp, t, ts, w, warmup + iters, op)
+            for s, t, ts, w in zip(specs, transports, times, wrong, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,17 +6,12 @@ and reduce 1. The prediction is the schedule's cost under calibrated α, β, γ,
 of the call header's exchange (:func:`gradwire.collectives.agree.header_spec`) where the
 timed call made one (the row's ``header``; gradwire's calls do unless
 GRADWIRE_CHECK_CALLS=0); the built-in allreduce row is predicted as a ring (gloo's allreduce
-is a ring), other built-ins are not. Links shaped by a token bucket (``params.burst``) start the
-schedule with the credit earned idle before it: the row's ``idle_before_s`` (the harness's
-barrier and bookkeeping between calls, measured) and the header's exchange, whose few hundred
-bytes are left out. An average (``redop`` avg) adds one pass over the part
+is a ring), other built-ins are not. An average (``redop`` avg) adds one pass over the part
 the slowest rank divides, at γ per byte: the whole buffer for allreduce and reduce (the root),
 1/P of the input for reduce-scatter.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from rich.table import Table
 
@@ -50,9 +45,6 @@ def predict(row: dict, p: int, params: CostParams) -> float | None:
     if row.get("header"):
         collective, h_algo, count, h_params = header_spec(p)
         header = cost(registry.schedule(collective, h_algo, p, count, **h_params), params, 1)
-    if params.burst > 0 and params.beta > 0:
-        idle = row.get("idle_before_s", 0.0) + header
-        params = dataclasses.replace(params, start_credit=idle / params.beta)
     divide = 0.0
     if row.get("redop") == "avg":
         divided = row["bytes"] // p if row["collective"] == "reducescatter" else row["bytes"]
