@@ -18,6 +18,8 @@ with it the probe did not follow the rounds' throughput (2.20, 2.21, 3.01 ms aga
     python benchmarks/train_demo.py --epochs 2 --out /tmp/t.json      # a quick look
     python benchmarks/train_demo.py --agg dense,gtopk --epochs 8 --baseline REV \
         --out benchmarks/results/train_ab_1gbit.json   # A/B: REV's code before and after
+    python benchmarks/train_demo.py --agg dense,gtopk --baseline-send-buffer \
+        --out benchmarks/results/train_ab_sndbuf_1gbit.json   # A/B: hosts' send buffers
 
 Writes benchmarks/results/train_demo_1gbit.json and the curves next to it (.png).
 """
@@ -38,7 +40,7 @@ from ab import earlier_src, revision, this_code
 from rich.console import Console
 
 from gradwire.bench import provenance
-from gradwire.cluster.netns import ephemeral_cluster
+from gradwire.cluster.netns import cap_send_buffer, ephemeral_cluster
 from gradwire.demo import DEMO, run_demo
 from gradwire.perf.measure import measure
 
@@ -66,31 +68,45 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REV",
                     help="also train with commit REV's code (its ranks import a worktree of "
                          "it), just before and just after this code, on the same cluster")
+    ap.add_argument("--baseline-send-buffer", action="store_true",
+                    help="the baseline runs (this code, or REV's with --baseline) on hosts "
+                         "whose TCP send buffers keep the machine's default ceiling")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     aggs = args.agg.split(",")
     base = dataclasses.replace(DEMO, epochs=args.epochs)
     console = Console(width=150)
+    machine_send_buffer = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
     stamp = provenance.stamp(shlex.join(["python", "benchmarks/train_demo.py", *sys.argv[1:]]))
     load_before = os.getloadavg()
     baseline: dict = {}
     with ExitStack() as stack:
         cluster = stack.enter_context(ephemeral_cluster(args.hosts, args.bandwidth))
         old = stack.enter_context(earlier_src(args.baseline)) if args.baseline else None
+        ab = old is not None or args.baseline_send_buffer
+
+        def send_buffers(ceiling: int) -> None:
+            if not all(cap_send_buffer(h.netns, ceiling) for h in cluster.hosts):
+                raise SystemExit("the hosts' TCP send buffers could not be set")
 
         def earlier() -> list[dict]:
             saved = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = str(old)  # the ranks inherit it
+            if old:
+                os.environ["PYTHONPATH"] = str(old)  # the ranks inherit it
+            if args.baseline_send_buffer:
+                send_buffers(machine_send_buffer)
             try:
                 return run_demo(cluster, aggs, base, 1800, console, None)
             finally:
+                if args.baseline_send_buffer:
+                    send_buffers(cluster.send_buffer_bytes)
                 if saved is None:
-                    del os.environ["PYTHONPATH"]
+                    os.environ.pop("PYTHONPATH", None)
                 else:
                     os.environ["PYTHONPATH"] = saved
 
-        before = earlier() if old else []
+        before = earlier() if ab else []
         rounds: list[dict] = []
         finals: list[list[float]] = []
         results: list[dict] = []
@@ -105,10 +121,13 @@ def main() -> None:
             if "dense" in aggs and "gtopk" in aggs:
                 rounds[-1]["gtopk_over_dense"] = round(
                     rounds[-1]["samples_per_s"]["gtopk"] / rounds[-1]["samples_per_s"]["dense"], 3)
-        after = earlier() if old else []
+        after = earlier() if ab else []
         network = cluster.label
-    if old:
-        baseline = {"rev": revision(args.baseline), "this_code": this_code(),
+    if ab:
+        rev = revision(args.baseline) if old else this_code()
+        if args.baseline_send_buffer:
+            rev += f" with send buffers up to {machine_send_buffer} B (the machine's default)"
+        baseline = {"rev": rev, "this_code": this_code(),
                     "order": "before, this, after",
                     "samples_per_s": {r["agg"]: {"before": b["samples_per_s"],
                                                  "this": r["samples_per_s"],
