@@ -9,10 +9,10 @@ half the rate. The schedule (and the model) has the first send done before the s
 For each send-buffer ceiling (the machine's default, then what the cluster now sets), every
 host of one cluster is given it (``net.ipv4.tcp_wmem``'s maximum; each bench run makes new
 sockets), then `gradwire bench` times broadcast (binomial, lp, scatter_ag) and allreduce (ring,
-tree, rhd and the built-in) at two sizes, the algorithms taking turns. The settings take turns
+tree, rhd, lp, dbtree and the built-in) at two sizes, the algorithms taking turns. The settings take turns
 too, ROUNDS times, at P = 4 and 8.
 
-    python benchmarks/tcp_sndbuf.py                      # ~13 min; results/tcp_sndbuf.json
+    python benchmarks/tcp_sndbuf.py                      # ~15 min; results/tcp_sndbuf.json
     python benchmarks/tcp_sndbuf.py --bandwidth 100mbit  # ~10 min; tcp_sndbuf_100mbit.json
 
 Needs root. Run it on an otherwise idle machine: 8 ranks share 2 cores.
@@ -38,7 +38,8 @@ SIZES = {"1gbit": "4M,64M", "100mbit": "1M,8M"}  # about the same seconds per ca
 ROUNDS = 2
 ITERS = 3
 # (collective, algorithms, with the built-in baseline row)
-WORK = (("broadcast", "binomial,lp,scatter_ag", False), ("allreduce", "ring,tree,rhd", True))
+WORK = (("broadcast", "binomial,lp,scatter_ag", False),
+        ("allreduce", "ring,tree,rhd,lp,dbtree", True))
 
 
 def bench(c, home: str, collective: str, algos: str, builtin: bool,

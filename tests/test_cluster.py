@@ -278,7 +278,7 @@ def test_hosts_run_cubic_with_small_send_buffers_and_the_machine_keeps_its_tcp_s
             wmem = subprocess.run(["ip", "netns", "exec", h.netns, "cat",
                                    "/proc/sys/net/ipv4/tcp_wmem"],
                                   capture_output=True, text=True, check=True).stdout.split()
-            assert int(wmem[2]) == c.send_buffer_bytes == 250_000  # 2 ms at 1 Gbit/s
+            assert int(wmem[2]) == c.send_buffer_bytes == 500_000  # 4 ms at 1 Gbit/s
         assert c.tcp == load_cluster(c.name).tcp == "cubic"
         assert c.label == "emulated 2 hosts, 1gbit links, TCP cubic"
         assert _machine_tcp() == before

@@ -13,7 +13,7 @@ counts each frame's headers against the rate, so TCP's payload rate is at most
 (mtu − 52)/(mtu + 14) of it, 95.6 % at 1500 and 99.3 % at 9000 (IP and TCP headers with
 timestamps, 52 bytes; Ethernet's, 14). Hosts run TCP ``CONGESTION_CONTROL``
 (cubic, Linux's default) whatever this machine's default is, and a shaped host's TCP send
-buffer holds at most 2 ms of its link's traffic (:func:`tcp_send_buffer`). State lives in
+buffer holds at most 4 ms of its link's traffic (:func:`tcp_send_buffer`). State lives in
 ``/run/gradwire/<name>.json`` so ``cluster down`` works from another process.
 """
 
@@ -185,16 +185,15 @@ def tbf_burst(bps: float) -> int:
 
 
 def tcp_send_buffer(bps: float) -> int:
-    """Bytes a shaped host's TCP send buffer may hold: 2 ms of traffic at the link's rate, at
-    least 64 KiB. A gloo send completes once its bytes are in the kernel; with Linux's default
-    ceiling (4 MiB) a rank that sends to one peer and then another had megabytes of the first
-    send still queued behind it, the two sharing its link, so the first peer (which a tree then
-    forwards from) got the rest at half the rate. At 1 Gbit/s, against the default in turns:
-    Rabenseifner allreduce of 64 MiB 1.23x faster at P=4 and 1.52x at P=8, scatter+allgather
-    broadcast of 4 MiB 1.16x, binomial 1.09-1.11x, ring and gloo's allreduce within the spread
-    (benchmarks/results/tcp_sndbuf.json).
-    """
-    return max(64 * 1024, int(bps / 8 * 2e-3))
+    """Bytes a shaped host's TCP send buffer may hold: 4 ms of traffic at the link's rate, at
+    least 64 KiB (500 kB at 1 Gbit/s). A gloo send completes once its bytes are in the kernel;
+    with Linux's default ceiling (4 MiB) a rank that sends to one peer and then another had
+    megabytes of the first send still queued behind it, the two sharing its link, so the first
+    peer (which a tree then forwards from) got the rest at half the rate. Smaller is not
+    better: at 2 ms the double binary tree, whose ranks feed several sockets at once, lost 8 %
+    at 64 MiB. Measured against the default in turns (benchmarks/results/tcp_sndbuf.json,
+    docs/cluster.md)."""
+    return max(64 * 1024, int(bps / 8 * 4e-3))
 
 
 def cap_send_buffer(ns: str, ceiling: int) -> bool:
