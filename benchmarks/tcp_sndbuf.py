@@ -9,8 +9,8 @@ half the rate. The schedule (and the model) has the first send done before the s
 For each send-buffer ceiling (the machine's default, then what the cluster now sets), every
 host of one cluster is given it (``net.ipv4.tcp_wmem``'s maximum; each bench run makes new
 sockets), then `gradwire bench` times broadcast (binomial, lp, scatter_ag) and allreduce (ring,
-tree, rhd, lp, dbtree and the built-in) at two sizes, the algorithms taking turns. The settings take turns
-too, ROUNDS times, at P = 4 and 8.
+tree, rhd, lp, dbtree and the built-in) at two sizes, the algorithms taking turns. The settings
+take turns too, ROUNDS times, at P = 4 and 8.
 
     python benchmarks/tcp_sndbuf.py                      # ~15 min; results/tcp_sndbuf.json
     python benchmarks/tcp_sndbuf.py --bandwidth 100mbit  # ~10 min; tcp_sndbuf_100mbit.json
