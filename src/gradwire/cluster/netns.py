@@ -202,9 +202,13 @@ def cap_send_buffer(ns: str, ceiling: int) -> bool:
     setting per namespace (before Linux 4.15 it is the whole machine's: then nothing changes)."""
     path = "/proc/sys/net/ipv4/tcp_wmem"
     machine = Path(path).read_text()
-    inner = _sh(["ip", "netns", "exec", ns, "cat", path]).stdout.split()
-    p = _sh(["ip", "netns", "exec", ns, "sh", "-c",
-             f"echo '{inner[0]} {inner[1]} {int(ceiling)}' > {path}"], check=False)
+    p = _sh(["ip", "netns", "exec", ns, "cat", path], check=False)
+    sizes = p.stdout.split()
+    if p.returncode == 0 and len(sizes) != 3:
+        p = subprocess.CompletedProcess(p.args, 1, "", f"{path} reads {p.stdout!r}")
+    if p.returncode == 0:  # keep the smallest and the initial size
+        p = _sh(["ip", "netns", "exec", ns, "sh", "-c",
+                 f"echo '{sizes[0]} {sizes[1]} {int(ceiling)}' > {path}"], check=False)
     if Path(path).read_text() != machine:  # not per namespace: put the machine's back
         Path(path).write_text(machine)
         p = subprocess.CompletedProcess(p.args, 1, "", "tcp_wmem is not per namespace")
