@@ -263,6 +263,15 @@ def _kernel_has(algo):
         return False
 
 
+def test_a_send_buffer_that_cannot_be_set_warns_and_leaves_the_machine_alone():
+    from gradwire.cluster.netns import cap_send_buffer
+
+    before = _machine_tcp()
+    with pytest.warns(UserWarning, match="send buffers keep this machine's ceiling"):
+        assert not cap_send_buffer("gw000000-h9", 65536)  # no such namespace
+    assert _machine_tcp() == before
+
+
 @pytest.mark.skipif(not _kernel_has("cubic"), reason="this kernel has no TCP cubic")
 def test_hosts_run_cubic_with_small_send_buffers_and_the_machine_keeps_its_tcp_settings():
     from gradwire.cluster.netns import set_congestion_control
