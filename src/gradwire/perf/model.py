@@ -291,7 +291,8 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     end = np.zeros_like(beta)
     total_comm, coding, wire, cpu_comm, calls = np.zeros_like(beta), 0.0, 0, 0.0, 0
     header = np.zeros_like(beta)
-    f0, s0 = profile.forward_s / compute_speedup, profile.step_s / compute_speedup
+    f = profile.forward_s / compute_speedup  # type: ignore[operator]
+    s = profile.step_s / compute_speedup
     credited, last_dec = cluster.burst > 0 and p > 1, 0.0
     for i, (numel, ready) in enumerate(bs):
         data, sent = operations(agg, numel, p, profile.dtype)
@@ -302,7 +303,7 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
             # since the iteration before sent its last (step, forward, backward until ready,
             # encode); a later one, while it waited to be ready, the last bucket's decode and
             # its own encode; no credit left over from the bucket before
-            idle = (f0 + s0 + kappa * ready / compute_speedup if i == 0
+            idle = (f + s + kappa * ready / compute_speedup if i == 0
                     else np.maximum(kappa * ready / compute_speedup - end, 0.0) + last_dec)
             credit = np.minimum(cluster.burst, (idle + enc) / beta)
             last_dec = dec
@@ -322,9 +323,7 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
                             for c, a, n, e, prm in ops)
         end = np.maximum(end, kappa * ready / compute_speedup) + enc + t + dec
         total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
-    f = profile.forward_s / compute_speedup  # type: ignore[operator]
     b = kappa * profile.backward_s / compute_speedup  # type: ignore[operator]
-    s = profile.step_s / compute_speedup
     done = np.maximum(end, b)
     wait = cluster.straggle if p > 1 else 0.0
     it = f + done + s + wait
