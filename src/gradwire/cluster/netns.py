@@ -191,8 +191,8 @@ def tcp_send_buffer(bps: float) -> int:
     megabytes of the first send still queued behind it, the two sharing its link, so the first
     peer (which a tree then forwards from) got the rest at half the rate. Smaller is not
     better: at 2 ms the double binary tree, whose ranks feed several sockets at once, lost 8 %
-    at 64 MiB. Measured against the default in turns (benchmarks/results/tcp_sndbuf.json,
-    docs/cluster.md)."""
+    at 64 MiB in a probe. Measured against the default in turns
+    (benchmarks/results/tcp_sndbuf.json, docs/cluster.md)."""
     return max(64 * 1024, int(bps / 8 * 4e-3))
 
 
