@@ -31,7 +31,7 @@ from pathlib import Path
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.bench import provenance
 from gradwire.cluster import cluster_down, cluster_up
-from gradwire.cluster.netns import cap_send_buffer, tcp_send_buffer
+from gradwire.cluster.netns import cap_send_buffer, host_send_buffer, machine_send_buffer
 
 RESULTS = Path(__file__).parent / "results"
 SIZES = {"1gbit": "4M,64M", "100mbit": "1M,8M"}  # about the same seconds per call
@@ -61,8 +61,8 @@ def main() -> None:
     out_path = RESULTS / ("tcp_sndbuf.json" if a.bandwidth == "1gbit"
                           else f"tcp_sndbuf_{a.bandwidth}.json")
     home = tempfile.mkdtemp(prefix="gradwire-sndbuf-")
-    default = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
-    capped = tcp_send_buffer(parse_bandwidth(a.bandwidth))
+    default = machine_send_buffer()
+    capped = host_send_buffer(parse_bandwidth(a.bandwidth))
     by_hosts = {}
     for hosts in (4, 8):
         c = cluster_up(hosts, a.bandwidth)

@@ -40,7 +40,7 @@ from ab import earlier_src, revision, this_code
 from rich.console import Console
 
 from gradwire.bench import provenance
-from gradwire.cluster.netns import cap_send_buffer, ephemeral_cluster
+from gradwire.cluster.netns import cap_send_buffer, ephemeral_cluster, machine_send_buffer
 from gradwire.demo import DEMO, run_demo
 from gradwire.perf.measure import measure
 
@@ -77,7 +77,7 @@ def main() -> None:
     aggs = args.agg.split(",")
     base = dataclasses.replace(DEMO, epochs=args.epochs)
     console = Console(width=150)
-    machine_send_buffer = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    machine_ceiling = machine_send_buffer()
     stamp = provenance.stamp(shlex.join(["python", "benchmarks/train_demo.py", *sys.argv[1:]]))
     load_before = os.getloadavg()
     baseline: dict = {}
@@ -85,6 +85,9 @@ def main() -> None:
         cluster = stack.enter_context(ephemeral_cluster(args.hosts, args.bandwidth))
         old = stack.enter_context(earlier_src(args.baseline)) if args.baseline else None
         ab = old is not None or args.baseline_send_buffer
+        if args.baseline_send_buffer and cluster.send_buffer_bytes is None:
+            raise SystemExit("--baseline-send-buffer: the hosts kept this machine's TCP send "
+                             "buffer, so there is nothing to compare")
 
         def send_buffers(ceiling: int) -> None:
             if not all(cap_send_buffer(h.netns, ceiling) for h in cluster.hosts):
@@ -95,7 +98,7 @@ def main() -> None:
             if old:
                 os.environ["PYTHONPATH"] = str(old)  # the ranks inherit it
             if args.baseline_send_buffer:
-                send_buffers(machine_send_buffer)
+                send_buffers(machine_ceiling)
             try:
                 return run_demo(cluster, aggs, base, 1800, console, None)
             finally:
@@ -126,7 +129,7 @@ def main() -> None:
     if ab:
         rev = revision(args.baseline) if old else this_code()
         if args.baseline_send_buffer:
-            rev += f" with send buffers up to {machine_send_buffer} B (the machine's default)"
+            rev += f" with send buffers up to {machine_ceiling} B (the machine's default)"
         baseline = {"rev": rev, "this_code": this_code(),
                     "order": "before, this, after",
                     "samples_per_s": {r["agg"]: {"before": b["samples_per_s"],

@@ -183,7 +183,12 @@ def test_cli_status_json_and_down_unknown():
     try:
         out = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "status",
                               "--json"], capture_output=True, text=True, check=True).stdout
-        assert c.name in {x["name"] for x in json.loads(out)}
+        (mine,) = [x for x in json.loads(out) if x["name"] == c.name]
+        assert mine["sndbuf"] == 500_000
+        out = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "status"],
+                             capture_output=True, text=True, check=True).stdout
+        assert ("links: tc tbf 1gbit each direction, bucket 500 kB; hosts' TCP send buffer at "
+                "most 500 kB") in " ".join(out.split())
     finally:
         cluster_down(c.name)
     p = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "down", "gw000000"],
@@ -288,6 +293,7 @@ def test_hosts_run_cubic_with_small_send_buffers_and_the_machine_keeps_its_tcp_s
                                    "/proc/sys/net/ipv4/tcp_wmem"],
                                   capture_output=True, text=True, check=True).stdout.split()
             assert int(wmem[2]) == c.send_buffer_bytes == 500_000  # 4 ms at 1 Gbit/s
+        assert load_cluster(c.name).send_buffer_bytes == 500_000  # kept in its state
         assert c.tcp == load_cluster(c.name).tcp == "cubic"
         assert c.label == "emulated 2 hosts, 1gbit links, TCP cubic"
         assert _machine_tcp() == before

@@ -38,3 +38,32 @@ def test_send_buffers_hold_four_milliseconds_of_the_link_at_least_64_kib():
     assert tcp_send_buffer(100e6) == tcp_send_buffer(1e6) == 65_536
     assert Cluster("gw000000", None).send_buffer_bytes is None  # unshaped: the machine's own
     assert Cluster("loopback", 1e9).send_buffer_bytes is None
+    assert Cluster("gw000000", 1e9).send_buffer_bytes is None  # the cap was not set
+    assert Cluster("gw000000", 1e9, sndbuf=500_000).send_buffer_bytes == 500_000
+
+
+def test_hosts_never_get_a_larger_send_buffer_than_the_machine(monkeypatch, tmp_path):
+    from gradwire.cluster import netns
+
+    wmem = tmp_path / "tcp_wmem"
+    monkeypatch.setattr(netns, "TCP_WMEM", wmem)
+    wmem.write_text("4096\t16384\t4194304\n")  # Linux's default ceiling, 4 MiB
+    assert netns.machine_send_buffer() == 4_194_304
+    assert netns.host_send_buffer(1e9) == 500_000
+    assert netns.host_send_buffer(10e9) == 4_194_304  # 4 ms would be 5 MB: a cap, not a raise
+    wmem.write_text("4096 16384 262144\n")
+    assert netns.host_send_buffer(1e9) == 262_144
+
+
+def test_a_cluster_state_with_a_bad_send_buffer_is_refused():
+    import json
+
+    import pytest
+
+    from gradwire.cluster.netns import Cluster
+
+    good = json.loads(Cluster("gw00000a", 1e9, sndbuf=500_000).to_json())
+    assert Cluster.from_json(json.dumps(good)).sndbuf == 500_000
+    for bad in (0, -1, "500000", 1.5, True):
+        with pytest.raises(ValueError, match="send buffer that is not bytes > 0"):
+            Cluster.from_json(json.dumps({**good, "sndbuf": bad}))

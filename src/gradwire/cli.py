@@ -114,6 +114,12 @@ def cluster_status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False)
                 f"cluster made here removes it, or `gradwire cluster down {c.name}`)[/]"
                 if c.stale else "")
         console.print(f"[bold]{c.name}[/]: {c.label}{note}")
+        if c.shaped:
+            buf = (f"{c.send_buffer_bytes / 1e3:.0f} kB" if c.send_buffer_bytes
+                   else "this machine's")
+            console.print(f"links: tc tbf {format_bandwidth(c.bandwidth_bps)} each direction, "
+                          f"bucket {c.burst_bytes / 1e3:.0f} kB; hosts' TCP send buffer at "
+                          f"most {buf}")
         _print_hosts(c)
 
 

@@ -13,7 +13,8 @@ counts each frame's headers against the rate, so TCP's payload rate is at most
 (mtu − 52)/(mtu + 14) of it, 95.6 % at 1500 and 99.3 % at 9000 (IP and TCP headers with
 timestamps, 52 bytes; Ethernet's, 14). Hosts run TCP ``CONGESTION_CONTROL``
 (cubic, Linux's default) whatever this machine's default is, and a shaped host's TCP send
-buffer holds at most 4 ms of its link's traffic (:func:`tcp_send_buffer`). State lives in
+buffer holds at most 4 ms of its link's traffic (:func:`tcp_send_buffer`), never more than this
+machine's own ceiling (:func:`machine_send_buffer`). State lives in
 ``/run/gradwire/<name>.json`` so ``cluster down`` works from another process.
 """
 
@@ -71,6 +72,9 @@ class Cluster:
     # the machine's default.
     tcp: str | None = None
     mtu: int = MTU
+    # The ceiling on every host's TCP send buffer (bytes) when every host took it; None: the
+    # machine's own (unshaped, or a kernel that keeps tcp_wmem for the whole machine).
+    sndbuf: int | None = None
 
     @property
     def stale(self) -> bool:
@@ -89,9 +93,9 @@ class Cluster:
 
     @property
     def send_buffer_bytes(self) -> int | None:
-        """The hosts' ceiling on a TCP send buffer (:func:`tcp_send_buffer`); None when not
-        shaped (the machine's own)."""
-        return tcp_send_buffer(self.bandwidth_bps) if self.shaped else None  # type: ignore
+        """The hosts' ceiling on a TCP send buffer as cluster up set it (:func:`host_send_buffer`);
+        None where they keep the machine's own (not shaped, or the setting failed)."""
+        return self.sndbuf if self.shaped else None
 
     @property
     def label(self) -> str:
@@ -133,6 +137,8 @@ class Cluster:
             raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
         if c.tcp is not None and not (isinstance(c.tcp, str) and CC_NAME_RE.fullmatch(c.tcp)):
             raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
+        if c.sndbuf is not None and not (type(c.sndbuf) is int and c.sndbuf > 0):
+            raise ValueError(f"cluster state {c.name!r} has a send buffer that is not bytes > 0")
         if not _mtu_ok(c.mtu):
             raise ValueError(f"cluster state {c.name!r} has an MTU outside {MTU_RANGE}")
         if not NAME_RE.match(c.name) or any(
@@ -196,12 +202,27 @@ def tcp_send_buffer(bps: float) -> int:
     return max(64 * 1024, int(bps / 8 * 4e-3))
 
 
+TCP_WMEM = Path("/proc/sys/net/ipv4/tcp_wmem")
+
+
+def machine_send_buffer() -> int:
+    """This machine's ceiling on a TCP send buffer (bytes): ``tcp_wmem``'s third field."""
+    return int(TCP_WMEM.read_text().split()[2])
+
+
+def host_send_buffer(bps: float) -> int:
+    """The ceiling cluster up gives a host on a link of ``bps``: :func:`tcp_send_buffer`, but
+    never above the machine's own (a cap, not a raise: from about 8.4 Gbit/s up, 4 ms of the
+    link is more than Linux's default 4 MiB, which the hosts then keep)."""
+    return min(tcp_send_buffer(bps), machine_send_buffer())
+
+
 def cap_send_buffer(ns: str, ceiling: int) -> bool:
     """Make ``ceiling`` the largest TCP send buffer of namespace ``ns`` (``tcp_wmem``'s third
     field; for sockets made after); False, with a warning, where the kernel does not keep the
     setting per namespace (before Linux 4.15 it is the whole machine's: then nothing changes)."""
-    path = "/proc/sys/net/ipv4/tcp_wmem"
-    machine = Path(path).read_text()
+    path = str(TCP_WMEM)
+    machine = TCP_WMEM.read_text()
     p = _sh(["ip", "netns", "exec", ns, "cat", path], check=False)
     sizes = p.stdout.split()
     if p.returncode == 0 and len(sizes) != 3:
@@ -209,8 +230,8 @@ def cap_send_buffer(ns: str, ceiling: int) -> bool:
     if p.returncode == 0:  # keep the smallest and the initial size
         p = _sh(["ip", "netns", "exec", ns, "sh", "-c",
                  f"echo '{sizes[0]} {sizes[1]} {int(ceiling)}' > {path}"], check=False)
-    if Path(path).read_text() != machine:  # not per namespace: put the machine's back
-        Path(path).write_text(machine)
+    if TCP_WMEM.read_text() != machine:  # not per namespace: put the machine's back
+        TCP_WMEM.write_text(machine)
         p = subprocess.CompletedProcess(p.args, 1, "", "tcp_wmem is not per namespace")
     if p.returncode != 0:
         why = " ".join(p.stderr.split()) or f"exit {p.returncode}"
@@ -334,18 +355,23 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     with _cleanup_on_failure(cluster):
         _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
-        took_all = True
+        took_all, capped_all = True, True
+        ceiling = host_send_buffer(bps) if bps is not None else None
         for i in range(hosts):
             host = Host(i, f"{name}-h{i}", f"{SUBNET_PREFIX}.{cluster.subnet}.{i + 1}", "eth0")
-            took_all = _add_host(cluster, host, bps) and took_all
+            took, capped = _add_host(cluster, host, bps, ceiling)
+            took_all, capped_all = took_all and took, capped_all and capped
             cluster.tcp = CONGESTION_CONTROL if took_all else None
+            cluster.sndbuf = ceiling if capped_all else None
             cluster.hosts.append(host)
             _save(cluster)
     return cluster
 
 
-def _add_host(cluster: Cluster, host: Host, bps: float | None) -> bool:
-    """Make ``host``; whether it took CONGESTION_CONTROL."""
+def _add_host(cluster: Cluster, host: Host, bps: float | None,
+              ceiling: int | None) -> tuple[bool, bool]:
+    """Make ``host``; whether it took CONGESTION_CONTROL, and (shaped links) the send buffer
+    ``ceiling``."""
     ns, outer, inner = host.netns, f"{cluster.name}-v{host.rank}", f"{cluster.name}-i{host.rank}"
     assert ns is not None
     _sh(["ip", "netns", "add", ns])
@@ -359,11 +385,12 @@ def _add_host(cluster: Cluster, host: Host, bps: float | None) -> bool:
     took = set_congestion_control(ns)
     _ip("link", "set", outer, "master", cluster.bridge)
     _ip("link", "set", outer, "up")
+    capped = False
     if bps is not None:
-        cap_send_buffer(ns, tcp_send_buffer(bps))
+        capped = ceiling is not None and cap_send_buffer(ns, ceiling)
         _tbf(host.ifname, bps, ns)  # upload: host -> switch
         _tbf(outer, bps, None)  # download: switch -> host
-    return took
+    return took, capped
 
 
 @contextlib.contextmanager
