@@ -235,6 +235,26 @@ def test_cpu_of_a_ring_allreduce_is_its_steps_bytes_and_reductions(p, n) -> None
     assert comm.cpu_seconds("allreduce", "ring", 1, n, 4, step, per_byte, gamma) == 0
 
 
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(1, 17), n=st.integers(0, 3_000_000),
+       algo=st.sampled_from(["ring", "tree", "rhd", "master"]))
+def test_busiest_bytes_are_the_most_any_rank_sends_or_receives(p, n, algo) -> None:
+    """What a token bucket's credit can save: counted on the schedule built at the count (up
+    to ref_count) and scaled above it, within one element per message."""
+    got = comm.busiest_bytes("allreduce", algo, p, n, 4)
+    if p == 1 or n == 0:
+        assert got == 0
+        return
+    s = schedule("allreduce", algo, p, n)
+    sent, received = [0] * p, [0] * p
+    for step in s.steps:
+        for x in step.transfers:
+            sent[x.src] += x.count * 4
+            received[x.dst] += x.count * 4
+    messages = sum(len(step.transfers) for step in s.steps)
+    assert got == pytest.approx(max(*sent, *received), abs=4 * messages + 1e-9)
+
+
 def test_cpu_of_a_tree_is_the_mean_over_its_ranks() -> None:
     """Binomial gTop-k tree at P = 8: a leaf takes part in two of its steps, the root in all;
     ranks sharing cores share their sum, so a rank is charged the mean."""

@@ -184,6 +184,26 @@ def cpu_seconds(collective: str, algo: str, p: int, count: int, elem_bytes: floa
     return steps * per_step + scale * (moved * per_byte / 2 + reduced * gamma)
 
 
+def busiest_bytes(collective: str, algo: str, p: int, count: int, elem_bytes: float,
+                  **params: object) -> float:
+    """Bytes the busiest rank sends, or receives, over the whole collective (the larger):
+    what a token bucket's credit can save it (:func:`gradwire.perf.model.predict`, point 7).
+    Counted as :func:`cpu_seconds` counts, scaled from ``min(count, ref_count(P))``."""
+    if p == 1 or count == 0:
+        return 0.0
+    c0, key = _reference(p, count, params)
+    return _busiest(collective, algo, p, c0, key) * elem_bytes * count / c0
+
+
+@functools.lru_cache(maxsize=512)
+def _busiest(collective: str, algo: str, p: int, count: int,
+             params: tuple[tuple[str, object], ...]) -> float:
+    t = registry.table(collective, algo, p, count, cached=False, **dict(params))
+    sent = np.bincount(t.src, weights=t.size, minlength=p)
+    received = np.bincount(t.dst, weights=t.size, minlength=p)
+    return float(max(sent.max(), received.max()))
+
+
 @functools.lru_cache(maxsize=512)
 def _cpu_totals(collective: str, algo: str, p: int, count: int,
                 params: tuple[tuple[str, object], ...]) -> tuple[float, float, float]:

@@ -344,10 +344,7 @@ def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: in
     bucket (point 7): the first ``credit`` bytes the busiest rank sends or receives pass at
     once. Links earn nothing inside the call: α per step, as calibrated here, is mostly the
     ranks' CPU, which overlaps the wire in large transfers."""
-    t = registry.table(collective, algo, p, count, **params)
-    sent = np.bincount(t.src, weights=t.size, minlength=p)
-    received = np.bincount(t.dst, weights=t.size, minlength=p)
-    most = float(max(sent.max(), received.max())) * elem_bytes
+    most = comm.busiest_bytes(collective, algo, p, count, elem_bytes, **params)
     return np.asarray(beta, dtype=float) * np.minimum(credit, most)
 
 
