@@ -12,12 +12,16 @@ user would, with a private GRADWIRE_HOME so the model uses the calibration of th
               calibrated apart), where frame headers take 0.7 % of the rate instead of 4.4 %.
 4. crossover  allreduce 1 KiB…64 MiB at P=8: the size where the bandwidth-optimal ring starts to
               beat the latency-optimal recursive doubling, measured (the algorithms taking
-              turns) and predicted.
+              turns, 4 calls back to back per timed run) and predicted.
 5. model      every registered algorithm of every collective, P=4, 1…64 MiB: predicted vs
               measured time (targets: median error ≤ 5 %, max ≤ 15 %) and a plot; median of
-              11 calls at 1 and 4 MiB, of 3 at 16 and 64 MiB.
+              11 timed runs of 4 calls back to back at 1 and 4 MiB, of 3 single calls at 16
+              and 64 MiB.
 
-    python benchmarks/collectives.py                 # ~15 min; writes benchmarks/results/
+Every timed run of `gradwire bench` starts at a barrier and makes one untimed lead-in call
+first, so its timed calls find the links as calls back to back leave them (--batch).
+
+    python benchmarks/collectives.py                 # ~25 min; writes benchmarks/results/
     python benchmarks/collectives.py --parts ring    # one part (others kept from the last run)
 
 Needs root (network namespaces). Run it on an otherwise idle machine: 8 ranks share 2 cores.
@@ -56,11 +60,12 @@ def gradwire(home: str, *args: str) -> None:
 
 
 def bench(home: str, collective: str, algos: str, sizes: str, hosts: int, iters: int,
-          mtu: int = 1500, interleave: bool = False) -> dict:
+          mtu: int = 1500, interleave: bool = False, batch: int = 1) -> dict:
     out = Path(home) / f"{collective}-{hosts}-{len(os.listdir(home))}.json"
     gradwire(home, "bench", "--collective", collective, "--algo", algos, "--sizes", sizes,
-             "--hosts", str(hosts), "--bandwidth", BW, "--iters", str(iters), "--json", str(out),
-             "--mtu", str(mtu), *(["--interleave"] if interleave else []))
+             "--hosts", str(hosts), "--bandwidth", BW, "--iters", str(iters),
+             "--batch", str(batch), "--json", str(out), "--mtu", str(mtu),
+             *(["--interleave"] if interleave else []))
     return json.loads(out.read_text())
 
 
@@ -134,7 +139,8 @@ def predicted_crossover(params: CostParams, p: int, small: str, large: str) -> f
 def part_crossover(home: str, cal: dict) -> dict:
     p = 8
     # in turns, like the ring part: which algorithm wins at a size is a comparison
-    res = bench(home, "allreduce", "rd,tree,rhd,ring", "1K:64M:4", p, 5, interleave=True)
+    res = bench(home, "allreduce", "rd,tree,rhd,ring", "1K:64M:4", p, 5, interleave=True,
+                batch=CROSSOVER_BATCH)
     sizes = sorted({r["bytes"] for r in res["rows"]})
     times = {a: [row(res, a, s)["time_s"] for s in sizes] for a in ("rd", "ring")}
     params = calibrate.cost_params(cal)
@@ -145,14 +151,17 @@ def part_crossover(home: str, cal: dict) -> dict:
 
 
 # Calls of 1 and 4 MiB vary most from one to the next (a ring allreduce of 1 MiB took 15.8 to
-# 23.1 ms within one run of three), and cost least: they get more iterations.
-MODEL_ITERS = {"1M,4M": 11, "16M,64M": 3}
+# 23.1 ms within one run of three), and cost least: they get more timed runs, each of 4 calls
+# back to back after the lead-in call (gradwire bench --batch): (timed runs, calls each).
+MODEL_ITERS = {"1M,4M": (11, 4), "16M,64M": (3, 1)}
+CROSSOVER_BATCH = 4
 
 
 def part_model(home: str) -> dict:
-    benches = [bench(home, c, ",".join(a.name for a in registry.algorithms(c)), sizes, 4, iters)
+    benches = [bench(home, c, ",".join(a.name for a in registry.algorithms(c)), sizes, 4, iters,
+                     batch=batch)
                for c in ("allreduce", "broadcast", "reduce", "allgather", "reducescatter")
-               for sizes, iters in MODEL_ITERS.items()]
+               for sizes, (iters, batch) in MODEL_ITERS.items()]
     pts = [{"collective": r["collective"], "algo": r["algo"], "bytes": r["bytes"],
             "measured_s": r["time_s"], "predicted_s": r["predicted_s"],
             "error": r["prediction_error"]}

@@ -86,6 +86,7 @@ CLI = [
     (["bench", "--algo", "ring,lp", "--param", "blok=4"],
      "--param blok: no algorithm of ring, lp takes it (did you mean 'block'?)"),
     (["bench", "--iters", "0"], "Invalid value for '--iters'"),
+    (["bench", "--batch", "0"], "Invalid value for '--batch'"),
     (["bench", "--warmup", "-1"], "Invalid value for '--warmup'"),
     (["bench", "--bandwidth", "1gbps"], "bandwidth '1gbps' is not valid"),
     (["calibrate", "--hosts", "1"], "calibrate needs --hosts >= 2"),

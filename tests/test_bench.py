@@ -222,8 +222,10 @@ def test_interleaved_bench_takes_turns_and_checks_each_algorithm(one_rank, monke
 
     monkeypatch.setattr(bench_rank, "_call", recording)
     specs = [{"label": n, "name": n, "params": {}} for n in ("builtin", "ring", "rd")]
-    rows = bench_rank.bench_interleaved("allreduce", specs, 10, torch.float32, 3, 1)
-    assert calls == ["builtin", "ring", "rd"] * 4  # one warm-up round, three timed
+    rows = bench_rank.bench_interleaved("allreduce", specs, 10, torch.float32, 3, 1, batch=2)
+    # a warm-up call each; three rounds of a lead-in and two timed calls each; a checked call
+    timed = [a for a in ("builtin", "ring", "rd") for _ in range(3)]
+    assert calls == ["builtin", "ring", "rd"] + timed * 3 + ["builtin", "ring", "rd"]
     assert [r["algo"] for r in rows] == ["builtin", "ring", "rd"]
     assert [len(r["times_s"]) for r in rows] == [3, 3, 3]
     assert [r["wrong"] for r in rows] == [0, 0, 10]

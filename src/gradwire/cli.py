@@ -307,12 +307,16 @@ def bench(
     op: Annotated[str, typer.Option(help="reduction of allreduce, reduce and reducescatter: "
                                     "sum or avg (the sum, then one division by the ranks)")]
     = "sum",
-    iters: Annotated[int, typer.Option(min=1)] = 5,
-    warmup: Annotated[int, typer.Option(min=0)] = 1,
+    iters: Annotated[int, typer.Option(min=1, help="timed runs per size and algorithm; a "
+                                       "row reports their median")] = 5,
+    batch: Annotated[int, typer.Option(min=1, help="calls timed back to back in each run "
+                                       "(nccl-tests' -n), after one untimed lead-in call "
+                                       "that starts the links from idle")] = 2,
+    warmup: Annotated[int, typer.Option(min=0, help="untimed calls first")] = 1,
     interleave: Annotated[bool, typer.Option(help="run the algorithms (and the baseline) in "
-                                             "turn, one call each per round, instead of one "
-                                             "after another: ratios between them then hold "
-                                             "on a machine whose speed drifts")] = False,
+                                             "turn, one timed run each per round, instead of "
+                                             "one after another: ratios between them then "
+                                             "hold on a machine whose speed drifts")] = False,
     param: Annotated[list[str] | None, typer.Option(help="algorithm parameter KEY=VALUE "
                                                     "for every listed algorithm that takes "
                                                     "it (repeatable)")] = None,
@@ -347,7 +351,7 @@ def bench(
     parse_bandwidth(bandwidth)
     with _cluster(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
-                           builtin, timeout, console, interleave, op, device)
+                           builtin, timeout, console, interleave, op, device, batch)
     result["command"] = "gradwire " + shlex.join(sys.argv[1:])
     if json_out:
         json_out.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,12 +1,20 @@
 """The rank side of ``gradwire bench``: time every algorithm and the built-in collective.
 
 Started once per host by the launcher (or by torchrun). For each size and algorithm: warm-up
-runs, then timed runs, each between barriers; an iteration's time is the slowest rank's, and
-a row reports the median and mean over iterations. With ``--interleave`` the algorithms of a
-size take turns, one call each per round, instead of running one after another. Rank r's
-input is filled with r+1, so every result is known in advance and ``wrong`` counts elements
-that differ from it on any rank: the sum over P ranks is P(P+1)/2 and the average (P+1)/2,
-both exact in every dtype benched.
+calls, then timed runs. A timed run starts at a barrier, makes one untimed lead-in call, then
+times ``--batch`` calls back to back, as nccl-tests times its iterations; its time per call is
+the slowest rank's over the batch divided by the batch, and a row reports the median and mean
+over the runs. The lead-in is there for the links: behind a barrier a shaped link has idled
+and filled its token bucket (docs/cluster.md), which lets the first megabyte of a call through
+faster than the rate; calls back to back, as training makes them, find their links busy (a
+single call after a barrier swung both ways around them at 1 MiB, run to run:
+docs/benchmarks.md). With ``--interleave`` the algorithms
+of a size take turns, one timed run each per round, instead of running one after another.
+Rank r's input is filled with r+1 before every timed run and before one last untimed call,
+whose output is checked: the sum over P ranks is P(P+1)/2 and the average (P+1)/2, both exact
+in every dtype benched, and ``wrong`` counts the elements that differ on any rank. (The
+timed calls of a batch reduce what the one before left; values that grow to inf cost the
+same.)
 
 ``--device cuda``: the buffers live on this rank's GPU (LOCAL_RANK) and the process group is
 NCCL's, the built-in row included; a timed call ends when the GPU has finished it.
@@ -94,20 +102,41 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
     }[collective]
 
 
-def _slowest(run: Callable[[], object]) -> float:
-    """Seconds of one call of ``run``: every rank starts at a barrier, and the call lasts as
-    long as its slowest rank (on a GPU, until the GPU has finished its work)."""
+def _timed(run: Callable[[], object], batch: int = 1,
+           lead_in: Callable[[], object] | None = None) -> float:
+    """Seconds per call of ``batch`` calls of ``run`` back to back, after a barrier and
+    ``lead_in`` (untimed): the slowest rank's time over the batch (on a GPU, until the GPU has
+    finished its work) divided by ``batch``."""
     dev = group_device()
     dist.barrier()
+    if lead_in is not None:
+        lead_in()
     if dev.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    run()
+    for _ in range(batch):
+        run()
     if dev.type == "cuda":
         torch.cuda.synchronize()
-    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=dev)
+    dt = torch.tensor([(time.perf_counter() - t0) / batch], dtype=torch.float64, device=dev)
     dist.all_reduce(dt, op=dist.ReduceOp.MAX)
     return dt.item()
+
+
+def slowest_rank_times(run: Callable[[], object], iters: int, warmup: int,
+                       before: Callable[[int], object] | None = None) -> list[float]:
+    """Seconds of each of ``iters`` timed calls of ``run`` (after ``warmup`` untimed ones), each
+    alone after a barrier: a call lasts as long as its slowest rank. ``before(i)`` runs ahead
+    of call i, outside the timing. (The benchmarks' rank scripts time single calls this way;
+    ``gradwire bench`` times batches after a lead-in call, :func:`bench_interleaved`.)"""
+    times = []
+    for i in range(warmup + iters):
+        if before is not None:
+            before(i)
+        dt = _timed(run)
+        if i >= warmup:
+            times.append(dt)
+    return times
 
 
 def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
@@ -135,28 +164,33 @@ def _row(collective: str, spec: dict, count: int, inp: torch.Tensor, t: Transpor
 
 
 def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: torch.dtype,
-                      iters: int, warmup: int, op: str = "sum") -> list[dict]:
-    """Every algorithm in turn, one call each per round (``warmup`` untimed rounds, then
-    ``iters`` timed ones), so that all of them meet the same machine: on one whose speed drifts
-    (other load, CPU frequency), ratios between algorithms taken one after another move with
-    the drift. They share one pair of buffers, reset before every call; ``wrong`` is checked
-    after each algorithm's last call. With one spec: that algorithm's calls back to back."""
+                      iters: int, warmup: int, op: str = "sum", batch: int = 1) -> list[dict]:
+    """Every algorithm in turn (``warmup`` untimed calls each, then ``iters`` rounds of one
+    timed run each: a lead-in and ``batch`` calls, :func:`_timed`), so that all of them meet
+    the same machine: on one whose speed drifts (other load, CPU frequency), ratios between
+    algorithms taken one after another move with the drift. They share one pair of buffers;
+    after the last round every algorithm makes one more call on fresh input, whose output is
+    checked (``wrong``). With one spec: that algorithm's runs one after another."""
     p, rank = dist.get_world_size(), dist.get_rank()
     inp, out, reset, want = _buffers(collective, count, p, rank, dtype, op, group_device())
     transports = [Transport() for _ in specs]
     runs = [_call(collective, s["name"], inp, out, t, s["params"], op)
             for s, t in zip(specs, transports, strict=True)]
     times: list[list[float]] = [[] for _ in specs]
-    wrong = [0] * len(specs)
-    for i in range(warmup + iters):
-        for k, run in enumerate(runs):
+    for _ in range(warmup):
+        for run in runs:
             reset()
-            dt = _slowest(run)
-            if i >= warmup:
-                times[k].append(dt)
-            if i == warmup + iters - 1:
-                wrong[k] = _wrong(out, want)
-    return [_row(collective, s, count, inp, t, ts, w, warmup + iters, op)
+            run()
+    for _ in range(iters):
+        for k, run in enumerate(runs):
+            times[k].append(_timed(run, batch, lambda run=run: (reset(), run())))
+    wrong = []
+    for run in runs:
+        reset()
+        run()
+        wrong.append(_wrong(out, want))
+    calls = warmup + iters * (1 + batch) + 1
+    return [_row(collective, s, count, inp, t, ts, w, calls, op)
             for s, t, ts, w in zip(specs, transports, times, wrong, strict=True)]
 
 
@@ -169,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="calls timed back to back in each timed run, after a lead-in call")
     ap.add_argument("--op", default="sum", choices=OPS,
                     help="reduction of allreduce, reduce and reducescatter")
     ap.add_argument("--interleave", action="store_true",
@@ -191,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = json.loads(a.algos)
         for group in [specs] if a.interleave else [[s] for s in specs]:
             for row in bench_interleaved(a.collective, group, count, dtype, a.iters, a.warmup,
-                                         a.op):
+                                         a.op, a.batch):
                 rows.append(row)
                 if dist.get_rank() == 0:
                     print(f"GW_BENCH {json.dumps(row)}", flush=True)

@@ -32,7 +32,7 @@ def model_params(cluster: Cluster) -> tuple[CostParams, str]:
 def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],
               dtype: str, iters: int, warmup: int, params: dict, builtin: bool, timeout: float,
               console: Console, interleave: bool = False, op: str = "sum",
-              device: str = "cpu") -> dict:
+              device: str = "cpu", batch: int = 1) -> dict:
     """Time ``specs`` (plus the built-in baseline) at every size; rows with the prediction."""
     cost_params, source = model_params(cluster)
     # LP and the double tree choose their block from α and β: give them the calibrated ones.
@@ -47,7 +47,7 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
         AlgoSpec(s.label, s.name, taken(s)) for s in specs]
     args = ["--collective", collective, "--algos", json.dumps([r.to_json() for r in runs]),
             "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),
-            "--warmup", str(warmup), "--op", op, "--device", device,
+            "--warmup", str(warmup), "--batch", str(batch), "--op", op, "--device", device,
             *(["--interleave"] if interleave else [])]
     rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
                      console, total=len(sizes) * len(runs), tick="GW_BENCH ")
@@ -70,6 +70,6 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
         "model": {"alpha_s": cost_params.alpha, "beta_s_per_byte": cost_params.beta,
                   "gamma_s_per_byte": cost_params.gamma, "burst_bytes": cost_params.burst,
                   "source": source},
-        "algo_params": algo_params, "iters": iters, "warmup": warmup,
+        "algo_params": algo_params, "iters": iters, "batch": batch, "warmup": warmup,
         "interleaved": interleave, "rows": rows,
     }
