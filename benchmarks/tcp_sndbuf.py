@@ -6,14 +6,16 @@ another starts the second send while megabytes of the first still wait in its so
 share the rank's link, and the first peer, whose data a tree forwards next, gets the rest at
 half the rate. The schedule (and the model) has the first send done before the second starts.
 
-For each send-buffer ceiling (the machine's default, then what the cluster now sets), every
-host of one cluster is given it (``net.ipv4.tcp_wmem``'s maximum; each bench run makes new
-sockets), then `gradwire bench` times broadcast (binomial, lp, scatter_ag) and allreduce (ring,
-tree, rhd, lp, dbtree and the built-in) at two sizes, the algorithms taking turns. The settings
-take turns too, ROUNDS times, at P = 4 and 8.
+For each send-buffer ceiling (``--ceilings``: the machine's default, what the cluster now sets,
+or bytes), every host of one cluster is given it (``net.ipv4.tcp_wmem``'s maximum; each bench
+run makes new sockets), then `gradwire bench` times broadcast (binomial, lp, scatter_ag) and
+allreduce (ring, tree, rhd, lp, dbtree and the built-in) at two sizes, the algorithms taking
+turns (a lead-in call and one timed call each, ITERS times). The settings take turns too,
+``--rounds`` times, at each P of ``--hosts``.
 
-    python benchmarks/tcp_sndbuf.py                      # ~15 min; results/tcp_sndbuf.json
-    python benchmarks/tcp_sndbuf.py --bandwidth 100mbit  # ~10 min; tcp_sndbuf_100mbit.json
+    python benchmarks/tcp_sndbuf.py                      # ~30 min; results/tcp_sndbuf.json
+    python benchmarks/tcp_sndbuf.py --bandwidth 100mbit  # ~20 min; tcp_sndbuf_100mbit.json
+    python benchmarks/tcp_sndbuf.py --ceilings default,500000,cluster --rounds 1 --out x.json
 
 Needs root. Run it on an otherwise idle machine: 8 ranks share 2 cores.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -47,7 +50,7 @@ def bench(c, home: str, collective: str, algos: str, builtin: bool,
     out = Path(home) / f"{c.name}-{len(os.listdir(home))}.json"
     subprocess.run([sys.executable, "-m", "gradwire.cli", "bench", "--cluster", c.name,
                     "--collective", collective, "--algo", algos, "--sizes", sizes,
-                    "--iters", str(ITERS), "--interleave", "--json", str(out),
+                    "--iters", str(ITERS), "--batch", "1", "--interleave", "--json", str(out),
                     "--builtin" if builtin else "--no-builtin"], check=True,
                    env={**os.environ, "GRADWIRE_HOME": home}, capture_output=True)
     return {f"{collective} {r['algo']} {r['bytes'] >> 20} MiB": r["time_s"]
@@ -57,19 +60,33 @@ def bench(c, home: str, collective: str, algos: str, builtin: bool,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bandwidth", default="1gbit", choices=sorted(SIZES))
+    ap.add_argument("--ceilings", default="default,cluster",
+                    help="send-buffer ceilings in turn: default (the machine's), cluster (what "
+                         "cluster up sets), or bytes")
+    ap.add_argument("--hosts", default="4,8", help="cluster sizes, comma list")
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    out_path = RESULTS / ("tcp_sndbuf.json" if a.bandwidth == "1gbit"
-                          else f"tcp_sndbuf_{a.bandwidth}.json")
+    out_path = a.out or RESULTS / ("tcp_sndbuf.json" if a.bandwidth == "1gbit"
+                                   else f"tcp_sndbuf_{a.bandwidth}.json")
     home = tempfile.mkdtemp(prefix="gradwire-sndbuf-")
     default = machine_send_buffer()
     capped = host_send_buffer(parse_bandwidth(a.bandwidth))
+    named = {"default": default, "cluster": capped}
+    try:
+        ceilings = [named[x] if x in named else int(x) for x in a.ceilings.split(",")]
+        hosts_list = [int(x) for x in a.hosts.split(",")]
+    except ValueError as e:
+        raise SystemExit(f"--ceilings and --hosts take comma lists ({e})") from None
+    if default not in ceilings:
+        raise SystemExit("--ceilings must hold default: speed-ups are over it")
     by_hosts = {}
-    for hosts in (4, 8):
+    for hosts in hosts_list:
         c = cluster_up(hosts, a.bandwidth)
         try:
             times: dict[str, dict[str, list[float]]] = {}
-            for rnd in range(ROUNDS):
-                for ceiling in (default, capped):
+            for rnd in range(a.rounds):
+                for ceiling in ceilings:
                     if not all(cap_send_buffer(h.netns, ceiling) for h in c.hosts):
                         raise SystemExit("the hosts' send buffers could not be set")
                     got = {k: v for col, algos, builtin in WORK for k, v in
@@ -88,16 +105,15 @@ def main() -> None:
             "speedup_over_default": {s: {k: statistics.median(base[k]) / statistics.median(v)
                                          for k, v in t.items()}
                                      for s, t in times.items() if s != str(default)}}
-    command = "python benchmarks/tcp_sndbuf.py" + (
-        f" --bandwidth {a.bandwidth}" if a.bandwidth != "1gbit" else "")
+    command = shlex.join(["python", "benchmarks/tcp_sndbuf.py", *sys.argv[1:]])
     out_path.write_text(json.dumps({
         **provenance.stamp(command), "commit": provenance.commit(),
         "network": f"emulated hosts, {a.bandwidth} links, TCP cubic",
         "settings": {"machine_default_ceiling_bytes": default,
-                     "cluster_ceiling_bytes": capped},
-        "note": f"each time the median of {ITERS} calls (the algorithms in turn), per round; "
-                f"{ROUNDS} rounds with the settings in turn; 8 ranks share the machine's 2 "
-                "cores (CPU contention at P=8)",
+                     "cluster_ceiling_bytes": capped, "ceilings_bytes": ceilings},
+        "note": f"each time the median of {ITERS} timed calls, each after a lead-in call (the "
+                f"algorithms in turn), per round; {a.rounds} rounds with the settings in turn; "
+                "8 ranks share the machine's 2 cores (CPU contention at P=8)",
         "by_hosts": by_hosts}, indent=1) + "\n")
     print(f"wrote {out_path}")
 
