@@ -184,11 +184,11 @@ def test_cli_status_json_and_down_unknown():
         out = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "status",
                               "--json"], capture_output=True, text=True, check=True).stdout
         (mine,) = [x for x in json.loads(out) if x["name"] == c.name]
-        assert mine["sndbuf"] == 1_000_000
+        assert mine["sndbuf"] == 500_000
         out = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "status"],
                              capture_output=True, text=True, check=True).stdout
         assert ("links: tc tbf 1gbit each direction, bucket 500 kB; hosts' TCP send buffer at "
-                "most 1000 kB") in " ".join(out.split())
+                "most 500 kB") in " ".join(out.split())
     finally:
         cluster_down(c.name)
     p = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "down", "gw000000"],
@@ -292,8 +292,8 @@ def test_hosts_run_cubic_with_small_send_buffers_and_the_machine_keeps_its_tcp_s
             wmem = subprocess.run(["ip", "netns", "exec", h.netns, "cat",
                                    "/proc/sys/net/ipv4/tcp_wmem"],
                                   capture_output=True, text=True, check=True).stdout.split()
-            assert int(wmem[2]) == c.send_buffer_bytes == 1_000_000  # 8 ms at 1 Gbit/s
-        assert load_cluster(c.name).send_buffer_bytes == 1_000_000  # kept in its state
+            assert int(wmem[2]) == c.send_buffer_bytes == 500_000  # 4 ms at 1 Gbit/s
+        assert load_cluster(c.name).send_buffer_bytes == 500_000  # kept in its state
         assert c.tcp == load_cluster(c.name).tcp == "cubic"
         assert c.label == "emulated 2 hosts, 1gbit links, TCP cubic"
         assert _machine_tcp() == before

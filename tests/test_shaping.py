@@ -30,17 +30,16 @@ def test_1gbit_is_shaped_both_ways_and_none_is_not():
         assert gbps > 2.0 * shaped[direction], (direction, gbps)
 
 
-def test_send_buffers_hold_eight_milliseconds_of_the_link_at_least_64_kib():
+def test_send_buffers_hold_four_milliseconds_of_the_link_at_least_64_kib():
     from gradwire.cluster.netns import Cluster, tcp_send_buffer
 
-    assert tcp_send_buffer(1e9) == 1_000_000
-    assert tcp_send_buffer(10e9) == 10_000_000
-    assert tcp_send_buffer(100e6) == 100_000
-    assert tcp_send_buffer(50e6) == tcp_send_buffer(1e6) == 65_536
+    assert tcp_send_buffer(1e9) == 500_000
+    assert tcp_send_buffer(10e9) == 5_000_000
+    assert tcp_send_buffer(100e6) == tcp_send_buffer(1e6) == 65_536
     assert Cluster("gw000000", None).send_buffer_bytes is None  # unshaped: the machine's own
     assert Cluster("loopback", 1e9).send_buffer_bytes is None
     assert Cluster("gw000000", 1e9).send_buffer_bytes is None  # the cap was not set
-    assert Cluster("gw000000", 1e9, sndbuf=1_000_000).send_buffer_bytes == 1_000_000
+    assert Cluster("gw000000", 1e9, sndbuf=500_000).send_buffer_bytes == 500_000
 
 
 def test_hosts_never_get_a_larger_send_buffer_than_the_machine(monkeypatch, tmp_path):
@@ -50,8 +49,8 @@ def test_hosts_never_get_a_larger_send_buffer_than_the_machine(monkeypatch, tmp_
     monkeypatch.setattr(netns, "TCP_WMEM", wmem)
     wmem.write_text("4096\t16384\t4194304\n")  # Linux's default ceiling, 4 MiB
     assert netns.machine_send_buffer() == 4_194_304
-    assert netns.host_send_buffer(1e9) == 1_000_000
-    assert netns.host_send_buffer(10e9) == 4_194_304  # 8 ms would be 10 MB: a cap, not a raise
+    assert netns.host_send_buffer(1e9) == 500_000
+    assert netns.host_send_buffer(10e9) == 4_194_304  # 4 ms would be 5 MB: a cap, not a raise
     wmem.write_text("4096 16384 262144\n")
     assert netns.host_send_buffer(1e9) == 262_144
 

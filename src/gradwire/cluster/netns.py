@@ -13,7 +13,7 @@ counts each frame's headers against the rate, so TCP's payload rate is at most
 (mtu − 52)/(mtu + 14) of it, 95.6 % at 1500 and 99.3 % at 9000 (IP and TCP headers with
 timestamps, 52 bytes; Ethernet's, 14). Hosts run TCP ``CONGESTION_CONTROL``
 (cubic, Linux's default) whatever this machine's default is, and a shaped host's TCP send
-buffer holds at most 8 ms of its link's traffic (:func:`tcp_send_buffer`), never more than this
+buffer holds at most 4 ms of its link's traffic (:func:`tcp_send_buffer`), never more than this
 machine's own ceiling (:func:`machine_send_buffer`). State lives in
 ``/run/gradwire/<name>.json`` so ``cluster down`` works from another process.
 """
@@ -190,18 +190,19 @@ def tbf_burst(bps: float) -> int:
     return max(256 * 1024, int(bps / 8 / 250))
 
 
-SEND_BUFFER_S = 8e-3  # of the link's traffic that a host's TCP send buffer may hold
+SEND_BUFFER_S = 4e-3  # of the link's traffic that a host's TCP send buffer may hold
 
 
 def tcp_send_buffer(bps: float) -> int:
-    """Bytes a shaped host's TCP send buffer may hold: 8 ms of traffic at the link's rate, at
-    least 64 KiB (1 MB at 1 Gbit/s). A gloo send completes once its bytes are in the kernel;
+    """Bytes a shaped host's TCP send buffer may hold: 4 ms of traffic at the link's rate, at
+    least 64 KiB (500 kB at 1 Gbit/s). A gloo send completes once its bytes are in the kernel;
     with Linux's default ceiling (4 MiB) a rank that sends to one peer and then another had
     megabytes of the first send still queued behind it, the two sharing its link, so the first
-    peer (which a tree then forwards from) got the rest at half the rate. Smaller is not
-    better: the double binary tree, whose ranks feed several sockets at once, took 1.32-1.36 s
-    at 64 MiB (P = 4) with 4 ms against 1.20 s with 8 ms, and lost 8 % with 2 ms. Measured
-    against the default and 4 ms in turns (benchmarks/results/tcp_sndbuf.json,
+    peer (which a tree then forwards from) got the rest at half the rate. Neither smaller nor
+    larger is better: at 2 ms the double binary tree, whose ranks feed several sockets at once,
+    lost 8 % at 64 MiB in a probe; at 8 ms (1 MB) Rabenseifner's allreduce of 64 MiB at P = 8
+    took 1.29 s against 1.02 s with 4 ms (1.42 s with the default), while the double tree at
+    P = 4 gained 4 % (benchmarks/results/tcp_sndbuf.json, tcp_sndbuf_3way_20261126.json,
     docs/cluster.md)."""
     return max(64 * 1024, int(bps / 8 * SEND_BUFFER_S))
 
@@ -216,7 +217,7 @@ def machine_send_buffer() -> int:
 
 def host_send_buffer(bps: float) -> int:
     """The ceiling cluster up gives a host on a link of ``bps``: :func:`tcp_send_buffer`, but
-    never above the machine's own (a cap, not a raise: from about 4.2 Gbit/s up, 8 ms of the
+    never above the machine's own (a cap, not a raise: from about 8.4 Gbit/s up, 4 ms of the
     link is more than Linux's default 4 MiB, which the hosts then keep)."""
     return min(tcp_send_buffer(bps), machine_send_buffer())
 
