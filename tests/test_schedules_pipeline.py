@@ -175,6 +175,29 @@ def test_dbtree_tends_to_twice_n_beta(p):
     assert ratios[1] < 1.05
 
 
+@pytest.mark.parametrize("p", [3, 4, 8])
+def test_dbtree_auto_block_is_capped_by_the_send_buffer(p):
+    """An auto-chosen block is at most ``sndbuf`` bytes (a rank sends into both trees at once);
+    an explicit block, a buffer bigger than b* and P ≤ 2 keep their blocks."""
+    n, big = 1 << 24, dbtree.allreduce(p, 1 << 24, alpha=2e-4, beta=B)
+    assert big.params["block"] * 4 > 500_000  # b* here is more than the buffer
+    capped = dbtree.allreduce(p, n, alpha=2e-4, beta=B, sndbuf=500_000)
+    assert capped.params["block"] == 125_000
+    assert dbtree.allreduce(p, n, alpha=2e-4, beta=B, sndbuf=500_000,
+                            itemsize=2).params["block"] == 250_000
+    assert dbtree.allreduce(p, n, alpha=2e-4, beta=B, sndbuf=1 << 30).params == big.params
+    assert dbtree.allreduce(p, n, block=4096, sndbuf=1000).params["block"] == 4096
+    check(dbtree.allreduce(p, 1000, alpha=2e-4, beta=B, sndbuf=8))  # blocks of 2 elements
+    assert (dbtree.allreduce(2, n, sndbuf=8).params
+            == dbtree.allreduce(2, n).params)  # one block per half
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True, "1M"])
+def test_dbtree_rejects_a_bad_send_buffer(bad):
+    with pytest.raises(GradwireError, match="sndbuf must be an int >= 1"):
+        dbtree.allreduce(4, 100, sndbuf=bad)
+
+
 # parameter server ---------------------------------------------------------------------------
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8, 12, 17])
 def test_ps_even_closed_form(p):

@@ -11,6 +11,7 @@ from gradwire.bench import calibrate, provenance
 from gradwire.bench.report import annotate, footer, table
 from gradwire.bench.spec import BACKENDS, BUILTIN, REDUCING, AlgoSpec
 from gradwire.cluster import Cluster
+from gradwire.cluster.netns import machine_send_buffer
 from gradwire.jobs import run_ranks
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams
@@ -35,9 +36,12 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
               device: str = "cpu", batch: int = 1) -> dict:
     """Time ``specs`` (plus the built-in baseline) at every size; rows with the prediction."""
     cost_params, source = model_params(cluster)
-    # LP and the double tree choose their block from α and β: give them the calibrated ones.
+    # LP and the double tree choose their block from α and β: give them the calibrated ones,
+    # and the double tree the hosts' TCP send-buffer ceiling, which caps its block.
     # --param values go to every algorithm that takes them (check_shared refused the others).
-    algo_params = {"alpha": cost_params.alpha, "beta": cost_params.beta, **params}
+    sndbuf = cluster.send_buffer_bytes or machine_send_buffer()
+    algo_params = {"alpha": cost_params.alpha, "beta": cost_params.beta, "sndbuf": sndbuf,
+                   **params}
 
     def taken(s: AlgoSpec) -> dict:
         known = registry.parameters(registry.get(collective, s.name))

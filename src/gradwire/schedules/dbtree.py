@@ -27,8 +27,13 @@ way, T → nβ + nγ/2, the bandwidth terms of the lower bound.
 The fill and drain steps are light (few ranks move 4 blocks in them): they cost about H/2 full
 steps, so the best block is b* ≈ √(nα/(Hβ)) (against the cost model for p = 3…32: within 1 % of
 a grid search from 4 MiB on, 6 % at 1 MiB, 17 % at 256 KiB where few blocks fit). Without
-``block`` it is chosen from ``alpha``, ``beta`` and ``itemsize`` as in lp.py; for p ≤ 2 each
-half goes as one block.
+``block`` it is chosen from ``alpha``, ``beta`` and ``itemsize`` as in lp.py, and at most
+``sndbuf`` bytes when that is given: the most a rank's socket may queue (TCP's send-buffer
+ceiling). A rank sends into both trees at once, and a block its socket cannot take whole kept
+the other send waiting: on the emulated cluster (500 kB buffers, 1 Gbit/s, P = 4) 64 MiB took
+1.26–1.38 s in blocks of about 1 MiB, as b* has it there, against 1.13–1.15 s in blocks of
+256–512 KiB, which the model prices at 1.13 s either way (docs/benchmarks.md, Collectives);
+on 1 MB buffers the 1 MiB blocks took 1.15–1.20 s. For p ≤ 2 each half goes as one block.
 
 Example::
 
@@ -37,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build, merge_steps
 from gradwire.schedules.lp import ALPHA, BETA, pick_block, pieces
 
@@ -95,12 +101,19 @@ def tree_steps(parent: list[int], parts: list[tuple[int, int]]) -> list[list[Tra
 
 
 def allreduce(p: int, count: int, *, block: int | None = None, alpha: float = ALPHA,
-              beta: float = BETA, itemsize: int = 4, **_: object) -> Schedule:
+              beta: float = BETA, sndbuf: int | None = None, itemsize: int = 4,
+              **_: object) -> Schedule:
     """Reduce and broadcast one half of the buffer on each of two complementary binary trees."""
+    if sndbuf is not None and (isinstance(sndbuf, bool) or not isinstance(sndbuf, int)
+                               or sndbuf < 1):
+        raise GradwireError(f"sndbuf must be an int >= 1 (bytes a socket may queue), got "
+                            f"{sndbuf!r}")
     trees = two_trees(p)
     halves = blocks(count, 2)
     fill = max(heights(trees[0])[0]) / 2 if p > 2 else 0  # b* = √((n/2)α/((H/2)β))
     b = pick_block(halves[0][1], fill, block, alpha, beta, itemsize)
+    if block is None and sndbuf is not None and p > 2:
+        b = max(1, min(b, sndbuf // itemsize))
     steps = merge_steps(*(tree_steps(t, pieces(n, b, start)) for t, (start, n) in
                           zip(trees, halves, strict=True)))
     return build("dbtree", "allreduce", p, count, steps, block=b)
