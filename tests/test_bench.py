@@ -164,6 +164,27 @@ def test_bench_averages_like_the_builtin(tmp_path, collective, algo):
         ("builtin", "avg", 0), (algo, "avg", 0)]
 
 
+def test_the_model_column_prices_calls_back_to_back():
+    """bench times calls back to back after a lead-in: on shaped links the prediction carries
+    each link's credit from one call (header, then data) into the next."""
+    from gradwire.bench.report import predict
+    from gradwire.collectives.agree import header_spec
+    from gradwire.schedules import registry
+    from gradwire.schedules.cost import back_to_back, cost
+
+    a, b = 2.7e-4, 8.4e-9
+    row = {"collective": "broadcast", "algo": "lp", "name": "lp",
+           "params": {"alpha": a, "beta": b}, "bytes": 2**20, "count": 2**18, "header": True}
+    c, h_algo, n, h_params = header_spec(4)
+    header = registry.schedule(c, h_algo, 4, n, **h_params)
+    data = registry.schedule("broadcast", "lp", 4, 2**18, itemsize=4, alpha=a, beta=b)
+    shaped = CostParams(a, b, burst=500_000)
+    assert predict(row, 4, shaped) == back_to_back([(header, 1), (data, 4)], shaped)
+    assert predict(row, 4, shaped) < cost(header, shaped, 1) + cost(data, shaped, 4)
+    plain = CostParams(a, b)
+    assert predict(row, 4, plain) == pytest.approx(cost(header, plain, 1) + cost(data, plain, 4))
+
+
 def test_averaging_is_predicted_as_one_more_pass():
     row = {"collective": "reducescatter", "algo": "ring", "name": "ring", "params": {},
            "bytes": 3000, "count": 750, "time_s": 1.0}

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
 from gradwire.schedules.check import ScheduleError, check
-from gradwire.schedules.cost import CostParams, cost, traffic
+from gradwire.schedules.cost import CostParams, back_to_back, cost, traffic
 from gradwire.schedules.ir import Transfer, build
 
 SIZES = [0, 1, 2, 3, 5, 7, 13, 16, 24, 32, 64, 1000]
@@ -142,6 +142,36 @@ def test_no_bucket_is_the_plain_step_sum_whatever_the_start_credit(algo):
     a, b, g = BUCKET_PARAMS.alpha, BUCKET_PARAMS.beta, BUCKET_PARAMS.gamma
     assert cost(s, CostParams(a, b, g, burst=0, start_credit=1e9), 4) == cost(
         s, BUCKET_PARAMS, 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(algo=st.sampled_from(registry.ALGORITHMS), p=st.integers(1, 9),
+       count=st.integers(0, 5000), burst=st.floats(0, 1e5))
+def test_calls_back_to_back_cost_between_a_full_and_an_empty_bucket(algo, p, count, burst):
+    """Credit carried from one call into the next makes a call no slower than one that starts
+    with none, and no faster than one whose every link starts full."""
+    s = registry.schedule(algo.collective, algo.name, p, count)
+    a, b, g = BUCKET_PARAMS.alpha, BUCKET_PARAMS.beta, BUCKET_PARAMS.gamma
+    shaped = CostParams(a, b, g, burst=burst)
+    steady = back_to_back([(s, 4)], shaped)
+    assert steady <= cost(s, shaped, 4) * (1 + 1e-12)
+    full = cost(s, CostParams(a, b, g, burst=burst, start_credit=burst), 4)
+    assert steady >= full * (1 - 1e-12)
+
+
+def test_back_to_back_is_the_plain_sum_without_a_bucket_and_carries_credit_with_one():
+    a, b = 2e-4, 8e-9
+    header = registry.schedule("allgather", "rd", 4, 4 * 168)
+    data = registry.schedule("broadcast", "lp", 4, 2**18, itemsize=4, alpha=a, beta=b)
+    plain = CostParams(a, b, burst=0)
+    assert back_to_back([(header, 1), (data, 4)], plain) == cost(header, plain, 1) + cost(
+        data, plain, 4)
+    # the chain's root sends its last block early and earns while the chain drains: the next
+    # call's first blocks leave on that credit
+    shaped = CostParams(a, b, burst=500_000)
+    cold = cost(header, shaped, 1) + cost(data, shaped, 4)
+    assert back_to_back([(header, 1), (data, 4)], shaped) < cold * 0.95
+    assert back_to_back([], shaped) == 0.0
 
 
 def test_a_bucket_hides_the_linear_pipelines_fill_and_latency():

@@ -87,8 +87,9 @@ def cost_params(d: dict) -> CostParams:
     """The cost model's parameters from a calibration's fields (KeyError, ValueError or
     TypeError where they are missing or malformed). ``burst_bytes`` is the token bucket the
     cluster shapes its links with (:func:`record`; files from before it have none: 0).
-    Links start a call with no credit: ``gradwire bench`` times calls back to back, after a
-    lead-in call that drains what the links earned idle at the barrier."""
+    ``start_credit`` stays 0: ``gradwire bench`` times calls back to back after a lead-in
+    call, and its model column carries each link's credit from call to call
+    (:func:`gradwire.schedules.cost.back_to_back`)."""
     return CostParams(float(d["alpha_s"]), float(d["beta_s_per_byte"]),
                       float(d["gamma_s_per_byte"]), burst=float(d.get("burst_bytes", 0.0)))
 

@@ -5,10 +5,12 @@ busbw = algbw × factor: allreduce 2(p−1)/p, allgather and reduce-scatter (p�
 and reduce 1. The prediction is the schedule's cost under calibrated α, β, γ, plus the cost
 of the call header's exchange (:func:`gradwire.collectives.agree.header_spec`) where the
 timed call made one (the row's ``header``; gradwire's calls do unless
-GRADWIRE_CHECK_CALLS=0); the built-in allreduce row is predicted as a ring (gloo's allreduce
-is a ring), other built-ins are not. An average (``redop`` avg) adds one pass over the part
-the slowest rank divides, at γ per byte: the whole buffer for allreduce and reduce (the root),
-1/P of the input for reduce-scatter.
+GRADWIRE_CHECK_CALLS=0), for calls back to back as bench times them: on shaped links each link
+carries its token-bucket credit from one call into the next
+(:func:`gradwire.schedules.cost.back_to_back`). The built-in allreduce row is predicted as a
+ring (gloo's allreduce is a ring), other built-ins are not. An average (``redop`` avg) adds
+one pass over the part the slowest rank divides, at γ per byte: the whole buffer for
+allreduce and reduce (the root), 1/P of the input for reduce-scatter.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from gradwire.bench.sizes import format_size
 from gradwire.bench.spec import BUILTIN
 from gradwire.collectives.agree import header_spec
 from gradwire.schedules import registry
-from gradwire.schedules.cost import CostParams, cost
+from gradwire.schedules.cost import CostParams, back_to_back
 
 BUSBW_FACTOR = {
     "allreduce": lambda p: 2 * (p - 1) / p,
@@ -41,15 +43,15 @@ def predict(row: dict, p: int, params: CostParams) -> float | None:
     # The API builds with the buffer's itemsize (LP's auto block depends on it): so does this.
     s = registry.schedule(row["collective"], algo, p, row["count"], 0,
                           **{"itemsize": itemsize, **algo_params})
-    header = 0.0
+    parts = [(s, itemsize)]
     if row.get("header"):
         collective, h_algo, count, h_params = header_spec(p)
-        header = cost(registry.schedule(collective, h_algo, p, count, **h_params), params, 1)
+        parts.insert(0, (registry.schedule(collective, h_algo, p, count, **h_params), 1))
     divide = 0.0
     if row.get("redop") == "avg":
         divided = row["bytes"] // p if row["collective"] == "reducescatter" else row["bytes"]
         divide = params.gamma * divided
-    return header + cost(s, params, itemsize) + divide
+    return back_to_back(parts, params) + divide
 
 
 def annotate(rows: list[dict], p: int, params: CostParams | None) -> None:

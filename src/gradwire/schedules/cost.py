@@ -12,10 +12,11 @@ it is not sending: while the rank pays α, reduces, or waits for the step's slow
 step then costs a rank ``max(α·m_out + β·max(0, b_out − c_out), α·m_in + β·max(0, b_in − c_in))
 + γ·b_reduced`` with c its credit at the start of the step, and after a step of T seconds the
 credit is ``min(burst, c + T/β − b)``. Every link starts the schedule with ``start_credit``
-bytes (what it earned idle before the call). With ``burst = 0`` this is the Hockney step sum
-above, exactly. A pipelined schedule's links idle between its steps for α, so a bucket of a
-few blocks lets each block leave at once: the emulated cluster's linear pipeline runs at
-n·β, not at (n/b + P − 2)(α + b·β) (docs/benchmarks.md).
+bytes (what it earned idle before the call); :func:`back_to_back` instead carries each link's
+credit from one call into the next, as when calls follow each other. With ``burst = 0`` this is
+the Hockney step sum above, exactly. A pipelined schedule's links idle between its steps for
+α, so a bucket of a few blocks lets each block leave at once: the emulated cluster's linear
+pipeline runs at n·β, not at (n/b + P − 2)(α + b·β) (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -76,11 +77,17 @@ def traffic(s: Schedule, itemsize: int) -> Traffic:
 
 def step_times(s: Schedule, params: CostParams, itemsize: int) -> list[float]:
     """Time of each step under ``params``."""
+    start = np.full(s.world_size, min(max(params.start_credit, 0.0), max(params.burst, 0.0)))
+    return _run(s, params, itemsize, start, start.copy())[0]
+
+
+def _run(s: Schedule, params: CostParams, itemsize: int, credit_out: np.ndarray,
+         credit_in: np.ndarray) -> tuple[list[float], np.ndarray, np.ndarray]:
+    """Each step's time, and every link's credit (out, in) after the last, from the credit
+    each holds at the start."""
     p = s.world_size
     a, bt, g = params.alpha, params.beta, params.gamma
     cap = max(params.burst, 0.0)
-    credit_out = np.full(p, min(max(params.start_credit, 0.0), cap))
-    credit_in = credit_out.copy()
     out = []
     for step in s.steps:
         m_out, b_out, m_in, b_in, b_red = (np.zeros(p) for _ in range(5))
@@ -101,9 +108,34 @@ def step_times(s: Schedule, params: CostParams, itemsize: int) -> list[float]:
             earned = took / bt if bt > 0 else cap
             credit_out = np.clip(credit_out + earned - b_out, 0.0, cap)
             credit_in = np.clip(credit_in + earned - b_in, 0.0, cap)
-    return out
+    return out, credit_out, credit_in
 
 
 def cost(s: Schedule, params: CostParams, itemsize: int = 4) -> float:
     """Predicted seconds for ``s`` on buffers of ``itemsize``-byte elements."""
     return sum(step_times(s, params, itemsize))
+
+
+BACK_TO_BACK_CALLS = 3  # the credit a call leaves is its tail's, so the third call is steady
+
+
+def back_to_back(parts: list[tuple[Schedule, int]], params: CostParams) -> float:
+    """Seconds of one call made of ``parts`` (schedules run one after another, each with its
+    itemsize: a call header's exchange, then the data) when calls follow each other back to
+    back, as ``gradwire bench`` times them and training makes them: every link carries its
+    token-bucket credit from one schedule into the next and from one call into the next (a
+    link whose last send came early, like a pipeline's root or a tree's leaves, earns while
+    the call drains). The first call starts from ``params.start_credit``; the last of
+    ``BACK_TO_BACK_CALLS`` is timed. Without a bucket it is the sum of the parts' costs."""
+    if params.burst <= 0 or params.beta <= 0 or not parts:
+        return sum(cost(s, params, itemsize) for s, itemsize in parts)
+    p = parts[0][0].world_size
+    start = np.full(p, min(max(params.start_credit, 0.0), params.burst))
+    credit_out, credit_in = start, start.copy()
+    total = 0.0
+    for _ in range(BACK_TO_BACK_CALLS):
+        total = 0.0
+        for s, itemsize in parts:
+            times, credit_out, credit_in = _run(s, params, itemsize, credit_out, credit_in)
+            total += sum(times)
+    return total
