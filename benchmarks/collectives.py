@@ -21,7 +21,7 @@ user would, with a private GRADWIRE_HOME so the model uses the calibration of th
 Every timed run of `gradwire bench` starts at a barrier and makes one untimed lead-in call
 first, so its timed calls find the links as calls back to back leave them (--batch).
 
-    python benchmarks/collectives.py                 # ~25 min; writes benchmarks/results/
+    python benchmarks/collectives.py                 # ~20 min; writes benchmarks/results/
     python benchmarks/collectives.py --parts ring    # one part (others kept from the last run)
 
 Needs root (network namespaces). Run it on an otherwise idle machine: 8 ranks share 2 cores.
