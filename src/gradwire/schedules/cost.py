@@ -77,8 +77,13 @@ def traffic(s: Schedule, itemsize: int) -> Traffic:
 
 def step_times(s: Schedule, params: CostParams, itemsize: int) -> list[float]:
     """Time of each step under ``params``."""
-    start = np.full(s.world_size, min(max(params.start_credit, 0.0), max(params.burst, 0.0)))
+    start = _start_credit(s.world_size, params)
     return _run(s, params, itemsize, start, start.copy())[0]
+
+
+def _start_credit(p: int, params: CostParams) -> np.ndarray:
+    """Every link's credit when the first schedule starts: ``start_credit``, within the bucket."""
+    return np.full(p, min(max(params.start_credit, 0.0), max(params.burst, 0.0)))
 
 
 def _run(s: Schedule, params: CostParams, itemsize: int, credit_out: np.ndarray,
@@ -129,8 +134,7 @@ def back_to_back(parts: list[tuple[Schedule, int]], params: CostParams) -> float
     ``BACK_TO_BACK_CALLS`` is timed. Without a bucket it is the sum of the parts' costs."""
     if params.burst <= 0 or params.beta <= 0 or not parts:
         return sum(cost(s, params, itemsize) for s, itemsize in parts)
-    p = parts[0][0].world_size
-    start = np.full(p, min(max(params.start_credit, 0.0), params.burst))
+    start = _start_credit(parts[0][0].world_size, params)
     credit_out, credit_in = start, start.copy()
     total = 0.0
     for _ in range(BACK_TO_BACK_CALLS):
