@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shlex
 import statistics
@@ -55,6 +56,7 @@ from gradwire.bandwidth import parse_bandwidth
 from gradwire.bench import provenance
 from gradwire.cluster import ephemeral_cluster
 from gradwire.cluster.netns import tbf_burst
+from gradwire.data import digits
 from gradwire.jobs import run_ranks
 from gradwire.perf import codecs
 from gradwire.perf.measure import measure
@@ -64,8 +66,21 @@ from gradwire.perf.whatif import CpuSetting
 from gradwire.train.job import TrainConfig, train_on, validate
 
 HERE = Path(__file__).parent
-# about 20 steady iterations each after the first epoch (digits: 1437 training samples)
+# at least about 20 steady iterations each after the first epoch (digits: 1437 training samples)
 EPOCHS = {2: 3, 4: 4, 8: 6}
+STEADY_S = 5.0  # and at least this much steady training, as predicted before the runs
+MAX_EPOCHS = 60
+
+
+def epochs_for(p: int, batch: int, predicted_s: float) -> int:
+    """Epochs for one run at P = ``p``: the first (one-time costs, left out) and enough steady
+    ones to last ``STEADY_S`` at the predicted iteration time, never fewer than ``EPOCHS``.
+    Runs of the compressed methods took 1-2 s of steady training with ``EPOCHS`` alone, and
+    their three runs differed by up to 76 %; a P = 4 signSGD probe on 1 Gbit/s (2026-11-26,
+    four runs each way) differed by 12.1 % with 33 steady iterations and 8.7 % with 121."""
+    per_epoch = max(len(digits(0)[0].y) // p // batch, 1)
+    steady = math.ceil(STEADY_S / max(predicted_s, 1e-3) / per_epoch)
+    return min(max(EPOCHS.get(p, 3), 1 + steady), MAX_EPOCHS)
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -108,10 +123,13 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                 cal = run_ranks(c, "gradwire.bench.calibrate", [], f"calibrate P={p} {rate}",
                                 600, console)
                 doc["calibration"][f"{rate} P={p}"] = cal
+                epochs = {agg: epochs_for(p, batch, guess(prof, table, cal, rate, p, agg))
+                          for agg in aggs}
+                doc.setdefault("epochs", {})[f"{rate} P={p}"] = epochs
                 for i in range(repeats):
                     for agg in aggs:
                         cfg = TrainConfig(model="mlp", agg=agg, warmup=False,
-                                          epochs=EPOCHS.get(p, 3), batch_size=batch)
+                                          epochs=epochs[agg], batch_size=batch)
                         validate(cfg, p)
                         runs[agg].append(train_on(c, cfg, f"{agg} P={p} {rate} ({i + 1})",
                                                   1800, console))
@@ -121,19 +139,31 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
     return summarise(doc)
 
 
+def cluster_of(cal: dict, rate: str, p: int) -> Cluster:
+    """The model's cluster for one calibration ``cal`` of ``p`` hosts on ``rate`` links."""
+    bps = parse_bandwidth(rate)
+    return Cluster(p, bps, cal["alpha_step_s"], cal["gamma_s_per_byte"],
+                   beta=cal["beta_s_per_byte"], check_calls=True, burst=float(tbf_burst(bps)),
+                   **CpuSetting.from_calibration(cal, p).fields(p))
+
+
+def guess(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
+          agg: str) -> float:
+    """The iteration time predicted before any run (the one-process profile's compute, no
+    framework CPU): only to size the runs."""
+    return float(predict(prof, cluster_of(cal, rate, p), Aggregation(agg), table).iteration)
+
+
 def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
                  measured: dict[str, dict], batch: int) -> list[dict]:
     """The model's prediction beside each aggregation's measured result at one (rate, P), from
     the dense run's compute and CPU, the cluster's calibration ``cal`` and the codec table."""
-    bps = parse_bandwidth(rate)
     ref = measured.get("dense") or next(iter(measured.values()))
     compute = ref["seconds_per_iter"]["compute"]
     share = prof.forward_s / (prof.forward_s + prof.backward_s)
     here = prof.with_compute(compute * share, compute * (1 - share), "dense run's compute")
     here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
-    cluster = Cluster(p, bps, cal["alpha_step_s"], cal["gamma_s_per_byte"],
-                      beta=cal["beta_s_per_byte"], check_calls=True, burst=float(tbf_burst(bps)),
-                      **CpuSetting.from_calibration(cal, p).fields(p))
+    cluster = cluster_of(cal, rate, p)
     # the dense run's CPU less what the model charges it for coding and collectives, and the
     # time its ranks waited at the header exchanges beyond what the model charges them: the
     # slowest rank's lead (point 6 of gradwire.perf.model)
