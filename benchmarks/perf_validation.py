@@ -28,11 +28,13 @@ same configuration:
 
 So the dense run supplies compute (its wall time, its CPU and its ranks' spread); everything
 that differs between aggregations is predicted. Measured iteration = P·batch / samples per
-second over the steady epochs (the first epoch, which pays one-time costs, is left out). The
+second over the steady epochs (the first epoch, which pays one-time costs, is left out); each
+run has enough epochs for at least ``STEADY_S`` of steady training at the iteration time the
+model guesses before the runs (``epochs_for``; the result keeps them under "epochs"). The
 advisor's pick at each (rate, P) is the scheme with the lowest prediction among those
 measured.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 40 minutes
+    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 45 minutes
     python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,fp16 --out v.json
 """
 

@@ -1,0 +1,51 @@
+"""How benchmarks/perf_validation.py sizes and summarises its training runs (the script itself
+runs for most of an hour, outside CI)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradwire.data import digits
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "perf_validation.py"
+
+
+@pytest.fixture(scope="module")
+def pv():
+    spec = importlib.util.spec_from_file_location("perf_validation", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TRAIN = len(digits(0)[0].y)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+@given(predicted=st.floats(1e-4, 10.0))
+def test_runs_last_the_steady_time_and_never_fewer_epochs_than_before(pv, p, predicted):
+    e = pv.epochs_for(p, 32, predicted)
+    per_epoch = TRAIN // p // 32
+    assert pv.EPOCHS[p] <= e <= pv.MAX_EPOCHS
+    if pv.EPOCHS[p] < e < pv.MAX_EPOCHS:  # sized by the steady time: enough, and no more
+        assert (e - 1) * per_epoch * predicted >= pv.STEADY_S
+        assert (e - 2) * per_epoch * predicted < pv.STEADY_S
+
+
+def test_slow_configurations_keep_their_epochs_and_fast_ones_get_more(pv):
+    assert pv.epochs_for(8, 32, 0.7) == pv.EPOCHS[8]  # dense at 100 Mbit/s, P = 8
+    assert pv.epochs_for(2, 32, 0.015) > 3 * pv.EPOCHS[2]  # Top-k at P = 2
+    assert pv.epochs_for(2, 32, 1e-6) == pv.MAX_EPOCHS
+
+
+def test_the_median_run_is_kept_with_every_runs_time(pv):
+    def run(samples_per_s, cpu):
+        return {"world_size": 2, "batch_size_per_rank": 32, "samples_per_s": samples_per_s,
+                "seconds_per_iter": {"compute": 64 / samples_per_s}, "cpu_s_per_iter": cpu,
+                "iterations": 10}
+
+    got = pv.median_run([run(640.0, 0.01), run(3200.0, 0.03), run(1280.0, 0.02)])
+    assert got["samples_per_s"] == 1280.0 and got["cpu_s_per_iter"] == 0.02
+    assert got["iteration_each_s"] == [0.1, 0.02, 0.05] and got["iterations"] == 30
