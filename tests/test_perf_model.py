@@ -293,6 +293,20 @@ def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     assert two.cpu_bound == pytest.approx(two.cpu)
 
 
+@pytest.mark.parametrize(("p", "cores", "share"), [(8, 2, 1 / 2), (2, 2, 1 / 2), (8, 4, 3 / 4),
+                                                (3, 4, 2 / 3), (8, 1, 0.0), (1, 2, 0.0)])
+def test_the_slowest_ranks_lead_also_idles_the_other_cores(p, cores, share) -> None:
+    """Ranks sharing cores: while the slowest rank finishes the w it lags by, the ranks that
+    wait for it leave their cores idle, so the CPU bound grows by w·(1 − 1/k), k the cores
+    the machine's ranks can keep busy (at most one each); alone, or on one core, by 0."""
+    agg = Aggregation("topk")
+    cl = Cluster(p, 1e9, 307e-6, beta=8.36e-9, cores=cores, cpu_ranks=p, cpu_step=3e-4)
+    plain, waited = (predict(TOY, dataclasses.replace(cl, straggle=s), agg, HERE,
+                             rank_cpu=0.5) for s in (0.0, 0.004))
+    assert float(waited.cpu_bound - plain.cpu_bound) == pytest.approx(0.004 * share)
+    assert float(waited.iteration) >= float(waited.cpu_bound)
+
+
 def test_cluster_refuses_bad_cpu_settings() -> None:
     for kw, msg in (({"cores": 0}, "cores per machine must be a finite number > 0"),
                     ({"cores": float("inf")}, "cores per machine must be a finite number > 0"),

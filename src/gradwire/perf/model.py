@@ -35,7 +35,10 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    cores too), and the iteration goes at the pace of the slowest: t_iter + w, w the time a
    rank waits per iteration, beyond the exchange itself, at the first collective it makes.
    The validation benchmark takes w from the dense run (its header exchanges' measured time
-   less what point 3 charges for them).
+   less what point 3 charges for them). Where ranks share cores (point 5) the lead holds
+   cores too: while the slowest rank finishes it, the ranks that wait for it leave theirs
+   idle, so the CPU bound grows by w·(1 − 1/k), k the cores the machine's ranks can keep busy
+   (min(n, C), one each at most).
 7. Token buckets (``Cluster.burst``, default 0: a plain link): an emulated cluster's links
    are ``tc tbf`` buckets that let ``burst`` bytes through at once after an idle spell. A
    bucket's data calls start with the credit its links earned idle before them (the first
@@ -153,8 +156,20 @@ class Cluster:
         cores of its own (0 when CPU bounds nothing)."""
         if self.cores is None:
             return 0.0
+        return max(1.0, self._machine_ranks / self.cores)
+
+    @property
+    def cpu_cores_used(self) -> float:
+        """Cores the ranks of one machine can keep busy, one each at most (0 when CPU bounds
+        nothing)."""
+        if self.cores is None:
+            return 0.0
+        return max(1.0, min(self._machine_ranks, self.cores))
+
+    @property
+    def _machine_ranks(self) -> int:
         n = self.cpu_ranks if self.cpu_ranks is not None else self.ranks_per_node
-        return max(1.0, min(n, self.workers) / self.cores)
+        return min(n, self.workers)
 
     @property
     def beta_s(self) -> np.ndarray:
@@ -331,7 +346,7 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
            if rank_cpu is None else rank_cpu / compute_speedup)
     cpu = own + coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + calls * cluster.cpu_sync
-             if shared else 0.0)
+             + wait * (1.0 - 1.0 / cluster.cpu_cores_used) if shared else 0.0)
     bound_it = np.maximum(it, bound)
     exposed = done - b + wait + (bound_it - it)
     return Prediction(bound_it, f, b, s, total_comm, coding, exposed, wire, len(bs), cpu=cpu,
