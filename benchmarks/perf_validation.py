@@ -18,7 +18,8 @@ same configuration:
   each link's token bucket (the cluster's ``tc tbf``, point 7 of ``gradwire.perf.model``):
   a bucket's data calls start with what the link earned idle before them;
 - stragglers (point 6): the time the dense run's ranks waited at the header exchanges beyond
-  what the model charges for them, per iteration, added to every aggregation's;
+  what the model charges for them, per iteration, added to every aggregation's (and to its
+  CPU bound, for the cores the waiting ranks leave idle);
 - encode/decode: a codec table measured here before the runs, one thread (as each rank runs),
   through the hook's own path on the model's number of elements (``codecs.measure``);
 - shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's

@@ -20,16 +20,17 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
 4. t_iter = t_f + max(κ·t_b, E_last) + t_step; scaling efficiency e = (t_f + t_b)/t_iter
    (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
 5. Shared CPU (``Cluster.cores`` set): when n ranks share a machine of C cores, an iteration
-   takes at least max(1, n/C)·D/u + c·s. D is the CPU one rank spends per iteration: its
-   compute (``rank_cpu``, default t_f + t_b + t_step), encode and decode (times
-   ``cpu_slowdown``: memory-bound work takes longer beside the other ranks), and its part of
-   every schedule (:func:`gradwire.perf.comm.cpu_seconds`: ``cpu_step`` per step it takes
-   part in, ``cpu_byte`` per byte it moves, γ per byte it reduces). u (``cpu_share``) is the
-   share of the cores the ranks keep busy, c the collective calls per iteration (headers
-   included) and s (``cpu_sync``) what each call waits for ranks the scheduler has not run
-   yet. ``gradwire calibrate`` measures u and s by alternating bursts of compute with
-   allreduces. The emulated cluster is such a machine: every rank on its 2 cores, so
-   compressed runs, whose wire time is small, are bound by CPU there.
+   takes at least max(1, n/C)·D/u + c·s (+ the straggler's idle cores, point 6). D is the
+   CPU one rank spends per iteration: its compute (``rank_cpu``, default t_f + t_b +
+   t_step), encode and decode (times ``cpu_slowdown``: memory-bound work takes longer beside
+   the other ranks), and its part of every schedule (:func:`gradwire.perf.comm.cpu_seconds`:
+   ``cpu_step`` per step it takes part in, ``cpu_byte`` per byte it moves, γ per byte it
+   reduces). u (``cpu_share``) is the share of the cores the ranks keep busy, c the
+   collective calls per iteration (headers included) and s (``cpu_sync``) what each call
+   waits for ranks the scheduler has not run yet. ``gradwire calibrate`` measures u and s by
+   alternating bursts of compute with allreduces. The emulated cluster is such a machine:
+   every rank on its 2 cores, so compressed runs, whose wire time is small, are bound by CPU
+   there.
 6. Stragglers (``Cluster.straggle``, default 0): ranks do not finish their compute together
    (iteration to iteration, a rank's forward and backward vary by milliseconds here, on idle
    cores too), and the iteration goes at the pace of the slowest: t_iter + w, w the time a
@@ -225,7 +226,8 @@ class Prediction:
     notes: list[str] = field(default_factory=list)
     cpu: float = 0.0  # D: CPU seconds one rank spends per iteration (point 5)
     cpu_comm: float = 0.0  # its part in the schedules
-    cpu_bound: float = 0.0  # max(1, n/C)·D/u + c·s, 0 when the cluster's CPU bounds nothing
+    # max(1, n/C)·D/u + c·s + w(1 − 1/k), 0 when the cluster's CPU bounds nothing
+    cpu_bound: float = 0.0
     calls: int = 0  # collective calls per iteration, headers included
     header: float | np.ndarray = 0.0  # seconds of the call-header exchanges (in communicate)
 
