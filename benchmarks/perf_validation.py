@@ -266,6 +266,7 @@ def merge(docs: list[dict]) -> dict:
                     "codecs_one_thread": d["codecs_one_thread"]} for d in docs]
     doc["rows"] = [r for d in docs for r in d["rows"]]
     doc["calibration"] = {k: v for d in docs for k, v in d["calibration"].items()}
+    doc["epochs"] = {k: v for d in docs for k, v in d.get("epochs", {}).items()}
     doc["command"] = "; ".join(d["command"] for d in docs)
     doc = summarise(doc)
     del doc["summary"]["load_average_end"]  # this machine's, not the runs' (kept under "runs")

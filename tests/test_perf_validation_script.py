@@ -49,3 +49,20 @@ def test_the_median_run_is_kept_with_every_runs_time(pv):
     got = pv.median_run([run(640.0, 0.01), run(3200.0, 0.03), run(1280.0, 0.02)])
     assert got["samples_per_s"] == 1280.0 and got["cpu_s_per_iter"] == 0.02
     assert got["iteration_each_s"] == [0.1, 0.02, 0.05] and got["iterations"] == 30
+
+
+def test_merged_runs_keep_every_clusters_calibration_and_epochs(pv):
+    def doc(rate):
+        row = {"bandwidth": rate, "workers": 2, "agg": "dense", "measured_s": 0.1,
+               "predicted_s": 0.1, "error": 0.0}
+        return {"command": f"run {rate}", "date": "2026-11-26", "machine": "m", "rows": [row],
+                "conditions": {}, "summary": {"load_average_end": [0.0, 0.0, 0.0]},
+                "profile_one_process": {}, "profile_one_thread": {}, "codecs_one_thread": {},
+                "calibration": {f"{rate} P=2": {"alpha_s": 1.0}},
+                "epochs": {f"{rate} P=2": {"dense": 3}}}
+
+    got = pv.merge([doc("1gbit"), doc("100mbit")])
+    assert set(got["epochs"]) == set(got["calibration"]) == {"1gbit P=2", "100mbit P=2"}
+    assert got["command"] == "run 1gbit; run 100mbit" and len(got["rows"]) == 2
+    with pytest.raises(SystemExit, match="overlap"):
+        pv.merge([doc("1gbit"), doc("1gbit")])
