@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -75,13 +76,18 @@ STEADY_S = 5.0  # and at least this much steady training, as predicted before th
 MAX_EPOCHS = 60
 
 
+@functools.cache
+def _train_samples() -> int:
+    return len(digits(0)[0].y)
+
+
 def epochs_for(p: int, batch: int, predicted_s: float) -> int:
     """Epochs for one run at P = ``p``: the first (one-time costs, left out) and enough steady
     ones to last ``STEADY_S`` at the predicted iteration time, never fewer than ``EPOCHS``.
     Runs of the compressed methods took 1-2 s of steady training with ``EPOCHS`` alone, and
     their three runs differed by up to 76 %; a P = 4 signSGD probe on 1 Gbit/s (2026-11-26,
     four runs each way) differed by 12.1 % with 33 steady iterations and 8.7 % with 121."""
-    per_epoch = max(len(digits(0)[0].y) // p // batch, 1)
+    per_epoch = max(_train_samples() // p // batch, 1)
     steady = math.ceil(STEADY_S / max(predicted_s, 1e-3) / per_epoch)
     return min(max(EPOCHS.get(p, 3), 1 + steady), MAX_EPOCHS)
 

@@ -42,7 +42,6 @@ Example::
 
 from __future__ import annotations
 
-from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build, merge_steps
 from gradwire.schedules.lp import ALPHA, BETA, pick_block, pieces
 
@@ -104,16 +103,10 @@ def allreduce(p: int, count: int, *, block: int | None = None, alpha: float = AL
               beta: float = BETA, sndbuf: int | None = None, itemsize: int = 4,
               **_: object) -> Schedule:
     """Reduce and broadcast one half of the buffer on each of two complementary binary trees."""
-    if sndbuf is not None and (isinstance(sndbuf, bool) or not isinstance(sndbuf, int)
-                               or sndbuf < 1):
-        raise GradwireError(f"sndbuf must be an int >= 1 (bytes a socket may queue), got "
-                            f"{sndbuf!r}")
     trees = two_trees(p)
     halves = blocks(count, 2)
     fill = max(heights(trees[0])[0]) / 2 if p > 2 else 0  # b* = √((n/2)α/((H/2)β))
-    b = pick_block(halves[0][1], fill, block, alpha, beta, itemsize)
-    if block is None and sndbuf is not None and p > 2:
-        b = max(1, min(b, sndbuf // itemsize))
+    b = pick_block(halves[0][1], fill, block, alpha, beta, itemsize, sndbuf)
     steps = merge_steps(*(tree_steps(t, pieces(n, b, start)) for t, (start, n) in
                           zip(trees, halves, strict=True)))
     return build("dbtree", "allreduce", p, count, steps, block=b)

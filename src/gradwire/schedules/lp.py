@@ -44,8 +44,13 @@ ALPHA, BETA = 50e-6, 8 / 1e9  # 50 µs per message, 1 Gbit/s
 
 
 def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: float,
-               itemsize: int) -> int:
-    """Elements per block: ``block`` if given, else b* = √(nα/(depth·β)); within [1, count]."""
+               itemsize: int, sndbuf: int | None = None) -> int:
+    """Elements per block: ``block`` if given, else b* = √(nα/(depth·β)), at most ``sndbuf``
+    bytes when that is given (the most a socket may queue); within [1, count]."""
+    if sndbuf is not None and (isinstance(sndbuf, bool) or not isinstance(sndbuf, int)
+                               or sndbuf < 1):
+        raise GradwireError(f"sndbuf must be an int >= 1 (bytes a socket may queue), got "
+                            f"{sndbuf!r}")
     if block is None:
         if not (alpha >= 0 and beta > 0 and itemsize > 0):
             raise GradwireError(f"choosing a block needs alpha >= 0, beta > 0, itemsize > 0; "
@@ -54,6 +59,8 @@ def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: 
             block = count
         else:
             block = round(math.sqrt(count * itemsize * alpha / (depth * beta)) / itemsize)
+            if sndbuf is not None:
+                block = min(block, sndbuf // itemsize)
     elif isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise GradwireError(f"block must be an int >= 1 (elements per block), got {block!r}")
     return max(1, min(count, block))
