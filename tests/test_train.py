@@ -83,6 +83,8 @@ def test_train_on_loopback_prints_the_table_and_writes_json_and_plot(tmp_path):
     # one rank's process uses at most every core of the machine for an iteration's wall time
     iteration = r["batch_size_per_rank"] * r["world_size"] / r["samples_per_s"]
     assert 0 < r["cpu_s_per_iter"] <= 1.1 * (os.cpu_count() or 1) * iteration
+    # the training thread's part of it: forward, backward and the step, not the hook's work
+    assert 0 < r["cpu_main_s_per_iter"] < r["cpu_s_per_iter"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

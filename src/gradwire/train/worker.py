@@ -34,7 +34,7 @@ from gradwire.train.wire import tx_bytes
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
 SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "step", "sent",
-          "wire", "cpu")
+          "wire", "cpu", "cpu_main")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,6 +81,7 @@ def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, ta
     loss_sum = 0.0
     tx0 = tx_bytes()
     cpu0 = time.process_time()  # every thread of this rank: autograd, the hook's, gloo's
+    main0 = time.thread_time()  # this thread only: forward, backward, DDP's buckets, the step
     for it in range(len(idx) // batch):
         x, y = task.batch(task.train, idx[it * batch : (it + 1) * batch])
         t0 = time.perf_counter()
@@ -96,6 +97,7 @@ def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, ta
             done, total = progress
             print(f"{PROGRESS} {done + it + 1} {total}", flush=True)
     cpu = time.process_time() - cpu0
+    cpu_main = time.thread_time() - main0
     tx1 = tx_bytes()
     d = {k: agg.stats[k] - before[k]
          for k in ("compress", "communicate", "header", "tail", "sent")}
@@ -104,7 +106,7 @@ def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, ta
     compute = max(t["compute"] - d["tail"], 0.0)
     wire = -1.0 if tx0 is None or tx1 is None else float(tx1 - tx0)
     return [loss_sum, compute, d["compress"], d["communicate"], d["header"], d["tail"],
-            t["step"], float(d["sent"]), wire, cpu]
+            t["step"], float(d["sent"]), wire, cpu, cpu_main]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,6 +229,9 @@ def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.
             "compute", "compress", "communicate", "header", "tail", "step")},
         # CPU seconds one rank's process used per iteration, all its threads (mean of ranks)
         "cpu_s_per_iter": total("cpu", steady) / iters,
+        # the part of it on the training thread: forward, backward (with DDP's bucket copies;
+        # it only waits for the hook), the optimizer step; not the hook's coding or collectives
+        "cpu_main_s_per_iter": total("cpu_main", steady) / iters,
         "wire_tx_bytes_per_iter_per_rank": (None if any(w is None for w in wire)
                                             else sum(wire) / iters),
         "payload_bytes_per_iter_per_rank": total("sent", steady) / iters,
