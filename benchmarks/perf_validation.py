@@ -24,7 +24,9 @@ same configuration:
   through the hook's own path on the model's number of elements (``codecs.measure``);
 - shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
   CPU besides coding and communication is the dense run's measured CPU per rank less the
-  model's coding and communication CPU for that run; every other aggregation adds its own;
+  model's coding and communication CPU for that run; every other aggregation adds its own.
+  Each row also keeps the part of its measured CPU on the training thread
+  (``measured_main_cpu_s_per_rank``; ``benchmarks/cpu_split.py`` has why);
 - overlap slowdown κ = 1 (not fitted).
 
 So the dense run supplies compute (its wall time, its CPU and its ranks' spread); everything
@@ -106,6 +108,7 @@ def median_run(runs: list[dict]) -> dict:
             "seconds_per_iter": {k: mean(r["seconds_per_iter"][k] for r in mid)
                                  for k in mid[0]["seconds_per_iter"]},
             "cpu_s_per_iter": mean(r["cpu_s_per_iter"] for r in mid),
+            "cpu_main_s_per_iter": mean(r["cpu_main_s_per_iter"] for r in mid),
             "iterations": sum(r["iterations"] for r in runs)}
 
 
@@ -190,6 +193,7 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
             "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
             "measured_parts_s": res["seconds_per_iter"],
             "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
+            "measured_main_cpu_s_per_rank": res.get("cpu_main_s_per_iter"),
             "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
                                   "step": pred.step, "coding": pred.coding,
                                   "communicate": float(pred.communicate),
@@ -220,6 +224,7 @@ def repredict(doc: dict) -> dict:
         measured = {r["agg"]: {"agg": r["agg"], "samples_per_s": key[1] * doc["batch_size"]
                                / r["measured_s"], "seconds_per_iter": r["measured_parts_s"],
                                "cpu_s_per_iter": r["measured_cpu_s_per_rank"],
+                               "cpu_main_s_per_iter": r.get("measured_main_cpu_s_per_rank"),
                                "iteration_each_s": r["measured_each_s"],
                                "iterations": r["iterations"]} for r in group}
         new = predict_rows(prof, table, doc["calibration"][f"{key[0]} P={key[1]}"], *key,
