@@ -85,6 +85,10 @@ def test_train_on_loopback_prints_the_table_and_writes_json_and_plot(tmp_path):
     assert 0 < r["cpu_s_per_iter"] <= 1.1 * (os.cpu_count() or 1) * iteration
     # the training thread's part of it: forward, backward and the step, not the hook's work
     assert 0 < r["cpu_main_s_per_iter"] < r["cpu_s_per_iter"]
+    # and the hook's thread (coding, its collectives' own work): the three threads' parts add
+    # up to no more than the process's
+    assert 0 < r["cpu_hook_s_per_iter"]
+    assert r["cpu_main_s_per_iter"] + r["cpu_hook_s_per_iter"] <= r["cpu_s_per_iter"] * 1.001
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -26,7 +26,8 @@ from gradwire.schedules import registry
 
 METHODS: tuple[str, ...] = tuple(TABLE)
 MODES = ("bucket", "model")
-STATS = ("compress", "communicate", "header", "tail", "sent", "steps", "buckets", "dense")
+STATS = ("compress", "communicate", "header", "tail", "sent", "steps", "buckets", "dense",
+         "cpu")
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,9 @@ class HookState:
         of ``communicate`` spent in the call-header exchanges (agree.py); ``tail``, seconds from
         handing over an iteration's last bucket to its result (with overlap, the part of
         compress + communicate backward did not hide); ``sent``, payload bytes this rank
-        contributed; counts of ``steps``, ``buckets`` and ``dense`` aggregations."""
+        contributed; counts of ``steps``, ``buckets`` and ``dense`` aggregations; ``cpu``, CPU
+        seconds of the thread that aggregates (the hook's own with overlap, else the training
+        thread): coding, the calls' own work, not gloo's threads."""
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0)
 
     def state_dict(self) -> dict[str, Any]:
@@ -236,10 +239,17 @@ class HookState:
         if last:
             self.step += 1
             self._handoff = time.perf_counter()
+        def timed() -> list[torch.Tensor]:
+            c0 = time.thread_time()
+            try:
+                return task()
+            finally:
+                self.stats["cpu"] += time.thread_time() - c0
+
         if self._worker is not None:
-            self._worker.submit(task, futures)
+            self._worker.submit(timed, futures)
         else:
-            complete(task, futures)
+            complete(timed, futures)
 
     # --- on the comm thread --------------------------------------------------------------
     def _aggregate(self, x: torch.Tensor, key: layout.Layout, plan: Step) -> torch.Tensor:

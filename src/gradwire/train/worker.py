@@ -34,7 +34,7 @@ from gradwire.train.wire import tx_bytes
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
 SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "step", "sent",
-          "wire", "cpu", "cpu_main")
+          "wire", "cpu", "cpu_main", "cpu_hook")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,13 +100,13 @@ def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, ta
     cpu_main = time.thread_time() - main0
     tx1 = tx_bytes()
     d = {k: agg.stats[k] - before[k]
-         for k in ("compress", "communicate", "header", "tail", "sent")}
+         for k in ("compress", "communicate", "header", "tail", "sent", "cpu")}
     # The hook compresses and communicates on its own thread while backward goes on; backward
     # waits only for the tail, so compute is forward + backward less the tail.
     compute = max(t["compute"] - d["tail"], 0.0)
     wire = -1.0 if tx0 is None or tx1 is None else float(tx1 - tx0)
     return [loss_sum, compute, d["compress"], d["communicate"], d["header"], d["tail"],
-            t["step"], float(d["sent"]), wire, cpu, cpu_main]
+            t["step"], float(d["sent"]), wire, cpu, cpu_main, d["cpu"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,6 +232,8 @@ def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.
         # the part of it on the training thread: forward, backward (with DDP's bucket copies;
         # it only waits for the hook), the optimizer step; not the hook's coding or collectives
         "cpu_main_s_per_iter": total("cpu_main", steady) / iters,
+        # the hook's thread: coding and its calls' own work (the rest is gloo's threads)
+        "cpu_hook_s_per_iter": total("cpu_hook", steady) / iters,
         "wire_tx_bytes_per_iter_per_rank": (None if any(w is None for w in wire)
                                             else sum(wire) / iters),
         "payload_bytes_per_iter_per_rank": total("sent", steady) / iters,
