@@ -3,11 +3,12 @@
 For each link rate and P, one emulated cluster runs ``gradwire calibrate``'s rank side, then
 ``gradwire train`` of the project's MLP (batch 32 per rank, DDP's default buckets) once per
 aggregation. Each run reports its CPU per rank and iteration (``cpu_s_per_iter``, every
-thread) and the training thread's part of it (``cpu_main_s_per_iter``: forward, backward,
-the optimizer step). The rest is the hook's coding and collectives, with gloo's threads;
-beside it, what :func:`gradwire.perf.model.predict` charges for coding and collectives
-(``Prediction.cpu`` with ``rank_cpu`` = 0) from that calibration and a codec table measured
-here, and the gap per collective call (headers included).
+thread), the training thread's part of it (``cpu_main_s_per_iter``: forward, backward, the
+optimizer step) and the hook thread's (``cpu_hook_s_per_iter``: coding, its collectives' own
+work); the rest is gloo's threads. Beside the hook's and gloo's together: what
+:func:`gradwire.perf.model.predict` charges for coding and collectives (``Prediction.cpu``
+with ``rank_cpu`` = 0) from that calibration and a codec table measured here, and the gap
+per collective call (headers included).
 
 Why: the validation (``perf_validation.py``) takes a rank's own CPU from the dense run, its
 CPU less what the model charges it for coding and collectives. That estimate carries the
@@ -69,11 +70,13 @@ def run(rates: list[str], workers: list[int], aggs: list[str], console: Console)
                     r = train_on(c, cfg, f"{agg} P={p} {rate}", 1800, console)
                     charged = predict(prof, cluster, Aggregation(agg), table, rank_cpu=0.0)
                     rest = r["cpu_s_per_iter"] - r["cpu_main_s_per_iter"]
+                    hook = r["cpu_hook_s_per_iter"]
                     doc["rows"].append({
                         "bandwidth": rate, "workers": p, "agg": agg, "epochs": epochs,
                         "iteration_s": p * 32 / r["samples_per_s"],
                         "cpu_s": r["cpu_s_per_iter"], "main_cpu_s": r["cpu_main_s_per_iter"],
-                        "rest_cpu_s": rest, "model_rest_cpu_s": charged.cpu,
+                        "rest_cpu_s": rest, "hook_cpu_s": hook, "gloo_cpu_s": rest - hook,
+                        "model_rest_cpu_s": charged.cpu,
                         "model_coding_s": charged.coding, "model_comm_cpu_s": charged.cpu_comm,
                         "calls": charged.calls,
                         "gap_per_call_s": (rest - charged.cpu) / max(charged.calls, 1)})
@@ -98,7 +101,8 @@ def main() -> None:
     for r in doc["rows"]:
         console.print(f"{r['bandwidth']:>7} P={r['workers']} {r['agg']:>9}: CPU "
                       f"{r['cpu_s'] * 1e3:5.1f} ms = training thread {r['main_cpu_s'] * 1e3:4.1f}"
-                      f" + rest {r['rest_cpu_s'] * 1e3:4.1f}; model charges "
+                      f" + hook {r['hook_cpu_s'] * 1e3:4.1f} + gloo {r['gloo_cpu_s'] * 1e3:4.1f};"
+                      f" model charges "
                       f"{r['model_rest_cpu_s'] * 1e3:4.1f} for {r['calls']} calls "
                       f"({r['gap_per_call_s'] * 1e3:+.2f} ms per call)")
 

@@ -25,8 +25,9 @@ same configuration:
 - shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
   CPU besides coding and communication is the dense run's measured CPU per rank less the
   model's coding and communication CPU for that run; every other aggregation adds its own.
-  Each row also keeps the part of its measured CPU on the training thread
-  (``measured_main_cpu_s_per_rank``; ``benchmarks/cpu_split.py`` has why);
+  Each row also keeps the parts of its measured CPU on the training thread and on the hook's
+  (``measured_main_cpu_s_per_rank``, ``measured_hook_cpu_s_per_rank``; the rest is gloo's
+  threads; ``benchmarks/cpu_split.py`` has why);
 - overlap slowdown κ = 1 (not fitted).
 
 So the dense run supplies compute (its wall time, its CPU and its ranks' spread); everything
@@ -109,6 +110,7 @@ def median_run(runs: list[dict]) -> dict:
                                  for k in mid[0]["seconds_per_iter"]},
             "cpu_s_per_iter": mean(r["cpu_s_per_iter"] for r in mid),
             "cpu_main_s_per_iter": mean(r["cpu_main_s_per_iter"] for r in mid),
+            "cpu_hook_s_per_iter": mean(r["cpu_hook_s_per_iter"] for r in mid),
             "iterations": sum(r["iterations"] for r in runs)}
 
 
@@ -194,6 +196,7 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
             "measured_parts_s": res["seconds_per_iter"],
             "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
             "measured_main_cpu_s_per_rank": res.get("cpu_main_s_per_iter"),
+            "measured_hook_cpu_s_per_rank": res.get("cpu_hook_s_per_iter"),
             "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
                                   "step": pred.step, "coding": pred.coding,
                                   "communicate": float(pred.communicate),
@@ -225,6 +228,7 @@ def repredict(doc: dict) -> dict:
                                / r["measured_s"], "seconds_per_iter": r["measured_parts_s"],
                                "cpu_s_per_iter": r["measured_cpu_s_per_rank"],
                                "cpu_main_s_per_iter": r.get("measured_main_cpu_s_per_rank"),
+                               "cpu_hook_s_per_iter": r.get("measured_hook_cpu_s_per_rank"),
                                "iteration_each_s": r["measured_each_s"],
                                "iterations": r["iterations"]} for r in group}
         new = predict_rows(prof, table, doc["calibration"][f"{key[0]} P={key[1]}"], *key,

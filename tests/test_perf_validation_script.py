@@ -44,11 +44,11 @@ def test_the_median_run_is_kept_with_every_runs_time(pv):
     def run(samples_per_s, cpu):
         return {"world_size": 2, "batch_size_per_rank": 32, "samples_per_s": samples_per_s,
                 "seconds_per_iter": {"compute": 64 / samples_per_s}, "cpu_s_per_iter": cpu,
-                "cpu_main_s_per_iter": cpu / 2, "iterations": 10}
+                "cpu_main_s_per_iter": cpu / 2, "cpu_hook_s_per_iter": cpu / 4, "iterations": 10}
 
     got = pv.median_run([run(640.0, 0.01), run(3200.0, 0.03), run(1280.0, 0.02)])
     assert got["samples_per_s"] == 1280.0 and got["cpu_s_per_iter"] == 0.02
-    assert got["cpu_main_s_per_iter"] == 0.01
+    assert got["cpu_main_s_per_iter"] == 0.01 and got["cpu_hook_s_per_iter"] == 0.005
     assert got["iteration_each_s"] == [0.1, 0.02, 0.05] and got["iterations"] == 30
 
 
