@@ -26,19 +26,17 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 from rich.console import Console
 
 from gradwire.bench import provenance
 from gradwire.cluster import ephemeral_cluster
 from gradwire.jobs import run_ranks
-from gradwire.perf import codecs
 from gradwire.perf.measure import measure
 from gradwire.perf.model import Aggregation, predict
 from gradwire.train.job import TrainConfig, train_on, validate
 
 sys.path.insert(0, str(Path(__file__).parent))
-from perf_validation import cluster_of  # noqa: E402 - the validation's own cluster
+from perf_validation import cluster_of, codec_table  # noqa: E402 - the validation's own
 
 HERE = Path(__file__).parent
 SLOW = ("dense", "fp16")  # wire-bound on slow links: fewer epochs
@@ -47,11 +45,7 @@ EPOCHS = {2: 12, 4: 20, 8: 30}  # about 4 s of steady training for the compresse
 
 def run(rates: list[str], workers: list[int], aggs: list[str], console: Console) -> dict:
     prof = measure("mlp", batch_size=32, iters=10, warmup=3)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank runs
-    table = codecs.CodecTable("one thread", prof.numel,
-                              codecs.measure(prof.numel, repeats=5)["methods"], "measured here")
-    torch.set_num_threads(threads)
+    table = codec_table(prof.numel, 5, "measured here")
     doc = {**provenance.stamp("python benchmarks/cpu_split.py " + shlex.join(sys.argv[1:])),
            "model": "mlp", "batch_size": 32, "codecs_one_thread": table.methods,
            "calibration": {}, "rows": []}

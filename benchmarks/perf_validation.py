@@ -45,6 +45,7 @@ measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -53,6 +54,7 @@ import os
 import shlex
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -114,16 +116,30 @@ def median_run(runs: list[dict]) -> dict:
             "iterations": sum(r["iterations"] for r in runs)}
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread, as each rank runs (OMP_NUM_THREADS=1); then as it was."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def codec_table(numel: int, repeats: int, source: str) -> codecs.CodecTable:
+    """Every method's encode and decode on ``numel`` elements, timed here on one thread."""
+    with one_thread():
+        return codecs.CodecTable("one thread", numel,
+                                 codecs.measure(numel, repeats=repeats)["methods"], source)
+
+
 def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, console: Console,
         batch: int = 32, repeats: int = 3) -> dict:
     prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank runs (OMP_NUM_THREADS=1)
-    prof1 = measure("mlp", batch_size=batch, iters=20, warmup=5)
-    table = codecs.CodecTable("one thread", prof.numel,
-                              codecs.measure(prof.numel, repeats=7)["methods"],
-                              "measured by perf_validation.py, one thread")
-    torch.set_num_threads(threads)
+    with one_thread():
+        prof1 = measure("mlp", batch_size=batch, iters=20, warmup=5)
+    table = codec_table(prof.numel, 7, "measured by perf_validation.py, one thread")
     doc = {**provenance.stamp("python benchmarks/perf_validation.py " + shlex.join(sys.argv[1:])),
            "model": "mlp", "batch_size": batch, "repeats": repeats,
            "profile_one_process": prof.to_json() | {"params": len(prof.params)},

@@ -67,3 +67,16 @@ def test_merged_runs_keep_every_clusters_calibration_and_epochs(pv):
     assert got["command"] == "run 1gbit; run 100mbit" and len(got["rows"]) == 2
     with pytest.raises(SystemExit, match="overlap"):
         pv.merge([doc("1gbit"), doc("1gbit")])
+
+
+def test_codecs_are_timed_on_one_thread_and_the_thread_count_comes_back(pv):
+    import torch
+
+    before = torch.get_num_threads()
+    with pv.one_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    table = pv.codec_table(4096, 1, "test")
+    assert torch.get_num_threads() == before
+    enc, dec = table.seconds("topk", 4096, 2)
+    assert enc > 0 and dec >= 0
