@@ -23,14 +23,16 @@ same configuration:
 - encode/decode: a codec table measured here before the runs, one thread (as each rank runs),
   through the hook's own path on the model's number of elements (``codecs.measure``);
 - shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
-  CPU besides coding and communication is the dense run's measured CPU per rank less the
-  model's coding and communication CPU for that run; every other aggregation adds its own.
+  CPU besides coding and communication is, for each dense run at this P (one per link rate),
+  its measured CPU per rank (the median of its runs) less the model's coding and
+  communication CPU for it on its own cluster, the mean over the rates (``own_cpu``); every
+  aggregation adds its own coding and communication.
   Each row also keeps the parts of its measured CPU on the training thread and on the hook's
   (``measured_main_cpu_s_per_rank``, ``measured_hook_cpu_s_per_rank``; the rest is gloo's
   threads; ``benchmarks/cpu_split.py`` has why);
 - overlap slowdown κ = 1 (not fitted).
 
-So the dense run supplies compute (its wall time, its CPU and its ranks' spread); everything
+So the dense runs supply compute (their wall time, their CPU and their ranks' spread); everything
 that differs between aggregations is predicted. Measured iteration = P·batch / samples per
 second over the steady epochs (the first epoch, which pays one-time costs, is left out); each
 run has enough epochs for at least ``STEADY_S`` of steady training at the iteration time the
@@ -79,6 +81,7 @@ HERE = Path(__file__).parent
 EPOCHS = {2: 3, 4: 4, 8: 6}
 STEADY_S = 5.0  # and at least this much steady training, as predicted before the runs
 MAX_EPOCHS = 60
+CPU_KEYS = ("cpu_s_per_iter", "cpu_main_s_per_iter", "cpu_hook_s_per_iter")
 
 
 @functools.cache
@@ -99,8 +102,10 @@ def epochs_for(p: int, batch: int, predicted_s: float) -> int:
 
 def median_run(runs: list[dict]) -> dict:
     """One result from repeated training runs of one configuration: the run with the median
-    iteration time (for an even count, the mean of the middle two), its time breakdown and CPU
-    per rank; every run's iteration time kept."""
+    iteration time (for an even count, the mean of the middle two) and its time breakdown; the
+    CPU per rank (and its parts) the median over the runs, each its own: the run of median
+    time need not have the median CPU, and the prediction takes a rank's CPU from the dense
+    run's. Every run's iteration time and CPU kept."""
     size = runs[0]["world_size"] * runs[0]["batch_size_per_rank"]
     its = [size / r["samples_per_s"] for r in runs]
     order = sorted(range(len(runs)), key=its.__getitem__)
@@ -110,9 +115,8 @@ def median_run(runs: list[dict]) -> dict:
             "iteration_each_s": its,
             "seconds_per_iter": {k: mean(r["seconds_per_iter"][k] for r in mid)
                                  for k in mid[0]["seconds_per_iter"]},
-            "cpu_s_per_iter": mean(r["cpu_s_per_iter"] for r in mid),
-            "cpu_main_s_per_iter": mean(r["cpu_main_s_per_iter"] for r in mid),
-            "cpu_hook_s_per_iter": mean(r["cpu_hook_s_per_iter"] for r in mid),
+            **{k: statistics.median(r[k] for r in runs) for k in CPU_KEYS},
+            "cpu_each_s": [r["cpu_s_per_iter"] for r in runs],
             "iterations": sum(r["iterations"] for r in runs)}
 
 
@@ -146,6 +150,7 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
            "profile_one_thread": prof1.to_json(), "rows": [],
            "codecs_one_thread": table.methods,
            "conditions": {"load_average_start": os.getloadavg()}, "calibration": {}}
+    measured: dict[tuple[str, int], dict[str, dict]] = {}
     for rate in rates:
         for p in workers:
             runs: dict[str, list[dict]] = {agg: [] for agg in aggs}
@@ -163,8 +168,11 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                         validate(cfg, p)
                         runs[agg].append(train_on(c, cfg, f"{agg} P={p} {rate} ({i + 1})",
                                                   1800, console))
-            measured = {agg: median_run(rs) for agg, rs in runs.items()}
-            doc["rows"] += predict_rows(prof, table, cal, rate, p, measured, batch)
+            load = os.getloadavg()[0]
+            measured[rate, p] = {agg: median_run(rs) | {"load_average": load}
+                                 for agg, rs in runs.items()}
+            # every row again: a rank's own CPU at this P now has this rate's dense run too
+            doc["rows"] = predict_all(prof, table, doc["calibration"], measured, batch)
             out.write_text(json.dumps(summarise(doc), indent=1) + "\n")  # partial results kept
     return summarise(doc)
 
@@ -184,21 +192,46 @@ def guess(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
     return float(predict(prof, cluster_of(cal, rate, p), Aggregation(agg), table).iteration)
 
 
-def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
-                 measured: dict[str, dict], batch: int) -> list[dict]:
-    """The model's prediction beside each aggregation's measured result at one (rate, P), from
-    the dense run's compute and CPU, the cluster's calibration ``cal`` and the codec table."""
-    ref = measured.get("dense") or next(iter(measured.values()))
+def with_compute_of(prof: Profile, ref: dict) -> Profile:
+    """``prof`` with the forward, backward and optimizer step that the run ``ref`` measured,
+    its forward/backward split and per-tensor backward as ``prof``'s."""
     compute = ref["seconds_per_iter"]["compute"]
     share = prof.forward_s / (prof.forward_s + prof.backward_s)
     here = prof.with_compute(compute * share, compute * (1 - share), "dense run's compute")
-    here = dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
+    return dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
+
+
+def own_cpu(prof: Profile, table: codecs.CodecTable, refs: list[tuple[str, dict, dict]],
+            p: int) -> float:
+    """A rank's CPU per iteration besides coding and collectives, from the dense runs at P =
+    ``p`` (``refs``: one (rate, calibration, median run) per link rate): each run's CPU per
+    rank less what the model charges it for coding and collectives on its own cluster, the
+    mean over the rates. What a rank does besides communicating does not depend on the link,
+    while the CPU a dense run spends moving its megabytes does, and varies from run to run
+    (at 100 Mbit/s, P = 2: 15.8, 18.4 and 18.6 ms per iteration in three validation runs of
+    one library): one more independent measurement of the same thing halves its variance."""
+    own = []
+    for rate, cal, ref in refs:
+        base = predict(with_compute_of(prof, ref), cluster_of(cal, rate, p),
+                       Aggregation(ref["agg"]), table, rank_cpu=0.0)
+        own.append(ref["cpu_s_per_iter"] - base.cpu)
+    return statistics.fmean(own)
+
+
+def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
+                 measured: dict[str, dict], batch: int,
+                 refs: list[tuple[str, dict, dict]]) -> list[dict]:
+    """The model's prediction beside each aggregation's measured result at one (rate, P), from
+    the dense run's compute and straggling, a rank's own CPU from the dense runs at this P on
+    every link rate (``refs``, :func:`own_cpu`), the cluster's calibration ``cal`` and the
+    codec table."""
+    ref = measured.get("dense") or next(iter(measured.values()))
+    here = with_compute_of(prof, ref)
     cluster = cluster_of(cal, rate, p)
-    # the dense run's CPU less what the model charges it for coding and collectives, and the
-    # time its ranks waited at the header exchanges beyond what the model charges them: the
-    # slowest rank's lead (point 6 of gradwire.perf.model)
+    # the time the dense run's ranks waited at the header exchanges beyond what the model
+    # charges them: the slowest rank's lead (point 6 of gradwire.perf.model)
     base = predict(here, cluster, Aggregation(ref["agg"]), table, rank_cpu=0.0)
-    rank_cpu = ref["cpu_s_per_iter"] - base.cpu
+    rank_cpu = own_cpu(prof, table, refs, p)
     straggle = max(ref["seconds_per_iter"]["header"] - float(base.header), 0.0)
     cluster = dataclasses.replace(cluster, straggle=straggle)
     rows = []
@@ -211,6 +244,7 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
             "predicted_s": float(pred.iteration), "error": float(pred.iteration) / meas - 1,
             "measured_parts_s": res["seconds_per_iter"],
             "measured_cpu_s_per_rank": res["cpu_s_per_iter"],
+            "measured_cpu_each_s_per_rank": res.get("cpu_each_s"),
             "measured_main_cpu_s_per_rank": res.get("cpu_main_s_per_iter"),
             "measured_hook_cpu_s_per_rank": res.get("cpu_hook_s_per_iter"),
             "predicted_parts_s": {"forward": pred.forward, "backward": pred.backward,
@@ -221,8 +255,51 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
                                   "cpu_communicate": pred.cpu_comm,
                                   "cpu_bound": pred.cpu_bound,
                                   "header": float(pred.header), "straggle": straggle},
-            "iterations": res["iterations"], "load_average": os.getloadavg()[0]})
+            "iterations": res["iterations"], "load_average": res["load_average"]})
     return rows
+
+
+def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, dict],
+                measured: dict[tuple[str, int], dict[str, dict]], batch: int) -> list[dict]:
+    """Every (rate, P)'s rows (:func:`predict_rows`), a rank's own CPU at each P from the dense
+    runs on every rate measured at that P."""
+    rows = []
+    for (rate, p), group in measured.items():
+        refs = [(r, calibration[f"{r} P={p}"], m["dense"]) for (r, q), m in measured.items()
+                if q == p and "dense" in m] or [(rate, calibration[f"{rate} P={p}"],
+                                                  next(iter(group.values())))]
+        rows += predict_rows(prof, table, calibration[f"{rate} P={p}"], rate, p, group, batch,
+                             refs)
+    return rows
+
+
+def recorded_inputs(doc: dict) -> tuple[Profile, codecs.CodecTable]:
+    """The profile (its recorded times on the model's tensors as built here) and the codec
+    table one run's result ``doc`` recorded."""
+    rec = doc["profile_one_process"]
+    built = measure(doc["model"], batch_size=doc["batch_size"], iters=1, warmup=0)
+    prof = dataclasses.replace(built, forward_s=rec["forward_s"], backward_s=rec["backward_s"],
+                               step_s=rec["step_s"],
+                               backward_layer_s=tuple(rec["backward_layer_s"]))
+    return prof, codecs.CodecTable("one thread", prof.numel, doc["codecs_one_thread"],
+                                   "recorded")
+
+
+def recorded_measurements(doc: dict) -> dict[tuple[str, int], dict[str, dict]]:
+    """``doc``'s measured results by (rate, P) and aggregation, as :func:`run` keeps them."""
+    measured: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in doc["rows"]:
+        key = (r["bandwidth"], r["workers"])
+        measured.setdefault(key, {})[r["agg"]] = {
+            "agg": r["agg"], "samples_per_s": key[1] * doc["batch_size"] / r["measured_s"],
+            "seconds_per_iter": r["measured_parts_s"],
+            "cpu_s_per_iter": r["measured_cpu_s_per_rank"],
+            "cpu_main_s_per_iter": r.get("measured_main_cpu_s_per_rank"),
+            "cpu_hook_s_per_iter": r.get("measured_hook_cpu_s_per_rank"),
+            "cpu_each_s": r.get("measured_cpu_each_s_per_rank"),
+            "iteration_each_s": r["measured_each_s"], "iterations": r["iterations"],
+            "load_average": r["load_average"]}
+    return measured
 
 
 def repredict(doc: dict) -> dict:
@@ -231,27 +308,9 @@ def repredict(doc: dict) -> dict:
     tensors come from the model as built here. Each row keeps its run's load average."""
     if "runs" in doc:
         raise SystemExit("--repredict takes one run's result, not a merged one")
-    rec = doc["profile_one_process"]
-    built = measure(doc["model"], batch_size=doc["batch_size"], iters=1, warmup=0)
-    prof = dataclasses.replace(built, forward_s=rec["forward_s"], backward_s=rec["backward_s"],
-                               step_s=rec["step_s"],
-                               backward_layer_s=tuple(rec["backward_layer_s"]))
-    table = codecs.CodecTable("one thread", prof.numel, doc["codecs_one_thread"], "recorded")
-    rows = []
-    for key in dict.fromkeys((r["bandwidth"], r["workers"]) for r in doc["rows"]):
-        group = [r for r in doc["rows"] if (r["bandwidth"], r["workers"]) == key]
-        measured = {r["agg"]: {"agg": r["agg"], "samples_per_s": key[1] * doc["batch_size"]
-                               / r["measured_s"], "seconds_per_iter": r["measured_parts_s"],
-                               "cpu_s_per_iter": r["measured_cpu_s_per_rank"],
-                               "cpu_main_s_per_iter": r.get("measured_main_cpu_s_per_rank"),
-                               "cpu_hook_s_per_iter": r.get("measured_hook_cpu_s_per_rank"),
-                               "iteration_each_s": r["measured_each_s"],
-                               "iterations": r["iterations"]} for r in group}
-        new = predict_rows(prof, table, doc["calibration"][f"{key[0]} P={key[1]}"], *key,
-                           measured, doc["batch_size"])
-        for old, row in zip(group, new, strict=True):
-            row["load_average"] = old["load_average"]
-        rows += new
+    prof, table = recorded_inputs(doc)
+    measured = recorded_measurements(doc)
+    rows = predict_all(prof, table, doc["calibration"], measured, doc["batch_size"])
     load_end = doc["summary"]["load_average_end"]
     out = summarise({**doc, "rows": rows,
                      "repredicted": {"date": provenance.now(), "commit": provenance.commit()}})

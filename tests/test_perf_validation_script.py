@@ -1,6 +1,7 @@
 """How benchmarks/perf_validation.py sizes and summarises its training runs (the script itself
 runs for most of an hour, outside CI)."""
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -40,16 +41,61 @@ def test_slow_configurations_keep_their_epochs_and_fast_ones_get_more(pv):
     assert pv.epochs_for(2, 32, 1e-6) == pv.MAX_EPOCHS
 
 
-def test_the_median_run_is_kept_with_every_runs_time(pv):
+def test_the_median_run_is_kept_with_every_runs_time_and_the_median_cpu(pv):
     def run(samples_per_s, cpu):
         return {"world_size": 2, "batch_size_per_rank": 32, "samples_per_s": samples_per_s,
                 "seconds_per_iter": {"compute": 64 / samples_per_s}, "cpu_s_per_iter": cpu,
                 "cpu_main_s_per_iter": cpu / 2, "cpu_hook_s_per_iter": cpu / 4, "iterations": 10}
 
-    got = pv.median_run([run(640.0, 0.01), run(3200.0, 0.03), run(1280.0, 0.02)])
-    assert got["samples_per_s"] == 1280.0 and got["cpu_s_per_iter"] == 0.02
+    # the run of median time (1280 samples/s) spent the most CPU: the CPU is the runs' median
+    got = pv.median_run([run(640.0, 0.01), run(3200.0, 0.02), run(1280.0, 0.03)])
+    assert got["samples_per_s"] == 1280.0 and got["seconds_per_iter"]["compute"] == 0.05
+    assert got["cpu_s_per_iter"] == 0.02
     assert got["cpu_main_s_per_iter"] == 0.01 and got["cpu_hook_s_per_iter"] == 0.005
     assert got["iteration_each_s"] == [0.1, 0.02, 0.05] and got["iterations"] == 30
+    assert got["cpu_each_s"] == [0.01, 0.02, 0.03]
+
+
+@pytest.fixture(scope="module")
+def recorded(pv):
+    """The 06:18 validation run's inputs and measurements (committed)."""
+    doc = json.loads((SCRIPT.parent / "results" / "perf_validation_0618.json").read_text())
+    return doc, *pv.recorded_inputs(doc), pv.recorded_measurements(doc)
+
+
+def test_a_ranks_own_cpu_is_the_mean_over_the_dense_runs_at_its_p(pv, recorded):
+    doc, prof, table, measured = recorded
+    refs = [(rate, doc["calibration"][f"{rate} P=4"], measured[rate, 4]["dense"])
+            for rate in ("1gbit", "100mbit")]
+    one = [pv.own_cpu(prof, table, [r], 4) for r in refs]
+    assert pv.own_cpu(prof, table, refs, 4) == pytest.approx(sum(one) / 2)
+    # each a few milliseconds, under the dense run's whole CPU per rank (16-19 ms)
+    for (_, _, dense), own in zip(refs, one, strict=True):
+        assert 0.002 < own < dense["cpu_s_per_iter"]
+    # a dense run 1 ms dearer moves the estimate by half of it
+    dearer = (refs[1][0], refs[1][1], refs[1][2] | {"cpu_s_per_iter":
+                                                     refs[1][2]["cpu_s_per_iter"] + 1e-3})
+    assert pv.own_cpu(prof, table, [refs[0], dearer], 4) == pytest.approx(
+        pv.own_cpu(prof, table, refs, 4) + 0.5e-3)
+
+
+def test_every_row_at_a_p_is_predicted_from_the_same_own_cpu(pv, recorded):
+    doc, prof, table, measured = recorded
+    rows = pv.predict_all(prof, table, doc["calibration"], measured, doc["batch_size"])
+    assert len(rows) == len(doc["rows"]) == 36
+    for p in (2, 4, 8):
+        own = pv.own_cpu(prof, table, [(r, doc["calibration"][f"{r} P={p}"],
+                                        measured[r, p]["dense"]) for r in ("1gbit", "100mbit")],
+                         p)
+        for r in rows:
+            if r["workers"] == p and r["agg"] == "dense":  # its CPU less the model's charge
+                parts = r["predicted_parts_s"]
+                charge = parts["cpu_per_rank"] - own
+                assert charge == pytest.approx(parts["cpu_communicate"] + parts["coding"],
+                                               rel=0.05)
+    # a configuration measured alone keeps its own dense run
+    alone = {("1gbit", 2): measured["1gbit", 2]}
+    assert len(pv.predict_all(prof, table, doc["calibration"], alone, 32)) == 6
 
 
 def test_merged_runs_keep_every_clusters_calibration_and_epochs(pv):
