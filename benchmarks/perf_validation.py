@@ -218,20 +218,22 @@ def own_cpu(prof: Profile, table: codecs.CodecTable, refs: list[tuple[str, dict,
     return statistics.fmean(own)
 
 
+def reference(measured: dict[str, dict]) -> dict:
+    """The run of one (rate, P) that supplies compute: dense's, or the first measured."""
+    return measured.get("dense") or next(iter(measured.values()))
+
+
 def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
-                 measured: dict[str, dict], batch: int,
-                 refs: list[tuple[str, dict, dict]]) -> list[dict]:
+                 measured: dict[str, dict], batch: int, rank_cpu: float) -> list[dict]:
     """The model's prediction beside each aggregation's measured result at one (rate, P), from
-    the dense run's compute and straggling, a rank's own CPU from the dense runs at this P on
-    every link rate (``refs``, :func:`own_cpu`), the cluster's calibration ``cal`` and the
-    codec table."""
-    ref = measured.get("dense") or next(iter(measured.values()))
+    the dense run's compute and straggling, a rank's own CPU ``rank_cpu`` (:func:`own_cpu`),
+    the cluster's calibration ``cal`` and the codec table."""
+    ref = reference(measured)
     here = with_compute_of(prof, ref)
     cluster = cluster_of(cal, rate, p)
     # the time the dense run's ranks waited at the header exchanges beyond what the model
     # charges them: the slowest rank's lead (point 6 of gradwire.perf.model)
     base = predict(here, cluster, Aggregation(ref["agg"]), table, rank_cpu=0.0)
-    rank_cpu = own_cpu(prof, table, refs, p)
     straggle = max(ref["seconds_per_iter"]["header"] - float(base.header), 0.0)
     cluster = dataclasses.replace(cluster, straggle=straggle)
     rows = []
@@ -262,15 +264,17 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
 def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, dict],
                 measured: dict[tuple[str, int], dict[str, dict]], batch: int) -> list[dict]:
     """Every (rate, P)'s rows (:func:`predict_rows`), a rank's own CPU at each P from the dense
-    runs on every rate measured at that P."""
-    rows = []
+    runs on every rate measured at that P (or, with none, that configuration's own reference)."""
+    own: dict[int, float] = {}
     for (rate, p), group in measured.items():
-        refs = [(r, calibration[f"{r} P={p}"], m["dense"]) for (r, q), m in measured.items()
-                if q == p and "dense" in m] or [(rate, calibration[f"{rate} P={p}"],
-                                                  next(iter(group.values())))]
-        rows += predict_rows(prof, table, calibration[f"{rate} P={p}"], rate, p, group, batch,
-                             refs)
-    return rows
+        if p not in own:
+            refs = [(r, calibration[f"{r} P={q}"], m["dense"])
+                    for (r, q), m in measured.items() if q == p and "dense" in m]
+            own[p] = own_cpu(prof, table, refs or [(rate, calibration[f"{rate} P={p}"],
+                                                    reference(group))], p)
+    return [row for (rate, p), group in measured.items()
+            for row in predict_rows(prof, table, calibration[f"{rate} P={p}"], rate, p, group,
+                                    batch, own[p])]
 
 
 def recorded_inputs(doc: dict) -> tuple[Profile, codecs.CodecTable]:
