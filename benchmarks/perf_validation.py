@@ -22,11 +22,15 @@ same configuration:
   CPU bound, for the cores the waiting ranks leave idle);
 - encode/decode: a codec table measured here before the runs, one thread (as each rank runs),
   through the hook's own path on the model's number of elements (``codecs.measure``);
-- shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
-  CPU besides coding and communication is, for each dense run at this P (one per link rate),
-  its measured CPU per rank (the median of its runs) less the model's coding and
-  communication CPU for it on its own cluster, the mean over the rates (``own_cpu``); every
-  aggregation adds its own coding and communication.
+- shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. Before
+  the runs, calibrate also measures on the cluster the CPU per iteration of every
+  aggregation's hook (its own path: error feedback, encode, the call header, the
+  collectives, decode) on the model's buckets, all ranks at once (``hook_s``; ``--hook-*`` of
+  ``gradwire.bench.calibrate``). A rank's CPU besides coding and communication is, for each
+  dense run at this P (one per link rate), its measured CPU per rank (the median of its runs)
+  less dense's hook CPU on its own cluster, the mean over the rates (``own_cpu``); every
+  aggregation adds its own hook's CPU. (Where a calibration has no ``hook_s``, as in runs
+  before 2026-11-26 13:00, the model's coding and schedule CPU stand in for it.)
   Each row also keeps the parts of its measured CPU on the training thread and on the hook's
   (``measured_main_cpu_s_per_rank``, ``measured_hook_cpu_s_per_rank``; the rest is gloo's
   threads; ``benchmarks/cpu_split.py`` has why);
@@ -71,7 +75,7 @@ from gradwire.data import digits
 from gradwire.jobs import run_ranks
 from gradwire.perf import codecs
 from gradwire.perf.measure import measure
-from gradwire.perf.model import Aggregation, Cluster, predict
+from gradwire.perf.model import Aggregation, Cluster, buckets, predict
 from gradwire.perf.profiles import Profile
 from gradwire.perf.whatif import CpuSetting
 from gradwire.train.job import TrainConfig, train_on, validate
@@ -155,8 +159,8 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
         for p in workers:
             runs: dict[str, list[dict]] = {agg: [] for agg in aggs}
             with ephemeral_cluster(p, rate, False) as c:
-                cal = run_ranks(c, "gradwire.bench.calibrate", [], f"calibrate P={p} {rate}",
-                                600, console)
+                cal = run_ranks(c, "gradwire.bench.calibrate", hook_args(prof, aggs),
+                                f"calibrate P={p} {rate}", 600, console)
                 doc["calibration"][f"{rate} P={p}"] = cal
                 epochs = {agg: epochs_for(p, batch, guess(prof, table, cal, rate, p, agg))
                           for agg in aggs}
@@ -175,6 +179,19 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
             doc["rows"] = predict_all(prof, table, doc["calibration"], measured, batch)
             out.write_text(json.dumps(summarise(doc), indent=1) + "\n")  # partial results kept
     return summarise(doc)
+
+
+def hook_args(prof: Profile, aggs: list[str]) -> list[str]:
+    """Calibrate's arguments for measuring each aggregation's hook CPU on the model's buckets
+    (as DDP forms them with its default sizes)."""
+    sizes = ",".join(str(n) for n, _ in buckets(prof, Aggregation("dense")))
+    return ["--hook-buckets", sizes, "--hook-methods", ",".join(aggs)]
+
+
+def hook_cpu(cal: dict, agg: str) -> float | None:
+    """The CPU per iteration ``agg``'s hook spent on the cluster of calibration ``cal``, where
+    calibrate measured it (``hook_s``)."""
+    return cal.get("hook_s", {}).get(agg, {}).get("cpu_s")
 
 
 def cluster_of(cal: dict, rate: str, p: int) -> Cluster:
@@ -205,15 +222,17 @@ def own_cpu(prof: Profile, table: codecs.CodecTable, refs: list[tuple[str, dict,
             p: int) -> float:
     """A rank's CPU per iteration besides coding and collectives, from the dense runs at P =
     ``p`` (``refs``: one (rate, calibration, median run) per link rate): each run's CPU per
-    rank less what the model charges it for coding and collectives on its own cluster, the
-    mean over the rates. What a rank does besides communicating does not depend on the link,
+    rank less what the model charges it for coding and collectives on its own cluster (its
+    hook's CPU measured there, :func:`hook_cpu`, where calibrate measured it), the mean over
+    the rates. What a rank does besides communicating does not depend on the link,
     while the CPU a dense run spends moving its megabytes does, and varies from run to run
     (at 100 Mbit/s, P = 2: 15.8, 18.4 and 18.6 ms per iteration in three validation runs of
     one library): one more independent measurement of the same thing halves its variance."""
     own = []
     for rate, cal, ref in refs:
         base = predict(with_compute_of(prof, ref), cluster_of(cal, rate, p),
-                       Aggregation(ref["agg"]), table, rank_cpu=0.0)
+                       Aggregation(ref["agg"]), table, rank_cpu=0.0,
+                       hook_cpu=hook_cpu(cal, ref["agg"]))
         own.append(ref["cpu_s_per_iter"] - base.cpu)
     return statistics.fmean(own)
 
@@ -238,7 +257,8 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
     cluster = dataclasses.replace(cluster, straggle=straggle)
     rows = []
     for agg, res in measured.items():
-        pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu)
+        pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu,
+                       hook_cpu=hook_cpu(cal, agg))
         meas = p * batch / res["samples_per_s"]
         rows.append({
             "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,

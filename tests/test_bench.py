@@ -324,3 +324,21 @@ def test_builtin_rows_use_torchs_current_names(one_rank):
         for collective in ("allgather", "reducescatter"):
             rows = bench_rank.bench_interleaved(collective, spec, 4, torch.float32, 1, 0)
             assert rows[0]["wrong"] == 0
+
+
+def test_calibrate_measures_each_methods_hook_cpu_on_the_ranks():
+    """Rank side with --hook-buckets/--hook-methods: the CPU and wall time per iteration of
+    each method's own hook path on the ranks, with the buckets it was given."""
+    from rich.console import Console
+
+    from gradwire.cluster import loopback_cluster
+    from gradwire.jobs import run_ranks
+
+    methods = ["dense", "topk", "powersgd", "signsgd"]
+    cal = run_ranks(loopback_cluster(2), "gradwire.bench.calibrate",
+                    ["--hook-buckets", "30000,2000", "--hook-methods", ",".join(methods)],
+                    "calibrate", 300, Console(quiet=True))
+    assert cal["hook_buckets"] == [30000, 2000]
+    assert list(cal["hook_s"]) == methods
+    for name, got in cal["hook_s"].items():
+        assert 0 < got["cpu_s"] < 1 and 0 < got["wall_s"] < 5, (name, got)

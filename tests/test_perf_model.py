@@ -293,6 +293,20 @@ def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     assert two.cpu_bound == pytest.approx(two.cpu)
 
 
+def test_a_measured_hook_cpu_stands_in_for_coding_and_schedule_cpu() -> None:
+    """hook_cpu (the method's hook measured on the cluster) replaces coding and the schedules'
+    CPU in a rank's CPU, and so in the CPU bound; the wall-time path keeps both."""
+    agg, cl = Aggregation("topk"), _shared(8, cpu_share=0.9)
+    derived = predict(TOY, cl, agg, HERE, rank_cpu=0.2)
+    measured = predict(TOY, cl, agg, HERE, rank_cpu=0.2, hook_cpu=0.05)
+    assert measured.cpu == pytest.approx(0.25) and derived.cpu != pytest.approx(0.25)
+    assert measured.cpu_bound == pytest.approx(4 * 0.25 / 0.9)
+    assert measured.coding == derived.coding and measured.cpu_comm == derived.cpu_comm
+    assert float(measured.exposed) > 0 and float(measured.iteration) >= measured.cpu_bound
+    with pytest.raises(GradwireError, match="hook CPU seconds must be a finite number >= 0"):
+        predict(TOY, cl, agg, HERE, hook_cpu=-1.0)
+
+
 @pytest.mark.parametrize(("p", "cores", "share"), [(8, 2, 1 / 2), (2, 2, 1 / 2), (8, 4, 3 / 4),
                                                 (3, 4, 2 / 3), (8, 1, 0.0), (1, 2, 0.0)])
 def test_the_slowest_ranks_lead_also_idles_the_other_cores(p, cores, share) -> None:

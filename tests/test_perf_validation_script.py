@@ -1,7 +1,9 @@
 """How benchmarks/perf_validation.py sizes and summarises its training runs (the script itself
 runs for most of an hour, outside CI)."""
+import copy
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,26 @@ def test_every_row_at_a_p_is_predicted_from_the_same_own_cpu(pv, recorded):
     # a configuration measured alone keeps its own dense run
     alone = {("1gbit", 2): measured["1gbit", 2]}
     assert len(pv.predict_all(prof, table, doc["calibration"], alone, 32)) == 6
+
+
+def test_a_hook_cpu_measured_on_the_cluster_is_each_rows_coding_and_collective_cpu(pv, recorded):
+    """Where calibrate measured every aggregation's hook (``hook_s``), a rank's own CPU is the
+    dense run's CPU less dense's hook CPU, and each row adds its own hook's CPU."""
+    doc, prof, table, measured = recorded
+    cal = copy.deepcopy(doc["calibration"])
+    for c in cal.values():
+        c["hook_s"] = {agg: {"cpu_s": 1e-3 * (i + 1), "wall_s": 0.01}
+                       for i, agg in enumerate(measured["1gbit", 2])}
+    rows = pv.predict_all(prof, table, cal, measured, doc["batch_size"])
+    for p in (2, 4, 8):
+        own = statistics.fmean(measured[r, p]["dense"]["cpu_s_per_iter"] - 1e-3
+                               for r in ("1gbit", "100mbit"))
+        for i, agg in enumerate(measured["1gbit", 2]):
+            got = [r["predicted_parts_s"]["cpu_per_rank"] for r in rows
+                   if r["workers"] == p and r["agg"] == agg]
+            assert got == pytest.approx([own + 1e-3 * (i + 1)] * 2)
+    # a calibration without it (runs before the probe) prices coding and collectives as before
+    assert pv.hook_cpu(doc["calibration"]["1gbit P=2"], "dense") is None
 
 
 def test_merged_runs_keep_every_clusters_calibration_and_epochs(pv):

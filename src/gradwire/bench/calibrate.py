@@ -20,8 +20,13 @@ so that ranks sharing the machine's cores do not run beside what is timed):
    machine, the share of the cores they keep busy, the wait per collective call, and how much
    more CPU memory-bound work takes with every rank running than alone.
 
+7. Optionally (``--hook-buckets``, ``--hook-methods``), the CPU each aggregation method's
+   hook spends per iteration on this cluster (:func:`hook_cpu`): its own path on an
+   iteration's buckets, every rank at once.
+
 5 and 6 are what the performance model charges when ranks share cores (point 5 of
-:mod:`gradwire.perf.model`), as every rank of an emulated cluster shares this machine's.
+:mod:`gradwire.perf.model`), as every rank of an emulated cluster shares this machine's; 7,
+where measured, stands in for the coding and collective CPU it derives for that method.
 
 Stored as JSON in ``$GRADWIRE_HOME/calibration/<bandwidth>.json`` with the machine and date.
 """
@@ -59,6 +64,7 @@ SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of t
 BURST_IDLE_S = 0.05
 BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
 BYTE_CPU_CALLS = 9
+HOOK_ITERATIONS = 7  # hook_cpu's iterations per method, after one
 
 
 def calibration_dir() -> Path:
@@ -189,6 +195,47 @@ def byte_cpu(t: Transport, cpu_step: float, gamma: float) -> float:
     known = comm.cpu_seconds(*args, cpu_step, 0.0, gamma, pipeline=1)
     per_byte = comm.cpu_seconds(*args, 0.0, 1.0, 0.0, pipeline=1)
     return max(statistics.median(each.tolist()) - known, 0.0) / per_byte
+
+
+def hook_cpu(t: Transport, numels: list[int], methods: list[str]) -> dict[str, dict]:
+    """CPU and wall seconds per iteration of each method's hook on ``t``'s ranks (torch's
+    default group, which the hooks use): its own path (error feedback, encode, the call
+    header, the collectives, decode, writing the bucket back; :func:`gradwire.perf.codecs.
+    hook_path`) on one iteration's buckets of ``numels`` elements, in order, each refilled
+    with this rank's gradient and out of the caches (``codecs.EVICT_BYTES`` written after
+    it), as backward leaves it. CPU is the rank's process CPU over the bucket calls (the
+    hook's thread and gloo's), the median of ``HOOK_ITERATIONS`` iterations after one, each
+    after a barrier; then the mean over ranks. What a rank spends waiting inside a call is
+    in it, about 0.5 % of the wait here."""
+    from gradwire.perf import codecs
+
+    gen = torch.Generator().manual_seed(1000 + t.rank)
+    grads = [torch.randn(n, generator=gen) for n in numels]
+    evict = torch.zeros(codecs.EVICT_BYTES, dtype=torch.uint8)
+    out = {}
+    for name in methods:
+        state, plan = codecs.hook_path(name)
+        params = [torch.empty(n) for n in numels]
+        keys = [state.positions.layout([q]) for q in params]
+        bufs = [torch.empty(n) for n in numels]
+        cpus, walls = [], []
+        for _ in range(HOOK_ITERATIONS + 1):
+            dist.barrier(group=t.group)
+            cpu = wall = 0.0
+            for i, (buf, key, g) in enumerate(zip(bufs, keys, grads, strict=True)):
+                buf.copy_(g)
+                evict.add_(1)
+                w0, c0 = time.perf_counter(), time.process_time()
+                state._bucket(buf, key, plan, i == len(bufs) - 1)  # noqa: SLF001
+                cpu += time.process_time() - c0
+                wall += time.perf_counter() - w0
+            cpus.append(cpu)
+            walls.append(wall)
+        got = torch.tensor([statistics.median(cpus[1:]), statistics.median(walls[1:])],
+                           dtype=torch.float64) / t.world_size
+        dist.all_reduce(got, group=t.group)
+        out[name] = {"cpu_s": float(got[0]), "wall_s": float(got[1])}
+    return out
 
 
 def step_alpha(t: Transport, algo: str = "rd", **params: object) -> float:
@@ -333,7 +380,13 @@ def _reduce_speed() -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="rank side of gradwire calibrate")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--hook-buckets", default="",
+                    help="elements of each bucket of an iteration, comma-separated: measure "
+                         "the hooks' CPU per iteration on them")
+    ap.add_argument("--hook-methods", default="", help="methods for --hook-buckets")
     a = ap.parse_args(argv)
+    numels = [int(n) for n in a.hook_buckets.split(",") if n]
+    methods = [m for m in a.hook_methods.split(",") if m]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     t = Transport()
     if t.world_size < 2:
@@ -355,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     alpha_step, cpu_step = step_times(plain)
     cpu_byte = byte_cpu(plain, cpu_step, gamma)
     sharing = cpu_sharing(plain)
+    hooks = hook_cpu(plain, numels, methods) if numels and methods else None
     if t.rank == 0:
         cpu = {"cpu_step_s": cpu_step, "cpu_byte_s": cpu_byte,
                "cpu_ranks_per_machine": sharing["ranks"],
@@ -363,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
                                            "gamma_s_per_byte": gamma,
                                            "burst_bytes_measured": bucket,
-                                           "alpha_step_s": alpha_step, **cpu}))
+                                           "alpha_step_s": alpha_step, **cpu,
+                                           **({"hook_buckets": numels, "hook_s": hooks}
+                                              if hooks else {})}))
     dist.destroy_process_group()
     return 0
 

@@ -135,6 +135,9 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
 
 
 VOTE_RANKS = 8
+# bytes written between filling a bucket and timing its hook, so that the hook finds the
+# caches holding other data, as in training: twice this machine's last-level cache (32 MiB)
+EVICT_BYTES = 64 << 20
 
 
 def _median_s(fn, repeats: int) -> float:
@@ -153,21 +156,14 @@ def hook_seconds(numel: int, repeats: int = 3, density: float = 0.001,
     torch.distributed is already initialized (a second group cannot be made here)."""
     import torch.distributed as dist
 
-    from gradwire.hooks.methods import Step
-    from gradwire.hooks.state import make
-
     if not dist.is_available() or dist.is_initialized():
         return {}
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         runs = {}
         src = torch.randn(numel, generator=torch.Generator().manual_seed(0))
-        for name, m in TABLE.items():
-            opts = {"rank": rank} if name == "powersgd" else {}
-            state = make(name, density=density, warmup=False, overlap=False, **opts)
-            comm = state._setup()  # noqa: SLF001 - the hook's own path, run here to time it
-            plan = Step(m, comm, state.compressor, state.ef, density, dense=False,
-                        name=state.call_name)
+        for name in TABLE:
+            state, plan = hook_path(name, density, rank)
             runs[name] = (state, plan,
                           state.positions.layout([torch.empty(numel)]), torch.empty(numel), [])
         # Round-robin, so that a slow spell of the machine lands on every method alike.
@@ -180,3 +176,17 @@ def hook_seconds(numel: int, repeats: int = 3, density: float = 0.001,
         return {name: statistics.median(r[-1][1:]) for name, r in runs.items()}
     finally:
         dist.destroy_process_group()
+
+
+def hook_path(name: str, density: float = 0.001, rank: int = 4) -> tuple:
+    """(state, plan): method ``name``'s hook state on torch.distributed's default group and
+    one bucket's plan, as :meth:`gradwire.hooks.HookState.on_bucket` makes them, for running
+    the hook's own path (``state._bucket(buf, key, plan, last)``) without DDP to time it."""
+    from gradwire.hooks.methods import Step
+    from gradwire.hooks.state import make
+
+    opts = {"rank": rank} if name == "powersgd" else {}
+    state = make(name, density=density, warmup=False, overlap=False, **opts)
+    comm = state._setup()  # noqa: SLF001 - the hook's own path, run here to time it
+    return state, Step(TABLE[name], comm, state.compressor, state.ef, density, dense=False,
+                       name=state.call_name)

@@ -25,7 +25,8 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    t_step), encode and decode (times ``cpu_slowdown``: memory-bound work takes longer beside
    the other ranks), and its part of every schedule (:func:`gradwire.perf.comm.cpu_seconds`:
    ``cpu_step`` per step it takes part in, ``cpu_byte`` per byte it moves, γ per byte it
-   reduces). u (``cpu_share``) is the share of the cores the ranks keep busy, c the
+   reduces); or, where it was measured on the cluster (``hook_cpu``), what the method's hook
+   spends. u (``cpu_share``) is the share of the cores the ranks keep busy, c the
    collective calls per iteration (headers included) and s (``cpu_sync``) what each call
    waits for ranks the scheduler has not run yet. ``gradwire calibrate`` measures u and s by
    alternating bursts of compute with allreduces. The emulated cluster is such a machine:
@@ -288,10 +289,14 @@ def _positive(v: object) -> bool:
 
 def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecTable,
             compute_speedup: float = 1.0, overlap_slowdown: float = 1.0,
-            rank_cpu: float | None = None) -> Prediction:
+            rank_cpu: float | None = None, hook_cpu: float | None = None) -> Prediction:
     """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring).
     ``rank_cpu``: CPU seconds per iteration one rank spends besides coding and communication
-    (default: the profile's forward + backward + step)."""
+    (default: the profile's forward + backward + step). ``hook_cpu``: CPU seconds per
+    iteration one rank spends on coding and communication, measured on the cluster
+    (``gradwire calibrate``'s hook probe, ``hook_s``; as measured, whatever
+    ``compute_speedup``); default: the codec table's coding
+    (times ``cpu_slowdown``) and the schedules' CPU (point 5)."""
     if not profile.has_compute:
         raise GradwireError(f"profile {profile.model!r} has no compute times "
                             f"({profile.sources.get('backward_s', 'no source')}); give "
@@ -300,6 +305,8 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     check_real("overlap slowdown", overlap_slowdown, 1.0)
     if rank_cpu is not None:
         check_real("rank CPU seconds", rank_cpu)
+    if hook_cpu is not None:
+        check_real("hook CPU seconds", hook_cpu)
     p = cluster.workers
     alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
     bs = buckets(profile, agg)
@@ -346,7 +353,8 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     it = f + done + s + wait
     own = (f + profile.backward_s / compute_speedup + s  # type: ignore[operator]
            if rank_cpu is None else rank_cpu / compute_speedup)
-    cpu = own + coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
+    cpu = own + (coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
+                 if hook_cpu is None else hook_cpu)
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + calls * cluster.cpu_sync
              + wait * (1.0 - 1.0 / cluster.cpu_cores_used) if shared else 0.0)
     bound_it = np.maximum(it, bound)
