@@ -339,6 +339,7 @@ def test_calibrate_measures_each_methods_hook_cpu_on_the_ranks():
                     ["--hook-buckets", "30000,2000", "--hook-methods", ",".join(methods)],
                     "calibrate", 300, Console(quiet=True))
     assert cal["hook_buckets"] == [30000, 2000]
+    assert cal["alpha_step_builtin_s"] > 0
     assert list(cal["hook_s"]) == methods
     for name, got in cal["hook_s"].items():
         assert 0 < got["cpu_s"] < 1 and 0 < got["wall_s"] < 5, (name, got)

@@ -13,7 +13,9 @@ so that ranks sharing the machine's cores do not run beside what is timed):
    allreduce without the call header (which the model charges apart), 5 runs of 40 calls,
    median, divided by its steps. It holds the collective call's own software cost, and P
    ranks share this machine's cores, which the two-rank ping-pong cannot see. The same runs
-   give the CPU one rank spends per step (``cpu_step_s``).
+   give the CPU one rank spends per step (``cpu_step_s``). The same for torch.distributed's
+   own allreduce (gloo's ring, which the hooks' allreduces run), per ring step
+   (``alpha_step_builtin_s``): recorded, not yet used by the model.
 5. CPU per byte moved (:func:`byte_cpu`), every rank taking part in a 4 MiB allreduce, the
    median of 9 calls.
 6. How the ranks share their machines' cores (:func:`cpu_sharing`): ranks and cores per
@@ -239,8 +241,9 @@ def hook_cpu(t: Transport, numels: list[int], methods: list[str]) -> dict[str, d
 
 
 def step_alpha(t: Transport, algo: str = "rd", **params: object) -> float:
-    """Seconds per step of gradwire's ``algo`` allreduce on P elements, every rank of ``t``
-    taking part (5 runs of 40 calls after 20, median; rank 0's value on every rank). With
+    """Seconds per step of gradwire's ``algo`` allreduce on P elements (``"builtin"``:
+    torch.distributed's, per step of a ring), every rank of ``t`` taking part (5 runs of 40
+    calls after 20, median; rank 0's value on every rank). With
     ``t.check_calls`` on, each call's header exchange is in it too."""
     return step_times(t, algo, **params)[0]
 
@@ -252,17 +255,26 @@ def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float,
     from gradwire.schedules import registry
 
     p = t.world_size
-    steps = len(registry.schedule("allreduce", algo, p, p, **params).steps)
+    # "builtin": torch.distributed's allreduce (gloo's ring, which the hooks' allreduces run)
+    steps = len(registry.schedule("allreduce", "ring" if algo == "builtin" else algo, p, p,
+                                  **params).steps)
     run = {k: v for k, v in params.items() if k != "itemsize"}
     buf = torch.ones(p)
+
+    def call() -> None:
+        if algo == "builtin":
+            dist.all_reduce(buf, group=t.group)
+        else:
+            gc.all_reduce(buf, algo=algo, transport=t, **run)
+
     for _ in range(20):
-        gc.all_reduce(buf, algo=algo, transport=t, **run)
+        call()
     runs, cpus = [], []
     for _ in range(5):
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(40):
-            gc.all_reduce(buf, algo=algo, transport=t, **run)
+            call()
         runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
         cpus.append((time.process_time() - c0) / 40 / max(steps, 1))
     per = torch.tensor([statistics.median(runs)], dtype=torch.float64)
@@ -406,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     # the model charges headers apart
     plain = Transport(check_calls=False)
     alpha_step, cpu_step = step_times(plain)
+    alpha_builtin = step_alpha(plain, "builtin")
     cpu_byte = byte_cpu(plain, cpu_step, gamma)
     sharing = cpu_sharing(plain)
     hooks = hook_cpu(plain, numels, methods) if numels and methods else None
@@ -417,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
                                            "gamma_s_per_byte": gamma,
                                            "burst_bytes_measured": bucket,
-                                           "alpha_step_s": alpha_step, **cpu,
+                                           "alpha_step_s": alpha_step,
+                                           "alpha_step_builtin_s": alpha_builtin, **cpu,
                                            **({"hook_buckets": numels, "hook_s": hooks}
                                               if hooks else {})}))
     dist.destroy_process_group()
