@@ -26,11 +26,12 @@ same configuration:
   the runs, calibrate also measures on the cluster the CPU per iteration of every
   aggregation's hook (its own path: error feedback, encode, the call header, the
   collectives, decode) on the model's buckets, all ranks at once (``hook_s``; ``--hook-*`` of
-  ``gradwire.bench.calibrate``). A rank's CPU besides coding and communication is, for each
-  dense run at this P (one per link rate), its measured CPU per rank (the median of its runs)
-  less dense's hook CPU on its own cluster, the mean over the rates (``own_cpu``); every
-  aggregation adds its own hook's CPU. (Where a calibration has no ``hook_s``, as in runs
-  before 2026-11-26 13:00, the model's coding and schedule CPU stand in for it.)
+  ``gradwire.bench.calibrate``); that is each row's coding and collective CPU. A rank's CPU
+  besides them is its training thread's, the median over the other aggregations' runs at
+  this P on both rates (``thread_cpu``: no row is predicted from its own measurement).
+  (Results from before 2026-11-26 13:00 have no ``hook_s``: re-predicted, their rows take the
+  codec table's coding and the schedules' CPU, and a rank's own CPU from the dense runs'
+  CPU less the model's charge for it, ``own_cpu``.)
   Each row also keeps the parts of its measured CPU on the training thread and on the hook's
   (``measured_main_cpu_s_per_rank``, ``measured_hook_cpu_s_per_rank``; the rest is gloo's
   threads; ``benchmarks/cpu_split.py`` has why);
@@ -242,10 +243,30 @@ def reference(measured: dict[str, dict]) -> dict:
     return measured.get("dense") or next(iter(measured.values()))
 
 
+def thread_cpu(measured: dict[tuple[str, int], dict[str, dict]], p: int,
+               agg: str) -> float | None:
+    """A rank's CPU per iteration besides coding and collectives for ``agg``'s rows at P =
+    ``p``: its training thread's (forward, backward, DDP's bucket copies, the optimizer step,
+    the data), the median over the other aggregations' runs at this P on every rate measured
+    (each configuration's median run, ``cpu_main_s_per_iter``), so that no row's prediction
+    holds its own measurement. The training thread does the same work whatever the method
+    (5.3-7.9 ms per iteration in every row of the 10:29 and 11:22 runs), while a dense run's
+    whole CPU, from which :func:`own_cpu` takes it, moved by 5 ms between its three runs
+    (1 Gbit/s, P = 8, 13:02 run). None where a run lacks the thread's CPU (runs before
+    2026-11-26 07:00)."""
+    mains = [m[a].get("cpu_main_s_per_iter") for (_, q), m in measured.items() if q == p
+             for a in m if a != agg]
+    if not mains or None in mains:
+        return None
+    return statistics.median(mains)
+
+
 def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
-                 measured: dict[str, dict], batch: int, rank_cpu: float) -> list[dict]:
+                 measured: dict[str, dict], batch: int,
+                 rank_cpu: float | dict[str, float]) -> list[dict]:
     """The model's prediction beside each aggregation's measured result at one (rate, P), from
-    the dense run's compute and straggling, a rank's own CPU ``rank_cpu`` (:func:`own_cpu`),
+    the dense run's compute and straggling, a rank's own CPU ``rank_cpu`` (one for every row,
+    or one per aggregation; :func:`own_cpu`, :func:`thread_cpu`),
     the cluster's calibration ``cal`` and the codec table."""
     ref = reference(measured)
     here = with_compute_of(prof, ref)
@@ -257,7 +278,8 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
     cluster = dataclasses.replace(cluster, straggle=straggle)
     rows = []
     for agg, res in measured.items():
-        pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=rank_cpu,
+        own = rank_cpu[agg] if isinstance(rank_cpu, dict) else rank_cpu
+        pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=own,
                        hook_cpu=hook_cpu(cal, agg))
         meas = p * batch / res["samples_per_s"]
         rows.append({
@@ -283,15 +305,26 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
 
 def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, dict],
                 measured: dict[tuple[str, int], dict[str, dict]], batch: int) -> list[dict]:
-    """Every (rate, P)'s rows (:func:`predict_rows`), a rank's own CPU at each P from the dense
-    runs on every rate measured at that P (or, with none, that configuration's own reference)."""
-    own: dict[int, float] = {}
+    """Every (rate, P)'s rows (:func:`predict_rows`). Where calibrate measured every
+    aggregation's hook CPU on every cluster at a P (``hook_s``, since 2026-11-26 13:00), a
+    row's own CPU is its P's training thread (:func:`thread_cpu`), and its hook's CPU is the
+    measured one. Otherwise (the runs before) a rank's own CPU at each P is :func:`own_cpu`
+    from the dense runs on every rate measured at that P (or, with none, that
+    configuration's own reference)."""
+    own: dict[int, float | dict[str, float]] = {}
     for (rate, p), group in measured.items():
-        if p not in own:
-            refs = [(r, calibration[f"{r} P={q}"], m["dense"])
-                    for (r, q), m in measured.items() if q == p and "dense" in m]
-            own[p] = own_cpu(prof, table, refs or [(rate, calibration[f"{rate} P={p}"],
-                                                    reference(group))], p)
+        if p in own:
+            continue
+        cals = [calibration[f"{r} P={q}"] for (r, q) in measured if q == p]
+        threads = {agg: thread_cpu(measured, p, agg) for agg in group}
+        if all(hook_cpu(c, agg) is not None for c in cals for agg in group) and all(
+                v is not None for v in threads.values()):
+            own[p] = threads  # type: ignore[assignment]
+            continue
+        refs = [(r, calibration[f"{r} P={q}"], m["dense"])
+                for (r, q), m in measured.items() if q == p and "dense" in m]
+        own[p] = own_cpu(prof, table, refs or [(rate, calibration[f"{rate} P={p}"],
+                                                reference(group))], p)
     return [row for (rate, p), group in measured.items()
             for row in predict_rows(prof, table, calibration[f"{rate} P={p}"], rate, p, group,
                                     batch, own[p])]

@@ -100,23 +100,34 @@ def test_every_row_at_a_p_is_predicted_from_the_same_own_cpu(pv, recorded):
     assert len(pv.predict_all(prof, table, doc["calibration"], alone, 32)) == 6
 
 
-def test_a_hook_cpu_measured_on_the_cluster_is_each_rows_coding_and_collective_cpu(pv, recorded):
-    """Where calibrate measured every aggregation's hook (``hook_s``), a rank's own CPU is the
-    dense run's CPU less dense's hook CPU, and each row adds its own hook's CPU."""
+def test_with_hook_cpu_measured_a_row_is_its_threads_cpu_from_the_other_methods_plus_its_hook(
+        pv, recorded):
+    """Where calibrate measured every aggregation's hook on every cluster (``hook_s``) and the
+    runs report their training thread's CPU: a row's CPU per rank is the median training
+    thread CPU of the *other* aggregations' runs at its P (both rates) plus its own hook's
+    measured CPU."""
     doc, prof, table, measured = recorded
+    measured = copy.deepcopy(measured)
     cal = copy.deepcopy(doc["calibration"])
+    aggs = list(measured["1gbit", 2])
     for c in cal.values():
         c["hook_s"] = {agg: {"cpu_s": 1e-3 * (i + 1), "wall_s": 0.01}
-                       for i, agg in enumerate(measured["1gbit", 2])}
+                       for i, agg in enumerate(aggs)}
+    for (rate, _), group in measured.items():
+        for i, agg in enumerate(aggs):  # 5, 6, ... ms; 0.5 ms more at 100 Mbit/s
+            group[agg]["cpu_main_s_per_iter"] = 5e-3 + 1e-3 * i + 0.5e-3 * (rate == "100mbit")
     rows = pv.predict_all(prof, table, cal, measured, doc["batch_size"])
-    for p in (2, 4, 8):
-        own = statistics.fmean(measured[r, p]["dense"]["cpu_s_per_iter"] - 1e-3
-                               for r in ("1gbit", "100mbit"))
-        for i, agg in enumerate(measured["1gbit", 2]):
-            got = [r["predicted_parts_s"]["cpu_per_rank"] for r in rows
-                   if r["workers"] == p and r["agg"] == agg]
-            assert got == pytest.approx([own + 1e-3 * (i + 1)] * 2)
-    # a calibration without it (runs before the probe) prices coding and collectives as before
+    for i, agg in enumerate(aggs):
+        others = [5e-3 + 1e-3 * j + 0.5e-3 * k for j in range(len(aggs)) if j != i
+                  for k in (0, 1)]
+        want = statistics.median(others) + 1e-3 * (i + 1)
+        got = [r["predicted_parts_s"]["cpu_per_rank"] for r in rows if r["agg"] == agg]
+        assert got == pytest.approx([want] * 6)
+    assert pv.thread_cpu(measured, 2, "dense") == pytest.approx(statistics.median(
+        [5e-3 + 1e-3 * j + 0.5e-3 * k for j in range(1, len(aggs)) for k in (0, 1)]))
+    # runs without the thread's CPU, or calibrations without hook_s, keep the dense estimate
+    # (test_every_row_at_a_p_is_predicted_from_the_same_own_cpu)
+    assert pv.thread_cpu(recorded[3], 2, "dense") is None
     assert pv.hook_cpu(doc["calibration"]["1gbit P=2"], "dense") is None
 
 

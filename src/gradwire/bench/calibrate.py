@@ -66,7 +66,7 @@ SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of t
 BURST_IDLE_S = 0.05
 BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
 BYTE_CPU_CALLS = 9
-HOOK_ITERATIONS = 7  # hook_cpu's iterations per method, after one
+HOOK_ITERATIONS = 15  # hook_cpu's iterations per method, after one
 
 
 def calibration_dir() -> Path:
@@ -207,21 +207,23 @@ def hook_cpu(t: Transport, numels: list[int], methods: list[str]) -> dict[str, d
     with this rank's gradient and out of the caches (``codecs.EVICT_BYTES`` written after
     it), as backward leaves it. CPU is the rank's process CPU over the bucket calls (the
     hook's thread and gloo's), the median of ``HOOK_ITERATIONS`` iterations after one, each
-    after a barrier; then the mean over ranks. What a rank spends waiting inside a call is
-    in it, about 0.5 % of the wait here."""
+    after a barrier, the methods in turn; then the mean over ranks. What a rank spends
+    waiting inside a call is in it, about 0.5 % of the wait here."""
     from gradwire.perf import codecs
 
     gen = torch.Generator().manual_seed(1000 + t.rank)
     grads = [torch.randn(n, generator=gen) for n in numels]
     evict = torch.zeros(codecs.EVICT_BYTES, dtype=torch.uint8)
-    out = {}
+    runs = {}
     for name in methods:
         state, plan = codecs.hook_path(name)
-        params = [torch.empty(n) for n in numels]
+        params = [torch.empty(n) for n in numels]  # kept: the layout keys them by id()
         keys = [state.positions.layout([q]) for q in params]
-        bufs = [torch.empty(n) for n in numels]
-        cpus, walls = [], []
-        for _ in range(HOOK_ITERATIONS + 1):
+        runs[name] = (state, plan, params, keys, [torch.empty(n) for n in numels], [], [])
+    # Round-robin, an iteration of every method in turn, so that a slow spell of the machine
+    # lands on every method alike.
+    for _ in range(HOOK_ITERATIONS + 1):
+        for state, plan, _, keys, bufs, cpus, walls in runs.values():
             dist.barrier(group=t.group)
             cpu = wall = 0.0
             for i, (buf, key, g) in enumerate(zip(bufs, keys, grads, strict=True)):
@@ -233,6 +235,8 @@ def hook_cpu(t: Transport, numels: list[int], methods: list[str]) -> dict[str, d
                 wall += time.perf_counter() - w0
             cpus.append(cpu)
             walls.append(wall)
+    out = {}
+    for name, (*_, cpus, walls) in runs.items():
         got = torch.tensor([statistics.median(cpus[1:]), statistics.median(walls[1:])],
                            dtype=torch.float64) / t.world_size
         dist.all_reduce(got, group=t.group)
