@@ -22,16 +22,20 @@ same configuration:
   CPU bound, for the cores the waiting ranks leave idle);
 - encode/decode: a codec table measured here before the runs, one thread (as each rank runs),
   through the hook's own path on the model's number of elements (``codecs.measure``);
-- shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. Before
-  the runs, calibrate also measures on the cluster the CPU per iteration of every
+- shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
+  CPU besides coding and communication is, for each dense run at this P (one per link rate),
+  its measured CPU per rank (the median of its runs) less the model's coding and
+  communication CPU for it on its own cluster, the mean over the rates (``own_cpu``); every
+  aggregation adds its own coding and communication (``--cpu dense``, the default).
+  Before the runs, calibrate also measures on the cluster the CPU per iteration of every
   aggregation's hook (its own path: error feedback, encode, the call header, the
-  collectives, decode) on the model's buckets, all ranks at once (``hook_s``; ``--hook-*`` of
-  ``gradwire.bench.calibrate``); that is each row's coding and collective CPU. A rank's CPU
-  besides them is its training thread's, the median over the other aggregations' runs at
-  this P on both rates (``thread_cpu``: no row is predicted from its own measurement).
-  (Results from before 2026-11-26 13:00 have no ``hook_s``: re-predicted, their rows take the
-  codec table's coding and the schedules' CPU, and a rank's own CPU from the dense runs'
-  CPU less the model's charge for it, ``own_cpu``.)
+  collectives, decode) on the model's buckets, all ranks at once, the methods in turn
+  (``hook_s``; ``--hook-*`` of ``gradwire.bench.calibrate``). ``--cpu hooks`` takes that as
+  each row's coding and collective CPU, and a rank's CPU besides them as its training
+  thread's, the median over the other aggregations' runs at this P on both rates
+  (``thread_cpu``: no row is predicted from its own measurement). On the runs of
+  2026-11-26 13:01 and 13:49 it did no better at the median or the max than the default
+  (docs/benchmarks.md).
   Each row also keeps the parts of its measured CPU on the training thread and on the hook's
   (``measured_main_cpu_s_per_rank``, ``measured_hook_cpu_s_per_rank``; the rest is gloo's
   threads; ``benchmarks/cpu_split.py`` has why);
@@ -87,6 +91,7 @@ EPOCHS = {2: 3, 4: 4, 8: 6}
 STEADY_S = 5.0  # and at least this much steady training, as predicted before the runs
 MAX_EPOCHS = 60
 CPU_KEYS = ("cpu_s_per_iter", "cpu_main_s_per_iter", "cpu_hook_s_per_iter")
+CPU_ESTIMATES = ("dense", "hooks")  # how a row's CPU per rank is estimated: predict_all
 
 
 @functools.cache
@@ -144,13 +149,13 @@ def codec_table(numel: int, repeats: int, source: str) -> codecs.CodecTable:
 
 
 def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, console: Console,
-        batch: int = 32, repeats: int = 3) -> dict:
+        batch: int = 32, repeats: int = 3, cpu: str = "dense") -> dict:
     prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
     with one_thread():
         prof1 = measure("mlp", batch_size=batch, iters=20, warmup=5)
     table = codec_table(prof.numel, 7, "measured by perf_validation.py, one thread")
     doc = {**provenance.stamp("python benchmarks/perf_validation.py " + shlex.join(sys.argv[1:])),
-           "model": "mlp", "batch_size": batch, "repeats": repeats,
+           "model": "mlp", "batch_size": batch, "repeats": repeats, "cpu_estimate": cpu,
            "profile_one_process": prof.to_json() | {"params": len(prof.params)},
            "profile_one_thread": prof1.to_json(), "rows": [],
            "codecs_one_thread": table.methods,
@@ -177,7 +182,7 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
             measured[rate, p] = {agg: median_run(rs) | {"load_average": load}
                                  for agg, rs in runs.items()}
             # every row again: a rank's own CPU at this P now has this rate's dense run too
-            doc["rows"] = predict_all(prof, table, doc["calibration"], measured, batch)
+            doc["rows"] = predict_all(prof, table, doc["calibration"], measured, batch, cpu)
             out.write_text(json.dumps(summarise(doc), indent=1) + "\n")  # partial results kept
     return summarise(doc)
 
@@ -223,17 +228,15 @@ def own_cpu(prof: Profile, table: codecs.CodecTable, refs: list[tuple[str, dict,
             p: int) -> float:
     """A rank's CPU per iteration besides coding and collectives, from the dense runs at P =
     ``p`` (``refs``: one (rate, calibration, median run) per link rate): each run's CPU per
-    rank less what the model charges it for coding and collectives on its own cluster (its
-    hook's CPU measured there, :func:`hook_cpu`, where calibrate measured it), the mean over
-    the rates. What a rank does besides communicating does not depend on the link,
+    rank less what the model charges it for coding and collectives on its own cluster, the
+    mean over the rates. What a rank does besides communicating does not depend on the link,
     while the CPU a dense run spends moving its megabytes does, and varies from run to run
     (at 100 Mbit/s, P = 2: 15.8, 18.4 and 18.6 ms per iteration in three validation runs of
     one library): one more independent measurement of the same thing halves its variance."""
     own = []
     for rate, cal, ref in refs:
         base = predict(with_compute_of(prof, ref), cluster_of(cal, rate, p),
-                       Aggregation(ref["agg"]), table, rank_cpu=0.0,
-                       hook_cpu=hook_cpu(cal, ref["agg"]))
+                       Aggregation(ref["agg"]), table, rank_cpu=0.0)
         own.append(ref["cpu_s_per_iter"] - base.cpu)
     return statistics.fmean(own)
 
@@ -263,11 +266,12 @@ def thread_cpu(measured: dict[tuple[str, int], dict[str, dict]], p: int,
 
 def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
                  measured: dict[str, dict], batch: int,
-                 rank_cpu: float | dict[str, float]) -> list[dict]:
+                 rank_cpu: float | dict[str, float], hooks: bool = False) -> list[dict]:
     """The model's prediction beside each aggregation's measured result at one (rate, P), from
     the dense run's compute and straggling, a rank's own CPU ``rank_cpu`` (one for every row,
     or one per aggregation; :func:`own_cpu`, :func:`thread_cpu`),
-    the cluster's calibration ``cal`` and the codec table."""
+    the cluster's calibration ``cal`` and the codec table; with ``hooks``, each row's coding and
+    collective CPU is its hook's, measured on the cluster (:func:`hook_cpu`)."""
     ref = reference(measured)
     here = with_compute_of(prof, ref)
     cluster = cluster_of(cal, rate, p)
@@ -280,7 +284,7 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
     for agg, res in measured.items():
         own = rank_cpu[agg] if isinstance(rank_cpu, dict) else rank_cpu
         pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=own,
-                       hook_cpu=hook_cpu(cal, agg))
+                       hook_cpu=hook_cpu(cal, agg) if hooks else None)
         meas = p * batch / res["samples_per_s"]
         rows.append({
             "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
@@ -304,20 +308,26 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
 
 
 def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, dict],
-                measured: dict[tuple[str, int], dict[str, dict]], batch: int) -> list[dict]:
-    """Every (rate, P)'s rows (:func:`predict_rows`). Where calibrate measured every
-    aggregation's hook CPU on every cluster at a P (``hook_s``, since 2026-11-26 13:00), a
-    row's own CPU is its P's training thread (:func:`thread_cpu`), and its hook's CPU is the
-    measured one. Otherwise (the runs before) a rank's own CPU at each P is :func:`own_cpu`
+                measured: dict[tuple[str, int], dict[str, dict]], batch: int,
+                cpu: str = "dense") -> list[dict]:
+    """Every (rate, P)'s rows (:func:`predict_rows`). ``cpu``: how a row's CPU per rank is
+    estimated (``CPU_ESTIMATES``). "dense": a rank's own CPU at each P is :func:`own_cpu`
     from the dense runs on every rate measured at that P (or, with none, that
-    configuration's own reference)."""
+    configuration's own reference), and each row adds the model's coding and collective CPU.
+    "hooks": where calibrate measured every aggregation's hook CPU on every cluster at a P
+    (``hook_s``, since 2026-11-26 13:00) and the runs report their training thread's CPU, a
+    row's own CPU is its P's training thread (:func:`thread_cpu`) and it adds its hook's
+    measured CPU; elsewhere as "dense"."""
+    if cpu not in CPU_ESTIMATES:
+        raise SystemExit(f"--cpu must be one of {', '.join(CPU_ESTIMATES)}, got {cpu!r}")
     own: dict[int, float | dict[str, float]] = {}
     for (rate, p), group in measured.items():
         if p in own:
             continue
         cals = [calibration[f"{r} P={q}"] for (r, q) in measured if q == p]
         threads = {agg: thread_cpu(measured, p, agg) for agg in group}
-        if all(hook_cpu(c, agg) is not None for c in cals for agg in group) and all(
+        if cpu == "hooks" and all(hook_cpu(c, agg) is not None for c in cals
+                                  for agg in group) and all(
                 v is not None for v in threads.values()):
             own[p] = threads  # type: ignore[assignment]
             continue
@@ -327,7 +337,7 @@ def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, 
                                                 reference(group))], p)
     return [row for (rate, p), group in measured.items()
             for row in predict_rows(prof, table, calibration[f"{rate} P={p}"], rate, p, group,
-                                    batch, own[p])]
+                                    batch, own[p], isinstance(own[p], dict))]
 
 
 def recorded_inputs(doc: dict) -> tuple[Profile, codecs.CodecTable]:
@@ -359,7 +369,7 @@ def recorded_measurements(doc: dict) -> dict[tuple[str, int], dict[str, dict]]:
     return measured
 
 
-def repredict(doc: dict) -> dict:
+def repredict(doc: dict, cpu: str = "dense") -> dict:
     """``doc``'s measurements with the predictions of the model as it is now, from the inputs
     the run recorded (its profile's times, codec table and calibrations); the parameter
     tensors come from the model as built here. Each row keeps its run's load average."""
@@ -367,9 +377,10 @@ def repredict(doc: dict) -> dict:
         raise SystemExit("--repredict takes one run's result, not a merged one")
     prof, table = recorded_inputs(doc)
     measured = recorded_measurements(doc)
-    rows = predict_all(prof, table, doc["calibration"], measured, doc["batch_size"])
+    rows = predict_all(prof, table, doc["calibration"], measured, doc["batch_size"], cpu)
     load_end = doc["summary"]["load_average_end"]
     out = summarise({**doc, "rows": rows,
+                     "cpu_estimate": cpu,
                      "repredicted": {"date": provenance.now(), "commit": provenance.commit()}})
     out["summary"]["load_average_end"] = load_end
     return out
@@ -469,6 +480,11 @@ def main() -> None:
     ap.add_argument("--repredict", type=Path, metavar="JSON",
                     help="run nothing: predict this earlier run's measurements again with the "
                          "model as it is now, into --out and its plot")
+    ap.add_argument("--cpu", choices=CPU_ESTIMATES, default="dense",
+                    help="a row's CPU per rank: 'dense' (a rank's own CPU from the dense runs "
+                         "less the model's charge, plus the model's coding and collective CPU) "
+                         "or 'hooks' (the training thread's CPU from the other methods' runs, "
+                         "plus the method's hook CPU that calibrate measured on the cluster)")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                     help="run nothing: join these results of earlier runs (say, one per rate, "
                          "each inside a time limit) into --out and its plot")
@@ -479,10 +495,10 @@ def main() -> None:
     if a.merge:
         doc = merge([json.loads(f.read_text()) for f in a.merge])
     elif a.repredict:
-        doc = repredict(json.loads(a.repredict.read_text()))
+        doc = repredict(json.loads(a.repredict.read_text()), a.cpu)
     else:
         doc = run(a.rates.split(","), [int(p) for p in a.workers.split(",")],
-                  a.aggs.split(","), a.out, console, repeats=a.repeats)
+                  a.aggs.split(","), a.out, console, repeats=a.repeats, cpu=a.cpu)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, a.out.with_suffix(".png"))
     s = doc["summary"]

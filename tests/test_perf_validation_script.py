@@ -102,10 +102,10 @@ def test_every_row_at_a_p_is_predicted_from_the_same_own_cpu(pv, recorded):
 
 def test_with_hook_cpu_measured_a_row_is_its_threads_cpu_from_the_other_methods_plus_its_hook(
         pv, recorded):
-    """Where calibrate measured every aggregation's hook on every cluster (``hook_s``) and the
-    runs report their training thread's CPU: a row's CPU per rank is the median training
-    thread CPU of the *other* aggregations' runs at its P (both rates) plus its own hook's
-    measured CPU."""
+    """--cpu hooks: where calibrate measured every aggregation's hook on every cluster
+    (``hook_s``) and the runs report their training thread's CPU, a row's CPU per rank is the
+    median training thread CPU of the *other* aggregations' runs at its P (both rates) plus
+    its own hook's measured CPU."""
     doc, prof, table, measured = recorded
     measured = copy.deepcopy(measured)
     cal = copy.deepcopy(doc["calibration"])
@@ -116,7 +116,7 @@ def test_with_hook_cpu_measured_a_row_is_its_threads_cpu_from_the_other_methods_
     for (rate, _), group in measured.items():
         for i, agg in enumerate(aggs):  # 5, 6, ... ms; 0.5 ms more at 100 Mbit/s
             group[agg]["cpu_main_s_per_iter"] = 5e-3 + 1e-3 * i + 0.5e-3 * (rate == "100mbit")
-    rows = pv.predict_all(prof, table, cal, measured, doc["batch_size"])
+    rows = pv.predict_all(prof, table, cal, measured, doc["batch_size"], "hooks")
     for i, agg in enumerate(aggs):
         others = [5e-3 + 1e-3 * j + 0.5e-3 * k for j in range(len(aggs)) if j != i
                   for k in (0, 1)]
@@ -125,8 +125,12 @@ def test_with_hook_cpu_measured_a_row_is_its_threads_cpu_from_the_other_methods_
         assert got == pytest.approx([want] * 6)
     assert pv.thread_cpu(measured, 2, "dense") == pytest.approx(statistics.median(
         [5e-3 + 1e-3 * j + 0.5e-3 * k for j in range(1, len(aggs)) for k in (0, 1)]))
-    # runs without the thread's CPU, or calibrations without hook_s, keep the dense estimate
+    # the default estimate takes neither; runs without the thread's CPU, or calibrations
+    # without hook_s, keep it with "hooks" too
     # (test_every_row_at_a_p_is_predicted_from_the_same_own_cpu)
+    dense = pv.predict_all(prof, table, cal, measured, doc["batch_size"])
+    assert [r["predicted_s"] for r in dense] == [r["predicted_s"] for r in pv.predict_all(
+        prof, table, doc["calibration"], measured, doc["batch_size"], "hooks")]
     assert pv.thread_cpu(recorded[3], 2, "dense") is None
     assert pv.hook_cpu(doc["calibration"]["1gbit P=2"], "dense") is None
 
