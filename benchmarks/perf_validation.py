@@ -266,12 +266,12 @@ def thread_cpu(measured: dict[tuple[str, int], dict[str, dict]], p: int,
 
 def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
                  measured: dict[str, dict], batch: int,
-                 rank_cpu: float | dict[str, float], hooks: bool = False) -> list[dict]:
+                 cpu: dict[str, tuple[float, float | None]]) -> list[dict]:
     """The model's prediction beside each aggregation's measured result at one (rate, P), from
-    the dense run's compute and straggling, a rank's own CPU ``rank_cpu`` (one for every row,
-    or one per aggregation; :func:`own_cpu`, :func:`thread_cpu`),
-    the cluster's calibration ``cal`` and the codec table; with ``hooks``, each row's coding and
-    collective CPU is its hook's, measured on the cluster (:func:`hook_cpu`)."""
+    the dense run's compute and straggling, the cluster's calibration ``cal``, the codec table
+    and, per aggregation, ``cpu``: (a rank's own CPU, :func:`own_cpu` or :func:`thread_cpu`;
+    its hook's CPU measured on the cluster, :func:`hook_cpu`, or None for the model's coding
+    and collective CPU)."""
     ref = reference(measured)
     here = with_compute_of(prof, ref)
     cluster = cluster_of(cal, rate, p)
@@ -282,9 +282,8 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
     cluster = dataclasses.replace(cluster, straggle=straggle)
     rows = []
     for agg, res in measured.items():
-        own = rank_cpu[agg] if isinstance(rank_cpu, dict) else rank_cpu
-        pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=own,
-                       hook_cpu=hook_cpu(cal, agg) if hooks else None)
+        own, hook = cpu[agg]
+        pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=own, hook_cpu=hook)
         meas = p * batch / res["samples_per_s"]
         rows.append({
             "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
@@ -320,24 +319,36 @@ def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, 
     measured CPU; elsewhere as "dense"."""
     if cpu not in CPU_ESTIMATES:
         raise SystemExit(f"--cpu must be one of {', '.join(CPU_ESTIMATES)}, got {cpu!r}")
-    own: dict[int, float | dict[str, float]] = {}
+    per_p: dict[int, tuple[dict[str, float], bool]] = {}
+    rows = []
     for (rate, p), group in measured.items():
-        if p in own:
-            continue
+        if p not in per_p:
+            per_p[p] = _own_cpus(prof, table, calibration, measured, rate, p, cpu)
+        own, hooks = per_p[p]
+        cal = calibration[f"{rate} P={p}"]
+        rows += predict_rows(prof, table, cal, rate, p, group, batch,
+                             {agg: (own[agg], hook_cpu(cal, agg) if hooks else None)
+                              for agg in group})
+    return rows
+
+
+def _own_cpus(prof: Profile, table: codecs.CodecTable, calibration: dict[str, dict],
+              measured: dict[tuple[str, int], dict[str, dict]], rate: str, p: int,
+              cpu: str) -> tuple[dict[str, float], bool]:
+    """(a rank's own CPU per aggregation at P = ``p``, whether its rows take their hooks'
+    measured CPU), as :func:`predict_all` describes; ``rate``: the first rate measured at it."""
+    aggs = {agg: None for (_, q), m in measured.items() if q == p for agg in m}  # in order
+    if cpu == "hooks":
         cals = [calibration[f"{r} P={q}"] for (r, q) in measured if q == p]
-        threads = {agg: thread_cpu(measured, p, agg) for agg in group}
-        if cpu == "hooks" and all(hook_cpu(c, agg) is not None for c in cals
-                                  for agg in group) and all(
+        threads = {agg: thread_cpu(measured, p, agg) for agg in aggs}
+        if all(hook_cpu(c, agg) is not None for c in cals for agg in aggs) and all(
                 v is not None for v in threads.values()):
-            own[p] = threads  # type: ignore[assignment]
-            continue
-        refs = [(r, calibration[f"{r} P={q}"], m["dense"])
-                for (r, q), m in measured.items() if q == p and "dense" in m]
-        own[p] = own_cpu(prof, table, refs or [(rate, calibration[f"{rate} P={p}"],
-                                                reference(group))], p)
-    return [row for (rate, p), group in measured.items()
-            for row in predict_rows(prof, table, calibration[f"{rate} P={p}"], rate, p, group,
-                                    batch, own[p], isinstance(own[p], dict))]
+            return threads, True  # type: ignore[return-value]
+    refs = [(r, calibration[f"{r} P={q}"], m["dense"])
+            for (r, q), m in measured.items() if q == p and "dense" in m]
+    one = own_cpu(prof, table, refs or [(rate, calibration[f"{rate} P={p}"],
+                                         reference(measured[rate, p]))], p)
+    return dict.fromkeys(aggs, one), False
 
 
 def recorded_inputs(doc: dict) -> tuple[Profile, codecs.CodecTable]:
