@@ -343,3 +343,15 @@ def test_calibrate_measures_each_methods_hook_cpu_on_the_ranks():
     assert list(cal["hook_s"]) == methods
     for name, got in cal["hook_s"].items():
         assert 0 < got["cpu_s"] < 1 and 0 < got["wall_s"] < 5, (name, got)
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["--hook-buckets", "x"], "expected bucket sizes in elements"),
+    (["--hook-buckets", "0,5"], "expected bucket sizes in elements"),
+    (["--hook-methods", "dense,nope"], "expected methods from dense"),
+])
+def test_calibrate_rank_side_refuses_bad_hook_arguments_in_one_line(args, msg):
+    p = subprocess.run([sys.executable, "-m", "gradwire.bench.calibrate", "--out", "x.json",
+                        *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert msg in p.stderr.strip().splitlines()[-1]

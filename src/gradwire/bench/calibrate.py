@@ -393,16 +393,40 @@ def _reduce_speed() -> float:
     return statistics.median(runs)
 
 
+def _bucket_sizes(text: str) -> list[int]:
+    """--hook-buckets: whole numbers >= 1, comma-separated."""
+    try:
+        sizes = [int(n) for n in text.split(",") if n]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected bucket sizes in elements (whole numbers "
+                                         f">= 1), comma-separated, got {text!r}")
+    return sizes
+
+
+def _methods(text: str) -> list[str]:
+    """--hook-methods: names of gradwire.hooks methods, comma-separated."""
+    from gradwire.hooks.methods import TABLE
+
+    names = [m for m in text.split(",") if m]
+    bad = [m for m in names if m not in TABLE]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected methods from {', '.join(TABLE)}, "
+                                         f"comma-separated, got {text!r}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="rank side of gradwire calibrate")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--hook-buckets", default="",
+    ap.add_argument("--hook-buckets", type=_bucket_sizes, default=[],
                     help="elements of each bucket of an iteration, comma-separated: measure "
                          "the hooks' CPU per iteration on them")
-    ap.add_argument("--hook-methods", default="", help="methods for --hook-buckets")
+    ap.add_argument("--hook-methods", type=_methods, default=[],
+                    help="methods for --hook-buckets, comma-separated")
     a = ap.parse_args(argv)
-    numels = [int(n) for n in a.hook_buckets.split(",") if n]
-    methods = [m for m in a.hook_methods.split(",") if m]
+    numels, methods = a.hook_buckets, a.hook_methods
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     t = Transport()
     if t.world_size < 2:
