@@ -11,38 +11,40 @@ warm-up, DDP's default buckets) ``--repeats`` times per aggregation, the rounds 
 machine slowed, as it does here by up to 40 %, no longer moves the row); the model predicts the
 same configuration:
 
-- compute: forward + backward of the *dense run at the same P and rate* (its reported compute),
-  split into forward and per-tensor backward as ``gradwire profile`` measures them in one
-  process; the optimizer step from that run too;
+- compute: forward + backward as the *other aggregations' runs at the same P and rate*
+  report it (the median of theirs; ``others_compute``), split into forward and per-tensor
+  backward as ``gradwire profile`` measures them in one process; the optimizer step the same
+  way. No row is predicted from its own compute (until 2026-11-26 15:30 every row took the
+  dense run's, whose backward runs beside its long transfers);
 - network: that cluster's α per step, β and γ; every bucket pays the call-header exchange;
   each link's token bucket (the cluster's ``tc tbf``, point 7 of ``gradwire.perf.model``):
   a bucket's data calls start with what the link earned idle before them;
 - stragglers (point 6): the time the dense run's ranks waited at the header exchanges beyond
-  what the model charges for them, per iteration, added to every aggregation's (and to its
-  CPU bound, for the cores the waiting ranks leave idle);
+  what the model charges for them, per iteration, added to every aggregation's;
 - encode/decode: a codec table measured here before the runs, one thread (as each rank runs),
   through the hook's own path on the model's number of elements (``codecs.measure``);
-- shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. A rank's
-  CPU besides coding and communication is, for each dense run at this P (one per link rate),
-  its measured CPU per rank (the median of its runs) less the model's coding and
-  communication CPU for it on its own cluster, the mean over the rates (``own_cpu``); every
-  aggregation adds its own coding and communication (``--cpu dense``, the default).
-  Before the runs, calibrate also measures on the cluster the CPU per iteration of every
-  aggregation's hook (its own path: error feedback, encode, the call header, the
-  collectives, decode) on the model's buckets, all ranks at once, the methods in turn
-  (``hook_s``; ``--hook-*`` of ``gradwire.bench.calibrate``). ``--cpu hooks`` takes that as
-  each row's coding and collective CPU, and a rank's CPU besides them as its training
-  thread's, the median over the other aggregations' runs at this P on both rates
-  (``thread_cpu``: no row is predicted from its own measurement). On the runs of
-  2026-11-26 13:01 and 13:49 it did no better at the median or the max than the default
-  (docs/benchmarks.md).
+- shared CPU (point 5 of ``gradwire.perf.model``): P ranks on this machine's cores. Before
+  the runs, calibrate measures on the cluster the CPU per iteration of every aggregation's
+  hook (its own path: error feedback, encode, the call header, the collectives, decode) on
+  the model's buckets, all ranks at once, the methods in turn (``hook_s``; ``--hook-*`` of
+  ``gradwire.bench.calibrate``). ``--cpu hooks`` (the default since 2026-11-26 15:30) takes
+  that as each row's coding and collective CPU, and a rank's CPU besides them as its
+  training thread's, the median over the other aggregations' runs at this P on both rates
+  (``thread_cpu``: no row is predicted from its own measurement). ``--cpu dense`` (the
+  default before) takes a rank's CPU besides coding and communication from each dense run
+  at this P (one per link rate): its measured CPU per rank (the median of its runs) less the
+  model's coding and communication CPU for it on its own cluster, the mean over the rates
+  (``own_cpu``); every aggregation adds its own coding and communication. Re-pricing the
+  runs of 13:01 and 13:49 with the model of 15:30 gave a max of 15.3 % and 15.2 % with
+  hooks, 21.7 % and 22.6 % with dense (docs/benchmarks.md).
   Each row also keeps the parts of its measured CPU on the training thread and on the hook's
   (``measured_main_cpu_s_per_rank``, ``measured_hook_cpu_s_per_rank``; the rest is gloo's
   threads; ``benchmarks/cpu_split.py`` has why);
 - overlap slowdown κ = 1 (not fitted).
 
-So the dense runs supply compute (their wall time, their CPU and their ranks' spread); everything
-that differs between aggregations is predicted. Measured iteration = P·batch / samples per
+So the other aggregations' runs supply compute and the training thread's CPU, the dense run
+the ranks' spread and calibrate each hook's CPU; no row is predicted from its own
+measurement. Measured iteration = P·batch / samples per
 second over the steady epochs (the first epoch, which pays one-time costs, is left out); each
 run has enough epochs for at least ``STEADY_S`` of steady training at the iteration time the
 model guesses before the runs (``epochs_for``; the result keeps them under "epochs"). The
@@ -149,7 +151,7 @@ def codec_table(numel: int, repeats: int, source: str) -> codecs.CodecTable:
 
 
 def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, console: Console,
-        batch: int = 32, repeats: int = 3, cpu: str = "dense") -> dict:
+        batch: int = 32, repeats: int = 3, cpu: str = "hooks") -> dict:
     prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
     with one_thread():
         prof1 = measure("mlp", batch_size=batch, iters=20, warmup=5)
@@ -215,13 +217,27 @@ def guess(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
     return float(predict(prof, cluster_of(cal, rate, p), Aggregation(agg), table).iteration)
 
 
-def with_compute_of(prof: Profile, ref: dict) -> Profile:
+def with_compute_of(prof: Profile, ref: dict, source: str = "dense run's compute") -> Profile:
     """``prof`` with the forward, backward and optimizer step that the run ``ref`` measured,
     its forward/backward split and per-tensor backward as ``prof``'s."""
     compute = ref["seconds_per_iter"]["compute"]
     share = prof.forward_s / (prof.forward_s + prof.backward_s)
-    here = prof.with_compute(compute * share, compute * (1 - share), "dense run's compute")
+    here = prof.with_compute(compute * share, compute * (1 - share), source)
     return dataclasses.replace(here, step_s=ref["seconds_per_iter"]["step"])
+
+
+def others_compute(prof: Profile, measured: dict[str, dict], agg: str) -> Profile:
+    """``prof`` with the compute (forward + backward) and optimizer step of ``agg``'s rows at
+    one (rate, P): the medians over the other aggregations' runs there (each configuration's
+    median run), so that no row is predicted from its own measurement. Not the dense run's
+    alone: its backward runs beside its long transfers and came out 1.5 times the others' at
+    100 Mbit/s (P = 2: 9.6 ms against 6.3-7.7 in the 13:49 run), and every compressed row
+    there was predicted that much too slow."""
+    others = [m["seconds_per_iter"] for a, m in measured.items() if a != agg] or [
+        measured[agg]["seconds_per_iter"]]
+    ref = {"seconds_per_iter": {k: statistics.median(o[k] for o in others)
+                                for k in ("compute", "step")}}
+    return with_compute_of(prof, ref, "the other aggregations' runs")
 
 
 def own_cpu(prof: Profile, table: codecs.CodecTable, refs: list[tuple[str, dict, dict]],
@@ -273,17 +289,18 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
     its hook's CPU measured on the cluster, :func:`hook_cpu`, or None for the model's coding
     and collective CPU)."""
     ref = reference(measured)
-    here = with_compute_of(prof, ref)
     cluster = cluster_of(cal, rate, p)
     # the time the dense run's ranks waited at the header exchanges beyond what the model
     # charges them: the slowest rank's lead (point 6 of gradwire.perf.model)
-    base = predict(here, cluster, Aggregation(ref["agg"]), table, rank_cpu=0.0)
+    base = predict(with_compute_of(prof, ref), cluster, Aggregation(ref["agg"]), table,
+                   rank_cpu=0.0)
     straggle = max(ref["seconds_per_iter"]["header"] - float(base.header), 0.0)
     cluster = dataclasses.replace(cluster, straggle=straggle)
     rows = []
     for agg, res in measured.items():
         own, hook = cpu[agg]
-        pred = predict(here, cluster, Aggregation(agg), table, rank_cpu=own, hook_cpu=hook)
+        pred = predict(others_compute(prof, measured, agg), cluster, Aggregation(agg), table,
+                       rank_cpu=own, hook_cpu=hook)
         meas = p * batch / res["samples_per_s"]
         rows.append({
             "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
@@ -308,7 +325,7 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
 
 def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, dict],
                 measured: dict[tuple[str, int], dict[str, dict]], batch: int,
-                cpu: str = "dense") -> list[dict]:
+                cpu: str = "hooks") -> list[dict]:
     """Every (rate, P)'s rows (:func:`predict_rows`). ``cpu``: how a row's CPU per rank is
     estimated (``CPU_ESTIMATES``). "dense": a rank's own CPU at each P is :func:`own_cpu`
     from the dense runs on every rate measured at that P (or, with none, that
@@ -380,7 +397,7 @@ def recorded_measurements(doc: dict) -> dict[tuple[str, int], dict[str, dict]]:
     return measured
 
 
-def repredict(doc: dict, cpu: str = "dense") -> dict:
+def repredict(doc: dict, cpu: str = "hooks") -> dict:
     """``doc``'s measurements with the predictions of the model as it is now, from the inputs
     the run recorded (its profile's times, codec table and calibrations); the parameter
     tensors come from the model as built here. Each row keeps its run's load average."""
@@ -491,11 +508,12 @@ def main() -> None:
     ap.add_argument("--repredict", type=Path, metavar="JSON",
                     help="run nothing: predict this earlier run's measurements again with the "
                          "model as it is now, into --out and its plot")
-    ap.add_argument("--cpu", choices=CPU_ESTIMATES, default="dense",
-                    help="a row's CPU per rank: 'dense' (a rank's own CPU from the dense runs "
-                         "less the model's charge, plus the model's coding and collective CPU) "
-                         "or 'hooks' (the training thread's CPU from the other methods' runs, "
-                         "plus the method's hook CPU that calibrate measured on the cluster)")
+    ap.add_argument("--cpu", choices=CPU_ESTIMATES, default="hooks",
+                    help="a row's CPU per rank: 'hooks' (the training thread's CPU from the "
+                         "other methods' runs, plus the method's hook CPU that calibrate "
+                         "measured on the cluster; the default) or 'dense' (a rank's own CPU "
+                         "from the dense runs less the model's charge, plus the model's coding "
+                         "and collective CPU)")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                     help="run nothing: join these results of earlier runs (say, one per rate, "
                          "each inside a time limit) into --out and its plot")

@@ -102,6 +102,8 @@ def test_calibrate_on_three_hosts(tmp_path):
     assert cal["cpu_step_s"] > 0 and cal["cpu_byte_s"] >= 0
     assert cal["cpu_ranks_per_machine"] == 3 and cal["cores_per_machine"] >= 1
     assert 0 < cal["cpu_share"] <= 1 and cal["cpu_sync_s"] >= 0 and cal["cpu_slowdown"] >= 1
+    # the probe's recursive doubling at 3 ranks: 2 steps a rank on the mean
+    assert cal["cpu_sync_step_s"] == pytest.approx(cal["cpu_sync_s"] / 2)
     # loopback is not shaped: no token bucket for the model, whatever the check measured
     assert cal["burst_bytes"] == 0 and cal["burst_bytes_measured"] >= 0
 

@@ -274,23 +274,46 @@ def _shared(p: int, **kw) -> Cluster:
 
 @pytest.mark.parametrize("method", ["dense", "topk", "signsgd", "powersgd"])
 def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
-    """8 ranks on 2 cores: an iteration takes at least 4·D/u + c·s, D = the rank's own CPU
-    (here given) + coding + its part of the schedules, c its collective calls (a header and
-    the method's collectives per bucket); without ``cores`` nothing changes."""
+    """8 ranks on 2 cores: an iteration takes at least 4·D/u + S·s, D = the rank's own CPU
+    (here given) + coding + its part of the schedules, S the schedule steps it takes part in
+    (a header and the method's collectives per bucket); without ``cores`` nothing changes."""
     agg = Aggregation(method)
     free = predict(TOY, Cluster(8, 1e9, 307e-6, 0.1e-9, beta=8.36e-9), agg, HERE)
-    assert free.cpu_bound == 0 and free.cpu_comm == 0
+    assert free.cpu_bound == 0 and free.cpu_comm == 0 and free.steps == 0
     assert free.cpu == pytest.approx(0.16 + free.coding)
     r = predict(TOY, _shared(8, cpu_share=0.9, cpu_sync=1e-3, cpu_slowdown=1.5), agg, HERE,
                 rank_cpu=0.2)
     assert r.cpu == pytest.approx(0.2 + 1.5 * r.coding + r.cpu_comm) and r.cpu_comm > 0
     per_bucket = 1 + (2 if method == "powersgd" else 1)
-    assert r.calls == len(buckets(TOY, agg)) * per_bucket
-    assert r.cpu_bound == pytest.approx(4 * r.cpu / 0.9 + r.calls * 1e-3)
-    assert float(r.iteration) == pytest.approx(max(float(free.iteration), r.cpu_bound))
+    n = len(buckets(TOY, agg))
+    assert r.calls == n * per_bucket
+    if method == "dense":
+        # per bucket: the header's recursive-doubling allgather (log2 8 = 3 steps) and the
+        # ring allreduce (2·(8 − 1) = 14)
+        assert r.steps == n * (3 + 14)
+    assert r.steps > r.calls
+    assert r.cpu_bound == pytest.approx(4 * r.cpu / 0.9 + r.steps * 1e-3)
+    assert float(r.iteration) >= r.cpu_bound
     # fewer ranks than cores: each has one of its own, and still needs its own CPU time
     two = predict(TOY, _shared(2), agg, HERE, rank_cpu=0.2)
     assert two.cpu_bound == pytest.approx(two.cpu)
+
+
+def test_ranks_sharing_cores_code_at_once() -> None:
+    """On shared cores every rank encodes and decodes at once: in the timeline coding takes
+    L·slowdown/u its one-rank time (L = ranks/cores), and on cores of one's own its time."""
+    agg = Aggregation("signsgd", mode="model")  # one bucket: coding all on the critical path
+    slow = dict(link_bps=1e8, alpha=307e-6, beta=8.36e-8)
+    free = predict(TOY, Cluster(8, **slow), agg, HERE)
+    shared = predict(TOY, Cluster(8, **slow, cores=2, cpu_ranks=8, cpu_share=0.8,
+                                  cpu_slowdown=1.2), agg, HERE, rank_cpu=1e-4)
+    assert float(shared.iteration) > shared.cpu_bound  # the timeline binds, not the CPU
+    assert shared.coding == free.coding > 0
+    assert float(shared.iteration - free.iteration) == pytest.approx(
+        (4 * 1.2 / 0.8 - 1) * free.coding)
+    own = predict(TOY, Cluster(2, **slow, cores=2, cpu_ranks=2), agg, HERE, rank_cpu=1e-4)
+    assert float(own.iteration) == pytest.approx(float(predict(TOY, Cluster(2, **slow), agg,
+                                                               HERE).iteration))
 
 
 def test_a_measured_hook_cpu_stands_in_for_coding_and_schedule_cpu() -> None:
@@ -307,17 +330,17 @@ def test_a_measured_hook_cpu_stands_in_for_coding_and_schedule_cpu() -> None:
         predict(TOY, cl, agg, HERE, hook_cpu=-1.0)
 
 
-@pytest.mark.parametrize(("p", "cores", "share"), [(8, 2, 1 / 2), (2, 2, 1 / 2), (8, 4, 3 / 4),
-                                                (3, 4, 2 / 3), (8, 1, 0.0), (1, 2, 0.0)])
-def test_the_slowest_ranks_lead_also_idles_the_other_cores(p, cores, share) -> None:
-    """Ranks sharing cores: while the slowest rank finishes the w it lags by, the ranks that
-    wait for it leave their cores idle, so the CPU bound grows by w·(1 − 1/k), k the cores
-    the machine's ranks can keep busy (at most one each); alone, or on one core, by 0."""
+@pytest.mark.parametrize(("p", "cores"), [(8, 2), (2, 2), (8, 4), (3, 4), (8, 1)])
+def test_the_slowest_ranks_lead_is_paid_in_the_timeline_not_the_cpu_bound(p, cores) -> None:
+    """Ranks sharing cores: the straggler wait w lengthens the iteration's timeline by w,
+    and leaves the CPU bound alone: ranks that wait give their cores to ranks that compute
+    (point 6 of the model)."""
     agg = Aggregation("topk")
     cl = Cluster(p, 1e9, 307e-6, beta=8.36e-9, cores=cores, cpu_ranks=p, cpu_step=3e-4)
     plain, waited = (predict(TOY, dataclasses.replace(cl, straggle=s), agg, HERE,
-                             rank_cpu=0.5) for s in (0.0, 0.004))
-    assert float(waited.cpu_bound - plain.cpu_bound) == pytest.approx(0.004 * share)
+                             rank_cpu=1e-3) for s in (0.0, 0.004))
+    assert waited.cpu_bound == plain.cpu_bound
+    assert float(waited.exposed - plain.exposed) == pytest.approx(0.004)
     assert float(waited.iteration) >= float(waited.cpu_bound)
 
 
@@ -328,7 +351,7 @@ def test_cluster_refuses_bad_cpu_settings() -> None:
                     ({"cpu_share": 1.5}, r"CPU share must be a number in \(0, 1\]"),
                     ({"cpu_step": -1}, "CPU per step must be a finite number >= 0"),
                     ({"cpu_byte": float("nan")}, "CPU per byte must be a finite number >= 0"),
-                    ({"cpu_sync": -1e-3}, "sync wait per call must be a finite number >= 0"),
+                    ({"cpu_sync": -1e-3}, "sync wait per step must be a finite number >= 0"),
                     ({"cpu_ranks": 0}, "ranks per machine"),
                     ({"cpu_slowdown": 0.5}, "CPU slowdown must be a finite number >= 1"),
                     ({"cpu_slowdown": float("inf")}, "CPU slowdown must be a finite number")):
@@ -478,3 +501,18 @@ def test_a_token_bucket_never_makes_an_iteration_longer(method, p, burst) -> Non
 def test_cluster_refuses_bad_stragglers_and_buckets(kw, msg) -> None:
     with pytest.raises(GradwireError, match=msg):
         Cluster(4, 1e9, 1e-4, **kw)
+
+
+@pytest.mark.parametrize(("hosts", "steps"), [(2, 1), (4, 2), (8, 3)])
+def test_a_calibrations_sync_wait_is_charged_per_schedule_step(hosts, steps) -> None:
+    """calibrate's sync wait is per call of its recursive-doubling probe (log2 P steps); the
+    model charges it per step: ``cpu_sync_step_s`` where a file has it, else the per-call
+    wait over the probe's steps."""
+    from gradwire.perf.whatif import CpuSetting, sync_probe_steps
+
+    d = {"cores_per_machine": 2, "cpu_ranks_per_machine": hosts, "cpu_step_s": 3e-4,
+         "cpu_byte_s": 5e-10, "cpu_share": 0.95, "cpu_sync_s": 1.2e-3}
+    assert sync_probe_steps(hosts) == steps
+    assert CpuSetting.from_calibration(d, hosts).sync == pytest.approx(1.2e-3 / steps)
+    assert CpuSetting.from_calibration(d | {"cpu_sync_step_s": 2e-4}, hosts).sync == 2e-4
+    assert "µs wait per step" in CpuSetting.from_calibration(d, hosts).describe()

@@ -125,14 +125,45 @@ def test_with_hook_cpu_measured_a_row_is_its_threads_cpu_from_the_other_methods_
         assert got == pytest.approx([want] * 6)
     assert pv.thread_cpu(measured, 2, "dense") == pytest.approx(statistics.median(
         [5e-3 + 1e-3 * j + 0.5e-3 * k for j in range(1, len(aggs)) for k in (0, 1)]))
-    # the default estimate takes neither; runs without the thread's CPU, or calibrations
-    # without hook_s, keep it with "hooks" too
+    # the dense estimate takes neither; runs without the thread's CPU, or calibrations
+    # without hook_s, keep it with "hooks" (the default) too
     # (test_every_row_at_a_p_is_predicted_from_the_same_own_cpu)
-    dense = pv.predict_all(prof, table, cal, measured, doc["batch_size"])
+    dense = pv.predict_all(prof, table, cal, measured, doc["batch_size"], "dense")
     assert [r["predicted_s"] for r in dense] == [r["predicted_s"] for r in pv.predict_all(
         prof, table, doc["calibration"], measured, doc["batch_size"], "hooks")]
     assert pv.thread_cpu(recorded[3], 2, "dense") is None
     assert pv.hook_cpu(doc["calibration"]["1gbit P=2"], "dense") is None
+
+
+def test_a_rows_compute_is_the_median_of_the_other_aggregations_runs(pv, recorded):
+    """Each row's forward + backward and step are the medians of the *other* aggregations'
+    runs at its (rate, P), never its own: doubling one row's measured compute moves every
+    other row's input and leaves its own."""
+    doc, prof, table, measured = recorded
+    measured = copy.deepcopy(measured)
+    group = measured["1gbit", 2]
+    aggs = list(group)
+    for i, agg in enumerate(aggs):
+        group[agg]["seconds_per_iter"]["compute"] = 0.01 + 1e-3 * i
+        group[agg]["seconds_per_iter"]["step"] = 1e-3 + 1e-4 * i
+
+    def inputs(m):
+        rows = pv.predict_rows(prof, table, doc["calibration"]["1gbit P=2"], "1gbit", 2, m,
+                               doc["batch_size"], dict.fromkeys(m, (0.01, None)))
+        return {r["agg"]: (r["predicted_parts_s"]["forward"] + r["predicted_parts_s"][
+            "backward"], r["predicted_parts_s"]["step"]) for r in rows}
+
+    before = inputs(group)
+    for i, agg in enumerate(aggs):
+        others = [j for j in range(len(aggs)) if j != i]
+        assert before[agg] == pytest.approx(
+            (statistics.median(0.01 + 1e-3 * j for j in others),
+             statistics.median(1e-3 + 1e-4 * j for j in others)))
+    group["topk"]["seconds_per_iter"]["compute"] *= 2
+    after = inputs(group)
+    assert after["topk"] == before["topk"]
+    assert all(after[a][0] >= before[a][0] for a in aggs)
+    assert sum(after[a] != before[a] for a in aggs) >= 2
 
 
 def test_merged_runs_keep_every_clusters_calibration_and_epochs(pv):

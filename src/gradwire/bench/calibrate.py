@@ -300,7 +300,9 @@ def cpu_sharing(t: Transport) -> dict:
     iteration (the mean over ranks) and L = max(1, ranks/cores). A least-squares line
     W = L·D/share + sync gives ``share`` (at most 1), the share of the cores the ranks keep
     busy, and ``sync`` (at least 0), the seconds each collective call waits for ranks that
-    the scheduler has not run yet — what :class:`gradwire.perf.model.Cluster` charges.
+    the scheduler has not run yet; ``sync_step`` is that per step of the probe's allreduce
+    (recursive doubling: ⌈log2 P⌉ steps at powers of two), what
+    :class:`gradwire.perf.model.Cluster` charges per schedule step.
     ``SHARING_ROUNDS`` sweeps, one line each, give the medians: sync is where the line meets
     L·D = 0, and single sweeps of three bursts from 2 ms put it anywhere from 0.1 to 2.3 ms on
     one cluster (P = 2 and 8 at 1 Gbit/s); the bursts of 0 and 1 ms pin that end and the
@@ -343,8 +345,12 @@ def cpu_sharing(t: Transport) -> dict:
         slope, sync = np.polyfit(xs, ys, 1)
         shares.append(min(1.0, 1.0 / max(slope, 1e-9)))
         syncs.append(max(sync, 0.0))
+    from gradwire.perf.whatif import sync_probe_steps
+
+    sync = float(statistics.median(syncs))
     return {"ranks": ranks, "cores": cores, "share": float(statistics.median(shares)),
-            "sync": float(statistics.median(syncs)), "slowdown": _memory_slowdown(t)}
+            "sync": sync, "sync_step": sync / sync_probe_steps(t.world_size),
+            "slowdown": _memory_slowdown(t)}
 
 
 def _memory_slowdown(t: Transport) -> float:
@@ -454,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu = {"cpu_step_s": cpu_step, "cpu_byte_s": cpu_byte,
                "cpu_ranks_per_machine": sharing["ranks"],
                "cores_per_machine": sharing["cores"], "cpu_share": sharing["share"],
-               "cpu_sync_s": sharing["sync"], "cpu_slowdown": sharing["slowdown"]}
+               "cpu_sync_s": sharing["sync"], "cpu_sync_step_s": sharing["sync_step"],
+               "cpu_slowdown": sharing["slowdown"]}
         Path(a.out).write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
                                            "gamma_s_per_byte": gamma,
                                            "burst_bytes_measured": bucket,

@@ -71,8 +71,9 @@ def explain(ranked: list[Ranked]) -> str:
              f"sent per rank over {p.buckets} buckets)."]
     if p.cpu_bound >= float(w.seconds) - 1e-12 and p.cpu_bound > 0:
         lines.append(f"It is bound by the shared cores: {_ms(p.cpu)} of CPU per rank "
-                     f"({_ms(p.cpu_comm)} of it in the collectives) and {p.calls} collective "
-                     f"calls make {_ms(p.cpu_bound)}.")
+                     f"({_ms(p.cpu_comm)} of it in the collectives) and the waits of "
+                     f"{p.steps:.0f} schedule steps ({p.calls} collective calls) make "
+                     f"{_ms(p.cpu_bound)}.")
     if len(ranked) > 1:
         r = ranked[1]
         q = r.prediction

@@ -184,6 +184,12 @@ def cpu_seconds(collective: str, algo: str, p: int, count: int, elem_bytes: floa
     return steps * per_step + scale * (moved * per_byte / 2 + reduced * gamma)
 
 
+def steps(collective: str, algo: str, p: int, count: int, **params: object) -> float:
+    """Schedule steps a rank takes part in (sends or receives), the mean over ranks, as
+    :func:`cpu_seconds` counts them."""
+    return cpu_seconds(collective, algo, p, count, 1, 1.0, 0.0, **params)
+
+
 def busiest_bytes(collective: str, algo: str, p: int, count: int, elem_bytes: float,
                   **params: object) -> float:
     """Bytes the busiest rank sends, or receives, over the whole collective (the larger):

@@ -20,27 +20,37 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
 4. t_iter = t_f + max(κ·t_b, E_last) + t_step; scaling efficiency e = (t_f + t_b)/t_iter
    (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
 5. Shared CPU (``Cluster.cores`` set): when n ranks share a machine of C cores, an iteration
-   takes at least max(1, n/C)·D/u + c·s (+ the straggler's idle cores, point 6). D is the
-   CPU one rank spends per iteration: its compute (``rank_cpu``, default t_f + t_b +
-   t_step), encode and decode (times ``cpu_slowdown``: memory-bound work takes longer beside
-   the other ranks), and its part of every schedule (:func:`gradwire.perf.comm.cpu_seconds`:
-   ``cpu_step`` per step it takes part in, ``cpu_byte`` per byte it moves, γ per byte it
-   reduces); or, where it was measured on the cluster (``hook_cpu``), what the method's hook
-   spends. u (``cpu_share``) is the share of the cores the ranks keep busy, c the
-   collective calls per iteration (headers included) and s (``cpu_sync``) what each call
-   waits for ranks the scheduler has not run yet. ``gradwire calibrate`` measures u and s by
-   alternating bursts of compute with allreduces. The emulated cluster is such a machine:
-   every rank on its 2 cores, so compressed runs, whose wire time is small, are bound by CPU
-   there.
+   takes at least L·D/u + S·s, L = max(1, n/C). D is the CPU one rank spends per
+   iteration: its compute (``rank_cpu``, default t_f + t_b + t_step), encode and decode
+   (times ``cpu_slowdown``: memory-bound work takes longer beside the other ranks), and its
+   part of every schedule (:func:`gradwire.perf.comm.cpu_seconds`: ``cpu_step`` per step it
+   takes part in, ``cpu_byte`` per byte it moves, γ per byte it reduces); or, where it was
+   measured on the cluster (``hook_cpu``), what the method's hook spends. u (``cpu_share``)
+   is the share of the cores the ranks keep busy, S the schedule steps a rank takes part in
+   per iteration (headers included) and s (``cpu_sync``) what each step waits, its cores
+   idle, for a peer the scheduler has not run yet. ``gradwire calibrate`` measures u and s
+   by alternating bursts of compute with allreduces (s per call of its recursive-doubling
+   probe, divided by that probe's steps). Charged per step, not per call: on the validation
+   runs of 2026-11-26 the time the measured CPU left unexplained (measured − L·D/u, D as
+   measured) was 3-4 ms at P = 2 and 4 and 5-6 ms at P = 8 for top-k, gTop-k and signSGD,
+   and 6, 10.5 and 16.5 ms for PowerSGD, whose two ring allreduces a bucket take
+   4(P − 1) steps: per step, 0.38 and 0.27 ms at P = 4 and 8 for either.
+   The same ranks in the timeline (points 2-4): the communication thread's encode and
+   decode run on every rank at once (the ranks leave a collective together), so each takes
+   L·``cpu_slowdown``/u times its one-rank time there (signSGD's hooks took 3.0× the
+   codec table's time at P = 8 on 2 cores, 1.5× at P = 4). Compute in the timeline is
+   taken as measured at that P, and so already stretched. The emulated cluster is such a
+   machine: every rank on its 2 cores, so compressed runs, whose wire time is small, are
+   bound by CPU there.
 6. Stragglers (``Cluster.straggle``, default 0): ranks do not finish their compute together
    (iteration to iteration, a rank's forward and backward vary by milliseconds here, on idle
    cores too), and the iteration goes at the pace of the slowest: t_iter + w, w the time a
    rank waits per iteration, beyond the exchange itself, at the first collective it makes.
    The validation benchmark takes w from the dense run (its header exchanges' measured time
-   less what point 3 charges for them). Where ranks share cores (point 5) the lead holds
-   cores too: while the slowest rank finishes it, the ranks that wait for it leave theirs
-   idle, so the CPU bound grows by w·(1 − 1/k), k the cores the machine's ranks can keep busy
-   (min(n, C), one each at most).
+   less what point 3 charges for them). The CPU bound (point 5) does not add w: ranks that
+   wait for the slowest leave their cores to ranks that still compute, and the cores a
+   wait does leave idle are in the per-step term (an idle-core term w·(1 − 1/k) that the
+   model charged until 2026-11-26 over-predicted the sparse methods at P = 8 by 8-12 ms).
 7. Token buckets (``Cluster.burst``, default 0: a plain link): an emulated cluster's links
    are ``tc tbf`` buckets that let ``burst`` bytes through at once after an idle spell. A
    bucket's data calls start with the credit its links earned idle before them (the first
@@ -109,7 +119,7 @@ class Cluster:
     cpu_step: float = 0.0  # CPU seconds a rank spends per schedule step it takes part in
     cpu_byte: float = 0.0  # CPU seconds per byte moved, its sender's and receiver's together
     cpu_share: float = 1.0  # the share of the machine's cores the ranks keep busy
-    cpu_sync: float = 0.0  # seconds each collective call waits for ranks not yet scheduled
+    cpu_sync: float = 0.0  # seconds each schedule step waits for a peer not yet scheduled
     cpu_slowdown: float = 1.0  # CPU of encode/decode with every rank running / alone
     # Seconds per iteration a rank waits at its first collective call for the slowest rank
     # (compute that varies from rank to rank and from iteration to iteration): point 6.
@@ -139,7 +149,7 @@ class Cluster:
         check_fraction("cluster", "CPU share", self.cpu_share)
         check_real("CPU slowdown", self.cpu_slowdown, 1.0)
         for what, v in (("CPU per step", self.cpu_step), ("CPU per byte", self.cpu_byte),
-                        ("sync wait per call", self.cpu_sync),
+                        ("sync wait per step", self.cpu_sync),
                         ("straggler wait per iteration", self.straggle),
                         ("token bucket (bytes)", self.burst)):
             check_real(what, v)
@@ -159,14 +169,6 @@ class Cluster:
         if self.cores is None:
             return 0.0
         return max(1.0, self._machine_ranks / self.cores)
-
-    @property
-    def cpu_cores_used(self) -> float:
-        """Cores the ranks of one machine can keep busy, one each at most (0 when CPU bounds
-        nothing)."""
-        if self.cores is None:
-            return 0.0
-        return max(1.0, min(self._machine_ranks, self.cores))
 
     @property
     def _machine_ranks(self) -> int:
@@ -227,9 +229,10 @@ class Prediction:
     notes: list[str] = field(default_factory=list)
     cpu: float = 0.0  # D: CPU seconds one rank spends per iteration (point 5)
     cpu_comm: float = 0.0  # its part in the schedules
-    # max(1, n/C)·D/u + c·s + w(1 − 1/k), 0 when the cluster's CPU bounds nothing
+    # max(1, n/C)·D/u + S·s, 0 when the cluster's CPU bounds nothing
     cpu_bound: float = 0.0
     calls: int = 0  # collective calls per iteration, headers included
+    steps: float = 0.0  # S: schedule steps a rank takes part in per iteration (when shared)
     header: float | np.ndarray = 0.0  # seconds of the call-header exchanges (in communicate)
 
     @property
@@ -314,6 +317,9 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
     shared = cluster.cores is not None  # point 5: ranks share cores
     end = np.zeros_like(beta)
     total_comm, coding, wire, cpu_comm, calls = np.zeros_like(beta), 0.0, 0, 0.0, 0
+    steps = 0.0
+    # point 5: on shared cores every rank codes at once
+    stretch = cluster.cpu_load * cluster.cpu_slowdown / cluster.cpu_share if shared else 1.0
     header = np.zeros_like(beta)
     f = profile.forward_s / compute_speedup  # type: ignore[operator]
     s = profile.step_s / compute_speedup
@@ -342,10 +348,11 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
             header, t = header + h, t + h
         calls += len(ops) if p > 1 else 0
         if shared:
+            steps += sum(comm.steps(c, a, p, n, **prm) for c, a, n, _, prm in ops)
             cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, cluster.cpu_step, cluster.cpu_byte,
                                              float(np.max(gamma)), **prm)
                             for c, a, n, e, prm in ops)
-        end = np.maximum(end, kappa * ready / compute_speedup) + enc + t + dec
+        end = np.maximum(end, kappa * ready / compute_speedup) + (enc + dec) * stretch + t
         total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
     b = kappa * profile.backward_s / compute_speedup  # type: ignore[operator]
     done = np.maximum(end, b)
@@ -355,12 +362,13 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
            if rank_cpu is None else rank_cpu / compute_speedup)
     cpu = own + (coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
                  if hook_cpu is None else hook_cpu)
-    bound = (cluster.cpu_load * cpu / cluster.cpu_share + calls * cluster.cpu_sync
-             + wait * (1.0 - 1.0 / cluster.cpu_cores_used) if shared else 0.0)
+    bound = (cluster.cpu_load * cpu / cluster.cpu_share + steps * cluster.cpu_sync
+             if shared else 0.0)
     bound_it = np.maximum(it, bound)
     exposed = done - b + wait + (bound_it - it)
     return Prediction(bound_it, f, b, s, total_comm, coding, exposed, wire, len(bs), cpu=cpu,
-                      cpu_comm=cpu_comm, cpu_bound=bound, calls=calls, header=header)
+                      cpu_comm=cpu_comm, cpu_bound=bound, calls=calls, steps=steps,
+                      header=header)
 
 
 def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: int,

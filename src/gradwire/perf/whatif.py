@@ -93,10 +93,14 @@ class CpuSetting:
     @classmethod
     def from_calibration(cls, d: dict, hosts: int) -> CpuSetting:
         """The terms of a calibration's fields ``d``, measured on ``hosts`` ranks (KeyError,
-        ValueError or TypeError where they are missing or malformed)."""
+        ValueError or TypeError where they are missing or malformed). The wait per schedule
+        step is ``cpu_sync_step_s``, or, in files that lack it (before 2026-11-26 15:30),
+        ``cpu_sync_s`` (per call of calibrate's probe) over that probe's steps."""
+        sync = (float(d["cpu_sync_step_s"]) if "cpu_sync_step_s" in d
+                else float(d["cpu_sync_s"]) / sync_probe_steps(hosts))
         return cls(float(d["cores_per_machine"]), int(d["cpu_ranks_per_machine"]) >= hosts,
                    float(d["cpu_step_s"]), float(d["cpu_byte_s"]), float(d["cpu_share"]),
-                   float(d["cpu_sync_s"]), float(d.get("cpu_slowdown", 1.0)))
+                   sync, float(d.get("cpu_slowdown", 1.0)))
 
     def __post_init__(self) -> None:
         check_real("cores_per_machine", self.cores, above=True)
@@ -114,8 +118,14 @@ class CpuSetting:
 
     def describe(self) -> str:
         return (f"CPU {self.step * 1e6:.0f} µs per step, {self.byte * 1e9:.2f} ns/B, "
-                f"{self.share:.0%} busy, {self.sync * 1e6:.0f} µs wait per call, coding CPU "
+                f"{self.share:.0%} busy, {self.sync * 1e6:.0f} µs wait per step, coding CPU "
                 f"×{self.slowdown:.2f}")
+
+
+def sync_probe_steps(hosts: int) -> float:
+    """Steps a rank takes in ``gradwire calibrate``'s sync probe at ``hosts`` ranks: a
+    recursive-doubling allreduce of one element per rank."""
+    return max(comm.steps("allreduce", "rd", hosts, hosts), 1.0)
 
 
 def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
