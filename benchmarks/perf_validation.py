@@ -6,10 +6,11 @@ CPU a rank spends per step and per byte, how many ranks share how many cores, th
 them the ranks keep busy, what each collective call waits for ranks not yet scheduled and
 how much slower memory-bound CPU work runs beside the other ranks),
 then ``gradwire train`` (the project's 1.13 M parameter MLP, batch 32 per rank, no density
-warm-up, DDP's default buckets) ``--repeats`` times per aggregation, the rounds interleaved
-(every aggregation once, then again), and the median run kept (one run in three that the
-machine slowed, as it does here by up to 40 %, no longer moves the row); the model predicts the
-same configuration:
+warm-up, DDP's default buckets) ``--repeats`` times per aggregation, or ``--fast-repeats``
+times where the model guesses an iteration under ``FAST_S`` (short runs: more of them cost
+little), the rounds interleaved (every aggregation once, then again), and the median run kept
+(one run in three that the machine slowed, as it does here by up to 40 %, no longer moves the
+row; two in five with ``--fast-repeats``); the model predicts the same configuration:
 
 - compute: forward + backward as the *other aggregations' runs at the same P and rate*
   report it (the median of theirs; ``others_compute``), split into forward and per-tensor
@@ -93,6 +94,7 @@ EPOCHS = {2: 3, 4: 4, 8: 6}
 STEADY_S = 5.0  # and at least this much steady training, as predicted before the runs
 MAX_EPOCHS = 60
 CPU_KEYS = ("cpu_s_per_iter", "cpu_main_s_per_iter", "cpu_hook_s_per_iter")
+FAST_S = 0.25  # configurations guessed faster than this per iteration get --fast-repeats runs
 CPU_ESTIMATES = ("dense", "hooks")  # how a row's CPU per rank is estimated: predict_all
 
 
@@ -110,6 +112,16 @@ def epochs_for(p: int, batch: int, predicted_s: float) -> int:
     per_epoch = max(_train_samples() // p // batch, 1)
     steady = math.ceil(STEADY_S / max(predicted_s, 1e-3) / per_epoch)
     return min(max(EPOCHS.get(p, 3), 1 + steady), MAX_EPOCHS)
+
+
+def repeats_for(predicted_s: float, repeats: int, fast_repeats: int) -> int:
+    """Training runs for one configuration: ``fast_repeats`` (never fewer than ``repeats``)
+    where the iteration the model guesses before the runs is under ``FAST_S``, else
+    ``repeats``. Those runs last 10-20 s each here, and their rows were the noisy ones: of
+    one configuration's three runs, gTop-k at 100 Mbit/s, P = 8 took 75.3, 72.4 and 63.1 ms
+    per iteration in the 15:16 run, where the 100 Mbit/s dense runs, 0.4-0.7 s an iteration,
+    agreed within 1 %; the advisor's pick there missed the best measured by 5.2 %."""
+    return max(repeats, fast_repeats) if predicted_s < FAST_S else repeats
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -151,13 +163,14 @@ def codec_table(numel: int, repeats: int, source: str) -> codecs.CodecTable:
 
 
 def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, console: Console,
-        batch: int = 32, repeats: int = 3, cpu: str = "hooks") -> dict:
+        batch: int = 32, repeats: int = 3, cpu: str = "hooks", fast_repeats: int = 5) -> dict:
     prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
     with one_thread():
         prof1 = measure("mlp", batch_size=batch, iters=20, warmup=5)
     table = codec_table(prof.numel, 7, "measured by perf_validation.py, one thread")
     doc = {**provenance.stamp("python benchmarks/perf_validation.py " + shlex.join(sys.argv[1:])),
-           "model": "mlp", "batch_size": batch, "repeats": repeats, "cpu_estimate": cpu,
+           "model": "mlp", "batch_size": batch, "repeats": repeats,
+           "fast_repeats": fast_repeats, "cpu_estimate": cpu,
            "profile_one_process": prof.to_json() | {"params": len(prof.params)},
            "profile_one_thread": prof1.to_json(), "rows": [],
            "codecs_one_thread": table.methods,
@@ -170,11 +183,13 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                 cal = run_ranks(c, "gradwire.bench.calibrate", hook_args(prof, aggs),
                                 f"calibrate P={p} {rate}", 600, console)
                 doc["calibration"][f"{rate} P={p}"] = cal
-                epochs = {agg: epochs_for(p, batch, guess(prof, table, cal, rate, p, agg))
-                          for agg in aggs}
+                guessed = {agg: guess(prof, table, cal, rate, p, agg) for agg in aggs}
+                epochs = {agg: epochs_for(p, batch, guessed[agg]) for agg in aggs}
+                count = {agg: repeats_for(guessed[agg], repeats, fast_repeats) for agg in aggs}
                 doc.setdefault("epochs", {})[f"{rate} P={p}"] = epochs
-                for i in range(repeats):
-                    for agg in aggs:
+                doc.setdefault("runs_per_configuration", {})[f"{rate} P={p}"] = count
+                for i in range(max(count.values())):
+                    for agg in (a for a in aggs if i < count[a]):
                         cfg = TrainConfig(model="mlp", agg=agg, warmup=False,
                                           epochs=epochs[agg], batch_size=batch)
                         validate(cfg, p)
@@ -504,6 +519,9 @@ def main() -> None:
     ap.add_argument("--aggs", default="dense,fp16,topk,gtopk,powersgd,signsgd")
     ap.add_argument("--repeats", type=int, default=3,
                     help="training runs per configuration, interleaved; the median run is kept")
+    ap.add_argument("--fast-repeats", type=int, default=5,
+                    help=f"training runs for configurations the model guesses under "
+                         f"{FAST_S * 1e3:.0f} ms per iteration (at least --repeats)")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "perf_validation.json")
     ap.add_argument("--repredict", type=Path, metavar="JSON",
                     help="run nothing: predict this earlier run's measurements again with the "
@@ -518,8 +536,9 @@ def main() -> None:
                     help="run nothing: join these results of earlier runs (say, one per rate, "
                          "each inside a time limit) into --out and its plot")
     a = ap.parse_args()
-    if a.repeats < 1:
-        raise SystemExit(f"--repeats must be >= 1, got {a.repeats}")
+    if a.repeats < 1 or a.fast_repeats < 1:
+        raise SystemExit(f"--repeats and --fast-repeats must be >= 1, got {a.repeats} and "
+                         f"{a.fast_repeats}")
     console = Console()
     if a.merge:
         doc = merge([json.loads(f.read_text()) for f in a.merge])
@@ -527,7 +546,8 @@ def main() -> None:
         doc = repredict(json.loads(a.repredict.read_text()), a.cpu)
     else:
         doc = run(a.rates.split(","), [int(p) for p in a.workers.split(",")],
-                  a.aggs.split(","), a.out, console, repeats=a.repeats, cpu=a.cpu)
+                  a.aggs.split(","), a.out, console, repeats=a.repeats, cpu=a.cpu,
+                  fast_repeats=a.fast_repeats)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, a.out.with_suffix(".png"))
     s = doc["summary"]

@@ -43,6 +43,13 @@ def test_slow_configurations_keep_their_epochs_and_fast_ones_get_more(pv):
     assert pv.epochs_for(2, 32, 1e-6) == pv.MAX_EPOCHS
 
 
+def test_fast_configurations_get_more_runs_and_never_fewer_than_repeats(pv):
+    assert pv.repeats_for(0.05, 3, 5) == 5
+    assert pv.repeats_for(pv.FAST_S, 3, 5) == 3  # 100 Mbit/s dense: 0.4-0.7 s
+    assert pv.repeats_for(0.05, 3, 1) == 3
+    assert pv.repeats_for(0.5, 7, 5) == 7
+
+
 def test_the_median_run_is_kept_with_every_runs_time_and_the_median_cpu(pv):
     def run(samples_per_s, cpu):
         return {"world_size": 2, "batch_size_per_rank": 32, "samples_per_s": samples_per_s,
