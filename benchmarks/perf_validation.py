@@ -28,7 +28,11 @@ row; two in five with ``--fast-repeats``); the model predicts the same configura
   the runs, calibrate measures on the cluster the CPU per iteration of every aggregation's
   hook (its own path: error feedback, encode, the call header, the collectives, decode) on
   the model's buckets, all ranks at once, the methods in turn (``hook_s``; ``--hook-*`` of
-  ``gradwire.bench.calibrate``). ``--cpu hooks`` (the default since 2026-11-26 15:30) takes
+  ``gradwire.bench.calibrate``); after the runs it measures them again (``--hooks-only``,
+  kept as ``hook_s_after``), and a row takes the mean of the two, since the machine's speed
+  drifts while the runs go on (in the run of 2026-11-26 16:03 it slowed by 15 % after the
+  calibrations, and the compressed rows at 1 Gbit/s, P = 2 came out 10-17 % fast).
+  ``--cpu hooks`` (the default since 2026-11-26 15:30) takes
   that as each row's coding and collective CPU, and a rank's CPU besides them as its
   training thread's, the median over the other aggregations' runs at this P on both rates
   (``thread_cpu``: no row is predicted from its own measurement). ``--cpu dense`` (the
@@ -52,7 +56,7 @@ model guesses before the runs (``epochs_for``; the result keeps them under "epoc
 advisor's pick at each (rate, P) is the scheme with the lowest prediction among those
 measured.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 45 minutes
+    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 65 minutes
     python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,fp16 --out v.json
 """
 
@@ -195,6 +199,9 @@ def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, consol
                         validate(cfg, p)
                         runs[agg].append(train_on(c, cfg, f"{agg} P={p} {rate} ({i + 1})",
                                                   1800, console))
+                cal["hook_s_after"] = run_ranks(
+                    c, "gradwire.bench.calibrate", [*hook_args(prof, aggs), "--hooks-only"],
+                    f"hooks' CPU again P={p} {rate}", 600, console)["hook_s"]
             load = os.getloadavg()[0]
             measured[rate, p] = {agg: median_run(rs) | {"load_average": load}
                                  for agg, rs in runs.items()}
@@ -213,8 +220,12 @@ def hook_args(prof: Profile, aggs: list[str]) -> list[str]:
 
 def hook_cpu(cal: dict, agg: str) -> float | None:
     """The CPU per iteration ``agg``'s hook spent on the cluster of calibration ``cal``, where
-    calibrate measured it (``hook_s``)."""
-    return cal.get("hook_s", {}).get(agg, {}).get("cpu_s")
+    calibrate measured it: before the runs (``hook_s``), or the mean of that and the same
+    probe after them (``hook_s_after``, runs since 2026-11-27)."""
+    got = [c.get(agg, {}).get("cpu_s") for c in (cal.get("hook_s", {}),
+                                                 cal.get("hook_s_after", {}))]
+    got = [v for v in got if v is not None]
+    return statistics.fmean(got) if got else None
 
 
 def cluster_of(cal: dict, rate: str, p: int) -> Cluster:

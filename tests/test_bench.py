@@ -345,12 +345,19 @@ def test_calibrate_measures_each_methods_hook_cpu_on_the_ranks():
     assert list(cal["hook_s"]) == methods
     for name, got in cal["hook_s"].items():
         assert 0 < got["cpu_s"] < 1 and 0 < got["wall_s"] < 5, (name, got)
+    # --hooks-only: the same probe again, nothing else
+    again = run_ranks(loopback_cluster(2), "gradwire.bench.calibrate",
+                      ["--hook-buckets", "30000,2000", "--hook-methods", "topk",
+                       "--hooks-only"], "calibrate", 300, Console(quiet=True))
+    assert set(again) == {"hook_buckets", "hook_s"} and list(again["hook_s"]) == ["topk"]
+    assert 0 < again["hook_s"]["topk"]["cpu_s"] < 1
 
 
 @pytest.mark.parametrize(("args", "msg"), [
     (["--hook-buckets", "x"], "expected bucket sizes in elements"),
     (["--hook-buckets", "0,5"], "expected bucket sizes in elements"),
     (["--hook-methods", "dense,nope"], "expected methods from dense"),
+    (["--hooks-only", "--hook-methods", "dense"], "--hooks-only needs --hook-buckets"),
 ])
 def test_calibrate_rank_side_refuses_bad_hook_arguments_in_one_line(args, msg):
     p = subprocess.run([sys.executable, "-m", "gradwire.bench.calibrate", "--out", "x.json",

@@ -142,6 +142,18 @@ def test_with_hook_cpu_measured_a_row_is_its_threads_cpu_from_the_other_methods_
     assert pv.hook_cpu(doc["calibration"]["1gbit P=2"], "dense") is None
 
 
+def test_a_hooks_cpu_is_the_mean_of_the_probes_before_and_after_the_runs(pv):
+    """Calibrate's hook probe runs before a cluster's runs (``hook_s``) and again after them
+    (``hook_s_after``): a row takes the mean, so a machine that drifts while the runs go on
+    is met halfway; a probe missing on either side leaves the other."""
+    cal = {"hook_s": {"topk": {"cpu_s": 0.004}, "dense": {"cpu_s": 0.010}},
+           "hook_s_after": {"topk": {"cpu_s": 0.006}}}
+    assert pv.hook_cpu(cal, "topk") == pytest.approx(0.005)
+    assert pv.hook_cpu(cal, "dense") == pytest.approx(0.010)
+    assert pv.hook_cpu({"hook_s_after": {"topk": {"cpu_s": 0.006}}}, "topk") == 0.006
+    assert pv.hook_cpu(cal, "signsgd") is None
+
+
 def test_a_rows_compute_is_the_median_of_the_other_aggregations_runs(pv, recorded):
     """Each row's forward + backward and step are the medians of the *other* aggregations'
     runs at its (rate, P), never its own: doubling one row's measured compute moves every

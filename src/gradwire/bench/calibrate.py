@@ -24,7 +24,8 @@ so that ranks sharing the machine's cores do not run beside what is timed):
 
 7. Optionally (``--hook-buckets``, ``--hook-methods``), the CPU each aggregation method's
    hook spends per iteration on this cluster (:func:`hook_cpu`): its own path on an
-   iteration's buckets, every rank at once.
+   iteration's buckets, every rank at once. ``--hooks-only`` measures this alone (seconds,
+   not minutes), to measure it again later on the same cluster: the machine's speed drifts.
 
 5 and 6 are what the performance model charges when ranks share cores (point 5 of
 :mod:`gradwire.perf.model`), as every rank of an emulated cluster shares this machine's; 7,
@@ -431,12 +432,23 @@ def main(argv: list[str] | None = None) -> int:
                          "the hooks' CPU per iteration on them")
     ap.add_argument("--hook-methods", type=_methods, default=[],
                     help="methods for --hook-buckets, comma-separated")
+    ap.add_argument("--hooks-only", action="store_true",
+                    help="measure only the hooks' CPU (needs --hook-buckets and "
+                         "--hook-methods); the output holds hook_buckets and hook_s")
     a = ap.parse_args(argv)
     numels, methods = a.hook_buckets, a.hook_methods
+    if a.hooks_only and not (numels and methods):
+        ap.error("--hooks-only needs --hook-buckets and --hook-methods")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     t = Transport()
     if t.world_size < 2:
         raise SystemExit("calibrate needs at least 2 ranks")
+    if a.hooks_only:
+        hooks = hook_cpu(Transport(check_calls=False), numels, methods)
+        if t.rank == 0:
+            Path(a.out).write_text(json.dumps({"hook_buckets": numels, "hook_s": hooks}))
+        dist.destroy_process_group()
+        return 0
     sub = dist.new_group([0, 1])
     # The other ranks wait at the barrier (blocked, not spinning) while ranks 0 and 1 time the
     # link, and rank 0 times γ alone: ranks sharing the cores would otherwise be measured too.
