@@ -443,15 +443,25 @@ def main(argv: list[str] | None = None) -> int:
     t = Transport()
     if t.world_size < 2:
         raise SystemExit("calibrate needs at least 2 ranks")
-    if a.hooks_only:
-        hooks = hook_cpu(Transport(check_calls=False), numels, methods)
-        if t.rank == 0:
-            Path(a.out).write_text(json.dumps({"hook_buckets": numels, "hook_s": hooks}))
-        dist.destroy_process_group()
-        return 0
+    # the model charges headers apart
+    plain = Transport(check_calls=False)
+    found = {} if a.hooks_only else _cluster_terms(t, plain)
+    if numels and methods:
+        found |= {"hook_buckets": numels, "hook_s": hook_cpu(plain, numels, methods)}
+    if t.rank == 0:
+        Path(a.out).write_text(json.dumps(found))
+    dist.destroy_process_group()
+    return 0
+
+
+def _cluster_terms(t: Transport, plain: Transport) -> dict:
+    """Points 1-6 of the module docstring on ``t``'s ranks (``plain``: the same ranks without
+    call headers): α, β, the token bucket, γ, α and CPU per step, CPU per byte, how the ranks
+    share the cores. Every rank takes part; rank 0's result is the one kept."""
     sub = dist.new_group([0, 1])
     # The other ranks wait at the barrier (blocked, not spinning) while ranks 0 and 1 time the
     # link, and rank 0 times γ alone: ranks sharing the cores would otherwise be measured too.
+    alpha = beta = bucket = 0.0
     if t.rank < 2:
         tp = Transport(sub)
         alpha = _pingpong(tp)
@@ -461,28 +471,17 @@ def main(argv: list[str] | None = None) -> int:
     gamma = torch.tensor([_reduce_speed() if t.rank == 0 else 0.0], dtype=torch.float64)
     dist.broadcast(gamma, 0)
     gamma = float(gamma)
-    # the model charges headers apart
-    plain = Transport(check_calls=False)
     alpha_step, cpu_step = step_times(plain)
     alpha_builtin = step_alpha(plain, "builtin")
     cpu_byte = byte_cpu(plain, cpu_step, gamma)
     sharing = cpu_sharing(plain)
-    hooks = hook_cpu(plain, numels, methods) if numels and methods else None
-    if t.rank == 0:
-        cpu = {"cpu_step_s": cpu_step, "cpu_byte_s": cpu_byte,
-               "cpu_ranks_per_machine": sharing["ranks"],
-               "cores_per_machine": sharing["cores"], "cpu_share": sharing["share"],
-               "cpu_sync_s": sharing["sync"], "cpu_sync_step_s": sharing["sync_step"],
-               "cpu_slowdown": sharing["slowdown"]}
-        Path(a.out).write_text(json.dumps({"alpha_s": alpha, "beta_s_per_byte": beta,
-                                           "gamma_s_per_byte": gamma,
-                                           "burst_bytes_measured": bucket,
-                                           "alpha_step_s": alpha_step,
-                                           "alpha_step_builtin_s": alpha_builtin, **cpu,
-                                           **({"hook_buckets": numels, "hook_s": hooks}
-                                              if hooks else {})}))
-    dist.destroy_process_group()
-    return 0
+    return {"alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma,
+            "burst_bytes_measured": bucket, "alpha_step_s": alpha_step,
+            "alpha_step_builtin_s": alpha_builtin, "cpu_step_s": cpu_step,
+            "cpu_byte_s": cpu_byte, "cpu_ranks_per_machine": sharing["ranks"],
+            "cores_per_machine": sharing["cores"], "cpu_share": sharing["share"],
+            "cpu_sync_s": sharing["sync"], "cpu_sync_step_s": sharing["sync_step"],
+            "cpu_slowdown": sharing["slowdown"]}
 
 
 def record(measured: dict, bandwidth: str, hosts: int, network: str,
