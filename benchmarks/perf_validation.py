@@ -42,6 +42,8 @@ row; two in five with ``--fast-repeats``); the model predicts the same configura
   (``own_cpu``); every aggregation adds its own coding and communication. Re-pricing the
   runs of 13:01 and 13:49 with the model of 15:30 gave a max of 15.3 % and 15.2 % with
   hooks, 21.7 % and 22.6 % with dense (docs/benchmarks.md).
+  The same probes' wall time per iteration (the mean of the two) floors each row (point 8
+  of ``gradwire.perf.model``): forward + the hooks' wall + step;
   Each row also keeps the parts of its measured CPU on the training thread and on the hook's
   (``measured_main_cpu_s_per_rank``, ``measured_hook_cpu_s_per_rank``; the rest is gloo's
   threads; ``benchmarks/cpu_split.py`` has why);
@@ -218,12 +220,13 @@ def hook_args(prof: Profile, aggs: list[str]) -> list[str]:
     return ["--hook-buckets", sizes, "--hook-methods", ",".join(aggs)]
 
 
-def hook_cpu(cal: dict, agg: str) -> float | None:
-    """The CPU per iteration ``agg``'s hook spent on the cluster of calibration ``cal``, where
-    calibrate measured it: before the runs (``hook_s``), or the mean of that and the same
-    probe after them (``hook_s_after``, runs since 2026-11-27)."""
-    got = [c.get(agg, {}).get("cpu_s") for c in (cal.get("hook_s", {}),
-                                                 cal.get("hook_s_after", {}))]
+def hook_cpu(cal: dict, agg: str, what: str = "cpu_s") -> float | None:
+    """The CPU per iteration ``agg``'s hook spent on the cluster of calibration ``cal``
+    (``what="wall_s"``: its wall time), where calibrate measured it: before the runs
+    (``hook_s``), or the mean of that and the same probe after them (``hook_s_after``, runs
+    since 2026-11-27)."""
+    got = [c.get(agg, {}).get(what) for c in (cal.get("hook_s", {}),
+                                              cal.get("hook_s_after", {}))]
     got = [v for v in got if v is not None]
     return statistics.fmean(got) if got else None
 
@@ -308,12 +311,12 @@ def thread_cpu(measured: dict[tuple[str, int], dict[str, dict]], p: int,
 
 def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, p: int,
                  measured: dict[str, dict], batch: int,
-                 cpu: dict[str, tuple[float, float | None]]) -> list[dict]:
+                 cpu: dict[str, tuple[float, float | None, float | None]]) -> list[dict]:
     """The model's prediction beside each aggregation's measured result at one (rate, P), from
     the dense run's compute and straggling, the cluster's calibration ``cal``, the codec table
     and, per aggregation, ``cpu``: (a rank's own CPU, :func:`own_cpu` or :func:`thread_cpu`;
     its hook's CPU measured on the cluster, :func:`hook_cpu`, or None for the model's coding
-    and collective CPU)."""
+    and collective CPU; its hook's wall time there, the floor of point 8, or None)."""
     ref = reference(measured)
     cluster = cluster_of(cal, rate, p)
     # the time the dense run's ranks waited at the header exchanges beyond what the model
@@ -324,9 +327,9 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
     cluster = dataclasses.replace(cluster, straggle=straggle)
     rows = []
     for agg, res in measured.items():
-        own, hook = cpu[agg]
+        own, hook, wall = cpu[agg]
         pred = predict(others_compute(prof, measured, agg), cluster, Aggregation(agg), table,
-                       rank_cpu=own, hook_cpu=hook)
+                       rank_cpu=own, hook_cpu=hook, hook_wall=wall)
         meas = p * batch / res["samples_per_s"]
         rows.append({
             "bandwidth": rate, "workers": p, "agg": agg, "measured_s": meas,
@@ -344,7 +347,8 @@ def predict_rows(prof: Profile, table: codecs.CodecTable, cal: dict, rate: str, 
                                   "cpu_per_rank": pred.cpu,
                                   "cpu_communicate": pred.cpu_comm,
                                   "cpu_bound": pred.cpu_bound,
-                                  "header": float(pred.header), "straggle": straggle},
+                                  "header": float(pred.header), "straggle": straggle,
+                                  "floor": pred.floor},
             "iterations": res["iterations"], "load_average": res["load_average"]})
     return rows
 
@@ -359,7 +363,8 @@ def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, 
     "hooks": where calibrate measured every aggregation's hook CPU on every cluster at a P
     (``hook_s``, since 2026-11-26 13:00) and the runs report their training thread's CPU, a
     row's own CPU is its P's training thread (:func:`thread_cpu`) and it adds its hook's
-    measured CPU; elsewhere as "dense"."""
+    measured CPU, and the hook's measured wall time floors it (point 8 of
+    :mod:`gradwire.perf.model`); elsewhere as "dense", with no floor."""
     if cpu not in CPU_ESTIMATES:
         raise SystemExit(f"--cpu must be one of {', '.join(CPU_ESTIMATES)}, got {cpu!r}")
     per_p: dict[int, tuple[dict[str, float], bool]] = {}
@@ -370,7 +375,9 @@ def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, 
         own, hooks = per_p[p]
         cal = calibration[f"{rate} P={p}"]
         rows += predict_rows(prof, table, cal, rate, p, group, batch,
-                             {agg: (own[agg], hook_cpu(cal, agg) if hooks else None)
+                             {agg: (own[agg], *((hook_cpu(cal, agg),
+                                                 hook_cpu(cal, agg, "wall_s"))
+                                                if hooks else (None, None)))
                               for agg in group})
     return rows
 

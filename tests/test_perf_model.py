@@ -330,6 +330,28 @@ def test_a_measured_hook_cpu_stands_in_for_coding_and_schedule_cpu() -> None:
         predict(TOY, cl, agg, HERE, hook_cpu=-1.0)
 
 
+def test_a_measured_hook_wall_floors_the_iteration_and_nothing_else() -> None:
+    """hook_wall (the hooks' wall per iteration on the cluster, point 8): the iteration is at
+    least forward + hook_wall + step, and a floor below the prediction changes nothing; a
+    single worker runs no hook and has no floor."""
+    agg, cl = Aggregation("signsgd"), _shared(8, cpu_share=0.9)
+    plain = predict(TOY, cl, agg, HERE, rank_cpu=0.2, hook_cpu=0.05)
+    assert plain.floor == 0.0
+    low = predict(TOY, cl, agg, HERE, rank_cpu=0.2, hook_cpu=0.05, hook_wall=1e-6)
+    assert float(low.iteration) == float(plain.iteration) and low.floor > 0
+    wall = float(plain.iteration) * 2
+    high = predict(TOY, cl, agg, HERE, rank_cpu=0.2, hook_cpu=0.05, hook_wall=wall)
+    assert high.floor == pytest.approx(plain.forward + wall + plain.step)
+    assert float(high.iteration) == pytest.approx(high.floor)
+    assert float(high.exposed) == pytest.approx(float(plain.exposed) + high.floor
+                                                - float(plain.iteration))
+    assert high.cpu_bound == plain.cpu_bound and high.cpu == plain.cpu
+    one = predict(TOY, Cluster(1, 1e9, 1e-5), agg, HERE, hook_wall=wall)
+    assert one.floor == 0.0 and float(one.iteration) < wall
+    with pytest.raises(GradwireError, match="hook wall seconds must be a finite number >= 0"):
+        predict(TOY, cl, agg, HERE, hook_wall=float("nan"))
+
+
 @pytest.mark.parametrize(("p", "cores"), [(8, 2), (2, 2), (8, 4), (3, 4), (8, 1)])
 def test_the_slowest_ranks_lead_is_paid_in_the_timeline_not_the_cpu_bound(p, cores) -> None:
     """Ranks sharing cores: the straggler wait w lengthens the iteration's timeline by w,

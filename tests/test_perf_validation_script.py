@@ -140,6 +140,18 @@ def test_with_hook_cpu_measured_a_row_is_its_threads_cpu_from_the_other_methods_
         prof, table, doc["calibration"], measured, doc["batch_size"], "hooks")]
     assert pv.thread_cpu(recorded[3], 2, "dense") is None
     assert pv.hook_cpu(doc["calibration"]["1gbit P=2"], "dense") is None
+    # the probe's wall floors a row (point 8): forward + wall + step where it binds
+    assert all(0 < r["predicted_parts_s"]["floor"] < r["predicted_s"] for r in rows)
+    assert all(r["predicted_parts_s"]["floor"] == 0 for r in dense)
+    for c in cal.values():
+        c["hook_s"]["signsgd"]["wall_s"] = 2.0
+    floored = pv.predict_all(prof, table, cal, measured, doc["batch_size"], "hooks")
+    for r, was in zip(floored, rows, strict=True):
+        pp = r["predicted_parts_s"]
+        if r["agg"] == "signsgd":
+            assert r["predicted_s"] == pytest.approx(pp["forward"] + 2.0 + pp["step"])
+        else:
+            assert r["predicted_s"] == was["predicted_s"]
 
 
 def test_a_hooks_cpu_is_the_mean_of_the_probes_before_and_after_the_runs(pv):
@@ -152,6 +164,9 @@ def test_a_hooks_cpu_is_the_mean_of_the_probes_before_and_after_the_runs(pv):
     assert pv.hook_cpu(cal, "dense") == pytest.approx(0.010)
     assert pv.hook_cpu({"hook_s_after": {"topk": {"cpu_s": 0.006}}}, "topk") == 0.006
     assert pv.hook_cpu(cal, "signsgd") is None
+    cal["hook_s"]["topk"]["wall_s"], cal["hook_s_after"]["topk"]["wall_s"] = 0.02, 0.03
+    assert pv.hook_cpu(cal, "topk", "wall_s") == pytest.approx(0.025)
+    assert pv.hook_cpu(cal, "dense", "wall_s") is None
 
 
 def test_a_rows_compute_is_the_median_of_the_other_aggregations_runs(pv, recorded):
@@ -168,7 +183,7 @@ def test_a_rows_compute_is_the_median_of_the_other_aggregations_runs(pv, recorde
 
     def inputs(m):
         rows = pv.predict_rows(prof, table, doc["calibration"]["1gbit P=2"], "1gbit", 2, m,
-                               doc["batch_size"], dict.fromkeys(m, (0.01, None)))
+                               doc["batch_size"], dict.fromkeys(m, (0.01, None, None)))
         return {r["agg"]: (r["predicted_parts_s"]["forward"] + r["predicted_parts_s"][
             "backward"], r["predicted_parts_s"]["step"]) for r in rows}
 

@@ -59,6 +59,16 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    bucket's decode and its own encode), and the first that many bytes the busiest rank sends
    or receives cost no β. Links earn nothing inside a call: α per step, calibrated here, is
    mostly the ranks' CPU, which overlaps the wire in large transfers.
+8. A measured floor (``hook_wall``, where ``gradwire calibrate`` probed the method's hooks on
+   the cluster): the wall seconds per iteration W that the hooks took there on the model's
+   buckets with every rank running them and nothing else. Compute can only slow them, and
+   at best backward hides them all, so t_iter ≥ t_f + W + t_step. Points 2-5 take the
+   timeline and the CPU as two bounds and keep the larger, which misses where the ranks'
+   CPU and the wire each leave the other idle: signSGD's allgathers at 100 Mbit/s on 2
+   shared cores (P = 4 and 8), which came out 17-20 % under the measured time in the
+   2026-11-27 validation run, while its hooks alone had taken 64 and 180 ms per iteration
+   there and the model gave the whole iteration 62 and 168 ms. A prediction for a cluster
+   not probed (what-if) has no floor.
 
 Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidths is one call.
 """
@@ -234,6 +244,7 @@ class Prediction:
     calls: int = 0  # collective calls per iteration, headers included
     steps: float = 0.0  # S: schedule steps a rank takes part in per iteration (when shared)
     header: float | np.ndarray = 0.0  # seconds of the call-header exchanges (in communicate)
+    floor: float = 0.0  # t_f + W + t_step where the hooks' wall W was measured (point 8)
 
     @property
     def efficiency(self) -> np.ndarray:
@@ -292,14 +303,17 @@ def _positive(v: object) -> bool:
 
 def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecTable,
             compute_speedup: float = 1.0, overlap_slowdown: float = 1.0,
-            rank_cpu: float | None = None, hook_cpu: float | None = None) -> Prediction:
+            rank_cpu: float | None = None, hook_cpu: float | None = None,
+            hook_wall: float | None = None) -> Prediction:
     """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring).
     ``rank_cpu``: CPU seconds per iteration one rank spends besides coding and communication
     (default: the profile's forward + backward + step). ``hook_cpu``: CPU seconds per
     iteration one rank spends on coding and communication, measured on the cluster
     (``gradwire calibrate``'s hook probe, ``hook_s``; as measured, whatever
     ``compute_speedup``); default: the codec table's coding
-    (times ``cpu_slowdown``) and the schedules' CPU (point 5)."""
+    (times ``cpu_slowdown``) and the schedules' CPU (point 5). ``hook_wall``: wall seconds
+    per iteration the same probe's hooks took on the cluster (point 8; as measured); default:
+    no floor."""
     if not profile.has_compute:
         raise GradwireError(f"profile {profile.model!r} has no compute times "
                             f"({profile.sources.get('backward_s', 'no source')}); give "
@@ -310,6 +324,8 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
         check_real("rank CPU seconds", rank_cpu)
     if hook_cpu is not None:
         check_real("hook CPU seconds", hook_cpu)
+    if hook_wall is not None:
+        check_real("hook wall seconds", hook_wall)
     p = cluster.workers
     alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
     bs = buckets(profile, agg)
@@ -364,11 +380,12 @@ def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecT
                  if hook_cpu is None else hook_cpu)
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + steps * cluster.cpu_sync
              if shared else 0.0)
-    bound_it = np.maximum(it, bound)
+    floor = f + hook_wall + s if hook_wall is not None and p > 1 else 0.0
+    bound_it = np.maximum(np.maximum(it, bound), floor)
     exposed = done - b + wait + (bound_it - it)
     return Prediction(bound_it, f, b, s, total_comm, coding, exposed, wire, len(bs), cpu=cpu,
                       cpu_comm=cpu_comm, cpu_bound=bound, calls=calls, steps=steps,
-                      header=header)
+                      header=header, floor=floor)
 
 
 def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: int,
