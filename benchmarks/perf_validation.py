@@ -374,11 +374,11 @@ def predict_all(prof: Profile, table: codecs.CodecTable, calibration: dict[str, 
             per_p[p] = _own_cpus(prof, table, calibration, measured, rate, p, cpu)
         own, hooks = per_p[p]
         cal = calibration[f"{rate} P={p}"]
+        # each hook's probe on this cluster: its CPU and its wall (the floor)
+        probes = {agg: (hook_cpu(cal, agg), hook_cpu(cal, agg, "wall_s")) if hooks
+                  else (None, None) for agg in group}
         rows += predict_rows(prof, table, cal, rate, p, group, batch,
-                             {agg: (own[agg], *((hook_cpu(cal, agg),
-                                                 hook_cpu(cal, agg, "wall_s"))
-                                                if hooks else (None, None)))
-                              for agg in group})
+                             {agg: (own[agg], *probes[agg]) for agg in group})
     return rows
 
 
