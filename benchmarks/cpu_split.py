@@ -31,8 +31,8 @@ from rich.console import Console
 from gradwire.bench import provenance
 from gradwire.cluster import ephemeral_cluster
 from gradwire.jobs import run_ranks
-from gradwire.perf.measure import measure
 from gradwire.perf.model import Aggregation, predict
+from gradwire.profiles.measure import measure
 from gradwire.train.job import TrainConfig, train_on, validate
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -31,8 +31,8 @@ from ab import earlier_src, revision, this_code
 from rich.console import Console
 from rich.table import Table
 
+from gradwire import profiles
 from gradwire.bench import provenance
-from gradwire.perf import profiles
 from gradwire.schedules import registry
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster

@@ -42,7 +42,7 @@ from rich.console import Console
 from gradwire.bench import provenance
 from gradwire.cluster.netns import cap_send_buffer, ephemeral_cluster, machine_send_buffer
 from gradwire.demo import DEMO, run_demo
-from gradwire.perf.measure import measure
+from gradwire.profiles.measure import measure
 
 HERE = Path(__file__).parent
 

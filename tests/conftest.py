@@ -12,6 +12,19 @@ _ok, _why = netns_available()
 needs_netns = pytest.mark.skipif(not _ok, reason=_why or "network namespaces unavailable")
 
 
+@pytest.fixture
+def one_rank(tmp_path):
+    """A world of one gloo rank in this process (a rank's side without a launcher)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
 def cli_error(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     """Run ``gradwire ARGS`` in this process; (exit code, stderr). For inputs that must fail."""
     from gradwire import cli

@@ -18,7 +18,7 @@ from gradwire.bench import calibrate
 from gradwire.cluster import list_clusters, load_cluster, loopback_cluster
 from gradwire.compress import get as get_compressor
 from gradwire.errors import GradwireError
-from gradwire.perf.measure import measure
+from gradwire.profiles.measure import measure
 from gradwire.schedules import registry
 from gradwire.sim.cluster import SimCluster
 from gradwire.sparse import gtopk_allreduce, sparse_allreduce, topk_allreduce
@@ -273,7 +273,7 @@ def test_environment_overrides_are_checked(monkeypatch, one_rank):
     ("speedup", "0", "numbers > 0"), ("speedup", "nan", "numbers > 0"),
     ("bandwidth", "none", "cannot be simulated"), ("bandwidth", "fast", "is not valid")])
 def test_bad_sweep_values_are_one_line(axis, text, msg):
-    from gradwire.cli import _sweep_value
+    from gradwire.sim.simulate import sweep_value as _sweep_value
 
     with pytest.raises(GradwireError, match=msg):
         _sweep_value(axis, text)
@@ -282,7 +282,7 @@ def test_bad_sweep_values_are_one_line(axis, text, msg):
 
 
 def test_binary_or_deeply_nested_files_are_one_line(tmp_path):
-    from gradwire.perf import profiles
+    from gradwire import profiles
     from gradwire.sim import trace
 
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00abc")

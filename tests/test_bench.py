@@ -10,13 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gradwire.bench.report import BUSBW_FACTOR, annotate
-from gradwire.bench.sizes import format_size, parse_sizes
 from gradwire.bench.spec import parse_params, parse_specs
 from gradwire.cluster.netns import tbf_burst
 from gradwire.collectives.agree import header_spec
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost
+from gradwire.sizes import format_size, parse_sizes
 
 
 def test_sizes_forms():
@@ -210,19 +210,6 @@ def test_bench_refuses_a_reduction_it_cannot_run(monkeypatch, capsys, args, msg)
 
     code, err = cli_error(monkeypatch, capsys, "bench", "--loopback", *args)
     assert code == 2 and msg in err and err.count("\n") == 1
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    """A one-rank gloo group in this process (the rank side of bench, without a launcher)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=30))
-    yield
-    dist.destroy_process_group()
 
 
 def test_interleaved_bench_takes_turns_and_checks_each_algorithm(one_rank, monkeypatch):

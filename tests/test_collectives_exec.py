@@ -3,12 +3,11 @@ torch.distributed's own collective, and the transport counts exactly the schedul
 import itertools
 
 import pytest
-import torch
 from conftest import run_checks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradwire.collectives.executor import Unwritten, _plan, _Staging
+from gradwire.collectives.executor import Unwritten, _plan
 from gradwire.schedules import registry
 
 
@@ -45,27 +44,6 @@ def test_copies_into_untouched_ranges_need_no_staging(collective, algo):
         assert all(conflict[i] < 0 for i, (_, kind, _) in enumerate(program) if kind == "recv")
 
 
-def test_reduce_scatter_reuses_one_spare_buffer_and_never_shares_it(monkeypatch):
-    """reduce_scatter_tensor reduces out of its input into a borrowed work buffer: a call after
-    another reuses the spare (no fresh allocation per call), two calls at once get different
-    ones."""
-    from gradwire.collectives import api
-
-    monkeypatch.setattr(api, "_SPARE", {})
-    x = torch.ones(1000)
-    a = api._take_scratch(x)
-    b = api._take_scratch(x)  # a is out: a second borrower gets its own
-    assert a.data_ptr() != b.data_ptr()
-    api._give_scratch(a)
-    api._give_scratch(b)  # only the larger of equal spares is kept: still a
-    assert api._take_scratch(torch.ones(10)).data_ptr() == a.data_ptr()
-    big = api._take_scratch(torch.ones(5000))
-    assert big.numel() == 5000
-    api._give_scratch(big)
-    assert api._take_scratch(torch.ones(5000, dtype=torch.float64)).dtype == torch.float64
-    assert api._take_scratch(x).data_ptr() == big.data_ptr()
-
-
 @given(n=st.integers(0, 60), writes=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)),
                                             max_size=12),
        ask=st.tuples(st.integers(0, 60), st.integers(0, 60)))
@@ -85,24 +63,6 @@ def test_unwritten_ranges_follow_a_mask(n, writes, ask):
         got[a:b] = [True] * (b - a)
     assert got[lo:hi] == mask[lo:hi]
     assert all(x[1] < y[0] for x, y in itertools.pairwise(pieces))
-
-
-def test_staging_buffers_are_reused_within_a_byte_cap():
-    """A receive's staging buffer goes back to the pool, not to the allocator (whose returned
-    pages fault again on first touch), and the pool never holds more than its cap."""
-    pool = _Staging(keep=3 * 4096)
-    like = torch.zeros(1)
-    a = pool.take(1024, like)
-    pool.give(a)
-    assert pool.take(1024, like) is a  # the same memory again
-    assert pool.take(1024, like) is not a  # taken: a fresh one
-    assert pool.take(1024, torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
-    bufs = [pool.take(1024, like) for _ in range(4)]
-    for b in bufs:
-        pool.give(b)  # 4 x 4 KiB offered, 12 KiB kept: the fourth starts the pool afresh
-    assert pool._bytes <= pool.keep
-    pool.give(pool.take(10_000, like))  # larger than the cap: not kept
-    assert pool._bytes <= pool.keep
 
 
 @pytest.mark.parametrize("p", [2, 5])

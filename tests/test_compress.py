@@ -24,7 +24,7 @@ from gradwire.compress import (
     get,
     majority_vote,
     matrix_shape,
-    sparse,
+    select,
     threshold_topk,
     to_matrix,
 )
@@ -205,13 +205,13 @@ def test_threshold_selector_correction_passes(monkeypatch):
     x = data(200_000)
     exact = set(torch.topk(x.abs(), 200).indices.tolist())
     passes: list[object] = []
-    candidates, fallback = sparse._candidates, sparse.exact_topk
-    monkeypatch.setattr(sparse, "_candidates", lambda *a: passes.append("pass") or candidates(*a))
-    monkeypatch.setattr(sparse, "exact_topk", lambda *a: passes.append("exact") or fallback(*a))
+    candidates, fallback = select._candidates, select.exact_topk
+    monkeypatch.setattr(select, "_candidates", lambda *a: passes.append("pass") or candidates(*a))
+    monkeypatch.setattr(select, "exact_topk", lambda *a: passes.append("exact") or fallback(*a))
     # The threshold set too high on purpose: a second pass suffices, or the fallback is needed.
     for margin, path in [(4.0, ["pass"]), (-1.0, ["pass", "pass"]),
                          (-1000.0, ["pass", "pass", "exact"])]:
-        monkeypatch.setattr(sparse, "MARGIN_SD", margin)
+        monkeypatch.setattr(select, "MARGIN_SD", margin)
         passes.clear()
         picked = threshold_topk(x, 200, generator(0, 0))
         assert set(picked.tolist()) == exact and passes == path
@@ -229,9 +229,11 @@ def test_threshold_selector_property(values, k, min_sample, seed):
     x = torch.tensor(values, dtype=torch.float32)
     k = min(k, x.numel())
     picked = threshold_topk(x, k, generator(seed, 0), min_sample=min_sample)
-    dgc = sparse.dgc_select(x, k, min(x.numel(), k + k // 4), generator(seed, 0), 0.01, 3,
+    dgc = select.dgc_select(x, k, min(x.numel(), k + k // 4), generator(seed, 0), 0.01, 3,
                             min_sample=min_sample)
     assert picked.numel() == k and picked.unique().numel() == k and magnitudes_ok(x, picked)
+    # one tie rule: the sampled threshold picks exactly what the exact selector picks
+    assert picked.tolist() == select.exact_topk(x, k).tolist()
     assert dgc.numel() <= min(x.numel(), k + k // 4) and dgc.unique().numel() == dgc.numel()
     assert magnitudes_ok(x, dgc)
 

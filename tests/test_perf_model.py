@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gradwire import profiles
 from gradwire.errors import GradwireError
-from gradwire.perf import codecs, comm, profiles
-from gradwire.perf.model import Aggregation, Cluster, buckets, predict
+from gradwire.perf import codecs, comm
+from gradwire.perf.model import Aggregation, ClusterModel, buckets, predict
 from gradwire.schedules.cost import CostParams, cost
 from gradwire.schedules.registry import schedule
 from gradwire.sparse import estimate
@@ -84,11 +85,11 @@ def test_ranks_of_a_node_share_its_link_between_nodes():
 
 def test_cluster_ranks_per_node_reaches_the_model_and_bad_values_are_refused():
     agg = Aggregation("topk")
-    one = predict(TOY, Cluster(16, 1e9, 307e-6), agg, HERE)
-    eight = predict(TOY, Cluster(16, 1e9, 307e-6, ranks_per_node=8), agg, HERE)
+    one = predict(TOY, ClusterModel(16, 1e9, 307e-6), agg, HERE)
+    eight = predict(TOY, ClusterModel(16, 1e9, 307e-6, ranks_per_node=8), agg, HERE)
     assert float(eight.communicate) > float(one.communicate)  # 8 ranks' entries per link
     with pytest.raises(GradwireError, match="cluster: ranks per node must be an integer >= 1"):
-        Cluster(4, 1e9, 307e-6, ranks_per_node=0)
+        ClusterModel(4, 1e9, 307e-6, ranks_per_node=0)
 
 
 def test_summary_of_a_ring_is_one_row_per_phase() -> None:
@@ -149,7 +150,7 @@ TOY = profiles.parse("""{"format": 1, "model": "toy", "forward_s": 0.05, "backwa
 
 
 def test_one_worker_runs_compute_only() -> None:
-    r = predict(TOY, Cluster(1, 1e9, 307e-6), Aggregation("dense"), HERE)
+    r = predict(TOY, ClusterModel(1, 1e9, 307e-6), Aggregation("dense"), HERE)
     assert float(r.iteration) == pytest.approx(0.16) and float(r.exposed) == 0
 
 
@@ -163,7 +164,7 @@ def test_buckets_follow_ddp_caps_in_backward_order() -> None:
 
 def test_single_bucket_dense_is_compute_plus_the_ring_allreduce() -> None:
     agg = Aggregation("dense", mode="model")
-    r = predict(TOY, Cluster(4, 1e9, 307e-6, beta=8.36e-9, check_calls=False), agg, HERE)
+    r = predict(TOY, ClusterModel(4, 1e9, 307e-6, beta=8.36e-9, check_calls=False), agg, HERE)
     ring = cost(schedule("allreduce", "ring", 4, 8_000_000, pipeline=1), CostParams(307e-6,
                 8.36e-9), 4)
     assert float(r.iteration) == pytest.approx(0.05 + 0.1 + ring + 0.01, rel=1e-9)
@@ -174,7 +175,7 @@ def test_single_bucket_dense_is_compute_plus_the_ring_allreduce() -> None:
 @pytest.mark.parametrize("p", [2, 5, 8])
 def test_each_bucket_pays_the_header_exchange_of_agree(mode, calls, p) -> None:
     agg = Aggregation("gtopk", mode=mode, bucket_mb=10)
-    on, off = (predict(TOY, Cluster(p, 1e9, 307e-6, beta=8.36e-9, check_calls=c), agg, HERE)
+    on, off = (predict(TOY, ClusterModel(p, 1e9, 307e-6, beta=8.36e-9, check_calls=c), agg, HERE)
                for c in (True, False))
     # agree.py's exchange: recursive-doubling allgather of one 168-byte header per rank
     header = cost(schedule("allgather", "rd", p, 168 * p, itemsize=1), CostParams(307e-6,
@@ -189,7 +190,7 @@ def test_each_bucket_pays_the_header_exchange_of_agree(mode, calls, p) -> None:
        slowdown=st.floats(1, 1.5))
 def test_iteration_is_at_least_compute_and_falls_with_bandwidth(method, p, slowdown) -> None:
     rates = np.array([1e8, 1e9, 1e10, 1e11])
-    r = predict(TOY, Cluster(p, rates, 307e-6, 0.1e-9), Aggregation(method), HERE,
+    r = predict(TOY, ClusterModel(p, rates, 307e-6, 0.1e-9), Aggregation(method), HERE,
                 overlap_slowdown=slowdown)
     assert (r.iteration >= r.forward + r.backward + r.step - 1e-12).all()
     assert (np.diff(r.iteration) <= 1e-12).all() and (r.efficiency <= 1 + 1e-12).all()
@@ -197,12 +198,12 @@ def test_iteration_is_at_least_compute_and_falls_with_bandwidth(method, p, slowd
 
 
 def test_gathered_methods_pay_decode_per_rank_and_sparse_ones_do_not() -> None:
-    a = predict(TOY, Cluster(8, 1e9, 0), Aggregation("signsgd"), HERE).coding
-    b = predict(TOY, Cluster(16, 1e9, 0), Aggregation("signsgd"), HERE).coding
+    a = predict(TOY, ClusterModel(8, 1e9, 0), Aggregation("signsgd"), HERE).coding
+    b = predict(TOY, ClusterModel(16, 1e9, 0), Aggregation("signsgd"), HERE).coding
     enc, dec = HERE.seconds("signsgd", TOY.numel, 1)
     assert b - a == pytest.approx(8 * dec)
-    assert predict(TOY, Cluster(8, 1e9, 0), Aggregation("topk"), HERE).coding == \
-        predict(TOY, Cluster(16, 1e9, 0), Aggregation("topk"), HERE).coding
+    assert predict(TOY, ClusterModel(8, 1e9, 0), Aggregation("topk"), HERE).coding == \
+        predict(TOY, ClusterModel(16, 1e9, 0), Aggregation("topk"), HERE).coding
 
 
 def test_a_vote_pays_its_fixed_decode_once_and_the_per_rank_part_per_rank() -> None:
@@ -214,11 +215,11 @@ def test_a_vote_pays_its_fixed_decode_once_and_the_per_rank_part_per_rank() -> N
 
 def test_model_refuses_profiles_without_compute_and_bad_options() -> None:
     with pytest.raises(GradwireError, match="no compute times"):
-        predict(profiles.load("alexnet"), Cluster(4, 1e9, 1e-4), Aggregation("dense"), HERE)
+        predict(profiles.load("alexnet"), ClusterModel(4, 1e9, 1e-4), Aggregation("dense"), HERE)
     with pytest.raises(GradwireError, match="unknown aggregation 'topkk'.*did you mean"):
         Aggregation("topkk")
     with pytest.raises(GradwireError, match="has no encode/decode time for 'gtopk'"):
-        predict(TOY, Cluster(4, 1e9, 1e-4), Aggregation("gtopk"), codecs.load("v100"))
+        predict(TOY, ClusterModel(4, 1e9, 1e-4), Aggregation("gtopk"), codecs.load("v100"))
     assert dataclasses.replace(Aggregation("topk"), density=0.01).label == "topk ρ=0.01"
 
 
@@ -267,8 +268,8 @@ def test_cpu_of_a_tree_is_the_mean_over_its_ranks() -> None:
     assert per_byte == pytest.approx(sum(x.count for st in s.steps for x in st.transfers) / 8)
 
 
-def _shared(p: int, **kw) -> Cluster:
-    return Cluster(p, 1e9, 307e-6, 0.1e-9, beta=8.36e-9, cores=2, cpu_ranks=p, cpu_step=3e-4,
+def _shared(p: int, **kw) -> ClusterModel:
+    return ClusterModel(p, 1e9, 307e-6, 0.1e-9, beta=8.36e-9, cores=2, cpu_ranks=p, cpu_step=3e-4,
                    cpu_byte=0.7e-9, **kw)
 
 
@@ -278,7 +279,7 @@ def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     (here given) + coding + its part of the schedules, S the schedule steps it takes part in
     (a header and the method's collectives per bucket); without ``cores`` nothing changes."""
     agg = Aggregation(method)
-    free = predict(TOY, Cluster(8, 1e9, 307e-6, 0.1e-9, beta=8.36e-9), agg, HERE)
+    free = predict(TOY, ClusterModel(8, 1e9, 307e-6, 0.1e-9, beta=8.36e-9), agg, HERE)
     assert free.cpu_bound == 0 and free.cpu_comm == 0 and free.steps == 0
     assert free.cpu == pytest.approx(0.16 + free.coding)
     r = predict(TOY, _shared(8, cpu_share=0.9, cpu_sync=1e-3, cpu_slowdown=1.5), agg, HERE,
@@ -304,15 +305,15 @@ def test_ranks_sharing_cores_code_at_once() -> None:
     L·slowdown/u its one-rank time (L = ranks/cores), and on cores of one's own its time."""
     agg = Aggregation("signsgd", mode="model")  # one bucket: coding all on the critical path
     slow = dict(link_bps=1e8, alpha=307e-6, beta=8.36e-8)
-    free = predict(TOY, Cluster(8, **slow), agg, HERE)
-    shared = predict(TOY, Cluster(8, **slow, cores=2, cpu_ranks=8, cpu_share=0.8,
+    free = predict(TOY, ClusterModel(8, **slow), agg, HERE)
+    shared = predict(TOY, ClusterModel(8, **slow, cores=2, cpu_ranks=8, cpu_share=0.8,
                                   cpu_slowdown=1.2), agg, HERE, rank_cpu=1e-4)
     assert float(shared.iteration) > shared.cpu_bound  # the timeline binds, not the CPU
     assert shared.coding == free.coding > 0
     assert float(shared.iteration - free.iteration) == pytest.approx(
         (4 * 1.2 / 0.8 - 1) * free.coding)
-    own = predict(TOY, Cluster(2, **slow, cores=2, cpu_ranks=2), agg, HERE, rank_cpu=1e-4)
-    assert float(own.iteration) == pytest.approx(float(predict(TOY, Cluster(2, **slow), agg,
+    own = predict(TOY, ClusterModel(2, **slow, cores=2, cpu_ranks=2), agg, HERE, rank_cpu=1e-4)
+    assert float(own.iteration) == pytest.approx(float(predict(TOY, ClusterModel(2, **slow), agg,
                                                                HERE).iteration))
 
 
@@ -346,7 +347,7 @@ def test_a_measured_hook_wall_floors_the_iteration_and_nothing_else() -> None:
     assert float(high.exposed) == pytest.approx(float(plain.exposed) + high.floor
                                                 - float(plain.iteration))
     assert high.cpu_bound == plain.cpu_bound and high.cpu == plain.cpu
-    one = predict(TOY, Cluster(1, 1e9, 1e-5), agg, HERE, hook_wall=wall)
+    one = predict(TOY, ClusterModel(1, 1e9, 1e-5), agg, HERE, hook_wall=wall)
     assert one.floor == 0.0 and float(one.iteration) < wall
     with pytest.raises(GradwireError, match="hook wall seconds must be a finite number >= 0"):
         predict(TOY, cl, agg, HERE, hook_wall=float("nan"))
@@ -358,7 +359,7 @@ def test_the_slowest_ranks_lead_is_paid_in_the_timeline_not_the_cpu_bound(p, cor
     and leaves the CPU bound alone: ranks that wait give their cores to ranks that compute
     (point 6 of the model)."""
     agg = Aggregation("topk")
-    cl = Cluster(p, 1e9, 307e-6, beta=8.36e-9, cores=cores, cpu_ranks=p, cpu_step=3e-4)
+    cl = ClusterModel(p, 1e9, 307e-6, beta=8.36e-9, cores=cores, cpu_ranks=p, cpu_step=3e-4)
     plain, waited = (predict(TOY, dataclasses.replace(cl, straggle=s), agg, HERE,
                              rank_cpu=1e-3) for s in (0.0, 0.004))
     assert waited.cpu_bound == plain.cpu_bound
@@ -378,7 +379,7 @@ def test_cluster_refuses_bad_cpu_settings() -> None:
                     ({"cpu_slowdown": 0.5}, "CPU slowdown must be a finite number >= 1"),
                     ({"cpu_slowdown": float("inf")}, "CPU slowdown must be a finite number")):
         with pytest.raises(GradwireError, match=msg):
-            Cluster(4, 1e9, 1e-4, **kw)
+            ClusterModel(4, 1e9, 1e-4, **kw)
 
 
 @pytest.mark.parametrize(("args", "kw", "msg"), [
@@ -399,7 +400,7 @@ def test_cluster_refuses_bad_cpu_settings() -> None:
 ])
 def test_cluster_refuses_what_would_make_predictions_nan_or_endless(args, kw, msg) -> None:
     with pytest.raises(GradwireError, match=msg):
-        Cluster(*args, **kw)
+        ClusterModel(*args, **kw)
 
 
 @pytest.mark.parametrize(("kw", "msg"), [
@@ -410,7 +411,7 @@ def test_cluster_refuses_what_would_make_predictions_nan_or_endless(args, kw, ms
 ])
 def test_predict_refuses_bad_speedups(kw, msg) -> None:
     with pytest.raises(GradwireError, match=msg):
-        predict(TOY, Cluster(4, 1e9, 1e-4), Aggregation("dense"), HERE, **kw)
+        predict(TOY, ClusterModel(4, 1e9, 1e-4), Aggregation("dense"), HERE, **kw)
 
 
 @pytest.mark.parametrize(("kw", "msg"), [
@@ -429,9 +430,10 @@ def test_codec_table_is_timed_through_the_hook_on_a_one_rank_group() -> None:
     dense hook too: its finiteness check and scaling), and the group made for it is gone."""
     import torch.distributed as dist
 
+    from gradwire.bench import codec_probe
     from gradwire.hooks import METHODS
 
-    doc = codecs.measure(20_000, repeats=1)
+    doc = codec_probe.measure(20_000, repeats=1)
     assert "through the hook" in doc["source"] and set(doc["methods"]) == set(METHODS)
     assert all(m["encode_s"] >= 0 and m["decode_s"] >= 0 for m in doc["methods"].values())
     assert doc["methods"]["dense"]["encode_s"] > 0 and doc["methods"]["dense"]["decode_s"] == 0
@@ -444,11 +446,13 @@ def test_codec_table_inside_a_job_times_the_compressors_alone(tmp_path) -> None:
 
     import torch.distributed as dist
 
+    from gradwire.bench import codec_probe
+
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1, timeout=datetime.timedelta(seconds=30))
     try:
-        assert codecs.hook_seconds(1000, repeats=1) == {}
-        doc = codecs.measure(1000, repeats=1)
+        assert codec_probe.hook_seconds(1000, repeats=1) == {}
+        doc = codec_probe.measure(1000, repeats=1)
         assert "compressor only" in doc["source"] and doc["methods"]["dense"]["encode_s"] == 0
     finally:
         dist.destroy_process_group()
@@ -457,7 +461,7 @@ def test_codec_table_inside_a_job_times_the_compressors_alone(tmp_path) -> None:
 @pytest.mark.parametrize("p", [1, 2, 8])
 def test_the_straggler_wait_is_paid_once_an_iteration(p) -> None:
     agg = Aggregation("gtopk")
-    plain, waited = (predict(TOY, Cluster(p, 1e9, 307e-6, straggle=s), agg, HERE)
+    plain, waited = (predict(TOY, ClusterModel(p, 1e9, 307e-6, straggle=s), agg, HERE)
                      for s in (0.0, 0.004))
     extra = 0.004 if p > 1 else 0.0  # one rank alone waits for nobody
     assert float(waited.iteration - plain.iteration) == pytest.approx(extra, rel=1e-9)
@@ -471,7 +475,7 @@ def test_a_lone_bucket_starts_with_a_full_token_bucket() -> None:
     # forward, step and backward idle the links far longer than a 500 kB bucket takes to fill,
     # and the first 500 kB each rank sends then pass at once
     agg, beta, burst = Aggregation("dense", mode="model"), 8.36e-9, 500e3
-    credited, plain = (predict(TOY, Cluster(4, 1e9, 307e-6, beta=beta, check_calls=False,
+    credited, plain = (predict(TOY, ClusterModel(4, 1e9, 307e-6, beta=beta, check_calls=False,
                                             burst=b), agg, ZERO) for b in (burst, 0.0))
     ring = cost(schedule("allreduce", "ring", 4, 8_000_000, pipeline=1),
                 CostParams(307e-6, beta), 4)
@@ -482,7 +486,7 @@ def test_a_lone_bucket_starts_with_a_full_token_bucket() -> None:
 def test_buckets_queued_behind_a_busy_link_start_with_no_credit() -> None:
     # at 100 Mbit/s the first bucket's allreduce outlasts the backward that readies the others
     agg, beta, burst = Aggregation("dense", bucket_mb=10), 8e-8, 256 * 1024
-    cluster = Cluster(4, 1e8, 307e-6, beta=beta, check_calls=True, burst=burst)
+    cluster = ClusterModel(4, 1e8, 307e-6, beta=beta, check_calls=True, burst=burst)
     r = predict(TOY, cluster, agg, ZERO)
     header = cost(schedule("allgather", "rd", 4, 168 * 4, itemsize=1),
                   CostParams(307e-6, beta), 1)
@@ -495,7 +499,7 @@ def test_buckets_queued_behind_a_busy_link_start_with_no_credit() -> None:
 def test_a_payload_smaller_than_the_credit_pays_only_its_messages() -> None:
     # Top-k at P = 4 sends 3 × 8000 entries of 8 bytes and receives as many: 192 kB, in credit
     agg, beta = Aggregation("topk", mode="model"), 8e-8
-    cluster = Cluster(4, 1e8, 307e-6, beta=beta, check_calls=False, burst=256 * 1024)
+    cluster = ClusterModel(4, 1e8, 307e-6, beta=beta, check_calls=False, burst=256 * 1024)
     r = predict(TOY, cluster, agg, HERE)
     plain = cost(schedule("allgather", "rd", 4, 4 * 8000 * 8, itemsize=1),
                  CostParams(307e-6, beta), 1)
@@ -508,7 +512,7 @@ def test_a_payload_smaller_than_the_credit_pays_only_its_messages() -> None:
        p=st.integers(1, 9), burst=st.floats(0, 2e6))
 def test_a_token_bucket_never_makes_an_iteration_longer(method, p, burst) -> None:
     rates = np.array([1e8, 1e9])
-    plain, credited = (predict(TOY, Cluster(p, rates, 307e-6, 0.1e-9, burst=b),
+    plain, credited = (predict(TOY, ClusterModel(p, rates, 307e-6, 0.1e-9, burst=b),
                                Aggregation(method), HERE) for b in (0.0, burst))
     assert (credited.iteration <= plain.iteration + 1e-12).all()
     assert (credited.communicate >= 0).all()
@@ -522,7 +526,7 @@ def test_a_token_bucket_never_makes_an_iteration_longer(method, p, burst) -> Non
 ])
 def test_cluster_refuses_bad_stragglers_and_buckets(kw, msg) -> None:
     with pytest.raises(GradwireError, match=msg):
-        Cluster(4, 1e9, 1e-4, **kw)
+        ClusterModel(4, 1e9, 1e-4, **kw)
 
 
 @pytest.mark.parametrize(("hosts", "steps"), [(2, 1), (4, 2), (8, 3)])

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
+from gradwire import profiles
 from gradwire.errors import GradwireError
 from gradwire.models import num_parameters, resnet50
-from gradwire.perf import architectures, profiles
-from gradwire.perf.measure import measure
+from gradwire.profiles import architectures
+from gradwire.profiles.measure import measure
 
 # Published totals (torchvision, Hugging Face bert-base-uncased BertModel, He et al. 2016).
 KNOWN = {

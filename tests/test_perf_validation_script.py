@@ -1,7 +1,6 @@
-"""How benchmarks/perf_validation.py sizes and summarises its training runs (the script itself
-runs for most of an hour, outside CI)."""
+"""How benchmarks/perf_validation.py (gradwire.bench.validation) sizes and summarises its
+training runs (the script itself runs for most of an hour, outside CI)."""
 import copy
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -10,17 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gradwire.bench import validation
 from gradwire.data import digits
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "perf_validation.py"
+RESULTS = Path(__file__).parent.parent / "benchmarks" / "results"
 
 
 @pytest.fixture(scope="module")
 def pv():
-    spec = importlib.util.spec_from_file_location("perf_validation", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return validation
 
 
 TRAIN = len(digits(0)[0].y)
@@ -68,7 +65,7 @@ def test_the_median_run_is_kept_with_every_runs_time_and_the_median_cpu(pv):
 @pytest.fixture(scope="module")
 def recorded(pv):
     """The 06:18 validation run's inputs and measurements (committed)."""
-    doc = json.loads((SCRIPT.parent / "results" / "perf_validation_0618.json").read_text())
+    doc = json.loads((RESULTS / "perf_validation_0618.json").read_text())
     return doc, *pv.recorded_inputs(doc), pv.recorded_measurements(doc)
 
 

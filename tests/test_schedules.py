@@ -1,5 +1,6 @@
 """Structure of every registered schedule: correct on tokens for P = 1..17 and odd sizes, and
-its derived cost equal to the closed forms of REFERENCE.md."""
+its derived cost equal to the closed forms of Thakur, Rabenseifner & Gropp, "Optimization of
+Collective Communication Operations in MPICH" (2005), and of the algorithms' docstrings."""
 import math
 
 import pytest
@@ -42,7 +43,8 @@ def test_checker_names_the_wrong_rank_and_element():
         check(build("x", "allreduce", 2, 4, [[Transfer(0, 0, 0, 4, "sum")]]))
 
 
-# Closed forms (REFERENCE.md), n bytes, for counts divisible by the pieces involved.
+# Closed forms (Thakur, Rabenseifner & Gropp 2005), n bytes, for counts divisible by the pieces
+# involved.
 A, B, G = 1e-4, 8e-9, 1e-9
 P = CostParams(A, B, G)
 

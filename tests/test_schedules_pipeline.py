@@ -1,6 +1,6 @@
 """Pipelined and sharded schedules: LP, scatter + allgather, double binary tree, parameter server.
 
-Their closed forms (module docstrings, REFERENCE.md) held against the cost model, their
+Their closed forms (module docstrings) held against the cost model, their
 non-default parameters checked on tokens, and the claims the docstrings make about block choice
 and large-message behaviour."""
 import math

@@ -1,7 +1,7 @@
 """Binomial trees, recursive doubling, Rabenseifner's halving-doubling and the master allreduce:
-their derived cost equals the closed forms of their docstrings (REFERENCE.md's, exact for every
-p), and their communication has the pattern the algorithm names. Symbolic correctness for
-P = 1..17 comes from the registry sweep in test_schedules.py."""
+their derived cost equals the closed forms of their docstrings (after Thakur et al. 2005 and
+Chan et al. 2007, exact for every p), and their communication has the pattern the algorithm
+names. Symbolic correctness for P = 1..17 comes from the registry sweep in test_schedules.py."""
 import math
 
 import numpy as np
@@ -41,7 +41,7 @@ FORMULAS = {
     ("allgather", "rd"): (
         lambda p, n: lg(p) * A + (p - 1) / p * n * B,
         lambda p, n: (lg(core(p)) + 2) * A + (1 + (core(p) + folded_blocks(p)) / p) * n * B),
-    # REFERENCE.md gives (2⌊lg p⌋+2)α + (2(p−1)/p + 2)nβ + (1+(p−1)/p)nγ for p not a power
+    # Thakur et al. (2005) give (2⌊lg p⌋+2)α + (2(p−1)/p + 2)nβ + (1+(p−1)/p)nγ for p not a power
     # of two, Thakur's approximation; the exact form has p' = 2^⌊lg p⌋ where it has p.
     ("allreduce", "rhd"): (
         lambda p, n: 2 * lg(p) * A + 2 * (p - 1) / p * n * B + (p - 1) / p * n * G,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sparse_reference import reference
 
-import gradwire.sparse.topk as sparse_topk
+import gradwire.compress.select as selection
 from gradwire.collectives.local import execute_local
 from gradwire.errors import GradwireError
 from gradwire.schedules import binomial, registry
@@ -102,7 +102,7 @@ def test_select_counts_nan_as_largest(pad):
 
 
 def test_select_finds_ties_across_chunks(monkeypatch):
-    monkeypatch.setattr(sparse_topk, "TIE_CHUNK", 3)
+    monkeypatch.setattr(selection, "TIE_CHUNK", 3)
     acc = torch.tensor([0.0] * 10 + [4.0] + [0.0] * 5)
     assert select(acc, 8).tolist() == [0, 1, 2, 3, 4, 5, 6, 10]
 

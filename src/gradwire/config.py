@@ -24,6 +24,12 @@ def state_dir() -> Path:
     return Path(os.environ.get("GRADWIRE_STATE_DIR", "/run/gradwire"))
 
 
+# α where nothing better is known: a typical per-message latency between hosts over Ethernet
+# (TCP, NCCL's or gloo's socket transport). ``gradwire calibrate`` measures a cluster's own;
+# every default α of gradwire (cost, block choice, what-if and advise, the bench report) is
+# this one.
+DEFAULT_ALPHA_S = 50e-6
+
 # c10d takes a wait's limit in milliseconds as a C int: 2**31 ms is 24.8 days.
 MAX_TIMEOUT_S = 2_000_000.0
 

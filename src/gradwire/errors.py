@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
-
 
 class GradwireError(Exception):
     """A user-facing error: the message says what was wrong and what is allowed."""
@@ -16,19 +13,6 @@ def did_you_mean(name: object, known: object) -> str:
 
     hint = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
     return f" (did you mean {hint[0]!r}?)" if hint else ""
-
-
-def check_real(what: str, value: object, low: float = 0.0, *, above: bool = False,
-               high: float = math.inf) -> float:
-    """``value`` as a float if it is a finite real number ``>= low`` (``> low`` when
-    ``above``) and ``<= high``; otherwise a one-line error naming ``what`` and the range."""
-    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
-          and math.isfinite(value) and (value > low if above else value >= low) and value <= high)
-    if not ok:
-        bound = f"> {low:g}" if above else f">= {low:g}"
-        rng = bound if high == math.inf else f"{bound} and <= {high:g}"
-        raise GradwireError(f"{what} must be a finite number {rng}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
 
 
 class PeerError(GradwireError):

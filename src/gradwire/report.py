@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from gradwire.train.task import perplexity
+from gradwire.models.task import perplexity
 
 SPARSIFIERS = ("topk", "gtopk", "randomk", "dgc")
 

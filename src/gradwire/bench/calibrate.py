@@ -18,20 +18,24 @@ so that ranks sharing the machine's cores do not run beside what is timed):
    (``alpha_step_builtin_s``): recorded, not yet used by the model.
 5. CPU per byte moved (:func:`byte_cpu`), every rank taking part in a 4 MiB allreduce, the
    median of 9 calls.
-6. How the ranks share their machines' cores (:func:`cpu_sharing`): ranks and cores per
-   machine, the share of the cores they keep busy, the wait per collective call, and how much
-   more CPU memory-bound work takes with every rank running than alone.
+6. How the ranks share their machines' cores (:func:`cpu_sharing`, in
+   :mod:`gradwire.bench.sharing`): ranks and cores per machine, the share of the cores they
+   keep busy, the wait per collective call, and how much more CPU memory-bound work takes
+   with every rank running than alone.
 
 7. Optionally (``--hook-buckets``, ``--hook-methods``), the CPU each aggregation method's
-   hook spends per iteration on this cluster (:func:`hook_cpu`): its own path on an
-   iteration's buckets, every rank at once. ``--hooks-only`` measures this alone (seconds,
-   not minutes), to measure it again later on the same cluster: the machine's speed drifts.
+   hook spends per iteration on this cluster (:func:`hook_cpu`, in
+   :mod:`gradwire.bench.hook_probe`): its own path on an iteration's buckets, every rank at
+   once. ``--hooks-only`` measures this alone (seconds, not minutes), to measure it again
+   later on the same cluster: the machine's speed drifts.
 
 5 and 6 are what the performance model charges when ranks share cores (point 5 of
 :mod:`gradwire.perf.model`), as every rank of an emulated cluster shares this machine's; 7,
 where measured, stands in for the coding and collective CPU it derives for that method.
 
-Stored as JSON in ``$GRADWIRE_HOME/calibration/<bandwidth>.json`` with the machine and date.
+Host side (:func:`calibrate`, ``gradwire calibrate``): run the rank side on a cluster, add
+each method's encode and decode time, and store the result as JSON in
+``$GRADWIRE_HOME/calibration/<bandwidth>.json`` with the machine and date.
 """
 
 from __future__ import annotations
@@ -39,35 +43,40 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import socket
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from gradwire import config
 from gradwire.bench import provenance
+from gradwire.bench.hook_probe import bucket_sizes, hook_cpu, method_names
+from gradwire.bench.sharing import cpu_sharing
+from gradwire.collectives.probe import step_alpha, step_times
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object
 from gradwire.schedules.cost import CostParams
 from gradwire.transport import Transport, wait_all
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gradwire.cluster import Cluster
+
 WINDOW = 16
 STREAM_BYTES = 4 * 2**20
 PINGS = 40  # round trips per batch
 PING_BATCHES = 5
-SHARING_BURSTS_MS = (0.0, 1.0, 2.0, 5.0, 10.0)
-SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of their fits
 # idle before burst()'s message: a 500 kB bucket refills in 4 ms at 1 Gbit/s, 256 KiB in 21 ms
 # at 100 Mbit/s
 BURST_IDLE_S = 0.05
 BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
 BYTE_CPU_CALLS = 9
-HOOK_ITERATIONS = 15  # hook_cpu's iterations per method, after one
 
 
 def calibration_dir() -> Path:
@@ -200,195 +209,6 @@ def byte_cpu(t: Transport, cpu_step: float, gamma: float) -> float:
     return max(statistics.median(each.tolist()) - known, 0.0) / per_byte
 
 
-def hook_cpu(t: Transport, numels: list[int], methods: list[str]) -> dict[str, dict]:
-    """CPU and wall seconds per iteration of each method's hook on ``t``'s ranks (torch's
-    default group, which the hooks use): its own path (error feedback, encode, the call
-    header, the collectives, decode, writing the bucket back; :func:`gradwire.perf.codecs.
-    hook_path`) on one iteration's buckets of ``numels`` elements, in order, each refilled
-    with this rank's gradient and out of the caches (``codecs.EVICT_BYTES`` written after
-    it), as backward leaves it. CPU is the rank's process CPU over the bucket calls (the
-    hook's thread and gloo's), the median of ``HOOK_ITERATIONS`` iterations after one, each
-    after a barrier, the methods in turn; then the mean over ranks. What a rank spends
-    waiting inside a call is in it, about 0.5 % of the wait here."""
-    from gradwire.perf import codecs
-
-    gen = torch.Generator().manual_seed(1000 + t.rank)
-    grads = [torch.randn(n, generator=gen) for n in numels]
-    evict = torch.zeros(codecs.EVICT_BYTES, dtype=torch.uint8)
-    runs = {}
-    for name in methods:
-        state, plan = codecs.hook_path(name)
-        params = [torch.empty(n) for n in numels]  # kept: the layout keys them by id()
-        keys = [state.positions.layout([q]) for q in params]
-        runs[name] = (state, plan, params, keys, [torch.empty(n) for n in numels], [], [])
-    # Round-robin, an iteration of every method in turn, so that a slow spell of the machine
-    # lands on every method alike.
-    for _ in range(HOOK_ITERATIONS + 1):
-        for state, plan, _, keys, bufs, cpus, walls in runs.values():
-            dist.barrier(group=t.group)
-            cpu = wall = 0.0
-            for i, (buf, key, g) in enumerate(zip(bufs, keys, grads, strict=True)):
-                buf.copy_(g)
-                evict.add_(1)
-                w0, c0 = time.perf_counter(), time.process_time()
-                state._bucket(buf, key, plan, i == len(bufs) - 1)  # noqa: SLF001
-                cpu += time.process_time() - c0
-                wall += time.perf_counter() - w0
-            cpus.append(cpu)
-            walls.append(wall)
-    out = {}
-    for name, (*_, cpus, walls) in runs.items():
-        got = torch.tensor([statistics.median(cpus[1:]), statistics.median(walls[1:])],
-                           dtype=torch.float64) / t.world_size
-        dist.all_reduce(got, group=t.group)
-        out[name] = {"cpu_s": float(got[0]), "wall_s": float(got[1])}
-    return out
-
-
-def step_alpha(t: Transport, algo: str = "rd", **params: object) -> float:
-    """Seconds per step of gradwire's ``algo`` allreduce on P elements (``"builtin"``:
-    torch.distributed's, per step of a ring), every rank of ``t`` taking part (5 runs of 40
-    calls after 20, median; rank 0's value on every rank). With
-    ``t.check_calls`` on, each call's header exchange is in it too."""
-    return step_times(t, algo, **params)[0]
-
-
-def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float, float]:
-    """(wall, CPU) seconds per step of :func:`step_alpha`'s runs; CPU is what one rank's
-    process spent (all its threads), the mean over ranks, the same on every rank."""
-    import gradwire.collectives as gc
-    from gradwire.schedules import registry
-
-    p = t.world_size
-    # "builtin": torch.distributed's allreduce (gloo's ring, which the hooks' allreduces run)
-    steps = len(registry.schedule("allreduce", "ring" if algo == "builtin" else algo, p, p,
-                                  **params).steps)
-    run = {k: v for k, v in params.items() if k != "itemsize"}
-    buf = torch.ones(p)
-
-    def call() -> None:
-        if algo == "builtin":
-            dist.all_reduce(buf, group=t.group)
-        else:
-            gc.all_reduce(buf, algo=algo, transport=t, **run)
-
-    for _ in range(20):
-        call()
-    runs, cpus = [], []
-    for _ in range(5):
-        dist.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(40):
-            call()
-        runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
-        cpus.append((time.process_time() - c0) / 40 / max(steps, 1))
-    per = torch.tensor([statistics.median(runs)], dtype=torch.float64)
-    dist.broadcast(per, 0)
-    cpu = torch.tensor([statistics.median(cpus) / p], dtype=torch.float64)
-    dist.all_reduce(cpu)
-    t.reset_counters()
-    return float(per), float(cpu)
-
-
-def cpu_sharing(t: Transport) -> dict:
-    """How the ranks share their machines' cores when they alternate compute with
-    collectives, as training does.
-
-    ``ranks``: the most ranks on one machine (ranks with the same host name: every rank of an
-    emulated cluster); ``cores``: its cores. Then, for bursts of ``SHARING_BURSTS_MS`` of CPU
-    (matrix products, one thread) each followed by a P-element allreduce, 30 iterations after
-    5: wall seconds per iteration W against L·D, D the CPU a rank's process spent per
-    iteration (the mean over ranks) and L = max(1, ranks/cores). A least-squares line
-    W = L·D/share + sync gives ``share`` (at most 1), the share of the cores the ranks keep
-    busy, and ``sync`` (at least 0), the seconds each collective call waits for ranks that
-    the scheduler has not run yet; ``sync_step`` is that per step of the probe's allreduce
-    (recursive doubling: ⌈log2 P⌉ steps at powers of two), what
-    :class:`gradwire.perf.model.Cluster` charges per schedule step.
-    ``SHARING_ROUNDS`` sweeps, one line each, give the medians: sync is where the line meets
-    L·D = 0, and single sweeps of three bursts from 2 ms put it anywhere from 0.1 to 2.3 ms on
-    one cluster (P = 2 and 8 at 1 Gbit/s); the bursts of 0 and 1 ms pin that end and the
-    median of four sweeps keeps one slow sweep out (0.46–1.15 ms per sweep, same probe).
-    """
-    import gradwire.collectives as gc
-
-    rows: list = [None] * t.world_size
-    dist.all_gather_object(rows, (socket.gethostname(), _cores()), group=t.group)
-    hosts: dict[str, list[int]] = {}
-    for host, n in rows:
-        hosts.setdefault(host, []).append(n)
-    ranks = max(len(v) for v in hosts.values())
-    cores = min(n for v in hosts.values() for n in v)
-    load = max(1.0, ranks / cores)
-    a, buf = torch.randn(192, 192, generator=torch.Generator().manual_seed(0)), torch.ones(
-        t.world_size)
-
-    def iteration(ms: float) -> None:
-        c0 = time.thread_time()
-        while time.thread_time() - c0 < ms / 1e3:
-            a @ a
-        gc.all_reduce(buf, algo="rd", transport=t)
-
-    shares, syncs = [], []
-    for _ in range(SHARING_ROUNDS):
-        xs, ys = [], []
-        for ms in SHARING_BURSTS_MS:
-            for _ in range(5):
-                iteration(ms)
-            dist.barrier(group=t.group)
-            w0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(30):
-                iteration(ms)
-            got = torch.tensor([time.process_time() - c0, time.perf_counter() - w0],
-                               dtype=torch.float64) / 30 / t.world_size
-            dist.all_reduce(got, group=t.group)
-            xs.append(load * float(got[0]))
-            ys.append(float(got[1]))
-        slope, sync = np.polyfit(xs, ys, 1)
-        shares.append(min(1.0, 1.0 / max(slope, 1e-9)))
-        syncs.append(max(sync, 0.0))
-    from gradwire.perf.whatif import sync_probe_steps
-
-    sync = float(statistics.median(syncs))
-    return {"ranks": ranks, "cores": cores, "share": float(statistics.median(shares)),
-            "sync": sync, "sync_step": sync / sync_probe_steps(t.world_size),
-            "slowdown": _memory_slowdown(t)}
-
-
-def _memory_slowdown(t: Transport) -> float:
-    """How much more CPU memory-bound work (``a.add_(b)`` over 4 MiB of float32, as encode
-    and decode do) takes when every rank runs it at once than when rank 0 runs it alone, the
-    others waiting (median of 5 rounds; at least 1)."""
-    a, b = torch.ones(2**20), torch.ones(2**20)
-
-    def work() -> float:
-        c0 = time.thread_time()
-        for _ in range(20):
-            a.add_(b)
-        return time.thread_time() - c0
-
-    work()
-    alone, together = [], []
-    for _ in range(5):
-        dist.barrier(group=t.group)
-        if t.rank == 0:
-            alone.append(work())
-        dist.barrier(group=t.group)
-        together.append(work())
-    mean = torch.tensor([statistics.median(together) / t.world_size], dtype=torch.float64)
-    dist.all_reduce(mean, group=t.group)
-    ratio = torch.tensor([float(mean) / statistics.median(alone) if t.rank == 0 else 0.0],
-                         dtype=torch.float64)
-    dist.broadcast(ratio, 0, group=t.group)
-    return max(1.0, float(ratio))
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def _reduce_speed() -> float:
     a, b = torch.ones(16 * 2**20), torch.ones(16 * 2**20)
     a.add_(b)
@@ -400,37 +220,13 @@ def _reduce_speed() -> float:
     return statistics.median(runs)
 
 
-def _bucket_sizes(text: str) -> list[int]:
-    """--hook-buckets: whole numbers >= 1, comma-separated."""
-    try:
-        sizes = [int(n) for n in text.split(",") if n]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected bucket sizes in elements (whole numbers "
-                                         f">= 1), comma-separated, got {text!r}")
-    return sizes
-
-
-def _methods(text: str) -> list[str]:
-    """--hook-methods: names of gradwire.hooks methods, comma-separated."""
-    from gradwire.hooks.methods import TABLE
-
-    names = [m for m in text.split(",") if m]
-    bad = [m for m in names if m not in TABLE]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"expected methods from {', '.join(TABLE)}, "
-                                         f"comma-separated, got {text!r}")
-    return names
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="rank side of gradwire calibrate")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--hook-buckets", type=_bucket_sizes, default=[],
+    ap.add_argument("--hook-buckets", type=bucket_sizes, default=[],
                     help="elements of each bucket of an iteration, comma-separated: measure "
                          "the hooks' CPU per iteration on them")
-    ap.add_argument("--hook-methods", type=_methods, default=[],
+    ap.add_argument("--hook-methods", type=method_names, default=[],
                     help="methods for --hook-buckets, comma-separated")
     ap.add_argument("--hooks-only", action="store_true",
                     help="measure only the hooks' CPU (needs --hook-buckets and "
@@ -498,6 +294,31 @@ def record(measured: dict, bandwidth: str, hosts: int, network: str,
     path.write_text(json.dumps(d, indent=1) + "\n")
     d["path"] = str(path)
     return d
+
+
+def calibrate(open_cluster: Callable[[], AbstractContextManager[Cluster]], codec_numel: int,
+              timeout: float | None, console: Console) -> dict:
+    """``gradwire calibrate``: points 1-6 on every host of the cluster ``open_cluster`` opens
+    (and closes before anything else runs), then every compressor's encode and decode on
+    ``codec_numel`` elements here (0: skip; under ``"codecs"``), saved by :func:`record`. The
+    folder it saves in is checked first: a cluster's minutes are not spent on a result that
+    cannot be kept."""
+    from gradwire.bench import codec_probe
+    from gradwire.jobs import run_ranks
+
+    folder = calibration_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GradwireError(f"cannot save calibrations in {str(folder)!r} ({e.strerror}): set "
+                            "GRADWIRE_HOME to a folder that can be written") from None
+    with open_cluster() as c:
+        measured = run_ranks(c, "gradwire.bench.calibrate", [], "calibrate", timeout, console)
+        key = c.link_key
+        n_hosts, label, bucket = len(c.hosts), c.label, c.burst_bytes
+    if codec_numel:
+        measured["codecs"] = codec_probe.measure(codec_numel)
+    return record(measured, key, n_hosts, label, bucket)
 
 
 if __name__ == "__main__":

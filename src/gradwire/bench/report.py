@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from gradwire.bench.sizes import format_size
 from gradwire.bench.spec import BUILTIN
 from gradwire.collectives.agree import header_spec
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, back_to_back
+from gradwire.sizes import format_size
 
 BUSBW_FACTOR = {
     "allreduce": lambda p: 2 * (p - 1) / p,

@@ -12,11 +12,10 @@ from gradwire.bench.report import annotate, footer, table
 from gradwire.bench.spec import BACKENDS, BUILTIN, REDUCING, AlgoSpec
 from gradwire.cluster import Cluster
 from gradwire.cluster.netns import machine_send_buffer
+from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.jobs import run_ranks
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams
-
-DEFAULT_ALPHA_S = 100e-6  # used only when no calibration exists: say so in the report
 
 
 def model_params(cluster: Cluster) -> tuple[CostParams, str]:

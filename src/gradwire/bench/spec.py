@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
+from gradwire.schedules.registry import parse_params
 
 BUILTIN = "builtin"
 REDUCING = ("allreduce", "reduce", "reducescatter")  # the collectives --op applies to
 OPS = ("sum", "avg")
+DTYPES = ("float32", "float16", "bfloat16", "float64")  # --dtype: what gradwire.bench.rank runs
 
 
 def check_op(collective: str, op: str) -> None:
@@ -26,25 +28,11 @@ def check_op(collective: str, op: str) -> None:
                             "does not reduce")
 
 
-def parse_value(text: str) -> object:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return text
-
-
-def parse_params(items: list[str], what: str = "--param") -> dict[str, object]:
-    """``["block=65536", "pipeline=4"]`` → ``{"block": 65536, "pipeline": 4}``."""
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier() or not value:
-            raise GradwireError(f"{what} {item!r} is not valid: expected KEY=VALUE, e.g. "
-                                "block=65536 or pipeline=4")
-        out[key] = parse_value(value)
-    return out
+def check_dtype(dtype: str) -> None:
+    """``--dtype``: one of ``DTYPES``."""
+    if dtype not in DTYPES:
+        raise GradwireError(f"--dtype {dtype!r} is not supported: expected float32, float16, "
+                            "bfloat16 or float64")
 
 
 @dataclass(frozen=True)

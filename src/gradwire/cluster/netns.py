@@ -16,13 +16,16 @@ timestamps, 52 bytes; Ethernet's, 14). Hosts run TCP ``CONGESTION_CONTROL``
 buffer holds at most 4 ms of its link's traffic (:func:`tcp_send_buffer`), never more than this
 machine's own ceiling (:func:`machine_send_buffer`). State lives in
 ``/run/gradwire/<name>.json`` so ``cluster down`` works from another process.
+
+The numbers each link and host gets, and why, are in :mod:`gradwire.cluster.shaping`; the
+:class:`Cluster` record and its state file in :mod:`gradwire.cluster.state`. This module names
+them too, for the callers that import them from here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -31,121 +34,33 @@ import signal
 import subprocess
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gradwire import config
-from gradwire.bandwidth import format_bandwidth, parse_bandwidth
+from gradwire.bandwidth import parse_bandwidth
+from gradwire.cluster.shaping import (
+    CC_NAME_RE,
+    CONGESTION_CONTROL,
+    tbf_burst,
+    tcp_send_buffer,
+)
+from gradwire.cluster.state import (
+    LOOPBACK_LABEL,
+    MAX_HOSTS,
+    MTU,
+    NAME_RE,
+    Cluster,
+    Host,
+    check_mtu,
+    list_clusters,
+    load_cluster,
+    loopback_cluster,
+    process_start_ticks,
+    save_cluster,
+)
 from gradwire.errors import GradwireError
 
 SUBNET_PREFIX = "10.213"  # 10.213.S.0/24, one S per live cluster; reserved for gradwire
-NAME_RE = re.compile(r"^gw[0-9a-f]{6}$")
-MAX_HOSTS = 250
-MTU = 1500  # Ethernet's default
-MTU_RANGE = (576, 65535)  # IPv4's smallest datagram every host must take; veth's largest
-LOOPBACK = "loopback"
-LOOPBACK_LABEL = "loopback, links not shaped"
-
-
-@dataclass(frozen=True)
-class Host:
-    """One emulated host: where to run a rank and how peers reach it."""
-
-    rank: int
-    netns: str | None  # None on the loopback fallback
-    addr: str
-    ifname: str
-
-
-@dataclass
-class Cluster:
-    """A live cluster (or the loopback fallback, ``name == 'loopback'``)."""
-
-    name: str
-    bandwidth_bps: float | None
-    hosts: list[Host] = field(default_factory=list)
-    subnet: int = 0
-    # [pid, start time in clock ticks] of the run that made it for itself (ephemeral_cluster);
-    # None for `gradwire cluster up`, which stays until `cluster down`.
-    owner: list[int] | None = None
-    # The hosts' TCP congestion control (CONGESTION_CONTROL when every host took it); None:
-    # the machine's default.
-    tcp: str | None = None
-    mtu: int = MTU
-    # The ceiling on every host's TCP send buffer (bytes) when every host took it; None: the
-    # machine's own (unshaped, or a kernel that keeps tcp_wmem for the whole machine).
-    sndbuf: int | None = None
-
-    @property
-    def stale(self) -> bool:
-        """A run's cluster whose run has exited without removing it (SIGKILL, a crash of the
-        machine's session): nothing can use it any more."""
-        return self.owner is not None and _start_ticks(self.owner[0]) != self.owner[1]
-
-    @property
-    def shaped(self) -> bool:
-        return self.name != LOOPBACK and self.bandwidth_bps is not None
-
-    @property
-    def burst_bytes(self) -> int:
-        """The token bucket of each shaped link (:func:`tbf_burst`), 0 when not shaped."""
-        return tbf_burst(self.bandwidth_bps) if self.shaped else 0  # type: ignore[arg-type]
-
-    @property
-    def send_buffer_bytes(self) -> int | None:
-        """The hosts' ceiling on a TCP send buffer as cluster up set it (:func:`host_send_buffer`);
-        None where they keep the machine's own (not shaped, or the setting failed)."""
-        return self.sndbuf if self.shaped else None
-
-    @property
-    def label(self) -> str:
-        """How every report names the network this ran on."""
-        if self.name == LOOPBACK:
-            return LOOPBACK_LABEL
-        tcp = f", TCP {self.tcp}" if self.tcp else ""
-        mtu = f", MTU {self.mtu}" if self.mtu != MTU else ""
-        return (f"emulated {len(self.hosts)} hosts, {format_bandwidth(self.bandwidth_bps)} links"
-                f"{tcp}{mtu}")
-
-    @property
-    def link_key(self) -> str:
-        """What a calibration of these links is saved under: the rate (``1gbit``), with the
-        MTU when it is not Ethernet's default (``1gbit-mtu9000``); ``loopback`` unshaped."""
-        if not self.shaped:
-            return "loopback"
-        rate = format_bandwidth(self.bandwidth_bps)
-        return rate if self.mtu == MTU else f"{rate}-mtu{self.mtu}"
-
-    @property
-    def bridge(self) -> str:
-        return f"{self.name}-br"
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    @staticmethod
-    def from_json(text: str) -> Cluster:
-        """Parse a state file; ValueError unless every name it holds is one gradwire makes
-        (they go to ``ip netns exec`` as arguments: nothing that starts with '-' or lies
-        outside the cluster may pass)."""
-        d = json.loads(text)
-        d["hosts"] = [Host(**h) for h in d["hosts"]]
-        c = Cluster(**d)
-        ns = re.compile(rf"^{re.escape(c.name)}-h\d+$")
-        if c.owner is not None and not (isinstance(c.owner, list) and len(c.owner) == 2 and all(
-                isinstance(x, int) for x in c.owner)):
-            raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
-        if c.tcp is not None and not (isinstance(c.tcp, str) and CC_NAME_RE.fullmatch(c.tcp)):
-            raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
-        if c.sndbuf is not None and not (type(c.sndbuf) is int and c.sndbuf > 0):
-            raise ValueError(f"cluster state {c.name!r} has a send buffer that is not bytes > 0")
-        if not _mtu_ok(c.mtu):
-            raise ValueError(f"cluster state {c.name!r} has an MTU outside {MTU_RANGE}")
-        if not NAME_RE.match(c.name) or any(
-                h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
-                or not re.match(r"^\w+$", h.ifname) for h in c.hosts):
-            raise ValueError(f"cluster state {c.name!r} holds names gradwire does not make")
-        return c
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -179,32 +94,6 @@ def netns_available() -> tuple[bool, str]:
         return False, f"network namespaces are not supported here: {p.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return True, ""
-
-
-def tbf_burst(bps: float) -> int:
-    """Bytes of the token bucket shaping a link of ``bps``: at least one timer tick (HZ=250) of
-    traffic at the rate. Smaller buckets cost throughput here when flows share links (64 KiB at
-    1gbit: a 4-host allreduce of 64 MiB 1.54 s against 0.84 s with 500 kB), so a transfer after
-    an idle spell may start faster than the rate (1 MiB at 1.7 Gbit/s after 50 ms idle;
-    benchmarks/results/tbf_burst.json)."""
-    return max(256 * 1024, int(bps / 8 / 250))
-
-
-SEND_BUFFER_S = 4e-3  # of the link's traffic that a host's TCP send buffer may hold
-
-
-def tcp_send_buffer(bps: float) -> int:
-    """Bytes a shaped host's TCP send buffer may hold: 4 ms of traffic at the link's rate, at
-    least 64 KiB (500 kB at 1 Gbit/s). A gloo send completes once its bytes are in the kernel;
-    with Linux's default ceiling (4 MiB) a rank that sends to one peer and then another had
-    megabytes of the first send still queued behind it, the two sharing its link, so the first
-    peer (which a tree then forwards from) got the rest at half the rate. Neither smaller nor
-    larger is better: at 2 ms the double binary tree, whose ranks feed several sockets at once,
-    lost 8 % at 64 MiB in a probe; at 8 ms (1 MB) Rabenseifner's allreduce of 64 MiB at P = 8
-    took 1.29 s against 1.02 s with 4 ms (1.42 s with the default), while the double tree at
-    P = 4 gained 4 % (benchmarks/results/tcp_sndbuf.json, tcp_sndbuf_3way_20261126.json,
-    docs/cluster.md)."""
-    return max(64 * 1024, int(bps / 8 * SEND_BUFFER_S))
 
 
 TCP_WMEM = Path("/proc/sys/net/ipv4/tcp_wmem")
@@ -245,12 +134,6 @@ def cap_send_buffer(ns: str, ceiling: int) -> bool:
     return p.returncode == 0
 
 
-# With BBR (some machines' default, this one's included) a flow that keeps a queue at a shaped
-# link drains it in ProbeRTT every 10 s, its window cut for 200 ms or more: collectives of
-# 64 MiB on 4 hosts took up to 1.5 s instead of 0.85 s now and then, while with cubic every
-# iteration took 0.84-0.87 s (benchmarks/results/tcp_cc.json).
-CONGESTION_CONTROL = "cubic"
-CC_NAME_RE = re.compile(r"[a-z0-9_]+")  # what a congestion control's name may hold
 _ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
 
 
@@ -289,16 +172,6 @@ def _tbf(dev: str, bps: float, netns: str | None) -> None:
         "burst", str(burst), "latency", "100ms", netns=netns)
 
 
-def _start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot), None if there is no such
-    process: a pid with the same start time is the same process, not a reuse of its number."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 def reap_stale() -> list[str]:
     """Remove the clusters of runs that exited without removing them; returns their names."""
     gone = [c.name for c in list_clusters() if c.stale]
@@ -313,20 +186,6 @@ def _free_subnet() -> int:
         if s not in used:
             return s
     raise GradwireError("all 254 gradwire subnets are in use: run `gradwire cluster down --all`")
-
-
-def _mtu_ok(mtu: object) -> bool:
-    return (isinstance(mtu, int) and not isinstance(mtu, bool)
-            and MTU_RANGE[0] <= mtu <= MTU_RANGE[1])
-
-
-def check_mtu(mtu: int) -> int:
-    """``mtu`` if a link may carry it, else a GradwireError saying what is allowed."""
-    lo, hi = MTU_RANGE
-    if not _mtu_ok(mtu):
-        raise GradwireError(f"--mtu must be an integer number of bytes from {lo} to {hi} "
-                            f"(1500: Ethernet's default; 9000: jumbo frames), got {mtu!r}")
-    return mtu
 
 
 def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
@@ -353,10 +212,10 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         raise GradwireError(f"cluster {name} already exists")
     config.state_dir().mkdir(parents=True, exist_ok=True)
     reap_stale()
-    owner = [os.getpid(), _start_ticks(os.getpid()) or 0] if owned else None
+    owner = [os.getpid(), process_start_ticks(os.getpid()) or 0] if owned else None
     cluster = Cluster(name=name, bandwidth_bps=bps, subnet=_free_subnet(), owner=owner, mtu=mtu)
     # The state file is written first so that a crash half-way still leaves a record to clean up.
-    _save(cluster)
+    save_cluster(cluster)
     with _cleanup_on_failure(cluster):
         _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
@@ -369,7 +228,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
             cluster.tcp = CONGESTION_CONTROL if took_all else None
             cluster.sndbuf = ceiling if capped_all else None
             cluster.hosts.append(host)
-            _save(cluster)
+            save_cluster(cluster)
     return cluster
 
 
@@ -429,39 +288,6 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, h)
 
 
-def _save(cluster: Cluster) -> None:
-    path = config.state_dir() / f"{cluster.name}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(cluster.to_json())
-    tmp.replace(path)
-
-
-def load_cluster(name: str) -> Cluster:
-    """The live cluster called ``name``."""
-    if not NAME_RE.match(name):
-        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
-    path = config.state_dir() / f"{name}.json"
-    if not path.exists():
-        known = ", ".join(c.name for c in list_clusters()) or "none"
-        raise GradwireError(f"no cluster named {name} (live clusters: {known})")
-    try:
-        return Cluster.from_json(path.read_text())
-    except (ValueError, TypeError, KeyError) as e:
-        raise GradwireError(f"cluster state file {path} is unreadable ({e}): remove the "
-                            f"cluster with `gradwire cluster down {name}`") from None
-
-
-def list_clusters() -> list[Cluster]:
-    """Every cluster with a state file, oldest first."""
-    if not config.state_dir().is_dir():
-        return []
-    out = []
-    for p in sorted(config.state_dir().glob("gw*.json"), key=lambda p: p.stat().st_mtime):
-        with contextlib.suppress(ValueError, TypeError, KeyError):
-            out.append(Cluster.from_json(p.read_text()))
-    return out
-
-
 def _kill_netns_pids(ns: str) -> None:
     p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
     for pid in p.stdout.split():
@@ -512,13 +338,6 @@ def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
     for n in sorted(names):
         _teardown(n)
     return sorted(names)
-
-
-def loopback_cluster(hosts: int) -> Cluster:
-    """The fallback without namespaces: every rank on 127.0.0.1, links not shaped."""
-    if not 1 <= hosts <= MAX_HOSTS:
-        raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
-    return Cluster(LOOPBACK, None, [Host(i, None, "127.0.0.1", "lo") for i in range(hosts)])
 
 
 @contextlib.contextmanager

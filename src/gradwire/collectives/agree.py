@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gradwire.collectives.executor import execute
-from gradwire.compress.base import acc_dtype
+from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import registry
 from gradwire.transport import Transport

@@ -13,6 +13,7 @@ returned handle's ``wait()`` joins it).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from gradwire.collectives.agree import agree
 from gradwire.collectives.executor import execute
+from gradwire.collectives.pool import BufferPool
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
 from gradwire.transport import Transport
@@ -61,10 +63,12 @@ def _op(op: object) -> str:
                             "(or dist.ReduceOp.SUM / AVG)") from None
 
 
-def _flat(tensor: torch.Tensor, what: str) -> torch.Tensor:
+def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Tensor:
+    """``tensor`` as a 1-D view; a collective that only moves data (``moved_only``: an
+    allgather) takes any dtype, one that reduces a float dtype."""
     if not isinstance(tensor, torch.Tensor):
         raise GradwireError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in DTYPES:
+    if tensor.dtype not in DTYPES and not moved_only:
         raise GradwireError(f"{what} has dtype {tensor.dtype}: expected one of "
                             f"{', '.join(str(d) for d in DTYPES)}")
     if not tensor.is_contiguous():
@@ -72,13 +76,25 @@ def _flat(tensor: torch.Tensor, what: str) -> torch.Tensor:
     return tensor.view(-1)
 
 
+# reduce_scatter_tensor reduces out of its input into a work buffer. A fresh buffer per call
+# costs more than the reduction's own passes (a 64 MiB clone took 29 ms here, a copy into a
+# reused buffer 5 ms: first-touch page faults), so each call is lent one from this pool and
+# gives it back; calls running at once (async_op) are lent different ones.
+WORK_KEEP_BYTES = 256 * 2**20
+WORK_BUFFERS = BufferPool(WORK_KEEP_BYTES)
+
+
 def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
          group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
-         after: Callable[[], None] | None, params: dict,
-         source: tuple[torch.Tensor, int, int] | None = None) -> Handle | None:
-    """Agree on the call, run the schedule on ``buf``, then ``after()``. ``source`` = (input,
-    start, stop): run out of place from ``input`` (the executor's ``source``), and afterwards
-    make ``buf[start:stop]``, the part the caller reads, whole."""
+         after: Callable[[torch.Tensor], None] | None, params: dict,
+         whole: tuple[int, int] | None = None) -> Handle | None:
+    """Agree on the call, run the schedule on ``buf``, then ``after(buf)``.
+
+    With ``whole`` = (start, stop), run out of place instead: ``buf`` is the input, left as it
+    is (the executor's ``source``). The schedule runs on a work buffer lent by WORK_BUFFERS;
+    its ``[start:stop]``, the part ``after`` reads, is made whole, then ``after(work)`` runs,
+    and the work buffer goes back to the pool however the call ends.
+    """
     if not isinstance(async_op, bool):
         raise GradwireError(f"async_op must be True or False, got {async_op!r}")
     t = transport or Transport(group)
@@ -88,18 +104,22 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
             ("dtype", buf.dtype), ("root", root),
             ("params", ",".join(f"{k}={v}" for k, v in sorted(params.items())))]
 
-    def go() -> None:
+    def in_place() -> None:
         agree(t, call)
-        if source is None:
-            execute(s, buf, t)
-        else:
-            inp, lo, hi = source
-            unwritten = execute(s, buf, t, source=inp)
-            for a, b in unwritten.within(lo, hi):  # type: ignore[union-attr]
-                buf[a:b].copy_(inp[a:b])  # nothing arrived for it (P = 1)
+        execute(s, buf, t)
         if after is not None:
-            after()
+            after(buf)
 
+    def out_of_place(lo: int, hi: int) -> None:
+        with WORK_BUFFERS.lend(buf.numel(), buf) as work:
+            agree(t, call)
+            unwritten = execute(s, work, t, source=buf)
+            for a, b in unwritten.within(lo, hi):  # type: ignore[union-attr]
+                work[a:b].copy_(buf[a:b])  # nothing arrived for it (P = 1)
+            if after is not None:
+                after(work)
+
+    go = in_place if whole is None else functools.partial(out_of_place, *whole)
     if async_op:
         return Handle(go)
     go()
@@ -112,7 +132,7 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
     """Every rank ends with the sum (or average) of ``tensor`` over ranks, in place."""
     buf, how = _flat(tensor, "tensor"), _op(op)
     t = transport or Transport(group)
-    after = (lambda: buf.div_(t.world_size)) if how == "avg" else None
+    after = (lambda b: b.div_(t.world_size)) if how == "avg" else None
     return _run("allreduce", algo, buf, 0, group, t, async_op, after, params)
 
 
@@ -123,7 +143,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
     """Rank ``dst`` ends with the sum (or average); other ranks' buffers are scratch."""
     buf, how = _flat(tensor, "tensor"), _op(op)
     t = transport or Transport(group)
-    after = (lambda: buf.div_(t.world_size)) if how == "avg" and t.rank == dst else None
+    after = (lambda b: b.div_(t.world_size)) if how == "avg" and t.rank == dst else None
     return _run("reduce", algo, buf, dst, group, t, async_op, after, params)
 
 
@@ -140,7 +160,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
                            algo: str | None = None, transport: Transport | None = None,
                            **params: object) -> Handle | None:
     """``output`` (P × input elements) ends with every rank's ``input``, in rank order."""
-    out, inp = _flat(output, "output"), _flat(input, "input")
+    out, inp = _flat(output, "output", True), _flat(input, "input", True)
     t = transport or Transport(group)
     if out.numel() != t.world_size * inp.numel() or out.dtype != inp.dtype:
         raise GradwireError(f"output must have world_size × input = {t.world_size} × "
@@ -150,54 +170,25 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
     return _run("allgather", algo, out, 0, group, t, async_op, None, params)
 
 
-# reduce_scatter_tensor reduces out of its input into a work buffer. A fresh buffer per call
-# costs more than the reduction's own passes (a 64 MiB clone took 29 ms here, a copy into a
-# reused buffer 5 ms: first-touch page faults), so each call borrows a spare buffer and gives
-# it back; calls running at once (async_op) borrow different ones. At most one spare is kept
-# per dtype and device, the largest.
-_SPARE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-_SPARE_LOCK = threading.Lock()
-
-
-def _take_scratch(like: torch.Tensor) -> torch.Tensor:
-    key = (like.dtype, like.device)
-    with _SPARE_LOCK:
-        spare = _SPARE.get(key)
-        if spare is not None and spare.numel() >= like.numel():
-            return _SPARE.pop(key)
-    return torch.empty(like.numel(), dtype=like.dtype, device=like.device)
-
-
-def _give_scratch(buf: torch.Tensor) -> None:
-    key = (buf.dtype, buf.device)
-    with _SPARE_LOCK:
-        spare = _SPARE.get(key)
-        if spare is None or spare.numel() < buf.numel():
-            _SPARE[key] = buf
-
-
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object = "sum",
                           group: dist.ProcessGroup | None = None, async_op: bool = False,
                           algo: str | None = None, transport: Transport | None = None,
                           **params: object) -> Handle | None:
     """``output`` ends with this rank's block of the sum of every rank's ``input``, which is
-    left as it was. The sum is formed out of place (no copy of the input) in a spare buffer
-    kept for the next call (one per dtype and device, as large as the largest input so far)."""
+    left as it was. The sum is formed out of place (no copy of the input) in a work buffer
+    that WORK_BUFFERS lends for the call."""
     out, inp, how = _flat(output, "output"), _flat(input, "input"), _op(op)
     t = transport or Transport(group)
     if inp.numel() != t.world_size * out.numel() or out.dtype != inp.dtype:
         raise GradwireError(f"input must have world_size × output = {t.world_size} × "
                             f"{out.numel()} elements of {out.dtype}, got {inp.numel()} of "
                             f"{inp.dtype}")
-    scratch = _take_scratch(inp)  # c10d leaves the input as it was: reduce out of place
-    work = scratch[: inp.numel()]
     n = out.numel()
 
-    def after() -> None:
+    def after(work: torch.Tensor) -> None:
         out.copy_(work[t.rank * n : (t.rank + 1) * n])
         if how == "avg":
             out.div_(t.world_size)
-        _give_scratch(scratch)
 
-    return _run("reducescatter", algo, work, 0, group, t, async_op, after, params,
-                source=(inp, t.rank * n, (t.rank + 1) * n))
+    return _run("reducescatter", algo, inp, 0, group, t, async_op, after, params,
+                whole=(t.rank * n, (t.rank + 1) * n))

@@ -36,12 +36,12 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-import threading
 from collections import deque
 from collections.abc import Callable
 
 import torch
 
+from gradwire.collectives.pool import BufferPool
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules.ir import Schedule, Transfer
 from gradwire.transport import P2P, Transport, wait_all
@@ -71,39 +71,7 @@ LOOKAHEAD_MIN_BYTES = 4 * 2**20
 # the pool, 0 with it, and took 0.41-0.45 s instead of 0.54-0.66 at P = 8 on loopback
 # (benchmarks/staging.py); on the 1 Gbit/s emulated cluster the gain is within the spread.
 STAGING_KEEP_BYTES = 256 * 2**20
-
-
-class _Staging:
-    """Spare staging buffers by (dtype, device, elements), at most ``keep`` bytes in all;
-    shared by calls running at once (async_op)."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._free: dict[tuple[torch.dtype, torch.device, int], list[torch.Tensor]] = {}
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def take(self, count: int, like: torch.Tensor) -> torch.Tensor:
-        with self._lock:
-            spares = self._free.get((like.dtype, like.device, count))
-            if spares:
-                tmp = spares.pop()
-                self._bytes -= tmp.numel() * tmp.element_size()
-                return tmp
-        return torch.empty(count, dtype=like.dtype, device=like.device)
-
-    def give(self, tmp: torch.Tensor) -> None:
-        nbytes = tmp.numel() * tmp.element_size()
-        with self._lock:
-            if self._bytes + nbytes > self.keep:  # sizes changed: keep the newest
-                self._free.clear()
-                self._bytes = 0
-            if nbytes <= self.keep:
-                self._free.setdefault((tmp.dtype, tmp.device, tmp.numel()), []).append(tmp)
-                self._bytes += nbytes
-
-
-STAGING = _Staging(STAGING_KEEP_BYTES)
+STAGING = BufferPool(STAGING_KEEP_BYTES)
 
 
 def _overlaps(a: Transfer, b: Transfer) -> bool:
@@ -204,133 +172,174 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
         raise GradwireError(f"rank {transport.rank}: source is {tuple(source.shape)} "
                             f"{source.dtype} on {source.device}, expected the buffer's "
                             f"{tuple(buffer.shape)} {buffer.dtype} on {buffer.device}")
+    ops = {**COMBINE, **(combine or {})}
     if transport.backend in STEPWISE:
-        return _execute_steps(s, buffer, transport, {**COMBINE, **(combine or {})}, source)
-    fresh = Unwritten(s.count) if source is not None else None
+        return _execute_steps(s, buffer, transport, ops, source)
+    return _Dataflow(s, buffer, transport, ops, source).run()
 
-    def fill(lo: int, hi: int) -> None:
+
+class _Dataflow:
+    """One rank's program run as dataflow (see the module's notes): receives posted ahead,
+    each send issued once the bytes it reads have arrived, each received block combined once
+    the sends that read its range have finished."""
+
+    __slots__ = ("s", "buffer", "source", "transport", "ops", "program", "conflict", "recvs",
+                 "budget", "fresh", "pending", "sending", "posted", "held", "cursor")
+
+    def __init__(self, s: Schedule, buffer: torch.Tensor, transport: Transport,
+                 ops: dict[str, Combine], source: torch.Tensor | None) -> None:
+        # What runs: this rank's program, read only.
+        self.s, self.buffer, self.source = s, buffer, source
+        self.transport, self.ops = transport, ops
+        self.program, self.conflict = _plan(s, transport.rank)
+        self.recvs = [i for i, (_, kind, _) in enumerate(self.program) if kind == "recv"]
+        self.budget = max(buffer.numel() * buffer.element_size(), LOOKAHEAD_MIN_BYTES)
+        # Where it stands.
+        self.fresh = Unwritten(s.count) if source is not None else None
+        # posted, not applied: (program index, transfer, work, staging buffer or None if direct)
+        self.pending: deque[tuple[int, Transfer, object, torch.Tensor | None]] = deque()
+        self.sending: list[tuple[Transfer, object, int]] = []  # (transfer, work, step)
+        self.posted = 0  # receives posted so far (a prefix of ``recvs``)
+        self.held = 0  # bytes of posted staged receives not yet applied
+        self.cursor = 0  # program entries before this one have been issued
+
+    def run(self) -> Unwritten | None:
+        """Issue the program in order, then wait for everything; the ranges never written."""
+        try:
+            self.post_receives(0)
+            for i, (step, kind, t) in enumerate(self.program):
+                self.cursor = i
+                if kind == "send":
+                    self.send(i, step, t)
+                else:
+                    self.post_receives(i + 1)
+            self.cursor = len(self.program)
+            self.apply_through(len(self.program))
+            for _, work, _ in self.sending:
+                work.wait()
+        finally:
+            for _, _, _, tmp in self.pending:  # left only when the run raised
+                if tmp is not None:
+                    STAGING.give(tmp)
+        return self.fresh
+
+    def send(self, i: int, step: int, t: Transfer) -> None:
+        """Send program entry ``i`` once the receives that write its bytes are applied and
+        this rank's sends of earlier steps to other peers have finished."""
+        hits = [j for j, r, _, _ in self.pending if j < i and _overlaps(r, t)]
+        if hits:
+            self.apply_through(hits[-1])
+        # One port: sends of earlier steps to other peers finish first (a binomial root
+        # feeds its first child at full rate instead of all children at a fraction).
+        for item in [x for x in self.sending if x[2] < step and x[0].dst != t.dst]:
+            item[1].wait()
+            self.sending.remove(item)
+        self.sending.append((t, self.transport.isend(self.outgoing(t), t.dst), step))
+        self.post_receives(0)
+
+    def outgoing(self, t: Transfer) -> torch.Tensor:
+        """The bytes a send reads: the source while none of its range is written yet."""
+        fresh = self.fresh
+        if fresh is not None and fresh.untouched(t.start, t.stop):
+            return self.source[t.start : t.stop]  # type: ignore[index]
+        self.fill_from_source(t.start, t.stop)
+        return self.buffer[t.start : t.stop]
+
+    def fill_from_source(self, lo: int, hi: int) -> None:
         """Out of place: copy what [lo, hi) holds only in the source into the buffer."""
+        fresh = self.fresh
         if fresh is not None:
             for a, b in fresh.within(lo, hi):
-                buffer[a:b].copy_(source[a:b])  # type: ignore[index]
+                self.buffer[a:b].copy_(self.source[a:b])  # type: ignore[index]
             fresh.write(lo, hi)
 
-    def outgoing(t: Transfer) -> torch.Tensor:
-        """The bytes a send reads: the source while none of its range is written yet."""
-        if fresh is not None and fresh.untouched(t.start, t.stop):
-            return source[t.start : t.stop]  # type: ignore[index]
-        fill(t.start, t.stop)
-        return buffer[t.start : t.stop]
-    ops = {**COMBINE, **(combine or {})}
-    rank = transport.rank
-    program, conflict = _plan(s, rank)
-    recvs = [i for i, (_, kind, _) in enumerate(program) if kind == "recv"]
-    budget = max(buffer.numel() * buffer.element_size(), LOOKAHEAD_MIN_BYTES)
-    # posted, not applied: (program index, transfer, work, staging buffer or None if direct)
-    pending: deque[tuple[int, Transfer, object, torch.Tensor | None]] = deque()
-    sending: list[tuple[Transfer, object, int]] = []  # (transfer, work, step)
-    posted = 0  # receives posted so far (a prefix of ``recvs``)
-    held = 0  # bytes of posted staged receives not yet applied
-    cursor = 0  # program entries before this one have been issued
+    def post_receives(self, upto: int) -> None:
+        """Post receives in program order: every one before program index ``upto``, then more
+        while their staging buffers stay within ``budget``."""
+        program, recvs, buffer = self.program, self.recvs, self.buffer
+        while self.posted < len(recvs):
+            i = recvs[self.posted]
+            t = program[i][2]
+            if self.lands_in_place(i, t):
+                self.pending.append((i, t, self.transport.irecv(buffer[t.start : t.stop], t.src),
+                                     None))
+                if self.fresh is not None:
+                    self.fresh.write(t.start, t.stop)
+                self.posted += 1
+                continue
+            if i >= upto and t.op == "copy":
+                break  # it may land in the buffer once what touches its range has finished
+            nbytes = t.count * buffer.element_size()
+            if i >= upto and self.held + nbytes > self.budget:
+                break
+            tmp = STAGING.take(t.count, buffer)
+            self.pending.append((i, t, self.transport.irecv(tmp, t.src), tmp))
+            self.posted += 1
+            self.held += nbytes
 
-    def direct(i: int, t: Transfer) -> bool:
+    def lands_in_place(self, i: int, t: Transfer) -> bool:
         """Whether receive ``i`` may land in the buffer: a copy, and every earlier entry that
         touches its range is issued and finished (no overlapping receive is pending, and every
         overlapping send belongs to an earlier step than the current one)."""
         if t.op != "copy":
             return False
-        if conflict[i] < 0:
+        conflict = self.conflict[i]
+        if conflict < 0:
             return True
-        if conflict[i] >= cursor:
+        if conflict >= self.cursor:
             return False
-        for j, r, _, _ in pending:
-            if j > conflict[i]:
+        for j, r, _, _ in self.pending:
+            if j > conflict:
                 break
             if _overlaps(r, t):
                 return False
         # gloo marks a send done only when it is waited for: sends of steps before the current
         # one are waited for here (their bytes left long ago, or this rank is behind anyway).
-        now = program[cursor][0] if cursor < len(program) else len(s.steps)
-        late = [x for x in sending if _overlaps(x[0], t)]
+        cursor, program = self.cursor, self.program
+        now = program[cursor][0] if cursor < len(program) else len(self.s.steps)
+        late = [x for x in self.sending if _overlaps(x[0], t)]
         if any(x[2] >= now for x in late):
             return False
         for x in late:
             x[1].wait()
-            sending.remove(x)
+            self.sending.remove(x)
         return True
 
-    def post(upto: int) -> None:
-        """Post receives in program order: every one before program index ``upto``, then more
-        while their staging buffers stay within ``budget``."""
-        nonlocal posted, held
-        while posted < len(recvs):
-            i = recvs[posted]
-            t = program[i][2]
-            if direct(i, t):
-                pending.append((i, t, transport.irecv(buffer[t.start : t.stop], t.src), None))
-                if fresh is not None:
-                    fresh.write(t.start, t.stop)
-                posted += 1
-                continue
-            if i >= upto and t.op == "copy":
-                break  # it may land in the buffer once what touches its range has finished
-            nbytes = t.count * buffer.element_size()
-            if i >= upto and held + nbytes > budget:
-                break
-            tmp = STAGING.take(t.count, buffer)
-            pending.append((i, t, transport.irecv(tmp, t.src), tmp))
-            posted += 1
-            held += nbytes
-
-    def finish_sends(t: Transfer) -> None:
-        for item in [x for x in sending if _overlaps(x[0], t)]:
-            item[1].wait()
-            sending.remove(item)
-
-    def apply_through(last: int) -> None:
+    def apply_through(self, last: int) -> None:
         """Wait for and combine the pending receives up to program index ``last``."""
-        nonlocal held
+        pending = self.pending
         while pending and pending[0][0] <= last:
-            _, t, work, tmp = pending.popleft()
-            work.wait()
-            if tmp is None:
-                continue
-            finish_sends(t)
-            view = buffer[t.start : t.stop]
-            if (t.reduces and fresh is not None and ops.get(t.op) is _sum
-                    and fresh.untouched(t.start, t.stop)):
-                torch.add(source[t.start : t.stop], tmp, out=view)  # type: ignore[index]
-            else:
-                if t.reduces:
-                    fill(t.start, t.stop)
-                _apply(s, ops, view, t, tmp)
-            if fresh is not None:
-                fresh.write(t.start, t.stop)
-            STAGING.give(tmp)
-            held -= t.count * buffer.element_size()
-            post(0)
+            _, t, work, tmp = pending[0]
+            work.wait()  # raising, it leaves the entry pending: ``run`` gives ``tmp`` back
+            if tmp is not None:
+                self.combine_staged(t, tmp)
+            pending.popleft()
+            if tmp is not None:
+                STAGING.give(tmp)
+                self.held -= t.count * self.buffer.element_size()
+                self.post_receives(0)
 
-    post(0)
-    for i, (step, kind, t) in enumerate(program):
-        cursor = i
-        if kind == "send":
-            hits = [j for j, r, _, _ in pending if j < i and _overlaps(r, t)]
-            if hits:
-                apply_through(hits[-1])
-            # One port: sends of earlier steps to other peers finish first (a binomial root
-            # feeds its first child at full rate instead of all children at a fraction).
-            for item in [x for x in sending if x[2] < step and x[0].dst != t.dst]:
-                item[1].wait()
-                sending.remove(item)
-            sending.append((t, transport.isend(outgoing(t), t.dst), step))
-            post(0)
+    def combine_staged(self, t: Transfer, tmp: torch.Tensor) -> None:
+        """Combine a staged receive into the buffer once the sends reading its range are done
+        (write after read); out of place, the first sum into a range reads the source."""
+        self.finish_sends_overlapping(t)
+        view = self.buffer[t.start : t.stop]
+        fresh = self.fresh
+        if (t.reduces and fresh is not None and self.ops.get(t.op) is _sum
+                and fresh.untouched(t.start, t.stop)):
+            torch.add(self.source[t.start : t.stop], tmp, out=view)  # type: ignore[index]
         else:
-            post(i + 1)
-    cursor = len(program)
-    apply_through(len(program))
-    for _, work, _ in sending:
-        work.wait()
-    return fresh
+            if t.reduces:
+                self.fill_from_source(t.start, t.stop)
+            _apply(self.s, self.ops, view, t, tmp)
+        if fresh is not None:
+            fresh.write(t.start, t.stop)
+
+    def finish_sends_overlapping(self, t: Transfer) -> None:
+        """Wait for this rank's sends that read any of ``t``'s range (write after read)."""
+        for item in [x for x in self.sending if _overlaps(x[0], t)]:
+            item[1].wait()
+            self.sending.remove(item)
 
 
 def _apply(s: Schedule, ops: dict[str, Combine], view: torch.Tensor, t: Transfer,
@@ -368,8 +377,11 @@ def _execute_steps(s: Schedule, buffer: torch.Tensor, transport: Transport,
             if not alone:
                 staged.append((t, into))
             posted.append(P2P("recv", into, t.src))
-        wait_all(transport.batch(posted))
-        for t, tmp in staged:
-            _apply(s, ops, buffer[t.start : t.stop], t, tmp)
-            STAGING.give(tmp)
+        try:
+            wait_all(transport.batch(posted))
+            for t, tmp in staged:
+                _apply(s, ops, buffer[t.start : t.stop], t, tmp)
+        finally:
+            for _, tmp in staged:
+                STAGING.give(tmp)
     return Unwritten(0) if source is not None else None

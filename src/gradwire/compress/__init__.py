@@ -46,6 +46,7 @@ from gradwire.compress.quantize import (
     TernGrad,
     majority_vote,
 )
+from gradwire.compress.select import SELECTORS, exact_topk, threshold_topk
 from gradwire.compress.sparse import (
     DGC,
     CountedPayload,
@@ -53,7 +54,6 @@ from gradwire.compress.sparse import (
     SharedIndexPayload,
     SparsePayload,
     TopK,
-    threshold_topk,
 )
 from gradwire.errors import GradwireError, did_you_mean
 
@@ -85,5 +85,6 @@ __all__ = [
     "CountedPayload", "ErrorFeedback", "LowRankPayload", "Payload", "PowerSGD",
     "PowerSGDCompressor", "QSGDPayload", "RandomK", "ScaledSignPayload", "SharedIndexPayload",
     "SignPayload", "SignSGD", "SparsePayload", "TernGrad", "TernaryPayload", "TopK",
-    "from_matrix", "get", "majority_vote", "matrix_shape", "threshold_topk", "to_matrix",
+    "SELECTORS", "exact_topk", "from_matrix", "get", "majority_vote", "matrix_shape",
+    "threshold_topk", "to_matrix",
 ]

@@ -25,9 +25,12 @@ from typing import TypeVar
 
 import torch
 
+from gradwire.check import check_fraction, check_int, is_int
+from gradwire.dtypes import FLOATS, acc_dtype, index_dtype
 from gradwire.errors import GradwireError
 
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+__all__ = ["FLOATS", "Compressor", "Payload", "acc_dtype", "check_fraction", "check_input",
+           "check_int", "expect", "generator", "index_dtype", "select_count"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +57,7 @@ def _checked_decompress(fn):  # type: ignore[no-untyped-def]
     call is arithmetic on sizes, no pass over the data."""
     @functools.wraps(fn)
     def decompress(self, payload, numel):  # type: ignore[no-untyped-def]
-        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        if not is_int(numel, 0):
             raise GradwireError(f"{self.name}: numel must be an integer >= 0, got {numel!r}")
         try:
             out = fn(self, payload, numel)
@@ -77,7 +80,11 @@ class Compressor(ABC):
     """Base of every compressor: see the module docstring for the contract."""
 
     name: str
-    associative: bool = False
+    # What an aggregation method needs to know of its compressor (gradwire.catalogue):
+    associative: bool = False  # summed payloads decompress to the sum of what each meant
+    error_feedback: bool = False  # biased: what was not sent is kept in a residual
+    takes_density: bool = False  # selects a fraction of the elements (density=, warm-up)
+    per_rank_seed: bool = False  # stochastic: each rank must draw numbers of its own
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = check_int(self.name, "seed", seed, 0)
@@ -102,6 +109,20 @@ class Compressor(ABC):
     @abstractmethod
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int: ...
 
+    def wire_itemsize(self, dtype: torch.dtype) -> int:
+        """Bytes per element of the payload as an allreduce sums it (associative compressors:
+        its values' dtype); 1 where the payload only travels as bytes."""
+        return 1
+
+    def combine(self, payloads: list[Payload], numel: int) -> torch.Tensor:
+        """The average over ranks of what ``payloads`` (one per rank) stand for: each
+        decompressed, summed in fp32 (fp64 for fp64), divided by the number of ranks."""
+        dtype = payloads[0].dtype
+        total = torch.zeros(numel, dtype=acc_dtype(dtype), device=payloads[0].tensors()[0].device)
+        for p in payloads:
+            total += self.decompress(p, numel)
+        return total.div_(len(payloads)).to(dtype)
+
     def state_dict(self) -> dict[str, object]:
         return {"step": self.step}
 
@@ -125,18 +146,6 @@ def check_input(name: str, x: torch.Tensor) -> None:
                             f"shape {tuple(x.shape)} {x.dtype}")
 
 
-def check_int(name: str, param: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise GradwireError(f"{name}: {param} must be an integer >= {low}, got {value!r}")
-    return value
-
-
-def check_fraction(name: str, param: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise GradwireError(f"{name}: {param} must be a number in (0, 1], got {value!r}")
-    return float(value)
-
-
 P = TypeVar("P", bound=Payload)
 
 
@@ -157,17 +166,6 @@ def select_count(numel: int, density: float | None, k: int | None) -> int:
     assert density is not None
     # round() first: 0.01 * 700 is 7.000000000000001 in floating point, and should select 7.
     return min(numel, max(1, math.ceil(round(density * numel, 6))))
-
-
-def index_dtype(numel: int) -> torch.dtype:
-    """int32 indices while they fit (half the bytes of int64 on the wire), else int64."""
-    return torch.int32 if numel < 2**31 else torch.int64
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of norms and scales: fp64 for fp64 input, fp32 otherwise (an fp16 norm of a
-    large bucket overflows at 65504)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def generator(seed: int, step: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -39,6 +39,9 @@ class Cast(Compressor):
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return numel * self.wire_dtype.itemsize
 
+    def wire_itemsize(self, dtype: torch.dtype) -> int:
+        return self.wire_dtype.itemsize
+
 
 class FP16(Cast):
     name = "fp16"

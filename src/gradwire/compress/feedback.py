@@ -9,21 +9,51 @@ Per key (a bucket index, a parameter name), with residual e (zero at first):
 
 so e_after + decompress(payload) = e_before + g element-wise (exactly, for values whose sums are
 representable). The residual has the gradient's dtype and device. One ErrorFeedback serves every
-compressor; compressors keep none of their own.
+compressor; compressors keep none of their own. A top-k selection does steps 1–3 in place in
+the residual (:func:`feed`), which :func:`gradwire.sparse.sparse_allreduce` also uses.
+
+The NaN/Inf policy (:func:`warn_nonfinite`): when any rank's gradient is not finite, every
+rank aggregates gradient + residual dense, as a dense allreduce would, and its residual is
+cleared, never left non-finite.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable
 
 import torch
 
 from gradwire.compress.base import Compressor, Payload
+from gradwire.compress.select import select
 from gradwire.errors import GradwireError
 
 # What a state dict that is not what state_dict() returned raises on the way in (a missing key,
 # a field of the wrong type or value): callers turn it into one GradwireError.
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def feed(residual: torch.Tensor, x: torch.Tensor, k: int, selector: str = "exact"
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1–3 for a top-k selection, in place: acc = residual + x (in ``residual``); select
+    the min(k, n) largest |acc| (:func:`gradwire.compress.select.select`); residual = acc −
+    sent. Returns what this rank sends: (values, int64 indices in ascending order)."""
+    acc = residual.add_(x)
+    idx = select(acc, k, selector)
+    values = acc[idx]
+    acc[idx] = 0  # acc − sent, exactly: the sent values are acc's own
+    return values, idx
+
+
+def flush(residual: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """x + residual as a new tensor (x when there is none): all of it is applied now."""
+    return x if residual is None else x + residual.to(x.dtype)
+
+
+def warn_nonfinite(who: str, stacklevel: int = 3) -> None:
+    """The NaN/Inf policy's one warning, on every rank that takes the dense path."""
+    warnings.warn(f"{who}: a gradient holds NaN or Inf on some rank; aggregated dense this "
+                  "call (residuals applied and cleared)", RuntimeWarning, stacklevel=stacklevel)
 
 
 class ErrorFeedback:
@@ -64,6 +94,18 @@ class ErrorFeedback:
         payload = self.compressor.compress(corrected)
         self.update(key, corrected, self.compressor.decompress(payload, corrected.numel()))
         return payload
+
+    def residual(self, key: Hashable, like: torch.Tensor) -> torch.Tensor:
+        """The residual of ``key``, zeros like ``like`` the first time (kept, and updated in
+        place by :func:`feed`)."""
+        e = self.residuals.get(key)
+        if e is None:
+            e = self.residuals[key] = torch.zeros_like(like)
+        return e
+
+    def flush(self, key: Hashable, x: torch.Tensor) -> torch.Tensor:
+        """x plus the residual of ``key``, which is then forgotten (all of it is applied)."""
+        return flush(self.residuals.pop(key, None), x)
 
     def reset(self, key: Hashable | None = None) -> None:
         """Forget the residual of ``key``, or of every key."""

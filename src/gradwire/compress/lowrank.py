@@ -16,8 +16,8 @@ That needs a collective between steps 1 and 3, so :class:`PowerSGD` exposes the 
 one-shot compressor interface (each rank's own rank-r approximation, gathered, not summed).
 
 P and Q are fp32 (fp64 for fp64 buckets). Warning: a hook that issues the two allreduces per
-bucket must issue them in the same order on every rank (REFERENCE.md: PyTorch's own hook
-aborted on gloo with several buckets in flight).
+bucket must issue them in the same order on every rank (PyTorch's own hook, which starts them
+from future callbacks, aborted on gloo with several buckets in flight).
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ class PowerSGDCompressor(Compressor):
     """
 
     name = "powersgd"
+    error_feedback = True
 
     def __init__(self, rank: int = 4, warm_start: bool = True, seed: int = 0) -> None:
         super().__init__(seed)

@@ -78,6 +78,10 @@ class SignSGD(Compressor):
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return packed_bytes(numel, 1)
 
+    def combine(self, payloads: list[Payload], numel: int) -> torch.Tensor:
+        """The majority vote of the ranks' signs (signSGD with majority vote)."""
+        return majority_vote(payloads, numel)
+
 
 def majority_vote(signs: Sequence[Payload] | torch.Tensor, numel: int | None = None
                   ) -> torch.Tensor:
@@ -114,6 +118,7 @@ class EFSignSGD(Compressor):
     :class:`ErrorFeedback` (EF-SignSGD, Karimireddy et al. 2019)."""
 
     name = "efsignsgd"
+    error_feedback = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -147,6 +152,7 @@ class QSGD(Compressor):
     """
 
     name = "qsgd"
+    per_rank_seed = True
 
     def __init__(self, s: int = 255, seed: int = 0) -> None:
         super().__init__(seed)
@@ -210,6 +216,7 @@ class TernGrad(Compressor):
     (TernGrad's gradient clipping is left to the caller.)"""
 
     name = "terngrad"
+    per_rank_seed = True
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__(seed)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
+from gradwire.check import is_real
 from gradwire.compress.base import (
     Compressor,
     Payload,
@@ -31,15 +31,8 @@ from gradwire.compress.base import (
     index_dtype,
     select_count,
 )
+from gradwire.compress.select import SAMPLE, SELECTORS, dgc_select, select
 from gradwire.errors import GradwireError
-
-SAMPLE = 0.01
-MIN_SAMPLE = 4096
-# Slack of the sampled threshold in standard deviations of the sampled count (about Poisson, so
-# sd = sqrt(expected)): at 4 sd a second full pass is rare (~1 call in 10^4) and the candidates
-# stay within k·(1 + 4/sqrt(expected)) + O(1), e.g. 1.27k at 25 M elements, density 0.001.
-MARGIN_SD = 4.0
-THRESHOLD_PASSES = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,92 +57,6 @@ class SharedIndexPayload(Payload):
     step: int
 
 
-def exact_topk(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (int64) of k elements of largest |x|; ties broken arbitrarily."""
-    if k == 0:
-        return torch.empty(0, dtype=torch.long, device=x.device)
-    return torch.topk(x.abs(), k, sorted=False).indices
-
-
-def _sample_abs(x: torch.Tensor, size: int, g: torch.Generator) -> torch.Tensor:
-    return x[torch.randint(x.numel(), (size,), generator=g, device=x.device)].abs()
-
-
-def _kth_largest(v: torch.Tensor, j: int) -> float:
-    # A Python float, not a 0-d tensor: the compares below run ~1.5x faster with a scalar
-    # (measured at 25 M fp32). The value came from x, so it is exact in x's dtype.
-    return float(torch.topk(v, j, sorted=False).values.min())
-
-
-NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
-
-
-def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Indices of every |x| ≥ threshold (never a NaN). Two compares on x instead of one on
-    x.abs() (a fresh n-element tensor). On the CPU numpy does the pass: torch's compares into
-    a bool tensor and its nonzero were several times slower here (benchmarks/results:
-    compress_speed.json for 25 M, train_demo_1gbit.json's compress column at 1.13 M)."""
-    if x.device.type == "cpu" and x.dtype in NUMPY_DTYPES and not x.requires_grad:
-        a = x.numpy()
-        return torch.from_numpy(np.flatnonzero((a >= threshold) | (a <= -threshold)))
-    return torch.nonzero((x >= threshold) | (x <= -threshold)).squeeze(1)
-
-
-def _keep_largest(x: torch.Tensor, cand: torch.Tensor, k: int) -> torch.Tensor:
-    if cand.numel() <= k:
-        return cand
-    return cand[torch.topk(x[cand].abs(), k, sorted=False).indices]
-
-
-def _nonzeros_first(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest |x| when the sampled threshold is 0 (many exact zeros, as in embedding
-    gradients): the largest nonzeros, topped up with zeros. Without this every element would
-    be a candidate and step 3 a torch.topk over all of x."""
-    nz = torch.nonzero(x).squeeze(1)
-    if nz.numel() >= k:
-        return _keep_largest(x, nz, k)
-    return torch.cat([nz, torch.nonzero(x == 0).squeeze(1)[: k - nz.numel()]])
-
-
-def _sample_size(numel: int, sample: float, min_sample: int) -> int:
-    return max(min_sample, math.ceil(sample * numel))
-
-
-def threshold_topk(x: torch.Tensor, k: int, g: torch.Generator, sample: float = SAMPLE,
-                   min_sample: int = MIN_SAMPLE) -> torch.Tensor:
-    """Indices (int64) of exactly the k largest |x|, found with about one pass over x.
-
-    1. Draw s = max(min_sample, sample·n) elements of x; their j-th largest |x|, with j a few
-       standard deviations above the expected k·s/n, is a threshold just below the k-th.
-    2. One pass: the candidates are every element with |x| ≥ threshold.
-    3. If there are ≥ k, keep the top k of the candidates (torch.topk on them only).
-       If fewer, lower the threshold (j ×4) and pass again; after ``THRESHOLD_PASSES`` fall
-       back to torch.topk on all of x.
-
-    The candidates hold every element above the threshold, so the result is the exact top-k
-    whenever step 3 succeeds (ties: any k of the tied). The sample only decides the speed.
-    Cost: one compare pass and one nonzero over n, plus torch.topk on ~k candidates.
-    """
-    n = x.numel()
-    s = _sample_size(n, sample, min_sample)
-    if k == 0 or k >= n or 2 * s >= n:  # a sample this large costs as much as torch.topk
-        return exact_topk(x, k)
-    v = _sample_abs(x, s, g)
-    expected = k * s / n
-    j = max(1, min(s, math.ceil(expected + MARGIN_SD * (math.sqrt(expected) + 1))))
-    for _ in range(THRESHOLD_PASSES):
-        threshold = _kth_largest(v, j)
-        if threshold == 0:
-            return _nonzeros_first(x, k)
-        cand = _candidates(x, threshold)
-        if cand.numel() >= k:
-            return _keep_largest(x, cand, k)
-        if j == s:
-            break
-        j = min(s, 4 * j)
-    return exact_topk(x, k)
-
-
 def _sparse_decompress(indices: torch.Tensor, values: torch.Tensor, numel: int,
                        dtype: torch.dtype) -> torch.Tensor:
     out = torch.zeros(numel, dtype=dtype, device=values.device)
@@ -169,8 +76,8 @@ def _sparse_params(name: str, density: float | None, k: int | None) -> tuple[flo
 class TopK(Compressor):
     """The k largest |x| as (int32 index, value) pairs.
 
-    ``selector="threshold"`` (default) finds the same k elements as ``"exact"`` (torch.topk)
-    with about one pass over x: see :func:`threshold_topk`. Measured at 25 M fp32, density
+    ``selector="threshold"`` (default) finds the same k elements as ``"exact"`` with about one
+    pass over x: see :mod:`gradwire.compress.select`. Measured at 25 M fp32, density
     0.001, 2 CPU threads: see benchmarks/results/compress_speed.json.
 
     Not associative: ranks select different indices, so payloads are gathered (TopKAllReduce,
@@ -184,12 +91,14 @@ class TopK(Compressor):
     """
 
     name = "topk"
+    error_feedback = True
+    takes_density = True
 
     def __init__(self, density: float | None = None, k: int | None = None,
                  selector: str = "threshold", sample: float = SAMPLE, seed: int = 0) -> None:
         super().__init__(seed)
         self.density, self.k = _sparse_params(self.name, density, k)
-        if selector not in ("threshold", "exact"):
+        if selector not in SELECTORS:
             raise GradwireError(f"topk: selector must be 'threshold' or 'exact', got "
                                 f"{selector!r}")
         self.selector = selector
@@ -206,10 +115,8 @@ class TopK(Compressor):
     def compress(self, x: torch.Tensor) -> SparsePayload:
         check_input(self.name, x)
         n, k = x.numel(), self.count(x.numel())
-        if self.selector == "exact":
-            idx = exact_topk(x, k)
-        else:
-            idx = threshold_topk(x, k, self._generator(x.device), self.sample)
+        g = self._generator(x.device) if self.selector == "threshold" else None
+        idx = select(x, k, self.selector, g, self.sample)
         return SparsePayload(dtype=x.dtype, indices=idx.to(index_dtype(n)), values=x[idx])
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
@@ -248,6 +155,8 @@ class RandomK(Compressor):
 
     name = "randomk"
     associative = True
+    error_feedback = True
+    takes_density = True
 
     def __init__(self, density: float | None = None, k: int | None = None,
                  seed: int = 0) -> None:
@@ -284,34 +193,8 @@ class RandomK(Compressor):
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return self.count(numel) * dtype.itemsize
 
-
-def dgc_select(x: torch.Tensor, k: int, capacity: int, g: torch.Generator, sample: float,
-               passes: int, min_sample: int = MIN_SAMPLE) -> torch.Tensor:
-    """DGC's selection: indices (int64) of the c largest |x|, k/slack ≤ c ≤ capacity unless
-    the passes run out (then fewer), with capacity = ⌈slack·k⌉.
-
-    Threshold = the ⌈k·s/n⌉-th largest |x| of a sample of s; one pass selects |x| ≥ threshold.
-    More than ``capacity`` selected: keep the top k of them (no further pass). Fewer than
-    k²/capacity: rescale the sampled rank by k/count and pass again, at most ``passes`` in all.
-    """
-    n = x.numel()
-    s = _sample_size(n, sample, min_sample)
-    if k == 0 or k >= n or 2 * s >= n:
-        return exact_topk(x, k)
-    v = _sample_abs(x, s, g)
-    j = min(s, math.ceil(k * s / n))
-    for _ in range(passes):
-        threshold = _kth_largest(v, j)
-        if threshold == 0:
-            return _nonzeros_first(x, k)
-        cand = _candidates(x, threshold)
-        c = cand.numel()
-        if c > capacity:
-            return _keep_largest(x, cand, k)
-        if c * capacity >= k * k or j == s:
-            break
-        j = min(s, math.ceil(j * k / max(c, 1)))
-    return cand
+    def wire_itemsize(self, dtype: torch.dtype) -> int:
+        return dtype.itemsize
 
 
 class DGC(Compressor):
@@ -323,6 +206,8 @@ class DGC(Compressor):
     """
 
     name = "dgc"
+    error_feedback = True
+    takes_density = True
 
     def __init__(self, density: float | None = None, k: int | None = None,
                  sample: float = SAMPLE, passes: int = 3, slack: float = 1.25,
@@ -331,8 +216,7 @@ class DGC(Compressor):
         self.density, self.k = _sparse_params(self.name, density, k)
         self.sample = check_fraction(self.name, "sample", sample)
         self.passes = check_int(self.name, "passes", passes, 1)
-        if (isinstance(slack, bool) or not isinstance(slack, (int, float))
-                or not 1 <= slack < math.inf):
+        if not is_real(slack, 1):
             raise GradwireError(f"dgc: slack must be a finite number >= 1, got {slack!r}")
         self.slack = float(slack)
 

@@ -3,9 +3,9 @@ thread that lets communication overlap the rest of backward.
 
 Every collective of a hook state is issued from one thread in the order DDP handed the buckets
 over (bucket 0, 1, …, which is the same on every rank), so ranks never disagree on which
-collective comes next. REFERENCE.md records what happens otherwise: PyTorch's PowerSGD hook,
-whose two allreduces per bucket start from future callbacks, aborted on gloo with several
-buckets ("collective mismatch").
+collective comes next. Otherwise it goes as with PyTorch's PowerSGD hook, whose two allreduces
+per bucket start from future callbacks: it aborted on gloo with several buckets ("collective
+mismatch"; PyTorch's ``powerSGD_hook`` with 25 MB buckets on a 14.7 M-parameter MLP).
 """
 
 from __future__ import annotations
@@ -149,14 +149,8 @@ class Comm:
             self._bounded(ALL_GATHER(out, mine, group=self.group, async_op=True),
                           f"all_gather of {n} bytes")
         else:
-            # gradwire's collectives take float tensors; an allgather only moves the words, so
-            # the bytes travel as float32 words (padded to a multiple of 4).
-            words = -(-n // 4)
-            send = torch.zeros(words * 4, dtype=torch.uint8, device=mine.device)
-            send[:n] = mine
-            got = torch.empty(self.world * words, dtype=torch.float32, device=mine.device)
-            gc.all_gather_into_tensor(got, send.view(torch.float32), transport=self.agreed)
-            out = got.view(torch.uint8).reshape(self.world, words * 4)[:, :n].reshape(-1)
+            out = torch.empty(self.world * n, dtype=torch.uint8, device=mine.device)
+            gc.all_gather_into_tensor(out, mine, transport=self.agreed)
         self.seconds += time.perf_counter() - t0
         return [unpack(payload, out[r * n : (r + 1) * n]) for r in range(self.world)]
 

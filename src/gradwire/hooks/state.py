@@ -13,19 +13,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradwire.catalogue import METHODS as CATALOGUE
+from gradwire.catalogue import MODES, AggregationCall, Method, aggregate
+from gradwire.catalogue import get as get_method
+from gradwire.check import check_fraction, check_int
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback, PowerSGDCompressor
-from gradwire.compress import get as get_compressor
-from gradwire.compress.base import check_fraction, check_int
 from gradwire.compress.feedback import MALFORMED
-from gradwire.errors import GradwireError, did_you_mean
+from gradwire.errors import GradwireError
 from gradwire.hooks import layout
 from gradwire.hooks.comm import Comm, Worker, complete
-from gradwire.hooks.methods import TABLE, Method, Step, aggregate
 from gradwire.hooks.warmup import Warmup, parse
 from gradwire.schedules import registry
 
-METHODS: tuple[str, ...] = tuple(TABLE)
-MODES = ("bucket", "model")
+METHODS: tuple[str, ...] = tuple(CATALOGUE)
 STATS = ("compress", "communicate", "header", "tail", "sent", "steps", "buckets", "dense",
          "cpu")
 
@@ -95,17 +95,9 @@ class HookState:
         self.epoch = 0
         self.step = 0
         self.positions = layout.Positions()
-        self.compressor: Compressor | None = None
-        if m.compressor is not None:
-            params: dict[str, Any] = dict(config.options)
-            factory = COMPRESSORS[m.compressor]
-            accepts = inspect.signature(factory).parameters
-            if m.sparse:
-                params["density"] = config.density
-            if "seed" in accepts:
-                params["seed"] = config.seed
-            self.compressor = get_compressor(m.compressor, **params)
-        self.ef = ErrorFeedback(self.compressor) if m.feedback and self.compressor else None
+        self.compressor = m.make_compressor(config.density, config.seed, **config.options)
+        self.ef = (ErrorFeedback(self.compressor)
+                   if m.error_feedback and self.compressor is not None else None)
         self.call_name = _call_name(config, self.compressor)
         self._comm: Comm | None = None
         self._worker: Worker | None = None
@@ -131,7 +123,7 @@ class HookState:
     def density(self) -> float:
         """The density the next iteration uses (1.0 while dense, or for non-sparse methods)."""
         c = self.config
-        if c.warmup.dense(self.step) or not c.method.sparse:
+        if c.warmup.dense(self.step) or not c.method.takes_density:
             return 1.0
         return c.warmup.density(self.epoch, c.density)
 
@@ -206,19 +198,19 @@ class HookState:
             raise GradwireError(f"bucket {bucket.index()} has {buf.numel()} elements, its "
                                 f"parameters {self.positions.size(key)}: gradwire hooks need "
                                 "dense gradients")
-        plan = Step(self.config.method, comm, self.compressor, self.ef, self.density,
-                    dense=self.config.warmup.dense(self.step), name=self.call_name)
+        call = AggregationCall(self.config.method, comm, self.compressor, self.ef, self.density,
+                               dense=self.config.warmup.dense(self.step), name=self.call_name)
         last = bucket.is_last()
         fut: torch.futures.Future = torch.futures.Future()
         if self.config.mode == "bucket":
-            self._dispatch(lambda: [self._bucket(buf, key, plan, last)], [fut], last)
+            self._dispatch(lambda: [self._bucket(buf, key, call, last)], [fut], last)
             return fut
         if bucket.index() == 0:
             self._pending = []  # left over from a backward that did not finish
         self._pending.append((buf, key, fut))
         if last:
             pending, self._pending = self._pending, []
-            self._dispatch(lambda: self._model(pending, plan), [f for *_, f in pending], last)
+            self._dispatch(lambda: self._model(pending, call), [f for *_, f in pending], last)
         return fut
 
     def _setup(self) -> Comm:
@@ -227,8 +219,8 @@ class HookState:
                 raise GradwireError("torch.distributed is not initialized: call "
                                     "dist.init_process_group() before the first backward")
             c = self.config
-            self._comm = Comm(c.group, c.algo, transport=c.method.combine == "sparse")
-            if c.method.own_seed and self.compressor is not None:
+            self._comm = Comm(c.group, c.algo, transport=c.method.path.on_transport)
+            if c.method.per_rank_seed and self.compressor is not None:
                 self.compressor.seed = c.seed * 2**20 + self._comm.rank
             if c.overlap:
                 self._worker = Worker()
@@ -252,19 +244,20 @@ class HookState:
             complete(timed, futures)
 
     # --- on the comm thread --------------------------------------------------------------
-    def _aggregate(self, x: torch.Tensor, key: layout.Layout, plan: Step) -> torch.Tensor:
-        comm, s = plan.comm, self.stats
+    def _aggregate(self, x: torch.Tensor, key: layout.Layout,
+                   call: AggregationCall) -> torch.Tensor:
+        comm, s = call.comm, self.stats
         before, header, t0 = comm.seconds, comm.header_seconds, time.perf_counter()
         if self.ef is not None:
             layout.carry(self.ef.residuals, key, self.positions.numels, x)
-        avg, sent = aggregate(plan, x, key)
+        avg, sent = aggregate(call, x, key)
         spent = comm.seconds - before
         s["compress"] += time.perf_counter() - t0 - spent
         s["communicate"] += spent
         s["header"] += comm.header_seconds - header
         s["sent"] += sent
         s["buckets"] += 1
-        s["dense"] += plan.dense
+        s["dense"] += call.dense
         self._used.add(key)
         return avg
 
@@ -277,16 +270,16 @@ class HookState:
                 del memory[key]
         self._used = set()
 
-    def _bucket(self, buf: torch.Tensor, key: layout.Layout, plan: Step,
+    def _bucket(self, buf: torch.Tensor, key: layout.Layout, call: AggregationCall,
                 last: bool) -> torch.Tensor:
-        avg = self._aggregate(buf, key, plan)
+        avg = self._aggregate(buf, key, call)
         buf.copy_(avg)
         if last:
             self._end_step()
         return buf
 
     def _model(self, pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]],
-               plan: Step) -> list[torch.Tensor]:
+               call: AggregationCall) -> list[torch.Tensor]:
         if len({buf.dtype for buf, _, _ in pending}) > 1:
             raise GradwireError("mode='model' needs every parameter in one dtype, got "
                                 f"{sorted({str(b.dtype) for b, _, _ in pending})}")
@@ -308,7 +301,7 @@ class HookState:
         else:
             x = torch.cat([views[p] for p in order])
         self._order = order
-        avg = self._aggregate(x, order, plan)
+        avg = self._aggregate(x, order, call)
         if avg is not pending[0][0]:
             offset = 0
             for p in order:
@@ -325,7 +318,7 @@ def _call_name(config: HookConfig, compressor: Compressor | None) -> str:
     sending messages of different lengths."""
     m = config.method
     shown = {k: v for k, v in config.options.items() if k != "selector"}
-    if (m.combine in ("allreduce", "powersgd") and m.compressor is not None
+    if (m.path.sums_payloads and m.compressor is not None
             and "seed" in inspect.signature(COMPRESSORS[m.compressor]).parameters):
         # the payloads are summed element by element, so the seed that draws random-k's
         # indices or PowerSGD's first Q must be the same everywhere (a top-k's sample of its
@@ -353,11 +346,7 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
     ``opts``: the compressor's own parameters (topk/gtopk: selector; dgc: sample, passes,
     slack; qsgd: s; powersgd: rank, warm_start).
     """
-    m = TABLE.get(method)
-    if m is None:
-        raise GradwireError(f"unknown hook method {method!r}{did_you_mean(method, METHODS)}: "
-                            f"expected one of "
-                            f"{', '.join(METHODS)}")
+    m = get_method(method)
     if mode not in MODES:
         raise GradwireError(f"hooks: mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(overlap, bool):

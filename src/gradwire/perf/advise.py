@@ -1,6 +1,6 @@
 """``gradwire advise``: rank every aggregation scheme for one cluster and say why the winner wins.
 
-Each method of :data:`gradwire.hooks.METHODS` runs with the parameters given (density for the
+Each method of :data:`gradwire.catalogue.METHODS` runs with the parameters given (density for the
 sparsifiers, rank for PowerSGD) through :func:`gradwire.perf.model.predict`; methods the codec
 table has no encode/decode time for are listed as not ranked.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gradwire.catalogue import METHODS
 from gradwire.errors import GradwireError
-from gradwire.hooks.methods import TABLE
 from gradwire.perf.codecs import CodecTable
-from gradwire.perf.model import Aggregation, Cluster, Prediction, predict
-from gradwire.perf.profiles import Profile
+from gradwire.perf.model import Aggregation, ClusterModel, Prediction, predict
+from gradwire.profiles import Profile
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Ranked:
         return float(p.iteration) - p.forward - p.backward - p.step
 
 
-def rank(profile: Profile, cluster: Cluster, aggs: list[Aggregation], codecs: CodecTable,
+def rank(profile: Profile, cluster: ClusterModel, aggs: list[Aggregation], codecs: CodecTable,
          compute_speedup: float = 1.0,
          overlap_slowdown: float = 1.0) -> tuple[list[Ranked], list[str]]:
     """Schemes fastest first, and the methods left out (with why)."""
@@ -53,7 +53,7 @@ def rank(profile: Profile, cluster: Cluster, aggs: list[Aggregation], codecs: Co
 
 
 def default_schemes(density: float, rank_: int) -> list[Aggregation]:
-    return [Aggregation(m, density=density, rank=rank_) for m in TABLE]
+    return [Aggregation(m, density=density, rank=rank_) for m in METHODS]
 
 
 def _ms(s: float) -> str:

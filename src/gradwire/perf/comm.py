@@ -201,6 +201,14 @@ def busiest_bytes(collective: str, algo: str, p: int, count: int, elem_bytes: fl
     return _busiest(collective, algo, p, c0, key) * elem_bytes * count / c0
 
 
+def bytes_sent(collective: str, algo: str, p: int, count: int, elem_bytes: int,
+               **params: object) -> np.ndarray:
+    """Bytes each rank sends in the collective, counted exactly on its schedule at ``count``
+    (:func:`seconds` prices counts above ``ref_count(P)`` from a scaled summary)."""
+    t = registry.table(collective, algo, p, count, **params)
+    return np.bincount(t.src, weights=t.size, minlength=p).astype(np.int64) * elem_bytes
+
+
 @functools.lru_cache(maxsize=512)
 def _busiest(collective: str, algo: str, p: int, count: int,
              params: tuple[tuple[str, object], ...]) -> float:

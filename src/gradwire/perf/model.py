@@ -13,13 +13,13 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
 2. One FIFO communication thread (as the hooks run): E_b = max(R_b, E_{b−1}) + encode_b +
    comm_b + decode_b. The last bucket can only start after backward: the exposed tail.
 3. comm_b is ``cost()`` of the method's schedules (:mod:`.comm`) on the bucket's wire bytes,
-   after the call header's exchange (``Cluster.check_calls``; one per bucket, as the hooks):
+   after the call header's exchange (``ClusterModel.check_calls``; one per bucket, as the hooks):
    dense, fp16/bf16, random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and
    Q); top-k and gTop-k: their sparse schedules; every other method: ring allgather of the
    payloads. encode/decode from a codec table (:mod:`.codecs`).
 4. t_iter = t_f + max(κ·t_b, E_last) + t_step; scaling efficiency e = (t_f + t_b)/t_iter
    (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
-5. Shared CPU (``Cluster.cores`` set): when n ranks share a machine of C cores, an iteration
+5. Shared CPU (``ClusterModel.cores`` set): when n ranks share a machine of C cores, an iteration
    takes at least L·D/u + S·s, L = max(1, n/C). D is the CPU one rank spends per
    iteration: its compute (``rank_cpu``, default t_f + t_b + t_step), encode and decode
    (times ``cpu_slowdown``: memory-bound work takes longer beside the other ranks), and its
@@ -42,7 +42,7 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    taken as measured at that P, and so already stretched. The emulated cluster is such a
    machine: every rank on its 2 cores, so compressed runs, whose wire time is small, are
    bound by CPU there.
-6. Stragglers (``Cluster.straggle``, default 0): ranks do not finish their compute together
+6. Stragglers (``ClusterModel.straggle``, default 0): ranks do not finish their compute together
    (iteration to iteration, a rank's forward and backward vary by milliseconds here, on idle
    cores too), and the iteration goes at the pace of the slowest: t_iter + w, w the time a
    rank waits per iteration, beyond the exchange itself, at the first collective it makes.
@@ -51,7 +51,7 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    wait for the slowest leave their cores to ranks that still compute, and the cores a
    wait does leave idle are in the per-step term (an idle-core term w·(1 − 1/k) that the
    model charged until 2026-11-26 over-predicted the sparse methods at P = 8 by 8-12 ms).
-7. Token buckets (``Cluster.burst``, default 0: a plain link): an emulated cluster's links
+7. Token buckets (``ClusterModel.burst``, default 0: a plain link): an emulated cluster's links
    are ``tc tbf`` buckets that let ``burst`` bytes through at once after an idle spell. A
    bucket's data calls start with the credit its links earned idle before them (the first
    bucket: since the iteration before sent its last, through the step, forward, backward
@@ -75,25 +75,21 @@ Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidt
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from gradwire import config
+from gradwire import catalogue, config
 from gradwire.bandwidth import parse_bandwidth
+from gradwire.catalogue import MODES, BucketPlan
+from gradwire.check import check_fraction, check_int, check_real, is_int
 from gradwire.collectives.agree import header_spec
-from gradwire.compress import get, matrix_shape
-from gradwire.compress.base import check_fraction, check_int, select_count
-from gradwire.errors import GradwireError, check_real, did_you_mean
-from gradwire.hooks import MODES
-from gradwire.hooks.methods import TABLE
+from gradwire.errors import GradwireError
 from gradwire.perf import comm
 from gradwire.perf.codecs import CodecTable
-from gradwire.perf.profiles import Profile
+from gradwire.profiles import Profile
 from gradwire.schedules import registry
-from gradwire.sparse.allreduce import spec as sparse_spec
 
 MAX_WORKERS = registry.MAX_WORLD
 DDP_BUCKET_MB = 25.0  # DistributedDataParallel's bucket_cap_mb
@@ -102,7 +98,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 @dataclass(frozen=True)
-class Cluster:
+class ClusterModel:
     """P workers on links of ``link_bps`` each way; α s per message, β s per byte (default
     8/link_bps), γ s per byte reduced. Arrays of link rates give one prediction per rate.
     ``check_calls``: charge each bucket's header exchange (default: as gradwire would run).
@@ -139,8 +135,7 @@ class Cluster:
     burst: float = 0.0
 
     def __post_init__(self) -> None:
-        if (isinstance(self.workers, bool) or not isinstance(self.workers, numbers.Integral)
-                or not 1 <= self.workers <= MAX_WORKERS):
+        if not is_int(self.workers, 1, MAX_WORKERS):
             raise GradwireError(f"workers must be a whole number from 1 to {MAX_WORKERS} (the "
                                 f"model costs every transfer of a schedule, P² of them for a "
                                 f"ring), got {self.workers!r}")
@@ -203,10 +198,7 @@ class Aggregation:
     first_bucket_mb: float = DDP_FIRST_BUCKET_MB
 
     def __post_init__(self) -> None:
-        if self.method not in TABLE:
-            raise GradwireError(f"unknown aggregation {self.method!r}"
-                                f"{did_you_mean(self.method, TABLE)}: expected one of "
-                                f"{', '.join(TABLE)}")
+        catalogue.get(self.method)  # one line naming the known methods
         if not 0 < self.density <= 1:
             raise GradwireError(f"density must be in (0, 1], got {self.density}")
         if self.mode not in MODES:
@@ -215,10 +207,17 @@ class Aggregation:
         check_real("bucket size (MiB)", self.bucket_mb, above=True)
         check_real("first bucket size (MiB)", self.first_bucket_mb, above=True)
 
+    def plan(self, numel: int, world: int, dtype: torch.dtype = torch.float32) -> BucketPlan:
+        """What one bucket of ``numel`` elements sends (the catalogue's plan)."""
+        m = catalogue.get(self.method)
+        options = {"rank": self.rank} if "rank" in m.options else {}
+        return m.plan(numel, world, dtype, m.make_compressor(self.density, **options),
+                      self.density)
+
     @property
     def label(self) -> str:
-        m = TABLE[self.method]
-        if m.sparse:
+        m = catalogue.get(self.method)
+        if m.takes_density:
             return f"{self.method} ρ={self.density:g}"
         return f"{self.method} r={self.rank}" if self.method == "powersgd" else self.method
 
@@ -269,29 +268,22 @@ def buckets(profile: Profile, agg: Aggregation) -> list[tuple[int, float]]:
 
 
 def operations(agg: Aggregation, numel: int, world: int,
-               dtype: str = "float32") -> tuple[list[tuple[str, str, int, float, dict]], int]:
+               dtype: str = "float32") -> tuple[list[tuple[str, str, int, int, dict]], int]:
     """The collectives one bucket of ``numel`` elements runs, as (collective, algorithm, count,
-    bytes per element, params), and this rank's payload bytes."""
-    m, td, item = TABLE[agg.method], DTYPES[dtype], DTYPES[dtype].itemsize
-    dense = [("allreduce", "ring", numel, item, {"pipeline": 1})], numel * item
-    k = select_count(numel, agg.density, None)
-    if m.combine == "dense" or (m.sparse and k == numel):
-        return dense
-    if m.combine == "sparse":
-        coll, algo, count, params = sparse_spec(agg.method, world, numel, k, td)
-        return [(coll, algo, count, 1, params)], count // (world if coll == "allgather" else 1)
-    if m.combine == "powersgd":
-        rows, cols = matrix_shape(numel)
-        r = get("powersgd", rank=agg.rank).power.effective_rank(rows, cols)
-        if (rows + cols) * r >= numel:
-            return dense
-        return ([("allreduce", "ring", rows * r, item, {"pipeline": 1}),
-                 ("allreduce", "ring", cols * r, item, {"pipeline": 1})], (rows + cols) * r * item)
-    c = get(m.compressor, **({"density": agg.density} if m.sparse else {}))
-    wire = c.wire_bytes(numel, td)
-    if m.combine == "allreduce":
-        return [("allreduce", "ring", wire, 1, {"pipeline": 1})], wire
-    return [("allgather", "ring", world * wire, 1, {"pipeline": 1})], wire
+    bytes per element, params), and this rank's payload bytes: the catalogue's plan for the
+    hooks' defaults (torch.distributed's own collectives)."""
+    plan = agg.plan(numel, world, DTYPES[dtype])
+    return ([(c.collective, c.algo, c.count, c.itemsize, c.params) for c in plan.calls],
+            plan.sent)
+
+
+def bytes_sent(agg: Aggregation, numel: int, world: int, dtype: str = "float32") -> np.ndarray:
+    """Bytes each rank sends for one bucket in the collectives the model prices
+    (:func:`operations`), the call header's exchange not included."""
+    sent = np.zeros(world, dtype=np.int64)
+    for c, a, n, e, prm in operations(agg, numel, world, dtype)[0]:
+        sent += comm.bytes_sent(c, a, world, n, e, **prm)
+    return sent
 
 
 def _positive(v: object) -> bool:
@@ -301,7 +293,7 @@ def _positive(v: object) -> bool:
             and bool((np.isfinite(a) & (a > 0)).all()))
 
 
-def predict(profile: Profile, cluster: Cluster, agg: Aggregation, codecs: CodecTable,
+def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: CodecTable,
             compute_speedup: float = 1.0, overlap_slowdown: float = 1.0,
             rank_cpu: float | None = None, hook_cpu: float | None = None,
             hook_wall: float | None = None) -> Prediction:

@@ -24,17 +24,20 @@ from pathlib import Path
 import numpy as np
 
 from gradwire.bandwidth import format_bandwidth
-from gradwire.bench.sizes import parse_sizes
-from gradwire.errors import GradwireError, check_real
+from gradwire.check import check_real
+from gradwire.config import DEFAULT_ALPHA_S
+from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object
 from gradwire.perf import comm
 from gradwire.perf.codecs import CodecTable
-from gradwire.perf.model import Aggregation, Cluster, predict
-from gradwire.perf.profiles import Profile
+from gradwire.perf.model import Aggregation, ClusterModel, predict
+from gradwire.profiles import Profile
+from gradwire.sizes import parse_sizes
 
-# This cluster's calibration (benchmarks/results/collectives_1gbit.json): α 307 µs per
-# message, γ 0.11 ns per byte reduced. β comes from each link rate.
-ALPHA_S = 307e-6
+# Where no calibration is given: gradwire's one default α (a typical per-message latency
+# between hosts over Ethernet) and γ 0.11 ns per byte reduced (benchmarks/results/
+# collectives_1gbit.json). β comes from each link rate.
+ALPHA_S = DEFAULT_ALPHA_S
 GAMMA_S_PER_BYTE = 0.11e-9
 
 
@@ -69,10 +72,11 @@ class Setting:
     intra_bps: float = 100e9
     cpu: CpuSetting | None = None  # shared cores, from a calibration (see load_calibration)
 
-    def cluster(self, workers: int, link: np.ndarray | float) -> Cluster:
+    def cluster(self, workers: int, link: np.ndarray | float) -> ClusterModel:
         extra = {} if self.cpu is None else self.cpu.fields(workers)
-        return Cluster(workers, link, self.alpha, self.gamma, ranks_per_node=self.ranks_per_node,
-                       intra_bps=self.intra_bps, **extra)
+        return ClusterModel(workers, link, self.alpha, self.gamma,
+                            ranks_per_node=self.ranks_per_node, intra_bps=self.intra_bps,
+                            **extra)
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class CpuSetting:
         check_real("cpu_slowdown", self.slowdown, 1.0)
 
     def fields(self, workers: int) -> dict[str, object]:
-        """:class:`Cluster`'s shared-CPU arguments for ``workers`` ranks."""
+        """:class:`ClusterModel`'s shared-CPU arguments for ``workers`` ranks."""
         return {"cores": self.cores, "cpu_ranks": workers if self.one_machine else None,
                 "cpu_step": self.step, "cpu_byte": self.byte, "cpu_share": self.share,
                 "cpu_sync": self.sync, "cpu_slowdown": self.slowdown}
@@ -192,7 +196,7 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
             "load_average": os.getloadavg()[0]}
 
 
-def required_compression(profile: Profile, cluster: Cluster, speedup: float) -> list[float]:
+def required_compression(profile: Profile, cluster: ClusterModel, speedup: float) -> list[float]:
     """Smallest all-reducible compression ratio whose one-bucket ring allreduce fits in
     backward (inf where latency alone does not fit; 1 where dense already fits)."""
     p, n = cluster.workers, profile.numel

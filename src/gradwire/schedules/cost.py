@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.schedules.ir import Schedule
 
 
@@ -41,7 +42,8 @@ class CostParams:
     start_credit: float = 0.0
 
     @staticmethod
-    def for_link(bits_per_s: float, alpha: float = 50e-6, gamma: float = 0.0) -> CostParams:
+    def for_link(bits_per_s: float, alpha: float = DEFAULT_ALPHA_S,
+                 gamma: float = 0.0) -> CostParams:
         return CostParams(alpha, 8.0 / bits_per_s, gamma)
 
 

@@ -120,6 +120,21 @@ def merge_steps(*phases: list[list[Transfer]]) -> list[list[Transfer]]:
     return [[t for ph in phases if i < len(ph) for t in ph[i]] for i in range(n)]
 
 
+def chain(parts: list[Schedule]) -> Schedule:
+    """Schedules that run one after the other (a method's calls for one bucket) as one: each
+    on its own range of one buffer, its steps after the previous schedule's. One schedule is
+    returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    steps, offset = [], 0
+    for s in parts:
+        steps += [Step(tuple(t._replace(start=t.start + offset) for t in st.transfers))
+                  for st in s.steps]
+        offset += s.count
+    return Schedule("+".join(s.algo for s in parts), "+".join(s.collective for s in parts),
+                    parts[0].world_size, offset, tuple(steps))
+
+
 @dataclass(frozen=True)
 class Table:
     """A schedule's transfers as arrays, one entry per transfer in step order (within a step,
@@ -140,6 +155,21 @@ class Table:
         rows = [(i, t.src, t.dst, t.start, t.count, t.reduces) for i, t in s.transfers()]
         a = np.array(rows, dtype=np.int64).reshape(-1, 6)
         return Table(s.world_size, s.count, *(a[:, k] for k in range(5)), a[:, 5].astype(bool))
+
+    @staticmethod
+    def chain(parts: list[Table]) -> Table:
+        """:func:`chain` for tables."""
+        if len(parts) == 1:
+            return parts[0]
+        steps = np.cumsum([0] + [int(t.step[-1]) + 1 if len(t.step) else 0 for t in parts])
+        starts = np.cumsum([0] + [t.count for t in parts])
+        return Table(parts[0].world_size, int(starts[-1]),
+                     np.concatenate([t.step + s for t, s in zip(parts, steps, strict=False)]),
+                     np.concatenate([t.src for t in parts]),
+                     np.concatenate([t.dst for t in parts]),
+                     np.concatenate([t.start + s for t, s in zip(parts, starts, strict=False)]),
+                     np.concatenate([t.size for t in parts]),
+                     np.concatenate([t.reduces for t in parts]))
 
     def transfers_of(self, ops: tuple[str, str] = ("copy", "sum")) -> list[list[Transfer]]:
         """The steps as transfers; ``ops[reduces]`` names each transfer's op."""

@@ -1,4 +1,5 @@
-"""Linear pipeline (LP) over a chain (Wang et al., "Linear pipelining collectives"; papers/).
+"""Linear pipeline (LP) over a chain (Wang et al., "Efficient Communications in Training Large
+Scale Neural Networks", 2016).
 
 The buffer is cut into blocks of ``block`` elements that flow down a chain of ranks one block per
 step, so every link carries a block while the next one is still upstream:
@@ -37,18 +38,19 @@ from __future__ import annotations
 
 import math
 
+from gradwire.check import is_int
+from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, build, merge_steps
 
-ALPHA, BETA = 50e-6, 8 / 1e9  # 50 µs per message, 1 Gbit/s
+ALPHA, BETA = DEFAULT_ALPHA_S, 8 / 1e9  # gradwire's default α, 1 Gbit/s
 
 
 def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: float,
                itemsize: int, sndbuf: int | None = None) -> int:
     """Elements per block: ``block`` if given, else b* = √(nα/(depth·β)), at most ``sndbuf``
     bytes when that is given (the most a socket may queue); within [1, count]."""
-    if sndbuf is not None and (isinstance(sndbuf, bool) or not isinstance(sndbuf, int)
-                               or sndbuf < 1):
+    if sndbuf is not None and not is_int(sndbuf, 1):
         raise GradwireError(f"sndbuf must be an int >= 1 (bytes a socket may queue), got "
                             f"{sndbuf!r}")
     if block is None:
@@ -61,7 +63,7 @@ def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: 
             block = round(math.sqrt(count * itemsize * alpha / (depth * beta)) / itemsize)
             if sndbuf is not None:
                 block = min(block, sndbuf // itemsize)
-    elif isinstance(block, bool) or not isinstance(block, int) or block < 1:
+    elif not is_int(block, 1):
         raise GradwireError(f"block must be an int >= 1 (elements per block), got {block!r}")
     return max(1, min(count, block))
 

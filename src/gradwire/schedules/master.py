@@ -1,4 +1,5 @@
-"""Master allreduce (the "simple algorithm" that the ring paper, Ueno 2018, starts from; papers/):
+"""Master allreduce (the "simple algorithm" that Ueno's "Technologies behind Distributed Deep
+Learning: AllReduce", 2018, starts from):
 gather and reduce at rank 0, then send the result back.
 
 1. every rank r ≠ 0 sends its whole buffer to rank 0, which adds them all in (one step);

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
+from gradwire.check import is_int
 from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build
 
@@ -57,7 +58,7 @@ def shards(count: int, servers: int, sharding: str = "even",
 def allreduce(p: int, count: int, *, servers: int = 1, sharding: str = "even",
               tensor_sizes: Sequence[int] | None = None, **_: object) -> Schedule:
     """Push every shard to its server (summed), then pull the sums back to every worker."""
-    if isinstance(servers, bool) or not isinstance(servers, int) or not 1 <= servers <= p:
+    if not is_int(servers, 1, p):
         raise GradwireError(f"servers must be an int in 1..{p} (the world size), got "
                             f"{servers!r}")
     pieces = shards(count, servers, sharding, tensor_sizes)

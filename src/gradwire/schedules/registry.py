@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-import numbers
 
+from gradwire.check import is_int
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import (
     binomial,
@@ -67,7 +67,7 @@ def schedule(collective: str, name: str | None, p: int, count: int, root: int = 
         raise GradwireError(f"world size must be from 1 to {MAX_WORLD}, got {p}")
     if count < 0:
         raise GradwireError(f"element count must be >= 0, got {count}")
-    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < p:
+    if not is_int(root, 0, p - 1):
         raise GradwireError(f"root must be a rank in 0..{p - 1}, got {root!r}")
     root = int(root)
     a = get(collective, name)
@@ -136,3 +136,25 @@ def table(collective: str, name: str | None, p: int, count: int, *, cached: bool
     check_params(a, params)
     build = _cached_table if cached else _cached_table.__wrapped__
     return build(collective, a.name, p, count, _key(params))
+
+
+def parse_value(text: str) -> object:
+    """A parameter's value as written: an int, else a float, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def parse_params(items: list[str], what: str = "--param") -> dict[str, object]:
+    """``["block=65536", "pipeline=4"]`` → ``{"block": 65536, "pipeline": 4}``."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier() or not value:
+            raise GradwireError(f"{what} {item!r} is not valid: expected KEY=VALUE, e.g. "
+                                "block=65536 or pipeline=4")
+        out[key] = parse_value(value)
+    return out

@@ -21,8 +21,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from gradwire.check import is_int
 from gradwire.errors import GradwireError
-from gradwire.schedules.ir import Algorithm, Schedule, Table, blocks, build, split
+from gradwire.schedules.ir import (
+    Algorithm,
+    Schedule,
+    Step,
+    Table,
+    Transfer,
+    blocks,
+    build,
+    split,
+)
 
 SUBCHUNK_BYTES = 4 * 2**20
 MAX_PIPELINE = 8
@@ -34,10 +44,32 @@ def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> in
     if pipeline is None:
         chunk = -(-count // max(p, 1)) * itemsize
         return max(1, min(MAX_PIPELINE, chunk // SUBCHUNK_BYTES))
-    if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
+    if not is_int(pipeline, 1):
         raise GradwireError(f"pipeline must be an int >= 1 (sub-chunks per chunk), "
                             f"got {pipeline!r}")
     return pipeline
+
+
+# A phase is (first, reduces): at its step i rank r sends chunk (r + first − i) mod p to r+1,
+# which adds it in (a reduce-scatter) or keeps it (an allgather).
+REDUCE_SCATTER = ((-1, True),)  # rank r ends with block r of the sum
+ALLGATHER = ((0, False),)  # rank r starts with block r
+ALLREDUCE = ((0, True), (1, False))  # reduce-scatter, rank r owning block r+1; allgather that
+
+
+def ring_steps(p: int, count: int, phases: tuple[tuple[int, bool], ...], pipeline: int
+               ) -> list[Step]:
+    """The ring as it reads, one Transfer at a time: the reference that tests hold
+    :func:`ring_table` to (the table builds the same steps without the per-transfer loop)."""
+    chunks = [split(c0, cn, pipeline) for c0, cn in blocks(count, p)]
+    steps = []
+    for first, reduces in phases:
+        op = "sum" if reduces else "copy"
+        for i in range(p - 1):
+            steps.append(Step(tuple(Transfer(r, (r + 1) % p, start, n, op)
+                                    for r in range(p)
+                                    for start, n in chunks[(r + first - i) % p])))
+    return steps
 
 
 def ring_table(p: int, count: int, phases: tuple[tuple[int, bool], ...], pipeline: int
@@ -65,19 +97,18 @@ def ring_table(p: int, count: int, phases: tuple[tuple[int, bool], ...], pipelin
 
 def reducescatter_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
                         **_: object) -> Table:
-    return ring_table(p, count, ((-1, True),), pick_pipeline(p, count, pipeline, itemsize))
+    return ring_table(p, count, REDUCE_SCATTER, pick_pipeline(p, count, pipeline, itemsize))
 
 
 def allgather_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
                     **_: object) -> Table:
-    return ring_table(p, count, ((0, False),), pick_pipeline(p, count, pipeline, itemsize))
+    return ring_table(p, count, ALLGATHER, pick_pipeline(p, count, pipeline, itemsize))
 
 
 def allreduce_table(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,
                     **_: object) -> Table:
     """Reduce-scatter (rank r ends owning block r+1) then allgather of the owned blocks."""
-    return ring_table(p, count, ((0, True), (1, False)),
-                      pick_pipeline(p, count, pipeline, itemsize))
+    return ring_table(p, count, ALLREDUCE, pick_pipeline(p, count, pipeline, itemsize))
 
 
 def reducescatter(p: int, count: int, pipeline: int | None = None, itemsize: int = 4,

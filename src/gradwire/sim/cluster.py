@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gradwire.check import is_int
 from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 from gradwire.sim.engine import Engine
@@ -45,8 +46,7 @@ class SimCluster:
         if self.workers > MAX_WORLD:
             raise GradwireError(f"workers must be at most {MAX_WORLD} (the simulator replays "
                                 f"every transfer, P² of them per ring), got {self.workers}")
-        if (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
-                or self.seed < 0):
+        if not is_int(self.seed, 0):
             raise GradwireError(f"seed must be a whole number >= 0, got {self.seed!r}")
         # a NaN or infinite number would make the event loop spin for ever or return NaN
         if not (isinstance(self.bandwidth_bps, numbers.Real)

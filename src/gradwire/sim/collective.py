@@ -9,9 +9,11 @@ Each worker, each iteration (§3.2: no pipelining of the forward pass with distr
    ``bucket_bytes`` (0: one bucket per parameter, the paper's ring-reduce "with messaging",
    every parameter split evenly over the workers by the schedule); a bucket's collective starts
    on a rank when its last gradient is ready, FIFO on the rank's one send port.
-Dense buckets use the allreduce schedule of ``algo`` on the bucket's bytes; a compressor sends
-``wire_bytes`` instead: an allreduce when it is associative, else an allgather of every rank's
-payload. A ring (every rank one peer) is computed by :func:`~gradwire.sim.replay.dataflow`,
+Dense buckets use the allreduce schedule of ``algo`` on the bucket's bytes; a compressed one
+runs what :mod:`gradwire.catalogue` says its method sends (PowerSGD: two allreduces; top-k:
+the recursive-doubling allgather of packed entries; gTop-k: the tree with the ⊤ merge), the
+allreduces on ``algo``, chained into one schedule per bucket. A ring (every rank one peer)
+is computed by :func:`~gradwire.sim.replay.dataflow`,
 anything else by :class:`~gradwire.sim.replay.Replay` in the event engine.
 """
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
-from gradwire.schedules.ir import blocks
+from gradwire.schedules.ir import Table, blocks, chain
 from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
 from gradwire.sim.engine import Engine, Network
 from gradwire.sim.replay import Replay, dataflow, single_peer, step_arrays
@@ -37,6 +39,8 @@ from gradwire.sim.trace import Trace
 class CollectiveOptions:
     algo: str = "ring"
     bucket_bytes: int = 0
+    # an aggregation method of gradwire.catalogue (None: the dense allreduce of ``algo``) and
+    # its parameters (density=, rank=, ...)
     compressor: str | None = None
     compressor_params: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)  # the schedule's own (pipeline=, block=, ...)
@@ -59,23 +63,38 @@ def buckets(trace: Trace, bucket_bytes: int) -> list[list[int]]:
     return out
 
 
-def bucket_spec(nbytes: int, p: int, o: CollectiveOptions) -> tuple[str, str | None, int, dict]:
-    """(collective, algorithm, count, params) of the schedule that moves one bucket of
+def bucket_spec(nbytes: int, p: int, o: CollectiveOptions) -> tuple[str, str, int, dict]:
+    """(collective, algorithm, count, params) of the dense allreduce that moves one bucket of
     ``nbytes``: counted in float32 elements when ``nbytes`` is a multiple of 4 (so blocks split
     where they split a real gradient's), else in bytes; ``params["itemsize"]`` says which."""
+    item = 4 if nbytes % 4 == 0 else 1
+    return "allreduce", o.algo, nbytes // item, {**o.params, "itemsize": item}
+
+
+def bucket_calls(nbytes: int, p: int, o: CollectiveOptions) -> tuple[list, int]:
+    """The collectives one bucket of ``nbytes`` runs, in order, and their element size: the
+    dense allreduce of ``o.algo``, or the catalogue's plan of method ``o.compressor`` for a
+    float32 bucket (its allreduces on ``o.algo``, as a hook with ``algo=o.algo`` runs them)."""
+    from gradwire.catalogue import CollectiveCall
+
     if o.compressor is None:
-        item = 4 if nbytes % 4 == 0 else 1
-        return "allreduce", o.algo, nbytes // item, {**o.params, "itemsize": item}
+        coll, algo, count, kw = bucket_spec(nbytes, p, o)
+        item = kw.pop("itemsize")
+        return [CollectiveCall(coll, algo, count, item, "gradient", kw)], item
     import torch
 
-    from gradwire import compress
+    from gradwire import catalogue
 
-    comp = compress.get(o.compressor, **o.compressor_params)
-    wire = comp.wire_bytes(max(nbytes // 4, 1), torch.float32)
-    if comp.associative:
-        return "allreduce", o.algo, wire, {"itemsize": 1, **o.params}
-    algo = o.algo if o.algo in [a.name for a in registry.algorithms("allgather")] else None
-    return "allgather", algo, p * wire, {"itemsize": 1}
+    m = catalogue.get(o.compressor)
+    params = dict(o.compressor_params)
+    density = params.pop("density", 0.001) if m.takes_density else 0.001
+    plan = m.plan(max(nbytes // 4, 1), p, torch.float32, m.make_compressor(density, **params),
+                  density, o.algo)
+    items = {c.itemsize for c in plan.calls}
+    if len(items) != 1:
+        raise GradwireError(f"{o.compressor}: its calls move elements of {sorted(items)} bytes: "
+                            "the replay needs one element size per bucket")
+    return plan.calls, items.pop()
 
 
 @contextlib.contextmanager
@@ -127,13 +146,13 @@ class _Loop:
             if it + 1 < self.c.iterations:
                 self.start(it + 1, r)
 
-    def run(self, replay: Replay, scheds: list, specs: list, name: str) -> float:
+    def run(self, replay: Replay, scheds: list, items: list[int], name: str) -> float:
         """Queue every bucket's schedule for every iteration, start iteration 0 on every rank,
         run the engine; every bucket of every iteration must end done."""
         self.replay = replay
         for it in range(self.c.iterations):
             for b, s in enumerate(scheds):
-                replay.add(s, f"bucket {b} iter {it}", specs[b][3]["itemsize"])
+                replay.add(s, f"bucket {b} iter {it}", items[b])
         for r in range(self.c.workers):
             self.eng.at(0.0, lambda r=r: self.start(0, r))
         end = self.eng.run()
@@ -154,7 +173,8 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     """Run ``c.iterations`` iterations of host-based aggregation ``o`` on ``c.workers`` hosts."""
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
-    specs = [bucket_spec(sum(trace.params[i].bytes for i in g), p, o) for g in groups]
+    specs = [bucket_calls(sum(trace.params[i].bytes for i in g), p, o) for g in groups]
+    items = [item for _, item in specs]
     pick = choices(c, len(trace.iterations))
     net = Network.uniform(p, c.bytes_per_s, c.latency)
     mean_compute = _mean_compute(trace, pick)
@@ -171,13 +191,13 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
 
     if fast and not record:
         with _no_gc():
-            tables = [registry.table(coll, algo, p, n, **kw) for coll, algo, n, kw in specs]
+            tables = [Table.chain([call.table(p) for call in calls]) for calls, _ in specs]
         if single_peer(tables):
             eng = Engine(net)
             compiled: dict[int, list] = {}  # equal sizes share a table: compile it once
-            for t, (_, _, _, kw) in zip(tables, specs, strict=True):
+            for t, item in zip(tables, items, strict=True):
                 if id(t) not in compiled:
-                    compiled[id(t)] = step_arrays(t, kw["itemsize"])
+                    compiled[id(t)] = step_arrays(t, item)
             arrays = [compiled[id(t)] for t in tables]
             start, port, ends = np.zeros(p), None, []
             for it in range(c.iterations):
@@ -188,10 +208,10 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
             return finish(name, ends, mean_compute, eng, p, ends[-1], [])
 
     with _no_gc():
-        scheds = [registry.schedule(coll, algo, p, n, **kw) for coll, algo, n, kw in specs]
+        scheds = [chain([call.schedule(p) for call in calls]) for calls, _ in specs]
     eng = Engine(net, record)
     loop = _Loop(trace, c, groups, pick, eng, record)
-    end = loop.run(Replay(eng, hosts, 1, c.alpha, c.gamma, loop.bucket_done), scheds, specs,
+    end = loop.run(Replay(eng, hosts, 1, c.alpha, c.gamma, loop.bucket_done), scheds, items,
                    name)
     return finish(name, loop.ends, mean_compute, eng, p, end, loop.timeline or [])
 
@@ -209,6 +229,7 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
     with _no_gc():
         scheds = [registry.schedule("reducescatter", "ring", p, n, **kw)
                   for _, _, n, kw in specs]
+    items = [kw["itemsize"] for *_, kw in specs]
     block = [[size * kw["itemsize"] for _, size in blocks(n, p)] for _, _, n, kw in specs]
     pick = choices(c, len(trace.iterations))
     net = Network.uniform(p, c.bytes_per_s, c.latency)
@@ -238,5 +259,5 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
                      f"multicast {ci % nb} iter {ci // nb}", lat + c.alpha)
         check(ci, r)
 
-    end = loop.run(Replay(eng, list(range(p)), 1, c.alpha, c.gamma, done), scheds, specs, name)
+    end = loop.run(Replay(eng, list(range(p)), 1, c.alpha, c.gamma, done), scheds, items, name)
     return finish(name, loop.ends, _mean_compute(trace, pick), eng, p, end, loop.timeline or [])

@@ -114,7 +114,7 @@ def _alpha(m: Mechanism, c: SimCluster, t) -> float:
     import torch
     import torch.distributed as dist
 
-    from gradwire.bench.calibrate import step_alpha
+    from gradwire.collectives.probe import step_alpha
     from gradwire.transport import wait_all
 
     if not isinstance(m.options, PSOptions):

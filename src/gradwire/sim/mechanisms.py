@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gradwire.bench.spec import parse_params
+from gradwire.check import is_int
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
+from gradwire.schedules.registry import parse_params
 from gradwire.sim.cluster import SimCluster, SimResult
 from gradwire.sim.collective import CollectiveOptions, simulate_collective, simulate_ring_multicast
 from gradwire.sim.ps import PSOptions, simulate_ps
@@ -84,9 +85,16 @@ def parse(text: str) -> Mechanism:
     bucket = _bucket(label, params)
     comp = params.pop("compress", None)
     if comp is not None:
-        from gradwire import compress
+        from gradwire.catalogue import METHODS
 
-        compress.get(str(comp), **params)  # checks the name and its parameters now
+        if comp not in METHODS:
+            raise GradwireError(f"mechanism {label!r}: unknown compressor {comp!r}"
+                                f"{did_you_mean(str(comp), METHODS)}: expected an aggregation "
+                                f"method, one of {', '.join(METHODS)}")
+        m, rest = METHODS[str(comp)], dict(params)
+        if "density" in rest and not m.takes_density:
+            raise GradwireError(f"mechanism {label!r}: {comp} takes no density")
+        m.make_compressor(rest.pop("density", 0.001), **rest)  # checks its parameters now
         opts2 = CollectiveOptions(algo, bucket, str(comp), params)
     else:
         registry.schedule("allreduce", algo, 2, 2, **params)  # checks the parameters now
@@ -96,7 +104,7 @@ def parse(text: str) -> Mechanism:
 
 def _bucket(label: str, params: dict) -> int:
     bucket = params.pop("bucket", 0)
-    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
+    if not is_int(bucket, 0):
         raise GradwireError(f"mechanism {label!r}: bucket must be bytes >= 0, got {bucket!r}")
     return bucket
 

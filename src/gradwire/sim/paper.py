@@ -36,7 +36,7 @@ PAPER_SPEEDUPS = {
 
 def paper_trace(model: str) -> Trace:
     """The trace of ``model`` (a key of TABLE3) in forward order, compute from Table 3."""
-    from gradwire.perf import profiles
+    from gradwire import profiles
 
     name, fwd, bwd, first = TABLE3[model]
     prof = profiles.load(name)

@@ -16,8 +16,8 @@ from torch import nn
 
 from gradwire.errors import GradwireError
 from gradwire.models import build_model, get_spec
+from gradwire.models.task import load_task, loss_fn
 from gradwire.sim.trace import Iteration, Param, Trace
-from gradwire.train.task import load_task, loss_fn
 
 
 def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: int = 1,

@@ -20,11 +20,11 @@ forward pass (≥ every forward time); the backward pass ends at the last gradie
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gradwire.check import is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 
 FORMAT = "gradwire-trace"
@@ -111,14 +111,14 @@ def _bad(where: str, line: int, fld: str, msg: str) -> GradwireError:
 
 def _num(where: str, line: int, rec: dict, key: str, lo: float = 0.0) -> float:
     v = rec.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
+    if not is_real(v, lo):
         raise _bad(where, line, key, f"expected a finite number >= {lo:g}, got {v!r}")
     return float(v)
 
 
 def _int(where: str, line: int, rec: dict, key: str, lo: int = 0) -> int:
     v = rec.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+    if not is_int(v, lo):
         raise _bad(where, line, key, f"expected an integer >= {lo}, got {v!r}")
     return v
 
@@ -129,7 +129,7 @@ def _times(where: str, line: int, rec: dict, key: str, n: int) -> tuple[float, .
         got = f"a list of {len(v)}" if isinstance(v, list) else repr(v)[:40]
         raise _bad(where, line, key, f"expected a list of {n} times (one per param), got {got}")
     for i, x in enumerate(v):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+        if not is_real(x, 0):
             raise _bad(where, line, f"{key}[{i}]", f"expected seconds >= 0, got {x!r}")
     return tuple(float(x) for x in v)
 

@@ -18,7 +18,7 @@ P; the transport's byte counters equal ``traffic(schedule(...), 1)`` exactly
 
 What each rank ends with, :func:`sparse_allreduce` (error feedback included):
 
-1. acc = residual + x; select the k largest |acc| (ties to the smaller index with
+1. acc = residual + x; select the k largest |acc| (ties to the smaller index,
    ``selector="exact"``); residual = acc − sent, in place.
 2. topk: gather every rank's entries; total = their sum. Everything sent is applied.
    gtopk: binomial reduce to rank 0 where each merge is a ⊤ b (union, values added on equal
@@ -46,6 +46,7 @@ Example::
 :func:`gradwire.sparse.local.simulate` runs all ranks in one process (tests, what-if runs).
 """
 
+from gradwire.compress.select import SELECTORS, select
 from gradwire.sparse.allreduce import (
     METHODS,
     Plan,
@@ -56,7 +57,7 @@ from gradwire.sparse.allreduce import (
     sparse_allreduce,
     topk_allreduce,
 )
-from gradwire.sparse.topk import SELECTORS, select, top_merge
+from gradwire.sparse.topk import top_merge
 from gradwire.sparse.wire import Entries, entry_bytes, pack, unpack
 
 __all__ = ["METHODS", "SELECTORS", "Entries", "Plan", "SparseResult", "entry_bytes", "estimate",

@@ -9,7 +9,6 @@ all ranks in one process, under :func:`gradwire.sparse.local.simulate`.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,14 +16,17 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
+from gradwire.check import is_int
 from gradwire.collectives.agree import agree, all_finite
 from gradwire.collectives.executor import Combine, execute
+from gradwire.compress import feedback
 from gradwire.compress.base import FLOATS, acc_dtype
+from gradwire.compress.select import SELECTORS
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import butterfly, registry
 from gradwire.schedules.cost import CostParams, cost
 from gradwire.schedules.ir import Schedule
-from gradwire.sparse.topk import SELECTORS, select, top_merge
+from gradwire.sparse.topk import top_merge
 from gradwire.sparse.wire import Entries, entry_bytes, pack, unpack
 from gradwire.transport import Transport
 
@@ -266,7 +268,7 @@ def _entries(name: str, values: object, indices: object, numel: object) -> Entri
     """Already selected (values, indices) of a ``numel``-element tensor, checked: a 1-D float
     values tensor, as many integer indices, each in [0, numel) (-1 would read as the wire's
     padding and be dropped)."""
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+    if not is_int(numel, 0):
         raise GradwireError(f"{name}: numel must be an integer >= 0, got {numel!r}")
     if not (isinstance(values, torch.Tensor) and values.dim() == 1
             and values.dtype.is_floating_point):
@@ -285,7 +287,7 @@ def _entries(name: str, values: object, indices: object, numel: object) -> Entri
 def _count(e: Entries, k: int | None) -> int:
     if k is None:
         return len(e)
-    if isinstance(k, bool) or not isinstance(k, int) or k < len(e):
+    if not is_int(k, len(e)):
         raise GradwireError(f"k (entries per rank) must be an integer >= the {len(e)} "
                             f"entries given, got {k!r}")
     return k
@@ -301,7 +303,7 @@ def check_args(x: object, residual: object, k: object, method: object, selector:
         gtopk_algo(algo)
     if method == "topk" and algo is not None:
         registry.get("allgather", str(algo))  # raises naming the known allgathers
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if not is_int(k, 1):
         raise GradwireError(f"sparse_allreduce: k must be an integer >= 1 (entries each rank "
                             f"selects; k >= numel sends everything), got {k!r}")
     if selector not in SELECTORS:
@@ -339,13 +341,9 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def feed(x: torch.Tensor, residual: torch.Tensor, k: int, selector: str) -> Entries:
-    """Error feedback, first half: acc = residual + x; select the top-k of acc; residual =
-    acc − sent (in place). Returns what this rank sends: min(k, n) entries."""
-    acc = residual.add_(x)
-    idx = select(acc, k, selector)
-    values = acc[idx]
-    acc[idx] = 0  # acc − sent, exactly: the sent values are acc's own
-    return Entries(values, idx)
+    """Error feedback and selection (:func:`gradwire.compress.feedback.feed`): what this rank
+    sends, min(k, n) entries; ``residual`` keeps the rest."""
+    return Entries(*feedback.feed(residual, x, k, selector))
 
 
 def plan(method: str, e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int,
@@ -360,9 +358,8 @@ def _dense_average(x: torch.Tensor, residual: torch.Tensor, t: Transport,
                    out: torch.Tensor | None) -> torch.Tensor:
     """The NaN/Inf policy: some rank's x is not finite, so every rank sends residual + x
     dense, as a dense allreduce would, and its residual is applied and cleared."""
-    warnings.warn("sparse_allreduce: x holds NaN or Inf on some rank; aggregated dense "
-                  "this call (residuals applied and cleared)", RuntimeWarning, stacklevel=3)
-    total = residual.add_(x).clone()
+    feedback.warn_nonfinite("sparse_allreduce", stacklevel=4)
+    total = feedback.flush(residual, x)
     residual.zero_()
     gc.all_reduce(total, op="avg", transport=t)
     return total if out is None else out.copy_(total)

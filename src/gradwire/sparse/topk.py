@@ -1,81 +1,15 @@
-"""Selecting the k largest |x| on one rank, and the ⊤ operator that merges two selections.
-
-Ties are broken towards the smaller index wherever the choice is ours (the exact selector and
-every merge), so ranks, runs and the reference in the tests agree bit for bit. A NaN counts as
-larger than any number (as in torch.topk): it is selected and sent, and shows up in the result
-as it would in a dense allreduce, instead of silently stopping the selection.
-"""
+"""The ⊤ operator that merges two sparse selections (gTop-k). Selecting the top k of one
+rank's gradient is :mod:`gradwire.compress.select`, whose tie rule the merge keeps: among equal
+|value| the smaller index wins, so ranks, runs and the reference in the tests agree bit for
+bit."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from gradwire.compress.base import generator
-from gradwire.compress.sparse import NUMPY_DTYPES, threshold_topk
+from gradwire.compress.select import largest
 from gradwire.sparse.wire import Entries
-
-SELECTORS = ("exact", "threshold")
-TIE_CHUNK = 2**20
-
-
-def _kth_largest(mag: torch.Tensor, k: int) -> torch.Tensor:
-    """The k-th largest of ``mag`` (0 < k < n), NaN above everything. numpy's partition
-    where k is a large share of n (a merge keeps k of at most 2k: 0.34 against torch.topk's
-    0.45 ms at 50 000 fp32 here); torch.topk otherwise (faster here when k ≪ n)."""
-    n = mag.numel()
-    if mag.device.type == "cpu" and mag.dtype in NUMPY_DTYPES[:2] and 8 * k >= n:
-        top = np.partition(mag.numpy(), n - k)[n - k :]  # NaNs sort last: into the top
-        return torch.from_numpy(top.min(keepdims=True))[0]
-    return torch.topk(mag, k, sorted=False).values.min()  # min: NaN if a NaN is in the top
-
-
-def largest(mag: torch.Tensor, k: int) -> torch.Tensor:
-    """Mask of the k largest of ``mag`` (≥ 0 or NaN), ties to the smaller index.
-
-    One torch.topk for the k-th largest value t, then one compare (≥ t); only when more
-    than one element equals t, everything above t and the first tied elements. No sort.
-    """
-    n = mag.numel()
-    keep = torch.zeros(n, dtype=torch.bool, device=mag.device)
-    if k >= n:
-        return keep.fill_(True)
-    if k <= 0:
-        return keep
-    t = _kth_largest(mag, k)
-    if bool(torch.isnan(t)):  # NaN ranks above +inf, as in torch.topk
-        mag = torch.nan_to_num(mag, nan=float("inf"), posinf=float("inf"))
-        t = _kth_largest(mag, k)
-    torch.ge(mag, t, out=keep)
-    if int(keep.sum()) == k:  # t itself is the only element equal to t: the usual case
-        return keep
-    torch.gt(mag, t, out=keep)
-    need = k - int(keep.sum())
-    # The first ``need`` ties, found a chunk at a time: when t is 0 in a mostly-zero gradient
-    # nearly every element ties, and one nonzero over all of them would list them all.
-    for start in range(0, n, TIE_CHUNK):
-        if need <= 0:
-            break
-        tied = torch.nonzero(mag[start : start + TIE_CHUNK] == t).squeeze(1)[:need]
-        keep[tied + start] = True
-        need -= tied.numel()
-    return keep
-
-
-def select(acc: torch.Tensor, k: int, selector: str = "exact") -> torch.Tensor:
-    """Indices (int64) of the min(k, n) largest |acc|.
-
-    ``exact``: :func:`largest`, deterministic ties. ``threshold``: the sampled-threshold
-    selector of :mod:`gradwire.compress.sparse` (about one pass over acc instead of a
-    torch.topk over all of it; the same set except which of several tied elements is taken).
-    """
-    n = acc.numel()
-    k = min(k, n)
-    if k == n:
-        return torch.arange(n, device=acc.device)
-    if selector == "threshold":
-        return threshold_topk(acc, k, generator(0, 0, acc.device))
-    return torch.nonzero(largest(acc.abs(), k)).squeeze(1)
 
 
 def top_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:

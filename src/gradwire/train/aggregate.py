@@ -2,7 +2,7 @@
 communication hook (``gradwire.hooks``), for every method, dense included, so every row of a
 comparison pays DDP's bucketing and overlap alike.
 
-:class:`Aggregation` is what the training loop holds: ``start(model)`` returns the module to
+:class:`HookedDDP` is what the training loop holds: ``start(model)`` returns the module to
 run forward on; ``set_epoch`` moves the warm-up on; ``stats`` are the hook's cumulative
 ``compress`` and ``communicate`` seconds (on the hook's thread, overlapping backward),
 ``tail`` (the part backward did not hide) and ``sent`` payload bytes; ``state_dict()`` is what
@@ -19,10 +19,10 @@ from torch.nn.parallel import DistributedDataParallel
 from gradwire.errors import GradwireError
 from gradwire.hooks import METHODS, make
 
-__all__ = ["METHODS", "Aggregation"]
+__all__ = ["METHODS", "HookedDDP"]
 
 
-class Aggregation:
+class HookedDDP:
     def __init__(self, method: str, density: float, mode: str, warmup: bool, seed: int) -> None:
         if method not in METHODS:
             raise GradwireError(f"unknown aggregation {method!r}: expected one of "

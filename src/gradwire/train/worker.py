@@ -27,9 +27,9 @@ from gradwire.data import shard_indices
 from gradwire.hooks import MODES
 from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, get_spec, num_parameters
+from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
 from gradwire.train import checkpoint
-from gradwire.train.aggregate import METHODS, Aggregation
-from gradwire.train.task import Task, evaluate, load_task, loss_fn, optimizer
+from gradwire.train.aggregate import METHODS, HookedDDP
 from gradwire.train.wire import tx_bytes
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
@@ -73,7 +73,7 @@ def settings(args: argparse.Namespace, world: int) -> dict[str, Any]:
     return {**{k: getattr(args, k) for k in keys}, "world_size": world}
 
 
-def train_epoch(fwd: nn.Module, agg: Aggregation, opt: torch.optim.Optimizer, task: Task,
+def train_epoch(fwd: nn.Module, agg: HookedDDP, opt: torch.optim.Optimizer, task: Task,
                 idx: torch.Tensor, batch: int, progress: tuple[int, int] | None) -> list[float]:
     """One epoch over this rank's ``idx``; returns this rank's sums in SUMMED order."""
     before = dict(agg.stats)
@@ -130,7 +130,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     task = load_task(spec, args.seed, args.seq_len)
     model = build_model(args.model, args.seed, task.classes)
     opt = optimizer(model.parameters(), args.lr, args.momentum)
-    agg = Aggregation(args.agg, args.density, args.mode, args.warmup, args.seed)
+    agg = HookedDDP(args.agg, args.density, args.mode, args.warmup, args.seed)
     fwd = agg.start(model)
     run_settings = settings(args, world)
     history: dict[str, list[float]] = {k: [] for k in (
@@ -181,7 +181,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     return summarize(args, run_settings, model, task, history) if rank == 0 else None
 
 
-def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg: Aggregation,
+def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg: HookedDDP,
                     history: dict, epoch: int, run_settings: dict[str, Any]) -> None:
     """Every rank hands its aggregation state to rank 0, which writes the file."""
     states: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None

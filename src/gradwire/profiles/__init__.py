@@ -24,17 +24,17 @@ supplies them (``--compute-ms``) or measures the project's model with ``gradwire
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from gradwire.check import is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import parse_object, read_text
 
 FORMAT = 1
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
-BUILTIN_DIR = "profiles"
+BUILTIN_DIR = "builtin"
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class Profile:
 
 
 def builtin_names() -> list[str]:
-    root = resources.files("gradwire.perf").joinpath(BUILTIN_DIR)
+    root = resources.files("gradwire.profiles").joinpath(BUILTIN_DIR)
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
 
 
@@ -113,7 +113,7 @@ def load(name_or_path: str) -> Profile:
     if name_or_path not in names:
         raise GradwireError(f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, names)}"
                             f": expected one of {', '.join(names)} or a .json file")
-    text = resources.files("gradwire.perf").joinpath(BUILTIN_DIR, f"{name_or_path}.json")
+    text = resources.files("gradwire.profiles").joinpath(BUILTIN_DIR, f"{name_or_path}.json")
     return parse(text.read_text(), f"built-in profile {name_or_path}")
 
 
@@ -136,7 +136,7 @@ def parse(text: str, where: str) -> Profile:
         v = doc.get(name)
         if v is None and optional:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        if not is_real(v, 0):
             raise bad(name, "a finite number of seconds >= 0" + (" or null" if optional else ""),
                       v)
         return float(v)
@@ -150,7 +150,7 @@ def parse(text: str, where: str) -> Profile:
     tensors = []
     for i, p in enumerate(params):
         if (not isinstance(p, list) or len(p) != 2 or not isinstance(p[0], str)
-                or isinstance(p[1], bool) or not isinstance(p[1], int) or p[1] < 1):
+                or not is_int(p[1], 1)):
             raise bad(f"params[{i}]", "[name, elements >= 1]", p)
         tensors.append((p[0], p[1]))
     forward_s, backward_s = seconds("forward_s", True), seconds("backward_s", True)
@@ -158,8 +158,7 @@ def parse(text: str, where: str) -> Profile:
     layers = doc.get("backward_layer_s")
     if layers is not None:
         if (not isinstance(layers, list) or len(layers) != len(tensors)
-                or any(isinstance(t, bool) or not isinstance(t, (int, float))
-                       or not 0 <= t < math.inf for t in layers)):
+                or not all(is_real(t, 0) for t in layers)):
             raise bad("backward_layer_s", f"a list of {len(tensors)} finite numbers >= 0 (one per "
                       "tensor of params)", layers if not isinstance(layers, list)
                       else f"{len(layers)} entries")
@@ -167,7 +166,7 @@ def parse(text: str, where: str) -> Profile:
         if backward_s is None:
             backward_s = sum(layers)
     batch = doc.get("batch_size")
-    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+    if batch is not None and not is_int(batch, 1):
         raise bad("batch_size", "an integer >= 1 or null", batch)
     dtype = doc.get("dtype", "float32")
     if dtype not in DTYPES:

@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from gradwire.compress.base import check_int
+from gradwire.check import check_int
 from gradwire.models import build_model, get_spec
-from gradwire.perf.profiles import Profile
-from gradwire.train.task import load_task, loss_fn, optimizer
+from gradwire.models.task import load_task, loss_fn, optimizer
+from gradwire.profiles import Profile
 
 
 def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,

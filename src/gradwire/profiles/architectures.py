@@ -6,7 +6,7 @@ definitions follow the reference implementations named in each docstring (torchv
 CNNs, Hugging Face ``BertModel`` for BERT) so the totals can be checked against published
 counts; ``tests/test_perfmodel.py`` holds every total.
 
-``python -m gradwire.perf.architectures`` rewrites the ``params`` of the built-in profile files
+``python -m gradwire.profiles.architectures`` rewrites the ``params`` of the built-in profile files
 (``profiles/*.json``) from these definitions, keeping their compute times and sources.
 """
 
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gradwire.perf.profiles import parse
+from gradwire.profiles import parse
 
 Tensors = list[tuple[str, int]]
 

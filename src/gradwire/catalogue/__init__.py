@@ -1,0 +1,36 @@
+"""The aggregation catalogue: every method's path, written once.
+
+For each method it says what each rank sends, which collectives it issues with what sizes in
+what order (:meth:`Method.plan`), how the payloads combine (its :class:`~.paths.Path` and its
+compressor's ``combine``), and, through its compressor, whether it keeps a residual, takes a
+density or draws per-rank randomness. The DDP hooks run it (:func:`aggregate`), the
+performance model prices its plan and the simulator replays it; none of them has a copy.
+
+Example::
+
+    from gradwire import catalogue
+    plan = catalogue.get("powersgd").plan(numel=2**20, world=8)
+    [(c.collective, c.algo, c.nbytes, c.what) for c in plan.calls]
+    # [('allreduce', 'ring', 16384, 'P'), ('allreduce', 'ring', 16384, 'Q')]
+
+| method    | path     | on the wire from each rank (fp32, n elements, k = ⌈density·n⌉) |
+|-----------|----------|-----------------------------------------------------------------|
+| dense     | dense    | 4n (one allreduce)                                              |
+| fp16/bf16 | summed   | 2n (one allreduce)                                              |
+| randomk   | summed   | 4k (one allreduce; indices from the shared seed)                |
+| topk      | sparse   | 8k, allgather (recursive doubling) of every rank's entries      |
+| gtopk     | sparse   | 8k per tree edge: binomial reduce with the ⊤ merge, broadcast    |
+| dgc       | gathered | 8⌈1.25k⌉ + 4 (one allgather)                                    |
+| signsgd   | gathered | ⌈n/8⌉ (one allgather, majority vote)                            |
+| efsignsgd | gathered | ⌈n/8⌉ + 4                                                       |
+| qsgd      | gathered | 4 + ⌈n/8⌉ + ⌈n·w/8⌉                                             |
+| terngrad  | gathered | ⌈n/4⌉ + 4                                                       |
+| powersgd  | lowrank  | 4·rows·r, then 4·cols·r (two allreduces)                        |
+"""
+
+from gradwire.catalogue.calls import BucketPlan, CollectiveCall
+from gradwire.catalogue.methods import METHODS, MODES, Method, aggregate, get
+from gradwire.catalogue.paths import AggregationCall, Path
+
+__all__ = ["METHODS", "MODES", "AggregationCall", "BucketPlan", "CollectiveCall", "Method",
+           "Path", "aggregate", "get"]

@@ -1,0 +1,132 @@
+"""The table of aggregation methods and the one aggregation step they share."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gradwire.catalogue.calls import BucketPlan, dense
+from gradwire.catalogue.paths import (
+    DENSE,
+    GATHERED,
+    LOWRANK,
+    SPARSE,
+    SUMMED,
+    AggregationCall,
+    Path,
+)
+from gradwire.collectives.agree import all_finite
+from gradwire.compress import COMPRESSORS, Compressor
+from gradwire.compress import get as get_compressor
+from gradwire.compress.base import select_count
+from gradwire.compress.feedback import warn_nonfinite
+from gradwire.errors import GradwireError, did_you_mean
+
+MODES = ("bucket", "model")
+
+
+@dataclass(frozen=True)
+class Method:
+    """An aggregation method: its compressor (a name in ``gradwire.compress.COMPRESSORS``, or
+    None for dense), the path its payloads take, and the compressor parameters a user may
+    set. Whether it keeps a residual, takes a density or draws per-rank randomness is the
+    compressor's to say."""
+
+    name: str
+    path: Path
+    compressor: str | None = None
+    options: tuple[str, ...] = ()
+
+    def _flag(self, flag: str) -> bool:
+        return self.compressor is not None and getattr(COMPRESSORS[self.compressor], flag)
+
+    @property
+    def error_feedback(self) -> bool:
+        """Keeps a residual of what was not applied (biased compressors)."""
+        return self._flag("error_feedback")
+
+    @property
+    def takes_density(self) -> bool:
+        """Sends a fraction of the elements: ``density=`` and the warm-up apply."""
+        return self._flag("takes_density")
+
+    @property
+    def per_rank_seed(self) -> bool:
+        """Stochastic: each rank draws its own numbers (seed·2²⁰ + rank)."""
+        return self._flag("per_rank_seed")
+
+    def make_compressor(self, density: float = 0.001, seed: int = 0,
+                        **options: Any) -> Compressor | None:
+        """The compressor as this method runs it, from the user's options (checked)."""
+        if self.compressor is None:
+            return None
+        params: dict[str, Any] = dict(options)
+        if self.takes_density:
+            params["density"] = density
+        if "seed" in inspect.signature(COMPRESSORS[self.compressor]).parameters:
+            params["seed"] = seed
+        return get_compressor(self.compressor, **params)
+
+    def plan(self, numel: int, world: int, dtype: torch.dtype = torch.float32,
+             compressor: Compressor | None = None, density: float = 0.001,
+             algo: str | None = None) -> BucketPlan:
+        """What one bucket of ``numel`` elements sends on ``world`` ranks: the collectives in
+        order and this rank's payload bytes. ``compressor`` as :meth:`make_compressor` builds
+        it (default: with ``density`` and default options); ``algo`` as the hook's."""
+        if self.takes_density and select_count(numel, density, None) == numel:
+            # Nothing would be dropped: the dense allreduce sends 4n bytes where pairs send 8n.
+            return dense(numel, dtype, algo)
+        if compressor is None:
+            compressor = self.make_compressor(density)
+        return self.path.plan(self, numel, world, dtype, compressor, density, algo)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("dense", DENSE),
+    Method("fp16", SUMMED, "fp16"),
+    Method("bf16", SUMMED, "bf16"),
+    Method("topk", SPARSE, "topk", options=("selector",)),
+    Method("gtopk", SPARSE, "topk", options=("selector",)),
+    Method("randomk", SUMMED, "randomk"),
+    Method("dgc", GATHERED, "dgc", options=("sample", "passes", "slack")),
+    Method("signsgd", GATHERED, "signsgd"),
+    Method("efsignsgd", GATHERED, "efsignsgd"),
+    Method("qsgd", GATHERED, "qsgd", options=("s",)),
+    Method("terngrad", GATHERED, "terngrad"),
+    Method("powersgd", LOWRANK, "powersgd", options=("rank", "warm_start")),
+)}
+
+
+def get(name: str) -> Method:
+    """The method ``name``; an unknown one is a one-line error listing the known."""
+    m = METHODS.get(name)
+    if m is None:
+        raise GradwireError(f"unknown aggregation {name!r}{did_you_mean(name, METHODS)}"
+                            f": expected one of {', '.join(METHODS)}")
+    return m
+
+
+def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
+    """(average, payload bytes) for this rank's gradient ``x`` of bucket ``key``."""
+    m, n = c.method, x.numel()
+    # Before any residual changes: ranks that disagree fail here, all of them, naming why.
+    # NaN/Inf on any rank: every rank goes dense, so the average holds them as DDP's would
+    # (GradScaler then skips the step) and the residual is consumed, never left non-finite.
+    finite = c.comm.agree([("call", "hook"), ("method", c.name),
+                           ("dense", c.dense), ("elements", n), ("dtype", x.dtype),
+                           ("density", f"{c.density:.6g}")],
+                          finite=lambda: all_finite(x))
+    if finite is False and m.path is not DENSE:
+        warn_nonfinite(f"gradwire hook {m.name}")
+        return DENSE.run(c, x, key)
+    if c.dense or m.path is DENSE:
+        return DENSE.run(c, x, key)
+    if m.plan(n, c.comm.world, x.dtype, c.compressor, c.density, c.comm.algo).dense:
+        return DENSE.run(c, x, key)
+    return m.path.run(c, x, key)
+
+
+__all__ = ["MODES", "METHODS", "AggregationCall", "Method", "aggregate", "dense", "get"]

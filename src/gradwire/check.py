@@ -1,0 +1,49 @@
+"""Checks of user input: each returns the value it accepts or raises a one-line
+:class:`~gradwire.errors.GradwireError` that names the parameter, the range and what it got."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from gradwire.errors import GradwireError
+
+
+def is_int(value: object, low: float = -math.inf, high: float = math.inf) -> bool:
+    """Whether ``value`` is an integer (numpy's too; not a bool) in [low, high]."""
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and low <= value <= high)
+
+
+def is_real(value: object, low: float = -math.inf, high: float = math.inf, *,
+            above: bool = False) -> bool:
+    """Whether ``value`` is a finite real number (not a bool) ``>= low`` (``> low`` when
+    ``above``) and ``<= high``."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value) and (value > low if above else value >= low)
+            and value <= high)
+
+
+def check_int(name: str, param: str, value: object, low: int) -> int:
+    """``value`` if it is an integer (not a bool) ``>= low``."""
+    if not is_int(value, low):
+        raise GradwireError(f"{name}: {param} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def check_fraction(name: str, param: str, value: object) -> float:
+    """``value`` as a float if it is a number in (0, 1]."""
+    if not is_real(value, 0, 1, above=True):
+        raise GradwireError(f"{name}: {param} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def check_real(what: str, value: object, low: float = 0.0, *, above: bool = False,
+               high: float = math.inf) -> float:
+    """``value`` as a float if it is a finite real number ``>= low`` (``> low`` when
+    ``above``) and ``<= high``; otherwise a one-line error naming ``what`` and the range."""
+    if not is_real(value, low, high, above=above):
+        bound = f"> {low:g}" if above else f">= {low:g}"
+        rng = bound if high == math.inf else f"{bound} and <= {high:g}"
+        raise GradwireError(f"{what} must be a finite number {rng}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]

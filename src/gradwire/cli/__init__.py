@@ -1,0 +1,63 @@
+"""The ``gradwire`` command line. Every user error ends in one line and a non-zero exit.
+
+Each command parses its options, calls the library and prints; they live by group in
+:mod:`.cluster` (``cluster up/down/status``, ``run``), :mod:`.train` (``models``, ``train``,
+``demo``), :mod:`.bench` (``bench``, ``calibrate``), :mod:`.sim` (``trace``, ``simulate``) and
+:mod:`.perf` (``profile``, ``whatif``, ``advise``), with the options and helpers they share in
+:mod:`.options`. They are registered here, in the order ``gradwire --help`` lists them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from gradwire.cli import bench, cluster, perf, sim, train
+from gradwire.errors import GradwireError
+
+app = typer.Typer(help="gradwire: gradient aggregation on bandwidth-limited networks.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+cluster_app = typer.Typer(help="Emulated clusters: hosts in network namespaces, shaped links.",
+                          no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+cluster_app.command("up")(cluster.up)
+cluster_app.command("down")(cluster.down)
+cluster_app.command("status")(cluster.status)
+app.command(context_settings={"allow_extra_args": True,
+                              "ignore_unknown_options": True})(cluster.run)
+app.command()(train.models)
+app.command()(train.train)
+app.command()(train.demo)
+app.command()(bench.bench)
+app.command()(bench.calibrate)
+app.command("trace")(sim.trace_cmd)
+app.command()(sim.simulate)
+app.command()(perf.profile)
+app.command()(perf.whatif)
+app.command()(perf.advise)
+
+
+def main() -> None:
+    try:
+        rc = app(standalone_mode=False)
+    except GradwireError as e:
+        print(f"gradwire: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # a file the checks up front could not foresee (a disk that filled, a folder removed)
+        print(f"gradwire: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
+        print("gradwire: interrupted; cleaned up", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as e:
+        # click's own usage errors (a value out of range, an unknown option or command): one line
+        # like ours instead of a usage box. With no arguments, typer has printed the help.
+        if type(e).__name__ != "NoArgsIsHelpError":
+            print(f"gradwire: error: {e.format_message()}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))
+    if isinstance(rc, int) and rc != 0:
+        sys.exit(rc)

@@ -1,0 +1,93 @@
+"""``gradwire cluster up/down/status`` and ``gradwire run``: emulated clusters, and a command
+run once per host on one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from gradwire.bandwidth import format_bandwidth
+from gradwire.cli.options import (
+    Bandwidth,
+    ClusterName,
+    Hosts,
+    Loopback,
+    Mtu,
+    cluster_for,
+    console,
+)
+from gradwire.cluster import Cluster, cluster_down, cluster_up, list_clusters
+from gradwire.cluster.netns import MTU
+from gradwire.launcher import launch
+
+
+def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
+       name: Annotated[str | None, typer.Option(help="gw + 6 hex digits")] = None,
+       mtu: Mtu = MTU) -> None:
+    """Create an emulated cluster that stays up until `gradwire cluster down`."""
+    c = cluster_up(hosts, bandwidth, name, mtu=mtu)
+    console.print(f"cluster [bold]{c.name}[/] up: {c.label}")
+    console.print(hosts_table(c))
+
+
+def down(name: Annotated[str | None, typer.Argument()] = None,
+         all_: Annotated[bool, typer.Option("--all", help="every gradwire cluster, "
+                                            "orphans included")] = False) -> None:
+    """Remove a cluster: its namespaces (and their processes), veth pairs and bridge."""
+    removed = cluster_down(name, all_)
+    console.print(f"removed: {', '.join(removed) or 'nothing'}")
+
+
+def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List live clusters and their hosts."""
+    live = list_clusters()
+    if as_json:
+        print(json.dumps([json.loads(c.to_json()) for c in live], indent=1))
+        return
+    if not live:
+        console.print("no gradwire clusters are up")
+    for c in live:
+        note = (f" [yellow](stale: run {c.owner[0]} exited without removing it; the next "
+                f"cluster made here removes it, or `gradwire cluster down {c.name}`)[/]"
+                if c.stale else "")
+        console.print(f"[bold]{c.name}[/]: {c.label}{note}")
+        if c.shaped:
+            buf = (f"{c.send_buffer_bytes / 1e3:.0f} kB" if c.send_buffer_bytes
+                   else "this machine's")
+            console.print(f"links: tc tbf {format_bandwidth(c.bandwidth_bps)} each direction, "
+                          f"bucket {c.burst_bytes / 1e3:.0f} kB; hosts' TCP send buffer at "
+                          f"most {buf}")
+        console.print(hosts_table(c))
+
+
+def hosts_table(c: Cluster) -> Table:
+    t = Table("rank", "namespace", "address", "interface", "link (each direction)", "MTU")
+    for h in c.hosts:
+        t.add_row(str(h.rank), h.netns or "-", h.addr, h.ifname, format_bandwidth(c.bandwidth_bps),
+                  str(c.mtu) if h.netns else "-")
+    return t
+
+
+def run(
+    ctx: typer.Context,
+    cmd: Annotated[list[str], typer.Argument(help="the command each rank runs, after --")],
+    hosts: Hosts = 2,
+    bandwidth: Bandwidth = "1gbit",
+    cluster: ClusterName = None,
+    timeout: Annotated[float | None, typer.Option(help="seconds for the whole run")] = None,
+    mtu: Mtu = MTU,
+    loopback: Loopback = False,
+) -> None:
+    """Run CMD once per host with torchrun's environment; stop all if one fails.
+
+    Example: gradwire run --hosts 4 --bandwidth 1gbit -- python train.py
+    """
+    with cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
+        res = launch(c, cmd, timeout=timeout)
+    if res.returncode != 0:
+        print(f"gradwire run: {res.message}", file=sys.stderr)
+        raise typer.Exit(res.returncode)

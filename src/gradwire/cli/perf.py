@@ -1,0 +1,172 @@
+"""``gradwire profile``, ``whatif`` and ``advise``: the performance model
+(docs/performance-model.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gradwire.cli.options import BatchSize, check_outputs, command_line, console, write_json
+from gradwire.config import DEFAULT_ALPHA_S
+from gradwire.errors import GradwireError
+
+PerfModel = Annotated[str, typer.Option("--model", help="a built-in profile (gradwire profile "
+                                         "lists them) or a profile JSON file")]
+PerfAgg = Annotated[str, typer.Option("--agg", help="comma list of methods (dense, fp16, topk, "
+                                      "gtopk, powersgd, signsgd, ...)")]
+PerfDensity = Annotated[float, typer.Option(help="sparsifiers' kept fraction")]
+PerfRank = Annotated[int, typer.Option(help="PowerSGD rank")]
+PerfSlowdown = Annotated[float, typer.Option(help="factor (>= 1) by which backward slows while "
+                                             "communication runs beside it")]
+PerfAlpha = Annotated[float, typer.Option("--alpha-us", help="latency per message, µs "
+                                          "(default: a typical Ethernet host-to-host "
+                                          "latency; gradwire calibrate measures yours)")]
+PerfGamma = Annotated[float, typer.Option("--gamma-ns", help="reduction, ns per byte")]
+PerfCodecs = Annotated[str, typer.Option(help="encode/decode times: here (this machine's "
+                                         "benchmark), v100 (compression-utility Table 2) or a "
+                                         "JSON file")]
+PerfCompute = Annotated[str | None, typer.Option("--compute-ms", help="FORWARD,BACKWARD ms "
+                                                 "to use instead of the profile's")]
+PerfMode = Annotated[str, typer.Option(help="bucket: DDP buckets; model: one bucket")]
+PerfBucket = Annotated[float, typer.Option("--bucket-mb", help="DDP bucket cap, MiB")]
+PerfPerNode = Annotated[int, typer.Option(help="consecutive ranks per node: they share the "
+                                          "node's link to other nodes")]
+PerfIntra = Annotated[str, typer.Option(help="link between the ranks of one node (with "
+                                        "--ranks-per-node > 1)")]
+PerfCalibration = Annotated[Path | None, typer.Option(
+    "--calibration", help="a `gradwire calibrate` file: its α per step and γ replace "
+    "--alpha-us and --gamma-ns, and its shared-CPU terms bound the iteration")]
+
+
+def profile(
+    model: Annotated[str | None, typer.Option(help="a model from `gradwire models` to measure "
+                                              "on this machine")] = None,
+    batch_size: BatchSize = 32,
+    iters: Annotated[int, typer.Option(min=1, help="timed iterations")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="untimed iterations first")] = 3,
+    seq_len: Annotated[int, typer.Option(min=1, help="text models: symbols per sample")] = 64,
+    out: Annotated[Path | None, typer.Option(help="write the profile (JSON) here, for "
+                                             "whatif/advise --model FILE")] = None,
+) -> None:
+    """Measure a model's forward, per-tensor backward and optimizer-step time on this machine
+    as a profile; without --model, list the built-in profiles.
+
+    Example: gradwire profile --model resnet20 --out resnet20-here.json
+    """
+    from gradwire.perf import report
+
+    if model is None:
+        console.print(report.profiles_table())
+        return
+    from gradwire.profiles.measure import measure
+
+    if batch_size < 1:
+        raise GradwireError(f"--batch-size must be >= 1, got {batch_size}")
+    check_outputs(("--out", out))
+    p = measure(model, batch_size, iters, warmup, seq_len)
+    console.print(report.profile_table(model, p))
+    if out:
+        out.write_text(p.to_text())
+        console.print(f"wrote {out}")
+
+
+def whatif(
+    model: PerfModel = "resnet50",
+    workers: Annotated[str, typer.Option(help="4:128 (doubling), 4:128:4 or a comma list")] =
+    "4:128",
+    bandwidth: Annotated[str, typer.Option(help="comma list of link rates, e.g. 1gbit,10gbit")]
+    = "1gbit,10gbit,25gbit",
+    agg: PerfAgg = "dense,fp16,topk,gtopk,powersgd,signsgd",
+    compute_speedup: Annotated[str, typer.Option(help="comma list of compute speedups")] = "1",
+    density: PerfDensity = 0.001,
+    rank: PerfRank = 4,
+    mode: PerfMode = "bucket",
+    bucket_mb: PerfBucket = 25.0,
+    overlap_slowdown: PerfSlowdown = 1.0,
+    alpha_us: PerfAlpha = DEFAULT_ALPHA_S * 1e6,
+    gamma_ns: PerfGamma = 0.11,
+    ranks_per_node: PerfPerNode = 1,
+    intra_bandwidth: PerfIntra = "100gbit",
+    codecs: PerfCodecs = "here",
+    compute_ms: PerfCompute = None,
+    calibration: PerfCalibration = None,
+    plot: Annotated[Path | None, typer.Option(help="write a PNG of iteration time against "
+                                              "workers here")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write every prediction "
+                                                  "here")] = None,
+) -> None:
+    """Predict iteration time for every (aggregation, workers, bandwidth, compute speedup), the
+    compression needed for near-linear scaling and the encode+decode budget (§5 of the
+    compression-utility paper).
+
+    Example: gradwire whatif --model resnet50 --workers 4:128 --bandwidth 1gbit,10gbit
+    """
+    from gradwire.perf import report, scenario
+    from gradwire.perf.whatif import plot as plot_whatif
+
+    check_outputs(("--plot", plot), ("--json", json_out))
+    s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
+                          bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
+                          overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
+                          gamma_ns=gamma_ns, ranks_per_node=ranks_per_node,
+                          intra_bandwidth=intra_bandwidth, calibration=calibration)
+    found = scenario.whatif(s, workers, bandwidth, compute_speedup)
+    found.result["command"] = command_line()
+    for t in report.whatif_tables(found):
+        console.print(t)
+    console.print(found.note)
+    if plot:
+        console.print(f"wrote {plot_whatif(found.result, plot)}")
+    if json_out:
+        write_json(json_out, found.result)
+
+
+def advise(
+    model: PerfModel = "resnet50",
+    workers: Annotated[int, typer.Option(min=1, help="number of workers")] = 32,
+    bandwidth: Annotated[str, typer.Option(help="link rate, e.g. 1gbit")] = "1gbit",
+    agg: Annotated[str | None, typer.Option("--agg", help="comma list of methods to rank "
+                                            "(default: every method)")] = None,
+    density: PerfDensity = 0.001,
+    rank: PerfRank = 4,
+    mode: PerfMode = "bucket",
+    bucket_mb: PerfBucket = 25.0,
+    compute_speedup: Annotated[float, typer.Option(help="compute speedup")] = 1.0,
+    overlap_slowdown: PerfSlowdown = 1.0,
+    alpha_us: PerfAlpha = DEFAULT_ALPHA_S * 1e6,
+    gamma_ns: PerfGamma = 0.11,
+    ranks_per_node: PerfPerNode = 1,
+    intra_bandwidth: PerfIntra = "100gbit",
+    codecs: PerfCodecs = "here",
+    compute_ms: PerfCompute = None,
+    calibration: PerfCalibration = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the ranking here")]
+    = None,
+) -> None:
+    """Rank every aggregation scheme by predicted iteration time and say why the winner wins.
+
+    Example: gradwire advise --model resnet50 --workers 32 --bandwidth 1gbit
+    """
+    from gradwire.perf import report, scenario
+    from gradwire.perf.advise import explain
+
+    check_outputs(("--json", json_out))
+    s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
+                          bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
+                          overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
+                          gamma_ns=gamma_ns, ranks_per_node=ranks_per_node,
+                          intra_bandwidth=intra_bandwidth, calibration=calibration)
+    found = scenario.advise(s, workers, bandwidth, compute_speedup)
+    console.print(report.advice_table(found))
+    console.print(explain(found.ranked))
+    console.print(found.note)
+    for skipped in found.skipped:
+        console.print(f"not ranked: {skipped}")
+    if json_out:
+        json_out.write_text(json.dumps([{"agg": r.agg.label, "iteration_s": r.seconds,
+                                         "overhead_s": r.overhead} for r in found.ranked],
+                                       indent=1))
+        console.print(f"wrote {json_out}")

@@ -1,0 +1,100 @@
+"""``gradwire trace`` and ``gradwire simulate``: compute traces, and the trace-driven network
+simulator (docs/simulator.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gradwire.cli.options import (
+    BatchSize,
+    JsonOut,
+    Seed,
+    check_outputs,
+    command_line,
+    console,
+    write_json,
+)
+from gradwire.sim.simulate import SIM_MECHANISMS
+
+
+def trace_cmd(
+    out: Annotated[Path, typer.Option("-o", "--out", help="write the trace (JSON lines) here")],
+    model: Annotated[str | None, typer.Option(help="record this model (`gradwire models`)")] = None,
+    source: Annotated[Path | None, typer.Option("--from", help="edit this trace instead")] = None,
+    iterations: Annotated[int, typer.Option(min=1, help="iterations kept")] = 3,
+    batch_size: BatchSize = 32,
+    seed: Seed = 0,
+    compute_speedup: Annotated[float, typer.Option(help="divide every compute time by "
+                                                   "this")] = 1.0,
+    add_layers: Annotated[int, typer.Option(min=0, help="insert this many layers before the "
+                                            "last parameter")] = 0,
+    layer_bytes: Annotated[int, typer.Option(min=1, help="each added layer's bytes")] = 4 * 2**20,
+    layer_forward_ms: Annotated[float, typer.Option(min=0)] = 1.0,
+    layer_backward_ms: Annotated[float, typer.Option(min=0)] = 2.0,
+    resize: Annotated[list[str] | None, typer.Option(help="NAME=BYTES: resize a parameter "
+                                                     "(repeatable)")] = None,
+) -> None:
+    """Record a compute trace (backward hooks on every parameter) or edit one; see
+    docs/simulator.md.
+
+    Example: gradwire trace --model resnet50 -o resnet50.trace.jsonl
+    """
+    from gradwire.sim.edit import make_trace
+
+    t = make_trace(out, model, source, iterations=iterations, batch_size=batch_size, seed=seed,
+                   compute_speedup=compute_speedup, add_layers=add_layers,
+                   layer=(layer_bytes, layer_forward_ms / 1e3, layer_backward_ms / 1e3),
+                   resize=resize or [])
+    it = t.iterations[0]
+    console.print(f"wrote {out}: {t.model}, {len(t.params)} parameters, "
+                  f"{t.total_bytes / 1e6:.2f} MB, {len(t.iterations)} iterations, forward "
+                  f"{it.forward_s * 1e3:.1f} ms, backward {it.backward_s * 1e3:.1f} ms")
+
+
+def simulate(
+    trace: Annotated[list[Path], typer.Option(help="a trace from `gradwire trace` "
+                                              "(repeatable with --table)")],
+    workers: Annotated[int, typer.Option(min=1)] = 32,
+    bandwidth: Annotated[str, typer.Option(help="every link, each way: 10gbit, 25gbit, "
+                                           "...")] = "25gbit",
+    mechanism: Annotated[str, typer.Option(help="comma list (see docs/simulator.md): ps, "
+                                           "multicast, ina, multicast+ina, ring, "
+                                           "ring+multicast, butterfly, any allreduce "
+                                           "algorithm, NAME:KEY=VALUE options")
+                         ] = SIM_MECHANISMS,
+    servers: Annotated[int, typer.Option(min=1, help="parameter servers")] = 1,
+    iterations: Annotated[int, typer.Option(min=1)] = 3,
+    latency_us: Annotated[float, typer.Option(min=0, help="one-way latency per host")] = 0.0,
+    seed: Seed = 0,
+    timeline: Annotated[Path | None, typer.Option(help="write a Perfetto/chrome trace "
+                                                  "JSON")] = None,
+    sweep: Annotated[str | None, typer.Option(help="AXIS=V1,V2,..: workers, bandwidth, "
+                                              "speedup or layers")] = None,
+    plot: Annotated[Path | None, typer.Option(help="the sweep's PNG")] = None,
+    table: Annotated[int | None, typer.Option(help="one of the paper's tables: 4, 6, 8, 9, "
+                                              "10")] = None,
+    emulate: Annotated[bool, typer.Option(help="also run each mechanism for real on an "
+                                          "emulated cluster of --bandwidth links (root) and "
+                                          "compare; default mechanisms ps,ring,butterfly")
+                       ] = False,
+    json_out: JsonOut = None,
+) -> None:
+    """Trace-driven simulation of parameter servers, multicast, in-network aggregation and
+    all-reduce mechanisms on a non-blocking switch.
+
+    Example: gradwire simulate --trace resnet50.trace.jsonl --workers 32 --bandwidth 25gbit
+    """
+    from gradwire.bench.provenance import stamp
+    from gradwire.sim.simulate import prepare, run_simulation
+
+    check_outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out))
+    sim = prepare(trace, workers=workers, bandwidth=bandwidth, mechanism=mechanism,
+                  servers=servers, iterations=iterations, latency_us=latency_us, seed=seed,
+                  table=table, sweep=sweep, emulate=emulate, plot=plot, timeline=timeline)
+    out = stamp(command_line())  # dated before the run, as it always was
+    out |= run_simulation(sim, console)
+    if json_out:
+        write_json(json_out, out)

@@ -1,0 +1,190 @@
+"""What an emulated cluster is, and its record: the :class:`Host` and :class:`Cluster` types,
+the state file ``/run/gradwire/<name>.json`` each live cluster keeps (so that ``cluster down``
+works from another process), and the loopback fallback that needs no namespaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gradwire import config
+from gradwire.bandwidth import format_bandwidth
+from gradwire.cluster.shaping import CC_NAME_RE, tbf_burst
+from gradwire.errors import GradwireError
+
+NAME_RE = re.compile(r"^gw[0-9a-f]{6}$")
+MAX_HOSTS = 250
+MTU = 1500  # Ethernet's default
+MTU_RANGE = (576, 65535)  # IPv4's smallest datagram every host must take; veth's largest
+LOOPBACK = "loopback"
+LOOPBACK_LABEL = "loopback, links not shaped"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One emulated host: where to run a rank and how peers reach it."""
+
+    rank: int
+    netns: str | None  # None on the loopback fallback
+    addr: str
+    ifname: str
+
+
+@dataclass
+class Cluster:
+    """A live cluster (or the loopback fallback, ``name == 'loopback'``)."""
+
+    name: str
+    bandwidth_bps: float | None
+    hosts: list[Host] = field(default_factory=list)
+    subnet: int = 0
+    # [pid, start time in clock ticks] of the run that made it for itself (ephemeral_cluster);
+    # None for `gradwire cluster up`, which stays until `cluster down`.
+    owner: list[int] | None = None
+    # The hosts' TCP congestion control (CONGESTION_CONTROL when every host took it); None:
+    # the machine's default.
+    tcp: str | None = None
+    mtu: int = MTU
+    # The ceiling on every host's TCP send buffer (bytes) when every host took it; None: the
+    # machine's own (unshaped, or a kernel that keeps tcp_wmem for the whole machine).
+    sndbuf: int | None = None
+
+    @property
+    def stale(self) -> bool:
+        """A run's cluster whose run has exited without removing it (SIGKILL, a crash of the
+        machine's session): nothing can use it any more."""
+        return self.owner is not None and process_start_ticks(self.owner[0]) != self.owner[1]
+
+    @property
+    def shaped(self) -> bool:
+        return self.name != LOOPBACK and self.bandwidth_bps is not None
+
+    @property
+    def burst_bytes(self) -> int:
+        """The token bucket of each shaped link (:func:`tbf_burst`), 0 when not shaped."""
+        return tbf_burst(self.bandwidth_bps) if self.shaped else 0  # type: ignore[arg-type]
+
+    @property
+    def send_buffer_bytes(self) -> int | None:
+        """The hosts' ceiling on a TCP send buffer as cluster up set it
+        (:func:`~gradwire.cluster.netns.host_send_buffer`);
+        None where they keep the machine's own (not shaped, or the setting failed)."""
+        return self.sndbuf if self.shaped else None
+
+    @property
+    def label(self) -> str:
+        """How every report names the network this ran on."""
+        if self.name == LOOPBACK:
+            return LOOPBACK_LABEL
+        tcp = f", TCP {self.tcp}" if self.tcp else ""
+        mtu = f", MTU {self.mtu}" if self.mtu != MTU else ""
+        return (f"emulated {len(self.hosts)} hosts, {format_bandwidth(self.bandwidth_bps)} links"
+                f"{tcp}{mtu}")
+
+    @property
+    def link_key(self) -> str:
+        """What a calibration of these links is saved under: the rate (``1gbit``), with the
+        MTU when it is not Ethernet's default (``1gbit-mtu9000``); ``loopback`` unshaped."""
+        if not self.shaped:
+            return "loopback"
+        rate = format_bandwidth(self.bandwidth_bps)
+        return rate if self.mtu == MTU else f"{rate}-mtu{self.mtu}"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.name}-br"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> Cluster:
+        """Parse a state file; ValueError unless every name it holds is one gradwire makes
+        (they go to ``ip netns exec`` as arguments: nothing that starts with '-' or lies
+        outside the cluster may pass)."""
+        d = json.loads(text)
+        d["hosts"] = [Host(**h) for h in d["hosts"]]
+        c = Cluster(**d)
+        ns = re.compile(rf"^{re.escape(c.name)}-h\d+$")
+        if c.owner is not None and not (isinstance(c.owner, list) and len(c.owner) == 2 and all(
+                isinstance(x, int) for x in c.owner)):
+            raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
+        if c.tcp is not None and not (isinstance(c.tcp, str) and CC_NAME_RE.fullmatch(c.tcp)):
+            raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
+        if c.sndbuf is not None and not (type(c.sndbuf) is int and c.sndbuf > 0):
+            raise ValueError(f"cluster state {c.name!r} has a send buffer that is not bytes > 0")
+        if not _mtu_ok(c.mtu):
+            raise ValueError(f"cluster state {c.name!r} has an MTU outside {MTU_RANGE}")
+        if not NAME_RE.match(c.name) or any(
+                h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
+                or not re.match(r"^\w+$", h.ifname) for h in c.hosts):
+            raise ValueError(f"cluster state {c.name!r} holds names gradwire does not make")
+        return c
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), None if there is no such
+    process: a pid with the same start time is the same process, not a reuse of its number."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _mtu_ok(mtu: object) -> bool:
+    return (isinstance(mtu, int) and not isinstance(mtu, bool)
+            and MTU_RANGE[0] <= mtu <= MTU_RANGE[1])
+
+
+def check_mtu(mtu: int) -> int:
+    """``mtu`` if a link may carry it, else a GradwireError saying what is allowed."""
+    lo, hi = MTU_RANGE
+    if not _mtu_ok(mtu):
+        raise GradwireError(f"--mtu must be an integer number of bytes from {lo} to {hi} "
+                            f"(1500: Ethernet's default; 9000: jumbo frames), got {mtu!r}")
+    return mtu
+
+
+def save_cluster(cluster: Cluster) -> None:
+    path = config.state_dir() / f"{cluster.name}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(cluster.to_json())
+    tmp.replace(path)
+
+
+def load_cluster(name: str) -> Cluster:
+    """The live cluster called ``name``."""
+    if not NAME_RE.match(name):
+        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
+    path = config.state_dir() / f"{name}.json"
+    if not path.exists():
+        known = ", ".join(c.name for c in list_clusters()) or "none"
+        raise GradwireError(f"no cluster named {name} (live clusters: {known})")
+    try:
+        return Cluster.from_json(path.read_text())
+    except (ValueError, TypeError, KeyError) as e:
+        raise GradwireError(f"cluster state file {path} is unreadable ({e}): remove the "
+                            f"cluster with `gradwire cluster down {name}`") from None
+
+
+def list_clusters() -> list[Cluster]:
+    """Every cluster with a state file, oldest first."""
+    if not config.state_dir().is_dir():
+        return []
+    out = []
+    for p in sorted(config.state_dir().glob("gw*.json"), key=lambda p: p.stat().st_mtime):
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            out.append(Cluster.from_json(p.read_text()))
+    return out
+
+
+def loopback_cluster(hosts: int) -> Cluster:
+    """The fallback without namespaces: every rank on 127.0.0.1, links not shaped."""
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
+    return Cluster(LOOPBACK, None, [Host(i, None, "127.0.0.1", "lo") for i in range(hosts)])

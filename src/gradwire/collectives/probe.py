@@ -1,0 +1,56 @@
+"""Seconds per schedule step of an allreduce on the ranks as they run: α as a collective pays
+it (every rank taking part, with its own CPU's share of the work), not a two-host ping-pong."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from gradwire.collectives.api import all_reduce
+from gradwire.schedules import registry
+from gradwire.transport import Transport
+
+
+def step_alpha(t: Transport, algo: str = "rd", **params: object) -> float:
+    """Seconds per step of gradwire's ``algo`` allreduce on P elements (``"builtin"``:
+    torch.distributed's, per step of a ring), every rank of ``t`` taking part (5 runs of 40
+    calls after 20, median; rank 0's value on every rank). With
+    ``t.check_calls`` on, each call's header exchange is in it too."""
+    return step_times(t, algo, **params)[0]
+
+
+def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float, float]:
+    """(wall, CPU) seconds per step of :func:`step_alpha`'s runs; CPU is what one rank's
+    process spent (all its threads), the mean over ranks, the same on every rank."""
+    p = t.world_size
+    # "builtin": torch.distributed's allreduce (gloo's ring, which the hooks' allreduces run)
+    steps = len(registry.schedule("allreduce", "ring" if algo == "builtin" else algo, p, p,
+                                  **params).steps)
+    run = {k: v for k, v in params.items() if k != "itemsize"}
+    buf = torch.ones(p)
+
+    def call() -> None:
+        if algo == "builtin":
+            dist.all_reduce(buf, group=t.group)
+        else:
+            all_reduce(buf, algo=algo, transport=t, **run)
+
+    for _ in range(20):
+        call()
+    runs, cpus = [], []
+    for _ in range(5):
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(40):
+            call()
+        runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
+        cpus.append((time.process_time() - c0) / 40 / max(steps, 1))
+    per = torch.tensor([statistics.median(runs)], dtype=torch.float64)
+    dist.broadcast(per, 0)
+    cpu = torch.tensor([statistics.median(cpus) / p], dtype=torch.float64)
+    dist.all_reduce(cpu)
+    t.reset_counters()
+    return float(per), float(cpu)

@@ -1,0 +1,223 @@
+"""Selecting the k largest |x|: the one top-k selector of gradwire, exact or by a sampled
+threshold, with one tie rule.
+
+Tie rule: among elements of equal |x| the smaller index is taken first, so ranks, runs, the
+selectors and the reference in the tests agree bit for bit. A NaN counts as larger than any
+number (as in torch.topk): it is selected and sent, and shows up in the result as it would in a
+dense allreduce, instead of silently stopping the selection.
+
+- ``exact``: one torch.topk for the k-th largest value, one compare, the tied elements only
+  when several equal it (:func:`largest`).
+- ``threshold``: about one pass over x (:func:`threshold_topk`): a threshold from a sample,
+  every element above it as a candidate, the exact top k of the candidates. The candidates
+  hold every element above the threshold, so the result is the exact selector's, ties
+  included.
+- DGC's selection (:func:`dgc_select`, Lin et al. 2018) runs the same threshold passes but
+  accepts a count near k instead of correcting to exactly k.
+
+All return int64 indices in ascending order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from gradwire.compress.base import generator
+
+SELECTORS = ("exact", "threshold")
+SAMPLE = 0.01
+MIN_SAMPLE = 4096
+# Slack of the sampled threshold in standard deviations of the sampled count (about Poisson, so
+# sd = sqrt(expected)): at 4 sd a second full pass is rare (~1 call in 10^4) and the candidates
+# stay within k·(1 + 4/sqrt(expected)) + O(1), e.g. 1.27k at 25 M elements, density 0.001.
+MARGIN_SD = 4.0
+THRESHOLD_PASSES = 2
+TIE_CHUNK = 2**20
+NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
+
+
+def _kth_largest(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest of ``mag`` (0 < k < n), NaN above everything. numpy's partition
+    where k is a large share of n (a merge keeps k of at most 2k: 0.34 against torch.topk's
+    0.45 ms at 50 000 fp32 here); torch.topk otherwise (faster here when k ≪ n)."""
+    n = mag.numel()
+    if mag.device.type == "cpu" and mag.dtype in NUMPY_DTYPES[:2] and 8 * k >= n:
+        top = np.partition(mag.numpy(), n - k)[n - k :]  # NaNs sort last: into the top
+        return torch.from_numpy(top.min(keepdims=True))[0]
+    return torch.topk(mag, k, sorted=False).values.min()  # min: NaN if a NaN is in the top
+
+
+def largest(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """Mask of the k largest of ``mag`` (≥ 0 or NaN), ties to the smaller index.
+
+    One torch.topk for the k-th largest value t, then one compare (≥ t); only when more
+    than one element equals t, everything above t and the first tied elements. No sort.
+    """
+    n = mag.numel()
+    keep = torch.zeros(n, dtype=torch.bool, device=mag.device)
+    if k >= n:
+        return keep.fill_(True)
+    if k <= 0:
+        return keep
+    t = _kth_largest(mag, k)
+    if bool(torch.isnan(t)):  # NaN ranks above +inf, as in torch.topk
+        mag = torch.nan_to_num(mag, nan=float("inf"), posinf=float("inf"))
+        t = _kth_largest(mag, k)
+    torch.ge(mag, t, out=keep)
+    if int(keep.sum()) == k:  # t itself is the only element equal to t: the usual case
+        return keep
+    torch.gt(mag, t, out=keep)
+    need = k - int(keep.sum())
+    # The first ``need`` ties, found a chunk at a time: when t is 0 in a mostly-zero gradient
+    # nearly every element ties, and one nonzero over all of them would list them all.
+    for start in range(0, n, TIE_CHUNK):
+        if need <= 0:
+            break
+        tied = torch.nonzero(mag[start : start + TIE_CHUNK] == t).squeeze(1)[:need]
+        keep[tied + start] = True
+        need -= tied.numel()
+    return keep
+
+
+def exact_topk(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (int64, ascending) of the min(k, n) largest |x|, ties to the smaller index."""
+    return torch.nonzero(largest(x.abs(), k)).squeeze(1)
+
+
+def _sample_abs(x: torch.Tensor, size: int, g: torch.Generator) -> torch.Tensor:
+    return x[torch.randint(x.numel(), (size,), generator=g, device=x.device)].abs()
+
+
+def _sampled_kth(v: torch.Tensor, j: int) -> float:
+    # A Python float, not a 0-d tensor: the compares below run ~1.5x faster with a scalar
+    # (measured at 25 M fp32). The value came from x, so it is exact in x's dtype.
+    return float(torch.topk(v, j, sorted=False).values.min())
+
+
+def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Indices (ascending) of every |x| ≥ threshold (never a NaN). Two compares on x instead
+    of one on x.abs() (a fresh n-element tensor). On the CPU numpy does the pass: torch's
+    compares into a bool tensor and its nonzero were several times slower here
+    (benchmarks/results: compress_speed.json for 25 M, train_demo_1gbit.json's compress
+    column at 1.13 M)."""
+    if x.device.type == "cpu" and x.dtype in NUMPY_DTYPES and not x.requires_grad:
+        a = x.numpy()
+        return torch.from_numpy(np.flatnonzero((a >= threshold) | (a <= -threshold)))
+    return torch.nonzero((x >= threshold) | (x <= -threshold)).squeeze(1)
+
+
+def _keep_largest(x: torch.Tensor, cand: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest |x| among the ascending indices ``cand``, ties to the smaller index."""
+    if cand.numel() <= k:
+        return cand
+    return cand[largest(x[cand].abs(), k)]
+
+
+def _nonzeros_first(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest |x| when the sampled threshold is 0 (many exact zeros, as in embedding
+    gradients): the largest nonzeros, topped up with the first zeros. Without this every
+    element would be a candidate and the last step a torch.topk over all of x."""
+    nz = torch.nonzero(x).squeeze(1)
+    if nz.numel() >= k:
+        return _keep_largest(x, nz, k)
+    zeros = torch.nonzero(x == 0).squeeze(1)[: k - nz.numel()]
+    return torch.cat([nz, zeros]).sort().values
+
+
+def _sample_size(numel: int, sample: float, min_sample: int) -> int:
+    return max(min_sample, math.ceil(sample * numel))
+
+
+# A pass's verdict on its candidates: (the selection, or None to pass again; the next j).
+Verdict = Callable[[torch.Tensor, int], tuple[torch.Tensor | None, int]]
+
+
+def _threshold_passes(x: torch.Tensor, k: int, g: torch.Generator, sample: float,
+                      min_sample: int, passes: int, first_j: Callable[[float], int],
+                      verdict: Verdict,
+                      give_up: Callable[[torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
+    """The sampled-threshold search both selectors share: draw s elements; threshold = the
+    j-th largest |sample| (j = ``first_j(k·s/n)``); the candidates are every |x| ≥ threshold;
+    ``verdict`` accepts them or says the next j. A zero threshold means mostly zeros
+    (:func:`_nonzeros_first`). After ``passes`` passes, ``give_up(last candidates)``."""
+    n = x.numel()
+    s = _sample_size(n, sample, min_sample)
+    if k == 0 or k >= n or 2 * s >= n:  # a sample this large costs as much as torch.topk
+        return exact_topk(x, k)
+    v = _sample_abs(x, s, g)
+    j, cand = max(1, min(s, first_j(k * s / n))), None
+    for _ in range(passes):
+        threshold = _sampled_kth(v, j)
+        if threshold == 0:
+            return _nonzeros_first(x, k)
+        cand = _candidates(x, threshold)
+        chosen, nxt = verdict(cand, j)
+        if chosen is not None:
+            return chosen
+        if j == s:
+            break
+        j = min(s, nxt)
+    return give_up(cand)
+
+
+def threshold_topk(x: torch.Tensor, k: int, g: torch.Generator, sample: float = SAMPLE,
+                   min_sample: int = MIN_SAMPLE) -> torch.Tensor:
+    """Indices (int64, ascending) of exactly the k largest |x|, found with about one pass.
+
+    1. Draw s = max(min_sample, sample·n) elements of x; their j-th largest |x|, with j a few
+       standard deviations above the expected k·s/n, is a threshold just below the k-th.
+    2. One pass: the candidates are every element with |x| ≥ threshold.
+    3. If there are ≥ k, keep the top k of the candidates (ties to the smaller index).
+       If fewer, lower the threshold (j ×4) and pass again; after ``THRESHOLD_PASSES`` fall
+       back to the exact selector on all of x.
+
+    The result is always the exact selector's; the sample only decides the speed.
+    Cost: one compare pass and one nonzero over n, plus a top-k of ~k candidates.
+    """
+    def verdict(cand: torch.Tensor, j: int) -> tuple[torch.Tensor | None, int]:
+        return (_keep_largest(x, cand, k) if cand.numel() >= k else None), 4 * j
+
+    return _threshold_passes(
+        x, k, g, sample, min_sample, THRESHOLD_PASSES,
+        lambda expected: math.ceil(expected + MARGIN_SD * (math.sqrt(expected) + 1)),
+        verdict, lambda _: exact_topk(x, k))
+
+
+def dgc_select(x: torch.Tensor, k: int, capacity: int, g: torch.Generator, sample: float,
+               passes: int, min_sample: int = MIN_SAMPLE) -> torch.Tensor:
+    """DGC's selection: indices (int64, ascending) of the c largest |x|, k/slack ≤ c ≤
+    capacity unless the passes run out (then fewer), with capacity = ⌈slack·k⌉.
+
+    Threshold = the ⌈k·s/n⌉-th largest |x| of a sample of s; one pass selects |x| ≥ threshold.
+    More than ``capacity`` selected: keep the top k of them (no further pass). Fewer than
+    k²/capacity: rescale the sampled rank by k/count and pass again, at most ``passes`` in all.
+    """
+    def verdict(cand: torch.Tensor, j: int) -> tuple[torch.Tensor | None, int]:
+        c = cand.numel()
+        if c > capacity:
+            return _keep_largest(x, cand, k), j
+        if c * capacity >= k * k:
+            return cand, j
+        return None, math.ceil(j * k / max(c, 1))
+
+    return _threshold_passes(x, k, g, sample, min_sample, passes, math.ceil, verdict,
+                             lambda cand: cand)
+
+
+def select(acc: torch.Tensor, k: int, selector: str = "exact",
+           g: torch.Generator | None = None, sample: float = SAMPLE) -> torch.Tensor:
+    """Indices (int64, ascending) of the min(k, n) largest |acc|, by ``selector`` ("exact" or
+    "threshold"; both give the same set). ``g`` draws the threshold's sample (default: a
+    generator seeded 0, the same on every rank and call)."""
+    n = acc.numel()
+    k = min(k, n)
+    if k == n:
+        return torch.arange(n, device=acc.device)
+    if selector == "threshold":
+        return threshold_topk(acc, k, g if g is not None else generator(0, 0, acc.device),
+                              sample)
+    return exact_topk(acc, k)

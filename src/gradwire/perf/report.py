@@ -1,0 +1,77 @@
+"""What a person reads from the performance model: the profiles, ``gradwire whatif``'s
+predictions and §5 answers, and ``gradwire advise``'s ranking, as tables."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from gradwire import profiles
+from gradwire.profiles import Profile
+
+if TYPE_CHECKING:  # the model, for the types alone: listing the profiles imports no torch
+    from gradwire.perf.scenario import Advice, WhatIf
+
+
+def profiles_table() -> Table:
+    """The built-in profiles, one row each."""
+    t = Table("profile", "parameters", "forward (ms)", "backward (ms)", "batch", "what")
+    for name in profiles.builtin_names():
+        p = profiles.load(name)
+        ms = [f"{v * 1e3:.1f}" if v is not None else "-" for v in (p.forward_s, p.backward_s)]
+        t.add_row(name, f"{p.numel:,}", *ms, str(p.batch_size or "-"), p.description)
+    return t
+
+
+def profile_table(model: str, p: Profile) -> Table:
+    """One profile measured here (``gradwire profile --model``)."""
+    t = Table("model", "parameters", "tensors", "forward (ms)", "backward (ms)", "step (ms)",
+              title=p.sources["forward_s"])
+    t.add_row(model, f"{p.numel:,}", str(len(p.params)), f"{p.forward_s * 1e3:.2f}",
+              f"{p.backward_s * 1e3:.2f}", f"{p.step_s * 1e3:.2f}")
+    return t
+
+
+def whatif_tables(wi: WhatIf) -> list[Table]:
+    """Per compute speedup, two tables: iteration time and scaling efficiency per
+    (aggregation, workers) and link rate; then the compression needed for linear scaling and
+    the encode+decode budget per workers and link rate."""
+    prof, result = wi.profile, wi.result
+    bws = list(dict.fromkeys(r["bandwidth"] for r in result["rows"]))
+    tables = []
+    for x in wi.speedups:
+        t = Table("aggregation", "workers", *(f"{b}: ms (eff.)" for b in bws),
+                  title=f"{prof.model} ({prof.numel / 1e6:.2f} M params), compute ×{x:g}: "
+                        "predicted iteration time and scaling efficiency")
+        rows = [r for r in result["rows"] if r["compute_speedup"] == x]
+        for key in dict.fromkeys((r["agg"], r["workers"]) for r in rows):
+            cells = [r for r in rows if (r["agg"], r["workers"]) == key]
+            t.add_row(key[0], str(key[1]), *(f"{r['iteration_s'] * 1e3:.1f} "
+                                              f"({r['efficiency']:.0%})" for r in cells))
+        a = Table("workers", *(f"{b}: ratio / budget" for b in bws),
+                  title="compression an all-reducible scheme needs for linear scaling, and the "
+                        "most encode+decode may cost (dense time − compute time)")
+        ans = [r for r in result["answers"] if r["compute_speedup"] == x]
+        for p in dict.fromkeys(r["workers"] for r in ans):
+            a.add_row(str(p), *(f"{r['required_compression']:.3g}× / "
+                                f"{r['coding_budget_s'] * 1e3:.1f} ms"
+                                for r in ans if r["workers"] == p))
+        tables += [t, a]
+    return tables
+
+
+def advice_table(a: Advice) -> Table:
+    """The ranking, fastest first: time, efficiency, what backward does not hide, coding,
+    wire time and bytes sent per rank."""
+    g = a.cluster.ranks_per_node
+    t = Table("#", "aggregation", "iteration (ms)", "efficiency", "not hidden (ms)",
+              "encode+decode (ms)", "wire (ms)", "sent/rank (MB)",
+              title=f"{a.profile.model}, {a.cluster.workers} workers, {a.bandwidth}"
+                    + (f", {g} per node ({a.intra_bandwidth} inside)" if g > 1 else ""))
+    for i, r in enumerate(a.ranked, 1):
+        p = r.prediction
+        t.add_row(str(i), r.agg.label, f"{r.seconds * 1e3:.1f}", f"{float(p.efficiency):.0%}",
+                  f"{r.overhead * 1e3:.1f}", f"{p.coding * 1e3:.1f}",
+                  f"{float(p.communicate) * 1e3:.1f}", f"{p.wire_bytes / 1e6:.3g}")
+    return t

@@ -1,0 +1,147 @@
+"""What ``gradwire whatif`` and ``gradwire advise`` are asked, read and checked: the model's
+profile, the aggregation schemes, the codec table and the cluster's terms (α, γ, shared CPU,
+nodes), then the sweep or the ranking made from them. Errors name the option at fault."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gradwire import profiles
+from gradwire.catalogue import METHODS
+from gradwire.config import DEFAULT_ALPHA_S
+from gradwire.errors import GradwireError
+from gradwire.perf import advise as adv
+from gradwire.perf import codecs as codec_tables
+from gradwire.perf import whatif as w
+from gradwire.perf.codecs import CodecTable
+from gradwire.perf.model import Aggregation, ClusterModel, parse_link
+from gradwire.profiles import Profile
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The options whatif and advise share, as given on the command line. ``agg``: a comma
+    list of methods (advise: None or empty for every method); ``compute_ms``:
+    ``FORWARD,BACKWARD`` in ms instead of the profile's; ``calibration``: a ``gradwire
+    calibrate`` file whose α per step, γ and shared-CPU terms replace ``alpha_us`` and
+    ``gamma_ns``."""
+
+    model: str = "resnet50"
+    agg: str | None = None
+    density: float = 0.001
+    rank: int = 4
+    mode: str = "bucket"
+    bucket_mb: float = 25.0
+    codecs: str = "here"
+    compute_ms: str | None = None
+    overlap_slowdown: float = 1.0
+    alpha_us: float = DEFAULT_ALPHA_S * 1e6
+    gamma_ns: float = 0.11
+    ranks_per_node: int = 1
+    intra_bandwidth: str = "100gbit"
+    calibration: Path | None = None
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """:func:`whatif`'s answer: :func:`gradwire.perf.whatif.sweep`'s ``result`` for
+    ``profile`` at each compute speedup of ``speedups``, and ``note``, a line saying where
+    every input came from."""
+
+    profile: Profile
+    result: dict
+    speedups: list[float]
+    note: str
+
+
+@dataclass(frozen=True)
+class Advice:
+    """:func:`advise`'s answer: the schemes fastest first on ``cluster`` (links of
+    ``bandwidth``), those left out with why, and where α and γ came from."""
+
+    profile: Profile
+    cluster: ClusterModel
+    bandwidth: str
+    intra_bandwidth: str
+    ranked: list[adv.Ranked]
+    skipped: list[str]
+    note: str
+
+
+def inputs(s: Scenario) -> tuple[Profile, list[Aggregation], CodecTable]:
+    """The profile (with ``compute_ms`` applied), one :class:`Aggregation` per method of
+    ``s.agg`` and the codec table ``s.codecs`` names."""
+    prof = profiles.load(s.model)
+    if s.compute_ms is not None:
+        times = w.parse_numbers("--compute-ms", s.compute_ms, low=0.0)
+        if len(times) != 2:
+            raise GradwireError(f"--compute-ms {s.compute_ms!r}: expected FORWARD,BACKWARD in "
+                                "ms")
+        prof = prof.with_compute(times[0] / 1e3, times[1] / 1e3, "--compute-ms")
+    if s.bucket_mb <= 0:
+        raise GradwireError(f"--bucket-mb must be > 0, got {s.bucket_mb}")
+    if s.rank < 1:
+        raise GradwireError(f"--rank must be >= 1, got {s.rank}")
+    names = [a.strip() for a in (s.agg or "").split(",") if a.strip()]
+    if not names:
+        raise GradwireError("--agg needs at least one method")
+    aggs = [Aggregation(n, density=s.density, rank=s.rank, mode=s.mode, bucket_mb=s.bucket_mb)
+            for n in names]
+    return prof, aggs, codec_tables.load(s.codecs)
+
+
+def setting(s: Scenario) -> tuple[w.Setting, str]:
+    """The cluster's terms, and a line saying where α and γ came from: ``s.alpha_us`` and
+    ``s.gamma_ns``, or ``s.calibration`` with its shared-CPU terms where it has them."""
+    if s.calibration is None:
+        alpha, gamma, cpu = s.alpha_us * 1e-6, s.gamma_ns * 1e-9, None
+        where = f"α {s.alpha_us:g} µs, γ {s.gamma_ns:g} ns/B"
+    else:
+        alpha, gamma, cpu = w.load_calibration(s.calibration)
+        where = (f"α {alpha * 1e6:.0f} µs per step, γ {gamma * 1e9:.3g} ns/B from "
+                 f"{s.calibration}")
+        if cpu is None:
+            where += " (no CPU terms in it: cores of their own)"
+        else:
+            who = "every worker on one machine" if cpu.one_machine else "each node's ranks"
+            where += f"; {who} sharing {cpu.cores:g} cores ({cpu.describe()})"
+    if s.ranks_per_node < 1:
+        raise GradwireError(f"--ranks-per-node must be >= 1, got {s.ranks_per_node}")
+    try:
+        intra = parse_link(s.intra_bandwidth)
+    except GradwireError as e:
+        raise GradwireError(f"--intra-bandwidth: {e}") from None
+    return w.Setting(alpha, gamma, s.overlap_slowdown, s.ranks_per_node, intra, cpu=cpu), where
+
+
+def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> WhatIf:
+    """Every (aggregation, workers, link rate, compute speedup) of ``s``: ``workers`` as
+    ``4:128``, ``4:128:4`` or a comma list, ``bandwidth`` and ``compute_speedup`` comma
+    lists."""
+    prof, aggs, table = inputs(s)
+    rates = [parse_link(b) for b in bandwidth.split(",")]
+    speedups = w.parse_numbers("--compute-speedup", compute_speedup)
+    if s.alpha_us < 0 or s.gamma_ns < 0 or s.overlap_slowdown < 1:
+        raise GradwireError("--alpha-us and --gamma-ns must be >= 0 and --overlap-slowdown >= 1")
+    terms, where = setting(s)
+    result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, terms)
+    per_node = (f"{s.ranks_per_node} ranks per node ({s.intra_bandwidth} inside); "
+                if s.ranks_per_node > 1 else "")
+    note = (f"{where}, overlap slowdown {s.overlap_slowdown:g}; {per_node}compute: "
+            f"{result['compute_source']}; encode/decode: {table.source}")
+    return WhatIf(prof, result, speedups, note)
+
+
+def advise(s: Scenario, workers: int, bandwidth: str, compute_speedup: float) -> Advice:
+    """Every scheme of ``s`` (every method where ``s.agg`` is None or empty) ranked by its
+    predicted iteration on ``workers`` workers with links of ``bandwidth``."""
+    if not s.agg:
+        s = replace(s, agg=",".join(METHODS))
+    prof, aggs, table = inputs(s)
+    if s.alpha_us < 0 or s.gamma_ns < 0:
+        raise GradwireError("--alpha-us and --gamma-ns must be >= 0")
+    terms, where = setting(s)
+    cluster = terms.cluster(workers, parse_link(bandwidth))
+    ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup, s.overlap_slowdown)
+    return Advice(prof, cluster, bandwidth, s.intra_bandwidth, ranked, skipped, where)

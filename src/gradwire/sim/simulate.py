@@ -1,0 +1,165 @@
+"""``gradwire simulate``: one of the paper's tables, a sweep of one axis, an emulation check,
+or every mechanism side by side on one trace, printed and returned for the result file.
+
+This module is imported by the command line for its defaults, so the simulator itself is
+imported when a simulation runs (``gradwire --help`` stays quick)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gradwire.bandwidth import format_bandwidth, parse_bandwidth
+from gradwire.errors import GradwireError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gradwire.sim.cluster import SimCluster
+    from gradwire.sim.trace import Trace
+
+SIM_MECHANISMS = "ps,multicast,ina,multicast+ina,ring,ring+multicast,butterfly"
+EMULATED_MECHANISMS = "ps,ring,butterfly"  # --emulate's default: what runs for real
+
+
+def sweep_value(axis: str, text: str) -> float:
+    """One value of ``--sweep AXIS=..``: a link rate, or a number (whole for workers and
+    layers, > 0 for speedup)."""
+    if axis == "bandwidth":
+        bps = parse_bandwidth(text)
+        if bps is None:
+            raise GradwireError("--sweep bandwidth=none cannot be simulated: give rates such "
+                                "as 10gbit,25gbit")
+        return bps
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if axis in ("workers", "layers"):
+        low = 1 if axis == "workers" else 0
+        ok, allowed = math.isfinite(v) and v == int(v) and v >= low, f"whole numbers >= {low}"
+    else:
+        ok, allowed = math.isfinite(v) and v > 0, "numbers > 0"
+    if not ok:
+        raise GradwireError(f"--sweep {axis}: {text!r} is not valid: expected {allowed}")
+    return v
+
+
+def parse_sweep(text: str, axes: tuple[str, ...]) -> tuple[str, list[float]]:
+    """``--sweep AXIS=V1,V2,..``: the axis (one of ``axes``) and its values."""
+    axis, sep, values = text.partition("=")
+    if axis not in axes or not sep:
+        raise GradwireError(f"--sweep {text!r}: expected AXIS=V1,V2 with AXIS one of "
+                            f"{', '.join(axes)}")
+    vals = [sweep_value(axis, v.strip()) for v in values.split(",") if v.strip()]
+    if not vals:
+        raise GradwireError(f"--sweep {text!r}: no values: expected {axis}=V1,V2,..")
+    return axis, vals
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """A ``gradwire simulate`` request, checked: its ``paths``' traces loaded and the cluster
+    built; what to do with them as :func:`run_simulation` says."""
+
+    paths: list[Path]
+    traces: list[Trace]
+    cluster: SimCluster
+    bandwidth: str
+    mechanism: str = SIM_MECHANISMS
+    table: int | None = None
+    sweep: str | None = None
+    emulate: bool = False
+    plot: Path | None = None
+    timeline: Path | None = None
+
+
+def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
+            mechanism: str = SIM_MECHANISMS, servers: int = 1, iterations: int = 3,
+            latency_us: float = 0.0, seed: int = 0, table: int | None = None,
+            sweep: str | None = None, emulate: bool = False, plot: Path | None = None,
+            timeline: Path | None = None) -> Simulation:
+    """The traces at ``paths`` on ``workers`` workers and ``servers`` servers behind one
+    non-blocking switch of ``bandwidth`` links (``latency_us`` one way per host)."""
+    from gradwire.sim.cluster import SimCluster
+    from gradwire.sim.trace import load
+
+    if plot is not None and sweep is None:
+        raise GradwireError("--plot draws a --sweep: give --sweep AXIS=V1,V2,.. too")
+    bps = parse_bandwidth(bandwidth)
+    if bps is None:
+        raise GradwireError("--bandwidth none cannot be simulated: give a rate such as 25gbit")
+    traces = [load(t) for t in paths]
+    cluster = SimCluster(workers, bps, servers, latency_us * 1e-6, iterations=iterations,
+                         seed=seed)
+    return Simulation(paths, traces, cluster, bandwidth, mechanism, table, sweep, emulate, plot,
+                      timeline)
+
+
+def run_simulation(s: Simulation, console: Console) -> dict:
+    """Run ``s``, printing to ``console`` as it goes:
+
+    1. ``table``: one of the paper's tables (:data:`gradwire.sim.report.PAPER_TABLES`) for
+       every trace;
+    2. else ``sweep`` (``AXIS=V1,V2,..``): the first trace's iteration time along one axis,
+       drawn to ``plot`` if given;
+    3. else ``emulate``: each mechanism run for real on an emulated cluster beside its
+       simulation (default mechanisms :data:`EMULATED_MECHANISMS`, one trace);
+    4. else every mechanism on the first trace, with a Perfetto ``timeline`` if given.
+
+    Returns the result file's rows (or results, and the calibration an emulation used)."""
+    from gradwire.sim import mechanisms as mech
+    from gradwire.sim import report
+
+    c, first = s.cluster, s.traces[0]
+    if s.table is not None:
+        if s.table not in report.PAPER_TABLES:
+            raise GradwireError(f"--table {s.table}: expected one of "
+                                f"{', '.join(map(str, report.PAPER_TABLES))}")
+        t, rows = report.paper_table(s.table, s.traces, c)
+        console.print(t)
+        return {"rows": rows}
+    if s.sweep is not None:
+        return {"rows": _sweep(first, c, s.mechanism, s.sweep, s.plot, console)}
+    if s.emulate:
+        from gradwire.sim import emulate as emu
+
+        if len(s.paths) != 1 or s.timeline or s.plot:
+            raise GradwireError("--emulate takes one --trace and no --timeline, --sweep or "
+                                "--plot")
+        # the default names fabric mechanisms it cannot run
+        mechanism = EMULATED_MECHANISMS if s.mechanism == SIM_MECHANISMS else s.mechanism
+        rows, cal = emu.validate(s.paths[0], c.workers, c.servers, s.bandwidth,
+                                 mech.parse_list(mechanism), console, c.iterations, c.seed)
+        console.print(report.validation_table(rows, f"{first.model}: {c.workers} workers, "
+                                              f"{s.bandwidth} emulated, {c.servers} server(s)"))
+        return {"calibration": cal, "rows": rows}
+    with console.status("simulating") as status:
+        results = mech.run(first, c, mech.parse_list(s.mechanism), s.timeline is not None,
+                           on_start=status.update)
+    console.print(report.results_table(results, f"{first.model}: {c.workers} workers, "
+                                       f"{format_bandwidth(c.bandwidth_bps)}, {c.servers} "
+                                       "server(s)"))
+    if s.timeline:
+        console.print(f"wrote {report.write_timeline(results, c.workers, s.timeline)}")
+    return {"results": [r.to_json() for r in results]}
+
+
+def _sweep(trace: Trace, cluster: SimCluster, mechanism: str, sweep: str, plot: Path | None,
+           console: Console) -> list[dict]:
+    """Point 2 of :func:`run_simulation`: one line per value, then the plot."""
+    from gradwire.sim import mechanisms as mech
+    from gradwire.sim import report
+
+    axis, vals = parse_sweep(sweep, report.AXES)
+    with console.status("simulating") as status:
+        rows = report.sweep(trace, cluster, mech.parse_list(mechanism), axis, vals,
+                            on_start=status.update)
+    for r in rows:
+        console.print(f"{axis}={r['value']:g}: " + ", ".join(
+            f"{m} {s:.4f} s" for m, s in r["iteration_s"].items()))
+    if plot:
+        console.print(f"wrote {report.plot_sweep(rows, plot, trace.model)}")
+    return rows

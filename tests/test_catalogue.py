@@ -1,0 +1,129 @@
+"""The aggregation catalogue is the one statement of what every method sends: the bytes a real
+hook call moves over gloo (counted by the transport), the bytes the catalogue says, the bytes
+the performance model prices and the link bytes the simulator moves are equal, for every
+method, P in {2, 3, 5, 8} and two bucket sizes."""
+
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from gradwire import catalogue
+from gradwire.collectives.agree import header_spec
+from gradwire.perf.model import Aggregation, bytes_sent
+from gradwire.schedules import registry
+from gradwire.sim import trace as tr
+from gradwire.sim.cluster import SimCluster
+from gradwire.sim.collective import CollectiveOptions, simulate_collective
+
+WORLDS = (2, 3, 5, 8)
+SIZES = (1000, 50_003)
+DENSITY = 0.01
+RANK = 2  # PowerSGD's
+METHODS = tuple(catalogue.METHODS)
+
+
+def _options(name: str) -> dict:
+    return {"rank": RANK} if name == "powersgd" else {}
+
+
+def _plan(name: str, numel: int, world: int, algo: str | None) -> catalogue.BucketPlan:
+    m = catalogue.get(name)
+    return m.plan(numel, world, torch.float32, m.make_compressor(DENSITY, **_options(name)),
+                  DENSITY, algo)
+
+
+def _simulated(name: str, numel: int, world: int) -> int:
+    """Bytes the simulator moves over the workers' up links per iteration, one bucket."""
+    t = tr.synthetic("one", [4 * numel], 0.001, 0.002, 0.0)
+    c = SimCluster(world, 1e9, iterations=2)
+    takes = catalogue.get(name).takes_density
+    params = {"density": DENSITY, **_options(name)} if takes else _options(name)
+    o = CollectiveOptions("ring", compressor=name, compressor_params=params)
+    r = simulate_collective(t, c, o)
+    return round(r.link_bytes["worker up"] / c.iterations)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", METHODS)
+def test_catalogue_model_and_simulator_move_the_same_bytes(name, world):
+    for numel in SIZES:
+        plan = _plan(name, numel, world, "ring")
+        ours = plan.bytes_sent(world)
+        agg = Aggregation(name, density=DENSITY, rank=RANK)
+        assert bytes_sent(agg, numel, world).tolist() == ours.tolist(), (name, numel)
+        assert _simulated(name, numel, world) == int(ours.sum()), (name, numel)
+        # the hooks' default (torch.distributed's collectives) is priced on the same calls
+        default = _plan(name, numel, world, None)
+        assert [(c.collective, c.count, c.itemsize) for c in default.calls] == [
+            (c.collective, c.count, c.itemsize) for c in plan.calls]
+
+
+def test_powersgd_is_two_allreduces_everywhere():
+    plan = _plan("powersgd", 50_003, 4, "ring")
+    assert [(c.collective, c.what) for c in plan.calls] == [("allreduce", "P"),
+                                                            ("allreduce", "Q")]
+    assert plan.sent == (224 + 224) * RANK * 4
+    one_allreduce = registry.table("allreduce", "ring", 4, 224 * RANK)
+    per_call = int(one_allreduce.size.sum()) * 4
+    assert _simulated("powersgd", 50_003, 4) == 2 * per_call
+
+
+def test_compressor_semantics_live_on_the_compressor():
+    m = catalogue.METHODS
+    assert [n for n in m if m[n].error_feedback] == ["topk", "gtopk", "randomk", "dgc",
+                                                     "efsignsgd", "powersgd"]
+    assert [n for n in m if m[n].takes_density] == ["topk", "gtopk", "randomk", "dgc"]
+    assert [n for n in m if m[n].per_rank_seed] == ["qsgd", "terngrad"]
+    # a density that keeps everything sends the bucket dense (4n, not 8n of pairs)
+    assert catalogue.get("topk").plan(100, 4, density=1.0).dense
+
+
+# ------------------------------------------------------------------ real hooks over gloo
+def _rank(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import gradwire.hooks as gh
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    counted = {}
+    for name in METHODS:
+        for numel in SIZES:
+            torch.manual_seed(rank)
+            net = torch.nn.Linear(numel, 1, bias=False)
+            ddp = DistributedDataParallel(net)
+            state = gh.make(name, density=DENSITY, warmup=False, algo="ring", **_options(name))
+            state.register(ddp)
+            ddp(torch.randn(3, numel)).sum().backward()
+            comm = state._comm  # noqa: SLF001 - the transports the hook's calls went through
+            counted[f"{name} {numel}"] = (sum(comm.agreed.bytes_sent),
+                                          comm.transport.control_bytes_sent)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(counted, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_real_hook_call_moves_what_the_catalogue_says(world, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = os.fspath(tmp_path / "counted")
+    mp.start_processes(_rank, args=(world, f"tcp://127.0.0.1:{port}", out), nprocs=world,
+                       start_method="spawn")
+    counted = [json.load(open(f"{out}.{r}")) for r in range(world)]
+    coll, algo, count, params = header_spec(world)
+    header = registry.table(coll, algo, world, count, **params)
+    header_bytes = np.bincount(header.src, weights=header.size, minlength=world)
+    for name in METHODS:
+        for numel in SIZES:
+            want = _plan(name, numel, world, "ring").bytes_sent(world)
+            got = [counted[r][f"{name} {numel}"] for r in range(world)]
+            assert [g[0] for g in got] == want.tolist(), (name, numel)
+            assert [g[1] for g in got] == header_bytes.tolist(), (name, numel)
