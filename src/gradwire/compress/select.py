@@ -111,10 +111,13 @@ def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 def _keep_largest(x: torch.Tensor, cand: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest |x| among the ascending indices ``cand``, ties to the smaller index."""
+    """The k largest |x| among the ascending indices ``cand`` (about k of them), ties to the
+    smaller index: a stable sort of their magnitudes keeps tied ones in index order (NaN
+    first), with no host sync on a GPU."""
     if cand.numel() <= k:
         return cand
-    return cand[largest(x[cand].abs(), k)]
+    order = torch.sort(x[cand].abs(), descending=True, stable=True).indices[:k]
+    return cand[order].sort().values
 
 
 def _nonzeros_first(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -122,8 +125,8 @@ def _nonzeros_first(x: torch.Tensor, k: int) -> torch.Tensor:
     gradients): the largest nonzeros, topped up with the first zeros. Without this every
     element would be a candidate and the last step a torch.topk over all of x."""
     nz = torch.nonzero(x).squeeze(1)
-    if nz.numel() >= k:
-        return _keep_largest(x, nz, k)
+    if nz.numel() >= k:  # possibly most of x: one top-k and a compare, not a sort
+        return nz[largest(x[nz].abs(), k)]
     zeros = torch.nonzero(x == 0).squeeze(1)[: k - nz.numel()]
     return torch.cat([nz, zeros]).sort().values
 
