@@ -233,7 +233,13 @@ def test_threshold_selector_property(values, k, min_sample, seed):
                             min_sample=min_sample)
     assert picked.numel() == k and picked.unique().numel() == k and magnitudes_ok(x, picked)
     # one tie rule: the sampled threshold picks exactly what the exact selector picks
-    assert picked.tolist() == select.exact_topk(x, k).tolist()
+    exact = sorted(select.exact_topk(x, k).tolist())
+    assert sorted(picked.tolist()) == exact
+    # torch.topk's answer only where no tie is left to break
+    fast = select._untied_topk(x.abs(), k)
+    assert fast is None or sorted(fast.tolist()) == exact
+    if 0 < k < x.numel() and (x.abs() == x.abs().sort(descending=True).values[k - 1]).sum() == 1:
+        assert fast is not None
     assert dgc.numel() <= min(x.numel(), k + k // 4) and dgc.unique().numel() == dgc.numel()
     assert magnitudes_ok(x, dgc)
 
@@ -525,3 +531,12 @@ def test_bad_parameters_are_one_line_errors(name, params, message):
     with pytest.raises(GradwireError, match=message) as e:
         get(name, **params)
     assert "\n" not in str(e.value)
+
+
+def test_untied_topk_leaves_nan_and_ties_to_the_full_rule():
+    nan = float("nan")
+    mag = torch.tensor([1.0, nan, 5.0, 2.0])
+    assert sorted(select._untied_topk(mag, 2).tolist()) == [1, 2]  # a NaN above the boundary
+    assert select._untied_topk(torch.tensor([nan, 1.0, nan, 0.0]), 1) is None  # NaN at it
+    assert select._untied_topk(torch.tensor([3.0, 1.0, 3.0, 3.0]), 2) is None  # a tie left
+    assert sorted(select._untied_topk(torch.tensor([3.0, 1.0, 4.0, 2.0]), 2).tolist()) == [0, 2]

@@ -37,7 +37,7 @@ def feed(residual: torch.Tensor, x: torch.Tensor, k: int, selector: str = "exact
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 1–3 for a top-k selection, in place: acc = residual + x (in ``residual``); select
     the min(k, n) largest |acc| (:func:`gradwire.compress.select.select`); residual = acc −
-    sent. Returns what this rank sends: (values, int64 indices in ascending order)."""
+    sent. Returns what this rank sends: (values, int64 indices)."""
     acc = residual.add_(x)
     idx = select(acc, k, selector)
     values = acc[idx]

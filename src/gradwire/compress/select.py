@@ -15,7 +15,8 @@ dense allreduce, instead of silently stopping the selection.
 - DGC's selection (:func:`dgc_select`, Lin et al. 2018) runs the same threshold passes but
   accepts a count near k instead of correcting to exactly k.
 
-All return int64 indices in ascending order.
+All return int64 indices: the set is the rule's; their order is not (torch.topk's where it has
+no tie to break, ascending otherwise).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ MIN_SAMPLE = 4096
 MARGIN_SD = 4.0
 THRESHOLD_PASSES = 2
 TIE_CHUNK = 2**20
+SORT_CANDIDATES = 2**16  # candidates kept by one stable sort, more by the exact selector
 NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
@@ -83,9 +85,38 @@ def largest(mag: torch.Tensor, k: int) -> torch.Tensor:
     return keep
 
 
+def _untied_topk(mag: torch.Tensor, k: int) -> torch.Tensor | None:
+    """torch.topk's k positions (in its order) when the k-th and (k+1)-th largest differ and
+    the k-th is no NaN, so that no tie is left to break (the usual case); else None. One
+    top-k of k + 1, the two smallest of those, one host sync for the check: no pass over
+    ``mag``, which the full rule (:func:`largest`) makes twice."""
+    if not 0 < k < mag.numel():
+        return None
+    values, idx = torch.topk(mag, k + 1, sorted=False)
+    low = torch.topk(values, 2, largest=False)  # the (k+1)-th and the k-th largest
+    last, kth = low.values[0], low.values[1]
+    if bool(torch.isnan(kth) | (kth == last)):
+        return None
+    keep = idx.clone()
+    keep[low.indices[0]] = idx[k]  # the (k+1)-th's slot takes the last one's, then cut
+    return keep[:k]
+
+
+def _top_positions(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions (int64) of the min(k, n) largest of ``mag``, ties to the smaller position:
+    torch.topk's own answer where it has no tie to break, else :func:`largest` (ascending).
+    On the CPU with k a large share of n, :func:`largest` at once (numpy's partition is the
+    faster there)."""
+    if not (mag.device.type == "cpu" and 8 * k >= mag.numel()):
+        fast = _untied_topk(mag, k)
+        if fast is not None:
+            return fast
+    return torch.nonzero(largest(mag, k)).squeeze(1)
+
+
 def exact_topk(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (int64, ascending) of the min(k, n) largest |x|, ties to the smaller index."""
-    return torch.nonzero(largest(x.abs(), k)).squeeze(1)
+    """Indices (int64) of the min(k, n) largest |x|, ties to the smaller index."""
+    return _top_positions(x.abs(), k)
 
 
 def _sample_abs(x: torch.Tensor, size: int, g: torch.Generator) -> torch.Tensor:
@@ -111,13 +142,16 @@ def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 def _keep_largest(x: torch.Tensor, cand: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest |x| among the ascending indices ``cand`` (about k of them), ties to the
-    smaller index: a stable sort of their magnitudes keeps tied ones in index order (NaN
-    first), with no host sync on a GPU."""
+    """The k largest |x| among the ascending indices ``cand``, ties to the smaller index.
+    The sampled threshold leaves about k candidates: a stable sort of their magnitudes keeps
+    tied ones in index order (NaN first) with no host sync. Many more (a high density): the
+    exact selector on them (their order is x's), as a sort of millions costs more."""
     if cand.numel() <= k:
         return cand
-    order = torch.sort(x[cand].abs(), descending=True, stable=True).indices[:k]
-    return cand[order].sort().values
+    mag = x[cand].abs()
+    if cand.numel() <= SORT_CANDIDATES:
+        return cand[torch.sort(mag, descending=True, stable=True).indices[:k]]
+    return cand[_top_positions(mag, k)]
 
 
 def _nonzeros_first(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -125,10 +159,9 @@ def _nonzeros_first(x: torch.Tensor, k: int) -> torch.Tensor:
     gradients): the largest nonzeros, topped up with the first zeros. Without this every
     element would be a candidate and the last step a torch.topk over all of x."""
     nz = torch.nonzero(x).squeeze(1)
-    if nz.numel() >= k:  # possibly most of x: one top-k and a compare, not a sort
-        return nz[largest(x[nz].abs(), k)]
-    zeros = torch.nonzero(x == 0).squeeze(1)[: k - nz.numel()]
-    return torch.cat([nz, zeros]).sort().values
+    if nz.numel() >= k:
+        return _keep_largest(x, nz, k)
+    return torch.cat([nz, torch.nonzero(x == 0).squeeze(1)[: k - nz.numel()]])
 
 
 def _sample_size(numel: int, sample: float, min_sample: int) -> int:
@@ -169,7 +202,7 @@ def _threshold_passes(x: torch.Tensor, k: int, g: torch.Generator, sample: float
 
 def threshold_topk(x: torch.Tensor, k: int, g: torch.Generator, sample: float = SAMPLE,
                    min_sample: int = MIN_SAMPLE) -> torch.Tensor:
-    """Indices (int64, ascending) of exactly the k largest |x|, found with about one pass.
+    """Indices (int64) of exactly the k largest |x|, found with about one pass.
 
     1. Draw s = max(min_sample, sample·n) elements of x; their j-th largest |x|, with j a few
        standard deviations above the expected k·s/n, is a threshold just below the k-th.
@@ -192,7 +225,7 @@ def threshold_topk(x: torch.Tensor, k: int, g: torch.Generator, sample: float = 
 
 def dgc_select(x: torch.Tensor, k: int, capacity: int, g: torch.Generator, sample: float,
                passes: int, min_sample: int = MIN_SAMPLE) -> torch.Tensor:
-    """DGC's selection: indices (int64, ascending) of the c largest |x|, k/slack ≤ c ≤
+    """DGC's selection: indices (int64) of the c largest |x|, k/slack ≤ c ≤
     capacity unless the passes run out (then fewer), with capacity = ⌈slack·k⌉.
 
     Threshold = the ⌈k·s/n⌉-th largest |x| of a sample of s; one pass selects |x| ≥ threshold.
@@ -213,7 +246,7 @@ def dgc_select(x: torch.Tensor, k: int, capacity: int, g: torch.Generator, sampl
 
 def select(acc: torch.Tensor, k: int, selector: str = "exact",
            g: torch.Generator | None = None, sample: float = SAMPLE) -> torch.Tensor:
-    """Indices (int64, ascending) of the min(k, n) largest |acc|, by ``selector`` ("exact" or
+    """Indices (int64) of the min(k, n) largest |acc|, by ``selector`` ("exact" or
     "threshold"; both give the same set). ``g`` draws the threshold's sample (default: a
     generator seeded 0, the same on every rank and call)."""
     n = acc.numel()
