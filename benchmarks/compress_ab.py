@@ -6,6 +6,8 @@ the median encode and decode times over the rounds (below 1: this checkout is fa
 
     python benchmarks/compress_ab.py --baseline aa7a4ad \\
         --out benchmarks/results/compress_ab_catalogue.json
+    python benchmarks/compress_ab.py --earlier-src /path/to/old/src --device cuda ...
+        # where there is no git (a lent GPU machine): the earlier src copied beside
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 from ab import earlier_src, revision, this_code
@@ -26,11 +29,10 @@ from gradwire.bench import provenance
 HERE = Path(__file__).parent
 
 
-def run(src: Path | None, out: Path, args: argparse.Namespace) -> dict:
-    env = dict(os.environ)
-    if src is not None:
-        env["PYTHONPATH"] = f"{src}:{env.get('PYTHONPATH', '')}"
-    cmd = [sys.executable, str(HERE / "compress_speed.py"), "--parts", "a,b",
+def run(src: Path, out: Path, args: argparse.Namespace) -> dict:
+    env = {**os.environ, "PYTHONPATH": f"{src}:{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, str(HERE / "compress_speed.py"), "--parts", "a,b", "--device",
+           args.device,
            "--size", str(args.size), "--topk-size", str(args.size), "--repeats",
            str(args.repeats), "--out", str(out)]
     subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
@@ -47,16 +49,23 @@ def rows(doc: dict) -> dict[str, tuple[float, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", required=True, metavar="REV")
+    ap.add_argument("--baseline", metavar="REV", help="the earlier commit (a git worktree)")
+    ap.add_argument("--earlier-src", type=Path, help="or the earlier commit's src folder")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--size", type=int, default=25_600_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if (args.baseline is None) == (args.earlier_src is None):
+        ap.error("give --baseline REV or --earlier-src PATH")
     runs: dict[str, list[dict]] = {"earlier": [], "this": []}
-    with earlier_src(args.baseline) as old, tempfile.TemporaryDirectory() as tmp:
+    with ExitStack() as stack:
+        old = (stack.enter_context(earlier_src(args.baseline)) if args.baseline
+               else args.earlier_src.resolve())
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
         for r in range(args.rounds):
-            for side, src in (("earlier", old), ("this", None)):
+            for side, src in (("earlier", old), ("this", HERE.parent / "src")):
                 runs[side].append(rows(run(src, Path(tmp) / f"{side}{r}.json", args)))
     table = {}
     for key in runs["this"][0]:
@@ -66,8 +75,13 @@ def main() -> None:
                       "encode_ratio": round(med["this"][0] / med["earlier"][0], 3),
                       "decode_ratio": (round(med["this"][1] / med["earlier"][1], 3)
                                        if med["earlier"][1] else None)}
-    doc = {**provenance.stamp(shlex.join(sys.argv)), "earlier": revision(args.baseline),
-           "this": this_code(), "rounds": args.rounds, "size": args.size, "rows": table}
+    earlier = revision(args.baseline) if args.baseline else str(args.earlier_src)
+    try:
+        this = this_code()
+    except (subprocess.CalledProcessError, OSError):  # a copy without git (a GPU machine)
+        this = "this checkout (no git here)"
+    doc = {**provenance.stamp(shlex.join(sys.argv), args.device), "earlier": earlier,
+           "this": this, "rounds": args.rounds, "size": args.size, "rows": table}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     for key, t in table.items():
         print(f"{key:45s} encode ×{t['encode_ratio']:.3f}  decode ×{t['decode_ratio']}")

@@ -38,7 +38,7 @@ MIN_SAMPLE = 4096
 MARGIN_SD = 4.0
 THRESHOLD_PASSES = 2
 TIE_CHUNK = 2**20
-SORT_CANDIDATES = 2**16  # candidates kept by one stable sort, more by the exact selector
+SORT_CANDIDATES = 2**16  # on a GPU, candidates kept by one stable sort; more by the exact rule
 NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
@@ -143,13 +143,14 @@ def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
 
 def _keep_largest(x: torch.Tensor, cand: torch.Tensor, k: int) -> torch.Tensor:
     """The k largest |x| among the ascending indices ``cand``, ties to the smaller index.
-    The sampled threshold leaves about k candidates: a stable sort of their magnitudes keeps
-    tied ones in index order (NaN first) with no host sync. Many more (a high density): the
-    exact selector on them (their order is x's), as a sort of millions costs more."""
+    On a GPU the sampled threshold's few candidates go through one stable sort of their
+    magnitudes, which keeps tied ones in index order (NaN first) with no host sync;
+    otherwise the exact selector on them (their order is x's): a sort of many costs more,
+    and on the CPU numpy's partition is faster than a sort of any size."""
     if cand.numel() <= k:
         return cand
     mag = x[cand].abs()
-    if cand.numel() <= SORT_CANDIDATES:
+    if mag.device.type != "cpu" and cand.numel() <= SORT_CANDIDATES:
         return cand[torch.sort(mag, descending=True, stable=True).indices[:k]]
     return cand[_top_positions(mag, k)]
 

@@ -1,0 +1,64 @@
+"""The top-k selectors alone on one device: torch.topk (which breaks ties its own way) beside
+gradwire's exact selector and sampled threshold (ties to the smaller index) and the full tie
+rule (``largest``), on the same fp32 gradient, median of --repeats, each call synchronised.
+
+    python benchmarks/topk_select.py --device cuda --out benchmarks/results/topk_select_h100.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from gradwire.bench import provenance
+from gradwire.compress import select
+from gradwire.compress.base import generator
+
+
+def median_ms(fn, repeats: int, device: str) -> float:
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return round(statistics.median(times[1:]) * 1e3, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--size", type=int, default=25_600_000)
+    ap.add_argument("--densities", default="0.001,0.01,0.2")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    x = torch.randn(args.size, generator=torch.Generator().manual_seed(1)).to(args.device)
+    rows = []
+    for d in (float(v) for v in args.densities.split(",")):
+        k = int(d * args.size)
+        ways = {"torch.topk": lambda k=k: torch.topk(x.abs(), k, sorted=False).indices,
+                "exact": lambda k=k: select.exact_topk(x, k),
+                "threshold": lambda k=k: select.threshold_topk(x, k, generator(0, 0,
+                                                                              args.device)),
+                "full tie rule (largest)": lambda k=k: select.largest(x.abs(), k)}
+        row = {"density": d, "k": k}
+        row.update({name: median_ms(fn, args.repeats, args.device) for name, fn in ways.items()})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    doc = {**provenance.stamp(shlex.join(["python", "benchmarks/topk_select.py",
+                                          *sys.argv[1:]]), args.device),
+           "size": args.size, "ms": rows}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
