@@ -12,11 +12,12 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    beside communication (only when there is something to overlap: more than one bucket).
 2. One FIFO communication thread (as the hooks run): E_b = max(R_b, E_{b−1}) + encode_b +
    comm_b + decode_b. The last bucket can only start after backward: the exposed tail.
-3. comm_b is ``cost()`` of the method's schedules (:mod:`.comm`) on the bucket's wire bytes,
-   after the call header's exchange (``ClusterModel.check_calls``; one per bucket, as the hooks):
-   dense, fp16/bf16, random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and
-   Q); top-k and gTop-k: their sparse schedules; every other method: ring allgather of the
-   payloads. encode/decode from a codec table (:mod:`.codecs`).
+3. comm_b is ``cost()`` of the schedules of the calls the catalogue's plan of the method
+   makes for the bucket (:mod:`gradwire.catalogue`, :mod:`.comm`), after the call header's
+   exchange (``ClusterModel.check_calls``; one per bucket, as the hooks): dense, fp16/bf16,
+   random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and Q); top-k and
+   gTop-k: their sparse schedules; every other method: ring allgather of the payloads.
+   encode/decode from a codec table (:mod:`.codecs`).
 4. t_iter = t_f + max(κ·t_b, E_last) + t_step; scaling efficiency e = (t_f + t_b)/t_iter
    (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
 5. Shared CPU (``ClusterModel.cores`` set): when n ranks share a machine of C cores, an iteration
