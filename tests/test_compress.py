@@ -28,8 +28,9 @@ from gradwire.compress import (
     threshold_topk,
     to_matrix,
 )
-from gradwire.compress.base import generator, index_dtype
+from gradwire.compress.base import generator
 from gradwire.compress.bits import WIDTHS, decode_codes, pack_bits, packed_bytes, unpack_bits
+from gradwire.dtypes import index_dtype
 from gradwire.errors import GradwireError
 
 NAMES = list(COMPRESSORS)

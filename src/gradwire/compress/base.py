@@ -25,12 +25,9 @@ from typing import TypeVar
 
 import torch
 
-from gradwire.check import check_fraction, check_int, is_int
-from gradwire.dtypes import FLOATS, acc_dtype, index_dtype
+from gradwire.check import check_int, is_int
+from gradwire.dtypes import FLOATS, acc_dtype
 from gradwire.errors import GradwireError
-
-__all__ = ["FLOATS", "Compressor", "Payload", "acc_dtype", "check_fraction", "check_input",
-           "check_int", "expect", "generator", "index_dtype", "select_count"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,15 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gradwire.compress.base import (
-    Compressor,
-    Payload,
-    acc_dtype,
-    check_input,
-    check_int,
-    expect,
-    generator,
-)
+from gradwire.check import check_int
+from gradwire.compress.base import Compressor, Payload, check_input, expect, generator
+from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError
 
 

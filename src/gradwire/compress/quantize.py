@@ -20,15 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gradwire.compress.base import (
-    Compressor,
-    Payload,
-    acc_dtype,
-    check_input,
-    check_int,
-    expect,
-)
+from gradwire.check import check_int
+from gradwire.compress.base import Compressor, Payload, check_input, expect
 from gradwire.compress.bits import code_width, decode_codes, pack_bits, packed_bytes
+from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError
 
 QSGD_MAX_S = 2**31 - 1  # the levels' codes are at most int32

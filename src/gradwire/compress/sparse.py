@@ -19,19 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gradwire.check import is_real
-from gradwire.compress.base import (
-    Compressor,
-    Payload,
-    check_fraction,
-    check_input,
-    check_int,
-    expect,
-    generator,
-    index_dtype,
-    select_count,
-)
+from gradwire.check import check_fraction, check_int, is_real
+from gradwire.compress.base import Compressor, Payload, check_input, expect, generator, select_count
 from gradwire.compress.select import SAMPLE, SELECTORS, dgc_select, select
+from gradwire.dtypes import index_dtype
 from gradwire.errors import GradwireError
 
 

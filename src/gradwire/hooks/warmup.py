@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gradwire.compress.base import check_fraction, check_int
+from gradwire.check import check_fraction, check_int
 from gradwire.errors import GradwireError
 
 DEFAULT_DENSITIES = (0.25, 0.0725, 0.015, 0.004)

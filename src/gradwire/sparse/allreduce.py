@@ -20,8 +20,8 @@ from gradwire.check import is_int
 from gradwire.collectives.agree import agree, all_finite
 from gradwire.collectives.executor import Combine, execute
 from gradwire.compress import feedback
-from gradwire.compress.base import FLOATS, acc_dtype
 from gradwire.compress.select import SELECTORS
+from gradwire.dtypes import FLOATS, acc_dtype
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import butterfly, registry
 from gradwire.schedules.cost import CostParams, cost

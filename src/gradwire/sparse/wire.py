@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gradwire.compress.base import index_dtype
+from gradwire.dtypes import index_dtype
 from gradwire.errors import GradwireError
 
 PAD = -1  # the index of a padding entry
