@@ -104,8 +104,15 @@ class ErrorFeedback:
         return e
 
     def flush(self, key: Hashable, x: torch.Tensor) -> torch.Tensor:
-        """x plus the residual of ``key``, which is then forgotten (all of it is applied)."""
-        return flush(self.residuals.pop(key, None), x)
+        """x plus the residual of ``key``, which is then zero (all of it is applied). It is
+        kept, zeroed, not forgotten: a key that names a new bucket layout carried its
+        residual over from the old layout's, which would otherwise still hold it and hand
+        it over again (gradient mass made at every step after DDP rebuilt its buckets)."""
+        e = self.residuals.get(key)
+        out = flush(e, x)
+        if e is not None:
+            e.zero_()
+        return out
 
     def reset(self, key: Hashable | None = None) -> None:
         """Forget the residual of ``key``, or of every key."""
