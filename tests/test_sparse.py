@@ -331,3 +331,14 @@ def test_bad_arguments_say_what_is_allowed(kw, match):
 def test_out_must_match_x():
     with pytest.raises(GradwireError, match=r"out must match x \(\(4,\) torch.float32"):
         check_args(torch.zeros(4), torch.zeros(4), 2, "gtopk", "exact", None, torch.zeros(3))
+
+
+def test_entries_given_twice_at_one_index_are_summed_not_dropped(one_rank):
+    """gtopk_allreduce once kept only one of two values at a repeated index (P = 1: a total
+    of 2 where topk_allreduce gave 3)."""
+    from gradwire.sparse import gtopk_allreduce, topk_allreduce
+
+    values, indices = torch.tensor([1.0, 2.0]), torch.tensor([3, 3])
+    g = gtopk_allreduce(values, indices, 5, torch.zeros(5), k=2)
+    t = topk_allreduce(values, indices, 5, k=2)
+    assert g.total().tolist() == t.total().tolist() == [0.0, 0.0, 0.0, 3.0, 0.0]

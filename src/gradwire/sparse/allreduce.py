@@ -267,7 +267,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
 def _entries(name: str, values: object, indices: object, numel: object) -> Entries:
     """Already selected (values, indices) of a ``numel``-element tensor, checked: a 1-D float
     values tensor, as many integer indices, each in [0, numel) (-1 would read as the wire's
-    padding and be dropped)."""
+    padding and be dropped). Values given at one index twice are summed (never dropped)."""
     if not is_int(numel, 0):
         raise GradwireError(f"{name}: numel must be an integer >= 0, got {numel!r}")
     if not (isinstance(values, torch.Tensor) and values.dim() == 1
@@ -281,7 +281,12 @@ def _entries(name: str, values: object, indices: object, numel: object) -> Entri
     if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= numel):
         raise GradwireError(f"{name}: indices must lie in [0, {numel}), got "
                             f"{int(indices.min())}..{int(indices.max())}")
-    return Entries(values, indices.long())
+    indices = indices.long()
+    unique, at = torch.unique(indices, return_inverse=True)
+    if unique.numel() < indices.numel():  # an index given twice: its values are summed
+        values = values.new_zeros(unique.numel()).index_add_(0, at, values)
+        indices = unique
+    return Entries(values, indices)
 
 
 def _count(e: Entries, k: int | None) -> int:
