@@ -61,9 +61,7 @@ class BucketPlan:
         """Bytes each rank sends in this bucket's calls, counted from their schedules."""
         sent = np.zeros(world, dtype=np.int64)
         for c in self.calls:
-            t = c.table(world)
-            sent += np.bincount(t.src, weights=t.size, minlength=world).astype(np.int64) * (
-                c.itemsize)
+            sent += c.table(world).sent() * c.itemsize
         return sent
 
 

@@ -70,6 +70,15 @@ class Method:
             params["seed"] = seed
         return get_compressor(self.compressor, **params)
 
+    def compressor_from(self, params: dict[str, Any]) -> tuple[Compressor | None, float]:
+        """(compressor, density) from parameters written as one dict (``density=`` among the
+        compressor's own, as the simulator's ``compress=NAME:KEY=VALUE`` gives them)."""
+        rest = dict(params)
+        if "density" in rest and not self.takes_density:
+            raise GradwireError(f"{self.name} takes no density (it sends every element)")
+        density = rest.pop("density", 0.001)
+        return self.make_compressor(density, **rest), density
+
     def plan(self, numel: int, world: int, dtype: torch.dtype = torch.float32,
              compressor: Compressor | None = None, density: float = 0.001,
              algo: str | None = None) -> BucketPlan:
@@ -129,4 +138,4 @@ def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.T
     return m.path.run(c, x, key)
 
 
-__all__ = ["MODES", "METHODS", "AggregationCall", "Method", "aggregate", "dense", "get"]
+__all__ = ["MODES", "METHODS", "AggregationCall", "Method", "aggregate", "get"]

@@ -205,17 +205,14 @@ def bytes_sent(collective: str, algo: str, p: int, count: int, elem_bytes: int,
                **params: object) -> np.ndarray:
     """Bytes each rank sends in the collective, counted exactly on its schedule at ``count``
     (:func:`seconds` prices counts above ``ref_count(P)`` from a scaled summary)."""
-    t = registry.table(collective, algo, p, count, **params)
-    return np.bincount(t.src, weights=t.size, minlength=p).astype(np.int64) * elem_bytes
+    return registry.table(collective, algo, p, count, **params).sent() * elem_bytes
 
 
 @functools.lru_cache(maxsize=512)
 def _busiest(collective: str, algo: str, p: int, count: int,
              params: tuple[tuple[str, object], ...]) -> float:
     t = registry.table(collective, algo, p, count, cached=False, **dict(params))
-    sent = np.bincount(t.src, weights=t.size, minlength=p)
-    received = np.bincount(t.dst, weights=t.size, minlength=p)
-    return float(max(sent.max(), received.max()))
+    return float(max(t.sent().max(), t.received().max()))
 
 
 @functools.lru_cache(maxsize=512)

@@ -156,6 +156,16 @@ class Table:
         a = np.array(rows, dtype=np.int64).reshape(-1, 6)
         return Table(s.world_size, s.count, *(a[:, k] for k in range(5)), a[:, 5].astype(bool))
 
+    def sent(self) -> np.ndarray:
+        """Elements each rank sends over the whole schedule (int64, one per rank)."""
+        return np.bincount(self.src, weights=self.size, minlength=self.world_size).astype(
+            np.int64)
+
+    def received(self) -> np.ndarray:
+        """Elements each rank receives over the whole schedule (int64, one per rank)."""
+        return np.bincount(self.dst, weights=self.size, minlength=self.world_size).astype(
+            np.int64)
+
     @staticmethod
     def chain(parts: list[Table]) -> Table:
         """:func:`chain` for tables."""

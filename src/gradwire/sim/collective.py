@@ -86,10 +86,8 @@ def bucket_calls(nbytes: int, p: int, o: CollectiveOptions) -> tuple[list, int]:
     from gradwire import catalogue
 
     m = catalogue.get(o.compressor)
-    params = dict(o.compressor_params)
-    density = params.pop("density", 0.001) if m.takes_density else 0.001
-    plan = m.plan(max(nbytes // 4, 1), p, torch.float32, m.make_compressor(density, **params),
-                  density, o.algo)
+    compressor, density = m.compressor_from(o.compressor_params)
+    plan = m.plan(max(nbytes // 4, 1), p, torch.float32, compressor, density, o.algo)
     items = {c.itemsize for c in plan.calls}
     if len(items) != 1:
         raise GradwireError(f"{o.compressor}: its calls move elements of {sorted(items)} bytes: "

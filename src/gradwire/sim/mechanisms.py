@@ -91,10 +91,10 @@ def parse(text: str) -> Mechanism:
             raise GradwireError(f"mechanism {label!r}: unknown compressor {comp!r}"
                                 f"{did_you_mean(str(comp), METHODS)}: expected an aggregation "
                                 f"method, one of {', '.join(METHODS)}")
-        m, rest = METHODS[str(comp)], dict(params)
-        if "density" in rest and not m.takes_density:
-            raise GradwireError(f"mechanism {label!r}: {comp} takes no density")
-        m.make_compressor(rest.pop("density", 0.001), **rest)  # checks its parameters now
+        try:
+            METHODS[str(comp)].compressor_from(params)  # checks its parameters now
+        except GradwireError as e:
+            raise GradwireError(f"mechanism {label!r}: {e}") from None
         opts2 = CollectiveOptions(algo, bucket, str(comp), params)
     else:
         registry.schedule("allreduce", algo, 2, 2, **params)  # checks the parameters now
