@@ -3,11 +3,13 @@ torch.distributed's own collective, and the transport counts exactly the schedul
 import itertools
 
 import pytest
+import torch
 from conftest import run_checks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradwire.collectives.executor import Unwritten, _plan
+from gradwire.errors import GradwireError
 from gradwire.schedules import registry
 
 
@@ -73,3 +75,20 @@ def test_step_by_step_execution_matches_too(p, monkeypatch):
     monkeypatch.setenv("GRADWIRE_TEST_STEPWISE", "1")
     monkeypatch.setenv("SIZES", "0,1,5,13,1000")
     run_checks("collectives_check.py", p, timeout=600)
+
+
+@pytest.mark.parametrize("call", ["all_reduce", "reduce", "all_gather_into_tensor",
+                                  "reduce_scatter_tensor"])
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"transport": "x"}, "transport must be None or a gradwire.transport.Transport, got 'x'"),
+    ({"group": "x"}, "group must be None (the default group) or a torch.distributed "
+                     "ProcessGroup"),
+])
+def test_a_transport_or_group_of_the_wrong_kind_is_one_line(call, kw, says):
+    import gradwire.collectives as gc
+
+    t = torch.ones(4)
+    args = (t, t) if call in ("all_gather_into_tensor", "reduce_scatter_tensor") else (t,)
+    with pytest.raises(GradwireError) as e:
+        getattr(gc, call)(*args, **kw)
+    assert says in str(e.value) and call in str(e.value) and "\n" not in str(e.value)

@@ -2,10 +2,11 @@
 exact top-k, the sampled selector's recall, unbiased quantizers, exact bit packing, PowerSGD's
 rank-r reconstruction, and error feedback that never loses gradient mass."""
 import dataclasses
+import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gradwire.compress import (
@@ -30,6 +31,7 @@ from gradwire.compress import (
 )
 from gradwire.compress.base import generator
 from gradwire.compress.bits import WIDTHS, decode_codes, pack_bits, packed_bytes, unpack_bits
+from gradwire.compress.feedback import Status, fallback, status
 from gradwire.dtypes import index_dtype
 from gradwire.errors import GradwireError
 
@@ -510,6 +512,93 @@ def test_error_feedback_with_powersgd_steps():
     ef.update("b", corrected, approx)
     assert torch.allclose(ef.residuals["b"] + approx, x, atol=1e-5)
 
+
+
+# --- the NaN/Inf policy (status and fallback) ------------------------------------------------
+
+SPECIAL = [0.0, 1.0, -1.0, 3e38, -3e38, 1.7e38, 65504.0, -65504.0, 40000.0, -40000.0,
+           3.3e38, 1e308, -1e308, float("inf"), float("-inf"), float("nan")]
+
+
+def status_by_definition(x: torch.Tensor, e: torch.Tensor | None) -> Status:
+    if not x.isfinite().all() or (e is not None and not e.isfinite().all()):
+        return Status.NONFINITE
+    if e is not None and not (x + e).isfinite().all():
+        return Status.OVERFLOW
+    return Status.OK
+
+
+@given(dtype=st.sampled_from(HALF), with_residual=st.booleans(),
+       pairs=st.lists(st.tuples(st.sampled_from(SPECIAL) | st.floats(-1e5, 1e5),
+                                st.sampled_from(SPECIAL) | st.floats(-1e5, 1e5)),
+                      max_size=40))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_status_is_the_definition_exactly(dtype, with_residual, pairs):
+    """One aminmax per tensor decides, except near the dtype's limit: never a false alarm
+    (3e38 + 3e38 in fp32 was counted non-finite by a sum) nor a missed one."""
+    x = torch.tensor([a for a, _ in pairs], dtype=torch.float64).to(dtype)
+    e = torch.tensor([b for _, b in pairs], dtype=torch.float64).to(dtype)
+    e = e if with_residual else None
+    assert status(x, e) is status_by_definition(x, e)
+
+
+def test_finite_values_whose_sum_overflows_are_ok():
+    assert status(torch.tensor([3e38, 3e38])) is Status.OK  # their fp32 sum is inf
+    assert status(torch.tensor([3e38]), torch.tensor([3e38])) is Status.OVERFLOW
+    assert status(torch.tensor([3e38, -1.0]), torch.tensor([-3e38, 3e38])) is Status.OK
+    assert status(torch.tensor([float("nan")]), torch.tensor([3e38])) is Status.NONFINITE
+    assert status(torch.empty(0), torch.empty(0)) is Status.OK
+
+
+# fp16 multiples of 32 up to 65504: their sums are exact until they overflow (to inf).
+FP16_NEAR_LIMIT = st.integers(-2047, 2047).map(lambda m: 32.0 * m)
+
+
+@given(pairs=st.lists(st.tuples(FP16_NEAR_LIMIT, FP16_NEAR_LIMIT), min_size=1, max_size=30),
+       worst=st.sampled_from([None, *Status]))
+@example(pairs=[(40000.0, 40000.0), (32.0, -64.0)], worst=Status.NONFINITE)
+@example(pairs=[(40000.0, 40000.0), (32.0, -64.0)], worst=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
+def test_fallback_conserves_mass_and_leaves_nothing_non_finite(pairs, worst):
+    """For finite fp16 x and residual near the limit, whatever the ranks agreed (their worst
+    status, or None with the header exchange off): residual_after + what is summed dense
+    = residual_before + x exactly, or the call compresses as usual; no residual is left
+    non-finite by an overflow."""
+    x = torch.tensor([a for a, _ in pairs], dtype=torch.float16)
+    before = torch.tensor([b for _, b in pairs], dtype=torch.float16)
+    mine = status(x, before)
+    if worst is not None and worst < mine:
+        worst = mine  # the worst over ranks is never better than this rank's own
+    residual = before.clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dense = fallback(worst, x, residual, "test")
+    assert residual.isfinite().all()
+    if dense is None:  # compressed as usual; dropped first only with the exchange off
+        dropped = worst is None and mine is Status.OVERFLOW
+        assert torch.equal(residual, torch.zeros_like(before) if dropped else before)
+        assert len(caught) == dropped
+        return
+    assert dense.data_ptr() != x.data_ptr() and len(caught) == 1
+    assert issubclass(caught[0].category, RuntimeWarning)
+    if worst == Status.OVERFLOW:  # x alone, the residual kept
+        assert "overflows float16" in str(caught[0].message)
+        assert torch.equal(dense, x) and torch.equal(residual, before)
+    else:  # NaN elsewhere: x + residual, the residual cleared; the step will be skipped
+        assert "NaN or Inf" in str(caught[0].message)
+        assert torch.equal(dense, x + before) and not residual.any()
+    if mine is Status.OK or worst == Status.OVERFLOW:
+        assert torch.equal(residual.double() + dense.double(), before.double() + x.double())
+
+
+def test_fallback_applies_and_clears_the_residual_when_x_is_not_finite():
+    x, residual = torch.tensor([1.0, float("nan")]), torch.tensor([2.0, 3.0])
+    with pytest.warns(RuntimeWarning, match="NaN or Inf on some rank"):
+        dense = fallback(Status.NONFINITE, x, residual, "test")
+    assert dense[0] == 3.0 and dense[1].isnan() and torch.equal(residual, torch.zeros(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fallback(None, x, residual, "test") is None  # exchange off: as it is
 
 # --- parameters ------------------------------------------------------------------------------
 

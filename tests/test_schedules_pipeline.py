@@ -4,7 +4,6 @@ Their closed forms (module docstrings) held against the cost model, their
 non-default parameters checked on tokens, and the claims the docstrings make about block choice
 and large-message behaviour."""
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from gradwire.errors import GradwireError
 from gradwire.schedules import dbtree, lp, ps, registry, scatter_allgather
 from gradwire.schedules.check import check
 from gradwire.schedules.cost import CostParams, cost, traffic
+from gradwire.transport import Transport
 
 A, B, G = 1e-4, 8e-9, 1e-9
 P = CostParams(A, B, G)
@@ -100,7 +100,13 @@ def test_api_builds_with_the_buffers_itemsize(monkeypatch):
         return real(*args, **params)
 
     monkeypatch.setattr(api.registry, "schedule", spy)
-    alone = SimpleNamespace(rank=0, world_size=1, backend="gloo")  # one rank: nothing is sent
+    class Alone(Transport):  # one rank: nothing is sent
+        rank, world_size, backend = 0, 1, "gloo"
+
+        def __init__(self) -> None:
+            pass
+
+    alone = Alone()
     for dtype, size in ((torch.float16, 2), (torch.float64, 8)):
         gc.broadcast(torch.zeros(10, dtype=dtype), algo="lp", transport=alone)
         assert seen[-1]["itemsize"] == size

@@ -2,11 +2,12 @@
 and, for P = 1…17 with all ranks simulated, conservation of gradient mass under error feedback
 and equality with the long-hand reference (tests/sparse_reference.py)."""
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sparse_reference import reference
 
@@ -23,6 +24,7 @@ from gradwire.sparse import (
     pack,
     schedule,
     select,
+    sparse_allreduce,
     top_merge,
     unpack,
 )
@@ -342,3 +344,62 @@ def test_entries_given_twice_at_one_index_are_summed_not_dropped(one_rank):
     g = gtopk_allreduce(values, indices, 5, torch.zeros(5), k=2)
     t = topk_allreduce(values, indices, 5, k=2)
     assert g.total().tolist() == t.total().tolist() == [0.0, 0.0, 0.0, 3.0, 0.0]
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"transport": "x"}, "sparse_allreduce: transport must be None or a gradwire.transport."
+                         "Transport, got 'x'"),
+    ({"group": "x"}, "sparse_allreduce: group must be None (the default group) or a "
+                     "torch.distributed ProcessGroup"),
+])
+def test_a_transport_or_group_of_the_wrong_kind_is_one_line(kw, says):
+    with pytest.raises(GradwireError) as e:
+        sparse_allreduce(torch.ones(4), torch.zeros(4), 2, **kw)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+# the NaN/Inf policy, over gloo with one rank ---------------------------------------------------
+
+@pytest.mark.parametrize("method", ["topk", "gtopk"])
+def test_finite_values_whose_sum_overflows_are_compressed_without_a_warning(one_rank, method):
+    """[3e38, 3e38] in fp32 is finite: their fp32 sum (inf) once sent it dense with a NaN/Inf
+    warning."""
+    x, residual = torch.tensor([3e38, 3e38]), torch.zeros(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = sparse_allreduce(x, residual, 1, method)
+    big = x[0].item()  # 3e38 in fp32
+    assert got.tolist() == [big, 0.0] and residual.tolist() == [0.0, big]  # k = 1 sent
+
+
+@pytest.mark.parametrize("method", ["topk", "gtopk"])
+def test_an_fp16_overflow_is_sent_dense_and_the_residual_kept(one_rank, method):
+    residual = torch.tensor([65504.0, 1.0, 0.0, -8.0], dtype=torch.float16)
+    x = torch.tensor([64.0, 2.0, 3.0, 4.0], dtype=torch.float16)  # 65504 + 64 overflows
+    before = residual.clone()
+    with pytest.warns(RuntimeWarning, match="gradient \\+ residual overflows float16 on some "
+                                            "rank; aggregated dense this call, without the "
+                                            "residuals"):
+        got = sparse_allreduce(x.clone(), residual, 1, method)
+    assert torch.equal(got, x) and torch.equal(residual, before)
+
+
+@given(pairs=st.lists(st.tuples(st.integers(-2047, 2047), st.integers(-2047, 2047)),
+                      min_size=1, max_size=20),
+       k=st.integers(1, 25), method=st.sampled_from(["topk", "gtopk"]))
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_overflow_policy_conserves_mass_near_the_fp16_limit(one_rank, pairs, k, method):
+    """fp16 multiples of 32 up to ±65504, whose sums are exact unless they overflow: the
+    residual stays finite, nothing non-finite is applied, and residual_after + applied =
+    residual_before + x exactly; a warning exactly when residual + x overflows."""
+    x = torch.tensor([32.0 * a for a, _ in pairs], dtype=torch.float16)
+    residual = torch.tensor([32.0 * b for _, b in pairs], dtype=torch.float16)
+    before = residual.clone()
+    overflows = not (x.double() + before.double()).abs().le(65504).all()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = sparse_allreduce(x.clone(), residual, k, method)
+    assert residual.isfinite().all() and got.isfinite().all()
+    assert torch.equal(residual.double() + got.double(), before.double() + x.double())
+    assert [str(w.message).count("overflows float16") for w in caught] == [1] * overflows

@@ -65,6 +65,14 @@ def _upstream_group(group: dist.ProcessGroup | None, backend: str) -> dist.Proce
     return twin
 
 
+def check_group(group: object, where: str) -> None:
+    """A one-line error unless ``group`` is None (the default group) or a process group."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise GradwireError(f"{where}: group must be None (the default group) or a "
+                            f"torch.distributed ProcessGroup (dist.new_group(...)), got "
+                            f"{group!r}")
+
+
 def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where tensors of ``group``'s collectives must live: this rank's current GPU under NCCL,
     else the CPU."""
@@ -133,6 +141,7 @@ class Transport:
         if not dist.is_initialized():
             raise GradwireError("torch.distributed is not initialized: call "
                                 "dist.init_process_group() (gloo or nccl) first")
+        check_group(group, "Transport")
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -249,6 +258,18 @@ class Transport:
         works = [self.isend(o.tensor, o.peer) if o.op == "send" else self.irecv(o.tensor, o.peer)
                  for o in live]
         return [w for w in works if w is not None]
+
+
+def resolve(transport: object, group: object, where: str) -> Transport:
+    """``transport``, or a new Transport over ``group`` when it is None; a one-line error
+    naming ``where`` for anything else."""
+    if transport is None:
+        check_group(group, where)
+        return Transport(group)  # type: ignore[arg-type]
+    if not isinstance(transport, Transport):
+        raise GradwireError(f"{where}: transport must be None or a gradwire.transport.Transport"
+                            f", got {transport!r}")
+    return transport
 
 
 def wait_all(works: Sequence[Pending | None]) -> None:

@@ -113,7 +113,7 @@ state.register(net)
 try:
     net(torch.randn(4, 50)).sum().backward()
     check(False, "hook density: no error")
-except Exception as e:  # DDP re-raises the hook's error from backward, wrapped
+except Exception as e:  # the hook's GradwireError, raised from backward unchanged
     check("density" in str(e) and "0.05" in str(e) and "0.1" in str(e),
           f"hook density: message lacks the densities: {str(e)[:300]}")
 
@@ -127,7 +127,7 @@ for method, opts, words in (("qsgd", {"s": 100 if odd else 255}, ["qsgd s=255", 
     try:
         net(torch.randn(4, 50)).sum().backward()
         check(False, f"hook {method} options: no error")
-    except Exception as e:  # DDP re-raises the hook's error from backward, wrapped
+    except Exception as e:  # the hook's GradwireError, raised from backward unchanged
         check("ranks made different collective calls" in str(e)
               and all(w in str(e) for w in words),
               f"hook {method} options: message lacks {words}: {str(e)[:300]}")

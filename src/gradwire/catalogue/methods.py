@@ -17,12 +17,11 @@ from gradwire.catalogue.paths import (
     SUMMED,
     AggregationCall,
     Path,
+    dense_average,
 )
-from gradwire.collectives.agree import all_finite
-from gradwire.compress import COMPRESSORS, Compressor
+from gradwire.compress import COMPRESSORS, Compressor, feedback
 from gradwire.compress import get as get_compressor
 from gradwire.compress.base import select_count
-from gradwire.compress.feedback import warn_nonfinite
 from gradwire.errors import GradwireError, did_you_mean
 
 MODES = ("bucket", "model")
@@ -119,21 +118,26 @@ def get(name: str) -> Method:
 
 
 def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
-    """(average, payload bytes) for this rank's gradient ``x`` of bucket ``key``."""
+    """(average, payload bytes) for this rank's gradient ``x`` of bucket ``key``.
+
+    Before any residual changes, the call header: ranks that disagree fail here, all of them,
+    naming why; and the ranks agree on the NaN/Inf policy's path
+    (:mod:`gradwire.compress.feedback`): NaN or Inf anywhere, every rank sums x + residual
+    dense (the average holds them as DDP's would, GradScaler then skips the step) and clears
+    its residual; gradient + residual overflowing anywhere, every rank sums x alone dense and
+    keeps its residual."""
     m, n = c.method, x.numel()
-    # Before any residual changes: ranks that disagree fail here, all of them, naming why.
-    # NaN/Inf on any rank: every rank goes dense, so the average holds them as DDP's would
-    # (GradScaler then skips the step) and the residual is consumed, never left non-finite.
-    finite = c.comm.agree([("call", "hook"), ("method", c.name),
-                           ("dense", c.dense), ("elements", n), ("dtype", x.dtype),
-                           ("density", f"{c.density:.6g}")],
-                          finite=lambda: all_finite(x))
-    if finite is False and m.path is not DENSE:
-        warn_nonfinite(f"gradwire hook {m.name}")
+    residual = c.ef.residuals.get(key) if c.ef is not None else None
+    worst = c.comm.agree([("call", "hook"), ("method", c.name),
+                          ("dense", c.dense), ("elements", n), ("dtype", x.dtype),
+                          ("density", f"{c.density:.6g}")],
+                         status=0 if m.path is DENSE else lambda: feedback.status(x, residual))
+    if m.path is DENSE:
         return DENSE.run(c, x, key)
-    if c.dense or m.path is DENSE:
-        return DENSE.run(c, x, key)
-    if m.plan(n, c.comm.world, x.dtype, c.compressor, c.density, c.comm.algo).dense:
+    instead = feedback.fallback(worst, x, residual, f"gradwire hook {m.name}")
+    if instead is not None:
+        return dense_average(c, instead)
+    if c.dense or m.plan(n, c.comm.world, x.dtype, c.compressor, c.density, c.comm.algo).dense:
         return DENSE.run(c, x, key)
     return m.path.run(c, x, key)
 

@@ -94,15 +94,19 @@ class Path:
 
     def run(self, c: AggregationCall, x: torch.Tensor, key: object
             ) -> tuple[torch.Tensor, int]:
-        # x·(1/P), then the sum: bit for bit what DDP does without a hook ((x/P) is not, for
-        # P = 3).
-        y = (c.ef.flush(key, x) if c.ef is not None else x).mul(1 / c.comm.world)
-        c.comm.all_reduce(y)
-        return y, y.nbytes
+        return dense_average(c, c.ef.flush(key, x) if c.ef is not None else x)
 
 
 class Dense(Path):
     name = "dense"
+
+
+def dense_average(c: AggregationCall, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the average of every rank's ``y``, bytes sent), in a new tensor. y·(1/P), then the
+    sum: bit for bit what DDP does without a hook ((y/P) is not, for P = 3)."""
+    y = y.mul(1 / c.comm.world)
+    c.comm.all_reduce(y)
+    return y, y.nbytes
 
 
 def _payload(c: AggregationCall, x: torch.Tensor, key: object) -> Payload:

@@ -9,8 +9,9 @@ every header and raises the same :class:`MismatchError`, naming each field that 
 which ranks hold which value. A rank that skipped the call is not there to answer: its peers'
 header exchange times out naming it (:class:`~gradwire.errors.PeerError`).
 
-The header also carries whether this rank's data is finite, so that every rank can take the
-same path when one of them holds NaN or Inf (the NaN/Inf policy, docs/reliability.md).
+The header also carries a one-digit status of this rank's data (0 when all is well; larger is
+worse), and every rank learns the worst, so that all take the same path when one of them holds
+NaN or Inf, or would overflow (the NaN/Inf policy, :mod:`gradwire.compress.feedback`).
 
 Cost: one extra latency per doubling step, ⌈lg P⌉·α; the header is 7 × 24 bytes. Measured in
 docs/reliability.md. ``Transport(check_calls=False)`` or ``GRADWIRE_CHECK_CALLS=0`` turns it off
@@ -25,14 +26,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 from gradwire.collectives.executor import execute
-from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import registry
 from gradwire.transport import Transport
 
 FIELD_BYTES = 24
 FIELDS = 6  # compared; every header has this many, so exchanges have one size on every rank
-FINITE = FIELDS  # one more slot, not compared: "0" when this rank's data holds NaN or Inf
+STATUS = FIELDS  # one more slot, not compared: this rank's status digit, "0" when all is well
 
 Call = Sequence[tuple[str, object]]  # (field name, value), at most FIELDS of them
 
@@ -49,13 +49,16 @@ def _text(value: object) -> str:
     return f"{s[:FIELD_BYTES - 9]}#{zlib.crc32(s.encode()):08x}"
 
 
-def encode(call: Call, finite: bool = True) -> torch.Tensor:
-    """The header of ``call``: FIELDS + 1 slots of FIELD_BYTES bytes, zero-padded text."""
+def encode(call: Call, status: int = 0) -> torch.Tensor:
+    """The header of ``call``: FIELDS + 1 slots of FIELD_BYTES bytes, zero-padded text; the
+    last holds ``status``, one digit."""
     if len(call) > FIELDS:
         raise ValueError(f"a header has at most {FIELDS} fields, got {len(call)}")
+    if status not in range(10):
+        raise ValueError(f"a header's status is one digit, got {status!r}")
     raw = bytearray((FIELDS + 1) * FIELD_BYTES)
     for i, (_, value) in enumerate([*call, *[("", "")] * (FIELDS - len(call)),
-                                    ("finite", int(finite))]):
+                                    ("status", int(status))]):
         b = _text(value).encode()
         raw[i * FIELD_BYTES : i * FIELD_BYTES + len(b)] = b
     return torch.frombuffer(raw, dtype=torch.uint8).clone()
@@ -90,27 +93,36 @@ def header_spec(world_size: int) -> tuple[str, str, int, dict[str, object]]:
     return "allgather", "rd", world_size * HEADER_BYTES, {"itemsize": 1}
 
 
-def all_finite(x: torch.Tensor) -> bool:
-    """Whether ``x`` holds no NaN or Inf (one pass: a sum in the accumulation dtype)."""
-    return bool(x.sum(dtype=acc_dtype(x.dtype)).isfinite())
-
-
 def agree(transport: Transport, call: Call,
           finite: bool | Callable[[], bool] = True) -> bool | None:
     """Raise :class:`MismatchError` on every rank unless every rank is making ``call``.
 
     Returns whether every rank's ``finite`` was true (the same answer on every rank), or
     ``finite`` itself for one rank, or None when ``transport.check_calls`` is off (then no
-    rank knows about the others). ``finite`` may be a function (e.g. ``lambda:
-    all_finite(x)``), called only when its answer is used: not with the check off.
+    rank knows about the others). ``finite`` may be a function, called only when its answer
+    is used: not with the check off. :func:`agree_status` carries more than a yes or no.
+    """
+    status = (lambda: int(not finite())) if callable(finite) else int(not finite)
+    worst = agree_status(transport, call, status)
+    return None if worst is None else worst == 0
+
+
+def agree_status(transport: Transport, call: Call,
+                 status: int | Callable[[], int] = 0) -> int | None:
+    """As :func:`agree`, with a status digit (0–9, larger is worse) in place of a yes or no.
+
+    Returns the largest ``status`` of any rank (the same answer on every rank), or this rank's
+    own for one rank, or None when ``transport.check_calls`` is off. ``status`` may be a
+    function (e.g. ``lambda: feedback.status(x, residual)``), called only when its answer is
+    used: not with the check off.
     """
     p = transport.world_size
     if p > 1 and not transport.check_calls:
         return None
-    ok = finite() if callable(finite) else finite
+    mine_status = int(status() if callable(status) else status)
     if p == 1:
-        return ok
-    mine = encode(call, ok).to(transport.device)
+        return mine_status
+    mine = encode(call, mine_status).to(transport.device)
     h = mine.numel()
     collective, algo, count, params = header_spec(p)
     s = registry.schedule(collective, algo, p, count, **params)
@@ -129,4 +141,4 @@ def agree(transport: Transport, call: Call,
         raise MismatchError(f"rank {transport.rank}: ranks made different collective calls: "
                             f"{' | '.join(differences(call, headers))} (every rank must make "
                             "the same collective calls in the same order)")
-    return bool((rows[:, FINITE * FIELD_BYTES] == ord("1")).all())
+    return int(rows[:, STATUS * FIELD_BYTES].max()) - ord("0")

@@ -25,7 +25,7 @@ from gradwire.collectives.executor import execute
 from gradwire.collectives.pool import BufferPool
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
-from gradwire.transport import Transport
+from gradwire.transport import Transport, resolve
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -97,7 +97,7 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
     """
     if not isinstance(async_op, bool):
         raise GradwireError(f"async_op must be True or False, got {async_op!r}")
-    t = transport or Transport(group)
+    t = resolve(transport, group, collective)
     params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
     call = [("call", collective), ("algo", s.algo), ("elements", buf.numel()),
@@ -131,7 +131,7 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
                transport: Transport | None = None, **params: object) -> Handle | None:
     """Every rank ends with the sum (or average) of ``tensor`` over ranks, in place."""
     buf, how = _flat(tensor, "tensor"), _op(op)
-    t = transport or Transport(group)
+    t = resolve(transport, group, "all_reduce")
     after = (lambda b: b.div_(t.world_size)) if how == "avg" else None
     return _run("allreduce", algo, buf, 0, group, t, async_op, after, params)
 
@@ -142,7 +142,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
            **params: object) -> Handle | None:
     """Rank ``dst`` ends with the sum (or average); other ranks' buffers are scratch."""
     buf, how = _flat(tensor, "tensor"), _op(op)
-    t = transport or Transport(group)
+    t = resolve(transport, group, "reduce")
     after = (lambda b: b.div_(t.world_size)) if how == "avg" and t.rank == dst else None
     return _run("reduce", algo, buf, dst, group, t, async_op, after, params)
 
@@ -161,7 +161,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
                            **params: object) -> Handle | None:
     """``output`` (P × input elements) ends with every rank's ``input``, in rank order."""
     out, inp = _flat(output, "output", True), _flat(input, "input", True)
-    t = transport or Transport(group)
+    t = resolve(transport, group, "all_gather_into_tensor")
     if out.numel() != t.world_size * inp.numel() or out.dtype != inp.dtype:
         raise GradwireError(f"output must have world_size × input = {t.world_size} × "
                             f"{inp.numel()} elements of {inp.dtype}, got {out.numel()} of "
@@ -178,7 +178,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
     left as it was. The sum is formed out of place (no copy of the input) in a work buffer
     that WORK_BUFFERS lends for the call."""
     out, inp, how = _flat(output, "output"), _flat(input, "input"), _op(op)
-    t = transport or Transport(group)
+    t = resolve(transport, group, "reduce_scatter_tensor")
     if inp.numel() != t.world_size * out.numel() or out.dtype != inp.dtype:
         raise GradwireError(f"input must have world_size × output = {t.world_size} × "
                             f"{out.numel()} elements of {out.dtype}, got {inp.numel()} of "

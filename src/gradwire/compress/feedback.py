@@ -12,13 +12,28 @@ representable). The residual has the gradient's dtype and device. One ErrorFeedb
 compressor; compressors keep none of their own. A top-k selection does steps 1–3 in place in
 the residual (:func:`feed`), which :func:`gradwire.sparse.sparse_allreduce` also uses.
 
-The NaN/Inf policy (:func:`warn_nonfinite`): when any rank's gradient is not finite, every
-rank aggregates gradient + residual dense, as a dense allreduce would, and its residual is
-cleared, never left non-finite.
+The NaN/Inf policy, here once for the hooks and :func:`gradwire.sparse.sparse_allreduce`.
+Every rank finds the :class:`Status` of its gradient x and residual e (:func:`status`), the
+ranks agree on the worst in the call's header exchange
+(:func:`gradwire.collectives.agree.agree_status`), and :func:`fallback` says what every rank
+then does:
+
+1. OK everywhere: compress with error feedback as usual.
+2. NONFINITE anywhere (x holds NaN or Inf): every rank sums x + e dense, as a dense
+   allreduce would (GradScaler then skips the step), and its residual is cleared.
+3. OVERFLOW anywhere, NONFINITE nowhere (x is finite, x + e overflows x's dtype): every rank
+   sums x alone dense and keeps e untouched, so e_after + applied = e_before + x exactly and
+   nothing non-finite is applied or kept.
+
+With the header exchange off (``GRADWIRE_CHECK_CALLS=0``) the ranks cannot agree on a dense
+call, so every rank compresses as usual and NaN or Inf in x goes through the compressor as it
+is. A rank whose x + e would overflow drops its residual first (zeroed, with a warning: its
+mass is lost) and compresses x alone, so an overflow never leaves a residual non-finite.
 """
 
 from __future__ import annotations
 
+import enum
 import warnings
 from collections.abc import Hashable
 
@@ -50,10 +65,74 @@ def flush(residual: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     return x if residual is None else x + residual.to(x.dtype)
 
 
-def warn_nonfinite(who: str, stacklevel: int = 3) -> None:
-    """The NaN/Inf policy's one warning, on every rank that takes the dense path."""
-    warnings.warn(f"{who}: a gradient holds NaN or Inf on some rank; aggregated dense this "
-                  "call (residuals applied and cleared)", RuntimeWarning, stacklevel=stacklevel)
+class Status(enum.IntEnum):
+    """One rank's bucket under the NaN/Inf policy; the ranks take the worst path any needs."""
+
+    OK = 0
+    OVERFLOW = 1  # x is finite, x + residual is not
+    NONFINITE = 2  # x (or, after a call with the header exchange off, the residual) is not
+
+
+def status(x: torch.Tensor, residual: torch.Tensor | None = None) -> Status:
+    """The :class:`Status` of ``x`` with ``residual`` (None: no residual), exactly.
+
+    One pass over each, no copy, one host sync: the largest magnitudes X of x and E of e
+    (aminmax, which propagates NaN). If X + E is finite in x's dtype, every x_i + e_i is
+    (rounding is monotonic). Only otherwise, near the dtype's limit or with NaN or Inf, is
+    x + e formed to decide (the rare path).
+    """
+    if x.numel() == 0:
+        return Status.OK
+    ends = list(x.aminmax())
+    bound = torch.maximum(ends[0].abs(), ends[1].abs())
+    if residual is not None and residual.numel():
+        ends += [t.to(x.dtype) for t in residual.aminmax()]
+        bound = bound + torch.maximum(ends[2].abs(), ends[3].abs())
+    finite = torch.stack([bound, *ends]).isfinite().tolist()
+    if finite[0]:
+        return Status.OK
+    if not all(finite[1:]):
+        return Status.NONFINITE
+    assert residual is not None  # x alone is finite, so its bound was
+    return Status.OK if bool(torch.isfinite(x + residual).all()) else Status.OVERFLOW
+
+
+def fallback(worst: int | None, x: torch.Tensor, residual: torch.Tensor | None,
+             who: str) -> torch.Tensor | None:
+    """The NaN/Inf policy (module docstring) for ``worst``, the worst :class:`Status` the
+    ranks agreed on (None: the header exchange is off). Returns a new tensor for every rank
+    to sum dense this call instead of compressing, or None to compress as usual; clears
+    ``residual`` (zeroed, in place) where the policy says so. Warns (RuntimeWarning) when it
+    acts."""
+    if worst is None:
+        if residual is not None and status(x, residual) is Status.OVERFLOW:
+            _warn(who, f"gradient + residual overflows {_name(x.dtype)} on this rank and the "
+                  "header exchange is off (GRADWIRE_CHECK_CALLS=0), so the ranks cannot agree "
+                  "on a dense call: its residual was dropped (that mass is lost) and the "
+                  "gradient compressed alone")
+            residual.zero_()
+        return None
+    if worst == Status.OK:
+        return None
+    if worst == Status.OVERFLOW:
+        _warn(who, f"gradient + residual overflows {_name(x.dtype)} on some rank; aggregated "
+              "dense this call, without the residuals (kept)")
+        return x.clone()
+    _warn(who, "a gradient holds NaN or Inf on some rank; aggregated dense this call "
+          "(residuals applied and cleared)")
+    out = x.clone() if residual is None else flush(residual, x)
+    if residual is not None:
+        residual.zero_()
+    return out
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _warn(who: str, what: str) -> None:
+    # user -> sparse_allreduce or aggregate -> fallback -> _warn: name the caller's caller
+    warnings.warn(f"{who}: {what}", RuntimeWarning, stacklevel=4)
 
 
 class ErrorFeedback:

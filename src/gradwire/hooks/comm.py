@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import gradwire.collectives as gc
 from gradwire import config
-from gradwire.collectives.agree import Call, agree
+from gradwire.collectives.agree import Call, agree_status
 from gradwire.compress import Payload
 from gradwire.errors import GradwireError
 from gradwire.transport import ALL_GATHER, Transport
@@ -43,6 +43,73 @@ def complete(task: Task, futures: Futures) -> None:
         return
     for f, r in zip(futures, results, strict=True):
         f.set_result(r)
+
+
+def after_backward(fn: Callable[[], None]) -> bool:
+    """Run ``fn`` at the end of the backward now running, after DDP has waited for every
+    bucket's future and written the results into the gradients; False outside a backward.
+
+    DDP queues its own end-of-backward callback once the last bucket is ready, after that
+    bucket's hook ran, so a callback queued from a hook runs before DDP's; one queued from
+    that callback runs after it (the engine runs callbacks queued while it runs them).
+    """
+    engine = torch.autograd.Variable._execution_engine
+    try:
+        engine.queue_callback(lambda: engine.queue_callback(fn))
+    except RuntimeError:  # "Final callbacks can only be installed during backward pass"
+        return False
+    return True
+
+
+class Deferred:
+    """The first error of one backward's aggregations, raised from ``backward()`` unchanged.
+
+    DDP reads a hook's future as a Tensor: one completed with ``set_exception`` reaches the
+    user as ``RuntimeError: Unable to cast <message> to Tensor`` (torch 2.13), its type lost,
+    and DDP is left mid-reduction. So inside a backward a failing task completes its futures
+    with the buckets as they are and keeps its error, which is raised once DDP has finished
+    the backward: the user catches the GradwireError itself (a MismatchError, a PeerError),
+    and the gradients of that backward are not averaged. Outside a backward (a hook called
+    directly) the error goes to the futures, as :func:`complete` does.
+
+    Example::
+
+        errors = Deferred()
+        errors.begin()                                  # at each backward's first bucket
+        worker.submit(errors.guard(task, [buf]), [fut])
+    """
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+        self.armed = False
+
+    def begin(self) -> None:
+        """A backward starts: forget what an unfinished one left, raise at its end."""
+        self.error = None
+        self.armed = after_backward(self._raise)
+
+    def guard(self, task: Task, fallback: list[torch.Tensor]) -> Task:
+        """``task``, returning ``fallback`` instead of raising while armed; once one task of
+        this backward has failed, the later ones return ``fallback`` without running (each
+        would otherwise wait out its own timeout on a lost peer)."""
+        def guarded() -> list[torch.Tensor]:
+            if self.armed and self.error is not None:
+                return fallback  # after a failure, the backward's later buckets do not wait
+            try:
+                return task()
+            except Exception as e:
+                if not self.armed:
+                    raise
+                if self.error is None:
+                    self.error = e
+                return fallback
+
+        return guarded
+
+    def _raise(self) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:
@@ -117,13 +184,13 @@ class Comm:
                                 f"out after {timeout:g} s (a rank died, stalled or skipped "
                                 f"this call; GRADWIRE_TIMEOUT sets the limit): {why}") from None
 
-    def agree(self, call: Call, finite: bool | Callable[[], bool] = True) -> bool | None:
+    def agree(self, call: Call, status: int | Callable[[], int] = 0) -> int | None:
         """Fail on every rank, before any state changes, unless every rank makes ``call``;
-        whether every rank's data is ``finite`` (None with the header exchange off)."""
+        the worst ``status`` of any rank (None with the header exchange off)."""
         if self.transport is None:
             return None
         t0 = time.perf_counter()
-        everywhere = agree(self.transport, call, finite)
+        everywhere = agree_status(self.transport, call, status)
         spent = time.perf_counter() - t0
         self.seconds += spent
         self.header_seconds += spent

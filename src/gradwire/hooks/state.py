@@ -21,11 +21,14 @@ from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback, PowerSGDCo
 from gradwire.compress.feedback import MALFORMED
 from gradwire.errors import GradwireError
 from gradwire.hooks import layout
-from gradwire.hooks.comm import Comm, Worker, complete
+from gradwire.hooks.comm import Comm, Deferred, Worker, complete
 from gradwire.hooks.warmup import Warmup, parse
 from gradwire.schedules import registry
+from gradwire.transport import check_group
 
 METHODS: tuple[str, ...] = tuple(CATALOGUE)
+DENSE_ONLY = ("gradwire's hooks need dense gradients: build embeddings with sparse=False "
+              "(nn.Embedding, nn.EmbeddingBag)")
 STATS = ("compress", "communicate", "header", "tail", "sent", "steps", "buckets", "dense",
          "cpu")
 
@@ -85,6 +88,11 @@ class HookState:
 
     Warning: every rank must make the same state (method, density, mode, seed) and register it
     on the same model; the collectives of all buckets run on one thread in bucket order.
+
+    Errors: what goes wrong while aggregating (a :class:`~gradwire.errors.GradwireError` such
+    as a MismatchError or PeerError) is raised by ``backward()`` itself, unchanged, once DDP
+    has finished that backward, whose gradients are then not averaged
+    (:class:`~gradwire.hooks.comm.Deferred`).
     """
 
     hook = staticmethod(hook)
@@ -108,11 +116,22 @@ class HookState:
         self._resume_order: layout.Layout | None = None
         self._handoff = 0.0
         self._used: set[layout.Layout] = set()
+        self._errors = Deferred()  # raised from backward itself, not as DDP's "Unable to cast"
         self.reset_stats()
 
     # --- what a user calls ---------------------------------------------------------------
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
-        """``ddp_model.register_comm_hook(self, self.hook)``."""
+        """``ddp_model.register_comm_hook(self, self.hook)``, once it is known to be a
+        DistributedDataParallel whose gradients are dense."""
+        if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
+            raise GradwireError("hooks: register() needs a model wrapped in torch.nn.parallel."
+                                "DistributedDataParallel, got "
+                                f"{type(ddp_model).__name__}: pass DistributedDataParallel(model)")
+        for name, module in ddp_model.module.named_modules():
+            if isinstance(module, torch.nn.Embedding | torch.nn.EmbeddingBag) and module.sparse:
+                where = f"module {name!r}" if name else "the model"
+                raise GradwireError(f"hooks: {where} ({type(module).__name__}) makes sparse "
+                                    f"gradients; {DENSE_ONLY}")
         ddp_model.register_comm_hook(self, self.hook)
 
     def set_epoch(self, epoch: int) -> None:
@@ -193,6 +212,9 @@ class HookState:
         """What :func:`hook` does with one bucket (see the class docstring)."""
         comm = self._setup()
         buf = bucket.buffer()
+        if buf.layout != torch.strided:
+            raise GradwireError(f"hooks: bucket {bucket.index()} holds sparse gradients; "
+                                f"{DENSE_ONLY}")
         key = self.positions.layout(bucket.parameters())
         if self.positions.size(key) != buf.numel():
             raise GradwireError(f"bucket {bucket.index()} has {buf.numel()} elements, its "
@@ -202,15 +224,17 @@ class HookState:
                                dense=self.config.warmup.dense(self.step), name=self.call_name)
         last = bucket.is_last()
         fut: torch.futures.Future = torch.futures.Future()
+        if bucket.index() == 0:  # a backward starts
+            self._pending = []  # model mode: left over from a backward that did not finish
+            self._errors.begin()
         if self.config.mode == "bucket":
-            self._dispatch(lambda: [self._bucket(buf, key, call, last)], [fut], last)
+            self._dispatch(lambda: [self._bucket(buf, key, call, last)], [fut], [buf], last)
             return fut
-        if bucket.index() == 0:
-            self._pending = []  # left over from a backward that did not finish
         self._pending.append((buf, key, fut))
         if last:
             pending, self._pending = self._pending, []
-            self._dispatch(lambda: self._model(pending, call), [f for *_, f in pending], last)
+            self._dispatch(lambda: self._model(pending, call), [f for *_, f in pending],
+                           [b for b, *_ in pending], last)
         return fut
 
     def _setup(self) -> Comm:
@@ -227,14 +251,19 @@ class HookState:
         return self._comm
 
     def _dispatch(self, task: Callable[[], list[torch.Tensor]],
-                  futures: list[torch.futures.Future], last: bool) -> None:
+                  futures: list[torch.futures.Future], buffers: list[torch.Tensor],
+                  last: bool) -> None:
+        """Run ``task`` (or hand it to the comm thread); ``buffers`` complete the futures, as
+        they are, if it fails (:class:`~gradwire.hooks.comm.Deferred`)."""
         if last:
             self.step += 1
             self._handoff = time.perf_counter()
+        guarded = self._errors.guard(task, buffers)
+
         def timed() -> list[torch.Tensor]:
             c0 = time.thread_time()
             try:
-                return task()
+                return guarded()
             finally:
                 self.stats["cpu"] += time.thread_time() - c0
 
@@ -353,6 +382,7 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
         raise GradwireError(f"hooks: overlap must be True or False, got {overlap!r}")
     if algo is not None:
         registry.get("allreduce", algo)
+    check_group(group, "hooks")
     for k in opts:
         if k not in m.options:
             raise GradwireError(f"{method}: unknown option {k!r}: expected "

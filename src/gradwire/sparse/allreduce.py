@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import gradwire.collectives as gc
 from gradwire.check import is_int
-from gradwire.collectives.agree import agree, all_finite
+from gradwire.collectives.agree import agree_status
 from gradwire.collectives.executor import Combine, execute
 from gradwire.compress import feedback
 from gradwire.compress.select import SELECTORS
@@ -28,7 +28,7 @@ from gradwire.schedules.cost import CostParams, cost
 from gradwire.schedules.ir import Schedule
 from gradwire.sparse.topk import top_merge
 from gradwire.sparse.wire import Entries, entry_bytes, pack, unpack
-from gradwire.transport import Transport
+from gradwire.transport import Transport, resolve
 
 METHODS = ("topk", "gtopk")
 GTOPK_OP = "gtopk"  # the tree's combine op: the ⊤ merge instead of a sum
@@ -219,12 +219,13 @@ def _shown(method: str, algo: str | None) -> str | None:
 
 def _agree(t: Transport, call: str, method: str, algo: str | None, numel: int,
            dtype: torch.dtype, k: int, selector: str = "",
-           finite: bool | Callable[[], bool] = True) -> bool | None:
+           status: int | Callable[[], int] = 0) -> int | None:
     """Every rank must be making this call (agree.py): checked before any state changes.
-    Returns whether every rank's data is finite (None with the check off)."""
-    return agree(t, [("call", call), ("method", method if algo is None else f"{method}/{algo}"),
-                     ("elements", numel), ("dtype", dtype), ("k", k), ("selector", selector)],
-                 finite)
+    Returns the worst ``status`` of any rank (None with the check off)."""
+    return agree_status(t, [("call", call),
+                            ("method", method if algo is None else f"{method}/{algo}"),
+                            ("elements", numel), ("dtype", dtype), ("k", k),
+                            ("selector", selector)], status)
 
 
 def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
@@ -237,7 +238,7 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     padded. ``algo``: the allgather, "rd" (default) or "ring" (or any registered one).
     """
     e = _entries("topk_allreduce", values, indices, numel)
-    t = transport or Transport(group)
+    t = resolve(transport, group, "topk_allreduce")
     _agree(t, "topk_allreduce", "topk", algo, numel, values.dtype, _count(e, k))
     return _run(topk_plan(e, _count(e, k), numel, t.rank, t.world_size, algo), t, "topk")
 
@@ -257,7 +258,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
                else type(residual).__name__)
         raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) {values.dtype}, "
                             f"got {got}")
-    t = transport or Transport(group)
+    t = resolve(transport, group, "gtopk_allreduce")
     _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo), numel, values.dtype,
            _count(e, k))
     return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo), t,
@@ -359,17 +360,6 @@ def plan(method: str, e: Entries, k: int, numel: int, residual: torch.Tensor, ra
     return gtopk_plan(e, k, numel, residual, rank, world_size, algo)
 
 
-def _dense_average(x: torch.Tensor, residual: torch.Tensor, t: Transport,
-                   out: torch.Tensor | None) -> torch.Tensor:
-    """The NaN/Inf policy: some rank's x is not finite, so every rank sends residual + x
-    dense, as a dense allreduce would, and its residual is applied and cleared."""
-    feedback.warn_nonfinite("sparse_allreduce", stacklevel=4)
-    total = feedback.flush(residual, x)
-    residual.zero_()
-    gc.all_reduce(total, op="avg", transport=t)
-    return total if out is None else out.copy_(total)
-
-
 def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: str = "gtopk", *,
                      selector: str = "exact", transport: Transport | None = None,
                      group: dist.ProcessGroup | None = None,
@@ -387,10 +377,13 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
 
     Summed over ranks, Σ residual_after + P·result = Σ (residual_before + x).
 
-    NaN or Inf in any rank's ``x`` (the header exchange tells every rank): every rank
-    returns the dense average of residual + x instead, as a dense allreduce would (NaN/Inf
-    where it has them), with a RuntimeWarning, and its residual is cleared: never left
-    non-finite. With the header exchange off (``GRADWIRE_CHECK_CALLS=0``) there is no policy.
+    The NaN/Inf policy (:mod:`gradwire.compress.feedback`; the header exchange tells every
+    rank), with a RuntimeWarning: NaN or Inf in any rank's ``x``, every rank returns the dense
+    average of residual + x instead, as a dense allreduce would (NaN/Inf where it has them),
+    and its residual is cleared; residual + x overflowing x's dtype on any rank, every rank
+    returns the dense average of x alone and keeps its residual. Either way no residual is
+    left non-finite. With the header exchange off (``GRADWIRE_CHECK_CALLS=0``) NaN and Inf go
+    through as they are, and a rank whose residual + x overflows drops its residual first.
     Cost (Table I, β per element, fp32): topk log(P)α + 2(P−1)kβ; gtopk 2lg(P)α + 4k·lg(P)β.
 
     ``out``: where to write the result (may be ``x`` itself, which is no longer needed once
@@ -406,14 +399,17 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     a mismatch a :class:`~gradwire.collectives.agree.MismatchError` on every rank.
     """
     check_args(x, residual, k, method, selector, algo, out)
-    t = transport or Transport(group)
+    t = resolve(transport, group, "sparse_allreduce")
     n = x.numel()
     shown = _shown(method, algo)
-    if _agree(t, "sparse_allreduce", method, shown, n, x.dtype, k, selector,
-              lambda: all_finite(x)) is False:
+    worst = _agree(t, "sparse_allreduce", method, shown, n, x.dtype, k, selector,
+                   lambda: feedback.status(x, residual))
+    instead = feedback.fallback(worst, x, residual, "sparse_allreduce")
+    if instead is not None:
         if timings is not None:
             timings["select"] = 0.0
-        return _dense_average(x, residual, t, out)
+        gc.all_reduce(instead, op="avg", transport=t)
+        return instead if out is None else out.copy_(instead)
     t0 = time.perf_counter()
     e = feed(x, residual, k, selector)
     if timings is not None:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gradwire.data import shard_indices
+from gradwire.errors import GradwireError
 from gradwire.hooks import MODES
 from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, get_spec, num_parameters
@@ -248,5 +249,14 @@ def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.
     }
 
 
+def _main() -> int:
+    """:func:`main`, with a gradwire error (a lost peer, a mismatched call) as one line."""
+    try:
+        return main()
+    except GradwireError as e:
+        print(f"gradwire train: error: {e}", file=sys.stderr, flush=True)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())
