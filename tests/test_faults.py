@@ -1,7 +1,9 @@
 """Faults: a rank killed mid-collective, a link taken down mid-run. Every surviving rank must
 fail on its own, within a bound, naming a peer and the collective; nothing may be left behind.
 Mismatched calls and NaN/Inf: tests/scripts/agree_check.py (run below)."""
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -9,7 +11,7 @@ import time
 import pytest
 from conftest import SCRIPTS, gradwire_leftovers, needs_netns, run_checks, script
 
-from gradwire.cluster import ephemeral_cluster
+from gradwire.cluster import ephemeral_cluster, loopback_cluster
 from gradwire.launcher import launch
 
 TIMEOUT = 4  # GRADWIRE_TIMEOUT for the ranks: a link down is detected by this timeout
@@ -35,8 +37,6 @@ def test_mismatched_calls_and_nan_policy_on_every_rank():
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {**os.environ, "GRADWIRE_TIMEOUT": str(TIMEOUT)}
 
 
@@ -130,3 +130,40 @@ def test_hook_builtin_collectives_are_bounded_and_named(monkeypatch):
                                             r"elements failed or timed out after 7 s .*Timed out$"):
         Comm._bounded(comm, Work(), "all_reduce of 4 elements")
     assert seen == [7.0]
+
+
+# fault_rank.py, after printing its pid, so that the test can stop one rank from outside
+WITH_PID = ("import os, runpy, sys; print('PID', os.getpid(), flush=True); "
+            "runpy.run_path(sys.argv[1], run_name='__main__')")
+
+
+def test_a_stalled_rank_is_named_by_the_launcher():
+    """3 ranks loop a ring allreduce on loopback; rank 1 gets SIGSTOP. Each survivor fails
+    naming rank 1 or a survivor that waits on it (the ring's order and the header exchange
+    decide which): the final line names the stalled rank, not the first survivor to fail, and
+    the stopped rank is stopped too."""
+    p, stalled = 3, 1
+    lines: list[str] = []
+    pids: dict[int, int] = {}
+
+    def sink(line: str) -> None:
+        lines.append(line)
+        m = re.match(r"\[rank (\d+)\] PID (\d+)", line)
+        if m:
+            pids[int(m[1])] = int(m[2])
+        if sum(x.endswith("] READY") for x in lines) == p and line.endswith("] READY"):
+            os.kill(pids[stalled], signal.SIGSTOP)
+
+    start = time.monotonic()
+    cmd = [sys.executable, "-c", WITH_PID, str(SCRIPTS / "fault_rank.py")]
+    res = launch(loopback_cluster(p), cmd, timeout=60, sink=sink,
+                 extra_env={"KIND": "ring", "GRADWIRE_TIMEOUT": "2"})
+    took = time.monotonic() - start
+    survivors = ", ".join(str(r) for r in range(p) if r != stalled)
+    assert res.message == (f"rank {stalled} stalled (ranks {survivors} lost it); stopped the "
+                           "other ranks"), "\n".join(lines[-20:])
+    assert res.returncode == 3
+    assert took < 30
+    for pid in pids.values():  # reaped, the stopped one included
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -1,12 +1,16 @@
 import json
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
-from conftest import gradwire_leftovers, needs_netns, script
+from conftest import cli_error, gradwire_leftovers, needs_netns, script
 
 from gradwire.cluster import ephemeral_cluster, loopback_cluster
 from gradwire.errors import GradwireError
-from gradwire.launcher import MALLOC_TUNABLES, launch
+from gradwire.launcher import MALLOC_TUNABLES, PEER_LOST, launch
 
 
 def _collect(cluster, cmd, **kw):
@@ -93,3 +97,88 @@ def test_environment_inside_namespaces():
         assert res.returncode == 0
         assert envs[1]["MASTER_ADDR"] == c.hosts[0].addr
         assert envs[1]["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+LINES = ("import os, sys\n"
+         "r, n = os.environ['RANK'], int(sys.argv[1])\n"
+         "for i in range(n - 1):\n"
+         "    sys.stdout.write(f'line {i} from rank {r}\\n')\n"
+         "sys.stdout.write(f'line {n - 1} from rank {r}')  # the last without a newline\n")
+
+
+def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gradwire", "run", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_every_line_of_every_rank_is_whole_and_prefixed_once():
+    """4 ranks × 5000 lines written at once through `gradwire run`'s own output: no line of
+    one rank runs into another's, none is lost, the partial last line included."""
+    n = 5000
+    p = _run_cli("--loopback", "--hosts", "4", "--", sys.executable, "-c", LINES, str(n))
+    assert p.returncode == 0, p.stderr
+    seen: dict[int, list[int]] = {r: [] for r in range(4)}
+    for line in p.stdout.splitlines():
+        m = re.fullmatch(r"\[rank (\d)\] line (\d+) from rank (\d)", line)
+        assert m and m[1] == m[3], line
+        seen[int(m[1])].append(int(m[2]))
+    assert all(got == list(range(n)) for got in seen.values())
+
+
+def test_long_lines_stay_whole():
+    """Lines far longer than a pipe's buffer (64 KiB), from 4 ranks at once."""
+    rank = ("import os, sys\nr = os.environ['RANK']\n"
+            "for _ in range(5):\n    sys.stdout.write(r * 300_000 + '\\n')\n")
+    p = _run_cli("--loopback", "--hosts", "4", "--", sys.executable, "-c", rank)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert sorted(lines) == sorted(f"[rank {r}] " + str(r) * 300_000 for r in range(4)
+                                   for _ in range(5))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "1e400"])
+def test_run_refuses_a_timeout_that_is_not_a_positive_number(monkeypatch, capsys, value):
+    code, err = cli_error(monkeypatch, capsys, "run", "--loopback", "--timeout", value, "--",
+                          "true")
+    shown = {"1e400": "inf", "0": "0.0", "-1": "-1.0"}.get(value, value)
+    assert code == 2 and err == (f"gradwire: error: --timeout must be a positive number of "
+                                 f"seconds up to 2e+06, got {shown}\n")
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\t"])
+def test_a_blank_environment_variable_means_the_default(monkeypatch, blank):
+    from gradwire import config
+
+    for name in ("GRADWIRE_HOME", "GRADWIRE_STATE_DIR", "GRADWIRE_TIMEOUT",
+                 "GRADWIRE_CHECK_CALLS"):
+        monkeypatch.setenv(name, blank)
+    assert config.home() == Path("~/.cache/gradwire").expanduser()
+    assert config.state_dir() == Path("/run/gradwire")
+    assert config.timeout() == 60.0
+    assert config.check_calls() is True
+
+
+@pytest.mark.parametrize("op,why", [("recv", "Timed out waiting 4000ms"),
+                                    ("send", "Connection closed by peer")])
+def test_the_peer_a_rank_lost_is_read_from_its_error(op, why):
+    """PEER_LOST, held against the message PeerError makes, as a traceback shows it."""
+    from gradwire.transport import _peer_error
+
+    e = _peer_error(12, op, 3, 336, why, 4.0).within("the header exchange before "
+                                                      "allreduce/ring:pipeline=4")
+    m = PEER_LOST.search(f"gradwire.errors.PeerError: {e}")
+    assert m and (m[1], m[2]) == ("12", "3"), str(e)
+
+
+RAISES = ("import os, time\nfrom gradwire.errors import PeerError\n"
+          "if os.environ['RANK'] == '1':\n    time.sleep(60)\n"
+          "raise PeerError(int(os.environ['RANK']), 1, 'receive of 8 bytes from', 'timed out')\n")
+
+
+def test_a_rank_that_every_failed_rank_lost_is_named_as_stalled():
+    """Ranks 0 and 2 end in a PeerError's traceback naming rank 1, which still runs: the run
+    ends as soon as they have, naming rank 1."""
+    t0 = time.monotonic()
+    res, lines = _collect(loopback_cluster(3), [sys.executable, "-c", RAISES], timeout=60)
+    assert res.message == "rank 1 stalled (ranks 0, 2 lost it); stopped the other ranks", lines
+    assert res.returncode == 1 and time.monotonic() - t0 < 10

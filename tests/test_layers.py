@@ -10,7 +10,8 @@ import gradwire
 # Lowest first. Modules in one tuple are peers: none may import another.
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
-    ("check", "config", "dtypes", "bandwidth", "sizes", "jsonfile"),
+    ("check",),
+    ("config", "dtypes", "bandwidth", "sizes", "jsonfile", "interrupts"),
     ("data",),
     ("models",),
     ("profiles",),

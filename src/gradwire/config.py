@@ -6,22 +6,32 @@
 | GRADWIRE_STATE_DIR | /run/gradwire | live emulated clusters (one JSON file each) |
 | GRADWIRE_TIMEOUT | 60 | seconds one send or receive may wait before it fails naming the peer |
 | GRADWIRE_CHECK_CALLS | 1 | 0: skip the header exchange that catches mismatched calls |
+
+A variable that is empty or only whitespace counts as unset: its default applies.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from gradwire.errors import GradwireError
 
 
+def _read(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
+    """``name``'s value in ``environ`` (this process's environment by default), or ``default``
+    where it is unset, empty or only whitespace."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    return raw if raw.strip() else default
+
+
 def home() -> Path:
-    return Path(os.environ.get("GRADWIRE_HOME", "~/.cache/gradwire")).expanduser()
+    return Path(_read("GRADWIRE_HOME", "~/.cache/gradwire")).expanduser()
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("GRADWIRE_STATE_DIR", "/run/gradwire"))
+    return Path(_read("GRADWIRE_STATE_DIR", "/run/gradwire"))
 
 
 # α where nothing better is known: a typical per-message latency between hosts over Ethernet
@@ -40,9 +50,10 @@ def valid_timeout(value: object) -> bool:
             and 0 < value <= MAX_TIMEOUT_S)
 
 
-def timeout() -> float:
-    """Seconds one point-to-point operation may take before the peer counts as lost."""
-    raw = os.environ.get("GRADWIRE_TIMEOUT", "60")
+def timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds one point-to-point operation may take before the peer counts as lost
+    (``environ``: the environment to read, e.g. the one a launcher gives its ranks)."""
+    raw = _read("GRADWIRE_TIMEOUT", "60", environ)
     try:
         value = float(raw)
     except ValueError:
@@ -55,9 +66,9 @@ def timeout() -> float:
 
 def check_calls() -> bool:
     """Whether collectives exchange a header first so that mismatched calls fail clearly."""
-    raw = os.environ.get("GRADWIRE_CHECK_CALLS", "")
+    raw = _read("GRADWIRE_CHECK_CALLS", "1")
     word = raw.strip().lower()
-    if word in ("", "1", "true", "yes", "on"):
+    if word in ("1", "true", "yes", "on"):
         return True
     if word in ("0", "false", "no", "off"):
         return False

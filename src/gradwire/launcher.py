@@ -3,23 +3,33 @@
 The contract is torchrun's: every rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT (plus GLOO_SOCKET_IFNAME), so a script that runs here runs unchanged
 under ``torchrun`` on a real cluster. Each emulated host is its own node, so LOCAL_RANK is 0.
+
+What the launcher reads in the ranks' output: ``GW_PROGRESS done total`` lines (for a progress
+bar), and the message of a :class:`~gradwire.errors.PeerError` (``rank R ...: receive of N
+bytes from rank P timed out ...``) anywhere in a line, a traceback's last line or a program's
+own report: when every rank that failed lost one rank that is still running, directly or
+through ranks that lost it in turn, the final line names that rank as stalled.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO
 
+from gradwire import config
 from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError
+from gradwire.interrupts import Interrupted, on_signals
 
 MASTER_PORT = 29500
 # glibc's allocator, for every rank unless GLIBC_TUNABLES is set (an empty value keeps glibc's
@@ -34,6 +44,10 @@ MASTER_PORT = 29500
 MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 PROGRESS = "GW_PROGRESS"  # rank programs print "GW_PROGRESS done total" for a progress bar
 KILL_GRACE_S = 3.0
+# A PeerError's message (made by gradwire.transport): the rank that failed, then the peer it
+# lost. tests/test_launcher.py holds this pattern against the message itself.
+PEER_LOST = re.compile(r"\brank (\d+)\b.*?: (?:send of \d+ bytes to|receive of \d+ bytes from) "
+                       r"rank (\d+) (?:timed out|failed)")
 
 
 @dataclass
@@ -119,10 +133,63 @@ def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
     }
 
 
-def _stream(prefix: str, pipe, sink: Callable[[str], None]) -> None:
-    for line in iter(pipe.readline, ""):
-        sink(f"{prefix}{line.rstrip()}")
-    pipe.close()
+def check_timeout(timeout: float | None) -> None:
+    """Refuse a ``--timeout`` that cannot bound a run (nan, inf, 0, negative) in one line."""
+    if timeout is not None and not config.valid_timeout(timeout):
+        raise GradwireError(f"--timeout must be a positive number of seconds up to "
+                            f"{config.MAX_TIMEOUT_S:g}, got {timeout!r}")
+
+
+def _print_line(line: str) -> None:
+    sys.stdout.write(line + "\n")  # one write: a print() writes the newline apart
+    sys.stdout.flush()
+
+
+class _Output:
+    """The ranks' output, read by one thread a rank and handed to ``sink`` a line at a time.
+
+    Each line goes whole, with its ``[rank i]`` prefix once, under one lock: threads that
+    wrote text and newline apart merged 167 of 80 000 lines of 4 ranks. A last line without
+    a newline is a line too. ``lost`` keeps the peer each rank last reported losing (from a
+    PeerError's message naming this rank).
+    """
+
+    def __init__(self, sink: Callable[[str], None], ranks: int) -> None:
+        self.sink = sink
+        self.width = len(str(ranks - 1))
+        self.lock = threading.Lock()
+        self.lost: dict[int, int] = {}
+        self.threads: dict[int, threading.Thread] = {}
+        self.drained: set[int] = set()
+
+    def follow(self, rank: int, pipe: IO[str]) -> None:
+        t = threading.Thread(target=self._read, args=(rank, pipe), daemon=True)
+        t.start()
+        self.threads[rank] = t
+
+    def _read(self, rank: int, pipe: IO[str]) -> None:
+        prefix = f"[rank {rank:>{self.width}}] "
+        with pipe:
+            for line in pipe:
+                text = line.removesuffix("\n")
+                m = PEER_LOST.search(text)
+                if m and int(m[1]) == rank:
+                    self.lost[rank] = int(m[2])
+                with self.lock:
+                    try:
+                        self.sink(prefix + text)
+                    except BrokenPipeError:  # gradwire's reader went away (`| head`): the
+                        return  # rank's pipe closes too, as if it had written there itself
+
+    def drain(self, rank: int) -> None:
+        """Wait (once, briefly) for the rest of an exited rank's output."""
+        if rank not in self.drained:
+            self.drained.add(rank)
+            self.threads[rank].join(timeout=1)
+
+    def close(self) -> None:
+        for t in self.threads.values():
+            t.join(timeout=2)
 
 
 def launch(
@@ -136,84 +203,147 @@ def launch(
     """Start ``cmd`` once per host, stream output with a ``[rank i]`` prefix, and wait.
 
     If a rank fails, the others are stopped (SIGTERM, then SIGKILL after a grace period) and the
-    result names the first rank that failed and how. ``linger``: seconds the others get first
-    to fail on their own (their errors then name the peer they lost); the fault tests use it
-    to prove that no rank hangs. ``timeout`` bounds the whole run.
+    result names the first rank that failed and how, or the rank that stalled. A rank that
+    exits naming a peer it lost first gives the others up to their own timeout
+    (GRADWIRE_TIMEOUT) to fail in turn, so that the stalled rank can be named. ``linger``:
+    seconds the others get first to fail on their own in any case (their errors then name
+    the peer they lost); the fault tests use it to prove that no rank hangs. ``timeout``
+    bounds the whole run. SIGINT, SIGTERM or SIGHUP stops every rank, then raises
+    :class:`Interrupted`.
     """
     if not cmd:
         raise GradwireError("no command given: expected `gradwire run ... -- CMD ARGS...`")
-    if timeout is not None and timeout <= 0:
-        raise GradwireError(f"--timeout must be a positive number of seconds, got {timeout}")
-    if sink is None:
-        def sink(line: str) -> None:
-            print(line, flush=True)
+    check_timeout(timeout)
+    extra_env = extra_env or {}
+    try:
+        settle = config.timeout({**os.environ, **extra_env})
+    except GradwireError:
+        settle = 0.0  # the ranks fail on it themselves, naming it
     store = (_loopback_store() if cluster.hosts[0].netns is None
              else contextlib.nullcontext((MASTER_PORT, {})))
     with store as (port, store_env):
-        return _start(cluster, cmd, timeout, sink, {**store_env, **(extra_env or {})}, linger,
-                      port)
+        return _start(cluster, cmd, timeout, sink or _print_line, {**store_env, **extra_env},
+                      max(linger, 0.0), settle, port)
 
 
 def _start(cluster: Cluster, cmd: Sequence[str], timeout: float | None,
-           sink: Callable[[str], None], extra_env: dict[str, str], linger: float,
-           port: int) -> RunResult:
+           sink: Callable[[str], None], extra_env: Mapping[str, str], linger: float,
+           settle: float, port: int) -> RunResult:
     procs: list[subprocess.Popen] = []
-    threads: list[threading.Thread] = []
-    width = len(str(len(cluster.hosts) - 1))
-    try:
-        for host in cluster.hosts:
-            env = dict(os.environ)
-            env.update(rank_env(cluster, host.rank, port))
-            env.update(extra_env)
-            argv = list(cmd)
-            if host.netns is not None:
-                argv = ["ip", "netns", "exec", host.netns, *argv]
-            try:
-                p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                     start_new_session=True)
-            except OSError as e:
-                raise GradwireError(f"cannot start {cmd[0]!r} for rank {host.rank}: {e}") from e
-            procs.append(p)
-            t = threading.Thread(target=_stream, args=(f"[rank {host.rank:>{width}}] ",
-                                                        p.stdout, sink), daemon=True)
-            t.start()
-            threads.append(t)
-        return _wait(procs, timeout, linger)
-    finally:
-        _stop(procs)
-        for t in threads:
-            t.join(timeout=2)
+    output = _Output(sink, len(cluster.hosts))
+    received: list[int] = []  # signals to the launcher, acted on between polls
+    stopped, result = 0, None
+    with on_signals(received.append):
+        try:
+            for host in cluster.hosts:
+                if received:
+                    break
+                env = dict(os.environ)
+                env.update(rank_env(cluster, host.rank, port))
+                env.update(extra_env)
+                argv = list(cmd)
+                if host.netns is not None:
+                    argv = ["ip", "netns", "exec", host.netns, *argv]
+                try:
+                    # Bytes that are not UTF-8 are replaced: a reader that failed on them
+                    # would leave its rank blocked on a full pipe.
+                    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, encoding="utf-8",
+                                         errors="replace", start_new_session=True)
+                except OSError as e:
+                    raise GradwireError(f"cannot start {cmd[0]!r} for rank {host.rank}: "
+                                        f"{e}") from e
+                procs.append(p)
+                output.follow(host.rank, p.stdout)  # type: ignore[arg-type]
+            if not received:
+                result = _wait(procs, output, timeout, linger, settle, received)
+        finally:
+            stopped = _stop(procs)
+            output.close()
+    if received:
+        raise Interrupted(received[0], stopped)
+    assert result is not None  # _wait returns None only on a signal
+    return result
 
 
-def _wait(procs: list[subprocess.Popen], timeout: float | None, linger: float) -> RunResult:
+def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
+          linger: float, settle: float, received: list[int]) -> RunResult | None:
+    """Poll the ranks until they all exit 0, one fails, or ``timeout``; None on a signal."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    stop_at, first = 0.0, None  # the first failure seen (a rank killed by a signal before
-    # ranks that exited with an error at the same poll) and when its linger ends
-    while True:
+    # The first failure seen (a rank killed by a signal before ranks that exited with an error
+    # at the same poll), when the others' linger ends, and when their time ends.
+    first, linger_end, stop_at = None, 0.0, 0.0
+    while not received:
+        now = time.monotonic()
         codes = [p.poll() for p in procs]
         exits = [RankExit(i, c) for i, c in enumerate(codes)]
         failed = [e for e in exits if e.returncode not in (None, 0)]
+        for e in failed:
+            output.drain(e.rank)
         if failed and first is None:
             first = min(failed, key=lambda e: (e.returncode or 0) > 0)
-            stop_at = time.monotonic() + linger
-        if first is not None and (None not in codes or time.monotonic() >= stop_at):
-            rc = first.returncode if first.returncode and first.returncode > 0 else 1
-            return RunResult(rc, f"{first.describe()}; stopped the other ranks", exits)
-        if all(c == 0 for c in codes):
+            lost_one = (first.returncode or 0) > 0 and first.rank in output.lost
+            linger_end = now + linger
+            stop_at = now + max(linger, settle if lost_one else 0.0)
+        if first is not None:
+            stalled = _stalled(exits, output.lost)
+            running = [e.rank for e in exits if e.returncode is None]
+            timed_out = deadline is not None and now > deadline
+            only_stalled = stalled and running == stalled[:1] and now >= linger_end
+            if not running or now >= stop_at or timed_out or only_stalled:
+                return _failure(first, stalled, exits)
+        elif all(c == 0 for c in codes):
             return RunResult(0, f"all {len(procs)} ranks exited 0", exits)
-        if deadline is not None and time.monotonic() > deadline:
-            running = [str(e.rank) for e in exits if e.returncode is None]
+        elif deadline is not None and now > deadline:
+            running = [e.rank for e in exits if e.returncode is None]
             return RunResult(124, f"timed out after {timeout:g} s; ranks still running: "
-                             f"{', '.join(running)}", exits)
+                             f"{', '.join(map(str, running))}", exits)
         time.sleep(0.05)
+    return None
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every rank's process group, then SIGKILL what is left after a grace period."""
+def _stalled(exits: list[RankExit], lost: dict[int, int]) -> list[int] | None:
+    """[the stalled rank, the failed ranks that lost it], or None if they do not agree.
+
+    Each failed rank must have named the peer it lost; following who lost whom through ranks
+    that failed in turn (a ring's survivors wait on each other), every chain must end at the
+    same rank, and that rank must still be running.
+    """
+    failed = [e.rank for e in exits if e.returncode not in (None, 0)]
+    ends = set()
+    for rank in failed:
+        chain = [rank]
+        while chain[-1] in failed:
+            peer = lost.get(chain[-1])
+            if peer is None or peer in chain or not 0 <= peer < len(exits):
+                return None
+            chain.append(peer)
+        ends.add(chain[-1])
+    if len(ends) != 1:
+        return None
+    (end,) = ends
+    return [end, *failed] if exits[end].returncode is None else None
+
+
+def _failure(first: RankExit, stalled: list[int] | None, exits: list[RankExit]) -> RunResult:
+    rc = first.returncode if first.returncode and first.returncode > 0 else 1
+    if stalled is None:
+        return RunResult(rc, f"{first.describe()}; stopped the other ranks", exits)
+    end, *losers = stalled
+    who = "rank" if len(losers) == 1 else "ranks"
+    return RunResult(rc, f"rank {end} stalled ({who} {', '.join(map(str, losers))} lost it); "
+                     "stopped the other ranks", exits)
+
+
+def _stop(procs: list[subprocess.Popen]) -> int:
+    """SIGTERM every rank's process group, then SIGKILL what is left after a grace period.
+
+    Returns how many ranks were still running.
+    """
     live = [p for p in procs if p.poll() is None]
     for p in live:
         _signal_group(p, signal.SIGTERM)
+        _signal_group(p, signal.SIGCONT)  # a stopped (stalled) rank acts on it only then
     end = time.monotonic() + KILL_GRACE_S
     while time.monotonic() < end and any(p.poll() is None for p in live):
         time.sleep(0.05)
@@ -224,6 +354,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=5)
         except subprocess.TimeoutExpired:
             print(f"gradwire: pid {p.pid} did not exit after SIGKILL", file=sys.stderr)
+    return len(live)
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:

@@ -15,6 +15,7 @@ import typer
 
 from gradwire.cli import bench, cluster, perf, sim, train
 from gradwire.errors import GradwireError
+from gradwire.interrupts import Interrupted, on_signals
 
 app = typer.Typer(help="gradwire: gradient aggregation on bandwidth-limited networks.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -38,11 +39,27 @@ app.command()(perf.whatif)
 app.command()(perf.advise)
 
 
+def _one_line(message: str) -> str:
+    """``message`` on one line: line breaks that user text brought in are shown escaped."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _interrupt(signum: int) -> None:
+    raise Interrupted(signum)
+
+
 def main() -> None:
     try:
-        rc = app(standalone_mode=False)
+        # SIGINT, SIGTERM and SIGHUP raise Interrupted, which typer lets through (it turns a
+        # KeyboardInterrupt into a silent exit 130), so that cleanup runs and the line below
+        # says so; a launch handles them itself while its ranks run.
+        with on_signals(_interrupt):
+            rc = app(standalone_mode=False)
+    except Interrupted as e:
+        print(f"gradwire: {e}", file=sys.stderr)
+        sys.exit(e.exit_status)
     except GradwireError as e:
-        print(f"gradwire: error: {e}", file=sys.stderr)
+        print(f"gradwire: error: {_one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
         if e.filename is None:
@@ -50,7 +67,7 @@ def main() -> None:
         # a file the checks up front could not foresee (a disk that filled, a folder removed)
         print(f"gradwire: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         sys.exit(2)
-    except (KeyboardInterrupt, typer.Abort):
+    except (KeyboardInterrupt, typer.Abort):  # an interrupt that came another way (a prompt)
         print("gradwire: interrupted; cleaned up", file=sys.stderr)
         sys.exit(130)
     except typer.TyperException as e:

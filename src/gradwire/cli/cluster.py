@@ -22,7 +22,8 @@ from gradwire.cli.options import (
 )
 from gradwire.cluster import Cluster, cluster_down, cluster_up, list_clusters
 from gradwire.cluster.netns import MTU
-from gradwire.launcher import launch
+from gradwire.interrupts import Interrupted
+from gradwire.launcher import check_timeout, launch
 
 
 def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
@@ -84,10 +85,17 @@ def run(
 ) -> None:
     """Run CMD once per host with torchrun's environment; stop all if one fails.
 
+    SIGINT, SIGTERM or SIGHUP stops every rank and removes the cluster before gradwire exits.
+
     Example: gradwire run --hosts 4 --bandwidth 1gbit -- python train.py
     """
-    with cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
-        res = launch(c, cmd, timeout=timeout)
+    check_timeout(timeout)
+    try:
+        with cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
+            res = launch(c, cmd, timeout=timeout)
+    except Interrupted as e:  # the ranks are stopped and the cluster is removed by now
+        print(f"gradwire run: {e}", file=sys.stderr)
+        raise typer.Exit(e.exit_status) from None
     if res.returncode != 0:
         print(f"gradwire run: {res.message}", file=sys.stderr)
         raise typer.Exit(res.returncode)

@@ -59,6 +59,7 @@ from gradwire.cluster.state import (
     save_cluster,
 )
 from gradwire.errors import GradwireError
+from gradwire.interrupts import Interrupted, on_signals
 
 SUBNET_PREFIX = "10.213"  # 10.213.S.0/24, one S per live cluster; reserved for gradwire
 
@@ -270,10 +271,11 @@ def _cleanup_on_failure(cluster: Cluster) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
-    """Turn SIGTERM (and SIGHUP) into KeyboardInterrupt so `finally` blocks run."""
+    """Turn SIGTERM and SIGHUP into :class:`~gradwire.interrupts.Interrupted` (SIGINT is
+    KeyboardInterrupt already) so that `finally` blocks run and the CLI can say which."""
 
     def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise Interrupted(signum)
 
     old = {}
     try:
@@ -288,6 +290,17 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, h)
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (a teardown that a second Ctrl-C
+    would leave half done), then deliver the first one that came."""
+    came: list[int] = []
+    with on_signals(came.append):
+        yield
+    if came:
+        signal.raise_signal(came[0])
+
+
 def _kill_netns_pids(ns: str) -> None:
     p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
     for pid in p.stdout.split():
@@ -296,7 +309,13 @@ def _kill_netns_pids(ns: str) -> None:
 
 
 def _teardown(name: str) -> None:
-    """Remove every namespace, veth and bridge of ``name``, whatever state it is in."""
+    """Remove every namespace, veth and bridge of ``name``, whatever state it is in; a signal
+    that comes meanwhile is delivered once it is done."""
+    with _signals_deferred():
+        _remove(name)
+
+
+def _remove(name: str) -> None:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for line in netns.splitlines():
         ns = line.split()[0] if line.split() else ""
@@ -353,9 +372,11 @@ def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False,
         check_mtu(mtu)
         yield loopback_cluster(hosts)
         return
-    cluster = cluster_up(hosts, bandwidth, owned=True, mtu=mtu)
+    cluster = None
     with _signals_raise():
         try:
+            cluster = cluster_up(hosts, bandwidth, owned=True, mtu=mtu)
             yield cluster
         finally:
-            _teardown(cluster.name)
+            if cluster is not None:
+                _teardown(cluster.name)

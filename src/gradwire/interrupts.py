@@ -1,0 +1,57 @@
+"""SIGINT, SIGTERM and SIGHUP: gradwire stops what it started, cleans up, and says so.
+
+The CLI turns each into :class:`Interrupted` (one line, exit status 128 + the signal's
+number); a launch records them instead while its ranks run, stops every rank (they run in
+sessions of their own, out of reach of a terminal's signals), then raises it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP reached gradwire (during a launch: raised once every rank has
+    been stopped).
+
+    A BaseException, as KeyboardInterrupt is, so that ``finally`` blocks (an emulated
+    cluster's teardown) run and ``except Exception`` lets it pass; not a KeyboardInterrupt,
+    which typer turns into a bare exit 130. The CLI prints it as its one line, once every
+    ``finally`` has run, and exits with :attr:`exit_status`. ``stopped``: ranks that were still
+    running (None: the signal came before any rank was started).
+    """
+
+    def __init__(self, signum: int, stopped: int | None = None) -> None:
+        self.signum, self.stopped = signum, stopped
+        ranks = ("" if stopped is None
+                 else f"stopped {stopped} rank{'' if stopped == 1 else 's'} and ")
+        super().__init__(f"interrupted by {signal.Signals(signum).name}; {ranks}cleaned up")
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, as a shell reports a process the signal ended."""
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def on_signals(handler: Callable[[int], None]) -> Iterator[None]:
+    """Call ``handler(signum)`` on SIGINT, SIGTERM and SIGHUP within the block, then restore.
+
+    A signal set to be ignored stays ignored (``nohup``'s SIGHUP, SIGINT in a background job
+    of a script); outside the main thread, where Python takes no handlers, nothing changes.
+    """
+    old: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                old[sig] = signal.signal(sig, lambda signum, _frame: handler(signum))
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, signal.SIG_DFL if h is None else h)  # None: set outside Python
