@@ -5,6 +5,8 @@ feature's tests (test_train: checkpoints; test_cluster: cluster_up)."""
 import datetime
 import json
 import math
+import os
+import stat
 
 import pytest
 import torch
@@ -90,6 +92,43 @@ CLI = [
     (["bench", "--warmup", "-1"], "Invalid value for '--warmup'"),
     (["bench", "--bandwidth", "1gbps"], "bandwidth '1gbps' is not valid"),
     (["calibrate", "--hosts", "1"], "calibrate needs --hosts >= 2"),
+    # checked before any rank starts (each rank printed a traceback without naming the value)
+    (["bench", "--algo", "ring:pipeline=abc"],
+     "algorithm 'ring:pipeline=abc': allreduce ring: parameter pipeline='abc': expected an "
+     "integer"),
+    (["bench", "--algo", "ring:pipeline=-1"], "'ring:pipeline=-1': pipeline must be an int >= 1"),
+    (["bench", "--param", "pipeline=-1"],
+     "algorithm 'ring' with --param pipeline=-1: pipeline must be an int >= 1"),
+    (["bench", "--algo", "lp", "--param", "alpha=nan"], "parameter alpha='nan': expected a finite"),
+    (["bench", "--algo", "ps:servers=9"], "servers must be an int in 1..4"),
+    (["bench", "--sizes", "1024G"], "--sizes: 1024G is too large for 4 ranks on this machine"),
+    (["bench", "--sizes", "0"], "size '0' is out of range: expected 1 or more"),
+    (["bench", "--sizes", "1K,0"], "size '0' is out of range"),
+    (["bench", "--sizes", "2"], "--sizes: 2 bytes hold no float32 element"),
+    (["bench", "--timeout", "nan"], "--timeout must be a positive number"),
+    (["bench", "--hosts", "1000"], "--hosts must be between 1 and 250, got 1000"),
+    (["calibrate", "--codec-numel", "99999999999"], "--codec-numel must be from 0 to 134217728"),
+    (["calibrate", "--mtu", "1"], "--mtu must be an integer number of bytes"),
+    # ASCII digits only: int() and float() take other scripts' digits
+    (["bench", "--bandwidth", "١gbit"], "bandwidth '١gbit' is not valid"),
+    (["cluster", "up", "--bandwidth", "١gbit"], "bandwidth '١gbit' is not valid"),
+    (["bench", "--sizes", "١K"], "size '١K' is not valid"),
+    (["bench", "--sizes", "1K:8K:٢"], "size range '1K:8K:٢' is not valid"),
+    (["bench", "--algo", "ring:pipeline=٤"], "parameter pipeline='٤': expected an integer"),
+    (["whatif", "--compute-speedup", "١"], "--compute-speedup '١': '١' is not a number"),
+    (["advise", "--compute-ms", "1,٢"], "--compute-ms '1,٢': '٢' is not a number"),
+    # the model's terms: NaN passed every comparison and came out as NaN times
+    (["advise", "--compute-speedup", "inf"], "--compute-speedup must be a finite number > 0"),
+    (["advise", "--overlap-slowdown", "nan"], "--overlap-slowdown must be a finite number, got"),
+    (["whatif", "--alpha-us", "inf"], "--alpha-us must be a finite number, got inf"),
+    (["whatif", "--gamma-ns", "nan"], "--gamma-ns must be a finite number, got nan"),
+    (["whatif", "--bucket-mb", "nan"], "--bucket-mb must be a finite number, got nan"),
+    (["whatif", "--compute-speedup", "1_0"], "'1_0' is not a number"),
+    # the bounds of options several commands share (torch failed with a traceback)
+    (["train", "--seed", "99999999999999999999"], "--seed must be from 0 to 4294967295"),
+    (["profile", "--model", "mlp", "--batch-size", "99999999999999"],
+     "--batch-size must be from 1 to 65536"),
+    (["profile", "--model", "lstm", "--seq-len", "1000000000"], "--seq-len must be from 1 to"),
     # output paths, refused before any work
     (["train", "--json", "/nonexistent-gw/x.json"], "folder '/nonexistent-gw' does not exist"),
     (["train", "--checkpoint", "/"], "--checkpoint '/' is a directory"),
@@ -101,9 +140,40 @@ CLI = [
     (["trace", "--model", "mlp", "-o", "/nonexistent-gw/t.jsonl"], "--out '/nonexistent-gw"),
     (["simulate", "--trace", "t.jsonl", "--timeline", "/nonexistent-gw/t.json"], "--timeline"),
     (["simulate", "--trace", "t.jsonl", "--plot", "p.png"], "--plot draws a --sweep"),
-    # a write the check cannot foresee (root may write into /proc, the kernel refuses)
+    # root may write into /proc as far as os.access says, until the kernel refuses the write;
+    # a device such as /dev/full takes nothing, which only a write would show
     (["whatif", "--workers", "4", "--agg", "dense", "--json", "/proc/gw-x.json"],
-     "/proc/gw-x.json"),
+     "--json '/proc/gw-x.json' is in /proc, a kernel file system"),
+    (["whatif", "--json", "/proc/version"], "--json '/proc/version' is in /proc"),
+    (["advise", "--json", "/dev/full"], "--json '/dev/full' is not a regular file"),
+    (["bench", "--json", "/dev/full"], "--json '/dev/full' is not a regular file"),
+    (["trace", "--model", "mlp", "-o", "/dev/full"], "--out '/dev/full' is not a regular file"),
+    (["train", "--checkpoint", "/sys/gw.pt"], "--checkpoint '/sys/gw.pt' is in /sys"),
+    # input files that are not regular files (/dev/zero was read until memory ran out)
+    (["simulate", "--trace", "/dev/zero"], "cannot read trace /dev/zero: not a regular file"),
+    (["whatif", "--calibration", "/dev/zero"], "--calibration /dev/zero: not a regular file"),
+    (["advise", "--model", "/dev/zero"], "'/dev/zero'"),
+    # gradwire trace: refused before anything is recorded (10**8 layers ran out of memory)
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--add-layers", "100000000"],
+     "--add-layers must be from 0 to 100000"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--compute-speedup", "inf"],
+     "--compute-speedup must be a number from 1e-06 to 1e+06, got inf"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--compute-speedup", "nan"],
+     "--compute-speedup must be a number from 1e-06 to 1e+06, got nan"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--compute-speedup", "0"],
+     "--compute-speedup must be a number"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--compute-speedup", "-2"],
+     "--compute-speedup must be a number"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--layer-forward-ms", "inf"],
+     "--layer-forward-ms must be a number from 0 to 1e+09, got inf"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--layer-bytes", "2000000000000000"],
+     "--layer-bytes must be from 1 to 2**50"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--resize", "fc.weight=١"],
+     "--resize 'fc.weight=١': expected NAME=BYTES"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--iterations", "1000000"],
+     "--iterations must be from 1 to 1000"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--seed", "-1"], "--seed must be from 0 to"),
+    (["trace", "--model", "mlp", "-o", "t.jsonl", "--batch-size", "0"], "--batch-size must be"),
     # gradwire profile
     (["profile", "--model", "mlp", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["profile", "--model", "mlp", "--batch-size", "-1"], "--batch-size must be >= 1, got -1"),
@@ -270,6 +340,8 @@ def test_environment_overrides_are_checked(monkeypatch, one_rank):
 @pytest.mark.parametrize("axis,text,msg", [
     ("workers", "abc", "expected whole numbers >= 1"), ("workers", "2.5", "whole numbers >= 1"),
     ("workers", "0", "whole numbers >= 1"), ("layers", "-1", "whole numbers >= 0"),
+    ("workers", "٨", "whole numbers >= 1"), ("workers", "4097", "(up to 4096)"),
+    ("layers", "100001", "(up to 100000)"), ("speedup", "inf", "numbers > 0"),
     ("speedup", "0", "numbers > 0"), ("speedup", "nan", "numbers > 0"),
     ("bandwidth", "none", "cannot be simulated"), ("bandwidth", "fast", "is not valid")])
 def test_bad_sweep_values_are_one_line(axis, text, msg):
@@ -298,6 +370,11 @@ def test_binary_or_deeply_nested_files_are_one_line(tmp_path):
 def test_output_paths_are_checked_before_the_work(tmp_path):
     from gradwire.jsonfile import check_writable
 
+    for path, msg in (("/dev/full", "is not a regular file"), ("/dev/null", "not a regular"),
+                      ("/proc/version", "is in /proc"), ("/proc/self/gw.json", "is in /proc"),
+                      ("/sys/kernel/gw.json", "is in /sys")):
+        with pytest.raises(GradwireError, match=msg):
+            check_writable(path, "--json")
     (tmp_path / "file").write_text("x")
     assert check_writable(None, "--json") is None
     assert check_writable(tmp_path / "new.json", "--json") == tmp_path / "new.json"
@@ -309,3 +386,114 @@ def test_output_paths_are_checked_before_the_work(tmp_path):
     with pytest.raises(GradwireError, match="does not exist"):
         check_writable(tmp_path / "no" / "x.json", "--plot")
     assert not (tmp_path / "new.json").exists()  # checking writes nothing
+
+
+def test_a_write_that_fails_late_saves_the_result_elsewhere(monkeypatch, tmp_path, capsys):
+    """The check before the work cannot see a disk fill up: the result then goes to a new file
+    (here in the current folder) and one line names both."""
+    from gradwire.cli.options import write_json
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GradwireError) as e:
+        write_json(__import__("pathlib").Path("/dev/full"), {"rows": [1, 2]})
+    msg = str(e.value)
+    assert msg.startswith("could not write /dev/full (No space left on device); result saved to ")
+    saved = msg.rsplit(" ", 1)[1]
+    assert saved.startswith(str(tmp_path / "gradwire-full-")) and "\n" not in msg
+    assert json.loads(open(saved).read()) == {"rows": [1, 2]}
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # the device is left as it was
+
+
+def test_simulate_says_where_its_result_went_when_its_folder_went(monkeypatch, capsys,
+                                                                   tmp_path):
+    """A folder removed during a run: exit 2, one line, and the result in a file it names."""
+    from gradwire.sim import simulate
+    from gradwire.sim.trace import save, synthetic
+
+    trace = save(synthetic("tiny", [1000, 2000], 0.01, 0.02), tmp_path / "t.jsonl")
+    out = tmp_path / "gone" / "r.json"
+    out.parent.mkdir()
+
+    def run(sim, console):
+        out.parent.rmdir()  # after the check of --json, before the write
+        return {"results": ["done"]}
+
+    monkeypatch.setattr(simulate, "run_simulation", run)
+    monkeypatch.chdir(tmp_path)
+    code, err = cli_error(monkeypatch, capsys, "simulate", "--trace", str(trace), "--json",
+                          str(out))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"could not write {out} (No such file or directory); result saved to " in err, err
+    saved = err.strip().rsplit(" ", 1)[1]
+    assert json.loads(open(saved).read())["results"] == ["done"]
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("bytes", 10**30, "field 'bytes': expected an integer from 1 to 1125899906842624 (2**50), "
+                      "got 1000000000000000000000000000000"),
+    ("bytes", 2**50 + 1, "field 'bytes': expected an integer from 1 to"),
+    ("bytes", 2**49, "field 'bytes': the parameters come to 1125899906843624 bytes, more than "
+                     "the 2**50 a trace may hold"),
+    ("forward_s", 1e300, "field 'forward_s': expected seconds from 0 to 1e+06, got 1e+300"),
+    ("backward", [float("inf"), 0.0], "field 'backward[0]': expected seconds from 0 to 1e+06"),
+])
+def test_trace_fields_out_of_range_are_one_line(monkeypatch, capsys, tmp_path, field, value,
+                                                msg):
+    """A trace's numbers within the simulator's range (10**30 bytes was an OverflowError)."""
+    from gradwire.sim.trace import dumps, synthetic
+
+    lines = dumps(synthetic("tiny", [1000, 2000], 0.01, 0.02)).splitlines()
+    row = 2 if field == "bytes" else 3  # the second parameter; the iteration
+    rec = json.loads(lines[row])
+    if value == 2**49:  # two parameters of 2**49 bytes and the first's 1000 go over 2**50
+        lines[1] = lines[1].replace('"bytes": 1000', f'"bytes": {2**49 + 1000}')
+    rec[field] = value
+    lines[row] = json.dumps(rec)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    code, err = cli_error(monkeypatch, capsys, "simulate", "--trace", str(path), "--workers", "2")
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_sizes_must_fit_the_machine(monkeypatch):
+    """3 × ranks × size against the memory the ranks would share (64G at 4 ranks is 768 GiB)."""
+    from gradwire.bench import spec
+
+    monkeypatch.setattr(spec, "available_memory", lambda device: (16 * 2**30, "available"))
+    with pytest.raises(GradwireError, match=r"--sizes: 64G is too large for 4 ranks on this "
+                       r"machine: they would hold about 768 GiB, and it has 16 GiB of "
+                       r"available memory: expected sizes up to 1365M"):
+        spec.check_sizes([2**10, 64 * 2**30], "float32", 4, "cpu")
+    spec.check_sizes([4, 2**30], "float32", 4, "cpu")
+    with pytest.raises(GradwireError, match="4 bytes hold no float64 element"):
+        spec.check_sizes([4], "float64", 4, "cpu")
+
+
+def test_typed_numbers_are_ascii():
+    """Python's int() and float() take other scripts' digits, underscores, nan and inf."""
+    from gradwire.check import parse_int, parse_number
+    from gradwire.sizes import parse_sizes
+
+    assert registry.parse_params(["a=4", "b=1e-5", "c=١", "d=nan", "e=1_0", "f=inf"]) == {
+        "a": 4, "b": 1e-5, "c": "١", "d": "nan", "e": "1_0", "f": "inf"}
+    assert [parse_int(t) for t in ("12", "-3", "١٢", "1_2", "0x1", "")] == [12, -3] + [None] * 4
+    assert [parse_number(t) for t in ("2.5", ".5", "1e3", "٢", "nan", "inf", "1,5")] == [
+        2.5, 0.5, 1000.0, None, None, None, None]
+    for bad in ("١gbit", "1\u212abit", "１gbit"):  # Arabic-Indic one, Kelvin sign, fullwidth one
+        with pytest.raises(GradwireError, match="is not valid"):
+            parse_bandwidth(bad)
+    for bad in ("١K", "1\u212a", "1K:8K:٢"):
+        with pytest.raises(GradwireError, match="is not valid"):
+            parse_sizes(bad)
+
+
+def test_an_error_that_holds_a_line_break_is_still_one_line(monkeypatch, capsys):
+    import sys
+
+    from gradwire import cli
+
+    monkeypatch.setattr(sys, "argv", ["gradwire", "simulate", "--trace", "no\nsuch.jsonl"])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err

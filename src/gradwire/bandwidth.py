@@ -7,7 +7,9 @@ import re
 from gradwire.errors import GradwireError
 
 _UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
+# ASCII only: \d and str.lower() would also take other scripts' digits ("١gbit") and the
+# Kelvin sign ("1\u212abit"), which tc and every reader of a result file would not.
+_PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)", re.ASCII)
 ALLOWED = "a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit), or none"
 
 
@@ -20,7 +22,7 @@ def parse_bandwidth(text: str) -> float | None:
     s = text.strip().lower()
     if s in ("none", "unlimited"):
         return None
-    m = _PATTERN.match(s)
+    m = _PATTERN.fullmatch(s) if text.isascii() else None
     if not m:
         raise GradwireError(f"bandwidth {text!r} is not valid: expected {ALLOWED}")
     bps = float(m.group(1)) * _UNITS[m.group(2)]

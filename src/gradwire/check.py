@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 from gradwire.errors import GradwireError
+
+# Numbers as a person types them: ASCII digits only. Python's int() and float() also take other
+# scripts' digits ("١"), underscores ("1_0"), "nan" and "inf"; none of those is a value a
+# gradwire option means, so every parser of typed numbers goes through these two.
+_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def is_int(value: object, low: float = -math.inf, high: float = math.inf) -> bool:
@@ -47,3 +54,18 @@ def check_real(what: str, value: object, low: float = 0.0, *, above: bool = Fals
         rng = bound if high == math.inf else f"{bound} and <= {high:g}"
         raise GradwireError(f"{what} must be a finite number {rng}, got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def parse_int(text: str) -> int | None:
+    """``text`` as an integer if it is one written in ASCII digits (an optional sign, no
+    spaces inside, at most 4000 digits: int() refuses longer ones); None otherwise."""
+    t = text.strip(" \t")
+    return int(t) if len(t) <= 4000 and _INT.fullmatch(t) else None
+
+
+def parse_number(text: str) -> float | None:
+    """``text`` as a float if it is a decimal number written in ASCII (``2``, ``-0.5``,
+    ``1e-3``); None otherwise, "nan" and "inf" included. A number too large for a float comes
+    back as inf, for the caller's range check to refuse."""
+    t = text.strip(" \t")
+    return float(t) if _FLOAT.fullmatch(t) else None

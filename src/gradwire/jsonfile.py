@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from gradwire.errors import GradwireError
 
 
+def shown(text: str) -> str:
+    """``text`` for a one-line message: as it is, but with control characters (a newline,
+    a carriage return in a file name) written as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def parse_object(text: str, where: str) -> dict:
     """The JSON object in ``text``; ``where`` names it in the error (a file, a built-in)."""
+    where = shown(where)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -27,8 +37,13 @@ def parse_object(text: str, where: str) -> dict:
 
 
 def read_text(path: str | Path, where: str) -> str:
-    """The text of the file at ``path``; a file that cannot be read is a one-line error."""
+    """The text of the file at ``path``; a file that cannot be read is a one-line error, and
+    so is a path that is not a regular file (a device such as /dev/zero would be read for
+    ever, a pipe would wait for a writer)."""
+    where = shown(where)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise GradwireError(f"{where}: not a regular file")
         return Path(path).read_text()
     except OSError as e:
         raise GradwireError(f"{where}: {e.strerror or e}") from None
@@ -41,25 +56,54 @@ def read_object(path: str | Path, where: str) -> dict:
     return parse_object(read_text(path, where), where)
 
 
+# Kernel file systems: their files take only what the kernel expects, and root may appear to
+# be allowed to write them (os.access says yes to root) until the write itself fails.
+KERNEL_FS = (Path("/proc"), Path("/sys"))
+
+
 def check_writable(path: str | Path | None, option: str) -> Path | None:
     """``path`` as a Path once it is clear that a file can be written there (None stays None):
     commands check their output options before the work, so that an hour of training is not
-    lost to a typo in ``--json``. Refused with a one-line error: a directory, a parent folder
-    that does not exist or is not a folder, one this process may not write into, or a file it
-    may not overwrite."""
+    lost to a typo in ``--json``. Refused with a one-line error: a directory; a parent folder
+    that does not exist or is not a folder, or that this process may not write into; a path
+    in /proc or /sys; an existing file that is not a regular file (a device such as
+    /dev/full, a pipe, a socket: whether a device takes the result shows only when it is
+    written, so none is taken) or that cannot be opened for writing. A write can still fail
+    later (a disk that fills during the run): the commands' writer then saves the result
+    elsewhere and says where (:func:`gradwire.cli.options.write_text`)."""
     if path is None:
         return None
     p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
     where = f"{option} {str(p)!r}"
+    try:
+        return _check_writable(p, where)
+    except OSError as e:  # a name too long, a loop of links: the checks' own calls failed
+        raise GradwireError(f"{where}: {e.strerror or e}") from None
+
+
+def _check_writable(p: Path, where: str) -> Path:
+    parent = p.parent if str(p.parent) else Path(".")
+    real = Path(os.path.realpath(p))
+    kernel = next((k for k in KERNEL_FS if real == k or k in real.parents), None)
+    if kernel is not None:
+        raise GradwireError(f"{where} is in {kernel}, a kernel file system: give a file "
+                            "elsewhere")
     if p.is_dir():
         raise GradwireError(f"{where} is a directory: give a file name")
     if not parent.exists():
         raise GradwireError(f"{where}: folder {str(parent)!r} does not exist (create it first)")
     if not parent.is_dir():
         raise GradwireError(f"{where}: {str(parent)!r} is not a folder")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise GradwireError(f"{where}: the file exists and may not be written")
-    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
+    if p.exists():
+        if not p.is_file():
+            raise GradwireError(f"{where} is not a regular file (a device, a pipe or a "
+                                "socket): give a file name")
+        try:
+            with open(p, "a"):  # appends nothing: the file is left as it was
+                pass
+        except OSError as e:
+            raise GradwireError(f"{where}: the file exists and may not be written "
+                                f"({e.strerror or e})") from None
+    elif not os.access(parent, os.W_OK | os.X_OK):
         raise GradwireError(f"{where}: folder {str(parent)!r} may not be written")
     return p

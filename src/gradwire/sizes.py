@@ -1,22 +1,27 @@
 """Message sizes as nccl-tests users write them: ``1K:64M`` (doubling), ``1K:64M:4`` (×4),
-or a comma list ``4M,64M``; suffixes K, M, G are powers of 1024."""
+or a comma list ``4M,64M``; suffixes K, M, G are powers of 1024. Digits are ASCII, and a size
+is at least 1 byte (what fits in memory is the caller's to check: ``gradwire bench`` does)."""
 
 from __future__ import annotations
 
 import re
 
+from gradwire.check import parse_int
 from gradwire.errors import GradwireError
 
-_SIZE = re.compile(r"^(\d+)([KMG]?)B?$", re.I)
+_SIZE = re.compile(r"([0-9]+)([KMG]?)B?", re.I | re.ASCII)
 _MULT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 FORMS = "a size like 4096, 1K, 64M, a range 1K:64M or 1K:64M:4, or a comma list of them"
 
 
 def parse_size(text: str) -> int:
-    m = _SIZE.match(text.strip())
+    m = _SIZE.fullmatch(text.strip(" \t")) if len(text) < 100 else None
     if not m:
         raise GradwireError(f"size {text!r} is not valid: expected {FORMS}")
-    return int(m.group(1)) * _MULT[m.group(2).upper()]
+    n = int(m.group(1)) * _MULT[m.group(2).upper()]
+    if n < 1:
+        raise GradwireError(f"size {text!r} is out of range: expected 1 or more")
+    return n
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -30,8 +35,8 @@ def parse_sizes(text: str) -> list[int]:
         if len(fields) > 3:
             raise GradwireError(f"size range {part!r} is not valid: expected {FORMS}")
         lo, hi = parse_size(fields[0]), parse_size(fields[1])
-        factor = int(fields[2]) if len(fields) == 3 and fields[2].isdigit() else 2
-        if len(fields) == 3 and not fields[2].isdigit() or factor < 2 or lo < 1 or hi < lo:
+        factor = parse_int(fields[2]) if len(fields) == 3 else 2
+        if factor is None or factor < 2 or hi < lo:
             raise GradwireError(f"size range {part!r} is not valid: expected LOW:HIGH[:FACTOR] "
                                 "with 1 <= LOW <= HIGH and FACTOR >= 2")
         s = lo

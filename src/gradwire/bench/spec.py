@@ -7,16 +7,23 @@ are read as int, then float, else kept as strings.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 from gradwire.schedules.registry import parse_params
+from gradwire.sizes import format_size
 
 BUILTIN = "builtin"
 REDUCING = ("allreduce", "reduce", "reducescatter")  # the collectives --op applies to
 OPS = ("sum", "avg")
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # --dtype: what gradwire.bench.rank runs
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+# Bytes the ranks of one run hold per byte of --sizes, all of them on this machine: each rank
+# its buffer and the expected result (2 × size), and the master algorithm's rank 0 the P − 1
+# buffers it receives at once, so about 3 × P × size in all.
+BUFFERS_PER_RANK = 3
 
 
 def check_op(collective: str, op: str) -> None:
@@ -101,3 +108,57 @@ def check_device(device: str) -> None:
     if device == "cuda" and not (torch.cuda.is_available() and dist.is_nccl_available()):
         raise GradwireError("--device cuda needs a CUDA device and a torch built with NCCL, "
                             "and this machine has none: use --device cpu")
+
+
+def check_schedules(collective: str, specs: list[AlgoSpec], params: dict, p: int, count: int,
+                    itemsize: int) -> None:
+    """Build every algorithm's schedule for ``p`` ranks and ``count`` elements with the
+    parameters the ranks will give it (the ``--param`` values it takes, then its own), so
+    that a value it refuses (``ring:pipeline=abc``, ``--param pipeline=-1``) is one line
+    before any rank starts, instead of a traceback on every rank."""
+    for s in specs:
+        if s.name == BUILTIN:
+            continue
+        known = registry.parameters(registry.get(collective, s.name))
+        shared = {k: v for k, v in params.items() if k in known and k not in s.params}
+        try:
+            registry.table(collective, s.name, p, count, cached=False, itemsize=itemsize,
+                           **shared, **s.params)
+        except GradwireError as e:
+            given = "".join(f" with --param {k}={v}" for k, v in shared.items())
+            raise GradwireError(f"algorithm {s.label!r}{given}: {e}") from None
+
+
+def available_memory(device: str) -> tuple[int, str]:
+    """Bytes the ranks' buffers may take, and what they are: this machine's available memory
+    (Linux's MemAvailable), or with ``device`` cuda the memory of GPU 0, which the emulated
+    hosts share."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory, "GPU 0's"
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return kib * 1024, "available"
+    except (OSError, StopIteration, ValueError, IndexError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free"
+
+
+def check_sizes(sizes: list[int], dtype: str, p: int, device: str) -> None:
+    """``--sizes`` (ascending): the smallest holds an element of ``dtype``, and ``p`` ranks'
+    buffers for the largest (:data:`BUFFERS_PER_RANK` × P × size) fit in
+    :func:`available_memory` — checked here, because a rank that runs out of memory dies
+    with a traceback, and the others with it."""
+    item = ITEMSIZE[dtype]
+    if sizes[0] < item:
+        raise GradwireError(f"--sizes: {sizes[0]} bytes hold no {dtype} element: expected "
+                            f"sizes of at least {item} bytes")
+    have, what = available_memory(device)
+    most = have // (BUFFERS_PER_RANK * p)
+    if sizes[-1] > most:
+        raise GradwireError(
+            f"--sizes: {format_size(sizes[-1])} is too large for {p} ranks on this machine: "
+            f"they would hold about {BUFFERS_PER_RANK * p * sizes[-1] / 2**30:.3g} GiB, and "
+            f"it has {have / 2**30:.3g} GiB of {what} memory: expected sizes up to "
+            f"{most / 2**20:.0f}M")

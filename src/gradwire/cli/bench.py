@@ -17,13 +17,17 @@ from gradwire.cli.options import (
     Loopback,
     Mtu,
     check_outputs,
+    check_range,
     cluster_for,
     command_line,
     console,
+    world_size,
     write_json,
 )
 from gradwire.cluster.netns import MTU
+from gradwire.cluster.state import check_mtu
 from gradwire.errors import GradwireError
+from gradwire.launcher import check_timeout
 
 
 def bench(
@@ -34,7 +38,9 @@ def bench(
                                              "(e.g. ring:pipeline=4); default: every algorithm "
                                              "of the collective")] = None,
     sizes: Annotated[str, typer.Option(help="bytes: 1K:64M (doubling), 1K:64M:4, or a comma "
-                                       "list")] = "1K:64M",
+                                       "list; from one element of --dtype up to what the "
+                                       "ranks' buffers (about 3 x hosts x size) leave of "
+                                       "this machine's memory")] = "1K:64M",
     hosts: Hosts = 4,
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
@@ -71,16 +77,20 @@ def bench(
     from gradwire.bench.report import wrong_rows
     from gradwire.bench.run import run_bench
     from gradwire.bench.spec import (
+        ITEMSIZE,
         check_device,
         check_dtype,
         check_op,
+        check_schedules,
         check_shared,
+        check_sizes,
         parse_params,
         parse_specs,
     )
     from gradwire.sizes import parse_sizes
 
     check_outputs(("--json", json_out))
+    check_timeout(timeout)
     specs = parse_specs(collective, algo)
     check_op(collective, op)
     check_dtype(dtype)
@@ -89,6 +99,13 @@ def bench(
     params = parse_params(param or [])
     check_shared(collective, specs, params)
     parse_bandwidth(bandwidth)
+    # what the ranks would find wrong, found here: one line instead of a traceback per rank
+    p = world_size(hosts, cluster)
+    check_sizes(size_list, dtype, p, device)
+    count = size_list[0] // ITEMSIZE[dtype]
+    if collective in ("allgather", "reducescatter"):
+        count -= count % p
+    check_schedules(collective, specs, params, p, count, ITEMSIZE[dtype])
     with cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
                            builtin, timeout, console, interleave, op, device, batch)
@@ -107,8 +124,8 @@ def calibrate(
     cluster: ClusterName = None,
     timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 600,
     codec_numel: Annotated[int, typer.Option(min=0, help="also time every compressor's encode "
-                                             "and decode on this many elements (0: skip)")] =
-    2_000_000,
+                                             "and decode on this many elements (0: skip; at "
+                                             "most 2**27)")] = 2_000_000,
     mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
@@ -119,9 +136,15 @@ def calibrate(
     from gradwire.bench import calibrate as cal
     from gradwire.perf.whatif import CpuSetting
 
+    check_timeout(timeout)
     parse_bandwidth(bandwidth)
+    check_mtu(mtu)
+    # 2**27 elements is 512 MiB in fp32, each compressor's copies on top: more is a typo that
+    # would run out of memory after the whole cluster part has run
+    check_range("--codec-numel", codec_numel, 0, 2**27)
     if cluster is None and hosts < 2:
         raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
+    world_size(hosts, cluster)
     d = cal.calibrate(lambda: cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu),
                       codec_numel, timeout, console)
     t = Table("α (us)", f"α per step, {d['hosts']} ranks (us)", "β (ns/byte)", "link (Gbit/s)",

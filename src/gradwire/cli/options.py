@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -14,8 +16,10 @@ import typer
 from rich.console import Console
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
+from gradwire.check import is_int
 from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_available
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
+from gradwire.cluster.state import MAX_HOSTS
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
 
@@ -38,8 +42,18 @@ ClusterName = Annotated[str | None, typer.Option(
 Model = Annotated[str, typer.Option(help="a model from `gradwire models`")]
 Density = Annotated[float, typer.Option(help="fraction of gradient elements a sparsifier sends")]
 Epochs = Annotated[int, typer.Option(help="epochs (>= 1)")]
-BatchSize = Annotated[int, typer.Option(help="samples per rank per iteration")]
-Seed = Annotated[int, typer.Option(help="model initialisation and data order")]
+# Bounds of two options many commands share. A seed goes to torch and numpy generators, and the
+# data order seeds torch with seed × 1,000,003 + epoch, which must stay below 2**63. A batch of
+# more than 65,536 samples per rank is a typo: the project's models would not fit a machine's
+# memory with it, and torch fails with a traceback instead of a line.
+# --seq-len: text models read windows of a 512 KiB corpus, whose 10 % test split holds few
+# windows longer than 4096 symbols (none past ~52 K, and profiling then divided by zero).
+MAX_SEED = 2**32 - 1
+MAX_BATCH = 65536
+MAX_SEQ_LEN = 4096
+BatchSize = Annotated[int, typer.Option(help="samples per rank per iteration (1 to 65536)")]
+Seed = Annotated[int, typer.Option(help="model initialisation and data order (0 to "
+                                   "2**32 - 1)")]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="write the result JSON here")]
 
 
@@ -72,6 +86,31 @@ def cluster_for(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None
     return ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu)
 
 
+def world_size(hosts: int, name: str | None) -> int:
+    """The ranks a command will run, known before any cluster is made: the live cluster
+    ``name``'s hosts, or ``hosts`` once it is in range."""
+    if name is not None:
+        return len(load_cluster(name).hosts)
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
+    return hosts
+
+
+def check_range(option: str, value: int, low: int, high: int) -> int:
+    """An integer option within [low, high] (typer's own min= and max= say less: not the
+    value given)."""
+    if not is_int(value, low, high):
+        raise GradwireError(f"{option} must be from {low} to {high}, got {value}")
+    return value
+
+
+def check_seed_and_batch(seed: int, batch_size: int | None) -> None:
+    """``--seed`` and ``--batch-size`` (None: not given) within their bounds."""
+    check_range("--seed", seed, 0, MAX_SEED)
+    if batch_size is not None:
+        check_range("--batch-size", batch_size, 1, MAX_BATCH)
+
+
 def check_outputs(*options: tuple[str, Path | None]) -> None:
     """Refuse, before any work, output paths that cannot be written (one line each)."""
     for option, path in options:
@@ -84,6 +123,49 @@ def command_line() -> str:
 
 
 def write_json(path: Path, doc: object) -> None:
-    """Write ``doc`` to ``path`` (indented, one newline at the end) and say so."""
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    """Write ``doc`` to ``path`` (indented, one newline at the end) and say so; as
+    :func:`write_text` when it cannot."""
+    write_text(path, json.dumps(doc, indent=1) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a command's result to ``path`` and say so. The path was checked before the work
+    (:func:`check_outputs`), but a disk can fill and a folder go during a long run: then the
+    result goes to a new file (:func:`save_elsewhere`) and the command fails with one line,
+    "could not write PATH (why); result saved to OTHER". A half-written file is removed."""
+    opened = False
+    try:
+        with open(path, "w") as f:
+            opened = True
+            f.write(text)
+    except OSError as e:
+        # A file truncated or half-written would pass for the result: remove it. Only a
+        # regular file, never what else the path may name (a device node such as /dev/full).
+        if opened and path.is_file() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise GradwireError(f"could not write {path} ({e.strerror or e}); "
+                            f"{save_elsewhere(path, text)}") from None
     console.print(f"wrote {path}")
+
+
+def save_elsewhere(path: Path, text: str) -> str:
+    """Save ``text``, which could not go to ``path``, as a new file named after it in the
+    current folder or else the temporary one; say where. Where neither takes it, print it on
+    stdout (the run's result is never only lost)."""
+    for folder in (Path.cwd(), Path(tempfile.gettempdir())):
+        try:
+            fd, name = tempfile.mkstemp(prefix=f"gradwire-{path.stem}-", suffix=path.suffix,
+                                        dir=folder)
+        except OSError:
+            continue
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            return f"result saved to {name}"
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return "nowhere else to save it either: the result is printed above, on stdout"

@@ -3,13 +3,24 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gradwire.cli.options import BatchSize, check_outputs, command_line, console, write_json
+from gradwire.check import check_real
+from gradwire.cli.options import (
+    MAX_BATCH,
+    MAX_SEQ_LEN,
+    BatchSize,
+    check_outputs,
+    check_range,
+    command_line,
+    console,
+    write_json,
+    write_text,
+)
 from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
 
@@ -47,7 +58,8 @@ def profile(
     batch_size: BatchSize = 32,
     iters: Annotated[int, typer.Option(min=1, help="timed iterations")] = 10,
     warmup: Annotated[int, typer.Option(min=0, help="untimed iterations first")] = 3,
-    seq_len: Annotated[int, typer.Option(min=1, help="text models: symbols per sample")] = 64,
+    seq_len: Annotated[int, typer.Option(min=1, help="text models: symbols per sample (at "
+                                         "most 4096)")] = 64,
     out: Annotated[Path | None, typer.Option(help="write the profile (JSON) here, for "
                                              "whatif/advise --model FILE")] = None,
 ) -> None:
@@ -65,12 +77,13 @@ def profile(
 
     if batch_size < 1:
         raise GradwireError(f"--batch-size must be >= 1, got {batch_size}")
+    check_range("--batch-size", batch_size, 1, MAX_BATCH)
+    check_range("--seq-len", seq_len, 1, MAX_SEQ_LEN)
     check_outputs(("--out", out))
     p = measure(model, batch_size, iters, warmup, seq_len)
     console.print(report.profile_table(model, p))
     if out:
-        out.write_text(p.to_text())
-        console.print(f"wrote {out}")
+        write_text(out, p.to_text())
 
 
 def whatif(
@@ -108,6 +121,8 @@ def whatif(
     from gradwire.perf.whatif import plot as plot_whatif
 
     check_outputs(("--plot", plot), ("--json", json_out))
+    check_terms(bucket_mb, overlap_slowdown, alpha_us, gamma_ns, compute_ms)
+    check_numbers("--compute-speedup", compute_speedup)
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
@@ -118,10 +133,10 @@ def whatif(
     for t in report.whatif_tables(found):
         console.print(t)
     console.print(found.note)
+    if json_out:  # before the plot: a plot that cannot be written must not lose the result
+        write_json(json_out, found.result)
     if plot:
         console.print(f"wrote {plot_whatif(found.result, plot)}")
-    if json_out:
-        write_json(json_out, found.result)
 
 
 def advise(
@@ -154,6 +169,8 @@ def advise(
     from gradwire.perf.advise import explain
 
     check_outputs(("--json", json_out))
+    check_terms(bucket_mb, overlap_slowdown, alpha_us, gamma_ns, compute_ms)
+    check_real("--compute-speedup", compute_speedup, 0, above=True)
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
@@ -166,7 +183,26 @@ def advise(
     for skipped in found.skipped:
         console.print(f"not ranked: {skipped}")
     if json_out:
-        json_out.write_text(json.dumps([{"agg": r.agg.label, "iteration_s": r.seconds,
-                                         "overhead_s": r.overhead} for r in found.ranked],
-                                       indent=1))
-        console.print(f"wrote {json_out}")
+        write_json(json_out, [{"agg": r.agg.label, "iteration_s": r.seconds,
+                               "overhead_s": r.overhead} for r in found.ranked])
+
+
+def check_terms(bucket_mb: float, overlap_slowdown: float, alpha_us: float, gamma_ns: float,
+                compute_ms: str | None) -> None:
+    """The model's terms are finite: NaN would pass every range check the model makes (they
+    compare) and come out as NaN times. The ranges are the model's to check."""
+    for option, value in (("--bucket-mb", bucket_mb), ("--overlap-slowdown", overlap_slowdown),
+                          ("--alpha-us", alpha_us), ("--gamma-ns", gamma_ns)):
+        if not math.isfinite(value):
+            raise GradwireError(f"{option} must be a finite number, got {value}")
+    if compute_ms is not None:
+        check_numbers("--compute-ms", compute_ms)
+
+
+def check_numbers(option: str, text: str) -> None:
+    """A comma list of numbers has only ASCII digits in it (float() also reads other scripts'
+    digits and underscores); what the numbers may be is the model's to check."""
+    for part in text.split(","):
+        if not part.isascii() or "_" in part:
+            raise GradwireError(f"{option} {text!r}: {part!r} is not a number: expected a "
+                                "comma list of numbers in ASCII digits, such as 1,2.5")

@@ -13,9 +13,11 @@ from gradwire.cli.options import (
     JsonOut,
     Seed,
     check_outputs,
+    check_seed_and_batch,
     command_line,
     console,
     write_json,
+    write_text,
 )
 from gradwire.sim.simulate import SIM_MECHANISMS
 
@@ -24,14 +26,16 @@ def trace_cmd(
     out: Annotated[Path, typer.Option("-o", "--out", help="write the trace (JSON lines) here")],
     model: Annotated[str | None, typer.Option(help="record this model (`gradwire models`)")] = None,
     source: Annotated[Path | None, typer.Option("--from", help="edit this trace instead")] = None,
-    iterations: Annotated[int, typer.Option(min=1, help="iterations kept")] = 3,
+    iterations: Annotated[int, typer.Option(min=1, help="iterations kept (at most 1000)")] = 3,
     batch_size: BatchSize = 32,
     seed: Seed = 0,
     compute_speedup: Annotated[float, typer.Option(help="divide every compute time by "
-                                                   "this")] = 1.0,
+                                                   "this (1e-6 to 1e6)")] = 1.0,
     add_layers: Annotated[int, typer.Option(min=0, help="insert this many layers before the "
-                                            "last parameter")] = 0,
-    layer_bytes: Annotated[int, typer.Option(min=1, help="each added layer's bytes")] = 4 * 2**20,
+                                            "last parameter (a trace holds at most 100,000 "
+                                            "parameters)")] = 0,
+    layer_bytes: Annotated[int, typer.Option(min=1, help="each added layer's bytes (a trace "
+                                             "holds at most 2**50 bytes)")] = 4 * 2**20,
     layer_forward_ms: Annotated[float, typer.Option(min=0)] = 1.0,
     layer_backward_ms: Annotated[float, typer.Option(min=0)] = 2.0,
     resize: Annotated[list[str] | None, typer.Option(help="NAME=BYTES: resize a parameter "
@@ -42,14 +46,18 @@ def trace_cmd(
 
     Example: gradwire trace --model resnet50 -o resnet50.trace.jsonl
     """
+    from gradwire.sim import trace as tr
     from gradwire.sim.edit import make_trace
 
-    t = make_trace(out, model, source, iterations=iterations, batch_size=batch_size, seed=seed,
+    check_outputs(("--out", out))
+    check_seed_and_batch(seed, batch_size)
+    t = make_trace(model, source, iterations=iterations, batch_size=batch_size, seed=seed,
                    compute_speedup=compute_speedup, add_layers=add_layers,
                    layer=(layer_bytes, layer_forward_ms / 1e3, layer_backward_ms / 1e3),
                    resize=resize or [])
+    write_text(out, tr.dumps(t))
     it = t.iterations[0]
-    console.print(f"wrote {out}: {t.model}, {len(t.params)} parameters, "
+    console.print(f"{t.model}: {len(t.params)} parameters, "
                   f"{t.total_bytes / 1e6:.2f} MB, {len(t.iterations)} iterations, forward "
                   f"{it.forward_s * 1e3:.1f} ms, backward {it.backward_s * 1e3:.1f} ms")
 
@@ -57,7 +65,7 @@ def trace_cmd(
 def simulate(
     trace: Annotated[list[Path], typer.Option(help="a trace from `gradwire trace` "
                                               "(repeatable with --table)")],
-    workers: Annotated[int, typer.Option(min=1)] = 32,
+    workers: Annotated[int, typer.Option(min=1, help="at most 4096")] = 32,
     bandwidth: Annotated[str, typer.Option(help="every link, each way: 10gbit, 25gbit, "
                                            "...")] = "25gbit",
     mechanism: Annotated[str, typer.Option(help="comma list (see docs/simulator.md): ps, "
@@ -65,8 +73,8 @@ def simulate(
                                            "ring+multicast, butterfly, any allreduce "
                                            "algorithm, NAME:KEY=VALUE options")
                          ] = SIM_MECHANISMS,
-    servers: Annotated[int, typer.Option(min=1, help="parameter servers")] = 1,
-    iterations: Annotated[int, typer.Option(min=1)] = 3,
+    servers: Annotated[int, typer.Option(min=1, help="parameter servers (at most 4096)")] = 1,
+    iterations: Annotated[int, typer.Option(min=1, help="at most 1000")] = 3,
     latency_us: Annotated[float, typer.Option(min=0, help="one-way latency per host")] = 0.0,
     seed: Seed = 0,
     timeline: Annotated[Path | None, typer.Option(help="write a Perfetto/chrome trace "

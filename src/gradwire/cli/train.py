@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.cli.options import (
+    MAX_SEQ_LEN,
     Bandwidth,
     BatchSize,
     Density,
@@ -23,13 +23,17 @@ from gradwire.cli.options import (
     Mtu,
     Seed,
     check_outputs,
+    check_range,
+    check_seed_and_batch,
     console,
     use_loopback,
+    world_size,
     write_json,
 )
 from gradwire.cluster import ephemeral_cluster
 from gradwire.cluster.netns import MTU
 from gradwire.errors import GradwireError
+from gradwire.launcher import check_timeout
 
 
 def models() -> None:
@@ -63,7 +67,8 @@ def train(
     lr: Annotated[float, typer.Option(help="SGD learning rate")] = 0.05,
     momentum: Annotated[float, typer.Option(help="SGD momentum")] = 0.9,
     seed: Seed = 0,
-    seq_len: Annotated[int, typer.Option(help="text models: symbols per sample")] = 64,
+    seq_len: Annotated[int, typer.Option(help="text models: symbols per sample (1 to "
+                                         "4096)")] = 64,
     checkpoint: Annotated[Path | None, typer.Option(help="save model, momentum and every "
                                                     "rank's residuals here each epoch")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="go on from --checkpoint up to "
@@ -87,7 +92,10 @@ def train(
                       epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
                       seq_len=seq_len, checkpoint=checkpoint, resume=resume)
     parse_bandwidth(bandwidth)
-    validate(cfg, hosts)
+    check_timeout(timeout)
+    validate(cfg, world_size(hosts, None))
+    check_seed_and_batch(seed, batch_size)
+    check_range("--seq-len", seq_len, 1, MAX_SEQ_LEN)
     check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
         result = train_on(c, cfg, agg, timeout, console)
@@ -136,9 +144,12 @@ def demo(
     if not aggs:
         raise GradwireError(f"--agg is empty: expected a comma list of {', '.join(METHODS)}")
     parse_bandwidth(bandwidth)
+    check_timeout(timeout)
+    world_size(hosts, None)
     for a in aggs:
         validate(dataclasses.replace(base, agg=a), hosts)
+    check_seed_and_batch(seed, batch_size)
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
         results = run_demo(c, aggs, base, timeout, console, plot)
     if json_out:
-        json_out.write_text(json.dumps(results, indent=1))
+        write_json(json_out, results)

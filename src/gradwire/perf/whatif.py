@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from gradwire.bandwidth import format_bandwidth
-from gradwire.check import check_real
+from gradwire.check import check_real, parse_number
 from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object
@@ -52,13 +52,12 @@ def parse_workers(text: str) -> list[int]:
 def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
     out = []
     for part in text.split(","):
-        try:
-            v = float(part)
-        except ValueError:
-            raise GradwireError(f"{option} {text!r}: {part!r} is not a number") from None
-        if not low < v < math.inf:
+        v = parse_number(part)
+        if v is None and part.strip().lower().lstrip("+-") not in ("inf", "infinity", "nan"):
+            raise GradwireError(f"{option} {text!r}: {part!r} is not a number (ASCII digits)")
+        if v is None or not low < v < math.inf:
             raise GradwireError(f"{option} {text!r}: each value must be a finite number > "
-                                f"{low:g}, got {v:g}")
+                                f"{low:g}, got {part.strip()}")
         out.append(v)
     return out
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
+from collections.abc import Sequence
 
-from gradwire.check import is_int
+from gradwire.check import is_int, is_real, parse_int, parse_number
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import (
     binomial,
@@ -89,13 +91,53 @@ def parameters(a: Algorithm) -> tuple[str, ...]:
 
 def check_params(a: Algorithm, params: dict[str, object]) -> None:
     """A parameter ``a`` does not take is a one-line error (a typo would otherwise be
-    silently ignored)."""
+    silently ignored), and so is a value of the wrong kind for the builder's annotation
+    (``pipeline='abc'``, ``alpha=nan``): the builders check ranges (``pipeline >= 1``),
+    this checks kinds, so that ``gradwire bench`` can refuse both before any rank starts."""
     known = parameters(a)
-    for k in params:
+    kinds = _kinds(a)
+    for k, v in params.items():
         if k not in known and k not in COMMON:
             raise GradwireError(f"{a.collective} {a.name} has no parameter {k!r}"
                                 f"{did_you_mean(k, known)}: it takes "
                                 f"{', '.join(known) or 'none'}")
+        if k in kinds and not _is_kind(v, kinds[k]):
+            raise GradwireError(f"{a.collective} {a.name}: parameter {k}={v!r}: expected "
+                                f"{_KIND_TEXT[kinds[k][0]]}")
+
+
+# What a builder's annotation asks of a value (None is allowed where the annotation has it).
+_KIND_TEXT = {int: "an integer", float: "a finite number", str: "a string",
+              Sequence: "a list of integers"}
+
+
+@functools.cache
+def _kinds(a: Algorithm) -> dict[str, tuple[type, bool]]:
+    """Each parameter's kind (int, float, str or Sequence, and whether None is allowed),
+    read from the builder's annotations; parameters annotated otherwise are left out."""
+    hints = typing.get_type_hints(a.build)
+    out = {}
+    for k in parameters(a):
+        args = typing.get_args(hints.get(k)) or (hints.get(k),)
+        optional = type(None) in args
+        for kind in _KIND_TEXT:
+            if any(x is kind or typing.get_origin(x) is kind for x in args):
+                out[k] = (kind, optional)
+                break
+    return out
+
+
+def _is_kind(value: object, kind: tuple[type, bool]) -> bool:
+    t, optional = kind
+    if value is None:
+        return optional
+    if t is int:
+        return is_int(value)
+    if t is float:
+        return is_real(value)
+    if t is str:
+        return isinstance(value, str)
+    return isinstance(value, (list, tuple)) and all(is_int(x) for x in value)
 
 
 def _key(params: dict[str, object]) -> tuple[tuple[str, object], ...]:
@@ -139,13 +181,13 @@ def table(collective: str, name: str | None, p: int, count: int, *, cached: bool
 
 
 def parse_value(text: str) -> object:
-    """A parameter's value as written: an int, else a float, else the text."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return text
+    """A parameter's value as written: an int, else a float (ASCII digits only: see
+    :func:`gradwire.check.parse_number`), else the text."""
+    n = parse_int(text)
+    if n is not None:
+        return n
+    x = parse_number(text)
+    return text if x is None else x
 
 
 def parse_params(items: list[str], what: str = "--param") -> dict[str, object]:

@@ -40,14 +40,14 @@ MAX_PIPELINE = 8
 
 def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> int:
     """Sub-chunks per chunk: ``pipeline`` if given, else chunk bytes / SUBCHUNK_BYTES in
-    [1, MAX_PIPELINE]."""
+    [1, MAX_PIPELINE]; never more than a chunk's elements (more sub-chunks would be empty)."""
+    elements = max(1, -(-count // max(p, 1)))
     if pipeline is None:
-        chunk = -(-count // max(p, 1)) * itemsize
-        return max(1, min(MAX_PIPELINE, chunk // SUBCHUNK_BYTES))
+        return max(1, min(MAX_PIPELINE, elements * itemsize // SUBCHUNK_BYTES))
     if not is_int(pipeline, 1):
         raise GradwireError(f"pipeline must be an int >= 1 (sub-chunks per chunk), "
                             f"got {pipeline!r}")
-    return pipeline
+    return min(pipeline, elements)
 
 
 # A phase is (first, reduces): at its step i rank r sends chunk (r + first − i) mod p to r+1,

@@ -13,6 +13,11 @@ from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 from gradwire.sim.engine import Engine
 
+# Iterations a simulation runs: the steady state shows after two (the paper reports the mean
+# of a few); each one replays every transfer of every worker, and a limitless count ran out
+# of memory before the first event.
+MAX_ITERATIONS = 1000
+
 
 @dataclass(frozen=True)
 class SimCluster:
@@ -43,9 +48,14 @@ class SimCluster:
                    for v in whole):
             raise GradwireError(f"workers, servers and iterations must be whole numbers >= 1, "
                                 f"got {self.workers}, {self.servers}, {self.iterations}")
+        if self.iterations > MAX_ITERATIONS:
+            raise GradwireError(f"iterations must be at most {MAX_ITERATIONS}, got "
+                                f"{self.iterations}")
         if self.workers > MAX_WORLD:
             raise GradwireError(f"workers must be at most {MAX_WORLD} (the simulator replays "
                                 f"every transfer, P² of them per ring), got {self.workers}")
+        if self.servers > MAX_WORLD:
+            raise GradwireError(f"servers must be at most {MAX_WORLD}, got {self.servers}")
         if not is_int(self.seed, 0):
             raise GradwireError(f"seed must be a whole number >= 0, got {self.seed!r}")
         # a NaN or infinite number would make the event loop spin for ever or return NaN

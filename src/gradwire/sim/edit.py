@@ -1,28 +1,33 @@
 """``gradwire trace``: a compute trace recorded from a model or read from a file, edited
-(compute sped up, layers added, parameters resized, in that order) and saved."""
+(compute sped up, layers added, parameters resized, in that order)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+from gradwire.check import is_int, is_real, parse_int
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import check_writable
 from gradwire.sim import trace as tr
 
+# Iterations a recording keeps: each is a forward and backward pass timed here, and a
+# simulation replays a few (the paper's steady state shows after two).
+MAX_RECORDED = 1000
 
-def make_trace(out: Path, model: str | None, source: Path | None, *, iterations: int = 3,
+
+def make_trace(model: str | None, source: Path | None, *, iterations: int = 3,
                batch_size: int = 32, seed: int = 0, compute_speedup: float = 1.0,
                add_layers: int = 0, layer: tuple[int, float, float] = (4 * 2**20, 1e-3, 2e-3),
                resize: Sequence[str] = ()) -> tr.Trace:
     """The trace of ``model`` recorded here (``iterations`` kept, ``batch_size`` samples,
     ``seed``) or the one in ``source`` (exactly one of them), with every compute time divided
     by ``compute_speedup``, ``add_layers`` layers of ``layer`` = (bytes, forward s, backward
-    s) inserted before the last parameter, and each ``NAME=BYTES`` of ``resize`` applied;
-    saved to ``out``, which is checked before anything is recorded."""
+    s) inserted before the last parameter, and each ``NAME=BYTES`` of ``resize`` applied.
+    Every setting is checked against the trace limits (:data:`gradwire.sim.trace.MAX_BYTES`
+    and the others) before anything is recorded."""
     if (model is None) == (source is None):
         raise GradwireError("give exactly one of --model (record) and --from (edit)")
-    check_writable(out, "--out")
+    sizes = _check_edits(iterations, compute_speedup, add_layers, layer, resize)
     if model is not None:
         from gradwire.sim.record import record  # torch: only to record
 
@@ -33,10 +38,37 @@ def make_trace(out: Path, model: str | None, source: Path | None, *, iterations:
         t = tr.scale_compute(t, compute_speedup)
     if add_layers:
         t = tr.add_layers(t, add_layers, *layer)
+    for name, nbytes in sizes:
+        t = tr.resize(t, name, nbytes)
+    return t
+
+
+def _check_edits(iterations: int, speedup: float, add_layers: int,
+                 layer: tuple[int, float, float], resize: Sequence[str]) -> list[tuple[str, int]]:
+    """One-line errors for settings no trace could take; ``resize`` as (name, bytes)."""
+    if not is_int(iterations, 1, MAX_RECORDED):
+        raise GradwireError(f"--iterations must be from 1 to {MAX_RECORDED}, got {iterations}")
+    lo, hi = tr.SPEEDUP_RANGE
+    if not is_real(speedup, lo, hi):
+        raise GradwireError(f"--compute-speedup must be a number from {lo:g} to {hi:g}, got "
+                            f"{speedup}")
+    if not is_int(add_layers, 0, tr.MAX_PARAMS):
+        raise GradwireError(f"--add-layers must be from 0 to {tr.MAX_PARAMS} (the most "
+                            f"parameters a trace holds), got {add_layers}")
+    nbytes, forward_s, backward_s = layer
+    if not is_int(nbytes, 1, tr.MAX_BYTES):
+        raise GradwireError(f"--layer-bytes must be from 1 to 2**50, got {nbytes}")
+    for option, seconds in (("--layer-forward-ms", forward_s),
+                            ("--layer-backward-ms", backward_s)):
+        if not is_real(seconds, 0, tr.MAX_SECONDS):
+            raise GradwireError(f"{option} must be a number from 0 to "
+                                f"{tr.MAX_SECONDS * 1e3:g}, got {seconds * 1e3:g}")
+    out = []
     for item in resize:
         name, sep, value = item.rpartition("=")
-        if not sep or not value.isdigit():
-            raise GradwireError(f"--resize {item!r}: expected NAME=BYTES")
-        t = tr.resize(t, name, int(value))
-    tr.save(t, out)
-    return t
+        size = parse_int(value) if sep and name else None
+        if size is None or not 1 <= size <= tr.MAX_BYTES:
+            raise GradwireError(f"--resize {item!r}: expected NAME=BYTES, BYTES a whole number "
+                                "from 1 to 2**50")
+        out.append((name, size))
+    return out

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
+from gradwire.check import parse_number
 from gradwire.errors import GradwireError
+from gradwire.schedules.registry import MAX_WORLD
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -25,23 +27,27 @@ EMULATED_MECHANISMS = "ps,ring,butterfly"  # --emulate's default: what runs for 
 
 
 def sweep_value(axis: str, text: str) -> float:
-    """One value of ``--sweep AXIS=..``: a link rate, or a number (whole for workers and
-    layers, > 0 for speedup)."""
+    """One value of ``--sweep AXIS=..``: a link rate, or a number (whole for workers, up to
+    the simulator's most, and layers, up to the most a trace holds; speedup in the trace's
+    range)."""
+    from gradwire.sim.trace import MAX_PARAMS, SPEEDUP_RANGE
+
     if axis == "bandwidth":
         bps = parse_bandwidth(text)
         if bps is None:
             raise GradwireError("--sweep bandwidth=none cannot be simulated: give rates such "
                                 "as 10gbit,25gbit")
         return bps
-    try:
-        v = float(text)
-    except ValueError:
+    v = parse_number(text)
+    if v is None:
         v = math.nan
     if axis in ("workers", "layers"):
-        low = 1 if axis == "workers" else 0
-        ok, allowed = math.isfinite(v) and v == int(v) and v >= low, f"whole numbers >= {low}"
+        low, high = (1, MAX_WORLD) if axis == "workers" else (0, MAX_PARAMS)
+        ok = math.isfinite(v) and v == int(v) and low <= v <= high
+        allowed = f"whole numbers >= {low} (up to {high})"
     else:
-        ok, allowed = math.isfinite(v) and v > 0, "numbers > 0"
+        low, high = SPEEDUP_RANGE
+        ok, allowed = low <= v <= high, f"numbers > 0 (from {low:g} to {high:g})"
     if not ok:
         raise GradwireError(f"--sweep {axis}: {text!r} is not valid: expected {allowed}")
     return v
@@ -82,12 +88,23 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
             sweep: str | None = None, emulate: bool = False, plot: Path | None = None,
             timeline: Path | None = None) -> Simulation:
     """The traces at ``paths`` on ``workers`` workers and ``servers`` servers behind one
-    non-blocking switch of ``bandwidth`` links (``latency_us`` one way per host)."""
+    non-blocking switch of ``bandwidth`` links (``latency_us`` one way per host). Everything
+    :func:`run_simulation` will be asked is checked here, before it starts."""
+    from gradwire.sim import mechanisms as mech
+    from gradwire.sim import report
     from gradwire.sim.cluster import SimCluster
     from gradwire.sim.trace import load
 
     if plot is not None and sweep is None:
         raise GradwireError("--plot draws a --sweep: give --sweep AXIS=V1,V2,.. too")
+    if table is not None and table not in report.PAPER_TABLES:
+        raise GradwireError(f"--table {table}: expected one of "
+                            f"{', '.join(map(str, report.PAPER_TABLES))}")
+    if emulate and (len(paths) != 1 or timeline or plot or sweep):
+        raise GradwireError("--emulate takes one --trace and no --timeline, --sweep or --plot")
+    if sweep is not None:
+        parse_sweep(sweep, report.AXES)
+    mech.parse_list(mechanism)
     bps = parse_bandwidth(bandwidth)
     if bps is None:
         raise GradwireError("--bandwidth none cannot be simulated: give a rate such as 25gbit")
@@ -115,9 +132,6 @@ def run_simulation(s: Simulation, console: Console) -> dict:
 
     c, first = s.cluster, s.traces[0]
     if s.table is not None:
-        if s.table not in report.PAPER_TABLES:
-            raise GradwireError(f"--table {s.table}: expected one of "
-                                f"{', '.join(map(str, report.PAPER_TABLES))}")
         t, rows = report.paper_table(s.table, s.traces, c)
         console.print(t)
         return {"rows": rows}
@@ -126,9 +140,6 @@ def run_simulation(s: Simulation, console: Console) -> dict:
     if s.emulate:
         from gradwire.sim import emulate as emu
 
-        if len(s.paths) != 1 or s.timeline or s.plot:
-            raise GradwireError("--emulate takes one --trace and no --timeline, --sweep or "
-                                "--plot")
         # the default names fabric mechanisms it cannot run
         mechanism = EMULATED_MECHANISMS if s.mechanism == SIM_MECHANISMS else s.mechanism
         rows, cal = emu.validate(s.paths[0], c.workers, c.servers, s.bandwidth,

@@ -26,9 +26,22 @@ from pathlib import Path
 
 from gradwire.check import is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
+from gradwire.jsonfile import read_text, shown
 
 FORMAT = "gradwire-trace"
 VERSION = 1
+
+# Limits of a trace, read or made. Bytes: 2**50 (1 PiB) for the whole model, 250 times a
+# trillion-parameter model in fp32; the simulator's byte and element counts (float64, int64)
+# stay exact far below it, and 10**30 overflowed them. Parameters: 100,000, a hundred times a
+# 175 B-parameter transformer's ~1,000 tensors; every one is an event per worker and iteration,
+# and an unbounded --add-layers ran out of memory. Times: up to 1e6 s (11 days) each, so that
+# sums of them stay finite. Speed-up: 1e-6 to 1e6, so that scaled times stay finite and above
+# zero.
+MAX_BYTES = 2**50
+MAX_PARAMS = 100_000
+MAX_SECONDS = 1e6
+SPEEDUP_RANGE = (1e-6, 1e6)
 
 
 @dataclass(frozen=True)
@@ -95,31 +108,28 @@ def save(t: Trace, path: Path) -> Path:
 
 
 def load(path: Path) -> Trace:
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise GradwireError(f"cannot read trace {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise GradwireError(f"cannot read trace {path}: not a text file (a trace is JSON "
-                            "lines)") from None
-    return loads(text, str(path))
+    return loads(read_text(path, f"cannot read trace {path}"), shown(str(path)))
 
 
 def _bad(where: str, line: int, fld: str, msg: str) -> GradwireError:
     return GradwireError(f"{where}:{line}: field {fld!r}: {msg}")
 
 
-def _num(where: str, line: int, rec: dict, key: str, lo: float = 0.0) -> float:
+def _num(where: str, line: int, rec: dict, key: str) -> float:
     v = rec.get(key)
-    if not is_real(v, lo):
-        raise _bad(where, line, key, f"expected a finite number >= {lo:g}, got {v!r}")
+    if not is_real(v, 0, MAX_SECONDS):
+        raise _bad(where, line, key, f"expected seconds from 0 to {MAX_SECONDS:g}, got {v!r}")
     return float(v)
 
 
-def _int(where: str, line: int, rec: dict, key: str, lo: int = 0) -> int:
+def _int(where: str, line: int, rec: dict, key: str, lo: int = 0, hi: int | None = None,
+         hi_text: str = "") -> int:
     v = rec.get(key)
-    if not is_int(v, lo):
+    if hi is None and not is_int(v, lo):
         raise _bad(where, line, key, f"expected an integer >= {lo}, got {v!r}")
+    if hi is not None and not is_int(v, lo, hi):
+        raise _bad(where, line, key, f"expected an integer from {lo} to {hi}{hi_text}, got "
+                   f"{v!r}")
     return v
 
 
@@ -129,8 +139,9 @@ def _times(where: str, line: int, rec: dict, key: str, n: int) -> tuple[float, .
         got = f"a list of {len(v)}" if isinstance(v, list) else repr(v)[:40]
         raise _bad(where, line, key, f"expected a list of {n} times (one per param), got {got}")
     for i, x in enumerate(v):
-        if not is_real(x, 0):
-            raise _bad(where, line, f"{key}[{i}]", f"expected seconds >= 0, got {x!r}")
+        if not is_real(x, 0, MAX_SECONDS):
+            raise _bad(where, line, f"{key}[{i}]", f"expected seconds from 0 to "
+                       f"{MAX_SECONDS:g}, got {x!r}")
     return tuple(float(x) for x in v)
 
 
@@ -161,6 +172,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
     if not isinstance(model, str) or not model:
         raise _bad(where, n, "model", f"expected a non-empty string, got {model!r}")
     params: list[Param] = []
+    total = 0
     its: list[Iteration] = []
     seen: set[tuple[int, int]] = set()
     for n, rec in records[1:]:
@@ -171,10 +183,16 @@ def loads(text: str, where: str = "<trace>") -> Trace:
             if idx != len(params):
                 raise _bad(where, n, "param", f"expected {len(params)} (params are numbered "
                            f"in order from 0), got {idx}")
+            if idx >= MAX_PARAMS:
+                raise _bad(where, n, "param", f"a trace holds at most {MAX_PARAMS} parameters")
             name = rec.get("name")
             if not isinstance(name, str) or not name:
                 raise _bad(where, n, "name", f"expected a non-empty string, got {name!r}")
-            params.append(Param(name, _int(where, n, rec, "bytes", 1)))
+            params.append(Param(name, _int(where, n, rec, "bytes", 1, MAX_BYTES, " (2**50)")))
+            total += params[-1].bytes
+            if total > MAX_BYTES:
+                raise _bad(where, n, "bytes", f"the parameters come to {total} bytes, more than "
+                           "the 2**50 a trace may hold")
         elif "worker" in rec:
             if not params:
                 raise GradwireError(f"{where}:{n}: an iteration line before any parameter line "
@@ -231,14 +249,18 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
 
 
 def scale_compute(t: Trace, speedup: float) -> Trace:
-    """Every compute time divided by ``speedup`` (the paper's "faster GPUs", §8.6)."""
-    if not speedup > 0:
-        raise GradwireError(f"compute speed-up must be > 0, got {speedup}")
+    """Every compute time divided by ``speedup`` (the paper's "faster GPUs", §8.6), which
+    must lie in :data:`SPEEDUP_RANGE`."""
+    lo, hi = SPEEDUP_RANGE
+    if not is_real(speedup, lo, hi):
+        raise GradwireError(f"compute speed-up must be a number from {lo:g} to {hi:g}, got "
+                            f"{speedup!r}")
     its = tuple(replace(it, forward_s=it.forward_s / speedup,
                         forward=tuple(x / speedup for x in it.forward),
                         backward=tuple(x / speedup for x in it.backward))
                 for it in t.iterations)
-    return replace(t, iterations=its, source=f"{t.source}; compute /{speedup:g}")
+    return _within_time(replace(t, iterations=its, source=f"{t.source}; compute /{speedup:g}"),
+                        f"compute speed-up {speedup:g}")
 
 
 def resize(t: Trace, name: str, nbytes: int) -> Trace:
@@ -246,8 +268,10 @@ def resize(t: Trace, name: str, nbytes: int) -> Trace:
     names = [p.name for p in t.params]
     if name not in names:
         raise GradwireError(f"no parameter {name!r} in the trace{did_you_mean(name, names)}")
-    if nbytes < 1:
-        raise GradwireError(f"a parameter needs >= 1 byte, got {nbytes}")
+    others = sum(p.bytes for p in t.params if p.name != name)
+    if not is_int(nbytes, 1, MAX_BYTES - others):
+        raise GradwireError(f"{name}: bytes must be from 1 to {MAX_BYTES - others} (a trace "
+                            f"holds at most 2**50 bytes), got {nbytes!r}")
     params = tuple(replace(p, bytes=nbytes) if p.name == name else p for p in t.params)
     return replace(t, params=params, source=f"{t.source}; {name} {nbytes} B")
 
@@ -262,8 +286,17 @@ def add_layers(t: Trace, count: int, nbytes: int, forward_s: float, backward_s: 
     at = (n - 1 if after is None else after + 1)
     if not 0 <= at <= n:
         raise GradwireError(f"after must be a parameter index in 0..{n - 1}, got {after}")
-    if count < 0 or nbytes < 1 or forward_s < 0 or backward_s < 0:
-        raise GradwireError("add_layers needs count >= 0, bytes >= 1 and times >= 0")
+    if not is_int(count, 0, MAX_PARAMS - n):
+        raise GradwireError(f"layers to add must be from 0 to {MAX_PARAMS - n} (a trace holds "
+                            f"at most {MAX_PARAMS} parameters, this one has {n}), got {count!r}")
+    room = MAX_BYTES - t.total_bytes
+    if not is_int(nbytes, 1) or count * nbytes > room:
+        raise GradwireError(f"added layers' bytes must be >= 1 and come to at most {room} in "
+                            f"all (a trace holds at most 2**50 bytes), got {count} x {nbytes!r}")
+    for what, v in (("forward", forward_s), ("backward", backward_s)):
+        if not is_real(v, 0, MAX_SECONDS):
+            raise GradwireError(f"an added layer's {what} time must be from 0 to "
+                                f"{MAX_SECONDS:g} s, got {v!r}")
     new = tuple(Param(f"added{j}", nbytes) for j in range(count))
     params = t.params[:at] + new + t.params[at:]
     its = []
@@ -279,6 +312,16 @@ def add_layers(t: Trace, count: int, nbytes: int, forward_s: float, backward_s: 
                + it.backward[at:])
         its.append(replace(it, forward_s=it.forward_s + count * forward_s, forward=fwd,
                            backward=bwd))
-    return replace(t, params=params, iterations=tuple(its),
-                   source=f"{t.source}; +{count} layers of {nbytes} B")
+    return _within_time(replace(t, params=params, iterations=tuple(its),
+                                source=f"{t.source}; +{count} layers of {nbytes} B"),
+                        f"{count} added layers of {forward_s:g} s + {backward_s:g} s")
+
+
+def _within_time(t: Trace, edit: str) -> Trace:
+    """``t``, made by ``edit``, if its times still fit a trace (:data:`MAX_SECONDS`)."""
+    longest = max(max(it.forward_s, it.backward_s) for it in t.iterations)
+    if longest > MAX_SECONDS:
+        raise GradwireError(f"{edit} would make a pass take {longest:g} s: a trace's times "
+                            f"go up to {MAX_SECONDS:g} s")
+    return t
 
