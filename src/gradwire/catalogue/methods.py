@@ -118,7 +118,8 @@ def get(name: str) -> Method:
 
 
 def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
-    """(average, payload bytes) for this rank's gradient ``x`` of bucket ``key``.
+    """(average, payload bytes) for this rank's gradient ``x`` of bucket ``key``; ``x`` is the
+    caller's to lose (the dense path averages in it, as DDP's allreduce does in the bucket).
 
     Before any residual changes, the call header: ranks that disagree fail here, all of them,
     naming why; and the ranks agree on the NaN/Inf policy's path

@@ -302,7 +302,8 @@ class HookState:
     def _bucket(self, buf: torch.Tensor, key: layout.Layout, call: AggregationCall,
                 last: bool) -> torch.Tensor:
         avg = self._aggregate(buf, key, call)
-        buf.copy_(avg)
+        if avg is not buf:  # the dense path averages in the bucket itself
+            buf.copy_(avg)
         if last:
             self._end_step()
         return buf

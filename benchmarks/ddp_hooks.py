@@ -1,0 +1,99 @@
+"""PyTorch's built-in DDP communication hooks (allreduce, fp16, PowerSGD) beside gradwire's, on
+one model and one process group, interleaved; ms per iteration (the slowest rank's, median) and
+the loss after the timed steps (a hook that is fast because it does nothing shows there).
+
+    python benchmarks/ddp_hooks.py                      # CPU: gloo, 4 emulated hosts, 1 Gbit/s
+    python benchmarks/ddp_hooks.py --hosts 8 --out results/ddp_hooks_p8.json
+    python benchmarks/ddp_hooks.py --device cuda        # NCCL, P ranks sharing GPU 0, each its
+                                                        # own emulated host (carry_iproute2.sh)
+
+Needs root for the emulated cluster (--loopback runs unshaped). Writes
+results/ddp_hooks_<device>.json with the machine, command, commit and date.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+from gradwire.bench import provenance
+from gradwire.cluster import ephemeral_cluster
+from gradwire.launcher import launch
+
+HERE = Path(__file__).parent
+HOOKS = ("torch:allreduce", "gradwire:dense", "torch:fp16", "gradwire:fp16",
+         "torch:powersgd-r1", "gradwire:powersgd-r1", "gradwire:topk-0.001",
+         "gradwire:gtopk-0.001")
+# Which of ours stands beside which of PyTorch's, for the ratios.
+PAIRS = (("gradwire:dense", "torch:allreduce"), ("gradwire:fp16", "torch:fp16"),
+         ("gradwire:powersgd-r1", "torch:powersgd-r1"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--bandwidth", default="1gbit")
+    ap.add_argument("--loopback", action="store_true")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--model", default="mlp14m", choices=("mlp14m", "mlp-tiny"))
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per run")
+    ap.add_argument("--iters", type=int, default=5, help="timed iterations per run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hooks", default=",".join(HOOKS),
+                    help="comma-separated; on cpu the default leaves out torch:powersgd-r1")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.hooks == ",".join(HOOKS) and args.device == "cpu":
+        # PyTorch's PowerSGD hook issues its allreduces from future callbacks; over gloo those
+        # of different buckets can reach the ranks in different orders (gloo aborted with
+        # "Received data size doesn't match expected size" on the 3-bucket mlp14m).
+        args.hooks = ",".join(h for h in HOOKS if h != "torch:powersgd-r1")
+    out = args.out or HERE / "results" / f"ddp_hooks_{args.device}.json"
+    env = {"HOOKS": args.hooks, "MODEL": args.model, "BATCH": str(args.batch),
+           "WARMUP": str(args.warmup), "ITERS": str(args.iters), "ROUNDS": str(args.rounds),
+           "DEVICE": args.device}
+    lines: list[str] = []
+    with ephemeral_cluster(args.hosts, args.bandwidth, args.loopback) as c:
+        res = launch(c, [sys.executable, str(HERE / "ranks" / "ddp_hooks.py")], timeout=3000,
+                     sink=lines.append, extra_env=env)
+        label = c.label
+    if res.returncode != 0:
+        sys.exit("\n".join(lines[-30:] + [res.message]))
+    rows = [json.loads(x.partition("ROW ")[2]) for x in lines if "] ROW " in x]
+    summary = {}
+    for hook in args.hooks.split(","):
+        mine = [r for r in rows if r["hook"] == hook]
+        times = [t for r in mine for t in r["slowest_s"]]
+        summary[hook] = {"ms_per_iter": 1e3 * statistics.median(times),
+                         "loss": statistics.fmean(r["loss"] for r in mine)}
+    ratios = {f"{ours} vs {theirs}": summary[theirs]["ms_per_iter"] / summary[ours]["ms_per_iter"]
+              for ours, theirs in PAIRS if ours in summary and theirs in summary}
+    best = {side: min((h for h in summary if h.startswith(side)),
+                      key=lambda h: summary[h]["ms_per_iter"], default=None)
+            for side in ("torch:", "gradwire:")}
+    if None not in best.values():
+        ratios[f"best gradwire ({best['gradwire:']}) vs best torch ({best['torch:']})"] = (
+            summary[best["torch:"]]["ms_per_iter"] / summary[best["gradwire:"]]["ms_per_iter"])
+    print(f"{label}, {args.hosts} ranks, {args.model}, batch {args.batch}")
+    print(f"{'hook':<24} {'ms/iter':>9} {'loss':>8}")
+    for hook, s in summary.items():
+        print(f"{hook:<24} {s['ms_per_iter']:9.1f} {s['loss']:8.4f}")
+    for what, r in ratios.items():
+        print(f"speed {what}: {r:.2f}x")
+    result = {**provenance.stamp("python " + shlex.join(sys.argv), args.device),
+              "commit": provenance.commit(), "network": label, "hosts": args.hosts,
+              "environment": {k: v for k, v in os.environ.items() if k.startswith("GRADWIRE_")},
+              "model": args.model, "batch": args.batch, "warmup": args.warmup,
+              "iters": args.iters, "rounds": args.rounds, "summary": summary,
+              "speed_ratios": ratios, "rows": rows}
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

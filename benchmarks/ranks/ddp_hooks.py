@@ -1,0 +1,128 @@
+"""One rank of benchmarks/ddp_hooks.py: PyTorch's built-in DDP hooks and gradwire's, on one model
+and one process group, interleaved round by round; rank 0 prints one ROW line of JSON per
+(round, hook) with the slowest rank's seconds of each timed iteration and the loss after them.
+
+Environment: HOOKS (comma-separated names, see HOOKS below), MODEL, BATCH, WARMUP, ITERS,
+ROUNDS, DEVICE (cpu: gloo; cuda: NCCL, every rank on GPU 0, as emulated hosts sharing it).
+"""
+import datetime
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradwire.hooks as gh
+
+DEVICE = os.environ.get("DEVICE", "cpu")
+BATCH = int(os.environ.get("BATCH", "32"))
+WARMUP = int(os.environ.get("WARMUP", "3"))
+ITERS = int(os.environ.get("ITERS", "5"))
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+MODEL = os.environ.get("MODEL", "mlp14m")
+
+
+def model() -> tuple[nn.Module, tuple[int, ...]]:
+    """(a model initialised from seed 0, the shape of one input sample)."""
+    torch.manual_seed(0)
+    if MODEL == "mlp14m":  # 3072-2048-2048-2048-10: 14.7 M parameters, 3 buckets of DDP's 25 MB
+        widths = (3072, 2048, 2048, 2048)
+        layers: list[nn.Module] = []
+        for a, b in zip(widths, widths[1:], strict=False):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        return nn.Sequential(*layers, nn.Linear(widths[-1], 10)), (3072,)
+    if MODEL == "mlp-tiny":  # for a smoke run
+        return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), (64,)
+    raise SystemExit(f"MODEL must be mlp14m or mlp-tiny, got {MODEL!r}")
+
+
+def register(name: str, ddp: DDP) -> object:
+    """Register hook ``name`` on ``ddp``; returns what keeps its state."""
+    if name == "torch:allreduce":
+        return None  # DDP's own allreduce, no hook
+    if name == "torch:fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return None
+    if name == "torch:powersgd-r1":
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                   start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        return state
+    method, _, arg = name.removeprefix("gradwire:").partition("-")
+    opts = ({"rank": int(arg.removeprefix("r"))} if method == "powersgd"
+            else {"density": float(arg)} if arg else {})
+    state = gh.make(method, warmup=False, **opts)
+    state.register(ddp)
+    return state
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float]:
+    """(this rank's seconds per timed iteration, the loss at the last one)."""
+    net, _ = model()
+    ddp = DDP(net.to(DEVICE))
+    keep = register(name, ddp)  # noqa: F841 (the hook's state lives as long as the DDP)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    times, loss = [], 0.0
+    for i in range(WARMUP + ITERS):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        out = nn.functional.cross_entropy(ddp(x), y)
+        out.backward()
+        opt.step()
+        sync()
+        if i >= WARMUP:
+            times.append(time.perf_counter() - t0)
+    loss = float(out.detach())
+    return times, loss
+
+
+def gather(values: list[float], world: int) -> torch.Tensor:
+    """Every rank's ``values``, one row a rank (on the CPU)."""
+    mine = torch.tensor(values, dtype=torch.float64, device=DEVICE)
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return torch.stack(every).cpu()
+
+
+def main() -> None:
+    backend = "nccl" if DEVICE == "cuda" else "gloo"
+    if DEVICE == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=600))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _, shape = model()
+    g = torch.Generator().manual_seed(1000 + rank)  # a fixed batch per rank
+    x = torch.randn((BATCH, *shape), generator=g).to(DEVICE)
+    y = torch.randint(0, 10, (BATCH,), generator=g).to(DEVICE)
+    hooks = os.environ["HOOKS"].split(",")
+    for r in range(ROUNDS):
+        order = hooks if r % 2 == 0 else hooks[::-1]  # interleaved, each side first in turn
+        for name in order:
+            times, loss = run(name, x, y)
+            slowest = gather(times, world).max(dim=0).values.tolist()
+            losses = gather([loss], world)[:, 0].tolist()
+            if rank == 0:
+                print("ROW " + json.dumps({
+                    "round": r, "hook": name, "slowest_s": slowest,
+                    "median_s": statistics.median(slowest),
+                    "loss": statistics.fmean(losses)}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
