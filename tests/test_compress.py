@@ -134,6 +134,24 @@ def test_bad_input_and_foreign_payload_are_user_errors():
 
 
 @pytest.mark.parametrize("name", sorted(COMPRESSORS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_decompress_into_writes_what_decompress_returns(name, dtype):
+    c = get(name)
+    payload = c.compress(data(100).to(dtype))
+    out = torch.full((100,), 7.0, dtype=dtype)
+    got = c.decompress_into(payload, out)
+    assert got is out and torch.equal(out, c.decompress(payload, 100))
+    # a wrong length fails as decompress does (where the payload can show it, see below)
+    try:
+        want = c.decompress(payload, 37)
+    except GradwireError:
+        with pytest.raises(GradwireError, match=f"{name}: "):
+            c.decompress_into(payload, torch.zeros(37, dtype=dtype))
+    else:
+        assert torch.equal(c.decompress_into(payload, torch.zeros(37, dtype=dtype)), want)
+
+
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
 def test_decompress_refuses_a_numel_the_payload_was_not_made_from(name):
     c = get(name)
     payload = c.compress(data(100))

@@ -137,7 +137,8 @@ class Summed(Path):
         for t in payload.tensors():
             t.mul_(1 / c.comm.world)  # as DDP: scale before summing (and no fp16 overflow)
             c.comm.all_reduce(t)
-        return c.compressor.decompress(payload, x.numel()), payload.nbytes  # type: ignore
+        # the average goes into x (the bucket, or the caller's): no gradient-sized tensor
+        return c.compressor.decompress_into(payload, x), payload.nbytes  # type: ignore
 
 
 class Gathered(Path):

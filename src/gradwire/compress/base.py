@@ -103,6 +103,12 @@ class Compressor(ABC):
     @abstractmethod
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor: ...
 
+    def decompress_into(self, payload: Payload, out: torch.Tensor) -> torch.Tensor:
+        """``decompress(payload, out.numel())`` written into ``out`` (of the payload's dtype)
+        and returned; a compressor that can write there directly makes no tensor of its own
+        (as PyTorch's fp16 hook copies its fp16 sum straight into the bucket)."""
+        return out.copy_(self.decompress(payload, out.numel()))
+
     @abstractmethod
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int: ...
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from gradwire.compress.base import Compressor, Payload, check_input, expect
+from gradwire.errors import GradwireError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +36,13 @@ class Cast(Compressor):
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
         return expect(self.name, payload, CastPayload).values.to(payload.dtype)
+
+    def decompress_into(self, payload: Payload, out: torch.Tensor) -> torch.Tensor:
+        values = expect(self.name, payload, CastPayload).values
+        if values.numel() != out.numel():
+            raise GradwireError(f"{self.name}: this payload holds {values.numel()} elements, "
+                                f"not the {out.numel()} asked for")
+        return out.copy_(values)  # the cast back, in the one pass the copy makes anyway
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return numel * self.wire_dtype.itemsize
