@@ -4,11 +4,13 @@ nodes), then the sweep or the ranking made from them. Errors name the option at 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gradwire import profiles
 from gradwire.catalogue import METHODS
+from gradwire.check import check_real
 from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
 from gradwire.perf import advise as adv
@@ -69,6 +71,16 @@ class Advice:
     note: str
 
 
+def check_terms(s: Scenario) -> None:
+    """The model's terms are finite: NaN would pass every range check below (they compare)
+    and come out as NaN times. Their ranges are checked where they are used."""
+    for option, value in (("--bucket-mb", s.bucket_mb), ("--overlap-slowdown",
+                          s.overlap_slowdown), ("--alpha-us", s.alpha_us),
+                          ("--gamma-ns", s.gamma_ns)):
+        if not math.isfinite(value):
+            raise GradwireError(f"{option} must be a finite number, got {value}")
+
+
 def inputs(s: Scenario) -> tuple[Profile, list[Aggregation], CodecTable]:
     """The profile (with ``compute_ms`` applied), one :class:`Aggregation` per method of
     ``s.agg`` and the codec table ``s.codecs`` names."""
@@ -119,6 +131,7 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     """Every (aggregation, workers, link rate, compute speedup) of ``s``: ``workers`` as
     ``4:128``, ``4:128:4`` or a comma list, ``bandwidth`` and ``compute_speedup`` comma
     lists."""
+    check_terms(s)
     prof, aggs, table = inputs(s)
     rates = [parse_link(b) for b in bandwidth.split(",")]
     speedups = w.parse_numbers("--compute-speedup", compute_speedup)
@@ -136,6 +149,8 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
 def advise(s: Scenario, workers: int, bandwidth: str, compute_speedup: float) -> Advice:
     """Every scheme of ``s`` (every method where ``s.agg`` is None or empty) ranked by its
     predicted iteration on ``workers`` workers with links of ``bandwidth``."""
+    check_terms(s)
+    check_real("--compute-speedup", compute_speedup, 0, above=True)
     if not s.agg:
         s = replace(s, agg=",".join(METHODS))
     prof, aggs, table = inputs(s)
