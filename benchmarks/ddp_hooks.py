@@ -1,9 +1,14 @@
 """PyTorch's built-in DDP communication hooks (allreduce, fp16, PowerSGD) beside gradwire's, on
-one model and one process group, interleaved; ms per iteration (the slowest rank's, median) and
-the loss after the timed steps (a hook that is fast because it does nothing shows there).
+one model and one process group, interleaved; ms per iteration (the slowest rank's, median),
+the loss after the timed steps (a hook that is fast because it does nothing shows there), and
+for gradwire's hooks the share of an iteration inside call-header exchanges (which also holds
+the wait for the slowest rank: the first exchange of a step is its first sync point) and,
+for a hook also listed as "<hook>/nocheck" (GRADWIRE_CHECK_CALLS=0), the check's cost: the
+iteration with it over the iteration without, less 1, in the same run.
 
     python benchmarks/ddp_hooks.py                      # CPU: gloo, 4 emulated hosts, 1 Gbit/s
     python benchmarks/ddp_hooks.py --hosts 8 --out results/ddp_hooks_p8.json
+    python benchmarks/ddp_hooks.py --hooks gradwire:topk-0.001,gradwire:topk-0.001/nocheck
     python benchmarks/ddp_hooks.py --device cuda        # NCCL, P ranks sharing GPU 0, each its
                                                         # own emulated host (carry_iproute2.sh)
 
@@ -39,7 +44,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", default="1gbit")
     ap.add_argument("--loopback", action="store_true")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--model", default="mlp14m", choices=("mlp14m", "mlp-tiny"))
+    ap.add_argument("--model", default="mlp14m", choices=("mlp14m", "resnet50", "mlp-tiny"))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per run")
     ap.add_argument("--iters", type=int, default=5, help="timed iterations per run")
@@ -71,18 +76,29 @@ def main() -> None:
         times = [t for r in mine for t in r["slowest_s"]]
         summary[hook] = {"ms_per_iter": 1e3 * statistics.median(times),
                          "loss": statistics.fmean(r["loss"] for r in mine)}
+        if hook.startswith("gradwire:"):  # the call check's share (the slowest rank's)
+            header = 1e3 * statistics.median(r["header_s"] for r in mine)
+            summary[hook]["check_ms_per_iter"] = header
+            summary[hook]["check_share"] = header / summary[hook]["ms_per_iter"]
     ratios = {f"{ours} vs {theirs}": summary[theirs]["ms_per_iter"] / summary[ours]["ms_per_iter"]
               for ours, theirs in PAIRS if ours in summary and theirs in summary}
-    best = {side: min((h for h in summary if h.startswith(side)),
+    for hook in summary:  # the call check's cost: "<hook>/nocheck" beside "<hook>"
+        if hook.endswith("/nocheck") and hook.removesuffix("/nocheck") in summary:
+            on = summary[hook.removesuffix("/nocheck")]["ms_per_iter"]
+            summary[hook.removesuffix("/nocheck")]["check_cost"] = (
+                on / summary[hook]["ms_per_iter"] - 1)
+    best = {side: min((h for h in summary if h.startswith(side) and "/" not in h),
                       key=lambda h: summary[h]["ms_per_iter"], default=None)
             for side in ("torch:", "gradwire:")}
     if None not in best.values():
         ratios[f"best gradwire ({best['gradwire:']}) vs best torch ({best['torch:']})"] = (
             summary[best["torch:"]]["ms_per_iter"] / summary[best["gradwire:"]]["ms_per_iter"])
     print(f"{label}, {args.hosts} ranks, {args.model}, batch {args.batch}")
-    print(f"{'hook':<24} {'ms/iter':>9} {'loss':>8}")
+    print(f"{'hook':<32} {'ms/iter':>9} {'loss':>8} {'in headers':>10} {'check on/off':>12}")
     for hook, s in summary.items():
-        print(f"{hook:<24} {s['ms_per_iter']:9.1f} {s['loss']:8.4f}")
+        share = f"{100 * s['check_share']:.2f}%" if "check_share" in s else ""
+        cost = f"{100 * s['check_cost']:+.2f}%" if "check_cost" in s else ""
+        print(f"{hook:<32} {s['ms_per_iter']:9.1f} {s['loss']:8.4f} {share:>10} {cost:>12}")
     for what, r in ratios.items():
         print(f"speed {what}: {r:.2f}x")
     result = {**provenance.stamp("python " + shlex.join(sys.argv), args.device),

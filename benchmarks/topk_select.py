@@ -1,6 +1,7 @@
-"""The top-k selectors alone on one device: torch.topk (which breaks ties its own way) beside
-gradwire's exact selector and sampled threshold (ties to the smaller index) and the full tie
-rule (``largest``), on the same fp32 gradient, median of --repeats, each call synchronised.
+"""The top-k selectors alone on one device: one abs pass and torch.topk (which breaks ties its
+own way) beside gradwire's ``select`` (exact and sampled threshold, ties to the smaller index;
+on a GPU its device path, with no host sync), the host path's code and the full tie rule
+(``largest``), on the same fp32 gradient, median of --repeats, each call synchronised.
 
     python benchmarks/topk_select.py --device cuda --out benchmarks/results/topk_select_h100.json
 """
@@ -45,10 +46,15 @@ def main() -> None:
     rows = []
     for d in (float(v) for v in args.densities.split(",")):
         k = int(d * args.size)
-        ways = {"torch.topk": lambda k=k: torch.topk(x.abs(), k, sorted=False).indices,
-                "exact": lambda k=k: select.exact_topk(x, k),
-                "threshold": lambda k=k: select.threshold_topk(x, k, generator(0, 0,
-                                                                              args.device)),
+        ways = {"abs pass": lambda: x.abs(),
+                "torch.topk": lambda k=k: torch.topk(x.abs(), k, sorted=False).indices,
+                # select(): what the hooks call; on a GPU the device path (no host sync)
+                "select exact": lambda k=k: select.select(x, k, "exact"),
+                "select threshold": lambda k=k: select.select(x, k, "threshold"),
+                # the host path's code, on whatever device x is
+                "exact (host code)": lambda k=k: select.exact_topk(x, k),
+                "threshold (host code)": lambda k=k: select.threshold_topk(
+                    x, k, generator(0, 0, args.device)),
                 "full tie rule (largest)": lambda k=k: select.largest(x.abs(), k)}
         row = {"density": d, "k": k}
         row.update({name: median_ms(fn, args.repeats, args.device) for name, fn in ways.items()})

@@ -237,7 +237,7 @@ API = [
      "residual must be (10,) torch.float32"),
     (lambda: sparse_allreduce(x8, r8, 2, out=r8), "out may be x, never the residual"),
     (lambda: sparse_allreduce(x8, r16[:8], 2, out=r16[4:12]), "residual must be a tensor of"),
-    (lambda: sparse_allreduce(x8, torch.zeros(8), 2, algo="ring"), "gtopk runs on the binomial"),
+    (lambda: sparse_allreduce(x8, torch.zeros(8), 2, algo="ring"), "gtopk runs on the butterfly"),
     (lambda: gh.make("topkk"), "did you mean 'topk'"),
     (lambda: gh.make("topk", density=0), "density"),
     (lambda: gh.make("topk", density=1.5), "density"),

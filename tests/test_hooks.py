@@ -219,6 +219,13 @@ def test_every_method_under_ddp(p):
     run_checks("hooks_check.py", p, timeout=300)
 
 
+def test_the_hot_path_is_sync_free():
+    """tests/scripts/syncfree_check.py: on the device path (run on CPU tensors), a steady-state
+    backward makes no host-device synchronisation (dense, fp16) or exactly the one documented
+    read per step (topk, gtopk, powersgd), and gives the host path's gradients bit for bit."""
+    run_checks("syncfree_check.py", 3, timeout=300)
+
+
 # --- launchers and frameworks -------------------------------------------------------------
 
 def test_lightning_strategy_runs_the_hook_on_cpu():

@@ -36,11 +36,11 @@ def test_an_error_inside_the_hook_reaches_backward_unchanged(one_rank, monkeypat
     net = two_layers(bucket_cap_mb=1e-5)  # several buckets
     gh.make("dense", overlap=overlap, mode=mode).register(net)
 
-    def mismatch(c, x, key):
+    def mismatch(c, x, key, check=True):
         raise MismatchError("rank 0: ranks made different collective calls: elements: 9 on "
                             "rank 0; 8 on rank 1")
 
-    monkeypatch.setattr(hook_state, "aggregate", mismatch)
+    monkeypatch.setattr(hook_state, "start", mismatch)
     for _ in range(2):
         with pytest.raises(MismatchError, match=r"^rank 0: ranks made different collective"):
             backward(net)
@@ -89,10 +89,10 @@ class FakeBucket:
 def test_outside_a_backward_the_error_goes_to_the_future(one_rank, monkeypatch):
     state = gh.make("dense", overlap=False)
 
-    def boom(c, x, key):
+    def boom(c, x, key, check=True):
         raise GradwireError("broken")
 
-    monkeypatch.setattr(hook_state, "aggregate", boom)
+    monkeypatch.setattr(hook_state, "start", boom)
     fut = state.hook(state, FakeBucket([nn.Parameter(torch.ones(3))]))
     with pytest.raises(GradwireError, match="broken"):
         fut.wait()

@@ -11,7 +11,7 @@ import gradwire
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
     ("check",),
-    ("config", "dtypes", "bandwidth", "sizes", "jsonfile", "interrupts"),
+    ("config", "dtypes", "bandwidth", "sizes", "jsonfile", "interrupts", "syncfree"),
     ("data",),
     ("models",),
     ("profiles",),

@@ -14,7 +14,7 @@ from gradwire.launcher import rank_env
 
 needs_nccl = pytest.mark.skipif(not (torch.cuda.is_available() and dist.is_nccl_available()),
                                 reason="needs a CUDA device and NCCL")
-SCRIPTS = ["collectives_check.py", "sparse_check.py", "hooks_check.py"]
+SCRIPTS = ["collectives_check.py", "sparse_check.py", "hooks_check.py", "syncfree_check.py"]
 
 
 @needs_nccl

@@ -116,7 +116,9 @@ def _fig9(method: str, p: int, m: int) -> float:
     if method == "dense":
         return 1e3 * float(comm.seconds("allreduce", "ring", p, m, 4, FIG9.alpha, FIG9.beta,
                                         pipeline=1))
-    coll, algo, count, params = spec(method, p, m, round(m * 0.001))
+    # the paper's gTop-k runs on its binomial tree (gradwire's default is the butterfly)
+    coll, algo, count, params = spec(method, p, m, round(m * 0.001),
+                                     algo="tree" if method == "gtopk" else None)
     return 1e3 * float(comm.seconds(coll, algo, p, count, 1, FIG9.alpha, FIG9.beta, **params))
 
 
@@ -125,7 +127,8 @@ def test_fig9_left_worker_sweep_from_table_i(p: int) -> None:
     got = tuple(_fig9(method, p, 25_000_000) for method in ("dense", "topk", "gtopk"))
     assert got == pytest.approx(FIG9_LEFT_MS[p], rel=1e-4)
     for method in ("topk", "gtopk"):  # the sparse module's own estimate agrees
-        want = estimate(method, p, 25_000_000, 25_000, FIG9) * 1e3
+        want = estimate(method, p, 25_000_000, 25_000, FIG9,
+                        algo="tree" if method == "gtopk" else None) * 1e3
         assert _fig9(method, p, 25_000_000) == pytest.approx(want, rel=1e-12)
 
 
@@ -171,17 +174,21 @@ def test_single_bucket_dense_is_compute_plus_the_ring_allreduce() -> None:
     assert float(r.efficiency) == pytest.approx(0.15 / float(r.iteration))
 
 
-@pytest.mark.parametrize("mode, calls", [("bucket", 3), ("model", 1)])
+@pytest.mark.parametrize("method, mode, calls", [("gtopk", "bucket", 1), ("gtopk", "model", 1),
+                                                 ("qsgd", "bucket", 3)])
 @pytest.mark.parametrize("p", [2, 5, 8])
-def test_each_bucket_pays_the_header_exchange_of_agree(mode, calls, p) -> None:
-    agg = Aggregation("gtopk", mode=mode, bucket_mb=10)
+def test_the_header_exchanges_of_agree_are_charged(method, mode, calls, p) -> None:
+    """One per step where the NaN/Inf status travels with the data (gTop-k), one per bucket
+    where the ranks agree on it first (QSGD)."""
+    agg = Aggregation(method, mode=mode, bucket_mb=10)
     on, off = (predict(TOY, ClusterModel(p, 1e9, 307e-6, beta=8.36e-9, check_calls=c), agg, HERE)
                for c in (True, False))
     # agree.py's exchange: recursive-doubling allgather of one 168-byte header per rank
     header = cost(schedule("allgather", "rd", p, 168 * p, itemsize=1), CostParams(307e-6,
                   8.36e-9), 1)
     assert float(on.communicate - off.communicate) == pytest.approx(calls * header, rel=1e-9)
-    assert float(on.iteration) > float(off.iteration)
+    # the one header of a step in bucket mode runs while backward still computes
+    assert float(on.iteration) >= float(off.iteration)
 
 
 @settings(max_examples=25, deadline=None)
@@ -259,7 +266,7 @@ def test_busiest_bytes_are_the_most_any_rank_sends_or_receives(p, n, algo) -> No
 def test_cpu_of_a_tree_is_the_mean_over_its_ranks() -> None:
     """Binomial gTop-k tree at P = 8: a leaf takes part in two of its steps, the root in all;
     ranks sharing cores share their sum, so a rank is charged the mean."""
-    c, a, n, prm = spec("gtopk", 8, 1_000_000, 1000)
+    c, a, n, prm = spec("gtopk", 8, 1_000_000, 1000, algo="tree")
     s = schedule(c, a, 8, n, **prm)
     taking_part = sum(len({r for x in st.transfers for r in (x.src, x.dst)}) for st in s.steps)
     got = comm.cpu_seconds(c, a, 8, n, 1, 1.0, 0.0, 0.0, **prm)
@@ -277,7 +284,7 @@ def _shared(p: int, **kw) -> ClusterModel:
 def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     """8 ranks on 2 cores: an iteration takes at least 4·D/u + S·s, D = the rank's own CPU
     (here given) + coding + its part of the schedules, S the schedule steps it takes part in
-    (a header and the method's collectives per bucket); without ``cores`` nothing changes."""
+    (the headers and the method's collectives); without ``cores`` nothing changes."""
     agg = Aggregation(method)
     free = predict(TOY, ClusterModel(8, 1e9, 307e-6, 0.1e-9, beta=8.36e-9), agg, HERE)
     assert free.cpu_bound == 0 and free.cpu_comm == 0 and free.steps == 0
@@ -285,13 +292,13 @@ def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     r = predict(TOY, _shared(8, cpu_share=0.9, cpu_sync=1e-3, cpu_slowdown=1.5), agg, HERE,
                 rank_cpu=0.2)
     assert r.cpu == pytest.approx(0.2 + 1.5 * r.coding + r.cpu_comm) and r.cpu_comm > 0
-    per_bucket = 1 + (2 if method == "powersgd" else 1)
+    per_bucket = 2 if method in ("powersgd", "signsgd") else 1  # signsgd: and a header
     n = len(buckets(TOY, agg))
-    assert r.calls == n * per_bucket
+    assert r.calls == n * per_bucket + (method != "signsgd")  # the step's one header
     if method == "dense":
-        # per bucket: the header's recursive-doubling allgather (log2 8 = 3 steps) and the
+        # one header, the recursive-doubling allgather (log2 8 = 3 steps), and per bucket the
         # ring allreduce (2·(8 − 1) = 14)
-        assert r.steps == n * (3 + 14)
+        assert r.steps == 3 + n * 14
     assert r.steps > r.calls
     assert r.cpu_bound == pytest.approx(4 * r.cpu / 0.9 + r.steps * 1e-3)
     assert float(r.iteration) >= r.cpu_bound
@@ -492,8 +499,8 @@ def test_buckets_queued_behind_a_busy_link_start_with_no_credit() -> None:
                   CostParams(307e-6, beta), 1)
     rings = sum(cost(schedule("allreduce", "ring", 4, n, pipeline=1), CostParams(307e-6, beta), 4)
                 for n in (1_000_000, 3_000_000, 4_000_000))
-    assert float(r.communicate) == pytest.approx(3 * header + rings - burst * beta, rel=1e-9)
-    assert float(r.header) == pytest.approx(3 * header, rel=1e-9)
+    assert float(r.communicate) == pytest.approx(header + rings - burst * beta, rel=1e-9)
+    assert float(r.header) == pytest.approx(header, rel=1e-9)  # one a step
 
 
 def test_a_payload_smaller_than_the_credit_pays_only_its_messages() -> None:

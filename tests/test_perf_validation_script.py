@@ -138,7 +138,7 @@ def test_with_hook_cpu_measured_a_row_is_its_threads_cpu_from_the_other_methods_
     assert pv.thread_cpu(recorded[3], 2, "dense") is None
     assert pv.hook_cpu(doc["calibration"]["1gbit P=2"], "dense") is None
     # the probe's wall floors a row (point 8): forward + wall + step where it binds
-    assert all(0 < r["predicted_parts_s"]["floor"] < r["predicted_s"] for r in rows)
+    assert all(0 < r["predicted_parts_s"]["floor"] <= r["predicted_s"] for r in rows)
     assert all(r["predicted_parts_s"]["floor"] == 0 for r in dense)
     for c in cal.values():
         c["hook_s"]["signsgd"]["wall_s"] = 2.0

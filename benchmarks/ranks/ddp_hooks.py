@@ -2,8 +2,9 @@
 and one process group, interleaved round by round; rank 0 prints one ROW line of JSON per
 (round, hook) with the slowest rank's seconds of each timed iteration and the loss after them.
 
-Environment: HOOKS (comma-separated names, see HOOKS below), MODEL, BATCH, WARMUP, ITERS,
-ROUNDS, DEVICE (cpu: gloo; cuda: NCCL, every rank on GPU 0, as emulated hosts sharing it).
+Environment: HOOKS (comma-separated names, see HOOKS below; "gradwire:<method>[-<density or
+rN>][@<algo>][/nocheck]"), MODEL, BATCH, WARMUP, ITERS, ROUNDS, DEVICE (cpu: gloo; cuda: NCCL,
+every rank on GPU 0, as emulated hosts sharing it).
 """
 import datetime
 import json
@@ -19,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
+from gradwire.models.resnet import resnet50
 
 DEVICE = os.environ.get("DEVICE", "cpu")
 BATCH = int(os.environ.get("BATCH", "32"))
@@ -26,6 +28,7 @@ WARMUP = int(os.environ.get("WARMUP", "3"))
 ITERS = int(os.environ.get("ITERS", "5"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 MODEL = os.environ.get("MODEL", "mlp14m")
+CHECK_CALLS = os.environ.get("GRADWIRE_CHECK_CALLS", "1")
 
 
 def model() -> tuple[nn.Module, tuple[int, ...]]:
@@ -37,9 +40,11 @@ def model() -> tuple[nn.Module, tuple[int, ...]]:
         for a, b in zip(widths, widths[1:], strict=False):
             layers += [nn.Linear(a, b), nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(widths[-1], 10)), (3072,)
+    if MODEL == "resnet50":  # ImageNet width and stem, 25.6 M parameters, 3×224×224 inputs
+        return resnet50(1000, 3), (3, 224, 224)
     if MODEL == "mlp-tiny":  # for a smoke run
         return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), (64,)
-    raise SystemExit(f"MODEL must be mlp14m or mlp-tiny, got {MODEL!r}")
+    raise SystemExit(f"MODEL must be mlp14m, resnet50 or mlp-tiny, got {MODEL!r}")
 
 
 def register(name: str, ddp: DDP) -> object:
@@ -54,10 +59,11 @@ def register(name: str, ddp: DDP) -> object:
                                    start_powerSGD_iter=2)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
         return state
-    method, _, arg = name.removeprefix("gradwire:").partition("-")
+    spec, _, algo = name.removeprefix("gradwire:").partition("@")  # "gtopk-0.001@tree"
+    method, _, arg = spec.partition("-")
     opts = ({"rank": int(arg.removeprefix("r"))} if method == "powersgd"
             else {"density": float(arg)} if arg else {})
-    state = gh.make(method, warmup=False, **opts)
+    state = gh.make(method, warmup=False, algo=algo or None, **opts)
     state.register(ddp)
     return state
 
@@ -67,14 +73,21 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float]:
-    """(this rank's seconds per timed iteration, the loss at the last one)."""
+def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float, float]:
+    """(this rank's seconds per timed iteration, the loss at the last one, the seconds per
+    timed iteration gradwire's hook spent in call-header exchanges, 0 for PyTorch's)."""
     net, _ = model()
     ddp = DDP(net.to(DEVICE))
-    keep = register(name, ddp)  # noqa: F841 (the hook's state lives as long as the DDP)
+    # "<hook>/nocheck": gradwire's hook with the call check off (GRADWIRE_CHECK_CALLS=0, read
+    # when the hook sets itself up at its first bucket), for the check's cost in the same run
+    name, _, variant = name.partition("/")
+    os.environ["GRADWIRE_CHECK_CALLS"] = "0" if variant == "nocheck" else CHECK_CALLS
+    keep = register(name, ddp)  # the hook's state lives as long as the DDP
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     times, loss = [], 0.0
     for i in range(WARMUP + ITERS):
+        if i == WARMUP and isinstance(keep, gh.HookState):
+            keep.reset_stats()
         dist.barrier()
         sync()
         t0 = time.perf_counter()
@@ -86,7 +99,8 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
         if i >= WARMUP:
             times.append(time.perf_counter() - t0)
     loss = float(out.detach())
-    return times, loss
+    header = keep.stats["header"] / ITERS if isinstance(keep, gh.HookState) else 0.0
+    return times, loss, header
 
 
 def gather(values: list[float], world: int) -> torch.Tensor:
@@ -107,19 +121,20 @@ def main() -> None:
     _, shape = model()
     g = torch.Generator().manual_seed(1000 + rank)  # a fixed batch per rank
     x = torch.randn((BATCH, *shape), generator=g).to(DEVICE)
-    y = torch.randint(0, 10, (BATCH,), generator=g).to(DEVICE)
+    y = torch.randint(0, 10, (BATCH,), generator=g).to(DEVICE)  # a class of every model
     hooks = os.environ["HOOKS"].split(",")
     for r in range(ROUNDS):
         order = hooks if r % 2 == 0 else hooks[::-1]  # interleaved, each side first in turn
         for name in order:
-            times, loss = run(name, x, y)
+            times, loss, header = run(name, x, y)
             slowest = gather(times, world).max(dim=0).values.tolist()
             losses = gather([loss], world)[:, 0].tolist()
+            header = float(gather([header], world).max())
             if rank == 0:
                 print("ROW " + json.dumps({
                     "round": r, "hook": name, "slowest_s": slowest,
                     "median_s": statistics.median(slowest),
-                    "loss": statistics.fmean(losses)}), flush=True)
+                    "loss": statistics.fmean(losses), "header_s": header}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

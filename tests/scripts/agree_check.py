@@ -89,8 +89,8 @@ expect_mismatch("method", lambda: sparse_allreduce(x, residual, 10, "topk" if od
                 ["method", "gtopk on ranks", "topk on rank"])
 check(torch.equal(residual, before), "method: residual changed by a failed call")
 expect_mismatch("schedule", lambda: sparse_allreduce(x, residual, 10, "gtopk", transport=t,
-                                                     algo="rd" if odd else "tree"),
-                ["method", "gtopk on rank", "gtopk/rd on rank"])
+                                                     algo="tree" if odd else "rd"),
+                ["method", "gtopk on rank", "gtopk/tree on rank"])
 check(torch.equal(residual, before), "schedule: residual changed by a failed call")
 
 # One rank skips a call and goes on to the next: the next one is compared with the skipped.

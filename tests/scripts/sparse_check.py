@@ -24,7 +24,7 @@ from gradwire.sparse import schedule, sparse_allreduce  # noqa: E402
 from gradwire.transport import Transport  # noqa: E402
 
 rank, p = init()
-METHODS = [("topk", "rd"), ("topk", "ring"), ("gtopk", None), ("gtopk", "rd")]
+METHODS = [("topk", "rd"), ("topk", "ring"), ("gtopk", "tree"), ("gtopk", None)]
 NP = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
 
 
@@ -80,7 +80,7 @@ def case(n: int, k: int, dtype: torch.dtype, method: str, algo: str | None, seed
         if err > 1e-4:
             fail(f"{tag}: mass off by {err}")
     # The butterfly makes the tree's merges only for P a power of two (it folds odd ranks in).
-    if dtype in NP and ((method, algo) != ("gtopk", "rd") or not p & (p - 1)):
+    if dtype in NP and ((method, algo) != ("gtopk", None) or not p & (p - 1)):
         want, want_res = reference([a.cpu().numpy() for a, _ in inputs],
                                    [b.cpu().numpy() for _, b in inputs], k, method)
         if not same_average(avg.cpu().numpy(), want / NP[dtype](p)):

@@ -100,7 +100,7 @@ def hook_seconds(numel: int, repeats: int = 3, density: float = 0.001,
             for state, plan, key, x, times in runs.values():
                 x.copy_(src)  # as DDP refills its bucket
                 t0 = time.perf_counter()
-                state._bucket(x, key, plan, False)  # noqa: SLF001
+                state._bucket(x, key, plan, 0, False)  # noqa: SLF001
                 times.append(time.perf_counter() - t0)
         return {name: statistics.median(r[-1][1:]) for name, r in runs.items()}
     finally:
@@ -110,7 +110,7 @@ def hook_seconds(numel: int, repeats: int = 3, density: float = 0.001,
 def hook_path(name: str, density: float = 0.001, rank: int = 4) -> tuple:
     """(state, call): method ``name``'s hook state on torch.distributed's default group and
     one bucket's call, as :meth:`gradwire.hooks.HookState.on_bucket` makes them, for running
-    the hook's own path (``state._bucket(buf, key, call, last)``) without DDP to time it."""
+    the hook's own path (``state._bucket(buf, key, call, index, last)``) without DDP to time it."""
     opts = {"rank": rank} if name == "powersgd" else {}
     state = make(name, density=density, warmup=False, overlap=False, **opts)
     comm = state._setup()  # noqa: SLF001 - the hook's own path, run here to time it

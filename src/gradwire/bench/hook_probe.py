@@ -48,7 +48,7 @@ def hook_cpu(t: Transport, numels: list[int], methods: list[str]) -> dict[str, d
                 buf.copy_(g)
                 evict.add_(1)
                 w0, c0 = time.perf_counter(), time.process_time()
-                state._bucket(buf, key, plan, i == len(bufs) - 1)  # noqa: SLF001
+                state._bucket(buf, key, plan, i, i == len(bufs) - 1)  # noqa: SLF001
                 cpu += time.process_time() - c0
                 wall += time.perf_counter() - w0
             cpus.append(cpu)

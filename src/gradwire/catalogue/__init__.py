@@ -29,8 +29,8 @@ Example::
 """
 
 from gradwire.catalogue.calls import BucketPlan, CollectiveCall
-from gradwire.catalogue.methods import METHODS, MODES, Method, aggregate, get
-from gradwire.catalogue.paths import AggregationCall, Path
+from gradwire.catalogue.methods import METHODS, MODES, Method, aggregate, get, start
+from gradwire.catalogue.paths import AggregationCall, Path, Started
 
 __all__ = ["METHODS", "MODES", "AggregationCall", "BucketPlan", "CollectiveCall", "Method",
-           "Path", "aggregate", "get"]
+           "Path", "Started", "aggregate", "get", "start"]

@@ -17,6 +17,7 @@ from gradwire.catalogue.paths import (
     SUMMED,
     AggregationCall,
     Path,
+    Started,
     dense_average,
 )
 from gradwire.compress import COMPRESSORS, Compressor, feedback
@@ -117,24 +118,46 @@ def get(name: str) -> Method:
     return m
 
 
-def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
-    """(average, payload bytes) for this rank's gradient ``x`` of bucket ``key``; ``x`` is the
-    caller's to lose (the dense path averages in it, as DDP's allreduce does in the bucket).
+def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) -> Started:
+    """Compress and communicate this rank's gradient ``x`` of bucket ``key``; the average is
+    taken with :meth:`Started.finish`. ``x`` is the caller's to lose (the average is written
+    over it, as DDP's allreduce does in the bucket).
 
-    Before any residual changes, the call header: ranks that disagree fail here, all of them,
-    naming why; and the ranks agree on the NaN/Inf policy's path
-    (:mod:`gradwire.compress.feedback`): NaN or Inf anywhere, every rank sums x + residual
-    dense (the average holds them as DDP's would, GradScaler then skips the step) and clears
-    its residual; gradient + residual overflowing anywhere, every rank sums x alone dense and
-    keeps its residual."""
+    ``check``: exchange the call header first, so that ranks that disagree fail here, all of
+    them, naming why, before any residual changes. A caller that has already agreed on this
+    call (the hooks agree once per step on the whole step's calls) passes False. Methods whose
+    NaN/Inf status cannot travel with their data (:meth:`Path.in_band`) always exchange it in
+    the header, and take the policy's path (:mod:`gradwire.compress.feedback`) before
+    compressing."""
+    m, n = c.method, x.numel()
+    if not m.path.in_band(m):
+        return Started.done(*_agreed_first(c, x, key))
+    if check:
+        c.comm.agree(header(c, n, x.dtype))
+    if m.path is DENSE or c.dense or m.plan(n, c.comm.world, x.dtype, c.compressor, c.density,
+                                           c.comm.algo).dense:
+        return Started.done(*DENSE.run(c, x, key))
+    return m.path.start(c, x, key)
+
+
+def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
+    """(average, payload bytes): :func:`start`, its header included, and its result at once."""
+    s = start(c, x, key)
+    return s.finish(0 if s.worst is None else int(s.worst)), s.sent
+
+
+def header(c: AggregationCall, numel: int, dtype: torch.dtype) -> list[tuple[str, object]]:
+    """The call header of one aggregation (:mod:`gradwire.collectives.agree`)."""
+    return [("call", "hook"), ("method", c.name), ("dense", c.dense), ("elements", numel),
+            ("dtype", dtype), ("density", f"{c.density:.6g}")]
+
+
+def _agreed_first(c: AggregationCall, x: torch.Tensor, key: object
+                  ) -> tuple[torch.Tensor, int]:
+    """The header with this rank's status, then the NaN/Inf policy's path for the worst."""
     m, n = c.method, x.numel()
     residual = c.ef.residuals.get(key) if c.ef is not None else None
-    worst = c.comm.agree([("call", "hook"), ("method", c.name),
-                          ("dense", c.dense), ("elements", n), ("dtype", x.dtype),
-                          ("density", f"{c.density:.6g}")],
-                         status=0 if m.path is DENSE else lambda: feedback.status(x, residual))
-    if m.path is DENSE:
-        return DENSE.run(c, x, key)
+    worst = c.comm.agree(header(c, n, x.dtype), status=lambda: feedback.status(x, residual))
     instead = feedback.fallback(worst, x, residual, f"gradwire hook {m.name}")
     if instead is not None:
         return dense_average(c, instead)
@@ -143,4 +166,5 @@ def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.T
     return m.path.run(c, x, key)
 
 
-__all__ = ["MODES", "METHODS", "AggregationCall", "Method", "aggregate", "get"]
+__all__ = ["MODES", "METHODS", "AggregationCall", "Method", "Started", "aggregate", "get",
+           "start"]

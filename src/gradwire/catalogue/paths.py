@@ -20,6 +20,7 @@ added first and keeps what was not applied, so Σ_ranks e_after + P·avg = Σ_ra
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,13 +38,14 @@ from gradwire.compress import (
     ErrorFeedback,
     Payload,
     PowerSGDCompressor,
+    feedback,
     from_matrix,
     matrix_shape,
     to_matrix,
 )
 from gradwire.compress.base import select_count
 from gradwire.dtypes import acc_dtype
-from gradwire.sparse import sparse_allreduce
+from gradwire.sparse.allreduce import GTOPK_ALGOS, exchange
 from gradwire.sparse.allreduce import spec as sparse_spec
 from gradwire.sparse.wire import entry_bytes
 
@@ -81,12 +83,42 @@ class AggregationCall:
     name: str  # the method as the call header shows it (HookState.call_name)
 
 
+@dataclass
+class Started:
+    """One bucket's aggregation after its messages, before its result is taken.
+
+    ``worst``: the ranks' worst NaN/Inf status (:mod:`gradwire.compress.feedback`) as it
+    travelled with the data, a 0-d tensor on x's device that nothing has read yet (reading it
+    waits for the device), or None where no status is needed. ``finish(int(worst))`` (0 for
+    None) returns the average; until then x and the residual hold what the policy's dense
+    fallback needs."""
+
+    sent: int
+    worst: torch.Tensor | None
+    finish: Callable[[int], torch.Tensor]
+
+    @staticmethod
+    def done(avg: torch.Tensor, sent: int) -> Started:
+        return Started(sent, None, lambda _worst: avg)
+
+
 class Path:
     """How a method's payloads travel and combine."""
 
     name: str
     sums_payloads = False  # payloads are summed element-wise: their randomness must be shared
     on_transport = False  # runs on gradwire's transport (counted bytes, header exchange)
+
+    def in_band(self, m: Method) -> bool:
+        """Whether the NaN/Inf status needs no exchange before the data: it travels with the
+        payload (:meth:`start`), or the method keeps no residual (NaN and Inf then go
+        through as a dense allreduce would give them). Otherwise the status is agreed in the
+        call's header exchange before the data (catalogue.methods.aggregate)."""
+        return not m.error_feedback
+
+    def start(self, c: AggregationCall, x: torch.Tensor, key: object) -> Started:
+        """Compress and communicate ``x``; the result is taken with ``finish``."""
+        return Started.done(*self.run(c, x, key))
 
     def plan(self, m: Method, numel: int, world: int, dtype: torch.dtype,
              compressor: Compressor | None, density: float, algo: str | None) -> BucketPlan:
@@ -146,6 +178,9 @@ class Gathered(Path):
 
     name = "gathered"
 
+    def in_band(self, m):  # type: ignore[override]
+        return False  # a sign, a vote or a quantisation level may hide a NaN: agree first
+
     def plan(self, m, numel, world, dtype, compressor, density, algo):  # type: ignore[override]
         assert compressor is not None
         wire = compressor.wire_bytes(numel, dtype)
@@ -159,33 +194,49 @@ class Gathered(Path):
         return c.compressor.combine(payloads, x.numel()), payload.nbytes  # type: ignore
 
 
+def sparse_algo(method: str, algo: str | None) -> str | None:
+    """The schedule a sparse method runs for the hook's ``algo``: gtopk on "rd" (its default,
+    the butterfly) or "tree" (the paper's) when ``algo`` names one; otherwise its default."""
+    return algo if method == "gtopk" and algo in GTOPK_ALGOS else None
+
+
 class Sparse(Path):
-    """TopKAllReduce and gTopKAllReduce (:func:`gradwire.sparse.sparse_allreduce`)."""
+    """TopKAllReduce and gTopKAllReduce (:func:`gradwire.sparse.sparse_allreduce`); the hook's
+    ``algo="tree"`` runs gTop-k on the paper's tree instead of the butterfly."""
 
     name = "sparse"
     on_transport = True
 
     def plan(self, m, numel, world, dtype, compressor, density, algo):  # type: ignore[override]
         k = select_count(numel, density, None)
-        coll, name, count, params = sparse_spec(m.name, world, numel, k, dtype)
+        coll, name, count, params = sparse_spec(m.name, world, numel, k, dtype,
+                                                sparse_algo(m.name, algo))
         return BucketPlan((CollectiveCall(coll, name, count, 1, "entries", params),),
                           k * entry_bytes(numel, dtype))
 
+    def in_band(self, m):  # type: ignore[override]
+        return True  # the status byte beside the entries
+
     def run(self, c, x, key):  # type: ignore[override]
-        assert c.ef is not None
+        s = self.start(c, x, key)
+        return s.finish(int(s.worst)), s.sent  # type: ignore[arg-type]
+
+    def start(self, c, x, key):  # type: ignore[override]
+        assert c.ef is not None and c.comm.agreed is not None
         k = select_count(x.numel(), c.density, None)
         residual = c.ef.residual(key, x)
         selector = getattr(c.compressor, "selector", "exact")
         t0, timings = time.perf_counter(), {}
-        # x is spent once added to the residual, so the average is written over it (a fresh
-        # tensor of n elements would cost page faults every step).
-        avg = sparse_allreduce(x, residual, k, c.method.name, selector=selector,
-                               transport=c.comm.agreed, group=c.comm.group, out=x,
-                               timings=timings)
+        ex = exchange(x, residual, k, c.method.name, selector, c.comm.agreed,
+                      sparse_algo(c.method.name, c.comm.algo), timings,
+                      f"gradwire hook {c.method.name}")
         # error feedback and selection count as compression; messages and merges as
         # communication
         c.comm.seconds += time.perf_counter() - t0 - timings["select"]
-        return avg, k * entry_bytes(x.numel(), x.dtype)
+        # The average is written over x, which is read until then (a fresh tensor of n
+        # elements would cost page faults every step).
+        return Started(min(k, x.numel()) * entry_bytes(x.numel(), x.dtype), ex.worst,
+                       lambda worst: ex.finish(worst, x, lambda y: dense_average(c, y)[0]))
 
 
 class LowRank(Path):
@@ -206,24 +257,53 @@ class LowRank(Path):
             return dense(numel, dtype, algo)
         item = acc_dtype(dtype).itemsize
         name, params = allreduce_algo(algo)
-        return BucketPlan((CollectiveCall("allreduce", name, rows * r, item, "P", params),
+        # P carries one more element: the ranks' NaN/Inf statuses, summed (start)
+        return BucketPlan((CollectiveCall("allreduce", name, rows * r + 1, item, "P", params),
                            CollectiveCall("allreduce", name, cols * r, item, "Q", params)),
-                          (rows + cols) * r * item)
+                          (rows + cols) * r * item + item)
+
+    def in_band(self, m):  # type: ignore[override]
+        return True  # the status element beside P
 
     def run(self, c, x, key):  # type: ignore[override]
+        s = self.start(c, x, key)
+        return s.finish(int(s.worst)), s.sent  # type: ignore[arg-type]
+
+    def start(self, c, x, key):  # type: ignore[override]
         assert isinstance(c.compressor, PowerSGDCompressor) and c.ef is not None
-        ps, n = c.compressor.power, x.numel()
-        corrected = c.ef.correct(key, x)
+        ps, n, world = c.compressor.power, x.numel(), c.comm.world
+        e = c.ef.residuals.get(key)
+        mine, keep = feedback.local_status(x, e)
+        corrected = c.ef.correct(key, x)  # x + e, a tensor of its own: x and e stay as they are
         m = to_matrix(corrected)
         p = ps.p(m, key)
-        c.comm.all_reduce(p)
+        # The statuses travel as one more element of P, summed: a rank's NONFINITE counts
+        # world + 1 (more than every OVERFLOW together), OVERFLOW 1.
+        code = (torch.where(mine == feedback.Status.NONFINITE, world + 1, mine)
+                if isinstance(mine, torch.Tensor) else
+                torch.tensor(world + 1 if mine == feedback.Status.NONFINITE else mine))
+        wire = torch.cat([p.reshape(-1), code.reshape(1).to(p.dtype)])
+        c.comm.all_reduce(wire)
+        p.copy_(wire[:-1].view_as(p))
+        total = wire[-1]
+        worst = ((total > world).to(torch.uint8) * int(feedback.Status.NONFINITE)
+                 + ((total > 0) & (total <= world)).to(torch.uint8))
         q = ps.q(m, p, key)  # orthogonalises the summed p in place
         c.comm.all_reduce(q)
-        q.div_(c.comm.world)
+        q.div_(world)
         avg = from_matrix(ps.decompress(p, q, key), n, x.dtype)
-        # Residual = corrected − avg (as PyTorch's hook): Σ over ranks is Σ corrected − P·avg.
-        c.ef.update(key, corrected, avg)
-        return avg, p.nbytes + q.nbytes
+
+        def finish(worst: int) -> torch.Tensor:
+            if worst == feedback.Status.OK:
+                # Residual = corrected − avg (as PyTorch's hook): Σ over ranks is
+                # Σ corrected − P·avg.
+                c.ef.update(key, corrected, avg)
+                return avg
+            instead = feedback.settle(worst, x, corrected, e, keep,
+                                      f"gradwire hook {c.method.name}")
+            return dense_average(c, instead)[0]
+
+        return Started(wire.nbytes + q.nbytes, worst, finish)
 
 
 DENSE, SUMMED, GATHERED, SPARSE, LOWRANK = Dense(), Summed(), Gathered(), Sparse(), LowRank()

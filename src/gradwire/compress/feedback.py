@@ -13,22 +13,33 @@ compressor; compressors keep none of their own. A top-k selection does steps 1�
 the residual (:func:`feed`), which :func:`gradwire.sparse.sparse_allreduce` also uses.
 
 The NaN/Inf policy, here once for the hooks and :func:`gradwire.sparse.sparse_allreduce`.
-Every rank finds the :class:`Status` of its gradient x and residual e (:func:`status`), the
-ranks agree on the worst in the call's header exchange
-(:func:`gradwire.collectives.agree.agree_status`), and :func:`fallback` says what every rank
-then does:
+Every rank finds the :class:`Status` of its gradient x and residual e, the ranks learn the
+worst, and every rank then takes the same path:
 
 1. OK everywhere: compress with error feedback as usual.
 2. NONFINITE anywhere (x holds NaN or Inf): every rank sums x + e dense, as a dense
    allreduce would (GradScaler then skips the step), and its residual is cleared.
-3. OVERFLOW anywhere, NONFINITE nowhere (x is finite, x + e overflows x's dtype): every rank
-   sums x alone dense and keeps e untouched, so e_after + applied = e_before + x exactly and
-   nothing non-finite is applied or kept.
+3. OVERFLOW anywhere, NONFINITE nowhere (x is finite, x + e overflows x's dtype): a rank whose
+   x + e overflows sums x alone dense and keeps e untouched; the others sum x + e and clear
+   theirs. Either way e_after + applied = e_before + x exactly, and nothing non-finite is
+   applied or kept.
 
-With the header exchange off (``GRADWIRE_CHECK_CALLS=0``) the ranks cannot agree on a dense
-call, so every rank compresses as usual and NaN or Inf in x goes through the compressor as it
-is. A rank whose x + e would overflow drops its residual first (zeroed, with a warning: its
-mass is lost) and compresses x alone, so an overflow never leaves a residual non-finite.
+Top-k, gTop-k and PowerSGD carry the status with the data (:func:`local_status`,
+:func:`add_kept`, :func:`settle`): a rank whose x + e would overflow leaves x out of its
+accumulator (so e stays as it was), every rank compresses and sends as usual with its status
+beside the payload, and once the worst is known the rare non-OK bucket is summed again,
+dense. Nothing is exchanged before the data, and on a GPU the worst is read once per training
+step (:mod:`gradwire.hooks`). On the host the status is exact; on a device it comes from the
+largest magnitudes alone (no host read): a bucket whose largest |x| plus largest |e| overflows
+counts as overflowing even where no single x_i + e_i does (then it is summed dense that step,
+and nothing is lost).
+
+The other compressors agree on the status in the call's header exchange
+(:func:`gradwire.collectives.agree.agree_status`) before compressing (:func:`status`,
+:func:`fallback`). With the header exchange off (``GRADWIRE_CHECK_CALLS=0``) those ranks
+cannot agree on a dense call, so every rank compresses as usual and NaN or Inf in x goes
+through the compressor as it is; a rank whose x + e would overflow drops its residual first
+(zeroed, with a warning: its mass is lost) and compresses x alone.
 """
 
 from __future__ import annotations
@@ -42,18 +53,20 @@ import torch
 from gradwire.compress.base import Compressor, Payload
 from gradwire.compress.select import select
 from gradwire.errors import GradwireError
+from gradwire.syncfree import on_host
 
 # What a state dict that is not what state_dict() returned raises on the way in (a missing key,
 # a field of the wrong type or value): callers turn it into one GradwireError.
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
 
 
-def feed(residual: torch.Tensor, x: torch.Tensor, k: int, selector: str = "exact"
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps 1–3 for a top-k selection, in place: acc = residual + x (in ``residual``); select
-    the min(k, n) largest |acc| (:func:`gradwire.compress.select.select`); residual = acc −
-    sent. Returns what this rank sends: (values, int64 indices)."""
-    acc = residual.add_(x)
+def feed(residual: torch.Tensor, x: torch.Tensor, k: int, selector: str = "exact",
+         keep: bool | torch.Tensor = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1–3 for a top-k selection, in place: acc = residual + x (in ``residual``; residual
+    alone where ``keep`` is false, :func:`add_kept`); select the min(k, n) largest |acc|
+    (:func:`gradwire.compress.select.select`); residual = acc − sent. Returns what this rank
+    sends: (values, int64 indices); putting the values back at the indices restores acc."""
+    acc = add_kept(residual, x, keep)
     idx = select(acc, k, selector)
     values = acc[idx]
     acc[idx] = 0  # acc − sent, exactly: the sent values are acc's own
@@ -95,6 +108,73 @@ def status(x: torch.Tensor, residual: torch.Tensor | None = None) -> Status:
         return Status.NONFINITE
     assert residual is not None  # x alone is finite, so its bound was
     return Status.OK if bool(torch.isfinite(x + residual).all()) else Status.OVERFLOW
+
+
+def local_status(x: torch.Tensor, residual: torch.Tensor | None
+                 ) -> tuple[int | torch.Tensor, bool | torch.Tensor]:
+    """(this rank's :class:`Status`, whether x goes into its accumulator: not when x + e
+    overflows). On the host: an int and a bool, exactly (:func:`status`). On a device: 0-d
+    uint8 and bool tensors, with no host read, from the largest magnitudes alone (the
+    module docstring)."""
+    if on_host(x):
+        mine = status(x, residual)
+        return int(mine), mine is not Status.OVERFLOW
+    if x.numel() == 0:
+        zero = torch.zeros((), dtype=torch.uint8, device=x.device)
+        return zero, torch.ones((), dtype=torch.bool, device=x.device)
+    ends = torch.stack(list(x.aminmax()))
+    bound = ends.abs().max()
+    nonfinite = ~ends.isfinite().all()
+    if residual is not None and residual.numel():
+        e_ends = torch.stack([t.to(x.dtype) for t in residual.aminmax()])
+        nonfinite = nonfinite | ~e_ends.isfinite().all()
+        bound = bound + e_ends.abs().max()
+    overflow = ~nonfinite & ~bound.isfinite()
+    mine = nonfinite.to(torch.uint8) * int(Status.NONFINITE) + overflow.to(torch.uint8)
+    return mine, ~overflow
+
+
+def add_kept(residual: torch.Tensor, x: torch.Tensor, keep: bool | torch.Tensor
+             ) -> torch.Tensor:
+    """acc = residual + x in place in ``residual``, or residual unchanged where ``keep`` is
+    false (x + residual would overflow); ``keep`` a bool, or a 0-d bool tensor (one fused
+    pass, no host read: x·0 adds an exact zero, x being finite whenever keep is false)."""
+    if isinstance(keep, torch.Tensor):
+        return residual.addcmul_(x, keep.to(residual.dtype))
+    return residual.add_(x) if keep else residual
+
+
+def settle(worst: int, x: torch.Tensor, acc: torch.Tensor, residual: torch.Tensor | None,
+           keep: bool | torch.Tensor, who: str) -> torch.Tensor:
+    """What this rank sums dense when the ranks' ``worst`` status is not OK (the module
+    docstring), as a new tensor; ``residual`` is cleared or kept in place to match.
+
+    ``acc`` is e + x (e alone where ``keep`` is false), with whatever was selected from it put
+    back; it may be ``residual`` itself. Warns (RuntimeWarning)."""
+    fixed = isinstance(keep, torch.Tensor)
+    if worst == Status.NONFINITE:
+        _warn(who, "a gradient holds NaN or Inf on some rank; aggregated dense this call "
+              "(residuals applied and cleared)")
+        if fixed:
+            e = residual if residual is not None else torch.zeros_like(x)
+            out = torch.where(keep, acc, x + e)  # type: ignore[arg-type]
+        else:
+            out = acc.clone() if keep or residual is None else x + residual
+        if residual is not None:
+            residual.zero_()
+        return out
+    _warn(who, f"gradient + residual overflows {_name(x.dtype)} on some rank; aggregated dense "
+          "this call (where it overflows: the gradient alone, the residual kept; elsewhere: "
+          "both, the residual cleared)")
+    if fixed:
+        out = torch.where(keep, acc, x)  # type: ignore[arg-type]
+        if residual is not None:
+            residual.masked_fill_(keep, 0)  # type: ignore[arg-type]
+        return out
+    out = acc.clone() if keep else x.clone()
+    if keep and residual is not None:
+        residual.zero_()
+    return out
 
 
 def fallback(worst: int | None, x: torch.Tensor, residual: torch.Tensor | None,

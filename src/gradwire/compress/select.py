@@ -17,6 +17,15 @@ dense allreduce, instead of silently stopping the selection.
 
 All return int64 indices: the set is the rule's; their order is not (torch.topk's where it has
 no tie to break, ascending otherwise).
+
+On the device path (:mod:`gradwire.syncfree`: CUDA tensors, or any under ``device_paths()``)
+:func:`select` makes no host-device synchronisation and returns exactly min(k, n) distinct
+indices in ascending order: :func:`device_exact` (the rule's set, always) and
+:func:`device_threshold` (the rule's set unless its sample misses: a few calls in 10⁵).
+Both rank elements by :func:`magnitude_keys`, integers that order like |x| under the rule.
+The host selectors depart from the rule in two corners that the device path keeps to: they
+rank NaN level with ±inf (the smaller index first), and :func:`threshold_topk` leaves out a
+NaN that its sample did not draw (|NaN| ≥ threshold is false).
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ import numpy as np
 import torch
 
 from gradwire.compress.base import generator
+from gradwire.errors import GradwireError
+from gradwire.syncfree import on_host
 
 SELECTORS = ("exact", "threshold")
 SAMPLE = 0.01
@@ -36,6 +47,9 @@ MIN_SAMPLE = 4096
 # sd = sqrt(expected)): at 4 sd a second full pass is rare (~1 call in 10^4) and the candidates
 # stay within k·(1 + 4/sqrt(expected)) + O(1), e.g. 1.27k at 25 M elements, density 0.001.
 MARGIN_SD = 4.0
+# The device path's candidate capacity, in standard deviations of the candidate count above
+# its expected value: at 6 sd more candidates than fit come about once in 10⁷ calls or rarer.
+CAPACITY_SD = 6.0
 THRESHOLD_PASSES = 2
 TIE_CHUNK = 2**20
 SORT_CANDIDATES = 2**16  # on a GPU, candidates kept by one stable sort; more by the exact rule
@@ -201,6 +215,12 @@ def _threshold_passes(x: torch.Tensor, k: int, g: torch.Generator, sample: float
     return give_up(cand)
 
 
+def _with_margin(expected: float) -> int:
+    """The sampled rank j of the threshold: ``MARGIN_SD`` standard deviations above the
+    expected count ``expected`` of the sample in the top k."""
+    return math.ceil(expected + MARGIN_SD * (math.sqrt(expected) + 1))
+
+
 def threshold_topk(x: torch.Tensor, k: int, g: torch.Generator, sample: float = SAMPLE,
                    min_sample: int = MIN_SAMPLE) -> torch.Tensor:
     """Indices (int64) of exactly the k largest |x|, found with about one pass.
@@ -218,10 +238,8 @@ def threshold_topk(x: torch.Tensor, k: int, g: torch.Generator, sample: float = 
     def verdict(cand: torch.Tensor, j: int) -> tuple[torch.Tensor | None, int]:
         return (_keep_largest(x, cand, k) if cand.numel() >= k else None), 4 * j
 
-    return _threshold_passes(
-        x, k, g, sample, min_sample, THRESHOLD_PASSES,
-        lambda expected: math.ceil(expected + MARGIN_SD * (math.sqrt(expected) + 1)),
-        verdict, lambda _: exact_topk(x, k))
+    return _threshold_passes(x, k, g, sample, min_sample, THRESHOLD_PASSES, _with_margin,
+                             verdict, lambda _: exact_topk(x, k))
 
 
 def dgc_select(x: torch.Tensor, k: int, capacity: int, g: torch.Generator, sample: float,
@@ -245,15 +263,118 @@ def dgc_select(x: torch.Tensor, k: int, capacity: int, g: torch.Generator, sampl
                              lambda cand: cand)
 
 
+# The device path -------------------------------------------------------------------------
+
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+         torch.float64: torch.int64}
+# The key of every NaN: one above +inf's bit pattern, the lowest NaN pattern.
+_NAN_KEY = {dt: int(torch.tensor(float("inf"), dtype=dt).view(bits)) + 1
+            for dt, bits in _BITS.items()}
+
+
+def _abs_bits(x: torch.Tensor) -> torch.Tensor:
+    """|x| as integers of x's width: x's bits with the sign bit cleared. Non-negative floats
+    order like their bits, -0.0 and 0.0 both become 0, and every NaN (any sign, any payload)
+    lies above +inf, though NaNs of different payloads differ among themselves."""
+    if x.dtype not in _BITS:
+        raise GradwireError(f"select: no device path for {x.dtype}; floats are "
+                            f"{', '.join(str(d) for d in _BITS)}")
+    bits = _BITS[x.dtype]
+    return x.detach().view(bits) & torch.iinfo(bits).max
+
+
+def magnitude_keys(x: torch.Tensor) -> torch.Tensor:
+    """Integers (x's width) that order like |x| under the tie rule: equal for equal |x|
+    (-0.0 and 0.0 included), every NaN one key above +inf. A new tensor, one pass."""
+    return _abs_bits(x).clamp_(max=_NAN_KEY[x.dtype])
+
+
+def device_exact(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Ascending indices (int64) of exactly the k largest |x| (0 < k < n), ties to the
+    smaller index, with no host sync and no data-dependent shape.
+
+    t = the k-th largest key (one torch.topk in x's width: 2 bytes for fp16, 4 for fp32);
+    the elements above t, then the first ``k − count`` tied with t (a running count of the
+    ties), compacted with ``nonzero_static`` into exactly k slots. About ten elementwise passes
+    over n (most over 1-byte masks) plus the top-k, whatever the dtype (fp64 included) and
+    n: no composite (key, index) sort key, which would not fit 64 bits for fp64."""
+    n = x.numel()
+    bits = _abs_bits(x)  # raw NaN payloads: the two compares below treat all NaNs alike
+    nan_key = _NAN_KEY[x.dtype]
+    t = torch.topk(bits, k, sorted=False).values.min().clamp(max=nan_key)
+    top = torch.where(t == nan_key, torch.iinfo(bits.dtype).max, t)  # NaN: nothing above
+    above = bits > top
+    tied = (bits >= t).logical_xor_(above)  # == t, or any NaN when t is NaN's key
+    need = k - above.sum()
+    count = tied.cumsum(0, dtype=torch.int32 if n < 2**31 else torch.int64)
+    keep = above.logical_or_(tied.logical_and_(count <= need))  # exactly k
+    return torch.nonzero_static(keep, size=k).squeeze(1)
+
+
+def device_capacity(n: int, k: int, s: int, j: int) -> int:
+    """How many candidates :func:`device_threshold` keeps when its threshold is the j-th
+    largest of s sampled |x| out of n: ``CAPACITY_SD`` standard deviations above the expected
+    count n·j/s (the count is about n/s · Gamma(j)); at least k, at most n."""
+    return min(n, max(k, math.ceil(n / s * (j + CAPACITY_SD * (math.sqrt(j) + 1)))))
+
+
+def device_threshold(x: torch.Tensor, k: int, g: torch.Generator, sample: float = SAMPLE,
+                     min_sample: int = MIN_SAMPLE) -> torch.Tensor:
+    """Ascending indices (int64) of k distinct elements of x (0 < k < n): the k largest |x|
+    under the tie rule unless the sample misses. No host sync, about three passes over x.
+
+    1. The host's sample and threshold (:func:`threshold_topk`'s first pass: the same draws
+       from ``g``, the same j) as a 0-d key t on the device, raised to the smallest nonzero
+       key: a zero threshold (mostly-zero gradients) makes the nonzeros the candidates.
+    2. One pass: the candidates, every key ≥ t, the first C by index compacted into C slots
+       (``nonzero_static``; C = :func:`device_capacity`, ~1.2–1.7 k at densities 10⁻³–10⁻²).
+    3. One stable sort of the C candidates' keys and of x[:k]'s keys below t: the first k.
+
+    The set is exact whenever the candidate count lands in [k, C], and also when it is below k
+    and the threshold was zero (the rule then takes the first zeros, which x[:k] holds). Misses:
+    fewer than k candidates (the sample's j-th largest lies above the k-th largest of x: at
+    most a few calls in 10⁵, as often as the host's second pass) gives every candidate, then the
+    largest non-candidates among x[:k]; more than C (below once in 10⁷ calls for distinct
+    values; every call where a tie group at t is larger than C − k, as in heavily quantized
+    gradients) gives the k largest of the first C candidates by index. Either way k distinct
+    valid indices, so a caller that zeroes acc there and sends acc's values conserves mass."""
+    n = x.numel()
+    s = _sample_size(n, sample, min_sample)
+    if 2 * s >= n:  # as on the host: a sample this large costs as much as the exact top k
+        return device_exact(x, k)
+    bits = _abs_bits(x)
+    drawn = bits[torch.randint(n, (s,), generator=g, device=x.device)]
+    j = max(1, min(s, _with_margin(k * s / n)))
+    t = torch.topk(drawn, j, sorted=False).values.min().clamp(min=1, max=_NAN_KEY[x.dtype])
+    cap = device_capacity(n, k, s, j)
+    cand = torch.nonzero_static(bits >= t, size=cap, fill_value=n).squeeze(1)  # then n: none
+    cand_keys = torch.where(cand < n, magnitude_keys(x[cand.clamp(max=n - 1)]), -1)
+    head = magnitude_keys(x[:k])  # when fewer than k candidates: the rest comes from here
+    head_keys = torch.where(head < t, head, -1)  # x[:k] holds ≥ k − count non-candidates
+    first = torch.sort(torch.cat([cand_keys, head_keys]), descending=True, stable=True)
+    return torch.cat([cand, torch.arange(k, device=x.device)])[first.indices[:k]].sort().values
+
+
 def select(acc: torch.Tensor, k: int, selector: str = "exact",
            g: torch.Generator | None = None, sample: float = SAMPLE) -> torch.Tensor:
     """Indices (int64) of the min(k, n) largest |acc|, by ``selector`` ("exact" or
     "threshold"; both give the same set). ``g`` draws the threshold's sample (default: a
-    generator seeded 0, the same on every rank and call)."""
+    generator seeded 0, the same on every rank and call).
+
+    On the device path (:func:`gradwire.syncfree.on_host` false): exactly min(k, n) distinct
+    indices in ascending order, with no host sync (:func:`device_exact`,
+    :func:`device_threshold`, whose set is exact unless its sample misses)."""
     n = acc.numel()
     k = min(k, n)
     if k == n:
         return torch.arange(n, device=acc.device)
+    if not on_host(acc):
+        if k <= 0:
+            return torch.zeros(0, dtype=torch.int64, device=acc.device)
+        if selector == "threshold":
+            return device_threshold(
+                acc, k, g if g is not None else generator(0, 0, acc.device), sample)
+        return device_exact(acc, k)
     if selector == "threshold":
         return threshold_topk(acc, k, g if g is not None else generator(0, 0, acc.device),
                               sample)

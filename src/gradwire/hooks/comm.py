@@ -150,8 +150,11 @@ class Comm:
 
     ``algo`` None: torch.distributed's own collectives (gloo's allreduce is a ring). A name:
     gradwire's allreduce schedule of that name and gradwire's default (ring) allgather, over a
-    :class:`Transport` made here (so this must run on every rank at the same point). The
-    transport is made for the header exchange too (:meth:`agree`) unless that is turned off.
+    :class:`Transport` made here (so this must run on every rank at the same point).
+
+    Call headers (:meth:`agree`) go over a transport of their own on the host: the group itself
+    under gloo, a gloo group over the same ranks under NCCL, so that checking a call never
+    waits for the GPU. None with the header exchange off (``GRADWIRE_CHECK_CALLS=0``).
     """
 
     def __init__(self, group: dist.ProcessGroup | None, algo: str | None,
@@ -160,14 +163,11 @@ class Comm:
         self.algo = algo
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        wanted = transport or algo is not None or config.check_calls()
-        self.transport = Transport(group) if wanted else None
-        # For the data calls that follow a bucket's header (aggregate() exchanges one per
-        # bucket; everything after it derives from what that header agreed): one exchange per
-        # bucket, not one per call.
-        self.agreed = (Transport(group, check_calls=False)
-                       if self.transport is not None and self.transport.check_calls
-                       else self.transport)
+        # Data calls follow a header that agreed on them: they exchange none of their own.
+        self.agreed = (Transport(group, check_calls=False) if transport or algo is not None
+                       else None)
+        self.transport = (Transport(host_group(group), check_calls=True)
+                          if config.check_calls() else None)
         self.seconds = 0.0
         self.header_seconds = 0.0  # the part of ``seconds`` spent in header exchanges
 
@@ -220,6 +220,15 @@ class Comm:
             gc.all_gather_into_tensor(out, mine, transport=self.agreed)
         self.seconds += time.perf_counter() - t0
         return [unpack(payload, out[r * n : (r + 1) * n]) for r in range(self.world)]
+
+
+def host_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """``group`` if its tensors live on the host (gloo), else a gloo group over the same ranks
+    (made on each of them: every rank must reach this at the same point)."""
+    if dist.get_backend(group) == "gloo":
+        return group
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
 
 
 def pack(payload: Payload) -> torch.Tensor:

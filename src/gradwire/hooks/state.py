@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gradwire.catalogue import METHODS as CATALOGUE
-from gradwire.catalogue import MODES, AggregationCall, Method, aggregate
+from gradwire.catalogue import MODES, AggregationCall, Method, Started, start
 from gradwire.catalogue import get as get_method
 from gradwire.check import check_fraction, check_int
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback, PowerSGDCompressor
@@ -24,6 +24,7 @@ from gradwire.hooks import layout
 from gradwire.hooks.comm import Comm, Deferred, Worker, complete
 from gradwire.hooks.warmup import Warmup, parse
 from gradwire.schedules import registry
+from gradwire.syncfree import on_host
 from gradwire.transport import check_group
 
 METHODS: tuple[str, ...] = tuple(CATALOGUE)
@@ -74,6 +75,19 @@ class HookState:
     rebuilds it in gradient-ready order), so a resumed run repeats the uninterrupted one bit
     for bit.
 
+    Checks and syncs: the ranks exchange one call header per step, before its first
+    aggregation, naming the method, mode, density and the previous step's buckets (their
+    sizes and dtypes, in order); a bucket that matches the agreed list needs no header of its
+    own, one that does not (every bucket of the first step, and after DDP rebuilds its
+    buckets) exchanges its own before its data. Methods whose status cannot travel with their
+    data (qsgd, signsgd, …: :meth:`~gradwire.catalogue.Path.in_band`) exchange a header per
+    bucket, with the status. On a GPU the hot path never waits for the device, but once per step:
+    Top-k, gTop-k and PowerSGD send each bucket's NaN/Inf status with its data
+    (:mod:`gradwire.compress.feedback`), and the last bucket's task reads every bucket's
+    worst status at once, then writes every bucket's average; the futures are completed
+    then. Dense, fp16 and bf16 need no status and read nothing. On the CPU each bucket's
+    average is written as soon as its data is in (a host read costs nothing there).
+
     Tuned by the user: ``config`` (:class:`HookConfig`). Internal: ``epoch`` (``set_epoch``),
     ``step`` (iterations handed over), ``positions``, ``compressor``, ``ef`` (error feedback,
     residuals per bucket layout). Stats: ``stats`` (see :meth:`reset_stats`).
@@ -110,6 +124,16 @@ class HookState:
         self._comm: Comm | None = None
         self._worker: Worker | None = None
         self._pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]] = []
+        # Bucket mode on a device: buckets whose futures wait for the step's last bucket, and
+        # (on the comm thread) their aggregations not yet finished.
+        self._held: list[tuple[torch.Tensor, torch.futures.Future]] = []
+        self._unfinished: list[tuple[torch.Tensor, Started]] = []
+        # The per-step header: the previous step's (elements, dtype) per aggregation, this
+        # step's so far, the list this step agreed on, and whether it was agreed yet.
+        self._layouts: list[tuple[int, str]] | None = None
+        self._observed: list[tuple[int, str]] = []
+        self._agreed: list[tuple[int, str]] | None = None
+        self._step_open = False
         # Model mode: the element order of the last whole-model aggregation, and the order a
         # loaded state_dict asks of the next one; see _model.
         self._order: layout.Layout | None = None
@@ -222,13 +246,32 @@ class HookState:
                                 "dense gradients")
         call = AggregationCall(self.config.method, comm, self.compressor, self.ef, self.density,
                                dense=self.config.warmup.dense(self.step), name=self.call_name)
-        last = bucket.is_last()
+        last, index = bucket.is_last(), bucket.index()
         fut: torch.futures.Future = torch.futures.Future()
-        if bucket.index() == 0:  # a backward starts
+        if index == 0:  # a backward starts
             self._pending = []  # model mode: left over from a backward that did not finish
+            self._held = []
+            if self._step_open:  # the last step failed: agree on its buckets afresh
+                self._layouts = None
+            self._step_open = False  # the comm thread is done with every earlier step
             self._errors.begin()
         if self.config.mode == "bucket":
-            self._dispatch(lambda: [self._bucket(buf, key, call, last)], [fut], [buf], last)
+            if on_host(buf):
+                self._dispatch(lambda: [self._bucket(buf, key, call, index, last)], [fut],
+                               [buf], last)
+                return fut
+            # On a device every future waits for the last bucket (the class docstring).
+            self._held.append((buf, fut))
+            held = [b for b, _ in self._held]
+            futures = [f for _, f in self._held] if last else []
+            if last:
+                self._held = []
+
+            def task() -> list[torch.Tensor]:
+                self._bucket(buf, key, call, index, last)
+                return held if last else []
+
+            self._dispatch(task, futures, held if last else [], last)
             return fut
         self._pending.append((buf, key, fut))
         if last:
@@ -273,22 +316,52 @@ class HookState:
             complete(timed, futures)
 
     # --- on the comm thread --------------------------------------------------------------
-    def _aggregate(self, x: torch.Tensor, key: layout.Layout,
-                   call: AggregationCall) -> torch.Tensor:
+    def _start(self, x: torch.Tensor, key: layout.Layout, call: AggregationCall,
+               index: int) -> Started:
+        """Compress and communicate one aggregation (the step's header first, at its first)."""
         comm, s = call.comm, self.stats
         before, header, t0 = comm.seconds, comm.header_seconds, time.perf_counter()
+        if not self._step_open:
+            self._step_open = True
+            self._agreed, self._observed = self._layouts, []
+            if self._agreed is not None:  # else every aggregation has a header of its own
+                comm.agree(self._step_call(call))
+        shape = (x.numel(), str(x.dtype).removeprefix("torch."))
+        trusted = (self._agreed is not None and index < len(self._agreed)
+                   and self._agreed[index] == shape)
+        self._observed.append(shape)
         if self.ef is not None:
             layout.carry(self.ef.residuals, key, self.positions.numels, x)
-        avg, sent = aggregate(call, x, key)
+        started = start(call, x, key, check=not trusted)
         spent = comm.seconds - before
         s["compress"] += time.perf_counter() - t0 - spent
         s["communicate"] += spent
         s["header"] += comm.header_seconds - header
-        s["sent"] += sent
+        s["sent"] += started.sent
         s["buckets"] += 1
         s["dense"] += call.dense
         self._used.add(key)
-        return avg
+        return started
+
+    def _step_call(self, call: AggregationCall) -> list[tuple[str, object]]:
+        """The per-step header: what every rank's aggregations of this step must share."""
+        buckets = ",".join(f"{n}:{d}" for n, d in self._layouts or ())
+        return [("call", "hook step"), ("method", call.name), ("mode", self.config.mode),
+                ("dense", call.dense), ("density", f"{call.density:.6g}"),
+                ("buckets", buckets)]
+
+    def _finish(self, x: torch.Tensor, started: Started, worst: int | None) -> None:
+        """The average of one aggregation, written into ``x``."""
+        t0, before = time.perf_counter(), self._comm_seconds()
+        avg = started.finish(0 if worst is None else worst)
+        if avg is not x:  # the dense and sparse paths average in the bucket itself
+            x.copy_(avg)
+        spent = self._comm_seconds() - before
+        self.stats["compress"] += time.perf_counter() - t0 - spent
+        self.stats["communicate"] += spent
+
+    def _comm_seconds(self) -> float:
+        return self._comm.seconds if self._comm is not None else 0.0
 
     def _end_step(self) -> None:
         self.stats["steps"] += 1
@@ -298,13 +371,24 @@ class HookState:
             for key in [k for k in memory if k not in self._used]:
                 del memory[key]
         self._used = set()
+        self._layouts, self._step_open = self._observed, False
 
     def _bucket(self, buf: torch.Tensor, key: layout.Layout, call: AggregationCall,
-                last: bool) -> torch.Tensor:
-        avg = self._aggregate(buf, key, call)
-        if avg is not buf:  # the dense path averages in the bucket itself
-            buf.copy_(avg)
+                index: int, last: bool) -> torch.Tensor:
+        if index == 0:
+            self._unfinished = []  # left by a step that failed
+        started = self._start(buf, key, call, index)
+        if started.worst is None or on_host(buf):
+            self._finish(buf, started, None if started.worst is None else int(started.worst))
+        else:
+            self._unfinished.append((buf, started))
         if last:
+            unfinished, self._unfinished = self._unfinished, []
+            if unfinished:
+                # The step's one host read: every bucket's worst status at once.
+                worsts = torch.stack([st.worst for _, st in unfinished]).tolist()  # type: ignore[misc]
+                for (x, st), worst in zip(unfinished, worsts, strict=True):
+                    self._finish(x, st, worst)
             self._end_step()
         return buf
 
@@ -331,7 +415,9 @@ class HookState:
         else:
             x = torch.cat([views[p] for p in order])
         self._order = order
-        avg = self._aggregate(x, order, call)
+        started = self._start(x, order, call, 0)
+        self._finish(x, started, None if started.worst is None else int(started.worst))
+        avg = x
         if avg is not pending[0][0]:
             offset = 0
             for p in order:
@@ -354,6 +440,8 @@ def _call_name(config: HookConfig, compressor: Compressor | None) -> str:
         # indices or PowerSGD's first Q must be the same everywhere (a top-k's sample of its
         # own gradient need not)
         shown["seed"] = config.seed
+    if config.algo is not None:
+        shown["algo"] = config.algo
     selector = getattr(compressor, "selector", None)
     return m.name + (f"/{selector}" if selector else "") + "".join(
         f" {k}={v}" for k, v in sorted(shown.items()))
@@ -372,7 +460,9 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
     ``dense_steps``: dense iterations before any compression. ``group``: the process group.
     ``seed``: shared randomness (randomk indices, PowerSGD's first Q; qsgd and terngrad add
     the rank). ``algo``: None for torch.distributed's collectives, or a gradwire allreduce
-    algorithm (e.g. "ring"). ``overlap``: False runs the aggregation inside the hook.
+    algorithm (e.g. "ring"); for gtopk, "rd" (the butterfly, its default) or "tree" (the
+    paper's binomial tree) also names the schedule of its entries. ``overlap``: False runs the
+    aggregation inside the hook.
     ``opts``: the compressor's own parameters (topk/gtopk: selector; dgc: sample, passes,
     slack; qsgd: s; powersgd: rank, warm_start).
     """

@@ -14,8 +14,9 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    comm_b + decode_b. The last bucket can only start after backward: the exposed tail.
 3. comm_b is ``cost()`` of the schedules of the calls the catalogue's plan of the method
    makes for the bucket (:mod:`gradwire.catalogue`, :mod:`.comm`), after the call header's
-   exchange (``ClusterModel.check_calls``; one per bucket, as the hooks): dense, fp16/bf16,
-   random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and Q); top-k and
+   exchange (``ClusterModel.check_calls``; as the hooks in steady state: one before the first
+   bucket, or before every bucket for methods that agree on a NaN/Inf status first): dense,
+   fp16/bf16, random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and Q); top-k and
    gTop-k: their sparse schedules; every other method: ring allgather of the payloads.
    encode/decode from a codec table (:mod:`.codecs`).
 4. t_iter = t_f + max(κ·t_b, E_last) + t_step; scaling efficiency e = (t_f + t_b)/t_iter
@@ -102,7 +103,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class ClusterModel:
     """P workers on links of ``link_bps`` each way; α s per message, β s per byte (default
     8/link_bps), γ s per byte reduced. Arrays of link rates give one prediction per rate.
-    ``check_calls``: charge each bucket's header exchange (default: as gradwire would run).
+    ``check_calls``: charge the call-header exchanges (default: as gradwire would run).
     ``ranks_per_node`` consecutive ranks share a node's link to the others and talk inside
     the node at ``intra_bps`` (α the same)."""
 
@@ -111,8 +112,9 @@ class ClusterModel:
     alpha: float
     gamma: float = 0.0
     beta: np.ndarray | float | None = None
-    # gradwire's hooks exchange a call header before each bucket (agree.py) unless
-    # GRADWIRE_CHECK_CALLS=0; the model charges its schedule when this is on.
+    # gradwire's hooks exchange call headers (agree.py; one per step, or one per bucket for
+    # the methods that agree on a status first) unless GRADWIRE_CHECK_CALLS=0; the model
+    # charges their schedule when this is on.
     check_calls: bool = field(default_factory=config.check_calls)
     # Consecutive ranks per node: they share the node's link for traffic between nodes and
     # talk inside the node over a link of intra_bps (NVLink/PCIe class by default).
@@ -333,6 +335,10 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     f = profile.forward_s / compute_speedup  # type: ignore[operator]
     s = profile.step_s / compute_speedup
     credited, last_dec = cluster.burst > 0 and p > 1, 0.0
+    # In steady state the hooks exchange one header per step, before the first bucket, unless
+    # a method's NaN/Inf status cannot travel with its data: then one before every bucket.
+    method = catalogue.get(agg.method)
+    in_band = method.path.in_band(method)
     for i, (numel, ready) in enumerate(bs):
         data, sent = operations(agg, numel, p, profile.dtype)
         enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
@@ -350,7 +356,7 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
                 - (_credit_saved(c, a, p, n, e, prm, beta, credit) if credited else 0.0)
                 for c, a, n, e, prm in data)
         ops = data
-        if cluster.check_calls and p > 1:
+        if cluster.check_calls and p > 1 and (i == 0 or not in_band):
             c, a, n, prm = header_spec(p)
             ops = [(c, a, n, 1, prm), *data]
             h = comm.seconds(c, a, p, n, 1, alpha, beta, gamma, node=cluster.node, **prm)

@@ -6,14 +6,18 @@ Every rank sends k (value, index) entries packed in one byte buffer (:mod:`.wire
 the gradient's dtype, then int32 indices; fp32 → 8 bytes per entry). Neither method has an
 algorithm of its own: each runs a registered schedule over that buffer.
 
-| method | schedule                                  | bytes sent (fp32)    | Table I cost        |
-|--------|-------------------------------------------|----------------------|---------------------|
-| topk   | allgather "rd" (or "ring") of P·k entries | 8k(P−1) by each rank | log(P)α + 2(P−1)kβ  |
-| gtopk  | "tree" allreduce, op "gtopk" (⊤ merge)    | 8k per tree edge, ×2 | 2lg(P)α + 4k·lg(P)β |
+| method      | schedule                                  | bytes sent (fp32) | cost            |
+|-------------|-------------------------------------------|-------------------|-----------------|
+| topk        | allgather "rd" (or "ring") of P·k entries | 8k(P−1) each rank | lgP·α+2(P−1)kβ  |
+| gtopk       | "rd" allreduce (butterfly), op ⊤          | 8k per step       | lgP·α+2k·lgP·β  |
+| gtopk, tree | the paper's binomial tree, op ⊤           | 8k per edge, ×2   | 2lgP·α+4k·lgP·β |
 
-β per element; an entry is 2 elements (value and index). For P not a power of two the tree
-takes ⌈lg P⌉ steps each way. :func:`estimate` gives these numbers from the schedule, for any
-P; the transport's byte counters equal ``traffic(schedule(...), 1)`` exactly
+β per element; an entry is 2 elements (value and index); each list also carries its sender's
+status byte (:mod:`.wire`). The last row is Table I's. For P a power of two the butterfly makes
+the tree's merges, keeps the tree's drops on the tree's ranks and ends with the same k entries,
+in half the steps and half the bytes; for other P it folds the extra ranks in (⌈lg P⌉ + 1
+steps, fewer than the tree's 2⌈lg P⌉ each way). :func:`estimate` gives these numbers from the
+schedule, for any P; the transport's byte counters equal ``traffic(schedule(...), 1)`` exactly
 (tests/scripts/sparse_check.py).
 
 What each rank ends with, :func:`sparse_allreduce` (error feedback included):
@@ -21,9 +25,10 @@ What each rank ends with, :func:`sparse_allreduce` (error feedback included):
 1. acc = residual + x; select the k largest |acc| (ties to the smaller index,
    ``selector="exact"``); residual = acc − sent, in place.
 2. topk: gather every rank's entries; total = their sum. Everything sent is applied.
-   gtopk: binomial reduce to rank 0 where each merge is a ⊤ b (union, values added on equal
-   indices, keep the k largest |value|, ties to the smaller index); then binomial broadcast,
-   so every rank holds the same k entries (the global top-k and its mask, Algorithm 3).
+   gtopk: merges a ⊤ b (union, values added on equal indices, keep the k largest |value|,
+   ties to the smaller index) along the butterfly, or on the paper's tree a binomial reduce to
+   rank 0 then a binomial broadcast, so every rank holds the same k entries (the global top-k
+   and its mask, Algorithm 3).
 3. Every entry a merge drops is added to the residual of the rank that merged. The paper's
    Algorithm 4 (line 10) instead returns to each rank its own selected values whose index is
    not in the final mask; a value dropped at an inner level of the tree whose index still

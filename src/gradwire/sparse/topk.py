@@ -1,15 +1,27 @@
-"""The ⊤ operator that merges two sparse selections (gTop-k). Selecting the top k of one
-rank's gradient is :mod:`gradwire.compress.select`, whose tie rule the merge keeps: among equal
-|value| the smaller index wins, so ranks, runs and the reference in the tests agree bit for
-bit."""
+"""The ⊤ operator that merges two sparse selections (gTop-k), and the dense average of what
+the ranks sent. Selecting the top k of one rank's gradient is :mod:`gradwire.compress.select`,
+whose tie rule the merge keeps: among equal |value| the smaller index wins, so ranks, runs and
+the reference in the tests agree bit for bit.
+
+On the device path (:mod:`gradwire.syncfree`) :func:`top_merge` takes and gives lists of a
+fixed length with padding, and :func:`average_into` writes the dense average: no host sync,
+no numpy, the same entries and bits as the host path (NaN payloads aside).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from gradwire.compress.select import largest
-from gradwire.sparse.wire import Entries
+from gradwire.compress.select import largest, magnitude_keys
+from gradwire.dtypes import acc_dtype
+from gradwire.errors import GradwireError
+from gradwire.sparse.wire import PAD, Entries
+from gradwire.syncfree import on_host
+
+_LAST = torch.iinfo(torch.int64).max  # a padding entry's index while sorting: after all others
 
 
 def top_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
@@ -24,7 +36,11 @@ def top_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
     ascending lists (what selections and earlier merges are) it is a linear merge of two runs,
     ~3x faster than torch.unique here at 2 × 25 000 entries; values stay in torch (any dtype,
     any device) and are moved with index_select.
+
+    On the device path (:func:`device_merge`): fixed lengths with padding, no host sync.
     """
+    if not on_host(a.indices):
+        return device_merge(a, b, k)
     dev = a.values.device
 
     def positions(x: np.ndarray) -> torch.Tensor:
@@ -48,3 +64,107 @@ def top_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
     kept, dropped = np.flatnonzero(keep), np.flatnonzero(~keep)
     return (Entries(summed.index_select(0, positions(kept)), positions(union[kept])),
             Entries(summed.index_select(0, positions(dropped)), positions(union[dropped])))
+
+
+def device_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
+    """a ⊤ b with no host sync and fixed shapes: (kept, dropped), k and
+    max(len(a) + len(b), 2k) − k entries (k each for inputs of k), each in ascending index
+    order with padding (index ``PAD``, value +0.0) at the end.
+
+    Inputs may hold padding anywhere; their real indices are distinct within a list, in any
+    order. The real entries are the host's :func:`top_merge`'s, bit for bit (a NaN's payload
+    aside): the union, a's value + b's value where indices meet (one correctly rounded add, as
+    the host's index_add_), kept = the k largest |sum| under the tie rule (NaN above
+    everything, where the host ranks NaN level with ±inf: :mod:`gradwire.compress.select`).
+
+    One stable sort of the concatenated indices (a's entry before b's of the same index), the
+    sums, one stable sort of the sums' magnitude keys (ties stay in index order), then a sort
+    of each half's positions: O(k log k) on the device.
+    """
+    idx = torch.cat([a.indices, b.indices])
+    val = torch.cat([a.values, b.values])
+    width = max(idx.numel(), 2 * k)
+    if width == 0:
+        return Entries(val, idx), Entries(val, idx)
+    if width > idx.numel():  # so that kept and dropped both come out k long
+        more = width - idx.numel()
+        idx = torch.cat([idx, idx.new_full((more,), PAD)])
+        val = torch.cat([val, val.new_zeros(more)])
+    ordered, order = torch.sort(torch.where(idx >= 0, idx, _LAST), stable=True)
+    v = val[order]
+    repeat = ordered[1:] == ordered[:-1]  # position i + 1 holds b's entry of i's index
+    live = ordered != _LAST  # a real entry of the union: the first of its index
+    live[1:] &= ~repeat
+    joined = torch.cat([repeat, repeat.new_zeros(1)])  # position i has b's entry at i + 1
+    summed = torch.where(joined, v + v.roll(-1), v)
+    keys = torch.where(live, magnitude_keys(summed).long(), -1)
+    by_size = torch.sort(keys, descending=True, stable=True).indices
+
+    def ascending(pos: torch.Tensor) -> Entries:
+        at = torch.sort(torch.where(live[pos], pos, pos + width)).values  # padding last
+        real = at < width
+        at = torch.where(real, at, at - width)
+        return Entries(torch.where(real, summed[at], 0), torch.where(real, ordered[at], PAD))
+
+    return ascending(by_size[:k]), ascending(by_size[k:])
+
+
+def _put(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    """``out[indices] = values`` for the real entries (index ≥ 0), no host sync. A padding
+    entry repeats the write of the real entry of largest index (the same value to the same
+    place), or writes 0 at index 0 when there is none (``out`` is zero there)."""
+    if indices.numel() == 0:
+        return
+    real = indices >= 0
+    top, a = indices.max(0)  # the largest index, real if any is: padding is −1
+    has = top >= 0
+    anchor = values.index_select(0, a.reshape(1))  # no 0-d tensor index: that may sync
+    out.index_put_((torch.where(real, indices, torch.where(has, top, 0)),),
+                   torch.where(real, values, torch.where(has, anchor, 0)))
+
+
+def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: torch.Tensor,
+                 *, summed: bool = False) -> torch.Tensor:
+    """The dense average of what the ranks sent, in ``out`` (overwritten; returned), with no
+    host sync: bit for bit the host's ``finish()`` then ``SparseResult.average(out)`` of
+    :mod:`gradwire.sparse.allreduce`.
+
+    ``lists``: TopKAllReduce's P lists, in rank order (padding allowed; indices distinct within
+    a list). At every index any rank sent: (Σ over ranks, rank by rank, in
+    :func:`gradwire.dtypes.acc_dtype`, then cast to the lists' dtype) / ``world_size``; 0
+    elsewhere. ``summed=True``: ``lists`` is gTopKAllReduce's one list, already the sum:
+    values / ``world_size`` at its indices (no round trip through the sum's dtype, which would
+    turn −0.0 into +0.0). ``out``: 1-D, ``numel`` elements of the lists' dtype; it may share
+    memory with the lists' values, which are read before it is zeroed.
+
+    The union comes from one sort of the P·k indices (no torch.unique, whose size depends on
+    the data); the sums live in P·k slots, not in a dense scratch: O(P·k log P·k) on the
+    device plus the one pass that zeroes ``out``.
+    """
+    if not lists:
+        raise GradwireError("average_into: no lists")
+    dtype = lists[0].values.dtype
+    if out.shape != (numel,) or out.dtype != dtype:
+        raise GradwireError(f"out must be a 1-D tensor of {numel} {dtype}, got "
+                            f"{tuple(out.shape)} {out.dtype}")
+    if summed:
+        if len(lists) != 1:
+            raise GradwireError(f"average_into: summed=True takes one list, got {len(lists)}")
+        scaled = lists[0].values / world_size
+        _put(out.zero_(), lists[0].indices, scaled)
+        return out
+    idx = torch.cat([e.indices for e in lists])
+    ordered, order = torch.sort(torch.where(idx >= 0, idx, _LAST))
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    slot_of_sorted = first.cumsum(0) - 1
+    slot = torch.empty_like(slot_of_sorted).scatter_(0, order, slot_of_sorted)
+    sums = torch.zeros(idx.numel(), dtype=acc_dtype(dtype), device=out.device)
+    start = 0
+    for e in lists:  # rank by rank (a list's indices are distinct): the host's order
+        sums.index_add_(0, slot[start : start + len(e)], e.values.to(sums.dtype))
+        start += len(e)
+    average = sums.to(dtype) / world_size
+    out.zero_()
+    _put(out, torch.where(ordered != _LAST, ordered, PAD), average[slot_of_sorted])
+    return out

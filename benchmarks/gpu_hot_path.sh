@@ -1,0 +1,25 @@
+#!/bin/sh
+# Every GPU measurement of the GPU-first hot path in one run of about eight minutes, for a lent
+# GPU machine (its torch, no iproute2). Here first:  sh benchmarks/carry_iproute2.sh
+# then on the device (`run` with carry [".netbin"], timeout 600):
+#   sh benchmarks/gpu_hot_path.sh
+# Writes benchmarks/results/{topk_select_cuda,ddp_hooks_cuda_p4,ddp_hooks_cuda_p8}.json and
+# leaves pytest's verdict on the sync-free check under NCCL in $OUT/syncfree_nccl.txt.
+set -eu
+export PATH="$PWD/.netbin/bin:$PATH"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+results=benchmarks/results
+out=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+# 1. the selectors alone: 25.6 M fp32 (ResNet-50's size), three densities
+python3 benchmarks/topk_select.py --device cuda --repeats 20 --out "$results/topk_select_cuda.json"
+# 2. no host-device synchronisation in DDP's backward, counted by CUDA itself (2 ranks)
+python3 -m pytest -q -x tests/test_nccl.py -k "syncfree and 2" 2>&1 | tail -5 \
+    | tee "$out/syncfree_nccl.txt"
+# 3. PyTorch's hooks beside gradwire's: ResNet-50 at 224², batch 32, P ranks sharing the GPU,
+#    each its own emulated host at 1 Gbit/s (bucket mode, the defaults)
+python3 benchmarks/ddp_hooks.py --device cuda --model resnet50 --hosts 4 --bandwidth 1gbit \
+    --rounds 2 --warmup 3 --iters 5 --out "$results/ddp_hooks_cuda_p4.json"
+python3 benchmarks/ddp_hooks.py --device cuda --model resnet50 --hosts 8 --bandwidth 1gbit \
+    --rounds 1 --warmup 3 --iters 5 --out "$results/ddp_hooks_cuda_p8.json"
+cp "$results"/topk_select_cuda.json "$results"/ddp_hooks_cuda_p*.json "$out/"
