@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from conftest import run_checks
+from conftest import SCRIPTS, run_checks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
@@ -68,20 +68,41 @@ def test_hook_passes_ddps_signature_check():
 
 # --- warm-up ------------------------------------------------------------------------------
 
-def test_default_warmup_is_the_gtopk_papers():
+def test_the_density_asked_for_is_used_from_the_first_step():
     s = gh.make("gtopk", density=0.001)
+    assert s.density == 0.001 and s.config.warmup.densities == ()
+    s.step = 10**6  # nothing moves it: no epochs to count
+    assert s.density == 0.001
+
+
+def test_the_papers_warmup_is_counted_by_the_hook_in_steps():
+    s = gh.make("gtopk", density=0.001, warmup=True, steps_per_epoch=3)
     got = []
-    for e in range(6):
-        s.set_epoch(e)
+    for step in range(18):
+        s.step = step
         got.append(s.density)
-    assert got == [0.25, 0.0725, 0.015, 0.004, 0.001, 0.001]
+    assert got == [0.25] * 3 + [0.0725] * 3 + [0.015] * 3 + [0.004] * 3 + [0.001] * 6
+    s.step = 4
+    s.set_epoch(3)  # moves the count: epoch 3 from step 4, epoch 4 from step 7
+    assert s.epoch == 3 and s.density == 0.004
+    s.step = 7
+    assert s.epoch == 4 and s.density == 0.001
+
+
+def test_a_warmup_needs_steps_per_epoch():
+    with pytest.raises(GradwireError, match="a warm-up needs steps_per_epoch=N"):
+        gh.make("gtopk", warmup=True)
+    with pytest.raises(GradwireError, match="steps_per_epoch must be an integer >= 1"):
+        gh.make("gtopk", warmup=[0.1], steps_per_epoch=0)
 
 
 def test_warmup_never_goes_below_target_and_can_be_off_or_custom():
-    assert parse(None, 0).density(3, 0.01) == 0.01  # 0.004 < target
+    assert parse(True, 0, 5).density(0, 0.01) == 0.25
+    assert parse(True, 0, 5).density(3, 0.01) == 0.01  # 0.004 < target
+    assert parse(None, 0).density(0, 0.01) == 0.01
     assert parse(False, 0).density(0, 0.01) == 0.01
-    assert parse([0.5], 0).density(0, 0.01) == 0.5
-    assert parse([0.5], 0).density(1, 0.01) == 0.01
+    assert parse([0.5], 0, 5).density(0, 0.01) == 0.5
+    assert parse([0.5], 0, 5).density(1, 0.01) == 0.01
 
 
 def test_dense_steps_then_compression_and_non_sparse_methods_ignore_densities():
@@ -231,6 +252,43 @@ def test_the_hot_path_is_sync_free():
 def test_lightning_strategy_runs_the_hook_on_cpu():
     # Lightning's own ddp_comm_hook argument is ignored off CUDA; gradwire's strategy is not.
     run_checks("lightning_check.py", 2, timeout=300)
+
+
+def test_the_same_lightning_script_runs_under_torchrun():
+    """tests/scripts/lightning_check.py unchanged: `gradwire run` starts one rank per host
+    (num_nodes=2, devices=1), torchrun two on one node (num_nodes=1, devices=2);
+    ``launch_args`` tells the Trainer which."""
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", str(SCRIPTS / "lightning_check.py")],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "FAIL" not in out, out[-3000:]
+    assert out.count("failures=0") == 2, out[-3000:]
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, {"num_nodes": 1, "devices": 3}),
+    ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}, {"num_nodes": 2, "devices": 1}),
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, {"num_nodes": 2, "devices": 4}),
+])
+def test_launch_args_follow_the_launcher(monkeypatch, env, want):
+    from gradwire.hooks.lightning import launch_args
+
+    for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert launch_args(devices=3) == want
+
+
+def test_launch_args_refuse_an_inconsistent_environment(monkeypatch):
+    from gradwire.hooks.lightning import launch_args
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(GradwireError, match="WORLD_SIZE 3 is not a multiple of LOCAL_WORLD"):
+        launch_args()
 
 
 @pytest.mark.parametrize("kwargs,says", [

@@ -16,6 +16,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
+from gradwire.compress.base import select_count
+from gradwire.schedules.cost import traffic
+from gradwire.sparse import entry_bytes, schedule
 
 rank, p = init()
 SMALL_BUCKETS, ONE_BUCKET = 0.0001, 25
@@ -170,7 +173,7 @@ def round_trip(m: str, mode: str, cap: float) -> None:
     """Model mode aggregates in parameter-position order, so the resumed run computes the
     same sums. In bucket mode the resumed DDP's first iteration has its initial bucket (another
     parameter order), so only methods that do not care about order match, up to rounding."""
-    kw = {"density": 0.1, "mode": mode, "warmup": [0.3, 0.2]}
+    kw = {"density": 0.1, "mode": mode, "warmup": [0.3, 0.2], "steps_per_epoch": 1000}
     a = Run(gh.make(m, **kw), cap)
     a.train(1)
     a.state.set_epoch(1)  # the checkpoint must carry the warm-up position
@@ -199,6 +202,20 @@ for m, mode, exact in (("qsgd", "bucket", True), ("dgc", "model", True),
         results.append(r.params())
     same(results[1], results[0], f"{m} mode={mode} over gradwire's ring", exact, atol=1e-12)
     same(results[2], results[0], f"{m} mode={mode} without the comm thread")
+
+# (h) the density asked for is what goes on the wire from the first step (no warm-up unless
+# asked for): one bucket of gTop-k at density 0.01 moves exactly its schedule's bytes for k.
+state = gh.make("gtopk", density=0.01, mode="model")
+r = Run(state, cap=ONE_BUCKET)
+r.backward()
+n = sum(q.numel() for q in r.net.parameters())
+k = select_count(n, 0.01, None)
+wire = traffic(schedule("gtopk", p, n, k, torch.float64), 1)
+check(state.density == 0.01 and state.stats["sent"] == k * entry_bytes(n, torch.float64),
+      f"density from step one: {state.density}, sent {state.stats['sent']} for k = {k}")
+got = state._comm.agreed.bytes_sent  # noqa: SLF001 - what the transport counted
+check(got == wire.bytes_sent[rank].tolist(), f"density from step one: the transport sent {got},"
+      f" the schedule of k = {k} says {wire.bytes_sent[rank].tolist()}")
 
 done()
 dist.destroy_process_group()

@@ -1,5 +1,6 @@
-"""gradwire hooks under Lightning (``gradwire.hooks.lightning.strategy``), one process per
-host as `gradwire run` or torchrun starts them: top-k at density 1.0 trains exactly as
+"""gradwire hooks under Lightning (``gradwire.hooks.lightning.strategy``), as `gradwire run`
+(one process per host) or torchrun (LAUNCHER=torchrun: P processes on one node) starts them,
+the Trainer's nodes and devices from ``launch_args``: top-k at density 1.0 trains exactly as
 Lightning's DDP without a hook; gTop-k at density 0.1 runs its hook every step, sends less
 than the dense gradient, and leaves the replicas identical. FAIL lines per problem, then a
 CHECKED line."""
@@ -15,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import gradwire.hooks as gh
-from gradwire.hooks.lightning import strategy
+from gradwire.hooks.lightning import launch_args, strategy
 
 P = int(os.environ["WORLD_SIZE"])
 STEPS = 4
@@ -41,7 +42,7 @@ data = TensorDataset(torch.randn(8 * P * STEPS, 16, generator=g),
 def fit(state: gh.HookState | None) -> torch.Tensor:
     ddp = (DDPStrategy(process_group_backend="gloo") if state is None
            else strategy(state, process_group_backend="gloo"))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, num_nodes=P, max_steps=STEPS, strategy=ddp,
+    trainer = pl.Trainer(accelerator="cpu", **launch_args(), max_steps=STEPS, strategy=ddp,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True)
     model = Net()

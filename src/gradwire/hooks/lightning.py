@@ -6,22 +6,53 @@ drops it without a word and trains with plain allreduce. :func:`strategy` regist
 itself, after Lightning has wrapped the module in DistributedDataParallel::
 
     import gradwire.hooks as gh
-    from gradwire.hooks.lightning import strategy
+    from gradwire.hooks.lightning import launch_args, strategy
     state = gh.make("gtopk", density=0.001)
-    trainer = Trainer(accelerator="cpu", num_nodes=4, strategy=strategy(state,
-                      process_group_backend="gloo"))
+    trainer = Trainer(accelerator="cpu", **launch_args(devices=2),
+                      strategy=strategy(state, process_group_backend="gloo"))
 
-Lightning is not a gradwire dependency; this module imports it when called.
+:func:`launch_args` makes one script run unchanged under torchrun, ``gradwire run`` and
+Lightning's own launcher. Lightning is not a gradwire dependency; this module imports it when
+called.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import torch.distributed as dist
 
 from gradwire.errors import GradwireError
 from gradwire.hooks.state import HookState
 
 OWN = ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper")
+
+
+def launch_args(devices: int = 1) -> dict[str, int]:
+    """``Trainer``'s ``num_nodes`` and ``devices`` for whatever started this process.
+
+    Under torchrun or ``gradwire run`` (WORLD_SIZE and LOCAL_WORLD_SIZE in the environment):
+    one Lightning node per LOCAL_WORLD_SIZE ranks, each rank one device; torchrun with
+    ``--nproc-per-node 2`` on one machine gives ``num_nodes=1, devices=2``, ``gradwire run
+    --hosts 2`` (one rank per emulated host) ``num_nodes=2, devices=1``, which is what
+    Lightning checks against the environment. Otherwise Lightning starts the processes itself:
+    ``devices`` of them on one node."""
+    world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    if world is None and local is not None and dist.is_available() and dist.is_initialized():
+        # Lightning's environment deletes WORLD_SIZE when a fit ends; the group still says it
+        world = str(dist.get_world_size())
+    if world is None or local is None:
+        return {"num_nodes": 1, "devices": devices}
+    try:
+        w, n = int(world), int(local)
+    except ValueError:
+        raise GradwireError(f"launch_args: WORLD_SIZE and LOCAL_WORLD_SIZE must be integers, "
+                            f"got {world!r} and {local!r}") from None
+    if n < 1 or w < n or w % n:
+        raise GradwireError(f"launch_args: WORLD_SIZE {w} is not a multiple of "
+                            f"LOCAL_WORLD_SIZE {n}")
+    return {"num_nodes": w // n, "devices": n}
 
 
 def strategy(state: HookState, **ddp_kwargs: Any) -> Any:

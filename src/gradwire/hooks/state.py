@@ -41,7 +41,8 @@ class HookConfig:
     method: Method
     density: float = 0.001
     mode: str = "bucket"
-    warmup: Warmup = field(default_factory=Warmup)
+    warmup: Warmup = field(default_factory=lambda: Warmup(()))
+    steps_per_epoch: int | None = None
     group: dist.ProcessGroup | None = None
     seed: int = 0
     algo: str | None = None
@@ -88,17 +89,19 @@ class HookState:
     then. Dense, fp16 and bf16 need no status and read nothing. On the CPU each bucket's
     average is written as soon as its data is in (a host read costs nothing there).
 
-    Tuned by the user: ``config`` (:class:`HookConfig`). Internal: ``epoch`` (``set_epoch``),
-    ``step`` (iterations handed over), ``positions``, ``compressor``, ``ef`` (error feedback,
+    Tuned by the user: ``config`` (:class:`HookConfig`). Internal: ``epoch`` (the warm-up's,
+    counted from ``step`` with ``steps_per_epoch``; ``set_epoch`` moves it), ``step`` (iterations
+    handed over), ``positions``, ``compressor``, ``ef`` (error feedback,
     residuals per bucket layout). Stats: ``stats`` (see :meth:`reset_stats`).
 
     Example::
 
-        state = gradwire.hooks.make("gtopk", density=0.001, mode="model")
+        state = gradwire.hooks.make("gtopk", density=0.001)   # 0.001 from the first step
         state.register(ddp_model)          # = ddp_model.register_comm_hook(state, state.hook)
-        for epoch in range(epochs):
-            state.set_epoch(epoch)         # warm-up densities
-            ...
+        # or with the paper's warm-up, counted by the hook: 0.25, 0.0725, 0.015, 0.004, then
+        # 0.001, one epoch of len(loader) steps each
+        state = gradwire.hooks.make("gtopk", density=0.001, warmup=True,
+                                    steps_per_epoch=len(loader))
 
     Warning: every rank must make the same state (method, density, mode, seed) and register it
     on the same model; the collectives of all buckets run on one thread in bucket order.
@@ -114,8 +117,8 @@ class HookState:
     def __init__(self, config: HookConfig) -> None:
         self.config = config
         m = config.method
-        self.epoch = 0
         self.step = 0
+        self._epoch_at = (0, 0)  # (epoch, the step it began at), moved by set_epoch
         self.positions = layout.Positions()
         self.compressor = m.make_compressor(config.density, config.seed, **config.options)
         self.ef = (ErrorFeedback(self.compressor)
@@ -159,8 +162,16 @@ class HookState:
         ddp_model.register_comm_hook(self, self.hook)
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch whose warm-up density the next iterations use."""
-        self.epoch = check_int("hooks", "epoch", epoch, 0)
+        """Move the warm-up to ``epoch`` from the next iteration on (the hook counts epochs
+        itself from ``steps_per_epoch``: calling this is never needed)."""
+        self._epoch_at = (check_int("hooks", "epoch", epoch, 0), self.step)
+
+    @property
+    def epoch(self) -> int:
+        """The warm-up epoch of the next iteration."""
+        epoch, since = self._epoch_at
+        per = self.config.steps_per_epoch
+        return epoch + (self.step - since) // per if per else epoch
 
     @property
     def density(self) -> float:
@@ -193,13 +204,13 @@ class HookState:
         """Restore what :meth:`state_dict` saved. All or nothing: a state that is refused
         (another method, a residual of the wrong size, a missing or malformed field) leaves
         this hook's counters, residuals and compressor memory as they were."""
-        saved = (self.epoch, self.step, self._resume_order, dict(self.positions.numels),
+        saved = (self._epoch_at, self.step, self._resume_order, dict(self.positions.numels),
                  dict(self.ef.residuals) if self.ef is not None else None,
                  self.compressor.state_dict() if self.compressor is not None else None)
         try:
             self._load_state_dict(state)
         except (GradwireError, *MALFORMED) as e:
-            self.epoch, self.step, self._resume_order = saved[:3]
+            self._epoch_at, self.step, self._resume_order = saved[:3]
             self.positions.numels.clear()
             self.positions.numels.update(saved[3])
             if self.ef is not None:
@@ -216,7 +227,8 @@ class HookState:
         if state.get("method") != name:
             raise GradwireError(f"hook state_dict is for method {state.get('method')!r}, this "
                                 f"hook runs {name!r}")
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.step = int(state["step"])
+        self._epoch_at = (int(state["epoch"]), self.step)
         order = state.get("order")
         self._resume_order = tuple(int(p) for p in order) if order else None
         if self.ef is not None:
@@ -448,16 +460,18 @@ def _call_name(config: HookConfig, compressor: Compressor | None) -> str:
 
 
 def make(method: str, *, density: float = 0.001, mode: str = "bucket",
-         warmup: Sequence[float] | bool | None = None, dense_steps: int = 0,
-         group: dist.ProcessGroup | None = None, seed: int = 0, algo: str | None = None,
-         overlap: bool = True, **opts: object) -> HookState:
+         warmup: Sequence[float] | bool | None = None, steps_per_epoch: int | None = None,
+         dense_steps: int = 0, group: dist.ProcessGroup | None = None, seed: int = 0,
+         algo: str | None = None, overlap: bool = True, **opts: object) -> HookState:
     """A hook state for ``method`` (one of :data:`METHODS`); see the package docstring.
 
-    ``density``: the sparsifiers' target fraction of elements (topk, gtopk, randomk, dgc).
-    ``mode``: "bucket" (each bucket on its own, overlapping backward) or "model" (the whole
-    model at once, after the last bucket). ``warmup``: None/True for the gTop-k paper's
-    densities per epoch (0.25, 0.0725, 0.015, 0.004), False for none, or a list of densities;
-    ``dense_steps``: dense iterations before any compression. ``group``: the process group.
+    ``density``: the sparsifiers' fraction of elements (topk, gtopk, randomk, dgc), sent from
+    the first step. ``mode``: "bucket" (each bucket on its own, overlapping backward) or
+    "model" (the whole model at once, after the last bucket). ``warmup``: None or False (the
+    default) for none, True for the gTop-k paper's densities (0.25, 0.0725, 0.015, 0.004, then
+    ``density``), or a list of densities, each lasting one epoch of ``steps_per_epoch`` steps
+    (required with a warm-up; the hook counts them itself). ``dense_steps``: dense iterations
+    before any compression. ``group``: the process group.
     ``seed``: shared randomness (randomk indices, PowerSGD's first Q; qsgd and terngrad add
     the rank). ``algo``: None for torch.distributed's collectives, or a gradwire allreduce
     algorithm (e.g. "ring"); for gtopk, "rd" (the butterfly, its default) or "tree" (the
@@ -479,6 +493,6 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
             raise GradwireError(f"{method}: unknown option {k!r}: expected "
                                 f"{', '.join(m.options) or 'no options'}")
     config = HookConfig(m, check_fraction("hooks", "density", density), mode,
-                        parse(warmup, dense_steps), group, check_int("hooks", "seed", seed, 0),
-                        algo, overlap, dict(opts))
+                        parse(warmup, dense_steps, steps_per_epoch), steps_per_epoch, group,
+                        check_int("hooks", "seed", seed, 0), algo, overlap, dict(opts))
     return HookState(config)

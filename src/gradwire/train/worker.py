@@ -131,7 +131,12 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     task = load_task(spec, args.seed, args.seq_len)
     model = build_model(args.model, args.seed, task.classes)
     opt = optimizer(model.parameters(), args.lr, args.momentum)
-    agg = HookedDDP(args.agg, args.density, args.mode, args.warmup, args.seed)
+    n_local = len(task.train) // world
+    iters = n_local // args.batch_size
+    if iters == 0:
+        raise SystemExit(f"--batch-size {args.batch_size} is larger than a rank's share "
+                         f"({n_local} samples at {world} ranks)")
+    agg = HookedDDP(args.agg, args.density, args.mode, args.warmup, args.seed, iters)
     fwd = agg.start(model)
     run_settings = settings(args, world)
     history: dict[str, list[float]] = {k: [] for k in (
@@ -146,15 +151,11 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
         history, first = ck["history"], ck["epoch"]
         for k in SUMMED:  # a checkpoint written before a counter existed: 0 for its epochs
             history.setdefault(k, [0.0] * first)
-    n_local = len(task.train) // world
-    iters = n_local // args.batch_size
-    if iters == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} is larger than a rank's share "
-                         f"({n_local} samples at {world} ranks)")
     total = iters * (args.epochs - first)
     dist.barrier()
     for epoch in range(first, args.epochs):
-        agg.set_epoch(epoch)
+        agg.set_epoch(epoch)  # the hook counts epochs from its steps; this keeps it exact
+        density = agg.density  # what this epoch's iterations use
         idx = shard_indices(len(task.train), rank, world, epoch, args.seed)
         # Every rank has finished the last epoch's evaluation: on shared cores, a rank still
         # evaluating would otherwise slow the others' first iterations, which count.
@@ -173,7 +174,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
             history[k].append(v if k != "wire" or wire_ok.item() else None)
         history["seconds"].append(seconds.item())
         history["iterations"].append(iters)
-        history["density"].append(agg.density)
+        history["density"].append(density)
         history["train_loss"].append(sums[0].item() / (world * iters))
         history["test_loss"].append(test_loss)
         history["test_accuracy"].append(test_acc)
