@@ -316,3 +316,18 @@ def test_the_training_worker_runs_unchanged_under_plain_torchrun(tmp_path):
     r = json.loads(out.read_text())
     assert r["agg"] == "gtopk" and r["world_size"] == 2 and r["iterations"] > 0
     assert r["payload_bytes_per_iter_per_rank"] > 0 and math.isfinite(r["loss"][-1])
+
+
+def test_headers_go_over_one_host_group_per_set_of_ranks(one_rank, monkeypatch):
+    """Under NCCL the call headers need a gloo group over the same ranks: made once, shared by
+    every hook state (here NCCL is pretended: the group is gloo)."""
+    import torch.distributed as dist
+
+    from gradwire.hooks import comm
+
+    assert comm.host_group(None) is None  # gloo: the group itself
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl" if group is None
+                        else "gloo")
+    made = comm.host_group(None)
+    assert made is not None and comm.host_group(None) is made
+    assert dist.get_process_group_ranks(made) == [0]

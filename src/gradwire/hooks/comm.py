@@ -222,13 +222,26 @@ class Comm:
         return [unpack(payload, out[r * n : (r + 1) * n]) for r in range(self.world)]
 
 
+# One gloo group per set of ranks, made once (every hook state of those ranks shares it): a new
+# group per state would open a connection per pair each time. Weak references, as transport.py
+# keeps its twin groups: c10d's registry owns them.
+_HOST_GROUPS: dict[tuple[int, ...], tuple[weakref.ref, weakref.ref]] = {}  # ranks: (world, group)
+
+
 def host_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     """``group`` if its tensors live on the host (gloo), else a gloo group over the same ranks
-    (made on each of them: every rank must reach this at the same point)."""
+    (made on each of them the first time: every rank must reach this at the same point)."""
     if dist.get_backend(group) == "gloo":
         return group
-    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+    world = dist.group.WORLD
+    ranks = tuple(dist.get_process_group_ranks(group or world))
+    known = _HOST_GROUPS.get(ranks)
+    # the world it was made in must be this one (not one destroyed and made again)
+    made = known[1]() if known is not None and known[0]() is world else None
+    if made is None:
+        made = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
+        _HOST_GROUPS[ranks] = (weakref.ref(world), weakref.ref(made))
+    return made
 
 
 def pack(payload: Payload) -> torch.Tensor:
