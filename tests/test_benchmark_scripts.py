@@ -68,3 +68,20 @@ def test_ddp_hooks_runs_and_our_dense_hook_trains_as_ddp_does(tmp_path):
     assert summary["gradwire:dense"]["loss"] == summary["torch:allreduce"]["loss"]
     assert all(r["median_s"] > 0 and len(r["slowest_s"]) == 2 for r in doc["rows"])
     assert "gradwire:dense vs torch:allreduce" in doc["speed_ratios"]
+
+
+def test_powersgd_accuracy_trains_every_hook(tmp_path):
+    """benchmarks/powersgd_accuracy.py end to end, small: 2 loopback ranks, rank 1, one
+    epoch; every hook reaches an accuracy above chance on digits' 10 classes."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "powersgd.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "powersgd_accuracy.py"), "--worlds", "2",
+                    "--ranks", "1", "--epochs", "1", "--out", str(out)], check=True,
+                   capture_output=True, timeout=300)
+    doc = json.loads(out.read_text())
+    assert [r["hook"] for r in doc["rows"]] == ["dense", "torch:powersgd-r1",
+                                                "gradwire:powersgd-r1"]
+    assert all(r["test_accuracy"] > 0.2 for r in doc["rows"]) and "commit" in doc

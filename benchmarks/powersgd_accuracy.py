@@ -1,0 +1,57 @@
+"""PowerSGD's accuracy beside PyTorch's PowerSGD hook: the digits MLP (64-1024-1024-10), SGD
+lr 0.1, momentum 0.9, batch 32 per rank, 6 epochs, one DDP bucket, test accuracy after
+the last epoch, at P = 2 and 4 and ranks 1 and 4, dense alongside.
+
+    python benchmarks/powersgd_accuracy.py        # loopback ranks: accuracy, not speed
+
+Writes results/powersgd_accuracy.json with the machine, command, commit and date.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from gradwire.bench import provenance
+from gradwire.cluster import loopback_cluster
+from gradwire.launcher import launch
+
+HERE = Path(__file__).parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--ranks", default="1,4")
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "powersgd_accuracy.json")
+    args = ap.parse_args()
+    rows = []
+    for p in (int(v) for v in args.worlds.split(",")):
+        hooks = ["dense"] + [f"{side}:powersgd-r{r}" for r in args.ranks.split(",")
+                             for side in ("torch", "gradwire")]
+        lines: list[str] = []
+        res = launch(loopback_cluster(p), [sys.executable, str(HERE / "ranks" /
+                                                               "powersgd_accuracy.py")],
+                     timeout=3000, sink=lines.append,
+                     extra_env={"HOOKS": ",".join(hooks), "EPOCHS": str(args.epochs),
+                                "OMP_NUM_THREADS": "1"})
+        if res.returncode != 0:
+            sys.exit("\n".join(lines[-30:] + [res.message]))
+        for x in lines:
+            if "] ROW " in x:
+                row = {"world": p, **json.loads(x.partition("ROW ")[2])}
+                rows.append(row)
+                print(f"P={p} {row['hook']:<22} accuracy {row['test_accuracy']:.4f}", flush=True)
+    doc = {**provenance.stamp("python " + shlex.join(sys.argv), "cpu"),
+           "commit": provenance.commit(), "model": "mlp", "data": "digits",
+           "epochs": args.epochs, "batch_per_rank": 32, "lr": 0.1, "momentum": 0.9,
+           "torch_start_powerSGD_iter": 2, "rows": rows}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
