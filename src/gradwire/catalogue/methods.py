@@ -134,8 +134,7 @@ def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) 
         return Started.done(*_agreed_first(c, x, key))
     if check:
         c.comm.agree(header(c, n, x.dtype))
-    if m.path is DENSE or c.dense or m.plan(n, c.comm.world, x.dtype, c.compressor, c.density,
-                                           c.comm.algo).dense:
+    if m.path is DENSE or _sent_dense(c, n, x.dtype):
         return Started.done(*DENSE.run(c, x, key))
     return m.path.start(c, x, key)
 
@@ -143,7 +142,7 @@ def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) 
 def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
     """(average, payload bytes): :func:`start`, its header included, and its result at once."""
     s = start(c, x, key)
-    return s.finish(0 if s.worst is None else int(s.worst)), s.sent
+    return s.result(), s.sent
 
 
 def header(c: AggregationCall, numel: int, dtype: torch.dtype) -> list[tuple[str, object]]:
@@ -161,9 +160,16 @@ def _agreed_first(c: AggregationCall, x: torch.Tensor, key: object
     instead = feedback.fallback(worst, x, residual, f"gradwire hook {m.name}")
     if instead is not None:
         return dense_average(c, instead)
-    if c.dense or m.plan(n, c.comm.world, x.dtype, c.compressor, c.density, c.comm.algo).dense:
+    if _sent_dense(c, n, x.dtype):
         return DENSE.run(c, x, key)
     return m.path.run(c, x, key)
+
+
+def _sent_dense(c: AggregationCall, numel: int, dtype: torch.dtype) -> bool:
+    """Whether this call goes dense: the warm-up's dense steps, or a plan that sends the
+    bucket as it is (compressing would not make it smaller)."""
+    return c.dense or c.method.plan(numel, c.comm.world, dtype, c.compressor, c.density,
+                                    c.comm.algo).dense
 
 
 __all__ = ["MODES", "METHODS", "AggregationCall", "Method", "Started", "aggregate", "get",

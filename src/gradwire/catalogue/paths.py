@@ -101,6 +101,14 @@ class Started:
     def done(avg: torch.Tensor, sent: int) -> Started:
         return Started(sent, None, lambda _worst: avg)
 
+    def read(self) -> int:
+        """``worst`` on the host (0 for None): on a device this waits for the exchange."""
+        return 0 if self.worst is None else int(self.worst)
+
+    def result(self) -> torch.Tensor:
+        """The average, the status read here: for a caller with no later point to read it."""
+        return self.finish(self.read())
+
 
 class Path:
     """How a method's payloads travel and combine."""
@@ -194,15 +202,27 @@ class Gathered(Path):
         return c.compressor.combine(payloads, x.numel()), payload.nbytes  # type: ignore
 
 
+class InBand(Path):
+    """A path whose NaN/Inf status travels with its payload (:meth:`start` is its own)."""
+
+    def in_band(self, m):  # type: ignore[override]
+        return True
+
+    def run(self, c, x, key):  # type: ignore[override]
+        s = self.start(c, x, key)
+        return s.result(), s.sent
+
+
 def sparse_algo(method: str, algo: str | None) -> str | None:
     """The schedule a sparse method runs for the hook's ``algo``: gtopk on "rd" (its default,
     the butterfly) or "tree" (the paper's) when ``algo`` names one; otherwise its default."""
     return algo if method == "gtopk" and algo in GTOPK_ALGOS else None
 
 
-class Sparse(Path):
-    """TopKAllReduce and gTopKAllReduce (:func:`gradwire.sparse.sparse_allreduce`); the hook's
-    ``algo="tree"`` runs gTop-k on the paper's tree instead of the butterfly."""
+class Sparse(InBand):
+    """TopKAllReduce and gTopKAllReduce (:func:`gradwire.sparse.sparse_allreduce`), a status
+    byte beside the entries; the hook's ``algo="tree"`` runs gTop-k on the paper's tree
+    instead of the butterfly."""
 
     name = "sparse"
     on_transport = True
@@ -213,13 +233,6 @@ class Sparse(Path):
                                                 sparse_algo(m.name, algo))
         return BucketPlan((CollectiveCall(coll, name, count, 1, "entries", params),),
                           k * entry_bytes(numel, dtype))
-
-    def in_band(self, m):  # type: ignore[override]
-        return True  # the status byte beside the entries
-
-    def run(self, c, x, key):  # type: ignore[override]
-        s = self.start(c, x, key)
-        return s.finish(int(s.worst)), s.sent  # type: ignore[arg-type]
 
     def start(self, c, x, key):  # type: ignore[override]
         assert c.ef is not None and c.comm.agreed is not None
@@ -239,7 +252,7 @@ class Sparse(Path):
                        lambda worst: ex.finish(worst, x, lambda y: dense_average(c, y)[0]))
 
 
-class LowRank(Path):
+class LowRank(InBand):
     """PowerSGD: P = M·Q summed, orthogonalised, Q = Mᵀ·P summed, avg = P·Qᵀ/P_ranks."""
 
     name = "lowrank"
@@ -262,13 +275,6 @@ class LowRank(Path):
                            CollectiveCall("allreduce", name, cols * r, item, "Q", params)),
                           (rows + cols) * r * item + item)
 
-    def in_band(self, m):  # type: ignore[override]
-        return True  # the status element beside P
-
-    def run(self, c, x, key):  # type: ignore[override]
-        s = self.start(c, x, key)
-        return s.finish(int(s.worst)), s.sent  # type: ignore[arg-type]
-
     def start(self, c, x, key):  # type: ignore[override]
         assert isinstance(c.compressor, PowerSGDCompressor) and c.ef is not None
         ps, n, world = c.compressor.power, x.numel(), c.comm.world
@@ -279,10 +285,10 @@ class LowRank(Path):
         p = ps.p(m, key)
         # The statuses travel as one more element of P, summed: a rank's NONFINITE counts
         # world + 1 (more than every OVERFLOW together), OVERFLOW 1.
-        code = (torch.where(mine == feedback.Status.NONFINITE, world + 1, mine)
-                if isinstance(mine, torch.Tensor) else
-                torch.tensor(world + 1 if mine == feedback.Status.NONFINITE else mine))
-        wire = torch.cat([p.reshape(-1), code.reshape(1).to(p.dtype)])
+        # In P's dtype before world + 1 is put in (a uint8 status would wrap at 256 ranks).
+        code = torch.as_tensor(mine, device=p.device).to(p.dtype)
+        code = torch.where(code == feedback.Status.NONFINITE, world + 1, code)
+        wire = torch.cat([p.reshape(-1), code.reshape(1)])
         c.comm.all_reduce(wire)
         p.copy_(wire[:-1].view_as(p))
         total = wire[-1]

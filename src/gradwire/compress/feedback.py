@@ -86,6 +86,20 @@ class Status(enum.IntEnum):
     NONFINITE = 2  # x (or, after a call with the header exchange off, the residual) is not
 
 
+def _extremes(x: torch.Tensor, residual: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(X + E, the ends): the largest |x| plus the largest |e| (0-d), and x's and e's minimum
+    and maximum in x's dtype (1-D). One aminmax pass over each (it propagates NaN); nothing is
+    read on the host."""
+    ends = torch.stack(list(x.aminmax()))
+    bound = ends.abs().max()
+    if residual is not None and residual.numel():
+        e_ends = torch.stack([t.to(x.dtype) for t in residual.aminmax()])
+        ends = torch.cat([ends, e_ends])
+        bound = bound + e_ends.abs().max()
+    return bound, ends
+
+
 def status(x: torch.Tensor, residual: torch.Tensor | None = None) -> Status:
     """The :class:`Status` of ``x`` with ``residual`` (None: no residual), exactly.
 
@@ -96,12 +110,8 @@ def status(x: torch.Tensor, residual: torch.Tensor | None = None) -> Status:
     """
     if x.numel() == 0:
         return Status.OK
-    ends = list(x.aminmax())
-    bound = torch.maximum(ends[0].abs(), ends[1].abs())
-    if residual is not None and residual.numel():
-        ends += [t.to(x.dtype) for t in residual.aminmax()]
-        bound = bound + torch.maximum(ends[2].abs(), ends[3].abs())
-    finite = torch.stack([bound, *ends]).isfinite().tolist()
+    bound, ends = _extremes(x, residual)
+    finite = torch.cat([bound.reshape(1), ends]).isfinite().tolist()
     if finite[0]:
         return Status.OK
     if not all(finite[1:]):
@@ -122,13 +132,8 @@ def local_status(x: torch.Tensor, residual: torch.Tensor | None
     if x.numel() == 0:
         zero = torch.zeros((), dtype=torch.uint8, device=x.device)
         return zero, torch.ones((), dtype=torch.bool, device=x.device)
-    ends = torch.stack(list(x.aminmax()))
-    bound = ends.abs().max()
+    bound, ends = _extremes(x, residual)
     nonfinite = ~ends.isfinite().all()
-    if residual is not None and residual.numel():
-        e_ends = torch.stack([t.to(x.dtype) for t in residual.aminmax()])
-        nonfinite = nonfinite | ~e_ends.isfinite().all()
-        bound = bound + e_ends.abs().max()
     overflow = ~nonfinite & ~bound.isfinite()
     mine = nonfinite.to(torch.uint8) * int(Status.NONFINITE) + overflow.to(torch.uint8)
     return mine, ~overflow
@@ -151,29 +156,21 @@ def settle(worst: int, x: torch.Tensor, acc: torch.Tensor, residual: torch.Tenso
 
     ``acc`` is e + x (e alone where ``keep`` is false), with whatever was selected from it put
     back; it may be ``residual`` itself. Warns (RuntimeWarning)."""
-    fixed = isinstance(keep, torch.Tensor)
+    keep = torch.as_tensor(keep, device=x.device)  # a bool from the host path; as is on a device
     if worst == Status.NONFINITE:
         _warn(who, "a gradient holds NaN or Inf on some rank; aggregated dense this call "
               "(residuals applied and cleared)")
-        if fixed:
-            e = residual if residual is not None else torch.zeros_like(x)
-            out = torch.where(keep, acc, x + e)  # type: ignore[arg-type]
-        else:
-            out = acc.clone() if keep or residual is None else x + residual
+        # without a residual nothing can overflow: keep is true and acc is x
+        out = acc.clone() if residual is None else torch.where(keep, acc, x + residual)
         if residual is not None:
             residual.zero_()
         return out
     _warn(who, f"gradient + residual overflows {_name(x.dtype)} on some rank; aggregated dense "
           "this call (where it overflows: the gradient alone, the residual kept; elsewhere: "
           "both, the residual cleared)")
-    if fixed:
-        out = torch.where(keep, acc, x)  # type: ignore[arg-type]
-        if residual is not None:
-            residual.masked_fill_(keep, 0)  # type: ignore[arg-type]
-        return out
-    out = acc.clone() if keep else x.clone()
-    if keep and residual is not None:
-        residual.zero_()
+    out = torch.where(keep, acc, x)
+    if residual is not None:
+        residual.masked_fill_(keep, 0)
     return out
 
 

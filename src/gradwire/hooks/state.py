@@ -131,11 +131,11 @@ class HookState:
         # (on the comm thread) their aggregations not yet finished.
         self._held: list[tuple[torch.Tensor, torch.futures.Future]] = []
         self._unfinished: list[tuple[torch.Tensor, Started]] = []
-        # The per-step header: the previous step's (elements, dtype) per aggregation, this
-        # step's so far, the list this step agreed on, and whether it was agreed yet.
+        # The per-step header: the previous step's (elements, dtype) per aggregation (what the
+        # step's header agrees on; it changes only once the step has ended), this step's so
+        # far, and whether this step's header was exchanged yet.
         self._layouts: list[tuple[int, str]] | None = None
         self._observed: list[tuple[int, str]] = []
-        self._agreed: list[tuple[int, str]] | None = None
         self._step_open = False
         # Model mode: the element order of the last whole-model aggregation, and the order a
         # loaded state_dict asks of the next one; see _model.
@@ -274,16 +274,17 @@ class HookState:
                 return fut
             # On a device every future waits for the last bucket (the class docstring).
             self._held.append((buf, fut))
-            held = [b for b, _ in self._held]
-            futures = [f for _, f in self._held] if last else []
+            held: list[torch.Tensor] = []  # the buffers the last bucket's task completes
+            futures: list[torch.futures.Future] = []
             if last:
+                held, futures = [b for b, _ in self._held], [f for _, f in self._held]
                 self._held = []
 
             def task() -> list[torch.Tensor]:
                 self._bucket(buf, key, call, index, last)
-                return held if last else []
+                return held
 
-            self._dispatch(task, futures, held if last else [], last)
+            self._dispatch(task, futures, held, last)
             return fut
         self._pending.append((buf, key, fut))
         if last:
@@ -333,14 +334,13 @@ class HookState:
         """Compress and communicate one aggregation (the step's header first, at its first)."""
         comm, s = call.comm, self.stats
         before, header, t0 = comm.seconds, comm.header_seconds, time.perf_counter()
+        agreed = self._layouts
         if not self._step_open:
-            self._step_open = True
-            self._agreed, self._observed = self._layouts, []
-            if self._agreed is not None:  # else every aggregation has a header of its own
+            self._step_open, self._observed = True, []
+            if agreed is not None:  # else every aggregation has a header of its own
                 comm.agree(self._step_call(call))
         shape = (x.numel(), str(x.dtype).removeprefix("torch."))
-        trusted = (self._agreed is not None and index < len(self._agreed)
-                   and self._agreed[index] == shape)
+        trusted = agreed is not None and index < len(agreed) and agreed[index] == shape
         self._observed.append(shape)
         if self.ef is not None:
             layout.carry(self.ef.residuals, key, self.positions.numels, x)
@@ -362,10 +362,10 @@ class HookState:
                 ("dense", call.dense), ("density", f"{call.density:.6g}"),
                 ("buckets", buckets)]
 
-    def _finish(self, x: torch.Tensor, started: Started, worst: int | None) -> None:
-        """The average of one aggregation, written into ``x``."""
+    def _finish(self, x: torch.Tensor, started: Started, worst: int) -> None:
+        """The average of one aggregation for the ranks' ``worst`` status, written into ``x``."""
         t0, before = time.perf_counter(), self._comm_seconds()
-        avg = started.finish(0 if worst is None else worst)
+        avg = started.finish(worst)
         if avg is not x:  # the dense and sparse paths average in the bucket itself
             x.copy_(avg)
         spent = self._comm_seconds() - before
@@ -391,7 +391,7 @@ class HookState:
             self._unfinished = []  # left by a step that failed
         started = self._start(buf, key, call, index)
         if started.worst is None or on_host(buf):
-            self._finish(buf, started, None if started.worst is None else int(started.worst))
+            self._finish(buf, started, started.read())
         else:
             self._unfinished.append((buf, started))
         if last:
@@ -428,7 +428,7 @@ class HookState:
             x = torch.cat([views[p] for p in order])
         self._order = order
         started = self._start(x, order, call, 0)
-        self._finish(x, started, None if started.worst is None else int(started.worst))
+        self._finish(x, started, started.read())  # the step's one read
         avg = x
         if avg is not pending[0][0]:
             offset = 0

@@ -165,13 +165,12 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
         return merging.average_into(lists(), numel, world_size, out)
 
     def finish() -> SparseResult:
-        lists = [unpack(buf[r * b : (r + 1) * b - STATUS_BYTES], k, numel, dtype)
-                 for r in range(world_size)]
-        where, slot = torch.unique(torch.cat([got.indices for got in lists]), sorted=True,
+        got_lists = lists()
+        where, slot = torch.unique(torch.cat([got.indices for got in got_lists]), sorted=True,
                                    return_inverse=True)
         sums = torch.zeros(where.numel(), dtype=acc_dtype(dtype), device=buf.device)
         start = 0
-        for got in lists:  # rank by rank (a list's indices are distinct): a fixed order
+        for got in got_lists:  # rank by rank (a list's indices are distinct): a fixed order
             sums.index_add_(0, slot[start : start + len(got)], got.values.to(sums.dtype))
             start += len(got)
         return SparseResult(Entries(sums.to(dtype), where), numel, world_size, s)
@@ -211,12 +210,9 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     buf[end] = status
 
     def keep_drops() -> None:
-        while drops:
-            d = drops.pop(0)
-            if on_host(residual):
-                residual.index_add_(0, d.indices, d.values)
-            else:
-                wire.add_into(residual, d)
+        for d in drops:
+            wire.add_into(residual, d)
+        drops.clear()
 
     def average(out: torch.Tensor) -> torch.Tensor:
         if on_host(buf):
@@ -298,8 +294,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     """The global top-k of the sum of every rank's (values, indices), on every rank
     (cost on the butterfly, the default, P a power of two: lg P·α + 2k·lg P·β; on the paper's
     tree, ``algo="tree"``: 2⌈lg P⌉α + 4k⌈lg P⌉β). What a merge on this rank keeps of its drops
-    is added to
-    ``residual`` (dense, numel elements, values' dtype) in place."""
+    is added to ``residual`` (dense, numel elements, values' dtype) in place."""
     e = _entries("gtopk_allreduce", values, indices, numel)
     if (not isinstance(residual, torch.Tensor) or residual.shape != (numel,)
             or residual.dtype != values.dtype):
@@ -487,7 +482,8 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     some rank, every rank returns a dense average instead: of x alone from that rank, which
     keeps its residual, of x + residual from the others, which clear theirs. Either way no
     residual is left non-finite and no mass is lost.
-    Cost (Table I, β per element, fp32): topk log(P)α + 2(P−1)kβ; gtopk 2lg(P)α + 4k·lg(P)β.
+    Cost (β per element, fp32): topk log(P)α + 2(P−1)kβ; gtopk on the butterfly (P a power of
+    two) lg(P)α + 2k·lg(P)β, on the paper's tree 2lg(P)α + 4k·lg(P)β (Table I).
 
     ``out``: where to write the result (may be ``x`` itself, which is read until then): a fresh
     25 M-element fp32 tensor took 40–60 ms to allocate and zero here (page faults), zeroing an
