@@ -9,6 +9,8 @@ iteration with it over the iteration without, less 1, in the same run.
     python benchmarks/ddp_hooks.py                      # CPU: gloo, 4 emulated hosts, 1 Gbit/s
     python benchmarks/ddp_hooks.py --hosts 8 --out results/ddp_hooks_p8.json
     python benchmarks/ddp_hooks.py --hooks gradwire:topk-0.001,gradwire:topk-0.001/nocheck
+    python benchmarks/ddp_hooks.py --hooks torch:powersgd-r4/one,gradwire:powersgd-r4/one \
+        --out results/ddp_hooks_powersgd.json   # "/one": the whole model in one DDP bucket
     python benchmarks/ddp_hooks.py --device cuda        # NCCL, P ranks sharing GPU 0, each its
                                                         # own emulated host (carry_iproute2.sh)
 
@@ -35,7 +37,9 @@ HOOKS = ("torch:allreduce", "gradwire:dense", "torch:fp16", "gradwire:fp16",
          "gradwire:gtopk-0.001")
 # Which of ours stands beside which of PyTorch's, for the ratios.
 PAIRS = (("gradwire:dense", "torch:allreduce"), ("gradwire:fp16", "torch:fp16"),
-         ("gradwire:powersgd-r1", "torch:powersgd-r1"))
+         ("gradwire:powersgd-r1", "torch:powersgd-r1"),
+         ("gradwire:powersgd-r1/one", "torch:powersgd-r1/one"),
+         ("gradwire:powersgd-r4/one", "torch:powersgd-r4/one"))
 
 
 def main() -> None:
@@ -87,7 +91,7 @@ def main() -> None:
             on = summary[hook.removesuffix("/nocheck")]["ms_per_iter"]
             summary[hook.removesuffix("/nocheck")]["check_cost"] = (
                 on / summary[hook]["ms_per_iter"] - 1)
-    best = {side: min((h for h in summary if h.startswith(side) and "/" not in h),
+    best = {side: min((h for h in summary if h.startswith(side) and "/nocheck" not in h),
                       key=lambda h: summary[h]["ms_per_iter"], default=None)
             for side in ("torch:", "gradwire:")}
     if None not in best.values():

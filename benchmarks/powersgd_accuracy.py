@@ -1,6 +1,7 @@
 """PowerSGD's accuracy beside PyTorch's PowerSGD hook: the digits MLP (64-1024-1024-10), SGD
-lr 0.1, momentum 0.9, batch 32 per rank, 6 epochs, one DDP bucket, test accuracy after
-the last epoch, at P = 2 and 4 and ranks 1 and 4, dense alongside.
+lr 0.1, momentum 0.9, batch 32 per rank, 6 epochs, one DDP bucket (PyTorch's hook aborts
+over gloo with several; gradwire's also with DDP's default buckets, "/default"), test
+accuracy after the last epoch, at P = 2 and 4 and ranks 1 and 4, dense alongside.
 
     python benchmarks/powersgd_accuracy.py        # loopback ranks: accuracy, not speed
 
@@ -30,8 +31,9 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for p in (int(v) for v in args.worlds.split(",")):
-        hooks = ["dense"] + [f"{side}:powersgd-r{r}" for r in args.ranks.split(",")
-                             for side in ("torch", "gradwire")]
+        hooks = ["dense"] + [h for r in args.ranks.split(",")
+                             for h in (f"torch:powersgd-r{r}", f"gradwire:powersgd-r{r}",
+                                       f"gradwire:powersgd-r{r}/default")]
         lines: list[str] = []
         res = launch(loopback_cluster(p), [sys.executable, str(HERE / "ranks" /
                                                                "powersgd_accuracy.py")],

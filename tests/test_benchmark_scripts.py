@@ -83,5 +83,6 @@ def test_powersgd_accuracy_trains_every_hook(tmp_path):
                    capture_output=True, timeout=300)
     doc = json.loads(out.read_text())
     assert [r["hook"] for r in doc["rows"]] == ["dense", "torch:powersgd-r1",
-                                                "gradwire:powersgd-r1"]
+                                                "gradwire:powersgd-r1",
+                                                "gradwire:powersgd-r1/default"]
     assert all(r["test_accuracy"] > 0.2 for r in doc["rows"]) and "commit" in doc

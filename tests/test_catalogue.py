@@ -30,10 +30,11 @@ def _options(name: str) -> dict:
     return {"rank": RANK} if name == "powersgd" else {}
 
 
-def _plan(name: str, numel: int, world: int, algo: str | None) -> catalogue.BucketPlan:
+def _plan(name: str, numel: int, world: int, algo: str | None,
+          shapes: tuple | None = None) -> catalogue.BucketPlan:
     m = catalogue.get(name)
     return m.plan(numel, world, torch.float32, m.make_compressor(DENSITY, **_options(name)),
-                  DENSITY, algo)
+                  DENSITY, algo, shapes)
 
 
 def _simulated(name: str, numel: int, world: int) -> int:
@@ -83,6 +84,16 @@ def test_compressor_semantics_live_on_the_compressor():
 
 
 # ------------------------------------------------------------------ real hooks over gloo
+# A linear layer of each size in SIZES: its weight (a matrix PowerSGD compresses) and bias
+# (which it sends as it is).
+LINEAR = {1000: (24, 40), 50_003: (1612, 31)}
+
+
+def _shapes(numel: int) -> tuple:
+    cin, cout = LINEAR[numel]
+    return ((cout,), (cout, cin))
+
+
 def _rank(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -95,11 +106,12 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
     for name in METHODS:
         for numel in SIZES:
             torch.manual_seed(rank)
-            net = torch.nn.Linear(numel, 1, bias=False)
+            cin, cout = LINEAR[numel]
+            net = torch.nn.Linear(cin, cout)
             ddp = DistributedDataParallel(net)
             state = gh.make(name, density=DENSITY, warmup=False, algo="ring", **_options(name))
             state.register(ddp)
-            ddp(torch.randn(3, numel)).sum().backward()
+            ddp(torch.randn(3, cin)).sum().backward()
             comm = state._comm  # noqa: SLF001 - the transports the hook's calls went through
             counted[f"{name} {numel}"] = (sum(comm.agreed.bytes_sent),
                                           comm.transport.control_bytes_sent)
@@ -122,7 +134,7 @@ def test_a_real_hook_call_moves_what_the_catalogue_says(world, tmp_path):
     header_bytes = header.sent()
     for name in METHODS:
         for numel in SIZES:
-            want = _plan(name, numel, world, "ring").bytes_sent(world)
+            want = _plan(name, numel, world, "ring", _shapes(numel)).bytes_sent(world)
             got = [counted[r][f"{name} {numel}"] for r in range(world)]
             assert [g[0] for g in got] == want.tolist(), (name, numel)
             assert [g[1] for g in got] == header_bytes.tolist(), (name, numel)

@@ -2,6 +2,7 @@
 exact top-k, the sampled selector's recall, unbiased quantizers, exact bit packing, PowerSGD's
 rank-r reconstruction, and error feedback that never loses gradient mass."""
 import dataclasses
+import math
 import warnings
 
 import pytest
@@ -32,6 +33,7 @@ from gradwire.compress import (
 from gradwire.compress.base import generator
 from gradwire.compress.bits import WIDTHS, decode_codes, pack_bits, packed_bytes, unpack_bits
 from gradwire.compress.feedback import Status, fallback, status
+from gradwire.compress.lowrank import layout
 from gradwire.dtypes import index_dtype
 from gradwire.errors import GradwireError
 
@@ -468,6 +470,61 @@ def test_powersgd_rank_is_capped_by_the_matrix():
     p = c.compress(data(7))
     assert p.p.shape == (3, 3) and p.q.shape == (3, 3)
     assert torch.allclose(c.decompress(p, 7), data(7), atol=1e-5)
+
+
+def test_layout_is_pytorchs_one_matrix_per_weight():
+    # conv (8, 4, 3, 3) → 8×36, linear (10, 8) → 10×8 twice (one batch), biases and a
+    # matrix too small to gain (3×2 at r = 2: 6 < 2·5·2) as they are
+    shapes = [(8,), (8, 4, 3, 3), (10, 8), (10,), (10, 8), (3, 2), ()]
+    numel = sum(math.prod(s) for s in shapes)
+    lay = layout(numel, shapes, rank=2)
+    assert [(b.rows, b.cols, b.r, b.spans) for b in lay.batches] == [
+        (8, 36, 2, ((8, 288),)), (10, 8, 2, ((296, 80), (386, 80)))]
+    assert lay.plain == ((0, 8), (376, 10), (466, 6), (472, 1))
+    assert lay.plain_count + sum(n for b in lay.batches for _, n in b.spans) == numel
+    assert lay.p_count == (8 + 2 * 10) * 2 and lay.q_count == (36 + 2 * 8) * 2
+    # a matrix no wider than the rank gains nothing; a flat bucket is one padded matrix
+    assert layout(4000, [(4, 1000)], rank=4).batches == ()
+    flat = layout(1000, None, rank=1)
+    assert [(b.rows, b.cols, b.spans) for b in flat.batches] == [(32, 32, ((0, 1000),))]
+    assert layout(6, None, rank=4).batches == ()  # nothing worth compressing
+    with pytest.raises(GradwireError, match="shapes hold 6 elements, the bucket 7"):
+        layout(7, [(2, 3)], rank=1)
+
+
+@given(shapes=st.lists(st.lists(st.integers(1, 9), min_size=0, max_size=3), max_size=6),
+       rank=st.integers(1, 4))
+@settings(max_examples=60, deadline=None)
+def test_layout_gather_and_scatter_cover_every_element_once(shapes, rank):
+    numel = sum(math.prod(s) for s in shapes)
+    lay = layout(numel, shapes, rank)
+    x = torch.arange(numel, dtype=torch.float32) + 1
+    out = torch.zeros(numel)
+    lay.scatter_plain(lay.gather_plain(x, torch.float32), out)
+    for b in lay.batches:
+        m = b.gather(x, torch.float64)
+        assert m.shape == (len(b.spans), b.rows, b.cols) and m.dtype == torch.float64
+        assert b.rows * b.cols >= 2 * (b.rows + b.cols) * b.r  # worth compressing
+        b.scatter(m, out)
+    assert torch.equal(out, x)
+
+
+def test_batched_steps_equal_one_matrix_at_a_time():
+    ms = torch.stack([low_rank(12, 20, 2, s).view(12, 20) for s in range(3)])
+    batched = PowerSGD(rank=2, seed=1)
+    p = batched.p(ms, "b")
+    q = batched.q(ms, p, "b")
+    out = batched.decompress(p, q, "b")
+    assert p.shape == (3, 12, 2) and q.shape == (3, 20, 2)
+    for i in range(3):
+        g = generator(1, 0)
+        first_q = torch.randn(3, 20, 2, generator=g)[i]  # the batch's draw, this matrix's part
+        pi = ms[i] @ first_q
+        pi.copy_(torch.linalg.qr(pi).Q)
+        assert torch.allclose(p[i], pi, atol=1e-5)
+        assert torch.allclose(out[i], pi @ (pi.T @ ms[i]), atol=1e-4)
+        assert torch.allclose(out[i], ms[i], atol=1e-4 * ms.abs().max())  # rank 2 exactly
+    assert batched.memory["b"].shape == (3, 20, 2)
 
 
 # --- error feedback --------------------------------------------------------------------------

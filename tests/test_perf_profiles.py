@@ -4,8 +4,11 @@ errors that name the line or field of a malformed profile."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gradwire import profiles
 from gradwire.errors import GradwireError
@@ -37,9 +40,38 @@ def test_profile_files_hold_their_definitions_in_backward_order() -> None:
         assert list(profiles.load(name).params) == architectures.backward_order(name), name
 
 
+def test_profile_files_hold_their_definitions_shapes() -> None:
+    for name in KNOWN:
+        assert list(profiles.load(name).shapes) == architectures.backward_shapes(name), name
+
+
+def test_every_builtin_shape_multiplies_out_to_its_elements() -> None:
+    for name in profiles.builtin_names():
+        p = profiles.load(name)
+        assert p.shapes is not None and len(p.shapes) == len(p.params), name
+        for (tensor, n), shape in zip(p.params, p.shapes, strict=True):
+            assert shape is not None and math.prod(shape) == n, (name, tensor)
+
+
+def test_builtin_shapes_are_pytorchs() -> None:
+    r50 = profiles.load("resnet50")
+    assert r50.shapes[-1] == (64, 3, 7, 7)  # conv1: first registered, last in backward order
+    assert dict(zip((n for n, _ in r50.params), r50.shapes, strict=True))["fc.weight"] == (1000,
+                                                                                          2048)
+    shapes = dict(zip((n for n, _ in profiles.load("inception-v3").params),
+                      profiles.load("inception-v3").shapes, strict=True))
+    assert shapes["Mixed_6b.branch7x7_2.conv.weight"] == (128, 128, 1, 7)
+    assert shapes["Mixed_6b.branch7x7_3.conv.weight"] == (192, 128, 7, 1)
+    bert = dict(zip((n for n, _ in profiles.load("bert-base").params),
+                    profiles.load("bert-base").shapes, strict=True))
+    assert bert["embeddings.word"] == (30522, 768)
+    assert bert["encoder.layer.0.intermediate.dense.weight"] == (3072, 768)
+    assert bert["encoder.layer.0.output.LayerNorm.bias"] == (768,)
+
+
 def test_resnet50_definition_matches_the_project_model_tensor_by_tensor() -> None:
-    built = [p.numel() for p in resnet50(1000, 3).parameters()]
-    assert [n for _, n in architectures.ARCHITECTURES["resnet50"]()] == built
+    built = [tuple(p.shape) for p in resnet50(1000, 3).parameters()]
+    assert [shape for _, shape in architectures.ARCHITECTURES["resnet50"]()] == built
     assert num_parameters(resnet50(1000, 3)) == KNOWN["resnet50"]
 
 
@@ -74,6 +106,46 @@ def test_malformed_profile_names_the_field(changes: dict, message: str) -> None:
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_shapes_parse_and_round_trip_in_mixed_files() -> None:
+    p = profiles.parse(_doc(params=[["b", 10], ["w", 100, [10, 2, 5]], ["s", 1, []]]), "toy.json")
+    assert p.params == (("b", 10), ("w", 100), ("s", 1))
+    assert p.shapes == (None, (10, 2, 5), ())
+    assert '["w", 100, [10, 2, 5]]' in p.to_text() and '["b", 10],' in p.to_text()
+    assert profiles.parse(p.to_text(), "again") == p
+    assert p.with_compute(1.0, 2.0, "x").shapes == p.shapes
+    assert profiles.parse(_doc(), "toy.json").shapes is None
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    (["w", 21, [4, 5]], "toy.json: params[1]: shape [4, 5] has 20 elements, the row says 21"),
+    (["w", 100, [10, 0, 10]], "params[1]: shape must be a list of integers >= 1"),
+    (["w", 100, [10, -10, -1]], "params[1]: shape must be a list of integers >= 1"),
+    (["w", 100, [10, 10.0]], "params[1]: shape must be a list of integers >= 1 ([] for a 0-d"),
+    (["w", 100, [10, True]], "params[1]: shape must be a list of integers >= 1"),
+    (["w", 100, "10x10"], "params[1]: shape must be a list of integers >= 1"),
+    (["w", 100, None], "params[1]: shape must be a list of integers >= 1"),
+    (["w", 2, []], "params[1]: shape [] has 1 elements, the row says 2"),
+    (["w", 100, [10, 10], "extra"], "field 'params[1]' must be [name, elements >= 1] or [name, "
+                                    "elements, shape]"),
+])
+def test_malformed_shape_names_the_row(row: list, message: str) -> None:
+    with pytest.raises(GradwireError) as e:
+        profiles.parse(_doc(params=[["b", 10], row]), "toy.json")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+_shape = st.lists(st.integers(1, 9), max_size=4).map(tuple)
+
+
+@given(st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), _shape)), min_size=1,
+                max_size=12))
+def test_any_params_with_shapes_round_trip(rows: list) -> None:
+    p = profiles.Profile("toy", tuple((name, math.prod(s) if s is not None else 7)
+                                      for name, s in rows),
+                         0.01, 0.02, shapes=tuple(s for _, s in rows))
+    assert profiles.parse(p.to_text(), "toy.json") == p
+
+
 def test_invalid_json_names_the_line(tmp_path) -> None:
     path = tmp_path / "bad.json"
     path.write_text(_doc().replace('"backward_s": 0.02,', '"backward_s": 0.02,,'))
@@ -98,6 +170,8 @@ def test_measured_profile_round_trips_and_orders_tensors_as_backward_does(tmp_pa
     # mlp-small registers 0.weight, 0.bias, ..., 4.weight, 4.bias: backward meets the last first.
     assert p.params[0][0].endswith("bias") and p.params[-1][0] == "0.weight"
     assert sum(p.backward_layer_s) == pytest.approx(p.backward_s)
+    assert len(p.shapes[-1]) == 2 and p.shapes[0] == (p.params[0][1],)  # 0.weight; last bias
+    assert all(math.prod(s) == n for (_, n), s in zip(p.params, p.shapes, strict=True))
     path = tmp_path / "p.json"
     path.write_text(p.to_text())
     assert profiles.load(str(path)) == p

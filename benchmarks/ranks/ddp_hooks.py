@@ -54,8 +54,9 @@ def register(name: str, ddp: DDP) -> object:
     if name == "torch:fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return None
-    if name == "torch:powersgd-r1":
-        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+    if name.startswith("torch:powersgd-r"):
+        rank = int(name.removeprefix("torch:powersgd-r"))
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
                                    start_powerSGD_iter=2)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
         return state
@@ -77,10 +78,11 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
     """(this rank's seconds per timed iteration, the loss at the last one, the seconds per
     timed iteration gradwire's hook spent in call-header exchanges, 0 for PyTorch's)."""
     net, _ = model()
-    ddp = DDP(net.to(DEVICE))
     # "<hook>/nocheck": gradwire's hook with the call check off (GRADWIRE_CHECK_CALLS=0, read
-    # when the hook sets itself up at its first bucket), for the check's cost in the same run
+    # when the hook sets itself up at its first bucket), for the check's cost in the same run;
+    # "<hook>/one": the whole model in one DDP bucket (PyTorch's PowerSGD hook over gloo)
     name, _, variant = name.partition("/")
+    ddp = DDP(net.to(DEVICE), bucket_cap_mb=2**20 if variant == "one" else None)
     os.environ["GRADWIRE_CHECK_CALLS"] = "0" if variant == "nocheck" else CHECK_CALLS
     keep = register(name, ddp)  # the hook's state lives as long as the DDP
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)

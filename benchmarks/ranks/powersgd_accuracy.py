@@ -2,8 +2,8 @@
 (same seed, same shards, one bucket), test accuracy printed by rank 0 as one ROW
 line of JSON per hook.
 
-Environment: HOOKS (comma-separated: "dense", "gradwire:powersgd-rN", "torch:powersgd-rN"),
-EPOCHS, BATCH, LR, MOMENTUM.
+Environment: HOOKS (comma-separated: "dense", "gradwire:powersgd-rN", "torch:powersgd-rN";
+a "/default" suffix runs DDP's default buckets instead of one), EPOCHS, BATCH, LR, MOMENTUM.
 """
 import datetime
 import json
@@ -29,7 +29,7 @@ def register(name: str, ddp: DDP) -> object:
     if name == "dense":
         return None
     side, _, spec = name.partition(":")
-    rank = int(spec.removeprefix("powersgd-r"))
+    rank = int(spec.removeprefix("powersgd-r").removesuffix("/default"))
     if side == "torch":
         # compression from the second iteration (PyTorch's default waits 1000 iterations,
         # longer than these runs, and would train dense)
@@ -47,10 +47,10 @@ def run(name: str) -> float:
     spec = get_spec("mlp")
     task = load_task(spec, SEED)
     model = build_model("mlp", SEED, task.classes)
-    # One bucket for the whole model (4.5 MB): PyTorch's hook issues its allreduces from future
-    # callbacks, and with DDP's small first bucket its ranks waited on each other forever over
-    # gloo (two buckets in flight).
-    ddp = DDP(model, bucket_cap_mb=64)
+    # One bucket for the whole model (4.5 MB) unless "/default": PyTorch's hook issues its
+    # allreduces from future callbacks, and with DDP's small first bucket its ranks waited on
+    # each other forever over gloo (two buckets in flight).
+    ddp = DDP(model) if name.endswith("/default") else DDP(model, bucket_cap_mb=64)
     keep = register(name, ddp)  # noqa: F841 (lives as long as the DDP)
     opt = optimizer(ddp.parameters(), LR, MOMENTUM)
     for epoch in range(EPOCHS):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class GradwireError(Exception):
     """A user-facing error: the message says what was wrong and what is allowed."""
@@ -13,6 +18,16 @@ def did_you_mean(name: object, known: object) -> str:
 
     hint = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
     return f" (did you mean {hint[0]!r}?)" if hint else ""
+
+
+def lookup(table: Mapping[str, T], name: str, what: str) -> T:
+    """``table[name]``; an unknown name is a one-line error: ``unknown WHAT 'name' (did you
+    mean 'x'?): expected one of ...``."""
+    found = table.get(name)
+    if found is None:
+        raise GradwireError(f"unknown {what} {name!r}{did_you_mean(name, table)}: expected one "
+                            f"of {', '.join(table)}")
+    return found
 
 
 class PeerError(GradwireError):

@@ -9,28 +9,29 @@ performance model prices its plan and the simulator replays it; none of them has
 Example::
 
     from gradwire import catalogue
-    plan = catalogue.get("powersgd").plan(numel=2**20, world=8)
+    plan = catalogue.get("powersgd").plan(numel=1024 * 1024 + 1024, world=8,
+                                          shapes=[(1024, 1024), (1024,)])
     [(c.collective, c.algo, c.nbytes, c.what) for c in plan.calls]
-    # [('allreduce', 'ring', 16384, 'P'), ('allreduce', 'ring', 16384, 'Q')]
+    # [('allreduce', 'ring', 20484, 'P'), ('allreduce', 'ring', 16384, 'Q')]
 
 | method    | path     | on the wire from each rank (fp32, n elements, k = ⌈density·n⌉) |
 |-----------|----------|-----------------------------------------------------------------|
 | dense     | dense    | 4n (one allreduce)                                              |
 | fp16/bf16 | summed   | 2n (one allreduce)                                              |
 | randomk   | summed   | 4k (one allreduce; indices from the shared seed)                |
-| topk      | sparse   | 8k, allgather (recursive doubling) of every rank's entries      |
-| gtopk     | sparse   | 8k per tree edge: binomial reduce with the ⊤ merge, broadcast    |
+| topk      | sparse   | 8k, allgather (recursive doubling, or Bruck's) of every rank's  |
+| gtopk     | sparse   | 8k per step: butterfly with the ⊤ merge (the paper's tree: algo) |
 | dgc       | gathered | 8⌈1.25k⌉ + 4 (one allgather)                                    |
 | signsgd   | gathered | ⌈n/8⌉ (one allgather, majority vote)                            |
 | efsignsgd | gathered | ⌈n/8⌉ + 4                                                       |
 | qsgd      | gathered | 4 + ⌈n/8⌉ + ⌈n·w/8⌉                                             |
 | terngrad  | gathered | ⌈n/4⌉ + 4                                                       |
-| powersgd  | lowrank  | 4·rows·r, then 4·cols·r (two allreduces)                        |
+| powersgd  | lowrank  | 4·(Σ rows·r + 1-D elements), then 4·Σ cols·r (two allreduces)   |
 """
 
 from gradwire.catalogue.calls import BucketPlan, CollectiveCall
 from gradwire.catalogue.methods import METHODS, MODES, Method, aggregate, get, start
-from gradwire.catalogue.paths import AggregationCall, Path, Started
+from gradwire.catalogue.paths import AggregationCall, Path, Shapes, Started
 
 __all__ = ["METHODS", "MODES", "AggregationCall", "BucketPlan", "CollectiveCall", "Method",
-           "Path", "Started", "aggregate", "get", "start"]
+           "Path", "Shapes", "Started", "aggregate", "get", "start"]

@@ -17,13 +17,14 @@ from gradwire.catalogue.paths import (
     SUMMED,
     AggregationCall,
     Path,
+    Shapes,
     Started,
     dense_average,
 )
 from gradwire.compress import COMPRESSORS, Compressor, feedback
 from gradwire.compress import get as get_compressor
 from gradwire.compress.base import select_count
-from gradwire.errors import GradwireError, did_you_mean
+from gradwire.errors import GradwireError, lookup
 
 MODES = ("bucket", "model")
 
@@ -81,16 +82,18 @@ class Method:
 
     def plan(self, numel: int, world: int, dtype: torch.dtype = torch.float32,
              compressor: Compressor | None = None, density: float = 0.001,
-             algo: str | None = None) -> BucketPlan:
+             algo: str | None = None, shapes: Shapes | None = None) -> BucketPlan:
         """What one bucket of ``numel`` elements sends on ``world`` ranks: the collectives in
         order and this rank's payload bytes. ``compressor`` as :meth:`make_compressor` builds
-        it (default: with ``density`` and default options); ``algo`` as the hook's."""
+        it (default: with ``density`` and default options); ``algo`` as the hook's;
+        ``shapes``: the shapes of the bucket's tensors in order (None: one flat tensor), which
+        PowerSGD compresses one matrix each."""
         if self.takes_density and select_count(numel, density, None) == numel:
             # Nothing would be dropped: the dense allreduce sends 4n bytes where pairs send 8n.
             return dense(numel, dtype, algo)
         if compressor is None:
             compressor = self.make_compressor(density)
-        return self.path.plan(self, numel, world, dtype, compressor, density, algo)
+        return self.path.plan(self, numel, world, dtype, compressor, density, algo, shapes)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -111,11 +114,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 
 def get(name: str) -> Method:
     """The method ``name``; an unknown one is a one-line error listing the known."""
-    m = METHODS.get(name)
-    if m is None:
-        raise GradwireError(f"unknown aggregation {name!r}{did_you_mean(name, METHODS)}"
-                            f": expected one of {', '.join(METHODS)}")
-    return m
+    return lookup(METHODS, name, "aggregation")
 
 
 def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) -> Started:
@@ -169,7 +168,7 @@ def _sent_dense(c: AggregationCall, numel: int, dtype: torch.dtype) -> bool:
     """Whether this call goes dense: the warm-up's dense steps, or a plan that sends the
     bucket as it is (compressing would not make it smaller)."""
     return c.dense or c.method.plan(numel, c.comm.world, dtype, c.compressor, c.density,
-                                    c.comm.algo).dense
+                                    c.comm.algo, c.shapes).dense
 
 
 __all__ = ["MODES", "METHODS", "AggregationCall", "Method", "Started", "aggregate", "get",

@@ -14,7 +14,8 @@ added first and keeps what was not applied, so Σ_ranks e_after + P·avg = Σ_ra
 | gathered | dgc, signsgd, efsignsgd, qsgd,  | allgather of the packed payloads, then the  |
 |          | terngrad                        | compressor's ``combine`` (average or vote)  |
 | sparse   | topk, gtopk                     | TopKAllReduce / gTopKAllReduce              |
-| lowrank  | powersgd                        | allreduce of P, then of Q                   |
+| lowrank  | powersgd                        | allreduce of P and the 1-D tensors, then of |
+|          |                                 | Q (each weight its own matrix)              |
 """
 
 from __future__ import annotations
@@ -39,15 +40,14 @@ from gradwire.compress import (
     Payload,
     PowerSGDCompressor,
     feedback,
-    from_matrix,
-    matrix_shape,
-    to_matrix,
 )
 from gradwire.compress.base import select_count
 from gradwire.dtypes import acc_dtype
 from gradwire.sparse.allreduce import GTOPK_ALGOS, exchange
 from gradwire.sparse.allreduce import spec as sparse_spec
 from gradwire.sparse.wire import entry_bytes
+
+Shapes = tuple[tuple[int, ...], ...]
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -81,6 +81,9 @@ class AggregationCall:
     density: float
     dense: bool  # warm-up: send x (plus any residual) uncompressed
     name: str  # the method as the call header shows it (HookState.call_name)
+    # the shapes of the tensors the bucket holds, in order (None: one flat tensor); PowerSGD
+    # compresses each weight as its own matrix
+    shapes: Shapes | None = None
 
 
 @dataclass
@@ -129,7 +132,8 @@ class Path:
         return Started.done(*self.run(c, x, key))
 
     def plan(self, m: Method, numel: int, world: int, dtype: torch.dtype,
-             compressor: Compressor | None, density: float, algo: str | None) -> BucketPlan:
+             compressor: Compressor | None, density: float, algo: str | None,
+             shapes: Shapes | None = None) -> BucketPlan:
         return dense(numel, dtype, algo)
 
     def run(self, c: AggregationCall, x: torch.Tensor, key: object
@@ -165,7 +169,8 @@ class Summed(Path):
     name = "summed"
     sums_payloads = True
 
-    def plan(self, m, numel, world, dtype, compressor, density, algo):  # type: ignore[override]
+    def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
+             shapes=None):
         assert compressor is not None
         wire, item = compressor.wire_bytes(numel, dtype), compressor.wire_itemsize(dtype)
         name, params = allreduce_algo(algo)
@@ -189,7 +194,8 @@ class Gathered(Path):
     def in_band(self, m):  # type: ignore[override]
         return False  # a sign, a vote or a quantisation level may hide a NaN: agree first
 
-    def plan(self, m, numel, world, dtype, compressor, density, algo):  # type: ignore[override]
+    def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
+             shapes=None):
         assert compressor is not None
         wire = compressor.wire_bytes(numel, dtype)
         name, params = allgather_algo(algo)
@@ -227,7 +233,8 @@ class Sparse(InBand):
     name = "sparse"
     on_transport = True
 
-    def plan(self, m, numel, world, dtype, compressor, density, algo):  # type: ignore[override]
+    def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
+             shapes=None):
         k = select_count(numel, density, None)
         coll, name, count, params = sparse_spec(m.name, world, numel, k, dtype,
                                                 sparse_algo(m.name, algo))
@@ -253,63 +260,80 @@ class Sparse(InBand):
 
 
 class LowRank(InBand):
-    """PowerSGD: P = M·Q summed, orthogonalised, Q = Mᵀ·P summed, avg = P·Qᵀ/P_ranks."""
+    """PowerSGD in PyTorch's layout (:func:`gradwire.compress.lowrank.layout`): the tensors
+    sent as they are and every P = M·Q summed in one allreduce, each P orthogonalised, every
+    Q = Mᵀ·P summed in a second; avg = P·Qᵀ/P_ranks per matrix, the rest as summed/P_ranks."""
 
     name = "lowrank"
     sums_payloads = True
 
-    @staticmethod
-    def _shape(compressor: Compressor | None, numel: int) -> tuple[int, int, int]:
+    def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
+             shapes=None):
         assert isinstance(compressor, PowerSGDCompressor)
-        rows, cols = matrix_shape(numel)
-        return rows, cols, compressor.power.effective_rank(rows, cols)
-
-    def plan(self, m, numel, world, dtype, compressor, density, algo):  # type: ignore[override]
-        rows, cols, r = self._shape(compressor, numel)
-        if (rows + cols) * r >= numel:  # P and Q would be no smaller than the bucket itself
+        lay = compressor.layout(numel, shapes)
+        if not lay.batches:  # no matrix worth compressing: the bucket as it is
             return dense(numel, dtype, algo)
         item = acc_dtype(dtype).itemsize
         name, params = allreduce_algo(algo)
-        # P carries one more element: the ranks' NaN/Inf statuses, summed (start)
-        return BucketPlan((CollectiveCall("allreduce", name, rows * r + 1, item, "P", params),
-                           CollectiveCall("allreduce", name, cols * r, item, "Q", params)),
-                          (rows + cols) * r * item + item)
+        # the first carries one more element: the ranks' NaN/Inf statuses, summed (start)
+        first = lay.plain_count + lay.p_count + 1
+        return BucketPlan((CollectiveCall("allreduce", name, first, item, "P", params),
+                           CollectiveCall("allreduce", name, lay.q_count, item, "Q", params)),
+                          (first + lay.q_count) * item)
 
     def start(self, c, x, key):  # type: ignore[override]
         assert isinstance(c.compressor, PowerSGDCompressor) and c.ef is not None
         ps, n, world = c.compressor.power, x.numel(), c.comm.world
-        e = c.ef.residuals.get(key)
+        lay, dtype = c.compressor.layout(n, c.shapes), acc_dtype(x.dtype)
+        keys = [(key, b.rows, b.cols) for b in lay.batches]  # each batch's warm start
+        e = c.ef.residual(key, x)  # zeros at first, then kept from step to step
         mine, keep = feedback.local_status(x, e)
-        corrected = c.ef.correct(key, x)  # x + e, a tensor of its own: x and e stay as they are
-        m = to_matrix(corrected)
-        p = ps.p(m, key)
-        # The statuses travel as one more element of P, summed: a rank's NONFINITE counts
+        # acc = e + x in place in the residual (e alone where that would overflow); x stays
+        # as it is until the average replaces it
+        acc = feedback.add_kept(e, x, keep)
+        scratch = [c.compressor.scratch(k, b, x) for b, k in zip(lay.batches, keys, strict=True)]
+        ms = [b.gather(acc, dtype, buf) for b, buf in zip(lay.batches, scratch, strict=True)]
+        ps_ = [ps.p(mat, k) for mat, k in zip(ms, keys, strict=True)]
+        # The statuses travel as one more element, summed: a rank's NONFINITE counts
         # world + 1 (more than every OVERFLOW together), OVERFLOW 1.
         # In P's dtype before world + 1 is put in (a uint8 status would wrap at 256 ranks).
-        code = torch.as_tensor(mine, device=p.device).to(p.dtype)
+        code = torch.as_tensor(mine, device=x.device).to(dtype)
         code = torch.where(code == feedback.Status.NONFINITE, world + 1, code)
-        wire = torch.cat([p.reshape(-1), code.reshape(1)])
+        wire = torch.cat([lay.gather_plain(acc, dtype), *(p.reshape(-1) for p in ps_),
+                          code.reshape(1)])
         c.comm.all_reduce(wire)
-        p.copy_(wire[:-1].view_as(p))
         total = wire[-1]
         worst = ((total > world).to(torch.uint8) * int(feedback.Status.NONFINITE)
                  + ((total > 0) & (total <= world)).to(torch.uint8))
-        q = ps.q(m, p, key)  # orthogonalises the summed p in place
-        c.comm.all_reduce(q)
-        q.div_(world)
-        avg = from_matrix(ps.decompress(p, q, key), n, x.dtype)
+        at = lay.plain_count
+        for p in ps_:
+            p.copy_(wire[at : at + p.numel()].view_as(p))
+            at += p.numel()
+        # each q() orthogonalises its summed p in place
+        qs = [ps.q(mat, p, k) for mat, p, k in zip(ms, ps_, keys, strict=True)]
+        q_wire = torch.cat([q.reshape(-1) for q in qs])
+        c.comm.all_reduce(q_wire)
+        q_wire.div_(world)
+        at = 0
+        for q, k in zip(qs, keys, strict=True):  # every rank keeps the same warm start
+            ps.keep(q_wire[at : at + q.numel()].view_as(q), k)
+            at += q.numel()
 
         def finish(worst: int) -> torch.Tensor:
             if worst == feedback.Status.OK:
-                # Residual = corrected − avg (as PyTorch's hook): Σ over ranks is
-                # Σ corrected − P·avg.
-                c.ef.update(key, corrected, avg)
-                return avg
-            instead = feedback.settle(worst, x, corrected, e, keep,
+                # The average over x (no longer needed): the uncompressed tensors as summed,
+                # each matrix P·Qᵀ. Residual = acc − avg (as PyTorch's hook): Σ over ranks is
+                # Σ (e + x) − P·avg.
+                lay.scatter_plain(wire[: lay.plain_count].div_(world), x)
+                for b, p, k, buf in zip(lay.batches, ps_, keys, scratch, strict=True):
+                    b.product_into(p, ps.memory[k], x, buf)
+                acc.sub_(x)
+                return x
+            instead = feedback.settle(worst, x, acc, e, keep,
                                       f"gradwire hook {c.method.name}")
             return dense_average(c, instead)[0]
 
-        return Started(wire.nbytes + q.nbytes, worst, finish)
+        return Started(wire.nbytes + q_wire.nbytes, worst, finish)
 
 
 DENSE, SUMMED, GATHERED, SPARSE, LOWRANK = Dense(), Summed(), Gathered(), Sparse(), LowRank()

@@ -16,7 +16,8 @@ parametrized tests iterate over. ``get(name, **params)`` builds one with checked
 | fp16/bf16 | cast     | 2n bytes                              | yes         |
 | powersgd  | lowrank  | 4(rows + cols)·r bytes, rows·cols ≥ n | no (*)      |
 
-(*) as a one-shot compressor; :class:`PowerSGD`'s steps make it two allreduces.
+(*) as a one-shot compressor of a flat tensor; :class:`PowerSGD`'s steps make it two
+allreduces, each weight its own matrix (:func:`gradwire.compress.lowrank.layout`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gradwire.compress.base import Compressor, Payload
 from gradwire.compress.cast import BF16, FP16, CastPayload
 from gradwire.compress.feedback import ErrorFeedback
 from gradwire.compress.lowrank import (
+    Layout,
     LowRankPayload,
     PowerSGD,
     PowerSGDCompressor,
@@ -82,7 +84,7 @@ def get(name: str, **params: object) -> Compressor:
 
 __all__ = [
     "BF16", "COMPRESSORS", "DGC", "EFSignSGD", "FP16", "QSGD", "CastPayload", "Compressor",
-    "CountedPayload", "ErrorFeedback", "LowRankPayload", "Payload", "PowerSGD",
+    "CountedPayload", "ErrorFeedback", "Layout", "LowRankPayload", "Payload", "PowerSGD",
     "PowerSGDCompressor", "QSGDPayload", "RandomK", "ScaledSignPayload", "SharedIndexPayload",
     "SignPayload", "SignSGD", "SparsePayload", "TernGrad", "TernaryPayload", "TopK",
     "SELECTORS", "exact_topk", "from_matrix", "get", "majority_vote", "matrix_shape",

@@ -1,19 +1,22 @@
-"""PowerSGD (Vogels et al. 2019): a rank-r approximation of the bucket seen as a matrix.
+"""PowerSGD (Vogels et al. 2019): each weight matrix of a bucket replaced by a rank-r product.
 
-The bucket's n elements are laid out row-major in an almost square rows×cols matrix M
-(:func:`matrix_shape`, zero-padded). One step, per bucket:
+The layout is PyTorch's (:func:`layout`): a tensor of two or more dimensions is its own matrix,
+shape[0] rows by the product of the rest; matrices of one shape are batched into one matmul;
+1-D tensors, and matrices whose P and Q would be more than half their size, go as they are. A
+bucket whose tensors' shapes are not known (a flat tensor) is one almost square rows×cols
+matrix (:func:`matrix_shape`, zero-padded). One step, per bucket:
 
-1. P = M·Q, with Q (cols×r) the previous step's Q (warm start) or random at the first step;
-   allreduce P.
-2. Orthogonalise P (QR; columns that are zero stay harmless: no NaN, zero contribution).
-3. Q = Mᵀ·P; allreduce Q.
+1. P = M·Q per matrix, with Q (cols×r) the previous step's Q (warm start) or random at the
+   first; allreduce every P with the uncompressed tensors, in one allreduce.
+2. Orthogonalise each P (QR; columns that are zero stay harmless: no NaN, zero contribution).
+3. Q = Mᵀ·P; allreduce every Q, in a second allreduce.
 4. M̂ = P·Qᵀ.
 
-Both allreduces sum, so P and Q are associative: 2 allreduces of (rows + cols)·r words instead
-of one of n, about 2√n·r; each rank ends with the approximation of the sum of the ranks' M.
-That needs a collective between steps 1 and 3, so :class:`PowerSGD` exposes the steps
-(``p``, ``q``, ``decompress``). :class:`PowerSGDCompressor` runs all of them locally behind the
-one-shot compressor interface (each rank's own rank-r approximation, gathered, not summed).
+Both allreduces sum, so P and Q are associative: each rank ends with the approximation of the
+sum of the ranks' M. That needs a collective between steps 1 and 3, so :class:`PowerSGD`
+exposes the steps (``p``, ``q``, ``decompress``), on one matrix or a batch of them.
+:class:`PowerSGDCompressor` runs all of them locally behind the one-shot compressor interface
+(each rank's own rank-r approximation of the flat input, gathered, not summed).
 
 P and Q are fp32 (fp64 for fp64 buckets). Warning: a hook that issues the two allreduces per
 bucket must issue them in the same order on every rank (PyTorch's own hook, which starts them
@@ -23,7 +26,7 @@ from future callbacks, aborted on gloo with several buckets in flight).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +35,9 @@ from gradwire.check import check_int
 from gradwire.compress.base import Compressor, Payload, check_input, expect, generator
 from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError
+
+# PyTorch's min_compression_rate: a matrix is compressed when rows·cols ≥ 2·(rows + cols)·r.
+MIN_COMPRESSION_RATE = 2
 
 
 def matrix_shape(numel: int) -> tuple[int, int]:
@@ -58,12 +64,144 @@ def from_matrix(m: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor
     return m.reshape(-1)[:numel].to(dtype)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """Matrices of one shape, compressed together: the ``spans`` (offset, elements) of the
+    bucket that hold them, each read row-major as ``rows``×``cols`` (zero-padded where a span
+    is shorter, as a flat bucket's one matrix), rank ``r``."""
+
+    rows: int
+    cols: int
+    r: int
+    spans: tuple[tuple[int, int], ...]
+
+    @property
+    def p_count(self) -> int:
+        return len(self.spans) * self.rows * self.r
+
+    @property
+    def q_count(self) -> int:
+        return len(self.spans) * self.cols * self.r
+
+    def view(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The matrices of 1-D ``x`` as a (count, rows, cols) view of it, when they lie there
+        back to back, unpadded; else None."""
+        size = self.rows * self.cols
+        (first, _), count = self.spans[0], len(self.spans)
+        if all(n == size and at == first + i * size for i, (at, n) in enumerate(self.spans)):
+            return x[first : first + count * size].view(count, self.rows, self.cols)
+        return None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return len(self.spans), self.rows, self.cols
+
+    def gather(self, x: torch.Tensor, dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """The matrices of 1-D ``x`` as one (count, rows, cols) tensor in ``dtype``: a view of
+        ``x`` where they lie there back to back, else a copy (into ``out`` when given, a
+        buffer of that shape and dtype kept from step to step)."""
+        v = self.view(x)
+        if v is not None:
+            return v.to(dtype)
+        if out is None:
+            out = x.new_empty(self.shape, dtype=dtype)
+        flat = out.view(len(self.spans), -1)
+        for i, (at, n) in enumerate(self.spans):
+            flat[i, :n] = x[at : at + n]
+            flat[i, n:] = 0
+        return out
+
+    def scatter(self, m: torch.Tensor, out: torch.Tensor) -> None:
+        """Write the (count, rows, cols) ``m`` back over the spans of 1-D ``out``."""
+        flat = m.reshape(len(self.spans), -1)
+        for i, (at, n) in enumerate(self.spans):
+            out[at : at + n] = flat[i, :n]
+
+    def product_into(self, p: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
+                     scratch: torch.Tensor | None = None) -> None:
+        """Write P·Qᵀ over the spans of 1-D ``out``: in place where they lie back to back in
+        P's dtype, else through ``scratch`` (a (count, rows, cols) buffer in P's dtype; a new
+        one when None)."""
+        v = self.view(out) if out.dtype == p.dtype else None
+        if v is not None:
+            torch.matmul(p, q.mT, out=v)
+        else:
+            self.scatter(torch.matmul(p, q.mT, out=scratch), out)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How PowerSGD sends a bucket of ``numel`` elements: the :class:`Batch` es of matrices it
+    compresses and the ``plain`` spans (offset, elements) it sends as they are."""
+
+    numel: int
+    batches: tuple[Batch, ...]
+    plain: tuple[tuple[int, int], ...]
+
+    @property
+    def plain_count(self) -> int:
+        return sum(n for _, n in self.plain)
+
+    @property
+    def p_count(self) -> int:
+        return sum(b.p_count for b in self.batches)
+
+    @property
+    def q_count(self) -> int:
+        return sum(b.q_count for b in self.batches)
+
+    def gather_plain(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return torch.cat([x[at : at + n].to(dtype) for at, n in self.plain]) if self.plain \
+            else x.new_zeros(0, dtype=dtype)
+
+    def scatter_plain(self, values: torch.Tensor, out: torch.Tensor) -> None:
+        done = 0
+        for at, n in self.plain:
+            out[at : at + n] = values[done : done + n]
+            done += n
+
+
+def layout(numel: int, shapes: Sequence[Sequence[int]] | None, rank: int) -> Layout:
+    """PowerSGD's :class:`Layout` of a bucket of ``numel`` elements holding tensors of
+    ``shapes`` in order (their elements summing to ``numel``), at ``rank``; ``shapes`` None: one
+    flat tensor, one :func:`matrix_shape` matrix."""
+    if shapes is None:
+        rows, cols = matrix_shape(numel)
+        tensors: list[tuple[int, int, int, int]] = [(0, numel, rows, cols)] if numel else []
+    else:
+        tensors, at = [], 0
+        for shape in shapes:
+            n = math.prod(shape)
+            if n:
+                # a 1-D (or 0-d) tensor is its own row: never compressed
+                tensors.append((at, n, shape[0], n // shape[0]) if len(shape) > 1
+                               else (at, n, 1, n))
+            at += n
+        if at != numel:
+            raise GradwireError(f"powersgd: the tensors' shapes hold {at} elements, the bucket "
+                                f"{numel}")
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    plain = []
+    for at, n, rows, cols in tensors:
+        r = min(rank, rows, cols)
+        if rows * cols >= MIN_COMPRESSION_RATE * (rows + cols) * r:
+            groups.setdefault((rows, cols), []).append((at, n))
+        else:
+            plain.append((at, n))
+    batches = tuple(Batch(rows, cols, min(rank, rows, cols), tuple(spans))
+                    for (rows, cols), spans in groups.items())
+    return Layout(numel, batches, tuple(plain))
+
+
 class PowerSGD:
     """The steps of PowerSGD, with the warm-start memory of Q per bucket ``key``.
 
     Tuned by the user: ``rank`` (r), ``warm_start``, ``seed`` (must be equal on all ranks: the
     first Q is drawn from it). Internal: the Q memory per key (a key of None means "by matrix
     shape") and a step counter. Ranks must make the same calls in the same order.
+
+    ``m`` is one rows×cols matrix or a (count, rows, cols) batch of them; P and Q follow.
 
     Example, one bucket ``x`` on each rank::
 
@@ -91,33 +229,33 @@ class PowerSGD:
     def _key(m: torch.Tensor, key: Hashable | None) -> Hashable:
         return tuple(m.shape) if key is None else key
 
-    def _random(self, cols: int, r: int, like: torch.Tensor) -> torch.Tensor:
+    def _random(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         g = generator(self.seed, self.step)  # on the CPU: identical on every rank and device
-        return torch.randn(cols, r, generator=g, dtype=like.dtype).to(like.device)
+        return torch.randn(shape, generator=g, dtype=like.dtype).to(like.device)
 
     def p(self, m: torch.Tensor, key: Hashable | None = None) -> torch.Tensor:
         """Step 1: P = M·Q (rows×r), Q from memory (warm start) or random. Allreduce it."""
-        rows, cols = m.shape
-        r = self.effective_rank(rows, cols)
-        fresh = self._random(cols, r, m)
+        *count, rows, cols = m.shape
+        shape = (*count, cols, self.effective_rank(rows, cols))
+        fresh = self._random(shape, m)
         self.step += 1
         q = self.memory.get(self._key(m, key)) if self.warm_start else None
-        if q is None or q.shape != (cols, r):
+        if q is None or q.shape != shape:
             q = fresh
         else:
             # A zero column (after an all-zero gradient) would stay zero forever: redraw it.
-            q = torch.where(q.norm(dim=0) > 0, q.to(m), fresh)
+            q = torch.where(q.norm(dim=-2, keepdim=True) > 0, q.to(m), fresh)
         return m @ q
 
     def q(self, m: torch.Tensor, p: torch.Tensor, key: Hashable | None = None) -> torch.Tensor:
         """Steps 2–3: orthogonalise ``p`` (the reduced P) in place, return Q = Mᵀ·P (cols×r).
         Allreduce it. Q is also kept as the next warm start (until ``decompress`` replaces it
         with the reduced Q)."""
-        if p.shape[1] > 0:
+        if p.shape[-1] > 0:
             p.copy_(torch.linalg.qr(p).Q)
         # (Pᵀ·M)ᵀ, not Mᵀ·P: the same product, but reading M row by row; on this CPU Mᵀ·P took
         # 100 ms for a 5060×5060 M at r = 4 against 20 ms (benchmarks/compress_speed.py).
-        q = (p.T @ m).T.contiguous()
+        q = (p.mT @ m).mT.contiguous()
         self.memory[self._key(m, key)] = q
         return q
 
@@ -125,8 +263,13 @@ class PowerSGD:
                    key: Hashable | None = None) -> torch.Tensor:
         """Step 4: M̂ = P·Qᵀ (rows×cols). Keeps ``q`` (pass the reduced one, so every rank keeps
         the same memory) as the next warm start."""
-        self.memory[(p.shape[0], q.shape[0]) if key is None else key] = q
-        return p @ q.T
+        self.keep(q, (*p.shape[:-1], q.shape[-2]) if key is None else key)
+        return p @ q.mT
+
+    def keep(self, q: torch.Tensor, key: Hashable) -> None:
+        """Keep ``q``, the reduced Q of ``key``, as its next warm start (what
+        :meth:`decompress` does, for a caller that forms P·Qᵀ itself)."""
+        self.memory[key] = q
 
     def state_dict(self) -> dict[str, object]:
         return {"step": self.step, "memory": dict(self.memory)}
@@ -156,6 +299,7 @@ class PowerSGDCompressor(Compressor):
     def __init__(self, rank: int = 4, warm_start: bool = True, seed: int = 0) -> None:
         super().__init__(seed)
         self.power = PowerSGD(rank, warm_start, seed)
+        self.buffers: dict[Hashable, torch.Tensor] = {}  # scratch (:meth:`scratch`), not state
 
     @property
     def params(self) -> dict[str, object]:
@@ -171,6 +315,23 @@ class PowerSGDCompressor(Compressor):
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
         pl = expect(self.name, payload, LowRankPayload)
         return from_matrix(pl.p @ pl.q.T, numel, pl.dtype)
+
+    def scratch(self, key: Hashable, batch: Batch, like: torch.Tensor) -> torch.Tensor | None:
+        """A buffer for ``batch``'s matrices when they do not lie back to back in a bucket of
+        ``like`` (None when they do), kept under ``key`` from step to step: a fresh one each
+        step would cost its page faults on the host every time."""
+        if batch.view(like) is not None:
+            return None
+        dtype = acc_dtype(like.dtype)
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != batch.shape or buf.dtype != dtype or \
+                buf.device != like.device:
+            buf = self.buffers[key] = like.new_empty(batch.shape, dtype=dtype)
+        return buf
+
+    def layout(self, numel: int, shapes: Sequence[Sequence[int]] | None = None) -> Layout:
+        """How the two-allreduce form sends a bucket of tensors of ``shapes`` (:func:`layout`)."""
+        return layout(numel, shapes, self.power.rank)
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         rows, cols = matrix_shape(numel)

@@ -27,6 +27,7 @@ class Positions:
     def __init__(self) -> None:
         self._by_id: dict[int, int] = {}
         self.numels: dict[int, int] = {}
+        self.shapes: dict[int, tuple[int, ...]] = {}
 
     def layout(self, params: Iterable[torch.Tensor]) -> Layout:
         key = []
@@ -35,6 +36,7 @@ class Positions:
             # as the model; data_ptr() would change under `p.data = ...`.
             pos = self._by_id.setdefault(id(p), len(self._by_id))
             known = self.numels.setdefault(pos, p.numel())
+            self.shapes.setdefault(pos, tuple(p.shape))
             if known != p.numel():
                 raise GradwireError(f"parameter at position {pos} has {p.numel()} elements, "
                                     f"the hook's state has {known} for it (a state_dict of "
@@ -48,6 +50,13 @@ class Positions:
             return self._by_id[id(p)]
         except KeyError:
             raise GradwireError("this parameter has not been through the hook yet") from None
+
+    def shapes_of(self, layout: Layout) -> tuple[tuple[int, ...], ...] | None:
+        """The shapes of ``layout``'s parameters in order; None if one is not known (a
+        position restored from a state dict and not seen since)."""
+        if not all(p in self.shapes for p in layout):
+            return None
+        return tuple(self.shapes[p] for p in layout)
 
     def size(self, layout: Layout) -> int:
         return sum(self.numels[p] for p in layout)

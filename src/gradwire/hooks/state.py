@@ -7,7 +7,7 @@ No ``from __future__ import annotations`` here: DDP's ``register_comm_hook`` com
 import inspect
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -257,7 +257,8 @@ class HookState:
                                 f"parameters {self.positions.size(key)}: gradwire hooks need "
                                 "dense gradients")
         call = AggregationCall(self.config.method, comm, self.compressor, self.ef, self.density,
-                               dense=self.config.warmup.dense(self.step), name=self.call_name)
+                               dense=self.config.warmup.dense(self.step), name=self.call_name,
+                               shapes=self.positions.shapes_of(key))
         last, index = bucket.is_last(), bucket.index()
         fut: torch.futures.Future = torch.futures.Future()
         if index == 0:  # a backward starts
@@ -379,9 +380,9 @@ class HookState:
         self.stats["steps"] += 1
         self.stats["tail"] += time.perf_counter() - self._handoff
         if isinstance(self.compressor, PowerSGDCompressor):  # forget rebuilt buckets' Q
-            memory = self.compressor.power.memory
-            for key in [k for k in memory if k not in self._used]:
-                del memory[key]
+            for kept in (self.compressor.power.memory, self.compressor.buffers):
+                for key in [k for k in kept if k[0] not in self._used]:  # type: ignore[index]
+                    del kept[key]  # keyed (bucket, rows, cols)
         self._used = set()
         self._layouts, self._step_open = self._observed, False
 
@@ -427,6 +428,7 @@ class HookState:
         else:
             x = torch.cat([views[p] for p in order])
         self._order = order
+        call = replace(call, shapes=self.positions.shapes_of(order))
         started = self._start(x, order, call, 0)
         self._finish(x, started, started.read())  # the step's one read
         avg = x

@@ -72,6 +72,13 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    there and the model gave the whole iteration 62 and 168 ms. A prediction for a cluster
    not probed (what-if) has no floor.
 
+9. Coding on the training device (``ClusterModel.coding_slowdown``, κ_c ≥ 1; None: coding
+   has resources of its own, as a CPU rank's hook thread on spare cores): a GPU computes
+   backward and every encode and decode on the same device, and the compression-utility
+   paper (§3.1, Figure 3) measured that running them side by side is no faster than one
+   after the other. So t_iter ≥ t_f + κ_c·(κ·t_b + Σ encode_b + decode_b) + t_step;
+   communication still overlaps backward.
+
 Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidths is one call.
 """
 
@@ -84,7 +91,7 @@ import torch
 
 from gradwire import catalogue, config
 from gradwire.bandwidth import parse_bandwidth
-from gradwire.catalogue import MODES, BucketPlan
+from gradwire.catalogue import MODES, BucketPlan, Shapes
 from gradwire.check import check_fraction, check_int, check_real, is_int
 from gradwire.collectives.agree import header_spec
 from gradwire.errors import GradwireError
@@ -136,6 +143,10 @@ class ClusterModel:
     # Bytes of each link's token bucket (an emulated cluster's tc tbf; 0: a plain link): a
     # bucket's data calls start with what the link earned while idle (point 7).
     burst: float = 0.0
+    # Coding shares the device with backward (point 9): backward and every bucket's encode and
+    # decode take at least this factor (≥ 1) times their sum. None: coding runs beside
+    # backward on resources of its own.
+    coding_slowdown: float | None = None
 
     def __post_init__(self) -> None:
         if not is_int(self.workers, 1, MAX_WORKERS):
@@ -162,6 +173,8 @@ class ClusterModel:
                         ("token bucket (bytes)", self.burst)):
             check_real(what, v)
         check_real("the link inside a node (bit/s)", self.intra_bps, above=True)
+        if self.coding_slowdown is not None:
+            check_real("coding slowdown", self.coding_slowdown, 1.0)
 
     @property
     def node(self) -> comm.Node | None:
@@ -210,12 +223,14 @@ class Aggregation:
         check_real("bucket size (MiB)", self.bucket_mb, above=True)
         check_real("first bucket size (MiB)", self.first_bucket_mb, above=True)
 
-    def plan(self, numel: int, world: int, dtype: torch.dtype = torch.float32) -> BucketPlan:
-        """What one bucket of ``numel`` elements sends (the catalogue's plan)."""
+    def plan(self, numel: int, world: int, dtype: torch.dtype = torch.float32,
+             shapes: Shapes | None = None) -> BucketPlan:
+        """What one bucket of ``numel`` elements (tensors of ``shapes``) sends (the catalogue's
+        plan)."""
         m = catalogue.get(self.method)
         options = {"rank": self.rank} if "rank" in m.options else {}
         return m.plan(numel, world, dtype, m.make_compressor(self.density, **options),
-                      self.density)
+                      self.density, shapes=shapes)
 
     @property
     def label(self) -> str:
@@ -247,35 +262,56 @@ class Prediction:
     steps: float = 0.0  # S: schedule steps a rank takes part in per iteration (when shared)
     header: float | np.ndarray = 0.0  # seconds of the call-header exchanges (in communicate)
     floor: float = 0.0  # t_f + W + t_step where the hooks' wall W was measured (point 8)
+    device_bound: float = 0.0  # t_f + κ_c·(κ·t_b + coding) + t_step where coding shares it
 
     @property
     def efficiency(self) -> np.ndarray:
         return (self.forward + self.backward) / self.iteration
 
 
-def buckets(profile: Profile, agg: Aggregation) -> list[tuple[int, float]]:
-    """(elements, backward seconds until ready) of each bucket, in the order they fill."""
+def _groups(profile: Profile, agg: Aggregation) -> list[tuple[list[int], float]]:
+    """The tensors (indices into ``profile.params``) of each bucket and its backward seconds
+    until ready, in the order the buckets fill."""
     times = profile.layer_backward_s()
     if agg.mode == "model":
-        return [(profile.numel, sum(times))]
-    out, n, t = [], 0, 0.0
+        return [(list(range(len(profile.params))), sum(times))]
+    out: list[tuple[list[int], float]] = []
+    held: list[int] = []
+    n, t = 0, 0.0
     cap = agg.first_bucket_mb * 2**20
-    for (_, size), dt in zip(profile.params, times, strict=True):
+    for i, ((_, size), dt) in enumerate(zip(profile.params, times, strict=True)):
+        held.append(i)
         n, t = n + size, t + dt
         if n * profile.itemsize >= cap:
-            out.append((n, t))
-            n, cap = 0, agg.bucket_mb * 2**20
-    if n:
-        out.append((n, t))
+            out.append((held, t))
+            held, n, cap = [], 0, agg.bucket_mb * 2**20
+    if held:
+        out.append((held, t))
     return out
 
 
-def operations(agg: Aggregation, numel: int, world: int,
-               dtype: str = "float32") -> tuple[list[tuple[str, str, int, int, dict]], int]:
-    """The collectives one bucket of ``numel`` elements runs, as (collective, algorithm, count,
-    bytes per element, params), and this rank's payload bytes: the catalogue's plan for the
-    hooks' defaults (torch.distributed's own collectives)."""
-    plan = agg.plan(numel, world, DTYPES[dtype])
+def buckets(profile: Profile, agg: Aggregation) -> list[tuple[int, float]]:
+    """(elements, backward seconds until ready) of each bucket, in the order they fill."""
+    return [(sum(profile.params[i][1] for i in held), t) for held, t in _groups(profile, agg)]
+
+
+def bucket_shapes(profile: Profile, agg: Aggregation) -> list[Shapes | None]:
+    """The shapes of each bucket's tensors (None where the profile does not give them all)."""
+    out: list[Shapes | None] = []
+    for held, _ in _groups(profile, agg):
+        shapes = [profile.shapes[i] for i in held] if profile.shapes is not None else [None]
+        out.append(None if any(s is None for s in shapes) else tuple(shapes))  # type: ignore[arg-type]
+    return out
+
+
+def operations(agg: Aggregation, numel: int, world: int, dtype: str = "float32",
+               shapes: Shapes | None = None
+               ) -> tuple[list[tuple[str, str, int, int, dict]], int]:
+    """The collectives one bucket of ``numel`` elements (tensors of ``shapes``, None: one flat
+    tensor) runs, as (collective, algorithm, count, bytes per element, params), and this
+    rank's payload bytes: the catalogue's plan for the hooks' defaults (torch.distributed's
+    own collectives)."""
+    plan = agg.plan(numel, world, DTYPES[dtype], shapes)
     return ([(c.collective, c.algo, c.count, c.itemsize, c.params) for c in plan.calls],
             plan.sent)
 
@@ -324,6 +360,7 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     p = cluster.workers
     alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
     bs = buckets(profile, agg)
+    shapes = bucket_shapes(profile, agg)
     kappa = overlap_slowdown if len(bs) > 1 and p > 1 else 1.0
     shared = cluster.cores is not None  # point 5: ranks share cores
     end = np.zeros_like(beta)
@@ -340,7 +377,7 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     method = catalogue.get(agg.method)
     in_band = method.path.in_band(method)
     for i, (numel, ready) in enumerate(bs):
-        data, sent = operations(agg, numel, p, profile.dtype)
+        data, sent = operations(agg, numel, p, profile.dtype, shapes[i])
         enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
         enc, dec = enc / compute_speedup, dec / compute_speedup
         if credited:
@@ -380,11 +417,13 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + steps * cluster.cpu_sync
              if shared else 0.0)
     floor = f + hook_wall + s if hook_wall is not None and p > 1 else 0.0
-    bound_it = np.maximum(np.maximum(it, bound), floor)
+    device = (f + cluster.coding_slowdown * (b + coding) + s
+              if cluster.coding_slowdown is not None and p > 1 else 0.0)
+    bound_it = np.maximum(np.maximum(np.maximum(it, bound), floor), device)
     exposed = done - b + wait + (bound_it - it)
     return Prediction(bound_it, f, b, s, total_comm, coding, exposed, wire, len(bs), cpu=cpu,
                       cpu_comm=cpu_comm, cpu_bound=bound, calls=calls, steps=steps,
-                      header=header, floor=floor)
+                      header=header, floor=floor, device_bound=device)
 
 
 def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: int,

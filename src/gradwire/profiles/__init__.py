@@ -7,7 +7,9 @@ their own and pass its path wherever a model name is accepted). Fields:
 - ``model`` (text): the name shown in tables; ``description`` (text): one line, architecture
   and reference implementation.
 - ``params``: ``[[name, elements], ...]``, every parameter tensor **in backward order** (the
-  order their gradients become ready: the reverse of registration order).
+  order their gradients become ready: the reverse of registration order). A row may add the
+  tensor's shape, ``[name, elements, [d0, d1, ...]]`` (dims >= 1 whose product is elements;
+  ``[]`` for a 0-d tensor); PowerSGD's cost needs it. Rows with and without shapes may mix.
 - ``forward_s``, ``backward_s``: seconds for one mini-batch, or null; ``step_s``: the optimizer
   step (default 0).
 - ``backward_layer_s`` (optional): backward compute of each tensor of ``params`` (same length,
@@ -24,6 +26,7 @@ supplies them (``--compute-ms``) or measures the project's model with ``gradwire
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -49,6 +52,18 @@ class Profile:
     dtype: str = "float32"
     description: str = ""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+    # The shape of each tensor of params (None where unknown); None when no shape is known.
+    shapes: tuple[tuple[int, ...] | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.shapes is None:
+            return
+        if len(self.shapes) != len(self.params):
+            raise ValueError(f"Profile {self.model!r}: {len(self.shapes)} shapes for "
+                             f"{len(self.params)} tensors")
+        shapes = tuple(None if s is None else tuple(s) for s in self.shapes)
+        object.__setattr__(self, "shapes",
+                           None if all(s is None for s in shapes) else shapes)
 
     @property
     def numel(self) -> int:
@@ -76,7 +91,8 @@ class Profile:
             layers = tuple(t * backward_s / self.backward_s for t in self.backward_layer_s)
         return Profile(self.model, self.params, forward_s, backward_s, self.step_s, layers,
                        self.batch_size, self.dtype, self.description,
-                       {**self.sources, "forward_s": source, "backward_s": source})
+                       {**self.sources, "forward_s": source, "backward_s": source},
+                       self.shapes)
 
     def to_json(self) -> dict[str, object]:
         doc: dict[str, object] = {
@@ -85,7 +101,9 @@ class Profile:
             "backward_s": self.backward_s, "step_s": self.step_s, "sources": self.sources}
         if self.backward_layer_s is not None:
             doc["backward_layer_s"] = list(self.backward_layer_s)
-        doc["params"] = [list(p) for p in self.params]
+        shapes = self.shapes or (None,) * len(self.params)
+        doc["params"] = [[name, n] if s is None else [name, n, list(s)]
+                         for (name, n), s in zip(self.params, shapes, strict=True)]
         return doc
 
     def to_text(self) -> str:
@@ -148,11 +166,13 @@ def parse(text: str, where: str) -> Profile:
     if not isinstance(params, list) or not params:
         raise bad("params", "a non-empty list of [name, elements]", params)
     tensors = []
+    shapes: list[tuple[int, ...] | None] = []
     for i, p in enumerate(params):
-        if (not isinstance(p, list) or len(p) != 2 or not isinstance(p[0], str)
+        if (not isinstance(p, list) or len(p) not in (2, 3) or not isinstance(p[0], str)
                 or not is_int(p[1], 1)):
-            raise bad(f"params[{i}]", "[name, elements >= 1]", p)
+            raise bad(f"params[{i}]", "[name, elements >= 1] or [name, elements, shape]", p)
         tensors.append((p[0], p[1]))
+        shapes.append(None if len(p) == 2 else _shape(p[2], p[1], f"{where}: params[{i}]"))
     forward_s, backward_s = seconds("forward_s", True), seconds("backward_s", True)
     step_s = seconds("step_s", False) if "step_s" in doc else 0.0
     layers = doc.get("backward_layer_s")
@@ -175,4 +195,15 @@ def parse(text: str, where: str) -> Profile:
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         raise bad("sources", "an object of text", sources)
     return Profile(model, tuple(tensors), forward_s, backward_s, step_s or 0.0, layers, batch,
-                   dtype, str(doc.get("description", "")), dict(sources))
+                   dtype, str(doc.get("description", "")), dict(sources), tuple(shapes))
+
+
+def _shape(shape: object, elements: int, where: str) -> tuple[int, ...]:
+    """The shape of one row of params, checked against its element count."""
+    if not isinstance(shape, list) or not all(is_int(d, 1) for d in shape):
+        raise GradwireError(f"{where}: shape must be a list of integers >= 1 ([] for a 0-d "
+                            f"tensor), got {shape!r}")
+    if math.prod(shape) != elements:
+        raise GradwireError(f"{where}: shape {shape!r} has {math.prod(shape)} elements, the row "
+                            f"says {elements}")
+    return tuple(shape)

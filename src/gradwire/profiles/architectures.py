@@ -1,40 +1,44 @@
 """Parameter tensors of the built-in profiles' networks, derived from their definitions.
 
-Each function lists a network's parameter tensors as (name, elements) in registration order,
-which is the order of the forward pass; backward produces gradients in the reverse order. The
+Each function lists a network's parameter tensors as (name, shape) in registration order,
+which is the order of the forward pass; backward produces gradients in the reverse order. Shapes
+are PyTorch's: conv weight (cout, cin, kh, kw), linear weight (cout, cin), embedding
+(rows, hidden), bias and norm scale/shift (c,). The
 definitions follow the reference implementations named in each docstring (torchvision for the
 CNNs, Hugging Face ``BertModel`` for BERT) so the totals can be checked against published
-counts; ``tests/test_perfmodel.py`` holds every total.
+counts; ``tests/test_perf_profiles.py`` holds every total.
 
 ``python -m gradwire.profiles.architectures`` rewrites the ``params`` of the built-in profile files
-(``profiles/*.json``) from these definitions, keeping their compute times and sources.
+(``profiles/builtin/*.json``) from these definitions, keeping their compute times and sources.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from gradwire.profiles import parse
 
-Tensors = list[tuple[str, int]]
+Shape = tuple[int, ...]
+Tensors = list[tuple[str, Shape]]
 
 
 def conv(name: str, cin: int, cout: int, kh: int, kw: int | None = None,
          bias: bool = False) -> Tensors:
-    out = [(f"{name}.weight", cin * cout * kh * (kh if kw is None else kw))]
-    return out + [(f"{name}.bias", cout)] if bias else out
+    out = [(f"{name}.weight", (cout, cin, kh, kh if kw is None else kw))]
+    return out + [(f"{name}.bias", (cout,))] if bias else out
 
 
 def norm(name: str, c: int) -> Tensors:
     """BatchNorm or LayerNorm: a scale and a shift per channel (running statistics are buffers)."""
-    return [(f"{name}.weight", c), (f"{name}.bias", c)]
+    return [(f"{name}.weight", (c,)), (f"{name}.bias", (c,))]
 
 
 def linear(name: str, cin: int, cout: int) -> Tensors:
-    return [(f"{name}.weight", cin * cout), (f"{name}.bias", cout)]
+    return [(f"{name}.weight", (cout, cin)), (f"{name}.bias", (cout,))]
 
 
 def conv_bn(name: str, cin: int, cout: int, kh: int, kw: int | None = None) -> Tensors:
@@ -154,8 +158,8 @@ def bert(layers: int = 12, hidden: int = 768, ffn: int = 3072, vocab: int = 3052
          positions: int = 512) -> Tensors:
     """BERT-base encoder as Hugging Face ``BertModel`` (bert-base-uncased: embeddings, 12
     layers, pooler; no pre-training heads): 109,482,240."""
-    out = [("embeddings.word", vocab * hidden), ("embeddings.position", positions * hidden),
-           ("embeddings.token_type", 2 * hidden)] + norm("embeddings.LayerNorm", hidden)
+    out = [("embeddings.word", (vocab, hidden)), ("embeddings.position", (positions, hidden)),
+           ("embeddings.token_type", (2, hidden))] + norm("embeddings.LayerNorm", hidden)
     for i in range(layers):
         n = f"encoder.layer.{i}"
         for part in ("query", "key", "value"):
@@ -179,9 +183,15 @@ ARCHITECTURES: dict[str, Callable[[], Tensors]] = {
 }
 
 
-def backward_order(name: str) -> Tensors:
-    """The parameter tensors of ``name`` in the order backward produces their gradients."""
-    return ARCHITECTURES[name]()[::-1]
+def backward_order(name: str) -> list[tuple[str, int]]:
+    """The parameter tensors of ``name`` as (name, elements), in the order backward produces
+    their gradients."""
+    return [(n, math.prod(shape)) for n, shape in ARCHITECTURES[name]()[::-1]]
+
+
+def backward_shapes(name: str) -> list[Shape]:
+    """The shapes of the tensors of :func:`backward_order`, in the same order."""
+    return [shape for _, shape in ARCHITECTURES[name]()[::-1]]
 
 
 def main(directory: Path) -> None:
@@ -189,8 +199,9 @@ def main(directory: Path) -> None:
     for name in ARCHITECTURES:
         path = directory / f"{name}.json"
         profile = parse(path.read_text(), str(path))
-        path.write_text(dataclasses.replace(profile, params=tuple(backward_order(name))).to_text())
+        path.write_text(dataclasses.replace(profile, params=tuple(backward_order(name)),
+                                            shapes=tuple(backward_shapes(name))).to_text())
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "profiles")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "builtin")

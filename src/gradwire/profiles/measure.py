@@ -57,12 +57,13 @@ def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
     # backward time in proportion to the mean gaps.
     means = [statistics.fmean(col) for col in zip(*layers, strict=True)]
     per_tensor = tuple(statistics.median(bwd) * m / sum(means) for m in means)
-    sizes = dict((n, p.numel()) for n, p in net.named_parameters())
+    sizes = {n: (p.numel(), tuple(p.shape)) for n, p in net.named_parameters()}
     where = (f"measured here by gradwire profile: torch {torch.__version__}, "
              f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, median of {iters} "
              f"iterations, load average {os.getloadavg()[0]:.2f}")
     return Profile(
-        model=model, params=tuple((n, sizes[n]) for n in order),
+        model=model, params=tuple((n, sizes[n][0]) for n in order),
+        shapes=tuple(sizes[n][1] for n in order),
         forward_s=statistics.median(fwd), backward_s=statistics.median(bwd),
         step_s=statistics.median(step), backward_layer_s=per_tensor, batch_size=batch_size,
         description=f"{model}: {spec.description} (gradwire.models)",

@@ -10,7 +10,8 @@ Each worker, each iteration (§3.2: no pipelining of the forward pass with distr
    every parameter split evenly over the workers by the schedule); a bucket's collective starts
    on a rank when its last gradient is ready, FIFO on the rank's one send port.
 Dense buckets use the allreduce schedule of ``algo`` on the bucket's bytes; a compressed one
-runs what :mod:`gradwire.catalogue` says its method sends (PowerSGD: two allreduces; top-k:
+runs what :mod:`gradwire.catalogue` says its method sends (PowerSGD: two allreduces, each
+weight its own matrix where the trace gives every shape in the bucket; top-k:
 the recursive-doubling allgather of packed entries; gTop-k: the tree with the ⊤ merge), the
 allreduces on ``algo``, chained into one schedule per bucket. A ring (every rank one peer)
 is computed by :func:`~gradwire.sim.replay.dataflow`,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -33,6 +35,8 @@ from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
 from gradwire.sim.engine import Engine, Network
 from gradwire.sim.replay import Replay, dataflow, single_peer, step_arrays
 from gradwire.sim.trace import Trace
+
+Shapes = tuple[tuple[int, ...], ...]  # as gradwire.catalogue.Shapes (no torch import here)
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,17 @@ def buckets(trace: Trace, bucket_bytes: int) -> list[list[int]]:
     return out
 
 
+def bucket_shapes(trace: Trace, group: list[int]) -> Shapes | None:
+    """The shapes of the bucket ``group``'s tensors in its order, for the catalogue's plan:
+    None unless every one has a shape and 4 bytes per element (the simulator prices float32
+    buckets)."""
+    shapes = [trace.params[i].shape for i in group]
+    if any(s is None or trace.params[i].bytes != 4 * math.prod(s)
+           for i, s in zip(group, shapes, strict=True)):
+        return None
+    return tuple(shapes)  # type: ignore[arg-type]
+
+
 def bucket_spec(nbytes: int, p: int, o: CollectiveOptions) -> tuple[str, str, int, dict]:
     """(collective, algorithm, count, params) of the dense allreduce that moves one bucket of
     ``nbytes``: counted in float32 elements when ``nbytes`` is a multiple of 4 (so blocks split
@@ -71,10 +86,12 @@ def bucket_spec(nbytes: int, p: int, o: CollectiveOptions) -> tuple[str, str, in
     return "allreduce", o.algo, nbytes // item, {**o.params, "itemsize": item}
 
 
-def bucket_calls(nbytes: int, p: int, o: CollectiveOptions) -> tuple[list, int]:
+def bucket_calls(nbytes: int, p: int, o: CollectiveOptions,
+                 shapes: Shapes | None = None) -> tuple[list, int]:
     """The collectives one bucket of ``nbytes`` runs, in order, and their element size: the
     dense allreduce of ``o.algo``, or the catalogue's plan of method ``o.compressor`` for a
-    float32 bucket (its allreduces on ``o.algo``, as a hook with ``algo=o.algo`` runs them)."""
+    float32 bucket (its allreduces on ``o.algo``, as a hook with ``algo=o.algo`` runs them)
+    holding tensors of ``shapes`` (:func:`bucket_shapes`; None: one flat tensor)."""
     from gradwire.catalogue import CollectiveCall
 
     if o.compressor is None:
@@ -87,7 +104,7 @@ def bucket_calls(nbytes: int, p: int, o: CollectiveOptions) -> tuple[list, int]:
 
     m = catalogue.get(o.compressor)
     compressor, density = m.compressor_from(o.compressor_params)
-    plan = m.plan(max(nbytes // 4, 1), p, torch.float32, compressor, density, o.algo)
+    plan = m.plan(max(nbytes // 4, 1), p, torch.float32, compressor, density, o.algo, shapes)
     items = {c.itemsize for c in plan.calls}
     if len(items) != 1:
         raise GradwireError(f"{o.compressor}: its calls move elements of {sorted(items)} bytes: "
@@ -171,7 +188,8 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     """Run ``c.iterations`` iterations of host-based aggregation ``o`` on ``c.workers`` hosts."""
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
-    specs = [bucket_calls(sum(trace.params[i].bytes for i in g), p, o) for g in groups]
+    specs = [bucket_calls(sum(trace.params[i].bytes for i in g), p, o, bucket_shapes(trace, g))
+             for g in groups]
     items = [item for _, item in specs]
     pick = choices(c, len(trace.iterations))
     net = Network.uniform(p, c.bytes_per_s, c.latency)

@@ -71,7 +71,8 @@ def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: i
         for h in handles:
             h.remove()
     by_id = {id(p): p for p in model.parameters()}
-    params = tuple(Param(names[i], by_id[i].numel() * by_id[i].element_size()) for i in order)
+    params = tuple(Param(names[i], by_id[i].numel() * by_id[i].element_size(),
+                         tuple(by_id[i].shape)) for i in order)
     its = []
     for k, (t0, fwd, t1, bwd) in enumerate(kept):
         f = [max(fwd.get(i, t1) - t0, 0.0) for i in order]

@@ -9,12 +9,14 @@ its gradient is ready. The simulator replays these times and lets the network de
 The file is JSON lines (``docs/simulator.md``)::
 
     {"format": "gradwire-trace", "version": 1, "model": "resnet50", "source": "..."}
-    {"param": 0, "name": "conv1.weight", "bytes": 1728}
+    {"param": 0, "name": "conv1.weight", "bytes": 37632, "shape": [64, 3, 7, 7]}
     ...
     {"worker": 0, "iteration": 0, "forward_s": 0.12, "forward": [...], "backward": [...]}
 
 ``forward[i]`` and ``backward[i]`` are seconds for parameter ``i``; ``forward_s`` is the whole
 forward pass (≥ every forward time); the backward pass ends at the last gradient.
+``shape`` is optional: the tensor's shape, where known (PowerSGD's cost depends on it); the
+bytes must be a whole multiple of its element count.
 """
 
 from __future__ import annotations
@@ -46,8 +48,26 @@ SPEEDUP_RANGE = (1e-6, 1e6)
 
 @dataclass(frozen=True)
 class Param:
+    """One parameter tensor: its name, its gradient's bytes and, where known, its shape."""
+
     name: str
     bytes: int
+    shape: tuple[int, ...] | None = None
+
+
+def shape_problem(shape: object, nbytes: int) -> str | None:
+    """Why ``shape`` cannot be the shape of a tensor of ``nbytes`` (None: it can)."""
+    if not isinstance(shape, (list, tuple)) or not all(is_int(d, 1) for d in shape):
+        return f"expected a list of integers >= 1 ([] for a 0-d tensor), got {repr(shape)[:60]}"
+    n = 1
+    for d in shape:
+        n *= d
+        if n > nbytes:
+            break
+    if nbytes % n:
+        return (f"{nbytes} bytes are not a whole number of the shape's "
+                f"{n if n <= nbytes else 'more than ' + str(nbytes)} elements")
+    return None
 
 
 @dataclass(frozen=True)
@@ -94,7 +114,8 @@ class Trace:
 def dumps(t: Trace) -> str:
     head = {"format": FORMAT, "version": VERSION, "model": t.model, "source": t.source, **t.meta}
     lines = [json.dumps(head)]
-    lines += [json.dumps({"param": i, "name": p.name, "bytes": p.bytes})
+    lines += [json.dumps({"param": i, "name": p.name, "bytes": p.bytes}
+                         | ({} if p.shape is None else {"shape": list(p.shape)}))
               for i, p in enumerate(t.params)]
     lines += [json.dumps({"worker": it.worker, "iteration": it.iteration,
                           "forward_s": it.forward_s, "forward": list(it.forward),
@@ -188,7 +209,14 @@ def loads(text: str, where: str = "<trace>") -> Trace:
             name = rec.get("name")
             if not isinstance(name, str) or not name:
                 raise _bad(where, n, "name", f"expected a non-empty string, got {name!r}")
-            params.append(Param(name, _int(where, n, rec, "bytes", 1, MAX_BYTES, " (2**50)")))
+            nbytes = _int(where, n, rec, "bytes", 1, MAX_BYTES, " (2**50)")
+            shape = rec.get("shape")
+            if shape is not None:
+                problem = shape_problem(shape, nbytes)
+                if problem:
+                    raise _bad(where, n, "shape", problem)
+                shape = tuple(shape)
+            params.append(Param(name, nbytes, shape))
             total += params[-1].bytes
             if total > MAX_BYTES:
                 raise _bad(where, n, "bytes", f"the parameters come to {total} bytes, more than "
@@ -228,12 +256,14 @@ def loads(text: str, where: str = "<trace>") -> Trace:
 
 def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: float,
               first_backward_s: float = 0.0, names: Sequence[str] | None = None,
-              source: str = "synthetic") -> Trace:
+              source: str = "synthetic",
+              shapes: Sequence[Sequence[int] | None] | None = None) -> Trace:
     """A one-iteration trace from parameter byte sizes (forward order) and pass times, for
     sources that give no per-layer times: the forward pass spends ``forward_s`` evenly over
     the parameters; the backward pass spends ``first_backward_s`` before the last parameter's
     gradient (the paper's "first layer of backpropagation", Table 3) and the rest of
-    ``backward_s`` evenly over the others, ending with parameter 0."""
+    ``backward_s`` evenly over the others, ending with parameter 0. ``shapes``: the tensors'
+    shapes, in the same order as ``sizes`` (None where unknown)."""
     n = len(sizes)
     if n == 0 or any(s < 1 for s in sizes):
         raise GradwireError("a synthetic trace needs at least one parameter, each >= 1 byte")
@@ -244,7 +274,16 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
     step = (backward_s - first_backward_s) / max(n - 1, 1)
     bwd = [first_backward_s + step * (n - 1 - i) for i in range(n)]
     names = list(names) if names is not None else [f"p{i}" for i in range(n)]
-    params = tuple(Param(nm, int(s)) for nm, s in zip(names, sizes, strict=True))
+    shapes = list(shapes) if shapes is not None else [None] * n
+    if len(names) != n or len(shapes) != n:
+        raise GradwireError(f"a synthetic trace needs one name and one shape (or None) per "
+                            f"parameter: {n} sizes, {len(names)} names, {len(shapes)} shapes")
+    for nm, s, shape in zip(names, sizes, shapes, strict=True):
+        problem = None if shape is None else shape_problem(shape, int(s))
+        if problem:
+            raise GradwireError(f"{nm}: shape: {problem}")
+    params = tuple(Param(nm, int(s), None if shape is None else tuple(int(d) for d in shape))
+                   for nm, s, shape in zip(names, sizes, shapes, strict=True))
     return Trace(model, params, (Iteration(0, 0, forward_s, tuple(fwd), tuple(bwd)),), source)
 
 
@@ -264,7 +303,8 @@ def scale_compute(t: Trace, speedup: float) -> Trace:
 
 
 def resize(t: Trace, name: str, nbytes: int) -> Trace:
-    """Parameter ``name`` made ``nbytes`` long (compute unchanged)."""
+    """Parameter ``name`` made ``nbytes`` long (compute unchanged; its shape dropped unless
+    ``nbytes`` is its present size)."""
     names = [p.name for p in t.params]
     if name not in names:
         raise GradwireError(f"no parameter {name!r} in the trace{did_you_mean(name, names)}")
@@ -272,7 +312,8 @@ def resize(t: Trace, name: str, nbytes: int) -> Trace:
     if not is_int(nbytes, 1, MAX_BYTES - others):
         raise GradwireError(f"{name}: bytes must be from 1 to {MAX_BYTES - others} (a trace "
                             f"holds at most 2**50 bytes), got {nbytes!r}")
-    params = tuple(replace(p, bytes=nbytes) if p.name == name else p for p in t.params)
+    params = tuple(Param(p.name, nbytes) if p.name == name and p.bytes != nbytes else p
+                   for p in t.params)
     return replace(t, params=params, source=f"{t.source}; {name} {nbytes} B")
 
 
