@@ -1,0 +1,156 @@
+"""One rank of benchmarks/time_to_accuracy.py: every model of the plan trained with each hook in
+turn (same seed, same shards), the test set scored by rank 0 before the first epoch and after
+every epoch with the training clock stopped; rank 0 prints one ROW line of JSON per (model,
+hook) with the whole curve. A hook that raises on every rank becomes a ROW with its error and
+the run goes on; one that fails on some ranks only leaves the others waiting for the process
+group's timeout (300 s).
+
+Environment: TTA_PLAN, JSON from the driver: {"seed", "models": [{"model", "lr", "momentum",
+"batch", "epochs", "seq_len"}], "hooks": [{"hook", "side", "method", "options", "warmup",
+"buckets"}]}.
+"""
+import datetime
+import gc
+import json
+import math
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradwire.hooks as gh
+from gradwire.data import shard_indices
+from gradwire.models import build_model, get_spec
+from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
+
+PLAN = json.loads(os.environ["TTA_PLAN"])
+SEED = int(PLAN["seed"])
+
+
+def torch_bf16(state, bucket):
+    """PyTorch's ``bf16_compress_hook``, called under another name: DDP refuses to register a
+    hook of that name without CUDA and NCCL >= 2.10 (a guard for NCCL's bfloat16 reductions),
+    and gloo reduces bfloat16 on the CPU."""
+    return default_hooks.bf16_compress_hook(state, bucket)
+
+
+def register(hook: dict, ddp: DDP, steps_per_epoch: int) -> object:
+    """Register ``hook`` on ``ddp``; returns what keeps its state (None for DDP's own)."""
+    method, options = hook["method"], hook["options"]
+    if hook["side"] == "torch":
+        if method == "allreduce":
+            return None
+        if method == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            return None
+        if method == "bf16":
+            ddp.register_comm_hook(None, torch_bf16)
+            return None
+        # compressing from the second iteration: PyTorch's default, 1000, would train dense
+        state = psgd.PowerSGDState(process_group=None, start_powerSGD_iter=2,
+                                   matrix_approximation_rank=options["rank"])
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        return state
+    warmup = {"warmup": True, "steps_per_epoch": steps_per_epoch} if hook["warmup"] else {}
+    state = gh.make(method, seed=SEED, **options, **warmup)
+    state.register(ddp)
+    return state
+
+
+def score(model: torch.nn.Module, task: Task) -> tuple[float | None, float]:
+    """(test loss, None if not finite; test accuracy) of the unwrapped model."""
+    loss, accuracy = evaluate(model, task.test)
+    return (loss if math.isfinite(loss) else None), accuracy
+
+
+def run(spec: dict, hook: dict, task: Task) -> dict | None:
+    """Train ``spec['model']`` with ``hook``; rank 0 returns the row, the others None."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch, epochs = int(spec["batch"]), int(spec["epochs"])
+    iters = len(task.train) // world // batch
+    net = build_model(spec["model"], SEED, task.classes)
+    cap = None  # DDP's default buckets; one bucket of every gradient for "one"
+    if hook["buckets"] == "one":
+        cap = sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20 + 1
+    # Gradients as views of DDP's buckets, as gradwire's trainer builds it (so zero, not None).
+    ddp = DDP(net, gradient_as_bucket_view=True, bucket_cap_mb=cap)
+    keep = register(hook, ddp, iters)
+    opt = optimizer(ddp.parameters(), float(spec["lr"]), float(spec["momentum"]))
+    wall0 = time.perf_counter()
+    curve = []
+    if rank == 0:
+        loss, acc = score(net, task)
+        curve.append({"epoch": 0, "train_seconds": 0.0, "samples": 0, "train_loss": None,
+                      "test_accuracy": acc, "test_loss": loss})
+    seconds, samples = 0.0, 0
+    for epoch in range(epochs):
+        idx = shard_indices(len(task.train), rank, world, epoch, SEED)
+        dist.barrier()  # rank 0's evaluation is over: every rank's clock starts together
+        t0 = time.perf_counter()
+        loss_sum = 0.0
+        for it in range(iters):
+            x, y = task.batch(task.train, idx[it * batch : (it + 1) * batch])
+            opt.zero_grad(set_to_none=False)
+            loss = loss_fn(ddp(x), y)
+            loss.backward()  # returns once the hook has averaged every bucket
+            opt.step()
+            loss_sum += loss.item()
+        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        sums = torch.tensor([loss_sum], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        dist.all_reduce(sums)
+        seconds += took.item()
+        samples += iters * batch * world
+        if rank == 0:
+            train_loss = sums.item() / (world * iters)
+            loss, acc = score(net, task)
+            curve.append({"epoch": epoch + 1, "train_seconds": seconds, "samples": samples,
+                          "train_loss": train_loss if math.isfinite(train_loss) else None,
+                          "test_accuracy": acc, "test_loss": loss})
+    dist.barrier()
+    row = None
+    if rank == 0:
+        row = {"model": spec["model"], "hook": hook["hook"], "side": hook["side"],
+               "buckets": hook["buckets"], "options": hook["options"], "warmup": hook["warmup"],
+               "iterations_per_epoch": iters, "wall_seconds": time.perf_counter() - wall0,
+               "curve": curve}
+        if isinstance(keep, gh.HookState) and keep.stats["steps"]:
+            steps = keep.stats["steps"]
+            row["buckets_per_step"] = keep.stats["buckets"] / steps
+            row["payload_bytes_per_step"] = keep.stats["sent"] / steps
+    del ddp, keep, opt  # the hook's thread and the DDP go before the next hook's
+    gc.collect()
+    return row
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    torch.set_num_threads(1)
+    for spec in PLAN["models"]:
+        task = load_task(get_spec(spec["model"]), SEED, int(spec["seq_len"] or 64))
+        for hook in PLAN["hooks"]:
+            try:
+                row = run(spec, hook, task)
+            except Exception as e:  # noqa: BLE001 (one hook's failure, on every rank, is a row)
+                traceback.print_exc()
+                row = {"model": spec["model"], "hook": hook["hook"], "side": hook["side"],
+                       "buckets": hook["buckets"], "options": hook["options"],
+                       "warmup": hook["warmup"],
+                       "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+                del e
+                gc.collect()
+                if dist.get_rank() != 0:
+                    row = None
+            if row is not None:
+                print("ROW " + json.dumps(row), flush=True)
+            dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
