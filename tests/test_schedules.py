@@ -58,7 +58,14 @@ FORMULAS = {
     + (p - 1) / p * n * G,
     ("allgather", "ring"): lambda p, n: (p - 1) * A + (p - 1) / p * n * B,
     ("reducescatter", "ring"): lambda p, n: (p - 1) * A + (p - 1) / p * n * (B + G),
+    ("allgather", "bruck"): lambda p, n: bruck_messages(p) * A + (p - 1) / p * n * B,
 }
+
+
+def bruck_messages(p: int) -> int:
+    """Bruck's step at distance d sends min(d, p − d) blocks: one message, or two when the run
+    of blocks may wrap past the buffer's end (more than one block)."""
+    return sum(1 if min(d, p - d) == 1 else 2 for d in (1 << s for s in range(lg(p))))
 
 
 @pytest.mark.parametrize("key", sorted(FORMULAS))
@@ -78,6 +85,26 @@ def test_ring_pattern_is_a_ring_and_sends_2n_p_minus_1_over_p(p):
     assert pairs == {(r, (r + 1) % p) for r in range(p)}
     assert (tr.bytes_sent.sum(1) == 2 * 4 * n * (p - 1) // p).all()
     assert (tr.messages_sent.sum(1) == 2 * (p - 1)).all()
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 6, 7, 12, 17, 48, 100])
+def test_bruck_takes_ceil_lg_p_steps_to_rank_minus_2_to_the_s(p):
+    n = p * 1000
+    s = registry.schedule("allgather", "bruck", p, n)
+    assert len(s.steps) == lg(p)
+    for i, step in enumerate(s.steps):
+        assert {(t.src, t.dst) for t in step.transfers} == {(r, (r - 2**i) % p) for r in range(p)}
+    tr = traffic(s, 4)
+    assert (tr.bytes_sent.sum(1) == 4 * n * (p - 1) // p).all()
+    assert (tr.bytes_received.sum(1) == 4 * n * (p - 1) // p).all()
+    assert int(tr.messages_sent.sum(1).max()) <= 2 * lg(p) - 1
+
+
+def test_bruck_beats_the_butterflys_fold_at_p_not_a_power_of_two():
+    for p in (3, 5, 6, 12, 48):
+        n = p * 65536
+        bruck, rd = (cost(registry.schedule("allgather", a, p, n), P, 4) for a in ("bruck", "rd"))
+        assert bruck < rd, (p, bruck, rd)
 
 
 def test_unknown_algorithm_suggests():

@@ -12,6 +12,7 @@ from gradwire.check import is_int, is_real, parse_int, parse_number
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import (
     binomial,
+    bruck,
     butterfly,
     dbtree,
     lp,
@@ -24,7 +25,7 @@ from gradwire.schedules import (
 from gradwire.schedules.ir import COLLECTIVES, Algorithm, Schedule, Table
 
 # One module per algorithm family; each declares its entries as ALGORITHMS.
-MODULES = (ring, binomial, butterfly, rhd, master, lp, scatter_allgather, dbtree, ps)
+MODULES = (ring, binomial, butterfly, bruck, rhd, master, lp, scatter_allgather, dbtree, ps)
 ALGORITHMS: tuple[Algorithm, ...] = tuple(a for m in MODULES for a in m.ALGORITHMS)
 
 # The most ranks a schedule is built for: a ring there has 2·4095·4096 = 33.5 M transfers,

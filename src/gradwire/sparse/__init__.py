@@ -6,11 +6,12 @@ Every rank sends k (value, index) entries packed in one byte buffer (:mod:`.wire
 the gradient's dtype, then int32 indices; fp32 → 8 bytes per entry). Neither method has an
 algorithm of its own: each runs a registered schedule over that buffer.
 
-| method      | schedule                                  | bytes sent (fp32) | cost            |
-|-------------|-------------------------------------------|-------------------|-----------------|
-| topk        | allgather "rd" (or "ring") of P·k entries | 8k(P−1) each rank | lgP·α+2(P−1)kβ  |
-| gtopk       | "rd" allreduce (butterfly), op ⊤          | 8k per step       | lgP·α+2k·lgP·β  |
-| gtopk, tree | the paper's binomial tree, op ⊤           | 8k per edge, ×2   | 2lgP·α+4k·lgP·β |
+| method      | schedule                                   | bytes sent (fp32) | cost             |
+|-------------|--------------------------------------------|-------------------|------------------|
+| topk        | allgather of P·k entries: "rd" (P a power  | 8k(P−1) each rank | ⌈lgP⌉·α+2(P−1)kβ |
+|             | of two) or "bruck"                         |                   |                  |
+| gtopk       | "rd" allreduce (butterfly), op ⊤           | 8k per step       | lgP·α+2k·lgP·β   |
+| gtopk, tree | the paper's binomial tree, op ⊤            | 8k per edge, ×2   | 2lgP·α+4k·lgP·β  |
 
 β per element; an entry is 2 elements (value and index); each list also carries its sender's
 status byte (:mod:`.wire`). The last row is Table I's. For P a power of two the butterfly makes

@@ -108,19 +108,26 @@ class Plan:
     worst: Callable[[], torch.Tensor]
 
 
+def topk_algo(world_size: int) -> str:
+    """Top-k's default allgather: "rd" (recursive doubling) at P a power of two, else "bruck"
+    (⌈lg P⌉ steps, (P−1)/P of the data, like rd at a power of two; rd's fold would carry up
+    to twice the data: the cost model gives it 2.3× Bruck's time at P = 48)."""
+    return "rd" if world_size & (world_size - 1) == 0 else "bruck"
+
+
 def spec(method: str, world_size: int, numel: int, k: int, dtype: torch.dtype = torch.float32,
          algo: str | None = None) -> tuple[str, str, int, dict[str, object]]:
     """(collective, algorithm, count, parameters) of ``method``'s schedule; counts are bytes
     (a list of k packed entries and its status byte, :mod:`gradwire.sparse.wire`).
 
-    topk: allgather (``algo``, default "rd") of P·k packed entries. gtopk: an allreduce of k
-    packed entries with op "gtopk", on ``algo`` "rd" (default: the butterfly, every rank merges
-    at every step; ⌈lg P⌉ steps, fewer than the tree's, at any P) or "tree" (the paper's:
-    binomial reduce to rank 0, binomial broadcast).
+    topk: allgather (``algo``, default :func:`topk_algo`) of P·k packed entries. gtopk: an
+    allreduce of k packed entries with op "gtopk", on ``algo`` "rd" (default: the butterfly,
+    every rank merges at every step; ⌈lg P⌉ steps, fewer than the tree's, at any P) or "tree"
+    (the paper's: binomial reduce to rank 0, binomial broadcast).
     """
     nbytes = min(k, numel) * entry_bytes(numel, dtype) + STATUS_BYTES
     if method == "topk":
-        return "allgather", algo or "rd", world_size * nbytes, {"itemsize": 1}
+        return "allgather", algo or topk_algo(world_size), world_size * nbytes, {"itemsize": 1}
     if method == "gtopk":
         return "allreduce", gtopk_algo(algo), nbytes, {"op": GTOPK_OP}
     raise GradwireError(f"sparse method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -137,9 +144,10 @@ def schedule(method: str, world_size: int, numel: int, k: int,
 def estimate(method: str, world_size: int, numel: int, k: int, params: CostParams,
              dtype: torch.dtype = torch.float32, algo: str | None = None) -> float:
     """Predicted seconds (``params.beta`` per byte). With β_e per 4-byte element, fp32 and
-    CostParams(α, β_e/4): topk (rd, P a power of two) lg P·α + 2(P−1)kβ_e; gtopk on the tree
-    2⌈lg P⌉α + 4k⌈lg P⌉β_e (Table I of the gTop-k paper), on the butterfly (the default, P a
-    power of two) lg P·α + 2k·lg P·β_e; each list also carries its status byte."""
+    CostParams(α, β_e/4): topk (rd, P a power of two) lg P·α + 2(P−1)kβ_e, (bruck, other P)
+    at most (2⌈lg P⌉−1)α + 2(P−1)kβ_e; gtopk on the tree 2⌈lg P⌉α + 4k⌈lg P⌉β_e (Table I of
+    the gTop-k paper), on the butterfly (the default, P a power of two) lg P·α + 2k·lg P·β_e;
+    each list also carries its status byte."""
     return cost(schedule(method, world_size, numel, k, dtype, algo), params, itemsize=1)
 
 
@@ -279,7 +287,8 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     """Sum every rank's (values, indices) by gathering them (cost: log(P)α + 2(P−1)kβ).
 
     ``k`` (default: len(values)) entries per rank, the same on every rank; shorter lists are
-    padded. ``algo``: the allgather, "rd" (default) or "ring" (or any registered one).
+    padded. ``algo``: the allgather, by default "rd" at P a power of two and "bruck" elsewhere
+    (:func:`topk_algo`), or "ring" (or any registered one).
     """
     e = _entries("topk_allreduce", values, indices, numel)
     t = resolve(transport, group, "topk_allreduce")
@@ -467,10 +476,10 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
 
     1. acc = residual + x, in place in ``residual``; select min(k, n) entries of largest |acc|
        (``selector``: "exact", or "threshold" for about one pass over acc); residual −= sent.
-    2. ``method`` "topk": TopKAllReduce, allgather (``algo`` "rd" default, or "ring") of every
-       rank's entries, all applied; "gtopk": gTopKAllReduce on the butterfly (``algo`` "rd",
-       default) or the paper's binomial tree ("tree"), each merge's drops added to the
-       ``residual`` of one rank that made it.
+    2. ``method`` "topk": TopKAllReduce, allgather (``algo``: default :func:`topk_algo`, or
+       "ring") of every rank's entries, all applied; "gtopk": gTopKAllReduce on the butterfly
+       (``algo`` "rd", default) or the paper's binomial tree ("tree"), each merge's drops
+       added to the ``residual`` of one rank that made it.
     3. Return total / P: dense, n elements, x's dtype, identical on every rank.
 
     Summed over ranks, Σ residual_after + P·result = Σ (residual_before + x).
