@@ -323,9 +323,13 @@ def validate(trace_path: Path, workers: int, servers: int, bandwidth: str,
     cal = calibration
     if cal is None:
         with ephemeral_cluster(2, bandwidth, loopback) as cl:
-            cal = run_ranks(cl, "gradwire.bench.calibrate", [], "calibrate", None, console)
-    c = SimCluster(workers, 8 / cal["beta_s_per_byte"], servers, gamma=cal["gamma_s_per_byte"],
-                   iterations=iterations, seed=seed, send_buffer=send_buffer())
+            cal = run_ranks(cl, "gradwire.bench.calibrate", ["--device", "cpu", "--model",
+                                                             "resnet20"], "calibrate", None,
+                            console)
+    # latency 0: each mechanism's measured α already holds the emulated links' delay
+    c = SimCluster(workers, 8 / cal["beta_s_per_byte"], servers, latency=0.0,
+                   gamma=cal["gamma_s_per_byte"], iterations=iterations, seed=seed,
+                   send_buffer=send_buffer())
     rows = []
     for m, real in zip(mechanisms, run(trace_path, c, mechanisms, bandwidth, console, loopback),
                        strict=True):

@@ -15,6 +15,11 @@ from gradwire.sim.cluster import SimCluster, SimResult
 from gradwire.sim.trace import Trace, add_layers, scale_compute
 
 
+def host_costs(c: SimCluster) -> str:
+    """``α 10 µs, latency 1.5 µs/host``: the cluster's per-message costs, for titles."""
+    return f"α {c.alpha * 1e6:g} µs, latency {c.latency * 1e6:g} µs/host"
+
+
 def speedups(results: Sequence[SimResult]) -> dict[str, float]:
     """Iteration-time speed-up of each result over the baseline PS (the first when absent)."""
     base = next((r for r in results if r.mechanism == mechanisms.BASELINE), results[0])
@@ -75,7 +80,8 @@ def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster) -> tu
     bws = spec.get("bandwidths", (cluster.bandwidth_bps,))
     c = dataclasses.replace(cluster, servers=spec.get("servers", cluster.servers))
     head = ["model", *(["Gbps"] if len(bws) > 1 else []), *cols]
-    where = f"{c.workers} workers" + ("" if len(bws) > 1 else f", {bws[0] / 1e9:g} Gbit/s")
+    where = (f"{c.workers} workers" + ("" if len(bws) > 1 else f", {bws[0] / 1e9:g} Gbit/s")
+             + f", {host_costs(c)}")
     table = Table(*head, title=f"{spec['title']}, {where}; the paper: 32 workers")
     rows = []
     for t in traces:

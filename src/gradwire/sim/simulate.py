@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 SIM_MECHANISMS = "ps,multicast,ina,multicast+ina,ring,ring+multicast,butterfly"
 EMULATED_MECHANISMS = "ps,ring,butterfly"  # --emulate's default: what runs for real
+# The defaults of --latency-us and --alpha-us, in µs: gradwire.sim.cluster's datacenter
+# Ethernet (written out here so that `gradwire --help` need not import the simulator).
+LATENCY_US = 1.5
+ALPHA_US = 10.0
 
 
 def sweep_value(axis: str, text: str) -> float:
@@ -84,12 +88,13 @@ class Simulation:
 
 def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
             mechanism: str = SIM_MECHANISMS, servers: int = 1, iterations: int = 3,
-            latency_us: float = 0.0, seed: int = 0, table: int | None = None,
-            sweep: str | None = None, emulate: bool = False, plot: Path | None = None,
-            timeline: Path | None = None) -> Simulation:
+            latency_us: float = LATENCY_US, alpha_us: float = ALPHA_US, seed: int = 0,
+            table: int | None = None, sweep: str | None = None, emulate: bool = False,
+            plot: Path | None = None, timeline: Path | None = None) -> Simulation:
     """The traces at ``paths`` on ``workers`` workers and ``servers`` servers behind one
-    non-blocking switch of ``bandwidth`` links (``latency_us`` one way per host). Everything
-    :func:`run_simulation` will be asked is checked here, before it starts."""
+    non-blocking switch of ``bandwidth`` links (``latency_us`` one way per host, ``alpha_us``
+    per message; 0 and 0 for an ideal network). Everything :func:`run_simulation` will be
+    asked is checked here, before it starts."""
     from gradwire.sim import mechanisms as mech
     from gradwire.sim import report
     from gradwire.sim.cluster import SimCluster
@@ -109,8 +114,8 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     if bps is None:
         raise GradwireError("--bandwidth none cannot be simulated: give a rate such as 25gbit")
     traces = [load(t) for t in paths]
-    cluster = SimCluster(workers, bps, servers, latency_us * 1e-6, iterations=iterations,
-                         seed=seed)
+    cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,
+                         iterations=iterations, seed=seed)
     return Simulation(paths, traces, cluster, bandwidth, mechanism, table, sweep, emulate, plot,
                       timeline)
 
@@ -152,7 +157,7 @@ def run_simulation(s: Simulation, console: Console) -> dict:
                            on_start=status.update)
     console.print(report.results_table(results, f"{first.model}: {c.workers} workers, "
                                        f"{format_bandwidth(c.bandwidth_bps)}, {c.servers} "
-                                       "server(s)"))
+                                       f"server(s), {report.host_costs(c)}"))
     if s.timeline:
         console.print(f"wrote {report.write_timeline(results, c.workers, s.timeline)}")
     return {"results": [r.to_json() for r in results]}
