@@ -302,3 +302,68 @@ def test_hosts_run_cubic_with_small_send_buffers_and_the_machine_keeps_its_tcp_s
         assert _machine_tcp() == before
     finally:
         cluster_down(c.name)
+
+
+# c10d looks up the name of every peer of its store; where a rank could not, it printed
+# "[c10d] The hostname of the client socket cannot be retrieved. err=-3".
+_NAMES = """
+import os, socket
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+master = socket.getnameinfo((os.environ["MASTER_ADDR"], 0), socket.NI_NAMEREQD)[0]
+me = master.rsplit("-h", 1)[0] + "-h" + os.environ["RANK"]
+print("NAMES", master, me, socket.gethostbyname(me))
+dist.destroy_process_group()
+"""
+
+
+def test_hosts_of_a_run_know_each_other_by_name_and_the_names_go_with_the_run():
+    from gradwire.cluster.names import NETNS_ETC
+
+    p = subprocess.run([sys.executable, "-m", "gradwire.cli", "run", "--hosts", "2", "--timeout",
+                        "120", "--", sys.executable, "-c", _NAMES],
+                       capture_output=True, text=True, timeout=180)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "hostname of the client socket cannot be retrieved" not in out, out
+    found = [line.split()[-3:] for line in out.splitlines() if " NAMES " in line]
+    assert len(found) == 2, out
+    name = found[0][0].split("-")[0]
+    assert {master for master, _, _ in found} == {f"{name}-h0"}
+    assert {me for _, me, _ in found} == {f"{name}-h0", f"{name}-h1"}
+    assert len({addr for _, _, addr in found}) == 2  # each its own eth0
+    assert gradwire_leftovers(name) == []  # no namespace or link
+    assert sorted(NETNS_ETC.glob(f"{name}-*")) == []
+
+
+def test_every_host_lists_every_host_and_down_removes_the_files():
+    from gradwire.cluster.names import NETNS_ETC
+
+    c = cluster_up(3, "none")
+    try:
+        for h in c.hosts:
+            text = (NETNS_ETC / str(h.netns) / "hosts").read_text()
+            for peer in c.hosts:
+                assert f"{peer.addr}\t{peer.netns}\n" in text
+                assert f"::ffff:{peer.addr}\t{peer.netns}\n" in text
+    finally:
+        cluster_down(c.name)
+    assert sorted(NETNS_ETC.glob(f"{c.name}-*")) == []
+
+
+def test_down_removes_hosts_files_that_a_crash_left_without_their_cluster():
+    import secrets
+    import shutil
+
+    from gradwire.cluster.names import NETNS_ETC
+
+    name = f"gw{secrets.token_hex(3)}"
+    folder = NETNS_ETC / f"{name}-h0"
+    folder.mkdir(parents=True)
+    (folder / "hosts").write_text("")
+    try:
+        assert cluster_down(name) == [name]
+        assert not folder.exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -5,6 +5,7 @@ Layout for a cluster named ``gw3f9a1c`` with N hosts::
     namespace gw3f9a1c-h0 .. -h{N-1}   eth0 = 10.213.S.(i+1)/24, lo up
     veth pair gw3f9a1c-vI  <->  eth0   host side enslaved to the bridge
     bridge    gw3f9a1c-br              a non-blocking switch, no address in the root namespace
+    names     /etc/netns/gw3f9a1c-hI/hosts   every host by its namespace's name (cluster.names)
 
 Each host link is shaped in both directions with ``tc qdisc ... tbf``: on eth0 (the host's
 upload) and on the bridge-side veth (the host's download). Links carry Ethernet frames of
@@ -38,6 +39,11 @@ from pathlib import Path
 
 from gradwire import config
 from gradwire.bandwidth import parse_bandwidth
+from gradwire.cluster.names import (
+    clusters_with_hosts_files,
+    remove_hosts_files,
+    write_hosts_files,
+)
 from gradwire.cluster.shaping import (
     CC_NAME_RE,
     CONGESTION_CONTROL,
@@ -230,6 +236,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
             cluster.sndbuf = ceiling if capped_all else None
             cluster.hosts.append(host)
             save_cluster(cluster)
+        write_hosts_files(cluster)
     return cluster
 
 
@@ -326,16 +333,18 @@ def _remove(name: str) -> None:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     for m in re.finditer(rf"^\d+: ({re.escape(name)}-[a-z0-9]+)[@:]", links, re.M):
         subprocess.run(["ip", "link", "del", m.group(1)], capture_output=True)
+    remove_hosts_files(name)
     with contextlib.suppress(FileNotFoundError):
         (config.state_dir() / f"{name}.json").unlink()
 
 
 def _orphans() -> set[str]:
-    """Names of clusters whose namespaces or links exist, state file or not."""
+    """Names of clusters whose namespaces, links or hosts files exist, state file or not."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     names = {m.group(1) for m in re.finditer(r"^(gw[0-9a-f]{6})-h\d+", out, re.M)}
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    return names | {m.group(1) for m in re.finditer(r"^\d+: (gw[0-9a-f]{6})-", links, re.M)}
+    names |= {m.group(1) for m in re.finditer(r"^\d+: (gw[0-9a-f]{6})-", links, re.M)}
+    return names | clusters_with_hosts_files()
 
 
 def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
