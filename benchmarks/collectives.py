@@ -102,7 +102,7 @@ JUMBO = 9000
 def part_lp(home: str, cal: dict) -> dict:
     out = lp_broadcast(home, cal, 1500)
     gradwire(home, "calibrate", "--hosts", "2", "--bandwidth", BW, "--mtu", str(JUMBO),
-             "--codec-numel", "0")
+             "--model", "resnet20", "--device", "cpu")
     jumbo = json.loads((Path(home) / "calibration" / f"{BW}-mtu{JUMBO}.json").read_text())
     return {**out, f"mtu{JUMBO}": {**lp_broadcast(home, jumbo, JUMBO), "calibration": jumbo}}
 

@@ -83,7 +83,8 @@ def main() -> int:
     tdir = a.out.parent / "traces"
     tdir.mkdir(parents=True, exist_ok=True)
     with ephemeral_cluster(2, RATE) as cl:
-        cal = run_ranks(cl, "gradwire.bench.calibrate", [], "calibrate", None, console)
+        cal = run_ranks(cl, "gradwire.bench.calibrate", ["--device", "cpu", "--model", "resnet20"],
+                        "calibrate", None, console)
     doc["calibration"] = cal
     for model in a.traces.split(","):
         path = save(record(model, iterations=3, batch_size=BATCH[model]),

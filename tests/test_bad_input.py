@@ -107,7 +107,11 @@ CLI = [
     (["bench", "--sizes", "2"], "--sizes: 2 bytes hold no float32 element"),
     (["bench", "--timeout", "nan"], "--timeout must be a positive number"),
     (["bench", "--hosts", "1000"], "--hosts must be between 1 and 250, got 1000"),
-    (["calibrate", "--codec-numel", "99999999999"], "--codec-numel must be from 0 to 134217728"),
+    (["calibrate", "--density", "2"], "--density must be in (0, 1], got 2.0"),
+    (["calibrate", "--rank", "0"], "--rank (PowerSGD's) must be from 1 to 1024, got 0"),
+    (["calibrate", "--model", "resnet5"], "unknown profile 'resnet5' (did you mean"),
+    (["calibrate", "--device", "tpu"], "--device 'tpu' is not supported"),
+    (["calibrate", "--out", "/nonexistent-gw/c.json"], "--out '/nonexistent-gw/c.json'"),
     (["calibrate", "--mtu", "1"], "--mtu must be an integer number of bytes"),
     # ASCII digits only: int() and float() take other scripts' digits
     (["bench", "--bandwidth", "١gbit"], "bandwidth '١gbit' is not valid"),
@@ -292,7 +296,11 @@ def test_unreadable_files_say_where(monkeypatch, tmp_path):
     with pytest.raises(GradwireError, match=r"calibration file .*line 2, column 21: not valid"):
         calibrate.load("1gbit")
     path.write_text('{"alpha_s": 1e-4, "beta_s_per_byte": 8e-9}\n')
-    with pytest.raises(GradwireError, match="unreadable .*gamma_s_per_byte"):
+    with pytest.raises(GradwireError, match="older gradwire calibrate .* run `gradwire "
+                                            "calibrate` again"):
+        calibrate.load("1gbit")
+    path.write_text('{"format": 2, "alpha_s": 1e-4}\n')
+    with pytest.raises(GradwireError, match="field 'alpha_call_s' is missing"):
         calibrate.load("1gbit")
     bad = tmp_path / "ck.pt"
     bad.write_bytes(b"PK\x03\x04 not a checkpoint")

@@ -90,52 +90,35 @@ def _gradwire(*args, env=None):
                           text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
-def test_calibrate_on_three_hosts(tmp_path):
-    """Ranks 0 and 1 measure α and β alone; the third waits for them without deadlock, and
-    every rank takes part in the per-step α."""
-    env = {"GRADWIRE_HOME": str(tmp_path), "GRADWIRE_TIMEOUT": "30"}
-    p = _gradwire("calibrate", "--loopback", "--hosts", "3", "--codec-numel", "0", env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
-    cal = json.loads((tmp_path / "calibration" / "loopback.json").read_text())
-    assert cal["hosts"] == 3 and cal["alpha_step_s"] > 0
-    # every rank on this machine: three ranks share its cores
-    assert cal["cpu_step_s"] > 0 and cal["cpu_byte_s"] >= 0
-    assert cal["cpu_ranks_per_machine"] == 3 and cal["cores_per_machine"] >= 1
-    assert 0 < cal["cpu_share"] <= 1 and cal["cpu_sync_s"] >= 0 and cal["cpu_slowdown"] >= 1
-    # the probe's recursive doubling at 3 ranks: 2 steps a rank on the mean
-    assert cal["cpu_sync_step_s"] == pytest.approx(cal["cpu_sync_s"] / 2)
-    # loopback is not shaped: no token bucket for the model, whatever the check measured
-    assert cal["burst_bytes"] == 0 and cal["burst_bytes_measured"] >= 0
-
-
-@needs_netns
-def test_calibrate_records_the_token_bucket_an_idle_shaped_link_lets_through(tmp_path):
-    env = {"GRADWIRE_HOME": str(tmp_path)}
-    p = _gradwire("calibrate", "--hosts", "2", "--bandwidth", "1gbit", "--codec-numel", "0",
-                  env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
-    cal = json.loads((tmp_path / "calibration" / "1gbit.json").read_text())
-    assert cal["burst_bytes"] == tbf_burst(1e9) == 500_000
-    # one message after 50 ms idle beats α + n·β by most of the bucket (371 and 426 kB
-    # measured on an idle machine); loose, as CPU contention delays the message
-    assert 50_000 < cal["burst_bytes_measured"] < 1_000_000
-
-
-def test_bench_and_calibrate_on_loopback(tmp_path):
-    env = {"GRADWIRE_HOME": str(tmp_path)}
-    p = _gradwire("calibrate", "--loopback", "--codec-numel", "20000", env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
-    cal = json.loads((tmp_path / "calibration" / "loopback.json").read_text())
-    assert cal["alpha_s"] > 0 and cal["beta_s_per_byte"] > 0 and cal["gamma_s_per_byte"] > 0
-    assert cal["alpha_step_s"] > 0 and cal["hosts"] == 2
+def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
+    """The host side on a loopback cluster: the rank side on every host, rank 2 waiting while
+    ranks 0 and 1 stream, and the saved file read by `gradwire bench`'s model column."""
     from gradwire.hooks import METHODS
-    from gradwire.perf import codecs
+    from gradwire.perf import calibration, codecs
 
-    table = codecs.load(str(tmp_path / "calibration" / "loopback.json"))
-    assert table.numel == 20000 and set(table.methods) == set(METHODS)
+    env = {"GRADWIRE_HOME": str(tmp_path), "GRADWIRE_TIMEOUT": "30"}
+    p = _gradwire("calibrate", "--loopback", "--hosts", "3", "--model", "resnet20",
+                  "--device", "cpu", env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    path = tmp_path / "calibration" / "loopback.json"
+    cal = calibration.load(path)
+    # every emulated host is its own node: α over 2(P-1) = 4 ring steps
+    assert (cal.world, cal.nodes, cal.ranks_per_node) == (3, 3, 1)
+    assert cal.alpha_call_s == pytest.approx(4 * cal.alpha_s) and cal.alpha_s > 0
+    assert cal.beta_between == "nodes" and cal.beta_intra_s_per_byte is None
+    # every rank on this machine: three ranks share its cores
+    assert cal.cpu.cpu_step_s > 0 and cal.cpu.cpu_byte_s >= 0
+    assert cal.cpu.cpu_ranks_per_machine == 3 and cal.cpu.cores_per_machine >= 1
+    assert 0 < cal.cpu.cpu_share <= 1 and cal.cpu.cpu_slowdown >= 1
+    # the probe's recursive doubling at 3 ranks: 2 steps a rank on the mean
+    assert cal.cpu.cpu_sync_step_s == pytest.approx(cal.cpu.cpu_sync_s / 2)
+    # loopback is not shaped: no token bucket for the model
+    assert cal.burst_bytes == 0 and cal.bandwidth == "loopback"
+    assert cal.network == "loopback, links not shaped"
+    assert cal.command.startswith("gradwire calibrate --loopback")
+    table = codecs.load(str(path))
+    assert set(table.methods) == set(METHODS) and "compressors only" in table.source
     assert table.methods["powersgd"]["encode_s"] > 0 and table.methods["dense"]["decode_s"] == 0
-    assert "through the hook" in table.source
-    assert cal["network"] == "loopback, links not shaped"
     out = tmp_path / "b.json"
     p = _gradwire("bench", "--loopback", "--hosts", "3", "--sizes", "1K,13K", "--iters", "2",
                   "--algo", "ring,ring:pipeline=3",
@@ -148,6 +131,18 @@ def test_bench_and_calibrate_on_loopback(tmp_path):
     assert all(r["predicted_s"] > 0 for r in res["rows"])
     assert [r["header"] for r in res["rows"]] == [r["algo"] != "builtin" for r in res["rows"]]
     assert res["command"].startswith("gradwire bench")
+
+
+@needs_netns
+def test_calibrate_records_the_shaped_links_token_bucket(tmp_path):
+    env = {"GRADWIRE_HOME": str(tmp_path)}
+    p = _gradwire("calibrate", "--hosts", "2", "--bandwidth", "1gbit", "--model", "resnet20",
+                  "--device", "cpu", env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    cal = json.loads((tmp_path / "calibration" / "1gbit.json").read_text())
+    assert cal["burst_bytes"] == tbf_burst(1e9) == 500_000 and cal["bandwidth"] == "1gbit"
+    # the link's TCP payload rate: about 0.956 Gbit/s on tbf 1gbit
+    assert 0.8 < 8 / cal["beta_s_per_byte"] / 1e9 < 1.0
 
 
 @pytest.mark.parametrize("collective, algo", [("allreduce", "ring"), ("reduce", "lp"),
@@ -315,38 +310,14 @@ def test_builtin_rows_use_torchs_current_names(one_rank):
             assert rows[0]["wrong"] == 0
 
 
-def test_calibrate_measures_each_methods_hook_cpu_on_the_ranks():
-    """Rank side with --hook-buckets/--hook-methods: the CPU and wall time per iteration of
-    each method's own hook path on the ranks, with the buckets it was given."""
-    from rich.console import Console
-
-    from gradwire.cluster import loopback_cluster
-    from gradwire.jobs import run_ranks
-
-    methods = ["dense", "topk", "powersgd", "signsgd"]
-    cal = run_ranks(loopback_cluster(2), "gradwire.bench.calibrate",
-                    ["--hook-buckets", "30000,2000", "--hook-methods", ",".join(methods)],
-                    "calibrate", 300, Console(quiet=True))
-    assert cal["hook_buckets"] == [30000, 2000]
-    assert cal["alpha_step_builtin_s"] > 0
-    assert list(cal["hook_s"]) == methods
-    for name, got in cal["hook_s"].items():
-        assert 0 < got["cpu_s"] < 1 and 0 < got["wall_s"] < 5, (name, got)
-    # --hooks-only: the same probe again, nothing else
-    again = run_ranks(loopback_cluster(2), "gradwire.bench.calibrate",
-                      ["--hook-buckets", "30000,2000", "--hook-methods", "topk",
-                       "--hooks-only"], "calibrate", 300, Console(quiet=True))
-    assert set(again) == {"hook_buckets", "hook_s"} and list(again["hook_s"]) == ["topk"]
-    assert 0 < again["hook_s"]["topk"]["cpu_s"] < 1
-
-
 @pytest.mark.parametrize(("args", "msg"), [
-    (["--hook-buckets", "x"], "expected bucket sizes in elements"),
-    (["--hook-buckets", "0,5"], "expected bucket sizes in elements"),
-    (["--hook-methods", "dense,nope"], "expected methods from dense"),
-    (["--hooks-only", "--hook-methods", "dense"], "--hooks-only needs --hook-buckets"),
+    (["--density", "0"], "--density must be in (0, 1], got 0.0"),
+    (["--rank", "0"], "--rank (PowerSGD's) must be from 1 to 1024, got 0"),
+    (["--model", "resnet5"], "unknown profile 'resnet5'"),
+    (["--device", "tpu"], "invalid choice: 'tpu'"),
+    (["--out", "/nonexistent-gw/x.json"], "--out '/nonexistent-gw/x.json'"),
 ])
-def test_calibrate_rank_side_refuses_bad_hook_arguments_in_one_line(args, msg):
+def test_calibrate_rank_side_refuses_bad_arguments_in_one_line(args, msg):
     p = subprocess.run([sys.executable, "-m", "gradwire.bench.calibrate", "--out", "x.json",
                         *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "Traceback" not in p.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+import calibration_doc
 import pytest
 
 from gradwire.cli import main
@@ -41,21 +42,25 @@ def test_whatif_writes_every_prediction_and_the_plot(tmp_path, monkeypatch, caps
     assert all(ten[k] <= one[k] for k in one)
 
 
-def test_eight_ranks_per_node_sharing_a_link_turn_the_ranking_to_gtopk(monkeypatch,
+def test_eight_ranks_per_node_sharing_a_link_turn_the_ranking_to_gtopk(tmp_path, monkeypatch,
                                                                        capsys) -> None:
     # Top-k gathers every rank's entries: 8 ranks behind one 10 Gbit/s link send 8 times the
     # bytes through it; gTop-k's tree sends k entries per edge.
+    js = tmp_path / "a.json"
     args = ["advise", "--model", "resnet50", "--workers", "32", "--bandwidth", "10gbit",
-            "--agg", "topk,gtopk"]
+            "--agg", "topk,gtopk", "--reference", "h100", "--json", str(js)]
     code, out, err = _cli(args, monkeypatch, capsys)
     assert code == 0, err
-    assert "topk ρ=0.001 wins" in out
+    alone = {r["agg"]: r["iteration_s"] for r in json.loads(js.read_text())}
     code, out, err = _cli(["advise", "--model", "resnet50", "--workers", "2", "--bandwidth",
                            "100gbit", "--agg", "dense"], monkeypatch, capsys)
     assert code == 0 and "Ranked by time alone" not in out  # dense loses nothing to compression
     code, out, err = _cli([*args, "--ranks-per-node", "8"], monkeypatch, capsys)
     assert code == 0, err
     assert "8 per node (100gbit inside)" in out and "gtopk ρ=0.001 wins" in out
+    shared = {r["agg"]: r["iteration_s"] for r in json.loads(js.read_text())}
+    assert shared["topk ρ=0.001"] > alone["topk ρ=0.001"]
+    assert shared["gtopk ρ=0.001"] < shared["topk ρ=0.001"]
 
 
 def test_advise_ranks_every_method_and_explains_the_winner(monkeypatch, capsys) -> None:
@@ -76,8 +81,9 @@ def test_advise_ranks_every_method_and_explains_the_winner(monkeypatch, capsys) 
     (["whatif", "--compute-speedup", "2,x"], "'x' is not a number"),
     (["whatif", "--density", "2"], "density must be in (0, 1]"),
     (["whatif", "--mode", "layer"], "mode must be 'bucket' or 'model'"),
-    (["whatif", "--overlap-slowdown", "0.5"], "--overlap-slowdown >= 1"),
-    (["whatif", "--codecs", "h100"], "unknown codec table 'h100'"),
+    (["whatif", "--overlap-slowdown", "0.5"], "--overlap-slowdown must be >= 1, got 0.5"),
+    (["whatif", "--codecs", "h200"], "unknown codec table 'h200'"),
+    (["whatif", "--reference", "a100"], "unknown reference setting 'a100'"),
     (["whatif", "--model", "bert-base"], "has no compute times"),
     (["whatif", "--compute-ms", "1,2,3"], "expected FORWARD,BACKWARD"),
     (["advise", "--model", "resnet-50"], "did you mean 'resnet50'"),
@@ -129,10 +135,14 @@ def test_compute_ms_makes_a_profile_without_times_usable(monkeypatch, capsys) ->
     assert "bert-base, 8 workers" in out
 
 
-CALIBRATION = {"alpha_s": 3e-4, "alpha_step_s": 1.6e-3, "beta_s_per_byte": 8.36e-9,
-               "gamma_s_per_byte": 1e-10, "hosts": 8, "cpu_step_s": 3.5e-4,
-               "cpu_byte_s": 5e-10, "cpu_ranks_per_machine": 8, "cores_per_machine": 2,
-               "cpu_share": 0.95, "cpu_sync_s": 1.5e-3, "cpu_slowdown": 1.3}
+CPU = calibration_doc.cpu(cpu_ranks_per_machine=8, cpu_step_s=3.5e-4, cpu_byte_s=5e-10,
+                         cpu_share=0.95, cpu_sync_s=1.5e-3, cpu_sync_step_s=2.5e-4,
+                         cpu_slowdown=1.3)
+# 8 emulated hosts on one 2-core machine
+CALIBRATION = calibration_doc.doc(alpha_s=1.6e-3, alpha_call_s=2.2e-2, beta_s_per_byte=8.36e-9,
+                                  gamma_s_per_byte=1e-10, overlap_slowdown=1.2,
+                                  coding_slowdown=0.9, cpu=CPU, world=8, ranks_per_node=8,
+                                  model="resnet20", network="emulated 8 hosts")
 
 
 def test_a_calibration_of_an_emulated_cluster_puts_every_worker_on_its_cores(
@@ -147,7 +157,7 @@ def test_a_calibration_of_an_emulated_cluster_puts_every_worker_on_its_cores(
     assert code == 0, err
     assert "bound by the shared cores" in out and "every worker on one machine" in out
     shared = json.loads((tmp_path / "a.json").read_text())
-    path.write_text(json.dumps({k: v for k, v in CALIBRATION.items() if "cpu" not in k}))
+    path.write_text(json.dumps({**CALIBRATION, "cpu": None}))
     code, out, err = _cli([*args, "--calibration", str(path)], monkeypatch, capsys)
     assert code == 0, err
     assert "no CPU terms in it" in out and "bound by the shared cores" not in out
@@ -166,22 +176,22 @@ def test_whatif_records_the_shared_cpu_it_used(tmp_path, monkeypatch, capsys) ->
     assert code == 0, err
     res = json.loads(js.read_text())
     assert res["shared_cpu"]["cores"] == 2 and res["shared_cpu"]["one_machine"] is True
-    assert res["alpha_s"] == CALIBRATION["alpha_step_s"]
+    assert res["alpha_s"] == CALIBRATION["alpha_s"]
+    assert res["overlap_slowdown"] == 1.2 and res["codecs"] == "a test's"
+    assert res["coding_slowdown"] is None  # measured below 1: coding overlaps backward
 
 
 @pytest.mark.parametrize(("text", "message"), [
     (None, "No such file or directory"),
     ("[1, 2", "line 1, column 6: not valid JSON"),
     ("[1, 2]", "expected a JSON object at the top, got list"),
-    ('{"alpha_s": 1}', "missing field 'alpha_step_s'"),
-    (json.dumps({**CALIBRATION, "cpu_share": "most"}), "its CPU fields are unreadable"),
-    (json.dumps({**CALIBRATION, "alpha_step_s": float("nan")}),
-     "field 'alpha_step_s' must be a finite number >= 0, got nan"),
-    (json.dumps({**CALIBRATION, "gamma_s_per_byte": -1e-9}), "field 'gamma_s_per_byte' must be"),
-    (json.dumps({**CALIBRATION, "cpu_byte_s": float("inf")}),
-     "field cpu_byte_s must be a finite number >= 0, got inf"),
-    (json.dumps({**CALIBRATION, "cpu_share": 2}),
-     "field cpu_share must be a finite number > 0 and <= 1, got 2.0"),
+    ('{"alpha_s": 1}', "written by an older gradwire calibrate"),
+    (json.dumps({**CALIBRATION, "cpu": {**CPU, "cpu_share": "most"}}), "cpu.cpu_share"),
+    (json.dumps({**CALIBRATION, "alpha_s": float("nan")}), "field 'alpha_s'"),
+    (json.dumps({**CALIBRATION, "gamma_s_per_byte": -1e-9}), "field 'gamma_s_per_byte'"),
+    (json.dumps({**CALIBRATION, "cpu": {**CPU, "cpu_byte_s": float("inf")}}),
+     "cpu.cpu_byte_s"),
+    (json.dumps({**CALIBRATION, "cpu": {**CPU, "cpu_share": 2}}), "cpu_share"),
 ])
 def test_bad_calibration_files_are_one_line(text, message, tmp_path, monkeypatch,
                                             capsys) -> None:

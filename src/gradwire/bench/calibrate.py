@@ -1,82 +1,315 @@
-"""Measure α, β and γ for the cost model, OSU-style, and keep them for later predictions.
+"""``gradwire calibrate``: measure what the performance model needs on the ranks' own devices
+and network, and write it as a calibration file (:mod:`gradwire.perf.calibration` says what
+each field is, its unit and how it is measured).
 
-Rank side (1–3: ranks 0 and 1 of the launched job, the others waiting at a barrier, blocked,
-so that ranks sharing the machine's cores do not run beside what is timed):
-1. α — ping-pong of 8-byte messages, 5 batches of 40 round trips; one-way latency =
-   t / (2·40), the median batch (osu_latency). It includes gradwire's per-message software
-   cost, which is what the executor pays per transfer.
-2. β — streaming: a window of ``WINDOW`` sends of ``STREAM_BYTES`` each, then a 4-byte ack
-   (osu_bw); β = t / (window · bytes). Then the link's token bucket (:func:`burst`): one
-   message after both ranks idled, against what α and β make of it.
-3. γ — reduction speed on rank 0 alone: ``a.add_(b)`` over 64 MiB of float32, per byte of ``b``.
-4. α per step with every rank taking part (:func:`step_alpha`): a P-element recursive-doubling
-   allreduce without the call header (which the model charges apart), 5 runs of 40 calls,
-   median, divided by its steps. It holds the collective call's own software cost, and P
-   ranks share this machine's cores, which the two-rank ping-pong cannot see. The same runs
-   give the CPU one rank spends per step (``cpu_step_s``). The same for torch.distributed's
-   own allreduce (gloo's ring, which the hooks' allreduces run), per ring step
-   (``alpha_step_builtin_s``): recorded, not yet used by the model.
-5. CPU per byte moved (:func:`byte_cpu`), every rank taking part in a 4 MiB allreduce, the
-   median of 9 calls.
-6. How the ranks share their machines' cores (:func:`cpu_sharing`, in
-   :mod:`gradwire.bench.sharing`): ranks and cores per machine, the share of the cores they
-   keep busy, the wait per collective call, and how much more CPU memory-bound work takes
-   with every rank running than alone.
+The rank side runs wherever training runs, under torchrun or ``gradwire run``::
 
-7. Optionally (``--hook-buckets``, ``--hook-methods``), the CPU each aggregation method's
-   hook spends per iteration on this cluster (:func:`hook_cpu`, in
-   :mod:`gradwire.bench.hook_probe`): its own path on an iteration's buckets, every rank at
-   once. ``--hooks-only`` measures this alone (seconds, not minutes), to measure it again
-   later on the same cluster: the machine's speed drifts.
+    torchrun --nproc-per-node 2 -m gradwire.bench.calibrate --out cal.json
+    torchrun --nproc-per-node 2 --no-python gradwire calibrate --out cal.json
 
-5 and 6 are what the performance model charges when ranks share cores (point 5 of
-:mod:`gradwire.perf.model`), as every rank of an emulated cluster shares this machine's; 7,
-where measured, stands in for the coding and collective CPU it derives for that method.
+``--device cuda`` (the default where CUDA is available) runs over NCCL with each rank on
+``cuda:LOCAL_RANK``; ``--device cpu`` over gloo. In order (:func:`measure`): α (every rank),
+β between nodes and within one (rank 0 and its peer), γ and the codecs (rank 0 alone, the
+others waiting at a barrier), κ (every rank), the coding slowdown (rank 0 alone), and on CPU
+the shared-CPU terms (every rank). Rank 0 combines the ranks' results and writes the file.
 
-Host side (:func:`calibrate`, ``gradwire calibrate``): run the rank side on a cluster, add
-each method's encode and decode time, and store the result as JSON in
-``$GRADWIRE_HOME/calibration/<bandwidth>.json`` with the machine and date.
+The host side (:func:`calibrate`, ``gradwire calibrate --hosts N --bandwidth B``) runs the
+same rank side on an emulated cluster, adds the cluster's label, link rate and token bucket,
+and saves in ``$GRADWIRE_HOME/calibration/<bandwidth>.json`` unless given ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
+import math
+import os
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.distributed as dist
 
+import gradwire
 from gradwire import config
-from gradwire.bench import provenance
-from gradwire.bench.hook_probe import bucket_sizes, hook_cpu, method_names
-from gradwire.bench.sharing import cpu_sharing
-from gradwire.collectives.probe import step_alpha, step_times
+from gradwire.bench import codec_probe, provenance
+from gradwire.bench.codec_probe import sync
+from gradwire.bench.overlap_probe import (
+    StandIn,
+    coding_slowdown,
+    median_over_ranks,
+    overlap_slowdown,
+)
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import read_object
+from gradwire.jsonfile import check_writable
+from gradwire.perf import calibration
+from gradwire.perf.calibration import Calibration
+from gradwire.perf.codecs import CodecTable
+from gradwire.profiles import Profile
 from gradwire.schedules.cost import CostParams
-from gradwire.transport import Transport, wait_all
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from gradwire.cluster import Cluster
 
+T = TypeVar("T")
 WINDOW = 16
 STREAM_BYTES = 4 * 2**20
-PINGS = 40  # round trips per batch
-PING_BATCHES = 5
-# idle before burst()'s message: a 500 kB bucket refills in 4 ms at 1 Gbit/s, 256 KiB in 21 ms
-# at 100 Mbit/s
-BURST_IDLE_S = 0.05
-BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
-BYTE_CPU_CALLS = 9
+ALPHA_WARMUP, ALPHA_RUNS, ALPHA_CALLS = 20, 5, 40
+BUCKET_NUMEL = 25 * 2**20 // 4  # DDP's default bucket, fp32
+MAX_POWERSGD_RANK = 1024
+STEPS = 7  # progress steps of measure()
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_args(model: str, density: float, rank: int, device: str,
+               out: Path | None) -> Profile:
+    """The options of either side, checked before anything runs (one-line errors); the
+    profile ``model`` names."""
+    from gradwire import profiles
+    from gradwire.bench.spec import check_device
+
+    if not 0 < density <= 1:  # also refuses nan
+        raise GradwireError(f"--density must be in (0, 1], got {density}")
+    if not 1 <= rank <= MAX_POWERSGD_RANK:
+        raise GradwireError(f"--rank (PowerSGD's) must be from 1 to {MAX_POWERSGD_RANK}, "
+                            f"got {rank}")
+    check_device(device)
+    check_writable(out, "--out")
+    return profiles.load(model)
+
+
+# ---- rank side
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gradwire.bench.calibrate",
+                                 description="gradwire calibrate's rank side: run it on every "
+                                             "rank (torchrun, gradwire run)")
+    ap.add_argument("--out", type=Path, required=True, help="rank 0 writes the file here")
+    ap.add_argument("--model", default="resnet50",
+                    help="profile (built-in name or JSON) whose bucket the codecs are timed on")
+    ap.add_argument("--density", type=float, default=0.001, help="sparsifiers' kept fraction")
+    ap.add_argument("--rank", type=int, default=4, help="PowerSGD's rank")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=default_device(),
+                    help="cuda: NCCL, cuda:LOCAL_RANK; cpu: gloo (default: cuda if there)")
+    a = ap.parse_args(argv)
+    first = os.environ.get("RANK", "0") == "0"
+    try:
+        prof = check_args(a.model, a.density, a.rank, a.device, a.out if first else None)
+    except GradwireError as e:
+        ap.error(str(e))
+    command = "python -m gradwire.bench.calibrate " + shlex.join(
+        argv if argv is not None else sys.argv[1:])
+    cal = run(a.out, prof, a.model, a.density, a.rank, a.device, command)
+    if cal is not None:
+        print(f"wrote {a.out}: {summary(cal)}", flush=True)
+    return 0
+
+
+def run(out: Path, prof: Profile, model: str, density: float, rank: int, device: str,
+        command: str) -> Calibration | None:
+    """The rank side on this process's rank of a torchrun-style job: join the process group,
+    :func:`measure`, and on rank 0 write ``out``; rank 0 returns the calibration, the others
+    None."""
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
+        torch.device("cpu"))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=600))
+    try:
+        if dist.get_world_size() < 2:
+            raise SystemExit("gradwire calibrate needs at least 2 ranks, got 1")
+        cal = measure(prof, model, density, rank, dev, command)
+        if cal is not None:
+            cal.save(out)
+        return cal
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This rank's device, and the group its barriers run on: on CUDA a gloo group, so that
+    a rank waiting for rank 0 keeps no kernel on a GPU that ranks may share."""
+
+    dev: torch.device
+    waits: dist.ProcessGroup | None = None
+
+    def barrier(self) -> None:
+        sync(self.dev)
+        dist.barrier(group=self.waits)
+
+
+def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.device,
+            command: str) -> Calibration | None:
+    """Every term, every rank taking part (rank 0 returns the calibration, the others None);
+    the codecs on one DDP bucket of ``prof`` (or all of it where smaller)."""
+    from gradwire.bench.sharing import cpu_terms
+    from gradwire.transport import Transport
+
+    p, me = dist.get_world_size(), dist.get_rank()
+    r = Ranks(dev, dist.new_group(backend="gloo") if dev.type == "cuda" else None)
+    per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    nodes = math.ceil(p / per_node)
+    step = _progress()
+    call = median_over_ranks(allreduce_call(r), dev)
+    step()
+    beta = stream(0, per_node if nodes > 1 else 1, r)
+    intra = stream(0, 1, r) if nodes > 1 and per_node > 1 else None
+    step()
+    gamma = _broadcast(on_rank0(lambda: reduce_speed(dev), r), dev)
+    step()
+    numel = min(BUCKET_NUMEL, prof.numel)
+    codecs = on_rank0(lambda: codec_probe.measure(numel, 3, density, rank, dev), r)
+    step()
+    stand = StandIn(dev)
+    stand.set_batch(int(_broadcast(float(stand.size()), dev)))
+    overlap = overlap_slowdown(stand, r.barrier)
+    step()
+    coding = on_rank0(lambda: coding_slowdown(stand, numel, density), r)
+    step()
+    cpu = cpu_terms(Transport(check_calls=False), gamma) if dev.type == "cpu" else None
+    step()
+    if me != 0:
+        return None
+    assert beta is not None and codecs is not None and coding is not None  # rank 0 has them
+    return Calibration(
+        alpha_s=call / (2 * (p - 1)), alpha_call_s=call, beta_s_per_byte=beta,
+        beta_between="nodes" if nodes > 1 else "ranks of one node",
+        beta_intra_s_per_byte=intra, gamma_s_per_byte=gamma,
+        overlap_slowdown=max(1.0, overlap.with_comm_s / overlap.backward_s), overlap=overlap,
+        coding_slowdown=coding.together_s / (coding.backward_s + coding.encode_s),
+        coding=coding,
+        codecs=CodecTable("measured", codecs["numel"], codecs["methods"], codecs["source"]),
+        cpu=cpu, world=p, ranks_per_node=per_node, nodes=nodes,
+        backend=dist.get_backend(), device=_device_name(dev), model=model,
+        gradwire=gradwire.__version__, commit=provenance.commit(),
+        **provenance.stamp(command, dev.type),
+        network=os.environ.get("GRADWIRE_NETWORK"))
+
+
+def allreduce_call(r: Ranks) -> float:
+    """Seconds per call of the backend's own allreduce of P fp32 elements on this rank:
+    ``ALPHA_RUNS`` runs of ``ALPHA_CALLS`` calls after ``ALPHA_WARMUP``, each run after a
+    barrier and synchronized at its end; the median run."""
+    buf = torch.zeros(dist.get_world_size(), device=r.dev)
+    for _ in range(ALPHA_WARMUP):
+        dist.all_reduce(buf)
+    runs = []
+    for _ in range(ALPHA_RUNS):
+        r.barrier()
+        t0 = time.perf_counter()
+        for _ in range(ALPHA_CALLS):
+            dist.all_reduce(buf)
+        sync(r.dev)
+        runs.append((time.perf_counter() - t0) / ALPHA_CALLS)
+    return statistics.median(runs)
+
+
+def stream(src: int, dst: int, r: Ranks) -> float | None:
+    """β from ``src`` to ``dst`` (osu_bw): ``src`` sends a window of ``WINDOW`` messages of
+    ``STREAM_BYTES`` (isend/irecv on the backend), ``dst`` answers with 4 bytes; seconds per
+    byte, the median of 3 windows after one. Every rank takes part in the barriers; ``src``
+    returns the result, the others None."""
+    me, dev = dist.get_rank(), r.dev
+    bufs = [torch.zeros(STREAM_BYTES, dtype=torch.uint8, device=dev) for _ in range(WINDOW)
+            ] if me in (src, dst) else []
+    ack = torch.zeros(4, dtype=torch.uint8, device=dev)
+    rates = []
+    for _ in range(4):
+        r.barrier()
+        t0 = time.perf_counter()
+        if me == src:
+            _wait(dist.batch_isend_irecv([dist.P2POp(dist.isend, b, dst) for b in bufs]))
+            dist.recv(ack, dst)
+            sync(dev)
+            rates.append((time.perf_counter() - t0) / (WINDOW * STREAM_BYTES))
+        elif me == dst:
+            _wait(dist.batch_isend_irecv([dist.P2POp(dist.irecv, b, src) for b in bufs]))
+            dist.send(ack, src)
+            sync(dev)
+    r.barrier()
+    return statistics.median(rates[1:]) if me == src else None
+
+
+def reduce_speed(dev: torch.device) -> float:
+    """γ: ``a.add_(b)`` over 64 MiB of fp32 on ``dev``, seconds per byte of ``b``, the median
+    of 5 after one."""
+    a, b = torch.ones(16 * 2**20, device=dev), torch.ones(16 * 2**20, device=dev)
+    runs = []
+    for _ in range(6):
+        sync(dev)
+        t0 = time.perf_counter()
+        a.add_(b)
+        sync(dev)
+        runs.append((time.perf_counter() - t0) / (b.numel() * 4))
+    return statistics.median(runs[1:])
+
+
+def on_rank0(fn: Callable[[], T], r: Ranks) -> T | None:
+    """``fn()`` on rank 0 alone, the others waiting at a barrier, so that ranks sharing its
+    device do not run beside what it times; None on the others."""
+    r.barrier()
+    out = fn() if dist.get_rank() == 0 else None
+    r.barrier()
+    return out
+
+
+def _broadcast(value: float | None, dev: torch.device) -> float:
+    """Rank 0's ``value`` on every rank."""
+    t = torch.tensor([value or 0.0], dtype=torch.float64, device=dev)
+    dist.broadcast(t, 0)
+    return float(t)
+
+
+def _wait(works: list) -> None:
+    for w in works:
+        w.wait()
+
+
+def _progress() -> Callable[[], None]:
+    """A step of rank 0's progress bar under gradwire's launcher (``GW_PROGRESS done
+    total`` lines); nothing under others."""
+    from gradwire.launcher import PROGRESS
+
+    done = [0]
+    shown = dist.get_rank() == 0 and "GRADWIRE_NETWORK" in os.environ
+
+    def step() -> None:
+        done[0] += 1
+        if shown:
+            print(f"{PROGRESS} {done[0]} {STEPS}", flush=True)
+
+    return step
+
+
+def _device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+
+
+def summary(cal: Calibration) -> str:
+    """One line of the headline terms."""
+    return (f"α {cal.alpha_s * 1e6:.1f} µs/step, β {cal.beta_s_per_byte * 1e9:.3f} ns/B "
+            f"({8 / cal.beta_s_per_byte / 1e9:.2f} Gbit/s, {cal.beta_between}), "
+            f"γ {cal.gamma_s_per_byte * 1e9:.3f} ns/B, κ {cal.overlap_slowdown:.2f}, "
+            f"coding ×{cal.coding_slowdown:.2f}, {cal.world} ranks on {cal.device} "
+            f"({cal.backend})")
+
+
+# ---- host side and saved calibrations
 
 
 def calibration_dir() -> Path:
@@ -88,237 +321,51 @@ def calibration_path(bandwidth: str) -> Path:
 
 
 def load(bandwidth: str) -> tuple[CostParams, dict] | None:
-    """The saved calibration for links of ``bandwidth``, or None when there is none."""
+    """The saved calibration for links of ``bandwidth`` (α, β, γ and the token bucket for the
+    cost model, and the file's fields), or None when there is none."""
     path = calibration_path(bandwidth)
     if not path.exists():
         return None
-    try:
-        d = read_object(path, f"calibration file {path}")
-    except GradwireError as e:
-        raise GradwireError(f"{e} (run `gradwire calibrate` again or delete it)") from None
-    try:
-        return cost_params(d), d
-    except (ValueError, KeyError, TypeError) as e:
-        raise GradwireError(f"calibration file {path} is unreadable ({e}): run "
-                            "`gradwire calibrate` again or delete it") from None
+    d = calibration.load(path).to_json()
+    return cost_params(d), d
 
 
 def cost_params(d: dict) -> CostParams:
-    """The cost model's parameters from a calibration's fields (KeyError, ValueError or
-    TypeError where they are missing or malformed). ``burst_bytes`` is the token bucket the
-    cluster shapes its links with (:func:`record`; files from before it have none: 0).
-    ``start_credit`` stays 0: ``gradwire bench`` times calls back to back after a lead-in
-    call, and its model column carries each link's credit from call to call
+    """The cost model's parameters from a calibration's fields: α per step, β, γ and
+    ``burst_bytes``, the token bucket the cluster shapes its links with. ``start_credit``
+    stays 0: ``gradwire bench`` times calls back to back after a lead-in call, and its model
+    column carries each link's credit from call to call
     (:func:`gradwire.schedules.cost.back_to_back`)."""
     return CostParams(float(d["alpha_s"]), float(d["beta_s_per_byte"]),
                       float(d["gamma_s_per_byte"]), burst=float(d.get("burst_bytes", 0.0)))
 
 
-def _pingpong(t: Transport) -> float:
-    """One-way latency: ``PING_BATCHES`` batches of ``PINGS`` round trips after 10, the
-    median of the batches' means (rank 0's value on both ranks)."""
-    buf = torch.zeros(8, dtype=torch.uint8)
-    peer = 1 - t.rank
-
-    def trips(n: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            if t.rank == 0:
-                t.send(buf, peer)
-                t.recv(buf, peer)
-            else:
-                t.recv(buf, peer)
-                t.send(buf, peer)
-        return (time.perf_counter() - t0) / (2 * n)
-
-    trips(10)
-    one_way = torch.tensor([statistics.median(trips(PINGS) for _ in range(PING_BATCHES))],
-                           dtype=torch.float64)
-    dist.broadcast(one_way, 0, group=t.group)
-    return float(one_way)
-
-
-def _stream(t: Transport) -> float:
-    bufs = [torch.zeros(STREAM_BYTES, dtype=torch.uint8) for _ in range(WINDOW)]
-    ack = torch.zeros(4, dtype=torch.uint8)
-    rates = []
-    for _ in range(3):
-        dist.barrier(group=t.group)  # ranks 0 and 1 only: the others are not here
-        t0 = time.perf_counter()
-        if t.rank == 0:
-            wait_all([t.isend(b, 1) for b in bufs])
-            t.recv(ack, 1)
-        else:
-            wait_all([t.irecv(b, 0) for b in bufs])
-            t.send(ack, 0)
-        rates.append((time.perf_counter() - t0) / (WINDOW * STREAM_BYTES))
-    return statistics.median(rates)
-
-
-def burst(t: Transport, alpha: float, beta: float) -> float:
-    """Bytes a link lets through at once after an idle spell: the token bucket of a link
-    shaped by ``tc tbf`` (the emulated cluster's: 500 kB at 1 Gbit/s), about 0 on a plain
-    one. Both ranks idle ``BURST_IDLE_S``, then rank 0 sends one message of n bytes (at least
-    ``STREAM_BYTES``, and 50 ms of traffic at β) and rank 1 acks it: t = 2α + (n − burst)·β,
-    median of 5, clamped to [0, n]."""
-    size = torch.tensor([min(64 * 2**20, max(STREAM_BYTES, 0.05 / beta))], dtype=torch.float64)
-    dist.broadcast(size, 0, group=t.group)  # the ranks' β differ in the last digits
-    n = int(size)
-    buf, ack = torch.zeros(n, dtype=torch.uint8), torch.zeros(4, dtype=torch.uint8)
-    runs = []
-    for _ in range(5):
-        dist.barrier(group=t.group)
-        time.sleep(BURST_IDLE_S)
-        t0 = time.perf_counter()
-        if t.rank == 0:
-            t.send(buf, 1)
-            t.recv(ack, 1)
-        else:
-            t.recv(buf, 0)
-            t.send(ack, 0)
-        runs.append(time.perf_counter() - t0)
-    return float(min(max(n - (statistics.median(runs) - 2 * alpha) / beta, 0.0), n))
-
-
-def byte_cpu(t: Transport, cpu_step: float, gamma: float) -> float:
-    """CPU seconds per byte moved (its sender's and receiver's together, as
-    :func:`gradwire.perf.comm.cpu_seconds` charges it): torch.distributed's allreduce (gloo's
-    ring, which the hooks' dense allreduces run and the model costs as gradwire's ring) of
-    ``BYTE_CPU_ELEMENTS`` float32 over ``t``'s ranks, ``BYTE_CPU_CALLS`` calls after 1, each
-    timed alone: a rank's process CPU for the call, the mean over ranks, less what the ring's
-    steps (``cpu_step``) and reductions (``gamma``) account for; the median call. One call in
-    a few on a shaped link costs half as much again as the others (at 100 Mbit/s, P = 2: 0.85
-    to 1.39 ns per byte for the mean of 3 calls, four times on one cluster; 0.81 and 0.89 for
-    the median of 9, twice), and a dense run's megabytes multiply it."""
-    from gradwire.perf import comm
-
-    p, n = t.world_size, BYTE_CPU_ELEMENTS
-    buf = torch.ones(n)
-    dist.all_reduce(buf, group=t.group)
-    spent = []
-    for _ in range(BYTE_CPU_CALLS):
-        dist.barrier(group=t.group)
-        c0 = time.process_time()
-        dist.all_reduce(buf, group=t.group)
-        spent.append((time.process_time() - c0) / p)
-    each = torch.tensor(spent, dtype=torch.float64)
-    dist.all_reduce(each, group=t.group)
-    args = ("allreduce", "ring", p, n, 4)
-    known = comm.cpu_seconds(*args, cpu_step, 0.0, gamma, pipeline=1)
-    per_byte = comm.cpu_seconds(*args, 0.0, 1.0, 0.0, pipeline=1)
-    return max(statistics.median(each.tolist()) - known, 0.0) / per_byte
-
-
-def _reduce_speed() -> float:
-    a, b = torch.ones(16 * 2**20), torch.ones(16 * 2**20)
-    a.add_(b)
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        a.add_(b)
-        runs.append((time.perf_counter() - t0) / (b.numel() * 4))
-    return statistics.median(runs)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="rank side of gradwire calibrate")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--hook-buckets", type=bucket_sizes, default=[],
-                    help="elements of each bucket of an iteration, comma-separated: measure "
-                         "the hooks' CPU per iteration on them")
-    ap.add_argument("--hook-methods", type=method_names, default=[],
-                    help="methods for --hook-buckets, comma-separated")
-    ap.add_argument("--hooks-only", action="store_true",
-                    help="measure only the hooks' CPU (needs --hook-buckets and "
-                         "--hook-methods); the output holds hook_buckets and hook_s")
-    a = ap.parse_args(argv)
-    numels, methods = a.hook_buckets, a.hook_methods
-    if a.hooks_only and not (numels and methods):
-        ap.error("--hooks-only needs --hook-buckets and --hook-methods")
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    t = Transport()
-    if t.world_size < 2:
-        raise SystemExit("calibrate needs at least 2 ranks")
-    # the model charges headers apart
-    plain = Transport(check_calls=False)
-    found = {} if a.hooks_only else _cluster_terms(t, plain)
-    if numels and methods:
-        found |= {"hook_buckets": numels, "hook_s": hook_cpu(plain, numels, methods)}
-    if t.rank == 0:
-        Path(a.out).write_text(json.dumps(found))
-    dist.destroy_process_group()
-    return 0
-
-
-def _cluster_terms(t: Transport, plain: Transport) -> dict:
-    """Points 1-6 of the module docstring on ``t``'s ranks (``plain``: the same ranks without
-    call headers): α, β, the token bucket, γ, α and CPU per step, CPU per byte, how the ranks
-    share the cores. Every rank takes part; rank 0's result is the one kept."""
-    sub = dist.new_group([0, 1])
-    # The other ranks wait at the barrier (blocked, not spinning) while ranks 0 and 1 time the
-    # link, and rank 0 times γ alone: ranks sharing the cores would otherwise be measured too.
-    alpha = beta = bucket = 0.0
-    if t.rank < 2:
-        tp = Transport(sub)
-        alpha = _pingpong(tp)
-        beta = _stream(tp)
-        bucket = burst(tp, alpha, beta)
-    dist.barrier()
-    gamma = torch.tensor([_reduce_speed() if t.rank == 0 else 0.0], dtype=torch.float64)
-    dist.broadcast(gamma, 0)
-    gamma = float(gamma)
-    alpha_step, cpu_step = step_times(plain)
-    alpha_builtin = step_alpha(plain, "builtin")
-    cpu_byte = byte_cpu(plain, cpu_step, gamma)
-    sharing = cpu_sharing(plain)
-    return {"alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma,
-            "burst_bytes_measured": bucket, "alpha_step_s": alpha_step,
-            "alpha_step_builtin_s": alpha_builtin, "cpu_step_s": cpu_step,
-            "cpu_byte_s": cpu_byte, "cpu_ranks_per_machine": sharing["ranks"],
-            "cores_per_machine": sharing["cores"], "cpu_share": sharing["share"],
-            "cpu_sync_s": sharing["sync"], "cpu_sync_step_s": sharing["sync_step"],
-            "cpu_slowdown": sharing["slowdown"]}
-
-
-def record(measured: dict, bandwidth: str, hosts: int, network: str,
-           burst_bytes: float = 0.0) -> dict:
-    """Add provenance and the links' token bucket (``burst_bytes``, what the cluster shapes
-    them with; :func:`burst` measures it as a check) to a measurement and save it where
-    ``load`` finds it."""
-    d = {**measured, "burst_bytes": burst_bytes,
-         "bandwidth": bandwidth, "hosts": hosts, "network": network,
-         "link_gbit_per_s_measured": 8 / measured["beta_s_per_byte"] / 1e9,
-         **provenance.stamp()}
-    path = calibration_path(bandwidth)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(d, indent=1) + "\n")
-    d["path"] = str(path)
-    return d
-
-
-def calibrate(open_cluster: Callable[[], AbstractContextManager[Cluster]], codec_numel: int,
-              timeout: float | None, console: Console) -> dict:
-    """``gradwire calibrate``: points 1-6 on every host of the cluster ``open_cluster`` opens
-    (and closes before anything else runs), then every compressor's encode and decode on
-    ``codec_numel`` elements here (0: skip; under ``"codecs"``), saved by :func:`record`. The
-    folder it saves in is checked first: a cluster's minutes are not spent on a result that
-    cannot be kept."""
-    from gradwire.bench import codec_probe
+def calibrate(open_cluster: Callable[[], AbstractContextManager[Cluster]], out: Path | None,
+              rank_args: list[str], command: str, timeout: float | None,
+              console: Console) -> tuple[Calibration, Path]:
+    """``gradwire calibrate`` on an emulated cluster: the rank side (with ``rank_args``) on
+    every host of the cluster ``open_cluster`` opens, then the cluster's label, link rate
+    and token bucket added; saved to ``out`` or, when None, where :func:`load` finds it (that
+    folder checked first: a cluster's minutes are not spent on a result that cannot be
+    kept). Returns the calibration and where it was saved."""
     from gradwire.jobs import run_ranks
 
-    folder = calibration_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise GradwireError(f"cannot save calibrations in {str(folder)!r} ({e.strerror}): set "
-                            "GRADWIRE_HOME to a folder that can be written") from None
+    if out is None:
+        folder = calibration_dir()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise GradwireError(f"cannot save calibrations in {str(folder)!r} ({e.strerror}): "
+                                "set GRADWIRE_HOME to a folder that can be written") from None
     with open_cluster() as c:
-        measured = run_ranks(c, "gradwire.bench.calibrate", [], "calibrate", timeout, console)
-        key = c.link_key
-        n_hosts, label, bucket = len(c.hosts), c.label, c.burst_bytes
-    if codec_numel:
-        measured["codecs"] = codec_probe.measure(codec_numel)
-    return record(measured, key, n_hosts, label, bucket)
+        doc = run_ranks(c, "gradwire.bench.calibrate", rank_args, "calibrate", timeout,
+                        console, total=STEPS)
+        key, label, bucket = c.link_key, c.label, c.burst_bytes
+    doc |= {"network": label, "bandwidth": key, "burst_bytes": bucket, "command": command}
+    cal = calibration.parse(doc, "gradwire calibrate's ranks' result")
+    path = out if out is not None else calibration_path(key)
+    cal.save(path)
+    return cal, path
 
 
 if __name__ == "__main__":

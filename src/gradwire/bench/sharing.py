@@ -1,6 +1,9 @@
-"""Point 6 of :mod:`gradwire.bench.calibrate`: how the ranks share their machines' cores (ranks
-and cores per machine, the share of the cores they keep busy, the wait per collective call,
-and how much more CPU memory-bound work takes with every rank running than alone)."""
+"""The shared-CPU terms of a calibration (:func:`cpu_terms`), on CPU ranks: the CPU a rank
+spends per schedule step and per byte moved, and how the ranks share their machines' cores
+(ranks and cores per machine, the share of the cores they keep busy, the wait per collective
+call, and how much more CPU memory-bound work takes with every rank running than alone). The
+performance model charges them where ranks share cores (point 5 of :mod:`gradwire.perf.model`),
+as every rank of an emulated cluster shares this machine's."""
 
 from __future__ import annotations
 
@@ -13,10 +16,55 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gradwire.collectives.probe import step_times
+from gradwire.perf.calibration import CpuTerms
 from gradwire.transport import Transport
 
 SHARING_BURSTS_MS = (0.0, 1.0, 2.0, 5.0, 10.0)
 SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of their fits
+BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
+BYTE_CPU_CALLS = 9
+
+
+def cpu_terms(t: Transport, gamma: float) -> CpuTerms:
+    """Every shared-CPU term on ``t``'s ranks (``t`` without call headers, which the model
+    charges apart; ``gamma``: the reduction speed, the same on every rank). The CPU per step
+    comes from a P-element recursive-doubling allreduce, 5 runs of 40 calls
+    (:func:`gradwire.collectives.probe.step_times`); per byte from :func:`byte_cpu`; the
+    rest from :func:`cpu_sharing`."""
+    _, step = step_times(t)
+    s = cpu_sharing(t)
+    return CpuTerms(s["ranks"], s["cores"], step, byte_cpu(t, step, gamma), s["share"],
+                    s["sync"], s["sync_step"], s["slowdown"])
+
+
+def byte_cpu(t: Transport, cpu_step: float, gamma: float) -> float:
+    """CPU seconds per byte moved (its sender's and receiver's together, as
+    :func:`gradwire.perf.comm.cpu_seconds` charges it): torch.distributed's allreduce (gloo's
+    ring, which the hooks' dense allreduces run and the model costs as gradwire's ring) of
+    ``BYTE_CPU_ELEMENTS`` float32 over ``t``'s ranks, ``BYTE_CPU_CALLS`` calls after 1, each
+    timed alone: a rank's process CPU for the call, the mean over ranks, less what the ring's
+    steps (``cpu_step``) and reductions (``gamma``) account for; the median call. One call in
+    a few on a shaped link costs half as much again as the others (at 100 Mbit/s, P = 2: 0.85
+    to 1.39 ns per byte for the mean of 3 calls, four times on one cluster; 0.81 and 0.89 for
+    the median of 9, twice), and a dense run's megabytes multiply it."""
+    from gradwire.perf import comm
+
+    p, n = t.world_size, BYTE_CPU_ELEMENTS
+    buf = torch.ones(n)
+    dist.all_reduce(buf, group=t.group)
+    spent = []
+    for _ in range(BYTE_CPU_CALLS):
+        dist.barrier(group=t.group)
+        c0 = time.process_time()
+        dist.all_reduce(buf, group=t.group)
+        spent.append((time.process_time() - c0) / p)
+    each = torch.tensor(spent, dtype=torch.float64)
+    dist.all_reduce(each, group=t.group)
+    args = ("allreduce", "ring", p, n, 4)
+    known = comm.cpu_seconds(*args, cpu_step, 0.0, gamma, pipeline=1)
+    per_byte = comm.cpu_seconds(*args, 0.0, 1.0, 0.0, pipeline=1)
+    return max(statistics.median(each.tolist()) - known, 0.0) / per_byte
 
 
 def cpu_sharing(t: Transport) -> dict:

@@ -4,7 +4,7 @@ cost model needs."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -17,7 +17,6 @@ from gradwire.cli.options import (
     Loopback,
     Mtu,
     check_outputs,
-    check_range,
     cluster_for,
     command_line,
     console,
@@ -28,6 +27,9 @@ from gradwire.cluster.netns import MTU
 from gradwire.cluster.state import check_mtu
 from gradwire.errors import GradwireError
 from gradwire.launcher import check_timeout
+
+if TYPE_CHECKING:
+    from gradwire.perf.calibration import Calibration
 
 
 def bench(
@@ -123,46 +125,75 @@ def calibrate(
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
     timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 600,
-    codec_numel: Annotated[int, typer.Option(min=0, help="also time every compressor's encode "
-                                             "and decode on this many elements (0: skip; at "
-                                             "most 2**27)")] = 2_000_000,
+    model: Annotated[str, typer.Option(help="profile (built-in name or JSON file) whose DDP "
+                                       "bucket (25 MiB, or the whole model) the codecs are "
+                                       "timed on")] = "resnet50",
+    density: Annotated[float, typer.Option(help="sparsifiers' kept fraction")] = 0.001,
+    rank: Annotated[int, typer.Option(help="PowerSGD's rank")] = 4,
+    device: Annotated[str | None, typer.Option(help="cpu (gloo) or cuda (NCCL, each rank on "
+                                               "cuda:LOCAL_RANK); default: cuda where there "
+                                               "is one")] = None,
+    out: Annotated[Path | None, typer.Option(help="write the calibration here; default "
+                                             "$GRADWIRE_HOME/calibration/<bandwidth>.json, "
+                                             "required under a launcher")] = None,
     mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
-    """Measure α (ping-pong, and per step of an allreduce over every host), β (streaming), γ
-    (reduction), the CPU ranks spend and how they share cores, and each method's encode and
-    decode time, and save them with the links' token bucket for the model (whatif/advise
-    --codecs FILE reads the coding times)."""
-    from gradwire.bench import calibrate as cal
-    from gradwire.perf.whatif import CpuSetting
+    """Measure α (the backend's allreduce per ring step), β (streaming, between nodes and
+    within one), γ (reduction), each method's encode and decode, how much backward slows
+    beside communication (κ) and beside encoding, and on CPU how ranks share cores, on the
+    ranks' own device; save them for whatif/advise --calibration. Under torchrun or gradwire
+    run (RANK, WORLD_SIZE and MASTER_ADDR set) this is one rank of the measurement, and the
+    cluster options are not used; otherwise it runs on an emulated cluster of --hosts."""
+    import os
 
+    from gradwire.bench import calibrate as cal
+
+    device = device or cal.default_device()
+    launched = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+    if launched and out is None:
+        raise GradwireError("gradwire calibrate under a launcher (RANK, WORLD_SIZE and "
+                            "MASTER_ADDR are set) needs --out FILE")
+    first = not launched or os.environ["RANK"] == "0"
+    prof = cal.check_args(model, density, rank, device, out if first else None)
+    if launched:
+        done = cal.run(out, prof, model, density, rank, device, command_line())
+        if done is not None:
+            _show_calibration(done, out)
+        return
     check_timeout(timeout)
     parse_bandwidth(bandwidth)
     check_mtu(mtu)
-    # 2**27 elements is 512 MiB in fp32, each compressor's copies on top: more is a typo that
-    # would run out of memory after the whole cluster part has run
-    check_range("--codec-numel", codec_numel, 0, 2**27)
     if cluster is None and hosts < 2:
         raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
     world_size(hosts, cluster)
-    d = cal.calibrate(lambda: cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu),
-                      codec_numel, timeout, console)
-    t = Table("α (us)", f"α per step, {d['hosts']} ranks (us)", "β (ns/byte)", "link (Gbit/s)",
-              "burst (kB, measured)", "γ (ns/byte)", "network", "saved to")
-    t.add_row(f"{d['alpha_s'] * 1e6:.1f}", f"{d['alpha_step_s'] * 1e6:.1f}",
-              f"{d['beta_s_per_byte'] * 1e9:.3f}",
-              f"{d['link_gbit_per_s_measured']:.3f}",
-              f"{d['burst_bytes'] / 1e3:.0f} ({d['burst_bytes_measured'] / 1e3:.0f})",
-              f"{d['gamma_s_per_byte'] * 1e9:.4f}", d["network"], d["path"])
+    args = ["--model", model, "--density", repr(density), "--rank", str(rank),
+            "--device", device]
+    done, path = cal.calibrate(lambda: cluster_for(ctx, hosts, bandwidth, cluster, loopback,
+                                                   mtu),
+                               out, args, command_line(), timeout, console)
+    _show_calibration(done, path)
+
+
+def _show_calibration(c: Calibration, path: Path) -> None:
+    t = Table("α/step (us)", "α call (us)", "β (ns/byte)", "link (Gbit/s)", "γ (ns/byte)",
+              "κ", "coding", "ranks", "device", "saved to",
+              title=f"calibration, {c.network or 'β between ' + c.beta_between}")
+    t.add_row(f"{c.alpha_s * 1e6:.1f}", f"{c.alpha_call_s * 1e6:.1f}",
+              f"{c.beta_s_per_byte * 1e9:.3f}", f"{8 / c.beta_s_per_byte / 1e9:.3f}",
+              f"{c.gamma_s_per_byte * 1e9:.4f}", f"{c.overlap_slowdown:.2f}",
+              f"{c.coding_slowdown:.2f}", f"{c.world} ({c.backend})", c.device, str(path))
     console.print(t)
-    console.print(f"shared-CPU terms for the model: {d['cpu_ranks_per_machine']} ranks on "
-                  f"{d['cores_per_machine']} cores; "
-                  f"{CpuSetting.from_calibration(d, d['hosts']).describe()}")
-    if codec_numel:
-        how = ("through the hook" if "through the hook" in d["codecs"]["source"]
-               else "compressors only")
-        t = Table("method", "encode (ms)", "decode (ms)",
-                  title=f"encode/decode of {codec_numel:,} fp32 elements, this machine ({how})")
-        for name, m in d["codecs"]["methods"].items():
-            t.add_row(name, f"{m['encode_s'] * 1e3:.2f}", f"{m['decode_s'] * 1e3:.2f}")
-        console.print(t)
+    if c.cpu is not None:
+        u = c.cpu
+        console.print(f"shared-CPU terms: {u.cpu_ranks_per_machine} ranks on "
+                      f"{u.cores_per_machine} cores; CPU {u.cpu_step_s * 1e6:.0f} µs per step, "
+                      f"{u.cpu_byte_s * 1e9:.2f} ns/B, {u.cpu_share:.0%} busy, "
+                      f"{u.cpu_sync_step_s * 1e6:.0f} µs wait per step, coding CPU "
+                      f"×{u.cpu_slowdown:.2f}")
+    t = Table("method", "encode (ms)", "decode (ms)",
+              title=f"encode/decode of {c.codecs.numel:,} fp32 elements ({c.model}'s bucket), "
+                    f"{c.device}, compressors only")
+    for name, m in c.codecs.methods.items():
+        t.add_row(name, f"{m['encode_s'] * 1e3:.2f}", f"{m['decode_s'] * 1e3:.2f}")
+    console.print(t)

@@ -19,7 +19,6 @@ from gradwire.cli.options import (
     write_json,
     write_text,
 )
-from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
 
 PerfModel = Annotated[str, typer.Option("--model", help="a built-in profile (gradwire profile "
@@ -28,15 +27,25 @@ PerfAgg = Annotated[str, typer.Option("--agg", help="comma list of methods (dens
                                       "gtopk, powersgd, signsgd, ...)")]
 PerfDensity = Annotated[float, typer.Option(help="sparsifiers' kept fraction")]
 PerfRank = Annotated[int, typer.Option(help="PowerSGD rank")]
-PerfSlowdown = Annotated[float, typer.Option(help="factor (>= 1) by which backward slows while "
-                                             "communication runs beside it")]
-PerfAlpha = Annotated[float, typer.Option("--alpha-us", help="latency per message, µs "
-                                          "(default: a typical Ethernet host-to-host "
-                                          "latency; gradwire calibrate measures yours)")]
-PerfGamma = Annotated[float, typer.Option("--gamma-ns", help="reduction, ns per byte")]
-PerfCodecs = Annotated[str, typer.Option(help="encode/decode times: here (this machine's "
-                                         "benchmark), v100 (compression-utility Table 2) or a "
-                                         "JSON file")]
+PerfSlowdown = Annotated[float | None, typer.Option(help="factor (>= 1) by which backward slows "
+                                                    "while communication runs beside it "
+                                                    "(default: the calibration's or the "
+                                                    "reference setting's)")]
+PerfAlpha = Annotated[float | None, typer.Option("--alpha-us", help="latency per message, µs "
+                                                 "(default: the calibration's or the reference "
+                                                 "setting's)")]
+PerfGamma = Annotated[float | None, typer.Option("--gamma-ns", help="reduction, ns per byte "
+                                                 "(default: the calibration's or the reference "
+                                                 "setting's)")]
+PerfCodecs = Annotated[str | None, typer.Option(help="encode/decode times: v100 "
+                                                "(compression-utility Table 2), h100 (measured "
+                                                "on an H100) or a JSON codec table (default: "
+                                                "the calibration's or the reference "
+                                                "setting's)")]
+PerfReference = Annotated[str, typer.Option(help="the reference setting assumed without "
+                                            "--calibration: v100 (the compression-utility "
+                                            "paper's V100 cluster) or h100 (see "
+                                            "docs/performance-model.md)")]
 PerfCompute = Annotated[str | None, typer.Option("--compute-ms", help="FORWARD,BACKWARD ms "
                                                  "to use instead of the profile's")]
 PerfMode = Annotated[str, typer.Option(help="bucket: DDP buckets; model: one bucket")]
@@ -46,8 +55,8 @@ PerfPerNode = Annotated[int, typer.Option(help="consecutive ranks per node: they
 PerfIntra = Annotated[str, typer.Option(help="link between the ranks of one node (with "
                                         "--ranks-per-node > 1)")]
 PerfCalibration = Annotated[Path | None, typer.Option(
-    "--calibration", help="a `gradwire calibrate` file: its α per step and γ replace "
-    "--alpha-us and --gamma-ns, and its shared-CPU terms bound the iteration")]
+    "--calibration", help="a `gradwire calibrate` file, measured on your cluster: its α, γ, "
+    "codec times, slowdowns and shared-CPU terms replace the reference setting's")]
 
 
 def profile(
@@ -96,14 +105,15 @@ def whatif(
     rank: PerfRank = 4,
     mode: PerfMode = "bucket",
     bucket_mb: PerfBucket = 25.0,
-    overlap_slowdown: PerfSlowdown = 1.0,
-    alpha_us: PerfAlpha = DEFAULT_ALPHA_S * 1e6,
-    gamma_ns: PerfGamma = 0.11,
+    overlap_slowdown: PerfSlowdown = None,
+    alpha_us: PerfAlpha = None,
+    gamma_ns: PerfGamma = None,
     ranks_per_node: PerfPerNode = 1,
     intra_bandwidth: PerfIntra = "100gbit",
-    codecs: PerfCodecs = "here",
+    codecs: PerfCodecs = None,
     compute_ms: PerfCompute = None,
     calibration: PerfCalibration = None,
+    reference: PerfReference = "v100",
     plot: Annotated[Path | None, typer.Option(help="write a PNG of iteration time against "
                                               "workers here")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write every prediction "
@@ -123,7 +133,8 @@ def whatif(
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
                           gamma_ns=gamma_ns, ranks_per_node=ranks_per_node,
-                          intra_bandwidth=intra_bandwidth, calibration=calibration)
+                          intra_bandwidth=intra_bandwidth, calibration=calibration,
+                          reference=reference)
     found = scenario.whatif(s, workers, bandwidth, compute_speedup)
     found.result["command"] = command_line()
     for t in report.whatif_tables(found):
@@ -146,14 +157,15 @@ def advise(
     mode: PerfMode = "bucket",
     bucket_mb: PerfBucket = 25.0,
     compute_speedup: Annotated[float, typer.Option(help="compute speedup")] = 1.0,
-    overlap_slowdown: PerfSlowdown = 1.0,
-    alpha_us: PerfAlpha = DEFAULT_ALPHA_S * 1e6,
-    gamma_ns: PerfGamma = 0.11,
+    overlap_slowdown: PerfSlowdown = None,
+    alpha_us: PerfAlpha = None,
+    gamma_ns: PerfGamma = None,
     ranks_per_node: PerfPerNode = 1,
     intra_bandwidth: PerfIntra = "100gbit",
-    codecs: PerfCodecs = "here",
+    codecs: PerfCodecs = None,
     compute_ms: PerfCompute = None,
     calibration: PerfCalibration = None,
+    reference: PerfReference = "v100",
     json_out: Annotated[Path | None, typer.Option("--json", help="write the ranking here")]
     = None,
 ) -> None:
@@ -169,7 +181,8 @@ def advise(
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
                           gamma_ns=gamma_ns, ranks_per_node=ranks_per_node,
-                          intra_bandwidth=intra_bandwidth, calibration=calibration)
+                          intra_bandwidth=intra_bandwidth, calibration=calibration,
+                          reference=reference)
     found = scenario.advise(s, workers, bandwidth, compute_speedup)
     console.print(report.advice_table(found))
     console.print(explain(found.ranked))

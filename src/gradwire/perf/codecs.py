@@ -8,10 +8,11 @@ elements compressed. Methods that gather payloads (the ``gathered`` path of
 :mod:`gradwire.catalogue`) decode every rank's payload, so their decode is P times
 the table's ``decode_s``, plus ``decode_fixed_s`` where a method has one: the majority vote
 counts all ranks' bits in one pass whatever P is, so its cost is mostly fixed. Built-in
-tables: ``here`` (this machine's compress_speed benchmark) and ``v100`` (Table 2 of the
-compression-utility paper: one encode+decode number per method). ``gradwire calibrate``
-measures a table on the machine it runs on (:mod:`gradwire.bench.codec_probe`) and stores it
-with α, β, γ; pass that calibration file as the table.
+tables: ``v100`` (Table 2 of the compression-utility paper: one encode+decode number per
+method) and ``h100`` (measured on an H100 by ``benchmarks/compress_speed.py``).
+``gradwire calibrate`` measures a table on the ranks' own device
+(:mod:`gradwire.bench.codec_probe`) and stores it in its calibration file, which
+``--calibration`` reads.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class CodecTable:
         return m["encode_s"] * scale, decode * scale
 
 
-BUILTIN = ("here", "v100")
+BUILTIN = ("v100", "h100")
 
 
 def load(name_or_path: str) -> CodecTable:

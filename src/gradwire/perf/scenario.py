@@ -11,10 +11,10 @@ from pathlib import Path
 from gradwire import profiles
 from gradwire.catalogue import METHODS
 from gradwire.check import check_real
-from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
 from gradwire.perf import advise as adv
 from gradwire.perf import codecs as codec_tables
+from gradwire.perf import reference as reference_settings
 from gradwire.perf import whatif as w
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, ClusterModel, parse_link
@@ -25,9 +25,11 @@ from gradwire.profiles import Profile
 class Scenario:
     """The options whatif and advise share, as given on the command line. ``agg``: a comma
     list of methods (advise: None or empty for every method); ``compute_ms``:
-    ``FORWARD,BACKWARD`` in ms instead of the profile's; ``calibration``: a ``gradwire
-    calibrate`` file whose α per step, γ and shared-CPU terms replace ``alpha_us`` and
-    ``gamma_ns``."""
+    ``FORWARD,BACKWARD`` in ms instead of the profile's. The cluster's terms (α, γ, the codec
+    table, κ, how coding shares the device) come from ``calibration``, a ``gradwire
+    calibrate`` file, or else from the named ``reference`` setting
+    (:mod:`gradwire.perf.reference`); ``alpha_us``, ``gamma_ns``, ``codecs`` and
+    ``overlap_slowdown``, where given, replace either's."""
 
     model: str = "resnet50"
     agg: str | None = None
@@ -35,14 +37,15 @@ class Scenario:
     rank: int = 4
     mode: str = "bucket"
     bucket_mb: float = 25.0
-    codecs: str = "here"
+    codecs: str | None = None  # None: the reference setting's (or the calibration's)
     compute_ms: str | None = None
-    overlap_slowdown: float = 1.0
-    alpha_us: float = DEFAULT_ALPHA_S * 1e6
-    gamma_ns: float = 0.11
+    overlap_slowdown: float | None = None
+    alpha_us: float | None = None
+    gamma_ns: float | None = None
     ranks_per_node: int = 1
     intra_bandwidth: str = "100gbit"
     calibration: Path | None = None
+    reference: str = reference_settings.DEFAULT
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,12 @@ def check_terms(s: Scenario) -> None:
     for option, value in (("--bucket-mb", s.bucket_mb), ("--overlap-slowdown",
                           s.overlap_slowdown), ("--alpha-us", s.alpha_us),
                           ("--gamma-ns", s.gamma_ns)):
-        if not math.isfinite(value):
+        if value is not None and not math.isfinite(value):
             raise GradwireError(f"{option} must be a finite number, got {value}")
+    for option, value, low in (("--alpha-us", s.alpha_us, 0.0), ("--gamma-ns", s.gamma_ns, 0.0),
+                               ("--overlap-slowdown", s.overlap_slowdown, 1.0)):
+        if value is not None and value < low:
+            raise GradwireError(f"{option} must be >= {low:g}, got {value:g}")
 
 
 def inputs(s: Scenario) -> tuple[Profile, list[Aggregation], CodecTable]:
@@ -100,17 +107,27 @@ def inputs(s: Scenario) -> tuple[Profile, list[Aggregation], CodecTable]:
         raise GradwireError("--agg needs at least one method")
     aggs = [Aggregation(n, density=s.density, rank=s.rank, mode=s.mode, bucket_mb=s.bucket_mb)
             for n in names]
-    return prof, aggs, codec_tables.load(s.codecs)
+    if s.codecs is not None:
+        table = codec_tables.load(s.codecs)
+    elif s.calibration is not None and (cal := w.calibration_codecs(s.calibration)) is not None:
+        table = cal
+    else:
+        table = codec_tables.load(reference_settings.get(s.reference).codecs)
+    return prof, aggs, table
 
 
 def setting(s: Scenario) -> tuple[w.Setting, str]:
-    """The cluster's terms, and a line saying where α and γ came from: ``s.alpha_us`` and
-    ``s.gamma_ns``, or ``s.calibration`` with its shared-CPU terms where it has them."""
+    """The cluster's terms, and a line saying where they came from: ``s.calibration`` (with
+    its shared-CPU terms where it has them) or the reference setting ``s.reference``, with
+    ``s.alpha_us``, ``s.gamma_ns`` and ``s.overlap_slowdown`` replacing theirs where given."""
     if s.calibration is None:
-        alpha, gamma, cpu = s.alpha_us * 1e-6, s.gamma_ns * 1e-9, None
-        where = f"α {s.alpha_us:g} µs, γ {s.gamma_ns:g} ns/B"
+        ref = reference_settings.get(s.reference)
+        alpha, gamma, cpu = ref.alpha, ref.gamma, None
+        kappa, coding = ref.overlap_slowdown, ref.coding_slowdown
+        where = ref.describe()
     else:
         alpha, gamma, cpu = w.load_calibration(s.calibration)
+        kappa, coding = w.calibration_slowdowns(s.calibration)
         where = (f"α {alpha * 1e6:.0f} µs per step, γ {gamma * 1e9:.3g} ns/B from "
                  f"{s.calibration}")
         if cpu is None:
@@ -118,13 +135,22 @@ def setting(s: Scenario) -> tuple[w.Setting, str]:
         else:
             who = "every worker on one machine" if cpu.one_machine else "each node's ranks"
             where += f"; {who} sharing {cpu.cores:g} cores ({cpu.describe()})"
+    given = [f"{name} {v:g}{unit}" for name, v, unit in (
+        ("α", s.alpha_us, " µs"), ("γ", s.gamma_ns, " ns/B"), ("κ", s.overlap_slowdown, ""))
+        if v is not None]
+    if given:
+        where += "; given: " + ", ".join(given)
+    alpha = alpha if s.alpha_us is None else s.alpha_us * 1e-6
+    gamma = gamma if s.gamma_ns is None else s.gamma_ns * 1e-9
+    kappa = kappa if s.overlap_slowdown is None else s.overlap_slowdown
     if s.ranks_per_node < 1:
         raise GradwireError(f"--ranks-per-node must be >= 1, got {s.ranks_per_node}")
     try:
         intra = parse_link(s.intra_bandwidth)
     except GradwireError as e:
         raise GradwireError(f"--intra-bandwidth: {e}") from None
-    return w.Setting(alpha, gamma, s.overlap_slowdown, s.ranks_per_node, intra, cpu=cpu), where
+    return w.Setting(alpha, gamma, kappa, s.ranks_per_node, intra, cpu=cpu,
+                     coding_slowdown=coding), where
 
 
 def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> WhatIf:
@@ -135,14 +161,12 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     prof, aggs, table = inputs(s)
     rates = [parse_link(b) for b in bandwidth.split(",")]
     speedups = w.parse_numbers("--compute-speedup", compute_speedup)
-    if s.alpha_us < 0 or s.gamma_ns < 0 or s.overlap_slowdown < 1:
-        raise GradwireError("--alpha-us and --gamma-ns must be >= 0 and --overlap-slowdown >= 1")
     terms, where = setting(s)
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, terms)
     per_node = (f"{s.ranks_per_node} ranks per node ({s.intra_bandwidth} inside); "
                 if s.ranks_per_node > 1 else "")
-    note = (f"{where}, overlap slowdown {s.overlap_slowdown:g}; {per_node}compute: "
-            f"{result['compute_source']}; encode/decode: {table.source}")
+    note = (f"{where}; {per_node}compute: {result['compute_source']}; encode/decode: "
+            f"{table.source}")
     return WhatIf(prof, result, speedups, note)
 
 
@@ -154,9 +178,8 @@ def advise(s: Scenario, workers: int, bandwidth: str, compute_speedup: float) ->
     if not s.agg:
         s = replace(s, agg=",".join(METHODS))
     prof, aggs, table = inputs(s)
-    if s.alpha_us < 0 or s.gamma_ns < 0:
-        raise GradwireError("--alpha-us and --gamma-ns must be >= 0")
     terms, where = setting(s)
     cluster = terms.cluster(workers, parse_link(bandwidth))
-    ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup, s.overlap_slowdown)
+    ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup,
+                               terms.overlap_slowdown)
     return Advice(prof, cluster, bandwidth, s.intra_bandwidth, ranked, skipped, where)

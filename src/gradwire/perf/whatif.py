@@ -28,7 +28,7 @@ from gradwire.check import check_real, parse_number
 from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object
-from gradwire.perf import comm
+from gradwire.perf import calibration, comm
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, ClusterModel, predict
 from gradwire.profiles import Profile
@@ -70,12 +70,13 @@ class Setting:
     ranks_per_node: int = 1
     intra_bps: float = 100e9
     cpu: CpuSetting | None = None  # shared cores, from a calibration (see load_calibration)
+    coding_slowdown: float | None = None  # coding shares the device with backward (model: 9)
 
     def cluster(self, workers: int, link: np.ndarray | float) -> ClusterModel:
         extra = {} if self.cpu is None else self.cpu.fields(workers)
         return ClusterModel(workers, link, self.alpha, self.gamma,
                             ranks_per_node=self.ranks_per_node, intra_bps=self.intra_bps,
-                            **extra)
+                            coding_slowdown=self.coding_slowdown, **extra)
 
 
 @dataclass(frozen=True)
@@ -132,29 +133,37 @@ def sync_probe_steps(hosts: int) -> float:
 
 
 def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
-    """(α per step, γ, shared-CPU terms or None) from a ``gradwire calibrate`` file. α is the
-    per-step value measured with every rank taking part, as the validation uses it; files
-    written before calibrate measured CPU give None."""
-    d = read_object(path, f"--calibration {path}")
+    """(α per step, γ, shared-CPU terms or None) from a ``gradwire calibrate`` file
+    (:mod:`gradwire.perf.calibration`); the CPU terms where its ranks shared a machine's
+    cores."""
+    cal = _calibration(path)
+    if cal.cpu is None:
+        return cal.alpha_s, cal.gamma_s_per_byte, None
+    c = cal.cpu
     try:
-        alpha, gamma = float(d["alpha_step_s"]), float(d["gamma_s_per_byte"])
-    except KeyError as e:
-        raise GradwireError(f"--calibration {path}: missing field {e.args[0]!r} (not a gradwire "
-                            "calibrate file? run `gradwire calibrate` to write one)") from None
-    except (ValueError, TypeError) as e:
-        raise GradwireError(f"--calibration {path}: not a gradwire calibrate file ({e}); run "
-                            "`gradwire calibrate` to write one") from None
-    for name, v in (("alpha_step_s", alpha), ("gamma_s_per_byte", gamma)):
-        check_real(f"--calibration {path}: field {name!r}", v)
-    if "cpu_sync_s" not in d:
-        return alpha, gamma, None
-    try:
-        cpu = CpuSetting.from_calibration(d, int(d["hosts"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise GradwireError(f"--calibration {path}: its CPU fields are unreadable ({e})") from None
+        cpu = CpuSetting(float(c.cores_per_machine), c.cpu_ranks_per_machine >= cal.world,
+                         c.cpu_step_s, c.cpu_byte_s, c.cpu_share, c.cpu_sync_step_s,
+                         c.cpu_slowdown)
     except GradwireError as e:
         raise GradwireError(f"--calibration {path}: field {e}") from None
-    return alpha, gamma, cpu
+    return cal.alpha_s, cal.gamma_s_per_byte, cpu
+
+
+def calibration_codecs(path: Path) -> CodecTable:
+    """The codec table a ``gradwire calibrate`` file measured on its ranks' device."""
+    return _calibration(path).codecs
+
+
+def calibration_slowdowns(path: Path) -> tuple[float, float | None]:
+    """(κ, the coding slowdown) of a ``gradwire calibrate`` file: the coding slowdown where
+    coding shares the device with backward (measured at or above 1), else None."""
+    cal = _calibration(path)
+    return cal.overlap_slowdown, (cal.coding_slowdown if cal.coding_slowdown >= 1 else None)
+
+
+def _calibration(path: Path) -> calibration.Calibration:
+    where = f"--calibration {path}"
+    return calibration.parse(read_object(path, where), where)
 
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
@@ -188,7 +197,8 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
                                 "coding_budget_s": float(dense.exposed[i])})
     return {"model": profile.model, "parameters": profile.numel, "rows": rows,
             "answers": answers, "alpha_s": setting.alpha, "gamma_s_per_byte": setting.gamma,
-            "overlap_slowdown": setting.overlap_slowdown, "codecs": codecs.source,
+            "overlap_slowdown": setting.overlap_slowdown,
+            "coding_slowdown": setting.coding_slowdown, "codecs": codecs.source,
             "ranks_per_node": setting.ranks_per_node, "intra_bps": setting.intra_bps,
             "shared_cpu": None if setting.cpu is None else vars(setting.cpu),
             "compute_source": profile.sources.get("backward_s", ""),

@@ -1,40 +1,98 @@
-"""The validation's runs: how many epochs and runs each configuration gets, the median run
-kept from them, the codec table timed on one thread, :func:`run`, which calibrates each
-cluster, trains every aggregation on it and predicts every row as it goes, and
-:func:`write_report`, what ``benchmarks/perf_validation.py`` runs."""
+"""The validation's runs: the arguments checked, the model's profile measured, and for each
+(link rate, P) an emulated cluster calibrated, every configuration predicted, then trained
+``repeats`` times (the rounds interleaved) and its median run kept."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import os
 import statistics
-from collections.abc import Iterator
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.console import Console
 
-from gradwire.bench import codec_probe, provenance
-from gradwire.bench.validation.predict import guess, predict_all
-from gradwire.bench.validation.summary import merge, plot, repredict, summarise
-from gradwire.cluster import ephemeral_cluster
+from gradwire.bench import provenance
+from gradwire.bench.calibrate import calibrate
+from gradwire.bench.validation.predict import predict_configuration, rows
+from gradwire.catalogue import METHODS
+from gradwire.cluster import ephemeral_cluster, netns_available
 from gradwire.data import digits
-from gradwire.jobs import run_ranks
-from gradwire.perf import codecs
-from gradwire.perf.model import Aggregation, buckets
+from gradwire.errors import GradwireError, did_you_mean
+from gradwire.perf.model import Prediction, parse_link
 from gradwire.profiles import Profile
 from gradwire.profiles.measure import measure
 from gradwire.train.job import TrainConfig, train_on, validate
 
+if TYPE_CHECKING:
+    from gradwire.cluster import Cluster
+
+MODEL = "mlp"  # the project's 1.13 M parameter MLP on the digits data
+DENSITY, RANK = 0.001, 4  # the sparsifiers' kept fraction and PowerSGD's rank: train's defaults
 # at least about 20 steady iterations each after the first epoch (digits: 1437 training samples)
 EPOCHS = {2: 3, 4: 4, 8: 6}
-STEADY_S = 5.0  # and at least this much steady training, as predicted before the runs
+STEADY_S = 5.0  # and at least this much steady training, at the iteration time predicted
 MAX_EPOCHS = 60
-CPU_KEYS = ("cpu_s_per_iter", "cpu_main_s_per_iter", "cpu_hook_s_per_iter")
-FAST_S = 0.25  # configurations guessed faster than this per iteration get --fast-repeats runs
+FAST_S = 0.25  # configurations predicted faster than this per iteration get --fast-repeats runs
+CALIBRATE_S, TRAIN_S = 600.0, 1800.0  # time limits of one calibration and one training run
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one validation runs: ``rates`` × ``workers`` clusters, each method of ``aggs``
+    trained ``repeats`` times (``fast_repeats``, where given, when predicted under
+    ``FAST_S``)."""
+
+    rates: list[str]
+    workers: list[int]
+    aggs: list[str]
+    repeats: int = 3
+    fast_repeats: int | None = None
+    batch: int = 32
+
+    def __post_init__(self) -> None:
+        for option, items in (("--rates", self.rates), ("--workers", self.workers),
+                              ("--aggs", self.aggs)):
+            if not items:
+                raise GradwireError(f"{option} needs at least one value")
+            if len(set(items)) != len(items):
+                raise GradwireError(f"{option} lists a value twice: {items}")
+        for rate in self.rates:
+            try:
+                parse_link(rate)
+            except GradwireError as e:
+                raise GradwireError(f"--rates: {e}") from None
+        for p in self.workers:
+            if p < 2:
+                raise GradwireError(f"--workers: each P must be >= 2 (calibrate needs two "
+                                    f"ranks), got {p}")
+        for agg in self.aggs:
+            if agg not in METHODS:
+                raise GradwireError(f"--aggs: unknown method {agg!r}"
+                                    f"{did_you_mean(agg, METHODS)}: expected some of "
+                                    f"{', '.join(METHODS)}")
+        for option, n in (("--repeats", self.repeats), ("--fast-repeats", self.fast_repeats)):
+            if n is not None and n < 1:
+                raise GradwireError(f"{option} must be >= 1, got {n}")
+
+
+def parse_plan(rates: str, workers: str, aggs: str, repeats: int = 3,
+               fast_repeats: int | None = None) -> Plan:
+    """A :class:`Plan` from the script's comma lists; one-line errors naming the option."""
+    try:
+        ps = [int(p) for p in workers.split(",")]
+    except ValueError:
+        raise GradwireError(f"--workers {workers!r}: expected a comma list of whole numbers "
+                            "(e.g. 2,4)") from None
+    return Plan([r.strip() for r in rates.split(",") if r.strip()], ps,
+                [a.strip() for a in aggs.split(",") if a.strip()], repeats, fast_repeats)
 
 
 @functools.cache
@@ -43,49 +101,52 @@ def _train_samples() -> int:
 
 
 def epochs_for(p: int, batch: int, predicted_s: float) -> int:
-    """Epochs for one run at P = ``p``: the first (one-time costs, left out) and enough steady
-    ones to last ``STEADY_S`` at the predicted iteration time, never fewer than ``EPOCHS``.
-    Runs of the compressed methods took 1-2 s of steady training with ``EPOCHS`` alone, and
-    their three runs differed by up to 76 %; a P = 4 signSGD probe on 1 Gbit/s (2026-11-26,
-    four runs each way) differed by 12.1 % with 33 steady iterations and 8.7 % with 121."""
+    """Epochs for one run at P = ``p``: the first (one-time costs, left out of the measured
+    iteration) and enough steady ones to last ``STEADY_S`` at the predicted iteration time,
+    never fewer than ``EPOCHS``. Shorter runs of the compressed methods (1-2 s of steady
+    training) differed by up to 76 % between repeats."""
     per_epoch = max(_train_samples() // p // batch, 1)
     steady = math.ceil(STEADY_S / max(predicted_s, 1e-3) / per_epoch)
     return min(max(EPOCHS.get(p, 3), 1 + steady), MAX_EPOCHS)
 
 
-def repeats_for(predicted_s: float, repeats: int, fast_repeats: int) -> int:
-    """Training runs for one configuration: ``fast_repeats`` (never fewer than ``repeats``)
-    where the iteration the model guesses before the runs is under ``FAST_S``, else
-    ``repeats``. Those runs last 10-20 s each here, and their rows were the noisy ones: of
-    one configuration's three runs, gTop-k at 100 Mbit/s, P = 8 took 75.3, 72.4 and 63.1 ms
-    per iteration in the 15:16 run, where the 100 Mbit/s dense runs, 0.4-0.7 s an iteration,
-    agreed within 1 %; the advisor's pick there missed the best measured by 5.2 %."""
-    return max(repeats, fast_repeats) if predicted_s < FAST_S else repeats
+def repeats_for(predicted_s: float, repeats: int, fast_repeats: int | None) -> int:
+    """Training runs for one configuration: ``fast_repeats`` (never fewer than ``repeats``;
+    None: ``repeats``) where the predicted iteration is under ``FAST_S``, else ``repeats``.
+    Short runs are the noisy ones and cost little to repeat."""
+    if fast_repeats is None or predicted_s >= FAST_S:
+        return repeats
+    return max(repeats, fast_repeats)
 
 
 def median_run(runs: list[dict]) -> dict:
-    """One result from repeated training runs of one configuration: the run with the median
-    iteration time (for an even count, the mean of the middle two) and its time breakdown; the
-    CPU per rank (and its parts) the median over the runs, each its own: the run of median
-    time need not have the median CPU, and the prediction takes a rank's CPU from the dense
-    run's. Every run's iteration time and CPU kept."""
+    """One measurement from repeated training runs of one configuration: the median run's
+    seconds per iteration over its steady epochs (for an even count, the mean of the middle
+    two) and its parts; the CPU per rank and its parts, each the median over the runs (the
+    run of median time need not have the median CPU); every run's iteration and CPU kept."""
     size = runs[0]["world_size"] * runs[0]["batch_size_per_rank"]
     its = [size / r["samples_per_s"] for r in runs]
     order = sorted(range(len(runs)), key=its.__getitem__)
-    mid = [runs[i] for i in order[(len(runs) - 1) // 2 : len(runs) // 2 + 1]]
+    middle = order[(len(runs) - 1) // 2 : len(runs) // 2 + 1]
+    mid = [runs[i] for i in middle]
     mean = statistics.fmean
-    return {**mid[0], "samples_per_s": size / mean(size / r["samples_per_s"] for r in mid),
+    return {"iteration_s": mean(its[i] for i in middle),
             "iteration_each_s": its,
-            "seconds_per_iter": {k: mean(r["seconds_per_iter"][k] for r in mid)
-                                 for k in mid[0]["seconds_per_iter"]},
-            **{k: statistics.median(r[k] for r in runs) for k in CPU_KEYS},
-            "cpu_each_s": [r["cpu_s_per_iter"] for r in runs],
-            "iterations": sum(r["iterations"] for r in runs)}
+            "parts_s": {k: mean(r["seconds_per_iter"][k] for r in mid)
+                        for k in mid[0]["seconds_per_iter"]},
+            "cpu_s_per_rank": statistics.median(r["cpu_s_per_iter"] for r in runs),
+            "cpu_main_s_per_rank": statistics.median(r["cpu_main_s_per_iter"] for r in runs),
+            "cpu_hook_s_per_rank": statistics.median(r["cpu_hook_s_per_iter"] for r in runs),
+            "cpu_each_s_per_rank": [r["cpu_s_per_iter"] for r in runs],
+            "payload_bytes_per_iter_per_rank": mid[0]["payload_bytes_per_iter_per_rank"],
+            "iterations": sum(r["iterations"] for r in runs),
+            "epochs": runs[0]["epochs"]}
 
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """torch on one thread, as each rank runs (OMP_NUM_THREADS=1); then as it was."""
+    """torch on one thread, as each rank runs (the launcher sets OMP_NUM_THREADS=1); then as
+    it was."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -94,94 +155,84 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def codec_table(numel: int, repeats: int, source: str) -> codecs.CodecTable:
-    """Every method's encode and decode on ``numel`` elements, timed here on one thread."""
+def profile(batch: int) -> Profile:
+    """The model's compute as ``OMP_NUM_THREADS=1 gradwire profile --model mlp`` measures it
+    (one thread, as each rank computes), in this process, before any run."""
     with one_thread():
-        methods = codec_probe.measure(numel, repeats=repeats)["methods"]
-        return codecs.CodecTable("one thread", numel, methods, source)
+        return measure(MODEL, batch_size=batch, iters=30, warmup=5)
 
 
-def run(rates: list[str], workers: list[int], aggs: list[str], out: Path, console: Console,
-        batch: int = 32, repeats: int = 3, cpu: str = "hooks", fast_repeats: int = 5,
-        command: str | None = None) -> dict:
-    """The whole validation: for each link rate and P, calibrate an emulated cluster (with
-    every aggregation's hook CPU), train each aggregation on it ``repeats`` times (or
-    ``fast_repeats``, :func:`repeats_for`), the rounds interleaved, measure the hooks' CPU
-    again, and predict every row so far (:func:`~.predict.predict_all` with ``cpu``), the
-    result written to ``out`` after each cluster; ``command`` is recorded with it."""
-    prof = measure("mlp", batch_size=batch, iters=10, warmup=3)
-    with one_thread():
-        prof1 = measure("mlp", batch_size=batch, iters=20, warmup=5)
-    table = codec_table(prof.numel, 7, "measured by perf_validation.py, one thread")
-    doc = {**provenance.stamp(command),
-           "model": "mlp", "batch_size": batch, "repeats": repeats,
-           "fast_repeats": fast_repeats, "cpu_estimate": cpu,
-           "profile_one_process": prof.to_json() | {"params": len(prof.params)},
-           "profile_one_thread": prof1.to_json(), "rows": [],
-           "codecs_one_thread": table.methods,
-           "conditions": {"load_average_start": os.getloadavg()}, "calibration": {}}
-    measured: dict[tuple[str, int], dict[str, dict]] = {}
-    for rate in rates:
-        for p in workers:
-            runs: dict[str, list[dict]] = {agg: [] for agg in aggs}
-            with ephemeral_cluster(p, rate, False) as c:
-                cal = run_ranks(c, "gradwire.bench.calibrate", hook_args(prof, aggs),
-                                f"calibrate P={p} {rate}", 600, console)
-                doc["calibration"][f"{rate} P={p}"] = cal
-                guessed = {agg: guess(prof, table, cal, rate, p, agg) for agg in aggs}
-                epochs = {agg: epochs_for(p, batch, guessed[agg]) for agg in aggs}
-                count = {agg: repeats_for(guessed[agg], repeats, fast_repeats) for agg in aggs}
-                doc.setdefault("epochs", {})[f"{rate} P={p}"] = epochs
-                doc.setdefault("runs_per_configuration", {})[f"{rate} P={p}"] = count
-                for i in range(max(count.values())):
-                    for agg in (a for a in aggs if i < count[a]):
-                        cfg = TrainConfig(model="mlp", agg=agg, warmup=False,
-                                          epochs=epochs[agg], batch_size=batch)
-                        validate(cfg, p)
-                        runs[agg].append(train_on(c, cfg, f"{agg} P={p} {rate} ({i + 1})",
-                                                  1800, console))
-                cal["hook_s_after"] = run_ranks(
-                    c, "gradwire.bench.calibrate", [*hook_args(prof, aggs), "--hooks-only"],
-                    f"hooks' CPU again P={p} {rate}", 600, console)["hook_s"]
-            load = os.getloadavg()[0]
-            measured[rate, p] = {agg: median_run(rs) | {"load_average": load}
-                                 for agg, rs in runs.items()}
-            # every row again: a rank's own CPU at this P now has this rate's dense run too
-            doc["rows"] = predict_all(prof, table, doc["calibration"], measured, batch, cpu)
-            out.write_text(json.dumps(summarise(doc), indent=1) + "\n")  # partial results kept
-    return summarise(doc)
+def _calibrate(cluster: Cluster, profile_file: Path, out: Path, label: str,
+               console: Console) -> dict:
+    """``gradwire calibrate`` on the open ``cluster``: its rank side (codecs timed on the
+    model's profile, at the training's density and rank) and the cluster's label, link rate
+    and token bucket; the calibration file's JSON."""
+    args = ["--model", str(profile_file), "--density", repr(DENSITY), "--rank", str(RANK),
+            "--device", "cpu"]
+    cal, _ = calibrate(lambda: contextlib.nullcontext(cluster), out, args,
+                       f"gradwire calibrate {' '.join(args)} ({label})", CALIBRATE_S, console)
+    return cal.to_json()
 
 
-def hook_args(prof: Profile, aggs: list[str]) -> list[str]:
-    """Calibrate's arguments for measuring each aggregation's hook CPU on the model's buckets
-    (as DDP forms them with its default sizes)."""
-    sizes = ",".join(str(n) for n, _ in buckets(prof, Aggregation("dense")))
-    return ["--hook-buckets", sizes, "--hook-methods", ",".join(aggs)]
-
-
-def write_report(out: Path, console: Console, *, rates: list[str], workers: list[int],
-                 aggs: list[str], repeats: int = 3, fast_repeats: int = 5, cpu: str = "hooks",
-                 merge_from: list[Path] | None = None, repredict_from: Path | None = None,
-                 command: str | None = None) -> dict:
-    """What ``benchmarks/perf_validation.py`` does: run the validation (:func:`run`), or,
-    with ``merge_from``, join earlier results (:func:`~.summary.merge`), or, with
-    ``repredict_from``, predict an earlier result again (:func:`~.summary.repredict`); then
-    write it to ``out`` and its figure beside it, and print every row and the summary."""
-    if merge_from:
-        doc = merge([json.loads(f.read_text()) for f in merge_from])
-    elif repredict_from:
-        doc = repredict(json.loads(repredict_from.read_text()), cpu)
-    else:
-        doc = run(rates, workers, aggs, out, console, repeats=repeats, cpu=cpu,
-                  fast_repeats=fast_repeats, command=command)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    plot(doc, out.with_suffix(".png"))
-    s = doc["summary"]
-    for r in doc["rows"]:
-        console.print(f"{r['bandwidth']:>7} P={r['workers']} {r['agg']:>9}: measured "
-                      f"{r['measured_s'] * 1e3:7.1f} ms, predicted {r['predicted_s'] * 1e3:7.1f} "
-                      f"ms ({r['error']:+.1%})")
-    console.print(f"median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}; "
-                  f"advisor within 5 % of best in {s['advisor_within_5pct']} of "
-                  f"{len(s['advisor'])}")
+def run(plan: Plan, console: Console, command: str | None = None,
+        on_cluster: Callable[[dict], None] | None = None) -> dict:
+    """The whole validation (:mod:`gradwire.bench.validation` describes the result); after
+    each cluster, ``on_cluster`` is given the result so far (to keep it, should a later
+    cluster fail)."""
+    ok, why = netns_available()
+    if not ok:
+        raise GradwireError(f"the validation trains on emulated clusters: {why}")
+    prof = profile(plan.batch)
+    doc = {**provenance.stamp(command), "commit": provenance.commit(), "model": MODEL,
+           "batch_size": plan.batch, "density": DENSITY, "rank": RANK, "aggs": plan.aggs,
+           "repeats": plan.repeats, "fast_repeats": plan.fast_repeats,
+           "cores": os.cpu_count(), "profile_threads": 1, "profile": prof.to_json(),
+           "clusters": [], "rows": [],
+           "conditions": {"load_average_start": os.getloadavg()}}
+    with tempfile.TemporaryDirectory(prefix="gradwire-validation-") as tmp:
+        profile_file = Path(tmp, f"{MODEL}.json")
+        profile_file.write_text(prof.to_text())
+        for rate in plan.rates:
+            for p in plan.workers:
+                entry, measured, preds = one_cluster(plan, rate, p, doc["profile"],
+                                                     profile_file, console)
+                doc["clusters"].append(entry)
+                doc["rows"] += rows(rate, p, preds, measured)
+                if on_cluster is not None:
+                    on_cluster(doc)
+    doc["conditions"]["load_average_end"] = os.getloadavg()
     return doc
+
+
+def one_cluster(plan: Plan, rate: str, p: int, prof: dict, profile_file: Path,
+                console: Console) -> tuple[dict, dict[str, dict], dict[str, Prediction]]:
+    """On an emulated cluster of ``p`` hosts with links of ``rate``: calibrate, predict every
+    method (the profile ``prof``, also in ``profile_file`` for calibrate's ranks), then train
+    each. Returns the cluster's record (calibration, epochs, runs, wall times), each method's
+    median run and its prediction."""
+    label = f"P={p} {rate}"
+    with ephemeral_cluster(p, rate, False) as c:
+        t0 = time.monotonic()
+        cal = _calibrate(c, profile_file, profile_file.with_name("calibration.json"), label,
+                         console)
+        calibrate_s = time.monotonic() - t0
+        preds = predict_configuration(prof, cal, rate, p, plan.aggs, DENSITY, RANK)
+        guess = {a: float(preds[a].iteration) for a in plan.aggs}
+        epochs = {a: epochs_for(p, plan.batch, guess[a]) for a in plan.aggs}
+        count = {a: repeats_for(guess[a], plan.repeats, plan.fast_repeats) for a in plan.aggs}
+        runs: dict[str, list[dict]] = {a: [] for a in plan.aggs}
+        wall: dict[str, list[float]] = {a: [] for a in plan.aggs}
+        for i in range(max(count.values())):  # interleaved: every method once, then again
+            for agg in (a for a in plan.aggs if i < count[a]):
+                cfg = TrainConfig(model=MODEL, agg=agg, density=DENSITY, warmup=False,
+                                  epochs=epochs[agg], batch_size=plan.batch)
+                validate(cfg, p)
+                t0 = time.monotonic()
+                runs[agg].append(train_on(c, cfg, f"{agg} {label} ({i + 1})", TRAIN_S,
+                                          console))
+                wall[agg].append(time.monotonic() - t0)
+    load = os.getloadavg()[0]
+    measured = {a: median_run(rs) | {"load_average": load} for a, rs in runs.items()}
+    entry = {"bandwidth": rate, "workers": p, "calibration": cal, "epochs": epochs,
+             "runs": count, "calibrate_wall_s": calibrate_s, "run_wall_s": wall}
+    return entry, measured, preds

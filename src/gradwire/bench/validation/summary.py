@@ -1,118 +1,169 @@
-"""The validation's report: a result re-predicted with the model as it is now, the summary
-(errors, the advisor's picks), results of several runs merged, and the figure."""
+"""The validation's summary: the errors, uncontended and contended configurations apart, the
+advisor's picks scored against naive baselines, the printed table and the figure."""
 
 from __future__ import annotations
 
-import os
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from gradwire.bench import provenance
-from gradwire.bench.validation.predict import (
-    predict_all,
-    recorded_inputs,
-    recorded_measurements,
-)
+BASELINES = ("dense", "fp16", "topk")  # "always this method"
+WITHIN = 0.05  # a pick within 5 % of the fastest measured counts as a good pick
 
 
-def repredict(doc: dict, cpu: str = "hooks") -> dict:
-    """``doc``'s measurements with the predictions of the model as it is now, from the inputs
-    the run recorded (its profile's times, codec table and calibrations); the parameter
-    tensors come from the model as built here. Each row keeps its run's load average."""
-    if "runs" in doc:
-        raise SystemExit("--repredict takes one run's result, not a merged one")
-    prof, table = recorded_inputs(doc)
-    measured = recorded_measurements(doc)
-    rows = predict_all(prof, table, doc["calibration"], measured, doc["batch_size"], cpu)
-    load_end = doc["summary"]["load_average_end"]
-    out = summarise({**doc, "rows": rows,
-                     "cpu_estimate": cpu,
-                     "repredicted": {"date": provenance.now(), "commit": provenance.commit()}})
-    out["summary"]["load_average_end"] = load_end
+def contended(workers: int, cores: int) -> bool:
+    """Whether ``workers`` ranks on one machine of ``cores`` cores share them (P > cores)."""
+    return workers > cores
+
+
+def errors(rows: list[dict]) -> dict | None:
+    """Median and max |error| of ``rows`` (None when there are none)."""
+    if not rows:
+        return None
+    abs_err = [abs(r["error"]) for r in rows]
+    return {"rows": len(rows), "median_abs_error": statistics.median(abs_err),
+            "max_abs_error": max(abs_err)}
+
+
+def configurations(rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """The rows of each (link rate, P), in the order first met."""
+    out: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["bandwidth"], r["workers"]), []).append(r)
     return out
 
 
+def score(groups: list[list[dict]], choose: Callable[[list[dict]], dict | None]) -> dict | None:
+    """How a policy ``choose`` (a configuration's rows → the row it picks) does over
+    ``groups``: the share of configurations where its pick's measured time is within
+    ``WITHIN`` of the fastest measured, and the mean over them of pick / fastest. None
+    where it picks nothing in some configuration (its method was not measured there)."""
+    ratios = []
+    for g in groups:
+        pick = choose(g)
+        if pick is None:
+            return None
+        ratios.append(pick["measured_s"] / min(r["measured_s"] for r in g))
+    return {"within_5pct": sum(x <= 1 + WITHIN for x in ratios) / len(ratios),
+            "mean_ratio": statistics.fmean(ratios)}
+
+
+def advisor(rows: list[dict]) -> dict:
+    """The model's first-ranked method per configuration, scored (:func:`score`) beside
+    "always dense", "always fp16" and "always topk". ``better_than_baselines``: the advisor's
+    mean ratio is strictly lower than every scored baseline's (a tie is not better)."""
+    groups = list(configurations(rows).values())
+
+    def advised(g: list[dict]) -> dict:
+        return min(g, key=lambda r: r["predicted_s"])
+
+    def always(method: str) -> Callable[[list[dict]], dict | None]:
+        return lambda g: next((r for r in g if r["agg"] == method), None)
+
+    picks = [{"bandwidth": g[0]["bandwidth"], "workers": g[0]["workers"],
+              "advised": advised(g)["agg"],
+              "fastest": min(g, key=lambda r: r["measured_s"])["agg"],
+              "ratio": advised(g)["measured_s"] / min(r["measured_s"] for r in g)}
+             for g in groups]
+    mine = score(groups, advised)
+    baselines = {m: score(groups, always(m)) for m in BASELINES}
+    scored = [b for b in baselines.values() if b is not None]
+    assert mine is not None  # the advisor always picks a measured row
+    return {"picks": picks, "advisor": mine, "baselines": baselines,
+            "better_than_baselines": bool(scored) and all(
+                mine["mean_ratio"] < b["mean_ratio"] for b in scored)}
+
+
 def summarise(doc: dict) -> dict:
-    rows = doc["rows"]
-    if not rows:
-        return doc
-    errs = [abs(r["error"]) for r in rows]
-    picks = []
-    for key in dict.fromkeys((r["bandwidth"], r["workers"]) for r in rows):
-        group = [r for r in rows if (r["bandwidth"], r["workers"]) == key]
-        pick = min(group, key=lambda r: r["predicted_s"])
-        best = min(group, key=lambda r: r["measured_s"])
-        picks.append({"bandwidth": key[0], "workers": key[1], "advised": pick["agg"],
-                      "best_measured": best["agg"],
-                      "advised_vs_best": pick["measured_s"] / best["measured_s"] - 1})
-    doc["summary"] = {"configs": len(rows), "median_abs_error": statistics.median(errs),
-                      "max_abs_error": max(errs), "advisor": picks,
-                      "advisor_within_5pct": sum(x["advised_vs_best"] <= 0.05 for x in picks),
-                      "load_average_end": os.getloadavg()}
-    return doc
+    """The summary of a result ``doc``: errors over its uncontended and contended rows
+    (P ≤ or > the cores of the machine it ran on, ``doc["cores"]``), and the advisor."""
+    rows, cores = doc["rows"], doc["cores"]
+    return {"cores": cores,
+            "uncontended": errors([r for r in rows if not contended(r["workers"], cores)]),
+            "contended": errors([r for r in rows if contended(r["workers"], cores)]),
+            **advisor(rows)}
 
 
-def merge(docs: list[dict]) -> dict:
-    """One report from runs of the same script on one machine: their rows and calibrations
-    joined; each run's command, date and conditions kept under "runs" (every row was predicted
-    with its own run's profile and codec table, which the first run's stand for at the top)."""
-    keys = [(r["bandwidth"], r["workers"], r["agg"]) for d in docs for r in d["rows"]]
-    if len(set(keys)) != len(keys):
-        raise SystemExit("--merge: the runs overlap (a rate, P and aggregation twice)")
-    if len({d["machine"] for d in docs}) != 1:
-        raise SystemExit("--merge: the runs come from different machines")
-    doc = {k: v for k, v in docs[0].items() if k != "summary"}
-    doc["runs"] = [{"command": d["command"], "date": d["date"],
-                    "conditions": d["conditions"] | {"load_average_end":
-                                                     d["summary"]["load_average_end"]},
-                    "profile_one_process": d["profile_one_process"],
-                    "profile_one_thread": d["profile_one_thread"],
-                    "codecs_one_thread": d["codecs_one_thread"]} for d in docs]
-    doc["rows"] = [r for d in docs for r in d["rows"]]
-    doc["calibration"] = {k: v for d in docs for k, v in d["calibration"].items()}
-    doc["epochs"] = {k: v for d in docs for k, v in d.get("epochs", {}).items()}
-    doc["command"] = "; ".join(d["command"] for d in docs)
-    doc = summarise(doc)
-    del doc["summary"]["load_average_end"]  # this machine's, not the runs' (kept under "runs")
-    return doc
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def lines(doc: dict) -> list[str]:
+    """The report as text: every row, the errors by group, the advisor beside the
+    baselines."""
+    s, cores = doc["summary"], doc["cores"]
+    out = [f"{'rate':>7} {'P':>2} {'method':>9} {'measured':>9} {'predicted':>9} {'error':>7}"]
+    for r in doc["rows"]:
+        mark = "  contended" if contended(r["workers"], cores) else ""
+        out.append(f"{r['bandwidth']:>7} {r['workers']:>2} {r['agg']:>9} "
+                   f"{r['measured_s'] * 1e3:6.1f} ms {r['predicted_s'] * 1e3:6.1f} ms "
+                   f"{r['error']:+7.1%}{mark}")
+    for name, what in (("uncontended", f"P <= {cores} cores"),
+                       ("contended", f"P > {cores} cores")):
+        e = s[name]
+        out.append(f"{name} ({what}): " + (
+            "no rows" if e is None else f"median |error| {_pct(e['median_abs_error'])}, max "
+            f"{_pct(e['max_abs_error'])} over {e['rows']} rows"))
+    for p in s["picks"]:
+        out.append(f"{p['bandwidth']} P={p['workers']}: advised {p['advised']}, fastest "
+                   f"measured {p['fastest']} ({p['ratio']:.3f}x)")
+    n = len(s["picks"])
+    for name, sc in (("advisor", s["advisor"]),
+                     *((f"always {m}", b) for m, b in s["baselines"].items())):
+        out.append(f"{name:>13}: " + ("not measured in every configuration" if sc is None
+                                      else f"within 5 % of the fastest in "
+                                      f"{round(sc['within_5pct'] * n)} of {n}, mean "
+                                      f"{sc['mean_ratio']:.3f}x the fastest"))
+    out.append("advisor strictly better on average (mean ratio) than every baseline: "
+               + ("yes" if s["better_than_baselines"] else "no"))
+    return out
 
 
 def plot(doc: dict, path: Path) -> None:
+    """Predicted against measured iteration, one colour per method, one marker per link
+    rate, contended configurations hollow."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows, cores = doc["rows"], doc["cores"]
     fig, ax = plt.subplots(figsize=(6, 5))
-    aggs = list(dict.fromkeys(r["agg"] for r in doc["rows"]))
+    aggs = list(dict.fromkeys(r["agg"] for r in rows))
+    rates = list(dict.fromkeys(r["bandwidth"] for r in rows))
     for i, agg in enumerate(aggs):
-        for rate, marker in zip(dict.fromkeys(r["bandwidth"] for r in doc["rows"]), "os^",
-                                strict=False):
-            pts = [(r["measured_s"] * 1e3, r["predicted_s"] * 1e3) for r in doc["rows"]
-                   if r["agg"] == agg and r["bandwidth"] == rate]
-            if pts:
-                ax.scatter(*zip(*pts, strict=True), color=f"C{i}", marker=marker,
-                           label=f"{agg}, {rate}", zorder=3)
-    lim = [min(min(r["measured_s"], r["predicted_s"]) for r in doc["rows"]) * 1e3 * 0.8,
-           max(max(r["measured_s"], r["predicted_s"]) for r in doc["rows"]) * 1e3 * 1.2]
+        for rate, marker in zip(rates, "os^Dv", strict=False):
+            for hot in (False, True):
+                pts = [(r["measured_s"] * 1e3, r["predicted_s"] * 1e3) for r in rows
+                       if r["agg"] == agg and r["bandwidth"] == rate
+                       and contended(r["workers"], cores) == hot]
+                if pts:
+                    ax.scatter(*zip(*pts, strict=True), marker=marker, zorder=3,
+                               facecolors="none" if hot else f"C{i}", edgecolors=f"C{i}",
+                               label=None if hot else f"{agg}, {rate}")
+    lim = [min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8,
+           max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.2]
     xs = np.geomspace(*lim, 50)
     ax.plot(xs, xs, "k-", lw=0.8)
     ax.fill_between(xs, xs * 0.85, xs * 1.15, color="0.9", label="±15 %", zorder=1)
     ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured iteration (ms)",
            ylabel="predicted iteration (ms)")
-    ticks = [t for t in (10, 20, 50, 100, 200, 500, 1000, 2000) if lim[0] <= t <= lim[1]]
+    ticks = [t for t in (5, 10, 20, 30, 50, 100, 200, 300, 500, 1000, 2000)
+             if lim[0] <= t <= lim[1]]
     for axis in (ax.xaxis, ax.yaxis):  # plain labels, none on the minor ticks (they collide)
         axis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
         axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     s = doc["summary"]
-    ax.set_title(f"mlp, P = 2/4/8: median |error| {s['median_abs_error']:.1%}, "
-                 f"max {s['max_abs_error']:.1%}", fontsize=9)
+    title = [f"{name} {_pct(e['median_abs_error'])} / {_pct(e['max_abs_error'])}"
+             for name, e in (("uncontended", s["uncontended"]), ("contended", s["contended"]))
+             if e is not None]
+    ax.set_title(f"{doc['model']}, median / max |error|: " + ", ".join(title)
+                 + " (hollow: contended)", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-

@@ -1,0 +1,304 @@
+"""A calibration file: what ``gradwire calibrate`` measured on the ranks' own devices and
+network, for the performance model. JSON, one object; times in seconds, sizes in bytes.
+
+Network (every call on the run's backend, gloo or NCCL, with tensors on the ranks' device):
+
+- ``format``: 2, the version of this layout.
+- ``alpha_s``: α, latency per step of a ring. The backend's own allreduce of a P-element fp32
+  tensor, every rank taking part (as the compression-utility paper measures it): 5 runs of
+  40 calls after 20, the median run's time per call, the median over ranks, divided by a
+  ring allreduce's 2(P−1) steps. ``alpha_call_s``: that time per call itself.
+- ``beta_s_per_byte``: β, seconds per byte between two ranks: rank 0 sends a window of 16
+  messages of 4 MiB (isend/irecv), the peer answers with 4 bytes (osu_bw); β = time / bytes,
+  the median of 3 windows after one. The peer is the first rank of another node (rank
+  ``ranks_per_node``), or rank 1 when there is one node; ``beta_between`` says which:
+  ``"nodes"`` or ``"ranks of one node"``.
+- ``beta_intra_s_per_byte``: the same between ranks 0 and 1 where they share a node and
+  there are several nodes; else null.
+
+Device (rank 0's, the other ranks waiting, unless said otherwise):
+
+- ``gamma_s_per_byte``: γ, reduction: ``a.add_(b)`` over 64 MiB of fp32, per byte of ``b``,
+  the median of 5.
+- ``codecs``: every aggregation method's encode and decode on the device, a codec table as
+  :mod:`gradwire.perf.codecs` reads it (``numel``, ``dtype``, ``source``, ``methods``: per
+  method ``params``, ``encode_s``, ``decode_s``, ``decode_fixed_s`` for the vote). Each
+  method's compressor alone, never its hook or its communication, on one DDP bucket of random
+  fp32 (25 MiB, or the whole ``model`` where it is smaller), the median of a few.
+- ``overlap_slowdown``: κ (>= 1), how much longer backward takes while a large allreduce
+  runs beside it, every rank at once; ``overlap``: ``model`` (the stand-in model that ran
+  backward), ``backward_s`` (alone), ``with_comm_s`` (beside the allreduce), ``comm_bytes``
+  (the allreduce's size), each the median over ranks of the median of 5.
+- ``coding_slowdown``: t / (b + e): backward (b) and a Top-k encode of one bucket (e) run at
+  the same time (a second thread, on CUDA a second stream) take t; above 1, overlapping
+  them is slower than running them in turn (compression-utility paper, §3.1). ``coding``:
+  ``method``, ``numel``, ``backward_s``, ``encode_s``, ``together_s``, medians of 5.
+- ``cpu``: on CPU ranks, how they share the machine's cores (null on CUDA):
+  ``cpu_ranks_per_machine``, ``cores_per_machine``, ``cpu_step_s`` (CPU per schedule step),
+  ``cpu_byte_s`` (CPU per byte moved), ``cpu_share`` (share of the cores the ranks keep
+  busy), ``cpu_sync_s`` and ``cpu_sync_step_s`` (wait per collective call, per step),
+  ``cpu_slowdown`` (memory-bound work with every rank running / alone); see
+  :mod:`gradwire.bench.sharing`.
+
+Where and how:
+
+- ``world``, ``ranks_per_node`` (LOCAL_WORLD_SIZE), ``nodes``; ``backend`` (gloo or nccl);
+  ``device`` ("cpu" or the GPU's name); ``model`` (the profile whose bucket the codecs
+  were timed on).
+- ``network``, ``bandwidth``: the emulated cluster's label and link rate (null elsewhere);
+  ``burst_bytes``: its links' token bucket (0 where links are not shaped).
+- ``gradwire``, ``commit``, ``machine``, ``command``, ``date``: who measured it, where and when.
+
+Example::
+
+    from gradwire.perf import calibration
+    cal = calibration.load("cal.json")
+    cal.alpha_s, cal.beta_s_per_byte, cal.codecs.seconds("topk", 6_553_600, cal.world)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradwire.check import is_int, is_real
+from gradwire.errors import GradwireError, did_you_mean
+from gradwire.jsonfile import read_object, shown
+from gradwire.perf.codecs import CodecTable
+
+FORMAT = 2
+BETWEEN = ("nodes", "ranks of one node")
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """κ's raw times: the stand-in ``model``'s backward alone and beside an allreduce of
+    ``comm_bytes``."""
+
+    model: str
+    backward_s: float
+    with_comm_s: float
+    comm_bytes: int
+
+
+@dataclass(frozen=True)
+class Coding:
+    """The coding slowdown's raw times: backward, ``method``'s encode of ``numel`` elements,
+    and both at once."""
+
+    method: str
+    numel: int
+    backward_s: float
+    encode_s: float
+    together_s: float
+
+
+@dataclass(frozen=True)
+class CpuTerms:
+    """How CPU ranks share their machine's cores (:mod:`gradwire.bench.sharing`); the names
+    are the file's."""
+
+    cpu_ranks_per_machine: int
+    cores_per_machine: int
+    cpu_step_s: float
+    cpu_byte_s: float
+    cpu_share: float
+    cpu_sync_s: float
+    cpu_sync_step_s: float
+    cpu_slowdown: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One calibration file's fields (the module docstring says what each is)."""
+
+    alpha_s: float
+    alpha_call_s: float
+    beta_s_per_byte: float
+    beta_between: str
+    beta_intra_s_per_byte: float | None
+    gamma_s_per_byte: float
+    overlap_slowdown: float
+    overlap: Overlap
+    coding_slowdown: float
+    coding: Coding
+    codecs: CodecTable
+    cpu: CpuTerms | None
+    world: int
+    ranks_per_node: int
+    nodes: int
+    backend: str
+    device: str
+    model: str
+    gradwire: str
+    commit: str
+    machine: str
+    command: str
+    date: str
+    network: str | None = None
+    bandwidth: str | None = None
+    burst_bytes: float = 0.0
+
+    def to_json(self) -> dict:
+        d = {"format": FORMAT}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, CodecTable):
+                v = {"numel": v.numel, "dtype": "float32", "source": v.source,
+                     "methods": v.methods}
+            elif dataclasses.is_dataclass(v):
+                v = dataclasses.asdict(v)
+            d[f.name] = v
+        return d
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.dumps())
+
+
+def load(path: str | Path) -> Calibration:
+    """The calibration in the file at ``path``; every defect is a one-line error naming the
+    file and the field."""
+    where = f"calibration file {shown(str(path))}"
+    return parse(read_object(path, where), where)
+
+
+def parse(doc: dict, where: str) -> Calibration:
+    """A :class:`Calibration` from a file's JSON object; ``where`` names it in errors."""
+    if "format" not in doc:
+        raise GradwireError(f"{where} was written by an older gradwire calibrate (it has no "
+                            "'format' field): run `gradwire calibrate` again")
+    if doc["format"] != FORMAT:
+        raise GradwireError(f"{where}: field 'format' must be {FORMAT}, got "
+                            f"{doc['format']!r}: run `gradwire calibrate` again")
+    r = _Reader(doc, where)
+    known = {"format"} | {f.name for f in dataclasses.fields(Calibration)}
+    for key in doc:
+        if key not in known:
+            raise GradwireError(f"{where}: unknown field {shown(str(key))!r}"
+                                f"{did_you_mean(str(key), known)}")
+    return Calibration(
+        alpha_s=r.seconds("alpha_s", above=True),
+        alpha_call_s=r.seconds("alpha_call_s", above=True),
+        beta_s_per_byte=r.seconds("beta_s_per_byte", above=True),
+        beta_between=r.choice("beta_between", BETWEEN),
+        beta_intra_s_per_byte=r.seconds("beta_intra_s_per_byte", above=True, null=True),
+        gamma_s_per_byte=r.seconds("gamma_s_per_byte", above=True),
+        overlap_slowdown=r.number("overlap_slowdown", "a number >= 1", 1.0),
+        overlap=_overlap(r.sub("overlap")),
+        coding_slowdown=r.number("coding_slowdown", "a number > 0", 0.0, above=True),
+        coding=_coding(r.sub("coding")),
+        codecs=_codecs(r.sub("codecs"), where),
+        cpu=None if doc.get("cpu") is None else _cpu(r.sub("cpu")),
+        world=r.integer("world", 2),
+        ranks_per_node=r.integer("ranks_per_node", 1),
+        nodes=r.integer("nodes", 1),
+        backend=r.choice("backend", BACKENDS),
+        device=r.text("device"),
+        model=r.text("model"),
+        gradwire=r.text("gradwire"),
+        commit=r.text("commit"),
+        machine=r.text("machine"),
+        command=r.text("command"),
+        date=r.text("date"),
+        network=r.text("network", null=True),
+        bandwidth=r.text("bandwidth", null=True),
+        burst_bytes=r.number("burst_bytes", "a number of bytes >= 0", 0.0, default=0.0),
+    )
+
+
+class _Reader:
+    """Checked fields of one JSON object; errors name the file and the field's dotted path."""
+
+    def __init__(self, doc: dict, where: str, prefix: str = "") -> None:
+        self.doc, self.where, self.prefix = doc, where, prefix
+
+    def bad(self, key: str, expected: str) -> GradwireError:
+        if key not in self.doc:
+            return GradwireError(f"{self.where}: field {self.prefix + key!r} is missing "
+                                 f"(expected {expected}): run `gradwire calibrate` again")
+        got = shown(repr(self.doc[key]))
+        got = got if len(got) <= 60 else got[:57] + "..."
+        return GradwireError(f"{self.where}: field {self.prefix + key!r} must be {expected}, "
+                             f"got {got}")
+
+    def number(self, key: str, expected: str, low: float, *, above: bool = False,
+               high: float = math.inf, null: bool = False,
+               default: float | None = None) -> float | None:
+        v = self.doc.get(key, default)
+        if v is None and null and key in self.doc:
+            return None
+        if not is_real(v, low, high, above=above):
+            raise self.bad(key, expected + (" or null" if null else ""))
+        return float(v)
+
+    def seconds(self, key: str, *, above: bool = False, null: bool = False) -> float | None:
+        return self.number(key, f"a number of seconds {'>' if above else '>='} 0", 0.0,
+                           above=above, null=null)
+
+    def integer(self, key: str, low: int) -> int:
+        v = self.doc.get(key)
+        if not is_int(v, low):
+            raise self.bad(key, f"an integer >= {low}")
+        return int(v)
+
+    def text(self, key: str, *, null: bool = False) -> str | None:
+        v = self.doc.get(key)
+        if v is None and null and key in self.doc:
+            return None
+        if not isinstance(v, str):
+            raise self.bad(key, "text" + (" or null" if null else ""))
+        return v
+
+    def choice(self, key: str, allowed: tuple[str, ...]) -> str:
+        v = self.doc.get(key)
+        if v not in allowed:
+            raise self.bad(key, "one of " + ", ".join(repr(a) for a in allowed))
+        return v
+
+    def sub(self, key: str) -> _Reader:
+        v = self.doc.get(key)
+        if not isinstance(v, dict):
+            raise self.bad(key, "an object")
+        return _Reader(v, self.where, f"{self.prefix}{key}.")
+
+
+def _overlap(r: _Reader) -> Overlap:
+    return Overlap(r.text("model"), r.seconds("backward_s", above=True),
+                   r.seconds("with_comm_s", above=True), r.integer("comm_bytes", 1))
+
+
+def _coding(r: _Reader) -> Coding:
+    return Coding(r.text("method"), r.integer("numel", 1), r.seconds("backward_s", above=True),
+                  r.seconds("encode_s", above=True), r.seconds("together_s", above=True))
+
+
+def _cpu(r: _Reader) -> CpuTerms:
+    return CpuTerms(
+        r.integer("cpu_ranks_per_machine", 1), r.integer("cores_per_machine", 1),
+        r.seconds("cpu_step_s"), r.seconds("cpu_byte_s"),
+        r.number("cpu_share", "a number > 0 and <= 1", 0.0, above=True, high=1.0),
+        r.seconds("cpu_sync_s"), r.seconds("cpu_sync_step_s"),
+        r.number("cpu_slowdown", "a number >= 1", 1.0))
+
+
+def _codecs(r: _Reader, where: str) -> CodecTable:
+    methods = r.sub("methods")
+    for name in methods.doc:
+        m = methods.sub(name)
+        for key in ("encode_s", "decode_s"):
+            m.seconds(key)
+        if "decode_fixed_s" in m.doc:
+            m.seconds("decode_fixed_s")
+    if r.doc.get("dtype", "float32") != "float32":
+        raise r.bad("dtype", "'float32'")
+    source = r.doc.get("source", "")
+    if not isinstance(source, str):
+        raise r.bad("source", "text")
+    return CodecTable(where, r.integer("numel", 1), dict(methods.doc), source)

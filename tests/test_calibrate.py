@@ -1,0 +1,176 @@
+"""gradwire calibrate's rank side under plain torchrun, and the calibration file's loader."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gradwire import profiles
+from gradwire.catalogue import METHODS
+from gradwire.errors import GradwireError
+from gradwire.perf import calibration, codecs
+from gradwire.perf.calibration import Calibration, Coding, CpuTerms, Overlap
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(out, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "-m", "gradwire.bench.calibrate", "--out", str(out), "--model", "resnet20", *args]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+
+
+def _check_sane(cal: Calibration, path, device: str) -> None:
+    """Every field of a P = 2 run on one node, as a user would rely on it."""
+    assert cal.world == 2 and cal.alpha_s > 0
+    assert cal.alpha_call_s == pytest.approx(2 * cal.alpha_s)  # a ring of 2: 2 steps
+    assert cal.beta_s_per_byte > 0 and cal.gamma_s_per_byte > 0
+    assert cal.overlap_slowdown >= 1 and cal.overlap.backward_s > 0
+    assert cal.coding_slowdown == pytest.approx(
+        cal.coding.together_s / (cal.coding.backward_s + cal.coding.encode_s))
+    assert set(cal.codecs.methods) == set(METHODS)
+    assert cal.codecs.numel == profiles.load("resnet20").numel  # smaller than one bucket
+    assert cal.codecs.methods["topk"]["params"] == {"density": 0.001}
+    assert cal.codecs.methods["powersgd"]["params"] == {"rank": 4}
+    assert cal.codecs.methods["powersgd"]["encode_s"] > 0
+    assert "decode_fixed_s" in cal.codecs.methods["signsgd"]
+    assert "compressors only" in cal.codecs.source
+    assert cal.model == "resnet20" and cal.device == device
+    # whatif/advise --codecs FILE read the same table
+    assert codecs.load(str(path)).methods == cal.codecs.methods
+
+
+def test_rank_side_under_plain_torchrun(tmp_path):
+    out = tmp_path / "cal.json"
+    p = _torchrun(out, 2, "--device", "cpu")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cal = calibration.load(out)
+    _check_sane(cal, out, "cpu")
+    assert (cal.backend, cal.ranks_per_node, cal.nodes) == ("gloo", 2, 1)
+    assert cal.beta_between == "ranks of one node" and cal.beta_intra_s_per_byte is None
+    # CPU ranks of one machine: the shared-CPU terms, both ranks on it
+    assert cal.cpu is not None and cal.cpu.cpu_ranks_per_machine == 2
+    assert 0 < cal.cpu.cpu_share <= 1 and cal.cpu.cpu_slowdown >= 1
+    assert cal.network is None and cal.burst_bytes == 0
+    assert "gradwire.bench.calibrate --out" in cal.command and cal.gradwire
+    assert f"wrote {out}" in p.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rank_side_on_cuda(tmp_path):
+    """NCCL, buffers on the GPU. Two GPUs: plain torchrun; one: two emulated hosts (each its
+    own NCCL host) sharing it."""
+    out = tmp_path / "cal.json"
+    if torch.cuda.device_count() >= 2:
+        p = _torchrun(out, 2, "--device", "cuda")
+    else:
+        p = subprocess.run([sys.executable, "-m", "gradwire.cli", "calibrate", "--loopback",
+                            "--hosts", "2", "--device", "cuda", "--model", "resnet20",
+                            "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    cal = calibration.load(out)
+    _check_sane(cal, out, torch.cuda.get_device_name())
+    assert cal.backend == "nccl" and cal.cpu is None
+
+
+def test_the_codec_probe_times_compressors_alone():
+    """No hook, no process group: each method's compressor, with the catalogue's parameters."""
+    import torch.distributed as dist
+
+    from gradwire.bench import codec_probe
+
+    doc = codec_probe.measure(1000, repeats=1, density=0.01, rank=2)
+    assert set(doc["methods"]) == set(METHODS) and "compressors only" in doc["source"]
+    assert doc["methods"]["dense"] == {"params": {}, "encode_s": 0.0, "decode_s": 0.0}
+    assert doc["methods"]["gtopk"]["params"] == {"density": 0.01}
+    assert doc["methods"]["powersgd"]["params"] == {"rank": 2}
+    assert doc["methods"]["signsgd"]["decode_fixed_s"] >= 0  # the vote: fixed + per rank
+    assert all(m["encode_s"] > 0 for n, m in doc["methods"].items() if n != "dense")
+    assert not dist.is_initialized()
+
+
+def _good() -> dict:
+    table = codecs.CodecTable("t", 1000, {"dense": {"params": {}, "encode_s": 0.0,
+                                                    "decode_s": 0.0},
+                                          "topk": {"params": {"density": 0.01},
+                                                   "encode_s": 1e-3, "decode_s": 1e-4}}, "s")
+    return Calibration(
+        alpha_s=5e-5, alpha_call_s=1e-4, beta_s_per_byte=1e-9, beta_between="nodes",
+        beta_intra_s_per_byte=None, gamma_s_per_byte=1e-10, overlap_slowdown=1.2,
+        overlap=Overlap("mlp", 0.05, 0.06, 26214400), coding_slowdown=1.1,
+        coding=Coding("topk", 1000, 0.05, 0.01, 0.066), codecs=table,
+        cpu=CpuTerms(2, 2, 1e-4, 1e-10, 0.9, 1e-3, 1e-3, 1.1), world=2, ranks_per_node=1,
+        nodes=2, backend="gloo", device="cpu", model="resnet20", gradwire="0.1.0",
+        commit="abc", machine="m", command="c", date="d").to_json()
+
+
+def test_a_saved_calibration_reads_back_the_same(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(_good()))
+    cal = calibration.load(path)
+    assert cal.to_json() == _good() and cal.cpu.cpu_share == 0.9
+    assert cal.codecs.seconds("topk", 2000, 2) == (2e-3, 2e-4)
+
+
+@pytest.mark.parametrize(("change", "msg"), [
+    (None, "No such file or directory"),
+    ({"format": None}, "written by an older gradwire calibrate (it has no 'format' field): "
+                       "run `gradwire calibrate` again"),
+    ({"format": 3}, "field 'format' must be 2, got 3"),
+    ({"alpha_s": None}, "field 'alpha_s' is missing (expected a number of seconds > 0)"),
+    ({"beta_s_per_byte": -1e-9}, "field 'beta_s_per_byte' must be a number of seconds > 0, "
+                                 "got -1e-09"),
+    ({"gamma_s_per_byte": "fast"}, "field 'gamma_s_per_byte' must be a number of seconds"),
+    ({"overlap_slowdown": 0.5}, "field 'overlap_slowdown' must be a number >= 1, got 0.5"),
+    ({"beta_between": "racks"}, "field 'beta_between' must be one of 'nodes', 'ranks of one"),
+    ({"world": 1}, "field 'world' must be an integer >= 2, got 1"),
+    ({"overlap": {"model": "m", "backward_s": 0.1}}, "field 'overlap.with_comm_s' is missing"),
+    ({"cpu": {**_good()["cpu"], "cpu_share": 2}}, "field 'cpu.cpu_share' must be a number > 0 "
+                                                  "and <= 1, got 2"),
+    ({"codecs": {**_good()["codecs"], "methods": {"topk": {"encode_s": -1, "decode_s": 0}}}},
+     "field 'codecs.methods.topk.encode_s' must be a number of seconds >= 0, got -1"),
+    ({"alpha_ss": 1}, "unknown field 'alpha_ss' (did you mean 'alpha_s'?)"),
+])
+def test_load_refuses_a_bad_file_in_one_line(tmp_path, change, msg):
+    path = tmp_path / "c.json"
+    if change is not None:
+        doc = _good()
+        for key, value in change.items():
+            if value is None:
+                doc.pop(key)
+            else:
+                doc[key] = value
+        path.write_text(json.dumps(doc))
+    with pytest.raises(GradwireError) as e:
+        calibration.load(path)
+    assert str(e.value).startswith(f"calibration file {path}")
+    assert msg in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_file_of_the_old_format_is_refused(tmp_path):
+    """What gradwire calibrate wrote before format 2: flat fields, no "format"."""
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"alpha_s": 3e-4, "alpha_step_s": 1.6e-3, "beta_s_per_byte": 8e-9,
+                                "gamma_s_per_byte": 1e-10, "hosts": 8, "cpu_step_s": 3.5e-4}))
+    with pytest.raises(GradwireError, match=r"older gradwire calibrate .* run `gradwire "
+                                            r"calibrate` again"):
+        calibration.load(path)
+
+
+def test_the_cli_under_a_launcher_needs_out(monkeypatch, capsys):
+    from conftest import cli_error
+
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(k, v)
+    code, err = cli_error(monkeypatch, capsys, "calibrate")
+    assert code != 0 and "under a launcher" in err and "needs --out FILE" in err, err
+    assert len(err.strip().splitlines()) == 1
