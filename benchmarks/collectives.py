@@ -22,6 +22,7 @@ Every timed run of `gradwire bench` starts at a barrier and makes one untimed le
 first, so its timed calls find the links as calls back to back leave them (--batch).
 
     python benchmarks/collectives.py                 # ~20 min; writes benchmarks/results/
+                                                     # collectives/latest.json and .png
     python benchmarks/collectives.py --parts ring    # one part (others kept from the last run)
 
 Needs root (network namespaces). Run it on an otherwise idle machine: 8 ranks share 2 cores.
@@ -44,9 +45,7 @@ from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, back_to_back
 
 HERE = Path(__file__).parent
-RESULTS = HERE / "results"
-OUT = RESULTS / "collectives_1gbit.json"
-PLOT = RESULTS / "prediction_1gbit.png"
+OUT = HERE / "results" / "collectives" / "latest.json"  # the plot beside it (.png)
 BW = "1gbit"
 MiB = 2**20
 
@@ -247,7 +246,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     if "model" in result:
-        plot(result["model"], PLOT if out == OUT else out.with_suffix(".png"))
+        plot(result["model"], out.with_suffix(".png"))
     print(summary(result))
     print(f"wrote {out}")
 

@@ -5,7 +5,7 @@ Per compressor row of table (b) and for the selector of table (a), the ratio thi
 the median encode and decode times over the rounds (below 1: this checkout is faster).
 
     python benchmarks/compress_ab.py --baseline aa7a4ad \\
-        --out benchmarks/results/compress_ab_catalogue.json
+        --out benchmarks/results/compress_ab/latest.json
     python benchmarks/compress_ab.py --earlier-src /path/to/old/src --device cuda ...
         # where there is no git (a lent GPU machine): the earlier src copied beside
 """

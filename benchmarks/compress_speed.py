@@ -15,7 +15,7 @@
     (what decompress did before), in the same process; the results must be equal, element for
     element (NaN's sign aside: none here).
 
-    python benchmarks/compress_speed.py            # writes benchmarks/results/compress_speed.json
+    python benchmarks/compress_speed.py            # writes results/compress_speed/latest.json
     python benchmarks/compress_speed.py --size 2000000 --topk-size 2000000 --repeats 3 \\
         --out /tmp/quick.json                       # a quick look
     python benchmarks/compress_speed.py --device cuda
@@ -45,6 +45,7 @@ from gradwire.compress.base import generator
 from gradwire.compress.bits import unpack_bits
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "compress_speed" / "latest.json"
 
 # (name, params) rows of table (b): Table 2's methods and settings, then the rest of the registry.
 METHODS: list[tuple[str, dict[str, object]]] = [
@@ -177,7 +178,7 @@ def main() -> None:
     ap.add_argument("--density", type=float, default=0.001, help="density for (a)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "compress_speed.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--parts", default="a,b,c,d", help="comma list of a, b, c, d (see above)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

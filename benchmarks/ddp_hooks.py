@@ -7,15 +7,16 @@ for a hook also listed as "<hook>/nocheck" (GRADWIRE_CHECK_CALLS=0), the check's
 iteration with it over the iteration without, less 1, in the same run.
 
     python benchmarks/ddp_hooks.py                      # CPU: gloo, 4 emulated hosts, 1 Gbit/s
-    python benchmarks/ddp_hooks.py --hosts 8 --out results/ddp_hooks_p8.json
+    python benchmarks/ddp_hooks.py --hosts 8 --out benchmarks/results/ddp_hooks/p8.json
     python benchmarks/ddp_hooks.py --hooks gradwire:topk-0.001,gradwire:topk-0.001/nocheck
     python benchmarks/ddp_hooks.py --hooks torch:powersgd-r4/one,gradwire:powersgd-r4/one \
-        --out results/ddp_hooks_powersgd.json   # "/one": the whole model in one DDP bucket
+        --out benchmarks/results/ddp_hooks/powersgd.json   # "/one": the whole model in one bucket
     python benchmarks/ddp_hooks.py --device cuda        # NCCL, P ranks sharing GPU 0, each its
                                                         # own emulated host (carry_iproute2.sh)
 
 Needs root for the emulated cluster (--loopback runs unshaped). Writes
-results/ddp_hooks_<device>.json with the machine, command, commit and date.
+results/ddp_hooks/latest.json (on cuda: results/ddp_hooks/cuda.json) with the machine, command,
+commit and date.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from gradwire.cluster import ephemeral_cluster
 from gradwire.launcher import launch
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "ddp_hooks" / "latest.json"  # on cuda: cuda.json beside it (--device)
 HOOKS = ("torch:allreduce", "gradwire:dense", "torch:fp16", "gradwire:fp16",
          "torch:powersgd-r1", "gradwire:powersgd-r1", "gradwire:topk-0.001",
          "gradwire:gtopk-0.001")
@@ -62,7 +64,7 @@ def main() -> None:
         # of different buckets can reach the ranks in different orders (gloo aborted with
         # "Received data size doesn't match expected size" on the 3-bucket mlp14m).
         args.hooks = ",".join(h for h in HOOKS if h != "torch:powersgd-r1")
-    out = args.out or HERE / "results" / f"ddp_hooks_{args.device}.json"
+    out = args.out or (OUT if args.device == "cpu" else OUT.with_name(f"{args.device}.json"))
     env = {"HOOKS": args.hooks, "MODEL": args.model, "BATCH": str(args.batch),
            "WARMUP": str(args.warmup), "ITERS": str(args.iters), "ROUNDS": str(args.rounds),
            "DEVICE": args.device}

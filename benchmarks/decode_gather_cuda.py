@@ -8,7 +8,7 @@ index_select with int32 indices). Every way must give the same elements as the f
 unpacked one (else WRONG). Prints one line per (width, dtype).
 
     python benchmarks/decode_gather_cuda.py      # needs a CUDA device
-Its one run is benchmarks/results/decode_gather_cuda.txt.
+Its one run is benchmarks/results/decode_gather_cuda/latest.txt.
 """
 import statistics
 

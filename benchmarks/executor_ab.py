@@ -10,10 +10,10 @@ cluster, the launcher of this checkout's Python) is the same.
     python benchmarks/executor_ab.py                  # old = c6f8093 (before in-place receives)
     python benchmarks/executor_ab.py --old REV --rounds 3
     python benchmarks/executor_ab.py --old e4bcd88 --cases rs_ring,rs_rhd --hosts 4 --rounds 3 \
-        --out benchmarks/results/executor_ab_rs.json      # reduce-scatter without the copy
+        --out benchmarks/results/executor_ab/reduce_scatter.json   # reduce-scatter without the copy
 
 Needs root (network namespaces) and an otherwise idle machine: 8 ranks share 2 cores.
-Writes benchmarks/results/executor_ab.json.
+Writes benchmarks/results/executor_ab/latest.json.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from ab import ROOT, earlier_src, this_code
 from gradwire.bench import provenance
 
 HERE = Path(__file__).parent
-OUT = HERE / "results" / "executor_ab.json"
+OUT = HERE / "results" / "executor_ab" / "latest.json"
 CASES = {"lp_broadcast": ("broadcast", "lp", ["--no-builtin"]),
          "ring_allreduce": ("allreduce", "ring", []),
          "rs_ring": ("reducescatter", "ring", ["--no-builtin"]),

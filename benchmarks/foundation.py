@@ -4,7 +4,7 @@
 2. 4 hosts at 1gbit: torch.distributed.all_reduce (gloo) of 64 MiB through `gradwire run`,
    busbw by the nccl-tests convention.
 
-    python benchmarks/foundation.py            # writes benchmarks/results/foundation.json
+    python benchmarks/foundation.py            # writes benchmarks/results/foundation/latest.json
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from gradwire.bench import provenance
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "foundation" / "latest.json"
 SIZE = 64 * 2**20
 
 
@@ -48,11 +49,10 @@ def main() -> None:
         **provenance.stamp("python benchmarks/foundation.py"),
         "rows": rows,
     }
-    path = HERE / "results" / "foundation.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:
         print(r)
-    print(f"wrote {path}")
+    print(f"wrote {OUT}")
 
 
 if __name__ == "__main__":

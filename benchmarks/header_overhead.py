@@ -1,5 +1,6 @@
 """What the header exchange (gradwire.collectives.agree) costs: each call timed with it and
-without, interleaved, on an emulated cluster (or loopback); writes results/header_overhead.json.
+without, interleaved, on an emulated cluster (or loopback); writes
+results/header_overhead/latest.json.
 
     python benchmarks/header_overhead.py                       # 4 hosts, 1gbit; needs root
     python benchmarks/header_overhead.py --loopback --out /tmp/h.json
@@ -17,6 +18,7 @@ from gradwire.cluster import ephemeral_cluster
 from gradwire.launcher import launch
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "header_overhead" / "latest.json"
 
 
 def main() -> None:
@@ -24,7 +26,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--bandwidth", default="1gbit")
     ap.add_argument("--loopback", action="store_true")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "header_overhead.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     lines: list[str] = []
     with ephemeral_cluster(args.hosts, args.bandwidth, args.loopback) as c:

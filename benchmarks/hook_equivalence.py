@@ -6,8 +6,8 @@ P ranks over gloo on loopback, with fixed seeds, one thread per rank, buckets of
 layer, in both modes; the warm-up densities move on every ``--steps-per-epoch`` steps. The
 JSON holds, per run, the SHA-256 of the final parameters and the loss at every step.
 
-    python benchmarks/hook_equivalence.py --out benchmarks/results/hook_equivalence.json
-    python benchmarks/hook_equivalence.py --compare benchmarks/results/hook_equivalence.json
+    python benchmarks/hook_equivalence.py --out benchmarks/results/hook_equivalence/latest.json
+    python benchmarks/hook_equivalence.py --compare benchmarks/results/hook_equivalence/latest.json
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ parts, each alternating the two settings (defaults first, then ours, per round):
 
     python benchmarks/malloc_ab.py        # ~10 min; needs root (namespaces)
 
-Writes benchmarks/results/malloc_ab.json.
+Writes benchmarks/results/malloc_ab/latest.json.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from gradwire.bench import provenance
 from gradwire.launcher import MALLOC_TUNABLES
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "malloc_ab" / "latest.json"
 SETTINGS = {"glibc defaults": "", "gradwire's": MALLOC_TUNABLES}
 
 MICRO = """
@@ -81,7 +82,7 @@ def main() -> None:
     ap.add_argument("--agg", default="gtopk,dense,qsgd")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "malloc_ab.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     doc = {**provenance.stamp(shlex.join(["python", "benchmarks/malloc_ab.py", *sys.argv[1:]])),
            "commit": provenance.commit(), "load_average_before": os.getloadavg(),

@@ -12,7 +12,7 @@ tensors over NCCL, several ranks sharing one GPU. Needs a CUDA device (CI has no
 (d) Why the executor goes step by step over NCCL: its dataflow path (receives posted ahead of
     sends, as over gloo) on 2 ranks, ring and recursive doubling allreduce, bounded at 60 s.
 
-    python benchmarks/nccl_check.py                       # writes benchmarks/results/nccl.json
+    python benchmarks/nccl_check.py              # writes benchmarks/results/nccl_check/latest.json
     python benchmarks/nccl_check.py --parts b --out /tmp/n.json
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from gradwire.cluster import loopback_cluster, netns_available
 from gradwire.launcher import launch
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "nccl_check" / "latest.json"
 SCRIPTS = HERE.parent / "tests" / "scripts"
 CHECKS = ["collectives_check.py", "sparse_check.py", "hooks_check.py"]
 PROBE = """
@@ -123,7 +124,7 @@ def main() -> None:
     ap.add_argument("--scripts", default=",".join(CHECKS), help="check scripts for (a)")
     ap.add_argument("--parts", default="a,b,c,d", help="comma list of a, b, c, d")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per run")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "nccl.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("nccl_check.py needs a CUDA device: none here")

@@ -9,7 +9,8 @@ end (what tests/test_network_operator_tables.py simulates, one iteration) is kep
 Then the paper's order, pair by pair (gradwire.sim.paper.paper_pairs), and how the head-to-head
 mechanisms (ring, multicast + INA, butterfly) move when both host costs are scaled.
 
-Prints the Markdown tables of docs/simulator.md; writes results/network_operator_tables.json.
+Prints the Markdown tables of docs/simulator.md; writes
+results/network_operator_tables/latest.json.
 
     flock /tmp/gradwire-bench.lock python benchmarks/network_operator_tables.py
     python benchmarks/network_operator_tables.py --quick --out /tmp/t.json   # no scaling
@@ -40,6 +41,7 @@ from gradwire.sim.paper import (
 )
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "network_operator_tables" / "latest.json"
 NAMES = {"inception-v3": "Inception-v3", "vgg16": "VGG-16", "resnet101": "ResNet-101",
          "resnet200": "ResNet-200"}
 TABLES = {4: ("ina", "multicast", "multicast+ina"), 6: ("ring", "ring+multicast", "butterfly")}
@@ -81,7 +83,7 @@ def markdown(head: list[str], rows: list[list[str]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "network_operator_tables.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--quick", action="store_true", help="no scaling of the host costs")
     ap.add_argument("--print", type=Path, dest="show", help="print the tables of this result "
                     "file, simulate nothing")

@@ -24,6 +24,7 @@ from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "perf_validation" / "latest.json"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fast-repeats", type=int,
                     help=f"training runs where the model predicts under {FAST_S * 1e3:.0f} "
                          "ms per iteration (at least --repeats; default: --repeats)")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "perf_validation.json",
+    ap.add_argument("--out", type=Path, default=OUT,
                     help="the result (JSON); its figure goes beside it (.png)")
     ap.add_argument("--repredict", type=Path, metavar="JSON",
                     help="run nothing: predict this earlier result again with the model as it "

@@ -5,7 +5,7 @@ accuracy after the last epoch, at P = 2 and 4 and ranks 1 and 4, dense alongside
 
     python benchmarks/powersgd_accuracy.py        # loopback ranks: accuracy, not speed
 
-Writes results/powersgd_accuracy.json with the machine, command, commit and date.
+Writes results/powersgd_accuracy/latest.json with the machine, command, commit and date.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from gradwire.cluster import loopback_cluster
 from gradwire.launcher import launch
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "powersgd_accuracy" / "latest.json"
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--ranks", default="1,4")
     ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "powersgd_accuracy.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     rows = []
     for p in (int(v) for v in args.worlds.split(",")):

@@ -1,7 +1,7 @@
 """How finely the ring allreduce should cut its chunks (``pipeline``, sub-chunks per chunk) on
 the emulated 1 Gbit/s cluster: the default ring, pipeline 1, 2, 4 and 8, and torch's own
 all_reduce, taking turns (``gradwire bench --interleave``), at 16 and 64 MiB, P = 4 and 8.
-Writes results/ring_pipeline.json: every row, and per size the ratio of each ring's bus
+Writes results/ring_pipeline/latest.json: every row, and per size the ratio of each ring's bus
 bandwidth to the built-in one measured in the same rounds.
 
     python benchmarks/ring_pipeline.py            # ~4 min; needs root (network namespaces)
@@ -24,6 +24,7 @@ from gradwire.bench import provenance
 from gradwire.schedules.ring import SUBCHUNK_BYTES, pick_pipeline
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "ring_pipeline" / "latest.json"
 ALGOS = "ring,ring:pipeline=1,ring:pipeline=2,ring:pipeline=4,ring:pipeline=8"
 
 
@@ -32,7 +33,7 @@ def main() -> None:
     ap.add_argument("--hosts", default="4,8")
     ap.add_argument("--sizes", default="16M,64M")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "ring_pipeline.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gradwire-ring-pipeline-") as home:
         runs = [bench(home, "allreduce", ALGOS, a.sizes, int(p), a.iters, interleave=True)

@@ -6,7 +6,8 @@ workers, compute speed-up, added layers) as PNG plots.
 Traces: built-in profiles (exact tensor sizes) with the paper's Table 3 compute
 (gradwire.sim.paper). Three iterations per run, one recorded iteration (no compute variance).
 
-    flock /tmp/gradwire-bench.lock python benchmarks/sim_paper.py   # results/sim_paper.json, PNGs
+    flock /tmp/gradwire-bench.lock python benchmarks/sim_paper.py   # results/sim_paper/latest.json
+                                                                    # and latest_*.png beside it
     python benchmarks/sim_paper.py --quick --out /tmp/p.json        # tables only
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gradwire.sim.cluster import SimCluster
 from gradwire.sim.paper import PAPER_SPEEDUPS, TABLE3, paper_trace
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "sim_paper" / "latest.json"
 RANKED = ("ring", "multicast+ina", "butterfly", "multicast", "ina")  # the paper's §8.7 order
 
 
@@ -35,7 +37,7 @@ def ranking(speedups: dict[str, float]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "sim_paper.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--quick", action="store_true", help="tables 4 and 6 only")
     a = ap.parse_args(argv)
     console = Console(width=150)
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             ("inception-v3", "layers", [0, 25, 50, 125]),
         ]:
             srows = report.sweep(traces[model], c32, mechs, axis, values)
-            png = HERE / "results" / f"sim_{model}_{axis}.png"
+            png = a.out.with_name(f"{a.out.stem}_{model}_{axis}.png")
             report.plot_sweep(srows, png, f"{model}, 32 workers, 25 Gbit/s unless swept")
             sweeps[f"{model}/{axis}"] = srows
             console.print(f"wrote {png}")

@@ -9,7 +9,7 @@ ring). "Schedule objects s" is what building the same schedules as Transfer obje
 comparison (2P(P−1) of them per ring allreduce: 2.1 M at P = 1024).
 Targets (issue 6): ring at 1024 workers ≤ 2 s, PS at 256 workers ≤ 10 s.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/sim_speed.py    # writes results/sim_speed.json
+    flock /tmp/gradwire-bench.lock python benchmarks/sim_speed.py    # results/sim_speed/latest.json
     python benchmarks/sim_speed.py --ps 8,16 --ring 8,16 --out /tmp/quick.json
     python benchmarks/sim_speed.py --old REV     # every row also on commit REV's library, A/B
 
@@ -39,6 +39,7 @@ from gradwire.sim.cluster import SimCluster
 from gradwire.sim.trace import Trace, synthetic
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "sim_speed" / "latest.json"
 
 
 def resnet50() -> Trace:
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--old", metavar="REV", help="also time the library of commit REV, each "
                     "row right after this code's")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # LABEL@WORKERS: one row, as JSON
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "sim_speed.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
     if a.one:
         label, w = a.one.rsplit("@", 1)

@@ -34,6 +34,7 @@ from gradwire.sim.record import record
 from gradwire.sim.trace import save
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "sim_validation" / "latest.json"
 BATCH = {"vgg16": 32, "resnet20": 128}
 RATE = "1gbit"
 
@@ -74,7 +75,7 @@ def main() -> int:
     ap.add_argument("--traces", default="vgg16,resnet20")
     ap.add_argument("--workers", default="4,8")
     ap.add_argument("--iterations", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "sim_validation.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     console = Console(stderr=True)
     doc: dict = {**provenance.stamp("python benchmarks/sim_validation.py " +

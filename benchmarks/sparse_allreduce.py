@@ -15,7 +15,7 @@ Target: dense / gTopKAllReduce ≥ 50 at P = 8.
                                                            # smoke run, no shaping
 
 The calibration is $GRADWIRE_HOME/calibration/<bandwidth>.json (`gradwire calibrate --hosts 2
---bandwidth 1gbit`), else the one in benchmarks/results/collectives_1gbit.json.
+--bandwidth 1gbit`), else the one in benchmarks/results/collectives/latest.json.
 """
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ from gradwire.schedules.cost import CostParams, cost, traffic
 from gradwire.sparse import schedule
 
 HERE = Path(__file__).parent
-RESULTS = HERE / "results"
+OUT = HERE / "results" / "sparse_allreduce" / "latest.json"
+# the calibration used where this machine has none for 1gbit (collectives.py writes it)
+COLLECTIVES = HERE / "results" / "collectives" / "latest.json"
 RANK = HERE / "ranks" / "sparse_allreduce.py"
 PAPER_ALPHA_S, PAPER_BETA_S_PER_ELEMENT = 0.436e-3, 3.6e-8  # 1 GbE cluster of the paper
 
@@ -66,7 +68,7 @@ def calibration(bandwidth: str) -> tuple[CostParams, str]:
     found = calibrate.load(bandwidth)
     if found:
         return found[0], f"{calibrate.calibration_path(bandwidth)} ({found[1]['date']})"
-    committed = RESULTS / "collectives_1gbit.json"
+    committed = COLLECTIVES
     d = json.loads(committed.read_text())["calibration"] if committed.exists() else None
     if bandwidth == "1gbit" and d:
         return (CostParams(d["alpha_s"], d["beta_s_per_byte"], d["gamma_s_per_byte"]),
@@ -171,7 +173,7 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REV",
                     help="also run the sparse rows with commit REV's code, just before and "
                          "just after this checkout's, on the same cluster size (A/B in one run)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "sparse_allreduce_1gbit.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     args.m = int(args.m)
     cal, source = calibration(args.bandwidth)

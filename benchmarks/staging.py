@@ -5,7 +5,7 @@ ranks' CPU, which the pool saves), P = 4 and 8, 64 MiB by default.
 Received chunks that are combined land in staging buffers first. Freed to the allocator, 1 MiB
 buffers go back to the kernel and come back as fresh pages: every call faults on each page again.
 
-    python benchmarks/staging.py          # ~2 min; writes benchmarks/results/staging.json
+    python benchmarks/staging.py          # ~2 min; writes benchmarks/results/staging/latest.json
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from ab import this_code
 from gradwire.bench import provenance
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "staging" / "latest.json"
 RANK = HERE / "ranks" / "staging.py"
 
 
@@ -49,7 +50,7 @@ def main() -> None:
     ap.add_argument("--bytes", type=int, default=64 * 2**20)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "staging.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     runs = [run(p, pool, args) for _ in range(args.rounds) for p in (4, 8)
             for pool in (False, True)]

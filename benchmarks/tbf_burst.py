@@ -6,7 +6,7 @@ For each bucket size, every link of a 4-host cluster is re-shaped with it, then:
 A bucket bigger than a timer tick's worth lets a transfer after an idle spell start faster
 than the rate; a smaller one costs throughput when flows share links.
 
-    python benchmarks/tbf_burst.py          # ~4 min; needs root; writes results/tbf_burst.json
+    python benchmarks/tbf_burst.py     # ~4 min; needs root; writes results/tbf_burst/latest.json
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from gradwire.bench import provenance
 from gradwire.cluster import cluster_down, cluster_up
 
-OUT = Path(__file__).parent / "results" / "tbf_burst.json"
+OUT = Path(__file__).parent / "results" / "tbf_burst" / "latest.json"
 BURSTS = (500_000, 131_072, 65_536)
 STREAM = r"""
 import socket, sys, time

@@ -6,7 +6,7 @@ namespaces switched to it before any rank starts, and `gradwire bench` times 64 
 (built-in, ring, rhd; 10 iterations each) at P=4 and P=8. Recorded per row: every iteration's
 time, the median and the worst, and the TCP retransmissions the hosts counted.
 
-    python benchmarks/tcp_cc.py          # ~5 min; needs root; writes results/tcp_cc.json
+    python benchmarks/tcp_cc.py          # ~5 min; needs root; writes results/tcp_cc/latest.json
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gradwire.bench import provenance
 from gradwire.cluster import cluster_down, cluster_up
 from gradwire.cluster.netns import set_congestion_control
 
-OUT = Path(__file__).parent / "results" / "tcp_cc.json"
+OUT = Path(__file__).parent / "results" / "tcp_cc" / "latest.json"
 ALGOS = ("bbr", "cubic")
 ITERS = 10
 

@@ -13,8 +13,8 @@ allreduce (ring, tree, rhd, lp, dbtree and the built-in) at two sizes, the algor
 turns (a lead-in call and one timed call each, ITERS times). The settings take turns too,
 ``--rounds`` times, at each P of ``--hosts``.
 
-    python benchmarks/tcp_sndbuf.py                      # ~30 min; results/tcp_sndbuf.json
-    python benchmarks/tcp_sndbuf.py --bandwidth 100mbit  # ~20 min; tcp_sndbuf_100mbit.json
+    python benchmarks/tcp_sndbuf.py                      # ~30 min; results/tcp_sndbuf/latest.json
+    python benchmarks/tcp_sndbuf.py --bandwidth 100mbit  # ~20 min; results/tcp_sndbuf/100mbit.json
     python benchmarks/tcp_sndbuf.py --ceilings default,500000,cluster --rounds 1 --out x.json
 
 Needs root. Run it on an otherwise idle machine: 8 ranks share 2 cores.
@@ -36,7 +36,7 @@ from gradwire.bench import provenance
 from gradwire.cluster import cluster_down, cluster_up
 from gradwire.cluster.netns import cap_send_buffer, host_send_buffer, machine_send_buffer
 
-RESULTS = Path(__file__).parent / "results"
+OUT = Path(__file__).parent / "results" / "tcp_sndbuf" / "latest.json"  # other rates: <rate>.json
 SIZES = {"1gbit": "4M,64M", "100mbit": "1M,8M"}  # about the same seconds per call
 ROUNDS = 2
 ITERS = 3
@@ -67,8 +67,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    out_path = a.out or RESULTS / ("tcp_sndbuf.json" if a.bandwidth == "1gbit"
-                                   else f"tcp_sndbuf_{a.bandwidth}.json")
+    out_path = a.out or (OUT if a.bandwidth == "1gbit" else OUT.with_name(f"{a.bandwidth}.json"))
     home = tempfile.mkdtemp(prefix="gradwire-sndbuf-")
     default = machine_send_buffer()
     capped = host_send_buffer(parse_bandwidth(a.bandwidth))

@@ -32,7 +32,8 @@ bytes pays for it in its seconds.
     python benchmarks/time_to_accuracy.py --render-only      # .png and .md again from the JSON
 
 Needs root for the emulated cluster (--loopback runs unshaped loopback ranks). Writes
-results/time_to_accuracy.json (machine, command, commit, date) and the .png and .md beside it.
+results/time_to_accuracy/latest.json (machine, command, commit, date) and the .png and .md beside
+it.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from pathlib import Path
 from typing import NoReturn
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "time_to_accuracy" / "latest.json"
 SEED = 0
 SPARSIFIERS = ("topk", "gtopk", "randomk", "dgc")  # the methods that take a density
 WARMUP_ROWS = ("topk", "gtopk")  # also run with the gTop-k paper's warm-up
@@ -294,7 +296,7 @@ def main() -> None:
     ap.add_argument("--epochs", default=None, help="N for every model, or MODEL=N,...")
     ap.add_argument("--density", type=float, default=0.001, help="the sparsifiers' density")
     ap.add_argument("--timeout", type=float, default=5400, help="seconds for the whole run")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "time_to_accuracy.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--render-only", action="store_true",
                     help="rebuild the .png and .md from the JSON at --out")
     args = ap.parse_args()

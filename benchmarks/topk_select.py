@@ -3,7 +3,7 @@ own way) beside gradwire's ``select`` (exact and sampled threshold, ties to the 
 on a GPU its device path, with no host sync), the host path's code and the full tie rule
 (``largest``), on the same fp32 gradient, median of --repeats, each call synchronised.
 
-    python benchmarks/topk_select.py --device cuda --out benchmarks/results/topk_select_h100.json
+    python benchmarks/topk_select.py --device cuda --out benchmarks/results/topk_select/h100.json
 """
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ with it the probe did not follow the rounds' throughput (2.20, 2.21, 3.01 ms aga
     python benchmarks/train_demo.py          # ~8 min; needs root (namespaces)
     python benchmarks/train_demo.py --epochs 2 --out /tmp/t.json      # a quick look
     python benchmarks/train_demo.py --agg dense,gtopk --epochs 8 --baseline REV \
-        --out benchmarks/results/train_ab_1gbit.json   # A/B: REV's code before and after
+        --out benchmarks/results/train_demo/ab_CHANGE.json   # A/B: REV's code before and after
     python benchmarks/train_demo.py --agg dense,gtopk --baseline-send-buffer \
-        --out benchmarks/results/train_ab_sndbuf_1gbit.json   # A/B: hosts' send buffers
+        --out benchmarks/results/train_demo/ab_send_buffer.json   # A/B: hosts' send buffers
 
-Writes benchmarks/results/train_demo_1gbit.json and the curves next to it (.png).
+Writes benchmarks/results/train_demo/latest.json and the curves next to it (.png).
 """
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ from gradwire.demo import DEMO, run_demo
 from gradwire.profiles.measure import measure
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "train_demo" / "latest.json"
 
 
 def cpu_probe() -> float:
@@ -64,7 +65,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="train every method this many times in turn; the speed-up is the "
                          "median of the rounds' ratios")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "train_demo_1gbit.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--baseline", metavar="REV",
                     help="also train with commit REV's code (its ranks import a worktree of "
                          "it), just before and just after this code, on the same cluster")

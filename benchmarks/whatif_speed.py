@@ -28,6 +28,7 @@ from rich.table import Table
 from gradwire.bench import provenance
 
 HERE = Path(__file__).parent
+OUT = HERE / "results" / "whatif_speed" / "latest.json"
 SRC = HERE.parent / "src"
 RATES = ",".join(f"{g}gbit" for g in range(1, 11))
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="another checkout's src, run beside this one (its largest worker "
                          "count only)")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "whatif_speed.json")
+    ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
     console = Console(width=140)
     workers = [int(w) for w in a.workers.split(",")]

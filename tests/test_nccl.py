@@ -3,7 +3,7 @@ against torch.distributed's own and the schedule's bytes, the sparse allreduces 
 long-hand reference, every DDP hook method), on one GPU, for several ranks. The launcher gives
 each emulated host its own NCCL host id, so NCCL connects ranks that share the GPU over
 sockets, as it would separate hosts. Skipped without CUDA (CI has none); the committed run is
-benchmarks/results/nccl.json (benchmarks/nccl_check.py)."""
+benchmarks/results/nccl_check/latest.json (benchmarks/nccl_check.py)."""
 import pytest
 import torch
 import torch.distributed as dist

@@ -283,15 +283,15 @@ def _shared(p: int, **kw) -> ClusterModel:
 @pytest.mark.parametrize("method", ["dense", "topk", "signsgd", "powersgd"])
 def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     """8 ranks on 2 cores: an iteration takes at least 4·D/u + S·s, D = the rank's own CPU
-    (here given) + coding + its part of the schedules, S the schedule steps it takes part in
-    (the headers and the method's collectives); without ``cores`` nothing changes."""
+    (the profile's compute) + coding + its part of the schedules, S the schedule steps it
+    takes part in (the headers and the method's collectives); without ``cores`` nothing
+    changes."""
     agg = Aggregation(method)
     free = predict(TOY, ClusterModel(8, 1e9, 307e-6, 0.1e-9, beta=8.36e-9), agg, TABLE)
     assert free.cpu_bound == 0 and free.cpu_comm == 0 and free.steps == 0
     assert free.cpu == pytest.approx(0.16 + free.coding)
-    r = predict(TOY, _shared(8, cpu_share=0.9, cpu_sync=1e-3, cpu_slowdown=1.5), agg, TABLE,
-                rank_cpu=0.2)
-    assert r.cpu == pytest.approx(0.2 + 1.5 * r.coding + r.cpu_comm) and r.cpu_comm > 0
+    r = predict(TOY, _shared(8, cpu_share=0.9, cpu_sync=1e-3, cpu_slowdown=1.5), agg, TABLE)
+    assert r.cpu == pytest.approx(0.16 + 1.5 * r.coding + r.cpu_comm) and r.cpu_comm > 0
     per_bucket = 2 if method in ("powersgd", "signsgd") else 1  # signsgd: and a header
     n = len(buckets(TOY, agg))
     assert r.calls == n * per_bucket + (method != "signsgd")  # the step's one header
@@ -303,8 +303,12 @@ def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     assert r.cpu_bound == pytest.approx(4 * r.cpu / 0.9 + r.steps * 1e-3)
     assert float(r.iteration) >= r.cpu_bound
     # fewer ranks than cores: each has one of its own, and still needs its own CPU time
-    two = predict(TOY, _shared(2), agg, TABLE, rank_cpu=0.2)
+    two = predict(TOY, _shared(2), agg, TABLE)
     assert two.cpu_bound == pytest.approx(two.cpu)
+
+
+# TOY with little compute: what the CPU bound leaves to the timeline shows
+LIGHT = dataclasses.replace(TOY.with_compute(5e-5, 5e-5, "a test's"), step_s=0.0)
 
 
 def test_ranks_sharing_cores_code_at_once() -> None:
@@ -312,52 +316,16 @@ def test_ranks_sharing_cores_code_at_once() -> None:
     L·slowdown/u its one-rank time (L = ranks/cores), and on cores of one's own its time."""
     agg = Aggregation("signsgd", mode="model")  # one bucket: coding all on the critical path
     slow = dict(link_bps=1e8, alpha=307e-6, beta=8.36e-8)
-    free = predict(TOY, ClusterModel(8, **slow), agg, TABLE)
-    shared = predict(TOY, ClusterModel(8, **slow, cores=2, cpu_ranks=8, cpu_share=0.8,
-                                  cpu_slowdown=1.2), agg, TABLE, rank_cpu=1e-4)
+    free = predict(LIGHT, ClusterModel(8, **slow), agg, TABLE)
+    shared = predict(LIGHT, ClusterModel(8, **slow, cores=2, cpu_ranks=8, cpu_share=0.8,
+                                    cpu_slowdown=1.2), agg, TABLE)
     assert float(shared.iteration) > shared.cpu_bound  # the timeline binds, not the CPU
     assert shared.coding == free.coding > 0
     assert float(shared.iteration - free.iteration) == pytest.approx(
         (4 * 1.2 / 0.8 - 1) * free.coding)
-    own = predict(TOY, ClusterModel(2, **slow, cores=2, cpu_ranks=2), agg, TABLE, rank_cpu=1e-4)
-    assert float(own.iteration) == pytest.approx(float(predict(TOY, ClusterModel(2, **slow), agg,
-                                                               TABLE).iteration))
-
-
-def test_a_measured_hook_cpu_stands_in_for_coding_and_schedule_cpu() -> None:
-    """hook_cpu (the method's hook measured on the cluster) replaces coding and the schedules'
-    CPU in a rank's CPU, and so in the CPU bound; the wall-time path keeps both."""
-    agg, cl = Aggregation("topk"), _shared(8, cpu_share=0.9)
-    derived = predict(TOY, cl, agg, TABLE, rank_cpu=0.2)
-    measured = predict(TOY, cl, agg, TABLE, rank_cpu=0.2, hook_cpu=0.05)
-    assert measured.cpu == pytest.approx(0.25) and derived.cpu != pytest.approx(0.25)
-    assert measured.cpu_bound == pytest.approx(4 * 0.25 / 0.9)
-    assert measured.coding == derived.coding and measured.cpu_comm == derived.cpu_comm
-    assert float(measured.exposed) > 0 and float(measured.iteration) >= measured.cpu_bound
-    with pytest.raises(GradwireError, match="hook CPU seconds must be a finite number >= 0"):
-        predict(TOY, cl, agg, TABLE, hook_cpu=-1.0)
-
-
-def test_a_measured_hook_wall_floors_the_iteration_and_nothing_else() -> None:
-    """hook_wall (the hooks' wall per iteration on the cluster, point 8): the iteration is at
-    least forward + hook_wall + step, and a floor below the prediction changes nothing; a
-    single worker runs no hook and has no floor."""
-    agg, cl = Aggregation("signsgd"), _shared(8, cpu_share=0.9)
-    plain = predict(TOY, cl, agg, TABLE, rank_cpu=0.2, hook_cpu=0.05)
-    assert plain.floor == 0.0
-    low = predict(TOY, cl, agg, TABLE, rank_cpu=0.2, hook_cpu=0.05, hook_wall=1e-6)
-    assert float(low.iteration) == float(plain.iteration) and low.floor > 0
-    wall = float(plain.iteration) * 2
-    high = predict(TOY, cl, agg, TABLE, rank_cpu=0.2, hook_cpu=0.05, hook_wall=wall)
-    assert high.floor == pytest.approx(plain.forward + wall + plain.step)
-    assert float(high.iteration) == pytest.approx(high.floor)
-    assert float(high.exposed) == pytest.approx(float(plain.exposed) + high.floor
-                                                - float(plain.iteration))
-    assert high.cpu_bound == plain.cpu_bound and high.cpu == plain.cpu
-    one = predict(TOY, ClusterModel(1, 1e9, 1e-5), agg, TABLE, hook_wall=wall)
-    assert one.floor == 0.0 and float(one.iteration) < wall
-    with pytest.raises(GradwireError, match="hook wall seconds must be a finite number >= 0"):
-        predict(TOY, cl, agg, TABLE, hook_wall=float("nan"))
+    own = predict(LIGHT, ClusterModel(2, **slow, cores=2, cpu_ranks=2), agg, TABLE)
+    assert float(own.iteration) == pytest.approx(float(predict(LIGHT, ClusterModel(2, **slow),
+                                                               agg, TABLE).iteration))
 
 
 @pytest.mark.parametrize(("p", "cores"), [(8, 2), (2, 2), (8, 4), (3, 4), (8, 1)])
@@ -366,9 +334,10 @@ def test_the_slowest_ranks_lead_is_paid_in_the_timeline_not_the_cpu_bound(p, cor
     and leaves the CPU bound alone: ranks that wait give their cores to ranks that compute
     (point 6 of the model)."""
     agg = Aggregation("topk")
-    cl = ClusterModel(p, 1e9, 307e-6, beta=8.36e-9, cores=cores, cpu_ranks=p, cpu_step=3e-4)
-    plain, waited = (predict(TOY, dataclasses.replace(cl, straggle=s), agg, TABLE,
-                             rank_cpu=1e-3) for s in (0.0, 0.004))
+    # a slow link: the timeline binds, not the CPU
+    cl = ClusterModel(p, 1e7, 307e-6, beta=8e-7, cores=cores, cpu_ranks=p, cpu_step=3e-4)
+    plain, waited = (predict(LIGHT, dataclasses.replace(cl, straggle=s), agg, TABLE)
+                     for s in (0.0, 0.004))
     assert waited.cpu_bound == plain.cpu_bound
     assert float(waited.exposed - plain.exposed) == pytest.approx(0.004)
     assert float(waited.iteration) >= float(waited.cpu_bound)
@@ -414,7 +383,6 @@ def test_cluster_refuses_what_would_make_predictions_nan_or_endless(args, kw, ms
     ({"compute_speedup": 0}, "compute speedup must be a finite number > 0"),
     ({"compute_speedup": float("inf")}, "compute speedup must be a finite number > 0"),
     ({"overlap_slowdown": float("nan")}, "overlap slowdown must be a finite number >= 1"),
-    ({"rank_cpu": -1.0}, "rank CPU seconds must be a finite number >= 0"),
 ])
 def test_predict_refuses_bad_speedups(kw, msg) -> None:
     with pytest.raises(GradwireError, match=msg):

@@ -38,7 +38,7 @@ MASTER_PORT = 29500
 # of 4 KiB per 100 MB each time (x.abs() of 25.6 M fp32 took 100.6 ms into a fresh tensor,
 # 21.8 ms into an existing one). hugetlb=1 has malloc ask for transparent huge pages (where
 # the kernel leaves them to madvise): 2 MiB faults, and the same call took 30.3 ms, after a
-# slower first one (medians, benchmarks/results/malloc_ab.json). Raising the mmap and trim
+# slower first one (medians, benchmarks/results/malloc_ab/latest.json). Raising the mmap and trim
 # thresholds as well (freed memory kept for reuse) was erratic here, 14-230 ms, and is not
 # set. C libraries other than glibc, and glibc before 2.35, ignore the setting.
 MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
@@ -120,8 +120,9 @@ def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
         "GLOO_SOCKET_IFNAME": host.ifname,
         # NCCL as gloo: bound to the host's link. NCCL takes ranks with one host hash for one
         # machine (shared memory between them, and two ranks may not share a GPU: "Duplicate
-        # GPU detected", benchmarks/results/nccl.json); each emulated host is its own machine,
-        # so each gets its own id and NCCL connects the ranks over sockets, as between hosts.
+        # GPU detected", benchmarks/results/nccl_check/latest.json); each emulated host is its
+        # own machine, so each gets its own id and NCCL connects the ranks over sockets, as
+        # between hosts.
         "NCCL_SOCKET_IFNAME": host.ifname,
         "NCCL_HOSTID": f"gradwire-{cluster.name}-host{rank}",
         "GRADWIRE_NETWORK": cluster.label,

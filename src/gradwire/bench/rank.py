@@ -7,9 +7,9 @@ the slowest rank's over the batch divided by the batch, and a row reports the me
 over the runs. The lead-in is there for the links: behind a barrier a shaped link has idled
 and filled its token bucket (docs/cluster.md), which lets the first megabyte of a call through
 faster than the rate; calls back to back, as training makes them, find their links busy (a
-single call after a barrier swung both ways around them at 1 MiB, run to run:
-docs/benchmarks.md). With ``--interleave`` the algorithms
-of a size take turns, one timed run each per round, instead of running one after another.
+single call after a barrier swung both ways around them at 1 MiB, run to run). With
+``--interleave`` the algorithms of a size take turns, one timed run each per round, instead
+of running one after another.
 Rank r's input is filled with r+1 before every timed run and before one last untimed call,
 whose output is checked: the sum over P ranks is P(P+1)/2 and the average (P+1)/2, both exact
 in every dtype benched, and ``wrong`` counts the elements that differ on any rank. (The

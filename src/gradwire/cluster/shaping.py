@@ -13,7 +13,7 @@ def tbf_burst(bps: float) -> int:
     traffic at the rate. Smaller buckets cost throughput here when flows share links (64 KiB at
     1gbit: a 4-host allreduce of 64 MiB 1.54 s against 0.84 s with 500 kB), so a transfer after
     an idle spell may start faster than the rate (1 MiB at 1.7 Gbit/s after 50 ms idle;
-    benchmarks/results/tbf_burst.json)."""
+    benchmarks/results/tbf_burst/latest.json)."""
     return max(256 * 1024, int(bps / 8 / 250))
 
 
@@ -29,14 +29,14 @@ def tcp_send_buffer(bps: float) -> int:
     larger is better: at 2 ms the double binary tree, whose ranks feed several sockets at once,
     lost 8 % at 64 MiB in a probe; at 8 ms (1 MB) Rabenseifner's allreduce of 64 MiB at P = 8
     took 1.29 s against 1.02 s with 4 ms (1.42 s with the default), while the double tree at
-    P = 4 gained 4 % (benchmarks/results/tcp_sndbuf.json, tcp_sndbuf_3way_20261126.json,
-    docs/cluster.md)."""
+    P = 4 gained 4 % (benchmarks/results/tcp_sndbuf/: latest.json,
+    ceilings_default_500k_1m.json; docs/cluster.md)."""
     return max(64 * 1024, int(bps / 8 * SEND_BUFFER_S))
 
 
 # With BBR (some machines' default, this one's included) a flow that keeps a queue at a shaped
 # link drains it in ProbeRTT every 10 s, its window cut for 200 ms or more: collectives of
 # 64 MiB on 4 hosts took up to 1.5 s instead of 0.85 s now and then, while with cubic every
-# iteration took 0.84-0.87 s (benchmarks/results/tcp_cc.json).
+# iteration took 0.84-0.87 s (benchmarks/results/tcp_cc/latest.json).
 CONGESTION_CONTROL = "cubic"
 CC_NAME_RE = re.compile(r"[a-z0-9_]+")  # what a congestion control's name may hold

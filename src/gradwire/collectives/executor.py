@@ -23,9 +23,9 @@ Every wait is on an operation of an earlier step, or on a receive whose sender r
 without waiting on this rank, so no schedule that passes ``check`` deadlocks over gloo.
 
 Over NCCL, receives posted ahead hung (a 2-rank ring allreduce finished nothing in 60 s; part d of
-benchmarks/results/nccl.json), likely because NCCL runs a pair's operations in the order
-posted, on one stream, so a receive posted ahead holds up the send queued behind it on both
-ranks. Over NCCL the executor goes step by step instead (:func:`_execute_steps`): each step's
+benchmarks/results/nccl_check/latest.json), likely because NCCL runs a pair's operations in
+the order posted, on one stream, so a receive posted ahead holds up the send queued behind it on
+both ranks. Over NCCL the executor goes step by step instead (:func:`_execute_steps`): each step's
 sends and receives are posted as one NCCL group, and what arrived is combined after it. The
 steps are the schedule's, so pipelined schedules (ring sub-chunks, LP blocks) still keep every
 rank busy on a different piece at once.

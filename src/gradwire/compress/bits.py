@@ -59,7 +59,7 @@ def unpack_bits(packed: torch.Tensor, width: int, numel: int) -> torch.Tensor:
 # On CUDA, index_select gathered the table's rows of 16 or 32 bytes 8-15x slower than one
 # value per element (1.97 against 0.24 ms for 25.6 M 1-bit codes to fp32 on an H100), and rows
 # of 4 or 8 bytes faster (0.13-0.16 against 0.22-0.26 ms; benchmarks/results/
-# decode_gather_cuda.txt): above this, one value per element.
+# decode_gather_cuda/latest.txt): above this, one value per element.
 ROW_BYTES_CUDA = 8
 
 

@@ -147,8 +147,8 @@ def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
     """Indices (ascending) of every |x| ≥ threshold (never a NaN). Two compares on x instead
     of one on x.abs() (a fresh n-element tensor). On the CPU numpy does the pass: torch's
     compares into a bool tensor and its nonzero were several times slower here
-    (benchmarks/results: compress_speed.json for 25 M, train_demo_1gbit.json's compress
-    column at 1.13 M)."""
+    (benchmarks/results: compress_speed/latest.json for 25 M, train_demo/latest.json's
+    compress column at 1.13 M)."""
     if x.device.type == "cpu" and x.dtype in NUMPY_DTYPES and not x.requires_grad:
         a = x.numpy()
         return torch.from_numpy(np.flatnonzero((a >= threshold) | (a <= -threshold)))

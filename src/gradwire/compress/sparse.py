@@ -69,7 +69,7 @@ class TopK(Compressor):
 
     ``selector="threshold"`` (default) finds the same k elements as ``"exact"`` with about one
     pass over x: see :mod:`gradwire.compress.select`. Measured at 25 M fp32, density
-    0.001, 2 CPU threads: see benchmarks/results/compress_speed.json.
+    0.001, 2 CPU threads: see benchmarks/results/compress_speed/latest.json.
 
     Not associative: ranks select different indices, so payloads are gathered (TopKAllReduce,
     log(P)α + 2(P−1)kβ) or merged pairwise (gTopKAllReduce).

@@ -91,7 +91,7 @@ def explain(ranked: list[Ranked]) -> str:
         lines.append("No compressor saves more wire time than its encode+decode costs here.")
     if w.agg.method != "dense":
         lines.append("Ranked by time alone: a compressor can also change the accuracy training "
-                     "reaches (on the demo's model random-k at density 0.001 lost 16 points, and "
-                     "signSGD did not learn at the others' learning rate: docs/benchmarks.md, "
-                     "Training); check yours with gradwire train.")
+                     "reaches (at density 0.001 the sparsifiers missed the targets of "
+                     "docs/training.md's time-to-accuracy runs); check yours with gradwire "
+                     "train.")
     return "\n".join(lines)

@@ -23,36 +23,30 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
 5. Shared CPU (``ClusterModel.cores`` set): when n ranks share a machine of C cores, an iteration
    takes at least L·D/u + S·s, L = max(1, n/C). D is the CPU one rank spends per
-   iteration: its compute (``rank_cpu``, default t_f + t_b + t_step), encode and decode
-   (times ``cpu_slowdown``: memory-bound work takes longer beside the other ranks), and its
-   part of every schedule (:func:`gradwire.perf.comm.cpu_seconds`: ``cpu_step`` per step it
-   takes part in, ``cpu_byte`` per byte it moves, γ per byte it reduces); or, where it was
-   measured on the cluster (``hook_cpu``), what the method's hook spends. u (``cpu_share``)
+   iteration: its compute (t_f + t_b + t_step), encode and decode (times ``cpu_slowdown``:
+   memory-bound work takes longer beside the other ranks), and its part of every schedule
+   (:func:`gradwire.perf.comm.cpu_seconds`: ``cpu_step`` per step it takes part in,
+   ``cpu_byte`` per byte it moves, γ per byte it reduces). u (``cpu_share``)
    is the share of the cores the ranks keep busy, S the schedule steps a rank takes part in
    per iteration (headers included) and s (``cpu_sync``) what each step waits, its cores
    idle, for a peer the scheduler has not run yet. ``gradwire calibrate`` measures u and s
    by alternating bursts of compute with allreduces (s per call of its recursive-doubling
-   probe, divided by that probe's steps). Charged per step, not per call: on the validation
-   runs of 2026-11-26 the time the measured CPU left unexplained (measured − L·D/u, D as
-   measured) was 3-4 ms at P = 2 and 4 and 5-6 ms at P = 8 for top-k, gTop-k and signSGD,
-   and 6, 10.5 and 16.5 ms for PowerSGD, whose two ring allreduces a bucket take
-   4(P − 1) steps: per step, 0.38 and 0.27 ms at P = 4 and 8 for either.
+   probe, divided by that probe's steps). Charged per step, not per call: the time left
+   unexplained grew with the schedule steps a method takes (PowerSGD's two ring allreduces
+   a bucket take 4(P − 1)), not with its calls.
    The same ranks in the timeline (points 2-4): the communication thread's encode and
    decode run on every rank at once (the ranks leave a collective together), so each takes
-   L·``cpu_slowdown``/u times its one-rank time there (signSGD's hooks took 3.0× the
-   codec table's time at P = 8 on 2 cores, 1.5× at P = 4). Compute in the timeline is
-   taken as measured at that P, and so already stretched. The emulated cluster is such a
+   L·``cpu_slowdown``/u times its one-rank time there. Compute in the timeline is the
+   profile's. The emulated cluster is such a
    machine: every rank on its 2 cores, so compressed runs, whose wire time is small, are
    bound by CPU there.
 6. Stragglers (``ClusterModel.straggle``, default 0): ranks do not finish their compute together
    (iteration to iteration, a rank's forward and backward vary by milliseconds here, on idle
    cores too), and the iteration goes at the pace of the slowest: t_iter + w, w the time a
    rank waits per iteration, beyond the exchange itself, at the first collective it makes.
-   The validation benchmark takes w from the dense run (its header exchanges' measured time
-   less what point 3 charges for them). The CPU bound (point 5) does not add w: ranks that
-   wait for the slowest leave their cores to ranks that still compute, and the cores a
-   wait does leave idle are in the per-step term (an idle-core term w·(1 − 1/k) that the
-   model charged until 2026-11-26 over-predicted the sparse methods at P = 8 by 8-12 ms).
+   Nothing calibrates w yet: a prediction from a calibration file has w = 0. The CPU bound
+   (point 5) does not add w: ranks that wait for the slowest leave their cores to ranks
+   that still compute, and the cores a wait does leave idle are in the per-step term.
 7. Token buckets (``ClusterModel.burst``, default 0: a plain link): an emulated cluster's links
    are ``tc tbf`` buckets that let ``burst`` bytes through at once after an idle spell. A
    bucket's data calls start with the credit its links earned idle before them (the first
@@ -61,18 +55,7 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    bucket's decode and its own encode), and the first that many bytes the busiest rank sends
    or receives cost no β. Links earn nothing inside a call: α per step, calibrated here, is
    mostly the ranks' CPU, which overlaps the wire in large transfers.
-8. A measured floor (``hook_wall``, where ``gradwire calibrate`` probed the method's hooks on
-   the cluster): the wall seconds per iteration W that the hooks took there on the model's
-   buckets with every rank running them and nothing else. Compute can only slow them, and
-   at best backward hides them all, so t_iter ≥ t_f + W + t_step. Points 2-5 take the
-   timeline and the CPU as two bounds and keep the larger, which misses where the ranks'
-   CPU and the wire each leave the other idle: signSGD's allgathers at 100 Mbit/s on 2
-   shared cores (P = 4 and 8), which came out 17-20 % under the measured time in the
-   2026-11-27 validation run, while its hooks alone had taken 64 and 180 ms per iteration
-   there and the model gave the whole iteration 62 and 168 ms. A prediction for a cluster
-   not probed (what-if) has no floor.
-
-9. Coding on the training device (``ClusterModel.coding_slowdown``, κ_c ≥ 1; None: coding
+8. Coding on the training device (``ClusterModel.coding_slowdown``, κ_c ≥ 1; None: coding
    has resources of its own, as a CPU rank's hook thread on spare cores): a GPU computes
    backward and every encode and decode on the same device, and the compression-utility
    paper (§3.1, Figure 3) measured that running them side by side is no faster than one
@@ -143,7 +126,7 @@ class ClusterModel:
     # Bytes of each link's token bucket (an emulated cluster's tc tbf; 0: a plain link): a
     # bucket's data calls start with what the link earned while idle (point 7).
     burst: float = 0.0
-    # Coding shares the device with backward (point 9): backward and every bucket's encode and
+    # Coding shares the device with backward (point 8): backward and every bucket's encode and
     # decode take at least this factor (≥ 1) times their sum. None: coding runs beside
     # backward on resources of its own.
     coding_slowdown: float | None = None
@@ -261,8 +244,7 @@ class Prediction:
     calls: int = 0  # collective calls per iteration, headers included
     steps: float = 0.0  # S: schedule steps a rank takes part in per iteration (when shared)
     header: float | np.ndarray = 0.0  # seconds of the call-header exchanges (in communicate)
-    floor: float = 0.0  # t_f + W + t_step where the hooks' wall W was measured (point 8)
-    device_bound: float = 0.0  # t_f + κ_c·(κ·t_b + coding) + t_step where coding shares it
+    device_bound: float = 0.0  # t_f + κ_c·(κ·t_b + coding) + t_step (point 8)
 
     @property
     def efficiency(self) -> np.ndarray:
@@ -333,30 +315,16 @@ def _positive(v: object) -> bool:
 
 
 def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: CodecTable,
-            compute_speedup: float = 1.0, overlap_slowdown: float = 1.0,
-            rank_cpu: float | None = None, hook_cpu: float | None = None,
-            hook_wall: float | None = None) -> Prediction:
-    """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring).
-    ``rank_cpu``: CPU seconds per iteration one rank spends besides coding and communication
-    (default: the profile's forward + backward + step). ``hook_cpu``: CPU seconds per
-    iteration one rank spends on coding and communication, measured on the cluster
-    (``gradwire calibrate``'s hook probe, ``hook_s``; as measured, whatever
-    ``compute_speedup``); default: the codec table's coding
-    (times ``cpu_slowdown``) and the schedules' CPU (point 5). ``hook_wall``: wall seconds
-    per iteration the same probe's hooks took on the cluster (point 8; as measured); default:
-    no floor."""
+            compute_speedup: float = 1.0, overlap_slowdown: float = 1.0) -> Prediction:
+    """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring),
+    with compute ``compute_speedup`` times faster than the profile's and backward
+    ``overlap_slowdown`` (κ) times slower beside communication."""
     if not profile.has_compute:
         raise GradwireError(f"profile {profile.model!r} has no compute times "
                             f"({profile.sources.get('backward_s', 'no source')}); give "
                             f"--compute-ms FORWARD,BACKWARD or a measured profile")
     check_real("compute speedup", compute_speedup, above=True)
     check_real("overlap slowdown", overlap_slowdown, 1.0)
-    if rank_cpu is not None:
-        check_real("rank CPU seconds", rank_cpu)
-    if hook_cpu is not None:
-        check_real("hook CPU seconds", hook_cpu)
-    if hook_wall is not None:
-        check_real("hook wall seconds", hook_wall)
     p = cluster.workers
     alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
     bs = buckets(profile, agg)
@@ -410,20 +378,17 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     done = np.maximum(end, b)
     wait = cluster.straggle if p > 1 else 0.0
     it = f + done + s + wait
-    own = (f + profile.backward_s / compute_speedup + s  # type: ignore[operator]
-           if rank_cpu is None else rank_cpu / compute_speedup)
-    cpu = own + (coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
-                 if hook_cpu is None else hook_cpu)
+    own = f + profile.backward_s / compute_speedup + s  # type: ignore[operator]
+    cpu = own + coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + steps * cluster.cpu_sync
              if shared else 0.0)
-    floor = f + hook_wall + s if hook_wall is not None and p > 1 else 0.0
     device = (f + cluster.coding_slowdown * (b + coding) + s
               if cluster.coding_slowdown is not None and p > 1 else 0.0)
-    bound_it = np.maximum(np.maximum(np.maximum(it, bound), floor), device)
+    bound_it = np.maximum(np.maximum(it, bound), device)
     exposed = done - b + wait + (bound_it - it)
     return Prediction(bound_it, f, b, s, total_comm, coding, exposed, wire, len(bs), cpu=cpu,
                       cpu_comm=cpu_comm, cpu_bound=bound, calls=calls, steps=steps,
-                      header=header, floor=floor, device_bound=device)
+                      header=header, device_bound=device)
 
 
 def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: int,

@@ -36,7 +36,7 @@ from gradwire.sizes import parse_sizes
 
 # Where no calibration is given: gradwire's one default α (a typical per-message latency
 # between hosts over Ethernet) and γ 0.11 ns per byte reduced (benchmarks/results/
-# collectives_1gbit.json). β comes from each link rate.
+# collectives/latest.json). β comes from each link rate.
 ALPHA_S = DEFAULT_ALPHA_S
 GAMMA_S_PER_BYTE = 0.11e-9
 
@@ -81,7 +81,7 @@ class Setting:
 
 @dataclass(frozen=True)
 class CpuSetting:
-    """The shared-CPU terms of a calibration (point 6 of docs/performance-model.md).
+    """The shared-CPU terms of a calibration (point 5 of :mod:`gradwire.perf.model`).
     ``one_machine``: every rank of the calibrated cluster ran on one machine (an emulated
     cluster), so every worker of a what-if shares its cores too; otherwise each node's
     ``ranks_per_node`` ranks share ``cores``."""

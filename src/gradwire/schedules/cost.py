@@ -16,7 +16,7 @@ bytes (what it earned idle before the call); :func:`back_to_back` instead carrie
 credit from one call into the next, as when calls follow each other. With ``burst = 0`` this is
 the Hockney step sum above, exactly. A pipelined schedule's links idle between its steps for
 α, so a bucket of a few blocks lets each block leave at once: the emulated cluster's linear
-pipeline runs at n·β, not at (n/b + P − 2)(α + b·β) (docs/benchmarks.md).
+pipeline runs at n·β, not at (n/b + P − 2)(α + b·β).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ a grid search from 4 MiB on, 6 % at 1 MiB, 17 % at 256 KiB where few blocks fit)
 ceiling). A rank sends into both trees at once, and a block its socket cannot take whole kept
 the other send waiting: on the emulated cluster (500 kB buffers, 1 Gbit/s, P = 4) 64 MiB took
 1.26–1.38 s in blocks of about 1 MiB, as b* has it there, against 1.13–1.15 s in blocks of
-256–512 KiB, which the model prices at 1.13 s either way (docs/benchmarks.md, Collectives);
+256–512 KiB, which the model prices at 1.13 s either way;
 on 1 MB buffers the 1 MiB blocks took 1.15–1.20 s. For p ≤ 2 each half goes as one block.
 
 Example::

@@ -33,7 +33,8 @@ def combine_op(algo: str, op: object) -> str:
 
 class Transfer(NamedTuple):
     """A named tuple, not a frozen dataclass: building one costs ~0.3 us instead of ~2 us, and
-    a ring allreduce at P = 1024 has 2 M of them (see benchmarks/results/sim_speed.json)."""
+    a ring allreduce at P = 1024 has 2 M of them (see
+    benchmarks/results/sim_speed/latest.json)."""
 
     src: int
     dst: int

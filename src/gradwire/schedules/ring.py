@@ -7,10 +7,11 @@ sub-chunk j+1 is still arriving (the ring paper's sub-chunk software pipelining)
 ``pipeline`` the builders cut chunks into sub-chunks of at least ``SUBCHUNK_BYTES`` (4 MiB), at
 most ``MAX_PIPELINE`` of them. On the emulated 1 Gbit/s cluster, every setting taking turns with
 torch's all_reduce (benchmarks/ring_pipeline.py), 64 MiB ran fastest in 2–4 sub-chunks of
-4–8 MiB at P=4 and P=8, and 16 MiB unpipelined at P=8 (benchmarks/results/ring_pipeline.json);
-finer cuts lost most at P=8, where 8 ranks share 2 cores and every message costs CPU. The
-α-β model does not see the gain over unpipelined (it comes from smoothing out per-step
-stragglers), so it charges each sub-chunk an α.
+4–8 MiB at P=4 and P=8, and 16 MiB unpipelined at P=8
+(benchmarks/results/ring_pipeline/latest.json); finer cuts lost most at P=8, where 8 ranks
+share 2 cores and every message costs CPU. The α-β model does not see the gain over
+unpipelined (it comes from smoothing out per-step stragglers), so it charges each sub-chunk
+an α.
 
 Cost (pipeline=1), n bytes: reduce-scatter (p−1)α + ((p−1)/p)n(β+γ); allgather
 (p−1)α + ((p−1)/p)nβ; allreduce 2(p−1)α + 2((p−1)/p)nβ + ((p−1)/p)nγ. Each rank sends
