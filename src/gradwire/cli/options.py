@@ -23,8 +23,10 @@ from gradwire.cluster.state import MAX_HOSTS
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
 
-# Piped output (CI logs, files) gets full-width tables instead of 80 truncated columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# Piped output (CI logs, files) gets tables 120 columns wide (wide ones wrap their text
+# cells) instead of 80 truncated columns; a terminal's own width otherwise.
+WIDTH = 120
+console = Console(width=None if sys.stdout.isatty() else WIDTH)
 
 Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks)", min=1)]
 Bandwidth = Annotated[str, typer.Option(

@@ -98,11 +98,15 @@ def simulate(
                                           "compare; default mechanisms ps,ring,butterfly")
                        ] = False,
     json_out: JsonOut = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="a `gradwire calibrate` file: its α per step (which holds the "
+        "links' latency) and γ replace --alpha-us and --latency-us")] = None,
 ) -> None:
     """Trace-driven simulation of parameter servers, multicast, in-network aggregation and
     all-reduce mechanisms on a non-blocking switch. Every message costs --alpha-us on its
     sender and --latency-us at each end (defaults: 10 µs and 1.5 µs, 13 µs one way for a
-    small message on a datacenter Ethernet; docs/simulator.md).
+    small message on a datacenter Ethernet; docs/simulator.md), or what --calibration
+    measured on your cluster.
 
     Example: gradwire simulate --trace resnet50.trace.jsonl --workers 32 --bandwidth 25gbit
     """
@@ -110,9 +114,17 @@ def simulate(
     from gradwire.sim.simulate import prepare, run_simulation
 
     check_outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out))
+    gamma = 0.0
+    if calibration is not None:
+        from gradwire.perf.whatif import load_calibration
+
+        alpha, gamma, _ = load_calibration(calibration)
+        alpha_us, latency_us = alpha * 1e6, 0.0
+        console.print(f"α {alpha_us:.1f} µs per message, γ {gamma * 1e9:.3g} ns/B, latency "
+                      f"in α: from {calibration}")
     sim = prepare(trace, workers=workers, bandwidth=bandwidth, mechanism=mechanism,
                   servers=servers, iterations=iterations, latency_us=latency_us,
-                  alpha_us=alpha_us, seed=seed,
+                  alpha_us=alpha_us, gamma=gamma, seed=seed,
                   table=table, sweep=sweep, emulate=emulate, plot=plot, timeline=timeline)
     out = stamp(command_line())  # dated before the run, as it always was
     out |= run_simulation(sim, console)

@@ -90,11 +90,12 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
             mechanism: str = SIM_MECHANISMS, servers: int = 1, iterations: int = 3,
             latency_us: float = LATENCY_US, alpha_us: float = ALPHA_US, seed: int = 0,
             table: int | None = None, sweep: str | None = None, emulate: bool = False,
-            plot: Path | None = None, timeline: Path | None = None) -> Simulation:
+            plot: Path | None = None, timeline: Path | None = None,
+            gamma: float = 0.0) -> Simulation:
     """The traces at ``paths`` on ``workers`` workers and ``servers`` servers behind one
     non-blocking switch of ``bandwidth`` links (``latency_us`` one way per host, ``alpha_us``
-    per message; 0 and 0 for an ideal network). Everything :func:`run_simulation` will be
-    asked is checked here, before it starts."""
+    per message; 0 and 0 for an ideal network; ``gamma`` seconds per byte reduced).
+    Everything :func:`run_simulation` will be asked is checked here, before it starts."""
     from gradwire.sim import mechanisms as mech
     from gradwire.sim import report
     from gradwire.sim.cluster import SimCluster
@@ -115,7 +116,7 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
         raise GradwireError("--bandwidth none cannot be simulated: give a rate such as 25gbit")
     traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,
-                         iterations=iterations, seed=seed)
+                         gamma=gamma, iterations=iterations, seed=seed)
     return Simulation(paths, traces, cluster, bandwidth, mechanism, table, sweep, emulate, plot,
                       timeline)
 
