@@ -1,20 +1,23 @@
 import json
+import os
 import subprocess
 import sys
 
 from conftest import needs_netns
 
 
-def _gradwire(*args, timeout=300):
+def _gradwire(*args, timeout=300, columns=None):
+    env = {**os.environ, "COLUMNS": str(columns)} if columns else None
     return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 def test_demo_on_loopback_compares_methods_in_one_table_and_one_figure(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "demo.png"
     aggs = ["dense", "gtopk"]
     p = _gradwire("demo", "--loopback", "--hosts", "2", "--epochs", "2", "--model", "mlp-small",
-                  "--agg", ",".join(aggs), "--json", str(out), "--plot", str(png))
+                  "--agg", ",".join(aggs), "--json", str(out), "--plot", str(png),
+                  columns=200)  # wide enough that no header wraps
     assert p.returncode == 0, p.stdout + p.stderr
     assert "loopback, links not shaped" in p.stdout
     assert p.stdout.count("speed-up") == 1 and f"wrote {png}" in p.stdout  # one table

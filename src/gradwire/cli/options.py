@@ -24,9 +24,17 @@ from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
 
 # Piped output (CI logs, files) gets tables 120 columns wide (wide ones wrap their text
-# cells) instead of 80 truncated columns; a terminal's own width otherwise.
+# cells) instead of 80 truncated columns, or $COLUMNS where it is set; a terminal's own
+# width otherwise.
 WIDTH = 120
-console = Console(width=None if sys.stdout.isatty() else WIDTH)
+
+
+def _piped_width() -> int:
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) >= 40 else WIDTH
+
+
+console = Console(width=None if sys.stdout.isatty() else _piped_width())
 
 Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks)", min=1)]
 Bandwidth = Annotated[str, typer.Option(
