@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich import box
 from rich.table import Table
 
 from gradwire.models.task import perplexity
@@ -34,7 +35,8 @@ def results_table(results: Sequence[dict], title: str) -> Table:
     payload, the per-iteration time breakdown, the training time, and the final training loss
     and test accuracy (and perplexity, for text)."""
     text = any(r.get("data") == "text" for r in results)
-    table = Table(title=title)
+    # no column rules, one space between columns: 13 columns fit 120
+    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     cols = ["method", "samples/s", "speed-up", "wire MB/iter", "payload MB/iter", "compute ms",
             "compress ms", "comm ms", "step ms", "wall s", "train loss",
             *(["test ppl"] if text else []), "test acc"]
