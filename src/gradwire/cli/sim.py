@@ -116,9 +116,10 @@ def simulate(
     check_outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out))
     gamma = 0.0
     if calibration is not None:
-        from gradwire.perf.whatif import load_calibration
+        from gradwire.perf import whatif
 
-        alpha, gamma, _ = load_calibration(calibration)
+        alpha, gamma, *_ = whatif.calibration_terms(whatif.read_calibration(calibration),
+                                                    calibration)
         alpha_us, latency_us = alpha * 1e6, 0.0
         console.print(f"α {alpha_us:.1f} µs per message, γ {gamma * 1e9:.3g} ns/B, latency "
                       f"in α: from {calibration}")

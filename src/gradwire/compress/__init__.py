@@ -57,7 +57,7 @@ from gradwire.compress.sparse import (
     SparsePayload,
     TopK,
 )
-from gradwire.errors import GradwireError, did_you_mean
+from gradwire.errors import GradwireError, did_you_mean, lookup
 
 COMPRESSORS: dict[str, Callable[..., Compressor]] = {
     c.name: c for c in (TopK, RandomK, DGC, SignSGD, EFSignSGD, QSGD, TernGrad, FP16, BF16,
@@ -68,11 +68,7 @@ COMPRESSORS: dict[str, Callable[..., Compressor]] = {
 def get(name: str, **params: object) -> Compressor:
     """The compressor ``name`` built with ``params``; unknown names and parameters, and values
     out of range, raise a one-line GradwireError that says what is allowed."""
-    factory = COMPRESSORS.get(name)
-    if factory is None:
-        raise GradwireError(f"unknown compressor {name!r}{did_you_mean(name, COMPRESSORS)}: "
-                            f"expected one of "
-                            f"{', '.join(COMPRESSORS)}")
+    factory = lookup(COMPRESSORS, name, "compressor")
     allowed = list(inspect.signature(factory).parameters)
     for p in params:
         if p not in allowed:

@@ -25,6 +25,7 @@ from future callbacks, aborted on gloo with several buckets in flight).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -165,7 +166,13 @@ class Layout:
 def layout(numel: int, shapes: Sequence[Sequence[int]] | None, rank: int) -> Layout:
     """PowerSGD's :class:`Layout` of a bucket of ``numel`` elements holding tensors of
     ``shapes`` in order (their elements summing to ``numel``), at ``rank``; ``shapes`` None: one
-    flat tensor, one :func:`matrix_shape` matrix."""
+    flat tensor, one :func:`matrix_shape` matrix. Made once per bucket shape: a hook asks for
+    it at every bucket of every step (twice: for the plan, then to run it)."""
+    return _layout(numel, None if shapes is None else tuple(map(tuple, shapes)), rank)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(numel: int, shapes: tuple[tuple[int, ...], ...] | None, rank: int) -> Layout:
     if shapes is None:
         rows, cols = matrix_shape(numel)
         tensors: list[tuple[int, int, int, int]] = [(0, numel, rows, cols)] if numel else []

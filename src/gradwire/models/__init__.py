@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gradwire.errors import GradwireError, did_you_mean
+from gradwire.errors import lookup
 from gradwire.models.lstm import lstm
 from gradwire.models.mlp import mlp
 from gradwire.models.resnet import resnet20, resnet50
@@ -59,10 +59,7 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def get_spec(name: str) -> ModelSpec:
-    if name not in MODELS:
-        raise GradwireError(f"unknown model {name!r}{did_you_mean(name, MODELS)}: expected one "
-                            f"of {', '.join(MODELS)}")
-    return MODELS[name]
+    return lookup(MODELS, name, "model")
 
 
 def build_model(name: str, seed: int = 0, classes: int = 10) -> nn.Module:

@@ -67,7 +67,7 @@ from pathlib import Path
 from gradwire.check import is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import read_object, shown
-from gradwire.perf.codecs import CodecTable
+from gradwire.perf.codecs import CodecTable, check_methods
 
 FORMAT = 2
 BETWEEN = ("nodes", "ranks of one node")
@@ -290,12 +290,7 @@ def _cpu(r: _Reader) -> CpuTerms:
 
 def _codecs(r: _Reader, where: str) -> CodecTable:
     methods = r.sub("methods")
-    for name in methods.doc:
-        m = methods.sub(name)
-        for key in ("encode_s", "decode_s"):
-            m.seconds(key)
-        if "decode_fixed_s" in m.doc:
-            m.seconds("decode_fixed_s")
+    check_methods(methods.doc, where, r.prefix)
     if r.doc.get("dtype", "float32") != "float32":
         raise r.bad("dtype", "'float32'")
     source = r.doc.get("source", "")

@@ -71,13 +71,23 @@ def load(name_or_path: str) -> CodecTable:
     if not isinstance(methods, dict):
         raise GradwireError(f"{where}: field 'methods' must be an object of methods, got "
                             f"{methods!r}")
-    for name, m in methods.items():
+    check_methods(methods, where)
+    return CodecTable(name_or_path, numel, dict(methods), str(doc.get("source", "")))
+
+
+def check_methods(methods: dict, where: str, field: str = "") -> None:
+    """Each method of a codec table's ``methods``: an object of ``encode_s``, ``decode_s`` and,
+    optionally, ``decode_fixed_s``, seconds >= 0; else a one-line error naming ``where`` and
+    the field (``field``: the table's place in its file, e.g. "codecs." in a calibration)."""
+    def name(path: str) -> str:
+        return f"field '{field}{path}'" if field else path
+
+    for method, m in methods.items():
         if not isinstance(m, dict):
-            raise GradwireError(f"{where}: methods.{name} must be an object with encode_s and "
-                                f"decode_s, got {m!r}")
+            raise GradwireError(f"{where}: {name(f'methods.{method}')} must be an object with "
+                                f"encode_s and decode_s, got {m!r}")
         for key in ("encode_s", "decode_s", "decode_fixed_s"):
             v = m.get(key, 0.0 if key == "decode_fixed_s" else None)  # decode_fixed_s: optional
             if not is_real(v, 0):
-                raise GradwireError(f"{where}: methods.{name}.{key} must be a number of seconds "
-                                    f">= 0, got {v!r}")
-    return CodecTable(name_or_path, numel, dict(methods), str(doc.get("source", "")))
+                raise GradwireError(f"{where}: {name(f'methods.{method}.{key}')} must be a "
+                                    f"number of seconds >= 0, got {v!r}")

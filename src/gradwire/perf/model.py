@@ -272,18 +272,22 @@ def _groups(profile: Profile, agg: Aggregation) -> list[tuple[list[int], float]]
     return out
 
 
+def _buckets(profile: Profile, agg: Aggregation
+             ) -> list[tuple[int, float, Shapes | None]]:
+    """(elements, backward seconds until ready, the tensors' shapes or None where the profile
+    does not give them all) of each bucket, in the order they fill."""
+    out: list[tuple[int, float, Shapes | None]] = []
+    for held, t in _groups(profile, agg):
+        shapes = None
+        if profile.shapes is not None and all(profile.shapes[i] is not None for i in held):
+            shapes = tuple(profile.shapes[i] for i in held)  # type: ignore[misc]
+        out.append((sum(profile.params[i][1] for i in held), t, shapes))
+    return out
+
+
 def buckets(profile: Profile, agg: Aggregation) -> list[tuple[int, float]]:
     """(elements, backward seconds until ready) of each bucket, in the order they fill."""
-    return [(sum(profile.params[i][1] for i in held), t) for held, t in _groups(profile, agg)]
-
-
-def bucket_shapes(profile: Profile, agg: Aggregation) -> list[Shapes | None]:
-    """The shapes of each bucket's tensors (None where the profile does not give them all)."""
-    out: list[Shapes | None] = []
-    for held, _ in _groups(profile, agg):
-        shapes = [profile.shapes[i] for i in held] if profile.shapes is not None else [None]
-        out.append(None if any(s is None for s in shapes) else tuple(shapes))  # type: ignore[arg-type]
-    return out
+    return [(n, t) for n, t, _ in _buckets(profile, agg)]
 
 
 def operations(agg: Aggregation, numel: int, world: int, dtype: str = "float32",
@@ -327,8 +331,7 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     check_real("overlap slowdown", overlap_slowdown, 1.0)
     p = cluster.workers
     alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
-    bs = buckets(profile, agg)
-    shapes = bucket_shapes(profile, agg)
+    bs = _buckets(profile, agg)
     kappa = overlap_slowdown if len(bs) > 1 and p > 1 else 1.0
     shared = cluster.cores is not None  # point 5: ranks share cores
     end = np.zeros_like(beta)
@@ -344,8 +347,8 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     # a method's NaN/Inf status cannot travel with its data: then one before every bucket.
     method = catalogue.get(agg.method)
     in_band = method.path.in_band(method)
-    for i, (numel, ready) in enumerate(bs):
-        data, sent = operations(agg, numel, p, profile.dtype, shapes[i])
+    for i, (numel, ready, shapes) in enumerate(bs):
+        data, sent = operations(agg, numel, p, profile.dtype, shapes)
         enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
         enc, dec = enc / compute_speedup, dec / compute_speedup
         if credited:

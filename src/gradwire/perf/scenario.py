@@ -16,6 +16,7 @@ from gradwire.perf import advise as adv
 from gradwire.perf import codecs as codec_tables
 from gradwire.perf import reference as reference_settings
 from gradwire.perf import whatif as w
+from gradwire.perf.calibration import Calibration
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, ClusterModel, parse_link
 from gradwire.profiles import Profile
@@ -88,7 +89,14 @@ def check_terms(s: Scenario) -> None:
             raise GradwireError(f"{option} must be >= {low:g}, got {value:g}")
 
 
-def inputs(s: Scenario) -> tuple[Profile, list[Aggregation], CodecTable]:
+def read_calibration(s: Scenario) -> Calibration | None:
+    """``s.calibration`` read and checked (None when there is none): once, for
+    :func:`inputs` and :func:`setting` both."""
+    return None if s.calibration is None else w.read_calibration(s.calibration)
+
+
+def inputs(s: Scenario, cal: Calibration | None = None
+           ) -> tuple[Profile, list[Aggregation], CodecTable]:
     """The profile (with ``compute_ms`` applied), one :class:`Aggregation` per method of
     ``s.agg`` and the codec table ``s.codecs`` names."""
     prof = profiles.load(s.model)
@@ -109,25 +117,26 @@ def inputs(s: Scenario) -> tuple[Profile, list[Aggregation], CodecTable]:
             for n in names]
     if s.codecs is not None:
         table = codec_tables.load(s.codecs)
-    elif s.calibration is not None and (cal := w.calibration_codecs(s.calibration)) is not None:
-        table = cal
+    elif s.calibration is not None:
+        table = (cal or w.read_calibration(s.calibration)).codecs
     else:
         table = codec_tables.load(reference_settings.get(s.reference).codecs)
     return prof, aggs, table
 
 
-def setting(s: Scenario) -> tuple[w.Setting, str]:
+def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str]:
     """The cluster's terms, and a line saying where they came from: ``s.calibration`` (with
     its shared-CPU terms where it has them) or the reference setting ``s.reference``, with
-    ``s.alpha_us``, ``s.gamma_ns`` and ``s.overlap_slowdown`` replacing theirs where given."""
+    ``s.alpha_us``, ``s.gamma_ns`` and ``s.overlap_slowdown`` replacing theirs where given.
+    ``cal``: ``s.calibration`` already read (:func:`read_calibration`); read here if None."""
     if s.calibration is None:
         ref = reference_settings.get(s.reference)
         alpha, gamma, cpu = ref.alpha, ref.gamma, None
         kappa, coding = ref.overlap_slowdown, ref.coding_slowdown
         where = ref.describe()
     else:
-        alpha, gamma, cpu = w.load_calibration(s.calibration)
-        kappa, coding = w.calibration_slowdowns(s.calibration)
+        alpha, gamma, cpu, kappa, coding = w.calibration_terms(
+            cal or w.read_calibration(s.calibration), s.calibration)
         where = (f"α {alpha * 1e6:.0f} µs per step, γ {gamma * 1e9:.3g} ns/B from "
                  f"{s.calibration}")
         if cpu is None:
@@ -158,10 +167,11 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     ``4:128``, ``4:128:4`` or a comma list, ``bandwidth`` and ``compute_speedup`` comma
     lists."""
     check_terms(s)
-    prof, aggs, table = inputs(s)
+    cal = read_calibration(s)
+    prof, aggs, table = inputs(s, cal)
     rates = [parse_link(b) for b in bandwidth.split(",")]
     speedups = w.parse_numbers("--compute-speedup", compute_speedup)
-    terms, where = setting(s)
+    terms, where = setting(s, cal)
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, terms)
     per_node = (f"{s.ranks_per_node} ranks per node ({s.intra_bandwidth} inside); "
                 if s.ranks_per_node > 1 else "")
@@ -177,8 +187,9 @@ def advise(s: Scenario, workers: int, bandwidth: str, compute_speedup: float) ->
     check_real("--compute-speedup", compute_speedup, 0, above=True)
     if not s.agg:
         s = replace(s, agg=",".join(METHODS))
-    prof, aggs, table = inputs(s)
-    terms, where = setting(s)
+    cal = read_calibration(s)
+    prof, aggs, table = inputs(s, cal)
+    terms, where = setting(s, cal)
     cluster = terms.cluster(workers, parse_link(bandwidth))
     ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup,
                                terms.overlap_slowdown)

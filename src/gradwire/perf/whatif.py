@@ -16,6 +16,7 @@ schedule summary per collective.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, replace
@@ -69,7 +70,7 @@ class Setting:
     overlap_slowdown: float = 1.0
     ranks_per_node: int = 1
     intra_bps: float = 100e9
-    cpu: CpuSetting | None = None  # shared cores, from a calibration (see load_calibration)
+    cpu: CpuSetting | None = None  # shared cores, from a calibration (calibration_terms)
     coding_slowdown: float | None = None  # coding shares the device with backward (model: 9)
 
     def cluster(self, workers: int, link: np.ndarray | float) -> ClusterModel:
@@ -97,9 +98,10 @@ class CpuSetting:
     @classmethod
     def from_calibration(cls, d: dict, hosts: int) -> CpuSetting:
         """The terms of a calibration's fields ``d``, measured on ``hosts`` ranks (KeyError,
-        ValueError or TypeError where they are missing or malformed). The wait per schedule
-        step is ``cpu_sync_step_s``, or, in files that lack it (before 2026-11-26 15:30),
-        ``cpu_sync_s`` (per call of calibrate's probe) over that probe's steps."""
+        ValueError or TypeError where they are missing or malformed; a calibration file's
+        ``cpu`` object has them all). The wait per schedule step is ``cpu_sync_step_s``, or,
+        where that is missing, ``cpu_sync_s`` (per call of calibrate's probe) over that
+        probe's steps."""
         sync = (float(d["cpu_sync_step_s"]) if "cpu_sync_step_s" in d
                 else float(d["cpu_sync_s"]) / sync_probe_steps(hosts))
         return cls(float(d["cores_per_machine"]), int(d["cpu_ranks_per_machine"]) >= hosts,
@@ -132,38 +134,26 @@ def sync_probe_steps(hosts: int) -> float:
     return max(comm.steps("allreduce", "rd", hosts, hosts), 1.0)
 
 
-def load_calibration(path: Path) -> tuple[float, float, CpuSetting | None]:
-    """(α per step, γ, shared-CPU terms or None) from a ``gradwire calibrate`` file
-    (:mod:`gradwire.perf.calibration`); the CPU terms where its ranks shared a machine's
-    cores."""
-    cal = _calibration(path)
-    if cal.cpu is None:
-        return cal.alpha_s, cal.gamma_s_per_byte, None
-    c = cal.cpu
-    try:
-        cpu = CpuSetting(float(c.cores_per_machine), c.cpu_ranks_per_machine >= cal.world,
-                         c.cpu_step_s, c.cpu_byte_s, c.cpu_share, c.cpu_sync_step_s,
-                         c.cpu_slowdown)
-    except GradwireError as e:
-        raise GradwireError(f"--calibration {path}: field {e}") from None
-    return cal.alpha_s, cal.gamma_s_per_byte, cpu
-
-
-def calibration_codecs(path: Path) -> CodecTable:
-    """The codec table a ``gradwire calibrate`` file measured on its ranks' device."""
-    return _calibration(path).codecs
-
-
-def calibration_slowdowns(path: Path) -> tuple[float, float | None]:
-    """(κ, the coding slowdown) of a ``gradwire calibrate`` file: the coding slowdown where
-    coding shares the device with backward (measured at or above 1), else None."""
-    cal = _calibration(path)
-    return cal.overlap_slowdown, (cal.coding_slowdown if cal.coding_slowdown >= 1 else None)
-
-
-def _calibration(path: Path) -> calibration.Calibration:
+def read_calibration(path: Path) -> calibration.Calibration:
+    """The ``gradwire calibrate`` file at ``path`` (:mod:`gradwire.perf.calibration`);
+    every defect is one line naming ``--calibration`` and the field."""
     where = f"--calibration {path}"
     return calibration.parse(read_object(path, where), where)
+
+
+def calibration_terms(cal: calibration.Calibration, path: Path
+                      ) -> tuple[float, float, CpuSetting | None, float, float | None]:
+    """(α per step, γ, the shared-CPU terms where its ranks shared a machine's cores, κ, the
+    coding slowdown where coding shares the device with backward: measured at or above 1)
+    of the calibration ``cal`` read from ``path``."""
+    cpu = None
+    if cal.cpu is not None:
+        try:
+            cpu = CpuSetting.from_calibration(dataclasses.asdict(cal.cpu), cal.world)
+        except GradwireError as e:
+            raise GradwireError(f"--calibration {path}: field {e}") from None
+    coding = cal.coding_slowdown if cal.coding_slowdown >= 1 else None
+    return cal.alpha_s, cal.gamma_s_per_byte, cpu, cal.overlap_slowdown, coding
 
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],

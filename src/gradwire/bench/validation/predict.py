@@ -13,7 +13,6 @@ from pathlib import Path
 from gradwire.cluster.shaping import tbf_burst
 from gradwire.errors import GradwireError
 from gradwire.perf import advise, scenario
-from gradwire.perf import calibration as calibration_file
 from gradwire.perf.calibration import Calibration
 from gradwire.perf.model import ClusterModel, Prediction, parse_link
 
@@ -51,9 +50,10 @@ def predict_configuration(profile: dict, calibration: dict, rate: str, workers: 
         s = scenario.Scenario(model=str(prof_file), agg=",".join(aggs), density=density,
                               rank=rank, calibration=cal_file)
         scenario.check_terms(s)
-        prof, schemes, table = scenario.inputs(s)
-        terms, _ = scenario.setting(s)
-    cal = calibration_file.parse(calibration, f"the calibration of {rate}, P = {workers}")
+        cal = scenario.read_calibration(s)
+        prof, schemes, table = scenario.inputs(s, cal)
+        terms, _ = scenario.setting(s, cal)
+    assert cal is not None
     cluster = link_terms(terms.cluster(workers, parse_link(rate)), cal, rate)
     ranked, skipped = advise.rank(prof, cluster, schemes, table, 1.0, terms.overlap_slowdown)
     if skipped:
