@@ -105,22 +105,32 @@ def skip_one() -> None:
 
 expect_mismatch("skipped call", skip_one, ["elements", "30 on rank", "40 on rank"])
 
+def expect_densities(name: str, net: DDP, densities: tuple[str, str]) -> None:
+    """The next backward of ``net`` must fail on every rank naming both densities."""
+    try:
+        net(torch.randn(4, 50)).sum().backward()
+        check(False, f"{name}: no error")
+    except Exception as e:  # the hook's GradwireError, raised from backward unchanged
+        check("density" in str(e) and all(d in str(e) for d in densities),
+              f"{name}: message lacks the densities: {str(e)[:300]}")
+
+
 # DDP hooks: a different density on one rank fails in backward on every rank.
 torch.manual_seed(0)
 net = DDP(nn.Linear(50, 20))
 state = gh.make("topk", density=0.1 if odd else 0.05, warmup=False)
 state.register(net)
-try:
-    net(torch.randn(4, 50)).sum().backward()
-    check(False, "hook density: no error")
-except Exception as e:  # the hook's GradwireError, raised from backward unchanged
-    check("density" in str(e) and "0.05" in str(e) and "0.1" in str(e),
-          f"hook density: message lacks the densities: {str(e)[:300]}")
+expect_densities("hook density", net, ("0.05", "0.1"))
 
 # DDP hooks: compressor options that differ fail naming them, before anything is sent (qsgd's
-# levels would silently give different averages; PowerSGD's rank, messages of other lengths).
+# levels would silently give different averages; PowerSGD's rank, messages of other lengths),
+# and so do the hook's own options that steady-state steps no longer check: the mode and the
+# dense steps.
 for method, opts, words in (("qsgd", {"s": 100 if odd else 255}, ["qsgd s=255", "qsgd s=100"]),
-                            ("powersgd", {"rank": 2 if odd else 1}, ["rank=1", "rank=2"])):
+                            ("powersgd", {"rank": 2 if odd else 1}, ["rank=1", "rank=2"]),
+                            ("topk", {"mode": "model" if odd else "bucket"}, ["mode=model"]),
+                            ("topk", {"dense_steps": 3 if odd else 1},
+                             ["hook dense_steps=1", "hook dense_steps=3"])):
     torch.manual_seed(0)
     net = DDP(nn.Linear(50, 20))
     gh.make(method, warmup=False, overlap=False, **opts).register(net)
@@ -131,6 +141,31 @@ for method, opts, words in (("qsgd", {"s": 100 if odd else 255}, ["qsgd s=255", 
         check("ranks made different collective calls" in str(e)
               and all(w in str(e) for w in words),
               f"hook {method} options: message lacks {words}: {str(e)[:300]}")
+
+# DDP hooks in steady state: once a step has agreed on the buckets, steps without a density
+# warm-up exchange no header at all.
+torch.manual_seed(0)
+net = DDP(nn.Linear(50, 20))
+state = gh.make("topk", density=0.1)
+state.register(net)
+for step in range(5):
+    net(torch.randn(4, 50)).sum().backward()
+    if step == 1:
+        agreed = state._comm.headers
+check(agreed > 0 and state._comm.headers == agreed,
+      f"steady state: {state._comm.headers - agreed} header exchanges after step 1")
+
+# With a density warm-up each step exchanges one, so set_epoch on one rank alone fails on
+# every rank, naming the densities, before anything of that step is sent.
+torch.manual_seed(0)
+net = DDP(nn.Linear(50, 20))
+state = gh.make("topk", density=0.05, warmup=[0.5], steps_per_epoch=100)
+state.register(net)
+for step in range(2):
+    net(torch.randn(4, 50)).sum().backward()
+if odd:
+    state.set_epoch(1)
+expect_densities("set_epoch on one rank", net, ("0.5", "0.05"))
 
 # NaN/Inf policy, sparse_allreduce: rank p-1 has a NaN and an Inf; every rank goes dense.
 x = torch.randn(200, generator=g)

@@ -146,7 +146,7 @@ def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.T
 
 def header(c: AggregationCall, numel: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     """The call header of one aggregation (:mod:`gradwire.collectives.agree`)."""
-    return [("call", "hook"), ("method", c.name), ("dense", c.dense), ("elements", numel),
+    return [("call", c.caller), ("method", c.name), ("dense", c.dense), ("elements", numel),
             ("dtype", dtype), ("density", f"{c.density:.6g}")]
 
 

@@ -84,6 +84,9 @@ class AggregationCall:
     # the shapes of the tensors the bucket holds, in order (None: one flat tensor); PowerSGD
     # compresses each weight as its own matrix
     shapes: Shapes | None = None
+    # the call header's first field: "hook", and the hook's options that must match on every
+    # rank but that no later step checks again (HookState: mode, dense steps)
+    caller: str = "hook"
 
 
 @dataclass

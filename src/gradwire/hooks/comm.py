@@ -170,6 +170,7 @@ class Comm:
                           if config.check_calls() else None)
         self.seconds = 0.0
         self.header_seconds = 0.0  # the part of ``seconds`` spent in header exchanges
+        self.headers = 0  # header exchanges made
 
     def _bounded(self, work: dist.Work, what: str) -> None:
         """Wait for a torch.distributed collective within GRADWIRE_TIMEOUT, not the process
@@ -191,6 +192,7 @@ class Comm:
             return None
         t0 = time.perf_counter()
         everywhere = agree_status(self.transport, call, status)
+        self.headers += 1
         spent = time.perf_counter() - t0
         self.seconds += spent
         self.header_seconds += spent

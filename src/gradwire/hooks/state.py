@@ -76,11 +76,15 @@ class HookState:
     rebuilds it in gradient-ready order), so a resumed run repeats the uninterrupted one bit
     for bit.
 
-    Checks and syncs: the ranks exchange one call header per step, before its first
-    aggregation, naming the method, mode, density and the previous step's buckets (their
-    sizes and dtypes, in order); a bucket that matches the agreed list needs no header of its
-    own, one that does not (every bucket of the first step, and after DDP rebuilds its
-    buckets) exchanges its own before its data. Methods whose status cannot travel with their
+    Checks and syncs: every bucket of the first step (and after DDP rebuilds its buckets, or
+    after a step that failed) exchanges a call header before its data, naming the method and
+    every option that must be equal on all ranks (the mode and dense steps, the compressor's
+    options: :func:`_call_name`), its size, dtype and density. Once a step has agreed on its buckets,
+    a later bucket that matches the agreed list (same place, size and dtype) needs no header:
+    nothing in it can differ between ranks that agreed before. With a density warm-up
+    (``warmup=``), whose density ``set_epoch`` moves on each rank, the ranks also exchange
+    one header per step, before its first aggregation, naming the density and the previous
+    step's buckets. Methods whose status cannot travel with their
     data (qsgd, signsgd, …: :meth:`~gradwire.catalogue.Path.in_band`) exchange a header per
     bucket, with the status. On a GPU the hot path never waits for the device, but once per step:
     Top-k, gTop-k and PowerSGD send each bucket's NaN/Inf status with its data
@@ -124,6 +128,11 @@ class HookState:
         self.ef = (ErrorFeedback(self.compressor)
                    if m.error_feedback and self.compressor is not None else None)
         self.call_name = _call_name(config, self.compressor)
+        # the call header's first field: the hook's options no later step checks again
+        self.caller = " ".join(["hook", *([f"mode={config.mode}"] if config.mode != "bucket"
+                                          else []),
+                                *([f"dense_steps={config.warmup.dense_steps}"]
+                                  if config.warmup.dense_steps else [])])
         self._comm: Comm | None = None
         self._worker: Worker | None = None
         self._pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]] = []
@@ -258,7 +267,7 @@ class HookState:
                                 "dense gradients")
         call = AggregationCall(self.config.method, comm, self.compressor, self.ef, self.density,
                                dense=self.config.warmup.dense(self.step), name=self.call_name,
-                               shapes=self.positions.shapes_of(key))
+                               shapes=self.positions.shapes_of(key), caller=self.caller)
         last, index = bucket.is_last(), bucket.index()
         fut: torch.futures.Future = torch.futures.Future()
         if index == 0:  # a backward starts
@@ -338,7 +347,8 @@ class HookState:
         agreed = self._layouts
         if not self._step_open:
             self._step_open, self._observed = True, []
-            if agreed is not None:  # else every aggregation has a header of its own
+            # else every aggregation has a header of its own
+            if agreed is not None and self._density_moves:
                 comm.agree(self._step_call(call))
         shape = (x.numel(), str(x.dtype).removeprefix("torch."))
         trusted = agreed is not None and index < len(agreed) and agreed[index] == shape
@@ -355,6 +365,14 @@ class HookState:
         s["dense"] += call.dense
         self._used.add(key)
         return started
+
+    @property
+    def _density_moves(self) -> bool:
+        """Whether a step can send another density than the step before on some rank: a
+        density warm-up, which ``set_epoch`` moves on the rank that calls it. Everything
+        else in a call's header is fixed once the first step agreed on it (the dense warm-up
+        counts steps, which every rank takes together)."""
+        return bool(self.config.warmup.densities) and self.config.method.takes_density
 
     def _step_call(self, call: AggregationCall) -> list[tuple[str, object]]:
         """The per-step header: what every rank's aggregations of this step must share."""

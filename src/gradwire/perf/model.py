@@ -14,8 +14,9 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    comm_b + decode_b. The last bucket can only start after backward: the exposed tail.
 3. comm_b is ``cost()`` of the schedules of the calls the catalogue's plan of the method
    makes for the bucket (:mod:`gradwire.catalogue`, :mod:`.comm`), after the call header's
-   exchange (``ClusterModel.check_calls``; as the hooks in steady state: one before the first
-   bucket, or before every bucket for methods that agree on a NaN/Inf status first): dense,
+   exchange (``ClusterModel.check_calls``; as the hooks in steady state without a density
+   warm-up: one before every bucket for methods that agree on a NaN/Inf status first, none
+   for the others): dense,
    fp16/bf16, random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and Q); top-k and
    gTop-k: their sparse schedules; every other method: ring allgather of the payloads.
    encode/decode from a codec table (:mod:`.codecs`).
@@ -102,9 +103,9 @@ class ClusterModel:
     alpha: float
     gamma: float = 0.0
     beta: np.ndarray | float | None = None
-    # gradwire's hooks exchange call headers (agree.py; one per step, or one per bucket for
-    # the methods that agree on a status first) unless GRADWIRE_CHECK_CALLS=0; the model
-    # charges their schedule when this is on.
+    # gradwire's hooks exchange call headers (agree.py; in steady state one per bucket for
+    # the methods that agree on a status first, none for the others) unless
+    # GRADWIRE_CHECK_CALLS=0; the model charges their schedule when this is on.
     check_calls: bool = field(default_factory=config.check_calls)
     # Consecutive ranks per node: they share the node's link for traffic between nodes and
     # talk inside the node over a link of intra_bps (NVLink/PCIe class by default).
@@ -343,8 +344,8 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     f = profile.forward_s / compute_speedup  # type: ignore[operator]
     s = profile.step_s / compute_speedup
     credited, last_dec = cluster.burst > 0 and p > 1, 0.0
-    # In steady state the hooks exchange one header per step, before the first bucket, unless
-    # a method's NaN/Inf status cannot travel with its data: then one before every bucket.
+    # In steady state (no density warm-up) the hooks exchange no header, unless a method's
+    # NaN/Inf status cannot travel with its data: then one before every bucket.
     method = catalogue.get(agg.method)
     in_band = method.path.in_band(method)
     for i, (numel, ready, shapes) in enumerate(bs):
@@ -364,7 +365,7 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
                 - (_credit_saved(c, a, p, n, e, prm, beta, credit) if credited else 0.0)
                 for c, a, n, e, prm in data)
         ops = data
-        if cluster.check_calls and p > 1 and (i == 0 or not in_band):
+        if cluster.check_calls and p > 1 and not in_band:
             c, a, n, prm = header_spec(p)
             ops = [(c, a, n, 1, prm), *data]
             h = comm.seconds(c, a, p, n, 1, alpha, beta, gamma, node=cluster.node, **prm)
