@@ -117,7 +117,7 @@ def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
     assert cal.network == "loopback, links not shaped"
     assert cal.command.startswith("gradwire calibrate --loopback")
     table = codecs.load(str(path))
-    assert set(table.methods) == set(METHODS) and "compressors only" in table.source
+    assert set(table.methods) == set(METHODS) and "local work" in table.source
     assert table.methods["powersgd"]["encode_s"] > 0 and table.methods["dense"]["decode_s"] == 0
     out = tmp_path / "b.json"
     p = _gradwire("bench", "--loopback", "--hosts", "3", "--sizes", "1K,13K", "--iters", "2",

@@ -43,8 +43,12 @@ def _check_sane(cal: Calibration, path, device: str) -> None:
     assert cal.codecs.methods["powersgd"]["params"] == {"rank": 4}
     assert cal.codecs.methods["powersgd"]["encode_s"] > 0
     assert "decode_fixed_s" in cal.codecs.methods["signsgd"]
-    assert "compressors only" in cal.codecs.source
+    assert "local work" in cal.codecs.source
     assert cal.model == "resnet20" and cal.device == device
+    # the executor's α and the compute slowdown, on a stand-in of resnet20's size
+    assert cal.alpha_transport_s > 0 and cal.compute_slowdown >= 1
+    assert cal.compute.alone_s > 0 and cal.compute.together_s > 0
+    assert "x2 hidden" in cal.compute.model
     # whatif/advise --codecs FILE read the same table
     assert codecs.load(str(path)).methods == cal.codecs.methods
 
@@ -82,14 +86,17 @@ def test_rank_side_on_cuda(tmp_path):
     assert cal.backend == "nccl" and cal.cpu is None
 
 
-def test_the_codec_probe_times_compressors_alone():
-    """No hook, no process group: each method's compressor, with the catalogue's parameters."""
+def test_the_codec_probe_times_each_method_s_local_work():
+    """No hook, no process group: each method's compressor, with the catalogue's parameters,
+    and the passes of error feedback around it."""
     import torch.distributed as dist
 
     from gradwire.bench import codec_probe
 
     doc = codec_probe.measure(1000, repeats=1, density=0.01, rank=2)
-    assert set(doc["methods"]) == set(METHODS) and "compressors only" in doc["source"]
+    assert set(doc["methods"]) == set(METHODS) and "local work" in doc["source"]
+    passes = codec_probe.feedback_passes(torch.ones(1000), 1, torch.device("cpu"))
+    assert set(passes) == {"status", "add", "write"} and all(v > 0 for v in passes.values())
     assert doc["methods"]["dense"] == {"params": {}, "encode_s": 0.0, "decode_s": 0.0}
     assert doc["methods"]["gtopk"]["params"] == {"density": 0.01}
     assert doc["methods"]["powersgd"]["params"] == {"rank": 2}
@@ -139,6 +146,9 @@ def test_a_saved_calibration_reads_back_the_same(tmp_path):
     ({"codecs": {**_good()["codecs"], "methods": {"topk": {"encode_s": -1, "decode_s": 0}}}},
      "field 'codecs.methods.topk.encode_s' must be a number of seconds >= 0, got -1"),
     ({"alpha_ss": 1}, "unknown field 'alpha_ss' (did you mean 'alpha_s'?)"),
+    ({"compute_slowdown": 0.5}, "field 'compute_slowdown' must be a number >= 1, got 0.5"),
+    ({"alpha_transport_s": 0}, "field 'alpha_transport_s' must be a number of seconds > 0"),
+    ({"compute": {"model": "m", "alone_s": 0.1}}, "field 'compute.together_s' is missing"),
 ])
 def test_load_refuses_a_bad_file_in_one_line(tmp_path, change, msg):
     path = tmp_path / "c.json"
@@ -154,6 +164,21 @@ def test_load_refuses_a_bad_file_in_one_line(tmp_path, change, msg):
         calibration.load(path)
     assert str(e.value).startswith(f"calibration file {path}")
     assert msg in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_file_without_the_executor_s_alpha_or_the_compute_slowdown_reads(tmp_path):
+    """Written before those terms were measured: the backend's α and the profile's compute."""
+    path = tmp_path / "c.json"
+    doc = {k: v for k, v in _good().items()
+           if k not in ("alpha_transport_s", "compute_slowdown", "compute")}
+    path.write_text(json.dumps(doc))
+    cal = calibration.load(path)
+    assert cal.alpha_transport_s is None and cal.compute_slowdown == 1 and cal.compute is None
+    path.write_text(json.dumps({**doc, "alpha_transport_s": 8e-4, "compute_slowdown": 1.3,
+                                "compute": {"model": "m", "alone_s": 0.1, "together_s": 0.13}}))
+    cal = calibration.load(path)
+    assert (cal.alpha_transport_s, cal.compute_slowdown, cal.compute.together_s) == (
+        8e-4, 1.3, 0.13)
 
 
 def test_a_file_of_the_old_format_is_refused(tmp_path):

@@ -465,6 +465,25 @@ def test_powersgd_zero_gradient_gives_zero_without_nan_then_recovers():
     assert not y.isnan().any() and torch.allclose(y, x, atol=1e-4 * x.abs().max())
 
 
+def test_powersgd_warm_start_draws_nothing_on_the_host():
+    """After the first step a warm-started matrix needs no random draw on the host (and so no
+    copy to the device): its zero columns take a spare drawn once."""
+    ps = PowerSGD(rank=2)
+    m = low_rank(32, 32, 2, 3).reshape(32, 32)
+    p = ps.p(m, key=0)
+    ps.q(m, p, key=0)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("drew on the host")
+
+    ps._random = refuse
+    for _ in range(3):
+        p = ps.p(m, key=0)
+        ps.q(m, p, key=0)
+    ps.memory[0].zero_()  # a zero warm start: every column from the spare, drawn once
+    assert ps.p(m, key=0).abs().sum() > 0
+
+
 def test_powersgd_rank_is_capped_by_the_matrix():
     c = PowerSGDCompressor(rank=8)
     p = c.compress(data(7))

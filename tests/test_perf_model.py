@@ -481,3 +481,30 @@ def test_a_calibrations_sync_wait_is_charged_per_schedule_step(hosts, steps) -> 
     assert CpuSetting.from_calibration(d, hosts).sync == pytest.approx(1.2e-3 / steps)
     assert CpuSetting.from_calibration(d | {"cpu_sync_step_s": 2e-4}, hosts).sync == 2e-4
     assert "µs wait per step" in CpuSetting.from_calibration(d, hosts).describe()
+
+
+def test_compute_as_the_ranks_run_it_scales_forward_backward_and_step() -> None:
+    """Point 10: a compute slowdown of 2 doubles forward, backward and the step (one bucket,
+    dense: compute, then the ring)."""
+    agg = Aggregation("dense", mode="model")
+    base = ClusterModel(4, 1e9, 307e-6, beta=8.36e-9, check_calls=False)
+    r = predict(TOY, dataclasses.replace(base, compute_slowdown=2.0), agg, TABLE)
+    ring = cost(schedule("allreduce", "ring", 4, 8_000_000, pipeline=1), CostParams(307e-6,
+                8.36e-9), 4)
+    assert (r.forward, r.backward, r.step) == pytest.approx((0.1, 0.2, 0.02))
+    assert float(r.iteration) == pytest.approx(0.1 + 0.2 + ring + 0.02, rel=1e-9)
+
+
+@pytest.mark.parametrize("method, on_transport", [("topk", True), ("gtopk", True),
+                                                   ("dense", False), ("powersgd", False)])
+def test_the_executor_s_alpha_prices_what_runs_on_gradwire_s_transport(method,
+                                                                        on_transport) -> None:
+    """Point 9: the sparse schedules run on gradwire's executor and take its α; the backend's
+    collectives (dense's ring, PowerSGD's allreduces) keep the backend's."""
+    agg = Aggregation(method, mode="model")
+    base = ClusterModel(4, 1e9, 307e-6, beta=8.36e-9, check_calls=False)
+    same = predict(TOY, dataclasses.replace(base, alpha_transport=307e-6), agg, TABLE)
+    slow = predict(TOY, dataclasses.replace(base, alpha_transport=3e-3), agg, TABLE)
+    assert float(same.communicate) == pytest.approx(float(predict(TOY, base, agg,
+                                                                  TABLE).communicate))
+    assert (float(slow.communicate) > float(same.communicate)) == on_transport

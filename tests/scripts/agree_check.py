@@ -161,7 +161,7 @@ torch.manual_seed(0)
 net = DDP(nn.Linear(50, 20))
 state = gh.make("topk", density=0.05, warmup=[0.5], steps_per_epoch=100)
 state.register(net)
-for step in range(2):
+for _ in range(2):
     net(torch.randn(4, 50)).sum().backward()
 if odd:
     state.set_epoch(1)

@@ -8,10 +8,12 @@ The rank side runs wherever training runs, under torchrun or ``gradwire run``::
     torchrun --nproc-per-node 2 --no-python gradwire calibrate --out cal.json
 
 ``--device cuda`` (the default where CUDA is available) runs over NCCL with each rank on
-``cuda:LOCAL_RANK``; ``--device cpu`` over gloo. In order (:func:`measure`): α (every rank),
-β between nodes and within one (rank 0 and its peer), γ and the codecs (rank 0 alone, the
-others waiting at a barrier), κ (every rank), the coding slowdown (rank 0 alone), and on CPU
-the shared-CPU terms (every rank). Rank 0 combines the ranks' results and writes the file.
+``cuda:LOCAL_RANK``; ``--device cpu`` over gloo. In order (:func:`measure`): α of the
+backend and of gradwire's executor (every rank), β between nodes and within one (rank 0
+and its peer), γ and the codecs (rank 0 alone, the others waiting at a barrier), κ (every
+rank), the coding slowdown (rank 0 alone), the compute slowdown (rank 0 alone, then every
+rank), and on CPU the shared-CPU terms (every rank). Rank 0 combines the ranks' results
+and writes the file.
 
 The host side (:func:`calibrate`, ``gradwire calibrate --hosts N --bandwidth B``) runs the
 same rank side on an emulated cluster, adds the cluster's label, link rate and token bucket,
@@ -44,6 +46,8 @@ from gradwire.bench.codec_probe import sync
 from gradwire.bench.overlap_probe import (
     StandIn,
     coding_slowdown,
+    compute_slowdown,
+    compute_stand_in,
     median_over_ranks,
     overlap_slowdown,
 )
@@ -66,7 +70,7 @@ STREAM_BYTES = 4 * 2**20
 ALPHA_WARMUP, ALPHA_RUNS, ALPHA_CALLS = 20, 5, 40
 BUCKET_NUMEL = 25 * 2**20 // 4  # DDP's default bucket, fp32
 MAX_POWERSGD_RANK = 1024
-STEPS = 7  # progress steps of measure()
+STEPS = 8  # progress steps of measure()
 
 
 def default_device() -> str:
@@ -166,6 +170,7 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
     nodes = math.ceil(p / per_node)
     step = _progress()
     call = median_over_ranks(allreduce_call(r), dev)
+    hop = median_over_ranks(transport_call(r), dev) / (2 * (p - 1))
     step()
     beta = stream(0, per_node if nodes > 1 else 1, r)
     intra = stream(0, 1, r) if nodes > 1 and per_node > 1 else None
@@ -180,6 +185,9 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
     overlap = overlap_slowdown(stand, r.barrier)
     step()
     coding = on_rank0(lambda: coding_slowdown(stand, numel, density), r)
+    step()
+    compute = compute_slowdown(compute_stand_in(dev, prof.numel, prof.backward_s, r.barrier),
+                               r.barrier)
     step()
     cpu = cpu_terms(Transport(check_calls=False), gamma) if dev.type == "cpu" else None
     step()
@@ -198,7 +206,8 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
         backend=dist.get_backend(), device=_device_name(dev), model=model,
         gradwire=gradwire.__version__, commit=provenance.commit(),
         **provenance.stamp(command, dev.type),
-        network=os.environ.get("GRADWIRE_NETWORK"))
+        network=os.environ.get("GRADWIRE_NETWORK"), alpha_transport_s=hop,
+        compute_slowdown=max(1.0, compute.together_s / compute.alone_s), compute=compute)
 
 
 def allreduce_call(r: Ranks) -> float:
@@ -214,6 +223,28 @@ def allreduce_call(r: Ranks) -> float:
         t0 = time.perf_counter()
         for _ in range(ALPHA_CALLS):
             dist.all_reduce(buf)
+        sync(r.dev)
+        runs.append((time.perf_counter() - t0) / ALPHA_CALLS)
+    return statistics.median(runs)
+
+
+def transport_call(r: Ranks) -> float:
+    """Seconds per call of gradwire's own ring allreduce of P fp32 elements (its executor:
+    point-to-point sends and receives on the backend, the call header off), timed as
+    :func:`allreduce_call` times the backend's."""
+    from gradwire.collectives import all_reduce
+    from gradwire.transport import Transport
+
+    t = Transport(check_calls=False)
+    buf = torch.zeros(dist.get_world_size(), device=r.dev)
+    for _ in range(ALPHA_WARMUP):
+        all_reduce(buf, algo="ring", transport=t)
+    runs = []
+    for _ in range(ALPHA_RUNS):
+        r.barrier()
+        t0 = time.perf_counter()
+        for _ in range(ALPHA_CALLS):
+            all_reduce(buf, algo="ring", transport=t)
         sync(r.dev)
         runs.append((time.perf_counter() - t0) / ALPHA_CALLS)
     return statistics.median(runs)
@@ -305,7 +336,10 @@ def summary(cal: Calibration) -> str:
     return (f"α {cal.alpha_s * 1e6:.1f} µs/step, β {cal.beta_s_per_byte * 1e9:.3f} ns/B "
             f"({8 / cal.beta_s_per_byte / 1e9:.2f} Gbit/s, {cal.beta_between}), "
             f"γ {cal.gamma_s_per_byte * 1e9:.3f} ns/B, κ {cal.overlap_slowdown:.2f}, "
-            f"coding ×{cal.coding_slowdown:.2f}, {cal.world} ranks on {cal.device} "
+            f"coding ×{cal.coding_slowdown:.2f}"
+            + (f", executor α {cal.alpha_transport_s * 1e6:.1f} µs/step"
+               if cal.alpha_transport_s else "")
+            + f", compute ×{cal.compute_slowdown:.2f}, {cal.world} ranks on {cal.device} "
             f"({cal.backend})")
 
 

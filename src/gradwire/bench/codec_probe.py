@@ -1,5 +1,7 @@
-"""Measuring a codec table (:mod:`gradwire.perf.codecs`) on a device: every method's
-compressor alone, encode and decode, never its hook or its communication."""
+"""Measuring a codec table (:mod:`gradwire.perf.codecs`) on a device: every method's local
+work in a hook, encode and decode, never its communication: the compressor, and for the
+methods with error feedback what the hook does around it (the NaN/Inf status, the residual
+added and updated, the average written over the bucket)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from collections.abc import Callable
 import torch
 
 from gradwire.catalogue import METHODS
-from gradwire.compress import Compressor, majority_vote
+from gradwire.catalogue.paths import LOWRANK, SPARSE
+from gradwire.compress import Compressor, feedback, majority_vote
 
 VOTE_RANKS = 8
 
@@ -24,10 +27,12 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
     one and PowerSGD's ``rank``. encode: compress; decode: decompress of one payload
     (gathered methods do it once per rank). For the vote, its time per rank (``decode_s``)
     and the rest (``decode_fixed_s``) from votes over 1 and ``VOTE_RANKS`` payloads. dense
-    has no codec: 0 and 0.
+    has no codec: 0 and 0. A method with error feedback adds the passes its hook makes over
+    the bucket (:func:`feedback_passes`).
     """
     dev = torch.device(device)
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(dev)
+    passes = feedback_passes(x, repeats, dev)
     methods: dict[str, dict] = {"dense": {"params": {}, "encode_s": 0.0, "decode_s": 0.0}}
     for name, m in METHODS.items():
         if m.compressor is None:
@@ -50,12 +55,32 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
                                    repeats, dev) for n in (1, VOTE_RANKS))
             row["decode_s"] = max(many - one, 0.0) / (VOTE_RANKS - 1)
             row["decode_fixed_s"] = max(one - row["decode_s"], 0.0)
+        if m.error_feedback:
+            status, add, write = passes["status"], passes["add"], passes["write"]
+            if m.path in (SPARSE, LOWRANK):
+                # the status, acc = e + x in the residual; then the average over x (sparse:
+                # zeroed before the entries go back; low rank: e = acc − x, one more pass)
+                row["encode_s"] += status + add
+                row["decode_s"] += write if m.path is SPARSE else add
+            else:  # ErrorFeedback: the status, g + e, and e = g + e − decompress(payload)
+                row["encode_s"] += status + 2 * add + row["decode_s"]
         methods[name] = row
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (
         f"CPU, {torch.get_num_threads()} thread(s)")
     return {"numel": numel, "dtype": "float32", "methods": methods,
-            "source": f"measured by gradwire calibrate (compressors only) on {where}: torch "
-                      f"{torch.__version__}, median of {repeats}"}
+            "source": f"measured by gradwire calibrate (each method's local work in a hook, "
+                      f"no communication) on {where}: torch {torch.__version__}, median of "
+                      f"{repeats}"}
+
+
+def feedback_passes(x: torch.Tensor, repeats: int, dev: torch.device) -> dict[str, float]:
+    """Seconds of the passes over a bucket ``x`` that a hook with error feedback makes
+    besides its codec: ``status`` (this rank's NaN/Inf status of x and its residual),
+    ``add`` (the residual plus x, in place), ``write`` (the bucket overwritten)."""
+    e, out = torch.zeros_like(x), torch.empty_like(x)
+    return {"status": _median_s(lambda: feedback.local_status(x, e), repeats, dev),
+            "add": _median_s(lambda: e.add_(x), repeats, dev),
+            "write": _median_s(lambda: out.zero_(), repeats, dev)}
 
 
 def _timed(fn: Callable[[], object], dev: torch.device) -> tuple[object, float]:

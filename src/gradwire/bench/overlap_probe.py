@@ -4,11 +4,15 @@
   once, against backward alone (the overlap factor of the compression-utility paper, §4.1).
 - The coding slowdown (:func:`coding_slowdown`): backward and a Top-k encode at the same time
   against one after the other: they compete for the device (same paper, §3.1).
+- The compute slowdown (:func:`compute_slowdown`): a rank's forward, backward and step under
+  DDP with every rank computing at once, against one rank alone and bare, as a profile is
+  measured: DDP's own work per iteration and ranks that share a machine.
 
-Both time the stand-in model (:class:`StandIn`): :func:`gradwire.models.mlp` with 4 hidden
-layers of ``WIDTH`` (1024 on CPU, 4096 on CUDA), its batch sized so that one backward takes
-about ``TARGET_S`` on the device. No profile is needed, and nothing of the model a user
-predicts for is timed.
+The first two time the stand-in model (:class:`StandIn`): :func:`gradwire.models.mlp` with 4
+hidden layers of ``WIDTH`` (1024 on CPU, 4096 on CUDA), its batch sized so that one backward
+takes about ``TARGET_S`` on the device; the third a stand-in of the profile's size
+(:func:`compute_stand_in`: only its parameter count and backward time come from the
+profile). Nothing of the model a user predicts for is timed.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch.distributed as dist
 from gradwire.bench.codec_probe import sync
 from gradwire.catalogue import METHODS
 from gradwire.models import mlp
-from gradwire.perf.calibration import Coding, Overlap
+from gradwire.perf.calibration import Coding, Compute, Overlap
 
 WIDTH = {"cpu": 1024, "cuda": 4096}
 DEPTH = 4
@@ -34,16 +38,19 @@ MAX_BATCH = 16384
 RUNS = 5  # timed runs of each kind; medians
 COMM_NUMEL = 25 * 2**20 // 4  # the allreduce beside backward: one DDP bucket of fp32
 MAX_COMM_CALLS = 32
+COMPUTE_ITERS = 10  # iterations per timed run of the compute slowdown
 
 
 class StandIn:
     """The stand-in model on ``device`` and one batch of input; :meth:`backward` times one
-    backward pass (the forward before it untimed)."""
+    backward pass (the forward before it untimed). ``width`` and ``depth``: the MLP's
+    (default ``WIDTH`` and ``DEPTH``)."""
 
-    def __init__(self, device: torch.device, batch: int = 64) -> None:
-        self.device, self.width = device, WIDTH[device.type]
+    def __init__(self, device: torch.device, batch: int = 64, width: int | None = None,
+                 depth: int = DEPTH) -> None:
+        self.device, self.width, self.depth = device, width or WIDTH[device.type], depth
         torch.manual_seed(0)
-        self.model = mlp(self.width, 10, self.width, DEPTH).to(device)
+        self.model = mlp(self.width, 10, self.width, depth).to(device)
         self.set_batch(batch)
 
     def set_batch(self, batch: int) -> None:
@@ -54,7 +61,7 @@ class StandIn:
 
     @property
     def name(self) -> str:
-        return (f"gradwire.models.mlp {self.width}x{DEPTH} hidden ({self.device.type}), "
+        return (f"gradwire.models.mlp {self.width}x{self.depth} hidden ({self.device.type}), "
                 f"batch {self.batch}")
 
     def forward(self) -> torch.Tensor:
@@ -74,12 +81,12 @@ class StandIn:
         _stream_sync(self.device)
         return time.perf_counter() - t0
 
-    def size(self) -> int:
-        """Set the batch so that backward takes about ``TARGET_S``; return it."""
+    def size(self, target: float = TARGET_S) -> int:
+        """Set the batch so that backward takes about ``target`` seconds; return it."""
         for _ in range(2):
             self.backward()
             took = statistics.median(self.backward() for _ in range(3))
-            self.set_batch(max(1, min(MAX_BATCH, round(self.batch * TARGET_S / took))))
+            self.set_batch(max(1, min(MAX_BATCH, round(self.batch * target / took))))
         return self.batch
 
 
@@ -158,6 +165,66 @@ def coding_slowdown(stand: StandIn, numel: int, density: float) -> Coding:
         t.append(together_s())
     b_s, e_s, t_s = (statistics.median(v[1:]) for v in (b, e, t))
     return Coding("topk", numel, b_s, e_s, t_s)
+
+
+def compute_stand_in(device: torch.device, numel: int, backward_s: float | None,
+                     barrier: Callable[[], None]) -> StandIn:
+    """The compute slowdown's stand-in on every rank: an MLP of two hidden layers with about
+    ``numel`` parameters (DDP's bucket copies and hooks cost what the profiled model's do),
+    its batch sized on rank 0 alone so that backward takes about ``backward_s`` (at most
+    ``TARGET_S``, so that a slow model's probe stays short; ``TARGET_S`` where None)."""
+    width = max(16, min(8192, round(math.sqrt(numel / 2))))
+    stand = StandIn(device, 64, width, 2)
+    barrier()
+    batch = stand.size(min(backward_s or TARGET_S, TARGET_S)) if dist.get_rank() == 0 else 0
+    barrier()
+    t = torch.tensor([float(batch)], dtype=torch.float64, device=device)
+    dist.broadcast(t, 0)
+    stand.set_batch(int(t))
+    return stand
+
+
+def compute_slowdown(stand: StandIn, barrier: Callable[[], None]) -> Compute:
+    """A training iteration of ``stand`` (zero_grad, forward, backward, SGD step with
+    momentum): on rank 0 alone, the bare model (the others waiting at a barrier), then on
+    every rank at once under DDP with a comm hook that completes each bucket as it is (DDP's
+    copies and hooks, no communication). Medians of ``RUNS`` runs of ``COMPUTE_ITERS``
+    iterations each; the second the median over ranks."""
+    dev = stand.device
+
+    def iterations(model: torch.nn.Module) -> float:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        runs = []
+        for _ in range(RUNS + 1):
+            sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(COMPUTE_ITERS):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(stand.x), stand.y).backward()
+                opt.step()
+            sync(dev)
+            runs.append((time.perf_counter() - t0) / COMPUTE_ITERS)
+        return statistics.median(runs[1:])
+
+    barrier()
+    alone = iterations(stand.model) if dist.get_rank() == 0 else 0.0
+    barrier()
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        stand.model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    ddp.register_comm_hook(None, _keep_bucket)
+    barrier()
+    together = median_over_ranks(iterations(ddp), dev)
+    alone_t = torch.tensor([alone], dtype=torch.float64, device=dev)
+    dist.broadcast(alone_t, 0)
+    return Compute(stand.name, float(alone_t), together)
+
+
+def _keep_bucket(_state, bucket):  # type: ignore[no-untyped-def]
+    """A DDP comm hook that sends nothing: the bucket completes as it is (unannotated: DDP
+    checks a hook's annotations against its own classes, and these would be text here)."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def median_over_ranks(value: float, dev: torch.device) -> float:

@@ -139,12 +139,14 @@ def calibrate(
     mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
-    """Measure α (the backend's allreduce per ring step), β (streaming, between nodes and
-    within one), γ (reduction), each method's encode and decode, how much backward slows
-    beside communication (κ) and beside encoding, and on CPU how ranks share cores, on the
-    ranks' own device; save them for whatif/advise --calibration. Under torchrun or gradwire
-    run (RANK, WORLD_SIZE and MASTER_ADDR set) this is one rank of the measurement, and the
-    cluster options are not used; otherwise it runs on an emulated cluster of --hosts."""
+    """Measure α (the backend's allreduce per ring step, and gradwire's own executor's), β
+    (streaming, between nodes and within one), γ (reduction), each method's encode and
+    decode, how much backward slows beside communication (κ) and beside encoding, how much
+    longer ranks compute under DDP all at once than a profile says, and on CPU how ranks
+    share cores, on the ranks' own device; save them for whatif/advise --calibration. Under
+    torchrun or gradwire run (RANK, WORLD_SIZE and MASTER_ADDR set) this is one rank of the
+    measurement, and the cluster options are not used; otherwise it runs on an emulated
+    cluster of --hosts."""
     import os
 
     from gradwire.bench import calibrate as cal
@@ -184,6 +186,14 @@ def _show_calibration(c: Calibration, path: Path) -> None:
               f"{c.gamma_s_per_byte * 1e9:.4f}", f"{c.overlap_slowdown:.2f}",
               f"{c.coding_slowdown:.2f}", f"{c.world} ({c.backend})", c.device, str(path))
     console.print(t)
+    if c.alpha_transport_s is not None:
+        console.print(f"gradwire's executor (sparse schedules, call headers): α "
+                      f"{c.alpha_transport_s * 1e6:.1f} µs/step")
+    if c.compute is not None:
+        console.print(f"compute as the ranks run it: ×{c.compute_slowdown:.2f} "
+                      f"({c.compute.model}: {c.compute.alone_s * 1e3:.2f} ms an iteration "
+                      f"alone, {c.compute.together_s * 1e3:.2f} ms under DDP with every "
+                      "rank at once)")
     if c.cpu is not None:
         u = c.cpu
         console.print(f"shared-CPU terms: {u.cpu_ranks_per_machine} ranks on "
@@ -193,7 +203,7 @@ def _show_calibration(c: Calibration, path: Path) -> None:
                       f"×{u.cpu_slowdown:.2f}")
     t = Table("method", "encode (ms)", "decode (ms)",
               title=f"encode/decode of {c.codecs.numel:,} fp32 elements ({c.model}'s bucket), "
-                    f"{c.device}, compressors only")
+                    f"{c.device}, each method's local work in a hook")
     for name, m in c.codecs.methods.items():
         t.add_row(name, f"{m['encode_s'] * 1e3:.2f}", f"{m['decode_s'] * 1e3:.2f}")
     console.print(t)

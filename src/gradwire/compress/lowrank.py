@@ -201,12 +201,16 @@ def _layout(numel: int, shapes: tuple[tuple[int, ...], ...] | None, rank: int) -
     return Layout(numel, batches, tuple(plain))
 
 
+SPARE_STEP = -1  # the generator step of the spare columns (every real step is >= 0)
+
+
 class PowerSGD:
     """The steps of PowerSGD, with the warm-start memory of Q per bucket ``key``.
 
     Tuned by the user: ``rank`` (r), ``warm_start``, ``seed`` (must be equal on all ranks: the
     first Q is drawn from it). Internal: the Q memory per key (a key of None means "by matrix
-    shape") and a step counter. Ranks must make the same calls in the same order.
+    shape"), a step counter, and per shape a spare random Q for zero columns. Ranks must make
+    the same calls in the same order.
 
     ``m`` is one rows×cols matrix or a (count, rows, cols) batch of them; P and Q follow.
 
@@ -228,6 +232,7 @@ class PowerSGD:
         self.seed = check_int("powersgd", "seed", seed, 0)
         self.step = 0
         self.memory: dict[Hashable, torch.Tensor] = {}
+        self._spares: dict[tuple, torch.Tensor] = {}
 
     def effective_rank(self, rows: int, cols: int) -> int:
         return min(self.rank, rows, cols)
@@ -236,22 +241,32 @@ class PowerSGD:
     def _key(m: torch.Tensor, key: Hashable | None) -> Hashable:
         return tuple(m.shape) if key is None else key
 
-    def _random(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        g = generator(self.seed, self.step)  # on the CPU: identical on every rank and device
+    def _random(self, shape: tuple[int, ...], like: torch.Tensor, step: int) -> torch.Tensor:
+        g = generator(self.seed, step)  # on the CPU: identical on every rank and device
         return torch.randn(shape, generator=g, dtype=like.dtype).to(like.device)
+
+    def _spare(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A random matrix of ``shape`` drawn once (the same on every rank) and kept on
+        ``like``'s device: what replaces a warm start's zero columns, with no draw on the
+        host and no copy to the device per step."""
+        key = (shape, like.dtype, like.device)
+        spare = self._spares.get(key)
+        if spare is None:
+            spare = self._spares[key] = self._random(shape, like, SPARE_STEP)
+        return spare
 
     def p(self, m: torch.Tensor, key: Hashable | None = None) -> torch.Tensor:
         """Step 1: P = M·Q (rows×r), Q from memory (warm start) or random. Allreduce it."""
         *count, rows, cols = m.shape
         shape = (*count, cols, self.effective_rank(rows, cols))
-        fresh = self._random(shape, m)
-        self.step += 1
+        step, self.step = self.step, self.step + 1
         q = self.memory.get(self._key(m, key)) if self.warm_start else None
         if q is None or q.shape != shape:
-            q = fresh
+            q = self._random(shape, m, step)
+            self._spare(shape, m)  # drawn now too: no later step draws on the host
         else:
             # A zero column (after an all-zero gradient) would stay zero forever: redraw it.
-            q = torch.where(q.norm(dim=-2, keepdim=True) > 0, q.to(m), fresh)
+            q = torch.where(q.norm(dim=-2, keepdim=True) > 0, q.to(m), self._spare(shape, m))
         return m @ q
 
     def q(self, m: torch.Tensor, p: torch.Tensor, key: Hashable | None = None) -> torch.Tensor:

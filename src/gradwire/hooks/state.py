@@ -76,15 +76,15 @@ class HookState:
     rebuilds it in gradient-ready order), so a resumed run repeats the uninterrupted one bit
     for bit.
 
-    Checks and syncs: every bucket of the first step (and after DDP rebuilds its buckets, or
-    after a step that failed) exchanges a call header before its data, naming the method and
-    every option that must be equal on all ranks (the mode and dense steps, the compressor's
-    options: :func:`_call_name`), its size, dtype and density. Once a step has agreed on its buckets,
-    a later bucket that matches the agreed list (same place, size and dtype) needs no header:
-    nothing in it can differ between ranks that agreed before. With a density warm-up
-    (``warmup=``), whose density ``set_epoch`` moves on each rank, the ranks also exchange
-    one header per step, before its first aggregation, naming the density and the previous
-    step's buckets. Methods whose status cannot travel with their
+    Checks and syncs: every bucket of the first step (and after DDP rebuilds its buckets,
+    or after a step that failed) exchanges a call header before its data, naming the method
+    and every option that must be equal on all ranks (the mode and dense steps, the
+    compressor's options: :func:`_call_name`), its size, dtype and density. Once a step has
+    agreed on its buckets, a later bucket that matches the agreed list (same place, size and
+    dtype) needs no header: nothing in it can differ between ranks that agreed before. With
+    a density warm-up (``warmup=``), whose density ``set_epoch`` moves on each rank, the
+    ranks also exchange one header per step, before its first aggregation, naming the
+    density and the previous step's buckets. Methods whose status cannot travel with their
     data (qsgd, signsgd, …: :meth:`~gradwire.catalogue.Path.in_band`) exchange a header per
     bucket, with the status. On a GPU the hot path never waits for the device, but once per step:
     Top-k, gTop-k and PowerSGD send each bucket's NaN/Inf status with its data

@@ -8,6 +8,10 @@ Network (every call on the run's backend, gloo or NCCL, with tensors on the rank
   tensor, every rank taking part (as the compression-utility paper measures it): 5 runs of
   40 calls after 20, the median run's time per call, the median over ranks, divided by a
   ring allreduce's 2(P−1) steps. ``alpha_call_s``: that time per call itself.
+- ``alpha_transport_s``: α of gradwire's own executor (point-to-point sends and receives over
+  the backend, as the sparse methods' schedules and the call headers run): its ring
+  allreduce of P fp32 elements, timed the same way, per step; null in files without it
+  (then ``alpha_s``).
 - ``beta_s_per_byte``: β, seconds per byte between two ranks: rank 0 sends a window of 16
   messages of 4 MiB (isend/irecv), the peer answers with 4 bytes (osu_bw); β = time / bytes,
   the median of 3 windows after one. The peer is the first rank of another node (rank
@@ -33,6 +37,12 @@ Device (rank 0's, the other ranks waiting, unless said otherwise):
   the same time (a second thread, on CUDA a second stream) take t; above 1, overlapping
   them is slower than running them in turn (compression-utility paper, §3.1). ``coding``:
   ``method``, ``numel``, ``backward_s``, ``encode_s``, ``together_s``, medians of 5.
+- ``compute_slowdown``: how much longer a rank computes in training than its profile says
+  (>= 1): a stand-in MLP with the profile's parameter count, its batch sized so that its
+  backward takes the profile's, timed forward, backward and SGD step on rank 0 alone, bare
+  (as ``gradwire profile`` times a model), then on every rank at once under DDP with a comm
+  hook that sends nothing. ``compute``: ``model``, ``alone_s``, ``together_s`` (medians; the
+  second the median over ranks). 1 in files without it.
 - ``cpu``: on CPU ranks, how they share the machine's cores (null on CUDA):
   ``cpu_ranks_per_machine``, ``cores_per_machine``, ``cpu_step_s`` (CPU per schedule step),
   ``cpu_byte_s`` (CPU per byte moved), ``cpu_share`` (share of the cores the ranks keep
@@ -98,6 +108,16 @@ class Coding:
 
 
 @dataclass(frozen=True)
+class Compute:
+    """The compute slowdown's raw times: the stand-in ``model``'s iteration on one rank
+    alone, bare, and on every rank at once under DDP."""
+
+    model: str
+    alone_s: float
+    together_s: float
+
+
+@dataclass(frozen=True)
 class CpuTerms:
     """How CPU ranks share their machine's cores (:mod:`gradwire.bench.sharing`); the names
     are the file's."""
@@ -142,6 +162,9 @@ class Calibration:
     network: str | None = None
     bandwidth: str | None = None
     burst_bytes: float = 0.0
+    alpha_transport_s: float | None = None
+    compute_slowdown: float = 1.0
+    compute: Compute | None = None
 
     def to_json(self) -> dict:
         d = {"format": FORMAT}
@@ -210,6 +233,10 @@ def parse(doc: dict, where: str) -> Calibration:
         network=r.text("network", null=True),
         bandwidth=r.text("bandwidth", null=True),
         burst_bytes=r.number("burst_bytes", "a number of bytes >= 0", 0.0, default=0.0),
+        alpha_transport_s=(r.seconds("alpha_transport_s", above=True)
+                           if doc.get("alpha_transport_s") is not None else None),
+        compute_slowdown=r.number("compute_slowdown", "a number >= 1", 1.0, default=1.0),
+        compute=None if doc.get("compute") is None else _compute(r.sub("compute")),
     )
 
 
@@ -277,6 +304,11 @@ def _overlap(r: _Reader) -> Overlap:
 def _coding(r: _Reader) -> Coding:
     return Coding(r.text("method"), r.integer("numel", 1), r.seconds("backward_s", above=True),
                   r.seconds("encode_s", above=True), r.seconds("together_s", above=True))
+
+
+def _compute(r: _Reader) -> Compute:
+    return Compute(r.text("model"), r.seconds("alone_s", above=True),
+                   r.seconds("together_s", above=True))
 
 
 def _cpu(r: _Reader) -> CpuTerms:

@@ -62,6 +62,16 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    paper (§3.1, Figure 3) measured that running them side by side is no faster than one
    after the other. So t_iter ≥ t_f + κ_c·(κ·t_b + Σ encode_b + decode_b) + t_step;
    communication still overlaps backward.
+9. Two latencies (``ClusterModel.alpha_transport``): the backend's collectives (gloo's or
+   NCCL's allreduce: dense, fp16/bf16, PowerSGD, the gathered methods) take α per step;
+   what gradwire's own executor runs, point-to-point sends and receives from Python (the
+   sparse methods' schedules, the call headers), takes the executor's α, which
+   ``gradwire calibrate`` measures apart.
+10. Compute as the ranks run it (``ClusterModel.compute_slowdown``, ≥ 1): a profile is
+   measured in one process alone, without DDP. Under DDP (its bucket copies and hooks),
+   with every rank computing at once on machines they may share, forward, backward and the
+   step take this factor longer; ``gradwire calibrate`` measures it on a stand-in of the
+   profile's size.
 
 Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidths is one call.
 """
@@ -131,6 +141,13 @@ class ClusterModel:
     # decode take at least this factor (≥ 1) times their sum. None: coding runs beside
     # backward on resources of its own.
     coding_slowdown: float | None = None
+    # α per step of gradwire's own executor (point-to-point over the backend: the sparse
+    # methods' schedules, a hook's algo=, the call headers), where it differs from the
+    # backend's collectives' (point 9); None: alpha.
+    alpha_transport: float | None = None
+    # A rank's compute (forward, backward, step) under DDP with every rank computing at once,
+    # over the profile's, measured in one process alone (point 10); 1: as profiled.
+    compute_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         if not is_int(self.workers, 1, MAX_WORKERS):
@@ -341,13 +358,17 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     # point 5: on shared cores every rank codes at once
     stretch = cluster.cpu_load * cluster.cpu_slowdown / cluster.cpu_share if shared else 1.0
     header = np.zeros_like(beta)
-    f = profile.forward_s / compute_speedup  # type: ignore[operator]
-    s = profile.step_s / compute_speedup
+    unit = cluster.compute_slowdown / compute_speedup  # point 10: compute as the ranks run it
+    f = profile.forward_s * unit  # type: ignore[operator]
+    s = profile.step_s * unit
+    # point 9: the executor's α for what runs on gradwire's transport
+    alpha_t = alpha if cluster.alpha_transport is None else cluster.alpha_transport
     credited, last_dec = cluster.burst > 0 and p > 1, 0.0
     # In steady state (no density warm-up) the hooks exchange no header, unless a method's
     # NaN/Inf status cannot travel with its data: then one before every bucket.
     method = catalogue.get(agg.method)
     in_band = method.path.in_band(method)
+    alpha_d = alpha_t if method.path.on_transport else alpha
     for i, (numel, ready, shapes) in enumerate(bs):
         data, sent = operations(agg, numel, p, profile.dtype, shapes)
         enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
@@ -357,18 +378,18 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
             # since the iteration before sent its last (step, forward, backward until ready,
             # encode); a later one, while it waited to be ready, the last bucket's decode and
             # its own encode; no credit left over from the bucket before
-            idle = (f + s + kappa * ready / compute_speedup if i == 0
-                    else np.maximum(kappa * ready / compute_speedup - end, 0.0) + last_dec)
+            idle = (f + s + kappa * ready * unit if i == 0
+                    else np.maximum(kappa * ready * unit - end, 0.0) + last_dec)
             credit = np.minimum(cluster.burst, (idle + enc) / beta)
             last_dec = dec
-        t = sum(comm.seconds(c, a, p, n, e, alpha, beta, gamma, node=cluster.node, **prm)
+        t = sum(comm.seconds(c, a, p, n, e, alpha_d, beta, gamma, node=cluster.node, **prm)
                 - (_credit_saved(c, a, p, n, e, prm, beta, credit) if credited else 0.0)
                 for c, a, n, e, prm in data)
         ops = data
         if cluster.check_calls and p > 1 and not in_band:
             c, a, n, prm = header_spec(p)
             ops = [(c, a, n, 1, prm), *data]
-            h = comm.seconds(c, a, p, n, 1, alpha, beta, gamma, node=cluster.node, **prm)
+            h = comm.seconds(c, a, p, n, 1, alpha_t, beta, gamma, node=cluster.node, **prm)
             header, t = header + h, t + h
         calls += len(ops) if p > 1 else 0
         if shared:
@@ -376,13 +397,13 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
             cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, cluster.cpu_step, cluster.cpu_byte,
                                              float(np.max(gamma)), **prm)
                             for c, a, n, e, prm in ops)
-        end = np.maximum(end, kappa * ready / compute_speedup) + (enc + dec) * stretch + t
+        end = np.maximum(end, kappa * ready * unit) + (enc + dec) * stretch + t
         total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
-    b = kappa * profile.backward_s / compute_speedup  # type: ignore[operator]
+    b = kappa * profile.backward_s * unit  # type: ignore[operator]
     done = np.maximum(end, b)
     wait = cluster.straggle if p > 1 else 0.0
     it = f + done + s + wait
-    own = f + profile.backward_s / compute_speedup + s  # type: ignore[operator]
+    own = f + profile.backward_s * unit + s  # type: ignore[operator]
     cpu = own + coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + steps * cluster.cpu_sync
              if shared else 0.0)

@@ -133,12 +133,16 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
         ref = reference_settings.get(s.reference)
         alpha, gamma, cpu = ref.alpha, ref.gamma, None
         kappa, coding = ref.overlap_slowdown, ref.coding_slowdown
+        alpha_t, slowdown = None, 1.0
         where = ref.describe()
     else:
-        alpha, gamma, cpu, kappa, coding = w.calibration_terms(
+        alpha, gamma, cpu, kappa, coding, alpha_t, slowdown = w.calibration_terms(
             cal or w.read_calibration(s.calibration), s.calibration)
-        where = (f"α {alpha * 1e6:.0f} µs per step, γ {gamma * 1e9:.3g} ns/B from "
-                 f"{s.calibration}")
+        where = (f"α {alpha * 1e6:.0f} µs per step"
+                 + (f" (gradwire's executor {alpha_t * 1e6:.0f} µs)" if alpha_t else "")
+                 + f", γ {gamma * 1e9:.3g} ns/B"
+                 + (f", compute ×{slowdown:.2f} as the ranks run it" if slowdown != 1 else "")
+                 + f" from {s.calibration}")
         if cpu is None:
             where += " (no CPU terms in it: cores of their own)"
         else:
@@ -159,7 +163,8 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
     except GradwireError as e:
         raise GradwireError(f"--intra-bandwidth: {e}") from None
     return w.Setting(alpha, gamma, kappa, s.ranks_per_node, intra, cpu=cpu,
-                     coding_slowdown=coding), where
+                     coding_slowdown=coding, alpha_transport=alpha_t,
+                     compute_slowdown=slowdown), where
 
 
 def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> WhatIf:

@@ -71,13 +71,17 @@ class Setting:
     ranks_per_node: int = 1
     intra_bps: float = 100e9
     cpu: CpuSetting | None = None  # shared cores, from a calibration (calibration_terms)
-    coding_slowdown: float | None = None  # coding shares the device with backward (model: 9)
+    coding_slowdown: float | None = None  # coding shares the device with backward (model: 8)
+    alpha_transport: float | None = None  # gradwire's executor's α (model: 9); None: alpha
+    compute_slowdown: float = 1.0  # compute as the ranks run it / the profile's (model: 10)
 
     def cluster(self, workers: int, link: np.ndarray | float) -> ClusterModel:
         extra = {} if self.cpu is None else self.cpu.fields(workers)
         return ClusterModel(workers, link, self.alpha, self.gamma,
                             ranks_per_node=self.ranks_per_node, intra_bps=self.intra_bps,
-                            coding_slowdown=self.coding_slowdown, **extra)
+                            coding_slowdown=self.coding_slowdown,
+                            alpha_transport=self.alpha_transport,
+                            compute_slowdown=self.compute_slowdown, **extra)
 
 
 @dataclass(frozen=True)
@@ -142,10 +146,12 @@ def read_calibration(path: Path) -> calibration.Calibration:
 
 
 def calibration_terms(cal: calibration.Calibration, path: Path
-                      ) -> tuple[float, float, CpuSetting | None, float, float | None]:
+                      ) -> tuple[float, float, CpuSetting | None, float, float | None,
+                                 float | None, float]:
     """(α per step, γ, the shared-CPU terms where its ranks shared a machine's cores, κ, the
-    coding slowdown where coding shares the device with backward: measured at or above 1)
-    of the calibration ``cal`` read from ``path``."""
+    coding slowdown where coding shares the device with backward: measured at or above 1,
+    the executor's α where measured, the compute slowdown) of the calibration ``cal`` read
+    from ``path``."""
     cpu = None
     if cal.cpu is not None:
         try:
@@ -153,7 +159,8 @@ def calibration_terms(cal: calibration.Calibration, path: Path
         except GradwireError as e:
             raise GradwireError(f"--calibration {path}: field {e}") from None
     coding = cal.coding_slowdown if cal.coding_slowdown >= 1 else None
-    return cal.alpha_s, cal.gamma_s_per_byte, cpu, cal.overlap_slowdown, coding
+    return (cal.alpha_s, cal.gamma_s_per_byte, cpu, cal.overlap_slowdown, coding,
+            cal.alpha_transport_s, cal.compute_slowdown)
 
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
