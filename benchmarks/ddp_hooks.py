@@ -1,8 +1,10 @@
 """PyTorch's built-in DDP communication hooks (allreduce, fp16, PowerSGD) beside gradwire's, on
 one model and one process group, interleaved; ms per iteration (the slowest rank's, median),
 the loss after the timed steps (a hook that is fast because it does nothing shows there), and
-for gradwire's hooks the share of an iteration inside call-header exchanges (which also holds
-the wait for the slowest rank: the first exchange of a step is its first sync point) and,
+for gradwire's hooks the share of an iteration inside call-header exchanges (none in steady
+state without a density warm-up, but per bucket for the methods that agree on a NaN/Inf status
+first; an exchange also holds the wait for the slowest rank when it is a step's first sync
+point) and,
 for a hook also listed as "<hook>/nocheck" (GRADWIRE_CHECK_CALLS=0), the check's cost: the
 iteration with it over the iteration without, less 1, in the same run.
 

@@ -35,11 +35,12 @@ def results_table(results: Sequence[dict], title: str) -> Table:
     payload, the per-iteration time breakdown, the training time, and the final training loss
     and test accuracy (and perplexity, for text)."""
     text = any(r.get("data") == "text" for r in results)
-    # no column rules, one space between columns: 13 columns fit 120
+    # no column rules, one space between columns, headers on two lines where they have a unit:
+    # 13 columns fit 120 with no header or figure cut
     table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    cols = ["method", "samples/s", "speed-up", "wire MB/iter", "payload MB/iter", "compute ms",
-            "compress ms", "comm ms", "step ms", "wall s", "train loss",
-            *(["test ppl"] if text else []), "test acc"]
+    cols = ["method", "samples/s", "speed-up", "wire\nMB/iter", "payload\nMB/iter",
+            "compute\nms", "compress\nms", "comm\nms", "step\nms", "wall\ns", "train\nloss",
+            *(["test\nppl"] if text else []), "test\nacc"]
     for col in cols:
         table.add_column(col, justify="left" if col == "method" else "right",
                          no_wrap=col == "method")
