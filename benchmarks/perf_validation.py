@@ -4,7 +4,7 @@ For each link rate and P: calibrate an emulated cluster, predict every method fr
 calibration and the model's profile alone (as ``gradwire advise --calibration`` does), then
 train every method on it and compare; how is in :mod:`gradwire.bench.validation`. As root.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 35 minutes
+    flock /tmp/gradwire-bench.lock python benchmarks/perf_validation.py   # about 25 minutes
     python benchmarks/perf_validation.py --rates 1gbit --workers 2 --aggs dense,topk \\
         --repeats 1 --out /tmp/pv.json                                     # about 2 minutes
     python benchmarks/perf_validation.py --repredict OLD.json --out NEW.json
