@@ -44,17 +44,19 @@ from gradwire import config
 from gradwire.bench import codec_probe, provenance
 from gradwire.bench.codec_probe import sync
 from gradwire.bench.overlap_probe import (
+    TARGET_S,
     StandIn,
     coding_slowdown,
-    compute_slowdown,
     compute_stand_in,
+    iteration_s,
     median_over_ranks,
     overlap_slowdown,
+    under_ddp,
 )
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
 from gradwire.perf import calibration
-from gradwire.perf.calibration import Calibration
+from gradwire.perf.calibration import Calibration, Compute
 from gradwire.perf.codecs import CodecTable
 from gradwire.profiles import Profile
 from gradwire.schedules.cost import CostParams
@@ -186,8 +188,7 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
     step()
     coding = on_rank0(lambda: coding_slowdown(stand, numel, density), r)
     step()
-    compute = compute_slowdown(compute_stand_in(dev, prof.numel, prof.backward_s, r.barrier),
-                               r.barrier)
+    compute = compute_slowdown(prof, r)
     step()
     cpu = cpu_terms(Transport(check_calls=False), gamma) if dev.type == "cpu" else None
     step()
@@ -211,21 +212,10 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
 
 
 def allreduce_call(r: Ranks) -> float:
-    """Seconds per call of the backend's own allreduce of P fp32 elements on this rank:
-    ``ALPHA_RUNS`` runs of ``ALPHA_CALLS`` calls after ``ALPHA_WARMUP``, each run after a
-    barrier and synchronized at its end; the median run."""
+    """Seconds per call of the backend's own allreduce of P fp32 elements on this rank
+    (:func:`_per_call`)."""
     buf = torch.zeros(dist.get_world_size(), device=r.dev)
-    for _ in range(ALPHA_WARMUP):
-        dist.all_reduce(buf)
-    runs = []
-    for _ in range(ALPHA_RUNS):
-        r.barrier()
-        t0 = time.perf_counter()
-        for _ in range(ALPHA_CALLS):
-            dist.all_reduce(buf)
-        sync(r.dev)
-        runs.append((time.perf_counter() - t0) / ALPHA_CALLS)
-    return statistics.median(runs)
+    return _per_call(lambda: dist.all_reduce(buf), r)
 
 
 def transport_call(r: Ranks) -> float:
@@ -237,17 +227,37 @@ def transport_call(r: Ranks) -> float:
 
     t = Transport(check_calls=False)
     buf = torch.zeros(dist.get_world_size(), device=r.dev)
+    return _per_call(lambda: all_reduce(buf, algo="ring", transport=t), r)
+
+
+def _per_call(call: Callable[[], object], r: Ranks) -> float:
+    """Seconds per ``call()`` on this rank: ``ALPHA_RUNS`` runs of ``ALPHA_CALLS`` calls after
+    ``ALPHA_WARMUP``, each run after a barrier and synchronized at its end; the median run."""
     for _ in range(ALPHA_WARMUP):
-        all_reduce(buf, algo="ring", transport=t)
+        call()
     runs = []
     for _ in range(ALPHA_RUNS):
         r.barrier()
         t0 = time.perf_counter()
         for _ in range(ALPHA_CALLS):
-            all_reduce(buf, algo="ring", transport=t)
+            call()
         sync(r.dev)
         runs.append((time.perf_counter() - t0) / ALPHA_CALLS)
     return statistics.median(runs)
+
+
+def compute_slowdown(prof: Profile, r: Ranks) -> Compute:
+    """The compute slowdown's raw times: a stand-in of ``prof``'s size
+    (:func:`~gradwire.bench.overlap_probe.compute_stand_in`), its batch sized on rank 0 alone
+    so that backward takes ``prof``'s backward time (at most ``TARGET_S``, so that a slow
+    model's probe stays short; ``TARGET_S`` where the profile has none); an iteration of it
+    bare on rank 0 alone, then on every rank at once under DDP (the median over ranks)."""
+    stand = compute_stand_in(r.dev, prof.numel)
+    target = min(prof.backward_s or TARGET_S, TARGET_S)
+    stand.set_batch(int(_broadcast(on_rank0(lambda: float(stand.size(target)), r), r.dev)))
+    alone = _broadcast(on_rank0(lambda: iteration_s(stand), r), r.dev)
+    together = median_over_ranks(iteration_s(stand, under_ddp(stand)), r.dev)
+    return Compute(stand.name, alone, together)
 
 
 def stream(src: int, dst: int, r: Ranks) -> float | None:

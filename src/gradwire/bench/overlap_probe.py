@@ -4,9 +4,9 @@
   once, against backward alone (the overlap factor of the compression-utility paper, §4.1).
 - The coding slowdown (:func:`coding_slowdown`): backward and a Top-k encode at the same time
   against one after the other: they compete for the device (same paper, §3.1).
-- The compute slowdown (:func:`compute_slowdown`): a rank's forward, backward and step under
-  DDP with every rank computing at once, against one rank alone and bare, as a profile is
-  measured: DDP's own work per iteration and ranks that share a machine.
+- The compute slowdown (:func:`iteration_s`, :func:`under_ddp`): a rank's forward, backward
+  and step under DDP with every rank computing at once, against one rank alone and bare, as
+  a profile is measured: DDP's own work per iteration and ranks that share a machine.
 
 The first two time the stand-in model (:class:`StandIn`): :func:`gradwire.models.mlp` with 4
 hidden layers of ``WIDTH`` (1024 on CPU, 4096 on CUDA), its batch sized so that one backward
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from gradwire.bench.codec_probe import sync
 from gradwire.catalogue import METHODS
 from gradwire.models import mlp
-from gradwire.perf.calibration import Coding, Compute, Overlap
+from gradwire.perf.calibration import Coding, Overlap
 
 WIDTH = {"cpu": 1024, "cuda": 4096}
 DEPTH = 4
@@ -167,56 +167,40 @@ def coding_slowdown(stand: StandIn, numel: int, density: float) -> Coding:
     return Coding("topk", numel, b_s, e_s, t_s)
 
 
-def compute_stand_in(device: torch.device, numel: int, backward_s: float | None,
-                     barrier: Callable[[], None]) -> StandIn:
-    """The compute slowdown's stand-in on every rank: an MLP of two hidden layers with about
-    ``numel`` parameters (DDP's bucket copies and hooks cost what the profiled model's do),
-    its batch sized on rank 0 alone so that backward takes about ``backward_s`` (at most
-    ``TARGET_S``, so that a slow model's probe stays short; ``TARGET_S`` where None)."""
-    width = max(16, min(8192, round(math.sqrt(numel / 2))))
-    stand = StandIn(device, 64, width, 2)
-    barrier()
-    batch = stand.size(min(backward_s or TARGET_S, TARGET_S)) if dist.get_rank() == 0 else 0
-    barrier()
-    t = torch.tensor([float(batch)], dtype=torch.float64, device=device)
-    dist.broadcast(t, 0)
-    stand.set_batch(int(t))
-    return stand
+def compute_stand_in(device: torch.device, numel: int) -> StandIn:
+    """The compute slowdown's stand-in: an MLP of two hidden layers with about ``numel``
+    parameters, so that DDP's bucket copies and hooks cost what the profiled model's do (its
+    batch is sized by the caller, :meth:`StandIn.size`)."""
+    return StandIn(device, 64, max(16, min(8192, round(math.sqrt(numel / 2)))), 2)
 
 
-def compute_slowdown(stand: StandIn, barrier: Callable[[], None]) -> Compute:
-    """A training iteration of ``stand`` (zero_grad, forward, backward, SGD step with
-    momentum): on rank 0 alone, the bare model (the others waiting at a barrier), then on
-    every rank at once under DDP with a comm hook that completes each bucket as it is (DDP's
-    copies and hooks, no communication). Medians of ``RUNS`` runs of ``COMPUTE_ITERS``
-    iterations each; the second the median over ranks."""
+def iteration_s(stand: StandIn, model: torch.nn.Module | None = None) -> float:
+    """Seconds of one training iteration of ``model`` (default the bare ``stand.model``) on
+    ``stand``'s batch: zero_grad, forward, backward, SGD step with momentum. The median of
+    ``RUNS`` runs of ``COMPUTE_ITERS`` iterations, after one."""
+    model = stand.model if model is None else model
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    runs = []
+    for _ in range(RUNS + 1):
+        sync(stand.device)
+        t0 = time.perf_counter()
+        for _ in range(COMPUTE_ITERS):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(stand.x), stand.y).backward()
+            opt.step()
+        sync(stand.device)
+        runs.append((time.perf_counter() - t0) / COMPUTE_ITERS)
+    return statistics.median(runs[1:])
+
+
+def under_ddp(stand: StandIn) -> torch.nn.Module:
+    """``stand.model`` under DDP (every rank makes it at once) with a comm hook that sends
+    nothing: DDP's copies and hooks, no communication."""
     dev = stand.device
-
-    def iterations(model: torch.nn.Module) -> float:
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        runs = []
-        for _ in range(RUNS + 1):
-            sync(dev)
-            t0 = time.perf_counter()
-            for _ in range(COMPUTE_ITERS):
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(model(stand.x), stand.y).backward()
-                opt.step()
-            sync(dev)
-            runs.append((time.perf_counter() - t0) / COMPUTE_ITERS)
-        return statistics.median(runs[1:])
-
-    barrier()
-    alone = iterations(stand.model) if dist.get_rank() == 0 else 0.0
-    barrier()
     ddp = torch.nn.parallel.DistributedDataParallel(
         stand.model, device_ids=[dev.index] if dev.type == "cuda" else None)
     ddp.register_comm_hook(None, _keep_bucket)
-    barrier()
-    together = median_over_ranks(iterations(ddp), dev)
-    alone_t = torch.tensor([alone], dtype=torch.float64, device=dev)
-    dist.broadcast(alone_t, 0)
-    return Compute(stand.name, float(alone_t), together)
+    return ddp
 
 
 def _keep_bucket(_state, bucket):  # type: ignore[no-untyped-def]

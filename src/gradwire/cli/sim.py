@@ -118,8 +118,8 @@ def simulate(
     if calibration is not None:
         from gradwire.perf import whatif
 
-        alpha, gamma, *_ = whatif.calibration_terms(whatif.read_calibration(calibration),
-                                                    calibration)
+        terms = whatif.calibration_terms(whatif.read_calibration(calibration), calibration)
+        alpha, gamma = terms.alpha, terms.gamma
         alpha_us, latency_us = alpha * 1e6, 0.0
         console.print(f"α {alpha_us:.1f} µs per message, γ {gamma * 1e9:.3g} ns/B, latency "
                       f"in α: from {calibration}")

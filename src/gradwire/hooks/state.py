@@ -128,11 +128,7 @@ class HookState:
         self.ef = (ErrorFeedback(self.compressor)
                    if m.error_feedback and self.compressor is not None else None)
         self.call_name = _call_name(config, self.compressor)
-        # the call header's first field: the hook's options no later step checks again
-        self.caller = " ".join(["hook", *([f"mode={config.mode}"] if config.mode != "bucket"
-                                          else []),
-                                *([f"dense_steps={config.warmup.dense_steps}"]
-                                  if config.warmup.dense_steps else [])])
+        self.caller = _caller(config)
         self._comm: Comm | None = None
         self._worker: Worker | None = None
         self._pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]] = []
@@ -457,6 +453,16 @@ class HookState:
                 offset += views[p].numel()
         self._end_step()
         return [buf for buf, _, _ in pending]
+
+
+def _caller(config: HookConfig) -> str:
+    """The call header's first field: "hook", with the hook's options that must be equal on
+    all ranks and that no later step checks again (the mode where not "bucket", the dense
+    steps where any)."""
+    shown = [f"mode={config.mode}"] if config.mode != "bucket" else []
+    if config.warmup.dense_steps:
+        shown.append(f"dense_steps={config.warmup.dense_steps}")
+    return " ".join(["hook", *shown])
 
 
 def _call_name(config: HookConfig, compressor: Compressor | None) -> str:

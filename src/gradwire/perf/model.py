@@ -142,8 +142,8 @@ class ClusterModel:
     # backward on resources of its own.
     coding_slowdown: float | None = None
     # α per step of gradwire's own executor (point-to-point over the backend: the sparse
-    # methods' schedules, a hook's algo=, the call headers), where it differs from the
-    # backend's collectives' (point 9); None: alpha.
+    # methods' schedules, the call headers), where it differs from the backend's
+    # collectives' (point 9); None: alpha.
     alpha_transport: float | None = None
     # A rank's compute (forward, backward, step) under DDP with every rank computing at once,
     # over the profile's, measured in one process alone (point 10); 1: as profiled.

@@ -131,16 +131,15 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
     ``cal``: ``s.calibration`` already read (:func:`read_calibration`); read here if None."""
     if s.calibration is None:
         ref = reference_settings.get(s.reference)
-        alpha, gamma, cpu = ref.alpha, ref.gamma, None
-        kappa, coding = ref.overlap_slowdown, ref.coding_slowdown
-        alpha_t, slowdown = None, 1.0
+        base = w.Setting(ref.alpha, ref.gamma, ref.overlap_slowdown,
+                         coding_slowdown=ref.coding_slowdown)
         where = ref.describe()
     else:
-        alpha, gamma, cpu, kappa, coding, alpha_t, slowdown = w.calibration_terms(
-            cal or w.read_calibration(s.calibration), s.calibration)
-        where = (f"α {alpha * 1e6:.0f} µs per step"
+        base = w.calibration_terms(cal or w.read_calibration(s.calibration), s.calibration)
+        alpha_t, slowdown, cpu = base.alpha_transport, base.compute_slowdown, base.cpu
+        where = (f"α {base.alpha * 1e6:.0f} µs per step"
                  + (f" (gradwire's executor {alpha_t * 1e6:.0f} µs)" if alpha_t else "")
-                 + f", γ {gamma * 1e9:.3g} ns/B"
+                 + f", γ {base.gamma * 1e9:.3g} ns/B"
                  + (f", compute ×{slowdown:.2f} as the ranks run it" if slowdown != 1 else "")
                  + f" from {s.calibration}")
         if cpu is None:
@@ -153,18 +152,18 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
         if v is not None]
     if given:
         where += "; given: " + ", ".join(given)
-    alpha = alpha if s.alpha_us is None else s.alpha_us * 1e-6
-    gamma = gamma if s.gamma_ns is None else s.gamma_ns * 1e-9
-    kappa = kappa if s.overlap_slowdown is None else s.overlap_slowdown
     if s.ranks_per_node < 1:
         raise GradwireError(f"--ranks-per-node must be >= 1, got {s.ranks_per_node}")
     try:
         intra = parse_link(s.intra_bandwidth)
     except GradwireError as e:
         raise GradwireError(f"--intra-bandwidth: {e}") from None
-    return w.Setting(alpha, gamma, kappa, s.ranks_per_node, intra, cpu=cpu,
-                     coding_slowdown=coding, alpha_transport=alpha_t,
-                     compute_slowdown=slowdown), where
+    return replace(
+        base, alpha=base.alpha if s.alpha_us is None else s.alpha_us * 1e-6,
+        gamma=base.gamma if s.gamma_ns is None else s.gamma_ns * 1e-9,
+        overlap_slowdown=(base.overlap_slowdown if s.overlap_slowdown is None
+                          else s.overlap_slowdown),
+        ranks_per_node=s.ranks_per_node, intra_bps=intra), where
 
 
 def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> WhatIf:

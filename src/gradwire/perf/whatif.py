@@ -145,22 +145,21 @@ def read_calibration(path: Path) -> calibration.Calibration:
     return calibration.parse(read_object(path, where), where)
 
 
-def calibration_terms(cal: calibration.Calibration, path: Path
-                      ) -> tuple[float, float, CpuSetting | None, float, float | None,
-                                 float | None, float]:
-    """(α per step, γ, the shared-CPU terms where its ranks shared a machine's cores, κ, the
-    coding slowdown where coding shares the device with backward: measured at or above 1,
-    the executor's α where measured, the compute slowdown) of the calibration ``cal`` read
-    from ``path``."""
+def calibration_terms(cal: calibration.Calibration, path: Path) -> Setting:
+    """The cluster's terms in the calibration ``cal`` read from ``path``: α per step, γ, κ,
+    the shared-CPU terms where its ranks shared a machine's cores, the coding slowdown where
+    coding shares the device with backward (measured at or above 1), the executor's α where
+    measured, and the compute slowdown."""
     cpu = None
     if cal.cpu is not None:
         try:
             cpu = CpuSetting.from_calibration(dataclasses.asdict(cal.cpu), cal.world)
         except GradwireError as e:
             raise GradwireError(f"--calibration {path}: field {e}") from None
-    coding = cal.coding_slowdown if cal.coding_slowdown >= 1 else None
-    return (cal.alpha_s, cal.gamma_s_per_byte, cpu, cal.overlap_slowdown, coding,
-            cal.alpha_transport_s, cal.compute_slowdown)
+    return Setting(cal.alpha_s, cal.gamma_s_per_byte, cal.overlap_slowdown, cpu=cpu,
+                   coding_slowdown=cal.coding_slowdown if cal.coding_slowdown >= 1 else None,
+                   alpha_transport=cal.alpha_transport_s,
+                   compute_slowdown=cal.compute_slowdown)
 
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
