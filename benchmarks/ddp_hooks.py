@@ -13,6 +13,10 @@ iteration with it over the iteration without, less 1, in the same run.
     python benchmarks/ddp_hooks.py --hooks gradwire:topk-0.001,gradwire:topk-0.001/nocheck
     python benchmarks/ddp_hooks.py --hooks torch:powersgd-r4/one,gradwire:powersgd-r4/one \
         --out benchmarks/results/ddp_hooks/powersgd.json   # "/one": the whole model in one bucket
+    python benchmarks/ddp_hooks.py --model mlp --iters 30 --hooks torch:allreduce,\
+        gradwire:dense,gradwire:dense/thread,torch:fp16,gradwire:fp16,gradwire:fp16/thread \
+        --out benchmarks/results/ddp_hooks/direct_mlp.json   # "/thread": no bucket issued
+                                                             # from the hook
     python benchmarks/ddp_hooks.py --device cuda        # NCCL, P ranks sharing GPU 0, each its
                                                         # own emulated host (carry_iproute2.sh)
 
@@ -43,7 +47,10 @@ HOOKS = ("torch:allreduce", "gradwire:dense", "torch:fp16", "gradwire:fp16",
 PAIRS = (("gradwire:dense", "torch:allreduce"), ("gradwire:fp16", "torch:fp16"),
          ("gradwire:powersgd-r1", "torch:powersgd-r1"),
          ("gradwire:powersgd-r1/one", "torch:powersgd-r1/one"),
-         ("gradwire:powersgd-r4/one", "torch:powersgd-r4/one"))
+         ("gradwire:powersgd-r4/one", "torch:powersgd-r4/one"),
+         # issued from the hook beside handed to the comm thread (dense, fp16, bf16)
+         ("gradwire:dense", "gradwire:dense/thread"), ("gradwire:fp16", "gradwire:fp16/thread"),
+         ("gradwire:bf16", "gradwire:bf16/thread"))
 
 
 def main() -> None:
@@ -52,7 +59,8 @@ def main() -> None:
     ap.add_argument("--bandwidth", default="1gbit")
     ap.add_argument("--loopback", action="store_true")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--model", default="mlp14m", choices=("mlp14m", "resnet50", "mlp-tiny"))
+    ap.add_argument("--model", default="mlp14m",
+                    choices=("mlp14m", "resnet50", "mlp", "resnet20", "mlp-tiny"))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=3, help="untimed iterations per run")
     ap.add_argument("--iters", type=int, default=5, help="timed iterations per run")
@@ -95,7 +103,8 @@ def main() -> None:
             on = summary[hook.removesuffix("/nocheck")]["ms_per_iter"]
             summary[hook.removesuffix("/nocheck")]["check_cost"] = (
                 on / summary[hook]["ms_per_iter"] - 1)
-    best = {side: min((h for h in summary if h.startswith(side) and "/nocheck" not in h),
+    best = {side: min((h for h in summary if h.startswith(side)
+                       and not h.endswith(("/nocheck", "/thread"))),
                       key=lambda h: summary[h]["ms_per_iter"], default=None)
             for side in ("torch:", "gradwire:")}
     if None not in best.values():

@@ -1,10 +1,13 @@
-"""The DDP hook on one gloo rank in this process: an error inside the hook reaches backward() as
-itself; sparse gradients, a model without DDP and a group of the wrong kind are one line; and
-the NaN/Inf policy as the hook runs it (a false alarm on large finite values, fp16 overflow)."""
+"""The DDP hook on one gloo rank in this process: an error inside the hook, or of a bucket
+issued from it, reaches backward() as itself (and a stalled peer in steady state is a timeout,
+on two ranks); sparse gradients, a model without DDP and a group of the wrong kind are one
+line; and the NaN/Inf policy as the hook runs it (a false alarm on large finite values, fp16
+overflow)."""
 import warnings
 
 import pytest
 import torch
+from conftest import run_checks
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -64,6 +67,57 @@ def test_an_error_on_the_comm_thread_keeps_its_type(one_rank):
     with pytest.raises(GradwireError, match=r"^mode='model' needs every parameter in one "
                                             r"dtype, got \['torch.float32', 'torch.float64'\]$"):
         net().backward()
+
+
+@pytest.mark.parametrize("where", ["collective", "decompress"])
+def test_an_error_of_a_bucket_issued_from_the_hook_keeps_its_type(one_rank, monkeypatch, where):
+    """In steady state fp16's allreduces are issued from the hook and their futures complete
+    the buckets' (no comm thread): a collective that fails, or a decompression that raises on
+    gloo's thread, still reaches backward() as itself, DDP finishes that backward, and the
+    next steps agree afresh and then go the direct way again."""
+    net = two_layers(bucket_cap_mb=1e-5)
+    state = gh.make("fp16")
+    state.register(net)
+    for _ in range(3):  # the first step, DDP's rebuild, one agreed step
+        backward(net)
+    handed = []
+    submit = state._worker.submit  # noqa: SLF001
+    state._worker.submit = lambda *a: (handed.append(a), submit(*a))[1]  # noqa: SLF001
+    before = state.stats["buckets"]
+    backward(net)
+    assert handed == [] and state.stats["steps"] == 4  # issued from the hook
+    buckets = state.stats["buckets"] - before
+
+    def broken(self, flying):
+        raise GradwireError("rank 0: torch.distributed all_reduce of 8 elements failed")
+
+    def garbled(self, payload, x):
+        raise MismatchError("rank 0: garbled")
+
+    if where == "collective":
+        monkeypatch.setattr(hook_state.Comm, "wait", broken)
+        expected = (GradwireError, r"^rank 0: torch.distributed all_reduce of 8 elements")
+    else:
+        monkeypatch.setattr(type(state.compressor), "decompress_into", garbled)
+        expected = (MismatchError, r"^rank 0: garbled$")
+    with pytest.raises(expected[0], match=expected[1]):
+        backward(net)
+    monkeypatch.undo()
+    for _ in range(3):
+        net.zero_grad()
+        backward(net)
+    assert len(handed) == buckets  # the step after the failure agreed on its buckets afresh…
+    assert state.stats["steps"] == 7  # …the failed one did not count, the last went direct
+    want = two_layers()
+    backward(want)
+    for got, ref in zip(net.parameters(), want.parameters(), strict=True):
+        assert torch.equal(got.grad, ref.grad.half().float())
+
+
+def test_a_stalled_rank_fails_the_others_within_the_timeout_in_steady_state():
+    """tests/scripts/hook_stall_check.py: dense and fp16 issued from the hook, one rank
+    stalls 5 s, the other's backward raises GradwireError after GRADWIRE_TIMEOUT (2 s)."""
+    run_checks("hook_stall_check.py", 2, timeout=120)
 
 
 class FakeBucket:

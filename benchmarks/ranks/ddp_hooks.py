@@ -3,8 +3,8 @@ and one process group, interleaved round by round; rank 0 prints one ROW line of
 (round, hook) with the slowest rank's seconds of each timed iteration and the loss after them.
 
 Environment: HOOKS (comma-separated names, see HOOKS below; "gradwire:<method>[-<density or
-rN>][@<algo>][/nocheck]"), MODEL, BATCH, WARMUP, ITERS, ROUNDS, DEVICE (cpu: gloo; cuda: NCCL,
-every rank on GPU 0, as emulated hosts sharing it).
+rN>][@<algo>][/nocheck|/one|/thread]"), MODEL, BATCH, WARMUP, ITERS, ROUNDS, DEVICE (cpu:
+gloo; cuda: NCCL, every rank on GPU 0, as emulated hosts sharing it).
 """
 import datetime
 import json
@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
+from gradwire.models import MODELS, build_model
 from gradwire.models.resnet import resnet50
 
 DEVICE = os.environ.get("DEVICE", "cpu")
@@ -44,7 +45,9 @@ def model() -> tuple[nn.Module, tuple[int, ...]]:
         return resnet50(1000, 3), (3, 224, 224)
     if MODEL == "mlp-tiny":  # for a smoke run
         return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), (64,)
-    raise SystemExit(f"MODEL must be mlp14m, resnet50 or mlp-tiny, got {MODEL!r}")
+    if MODEL in ("mlp", "resnet20"):  # the digits models of the time-to-accuracy table
+        return build_model(MODEL, 0), MODELS[MODEL].input_shape
+    raise SystemExit(f"MODEL must be mlp14m, resnet50, mlp, resnet20 or mlp-tiny, got {MODEL!r}")
 
 
 def register(name: str, ddp: DDP) -> object:
@@ -80,11 +83,15 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
     net, _ = model()
     # "<hook>/nocheck": gradwire's hook with the call check off (GRADWIRE_CHECK_CALLS=0, read
     # when the hook sets itself up at its first bucket), for the check's cost in the same run;
-    # "<hook>/one": the whole model in one DDP bucket (PyTorch's PowerSGD hook over gloo)
+    # "<hook>/one": the whole model in one DDP bucket (PyTorch's PowerSGD hook over gloo);
+    # "<hook>/thread": every bucket handed to the hook's comm thread, none issued from the hook
+    # (HookState._issue), for what issuing from the hook saves
     name, _, variant = name.partition("/")
     ddp = DDP(net.to(DEVICE), bucket_cap_mb=2**20 if variant == "one" else None)
     os.environ["GRADWIRE_CHECK_CALLS"] = "0" if variant == "nocheck" else CHECK_CALLS
     keep = register(name, ddp)  # the hook's state lives as long as the DDP
+    if variant == "thread" and isinstance(keep, gh.HookState):
+        keep._issue = lambda *_: None  # noqa: SLF001
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     times, loss = [], 0.0
     for i in range(WARMUP + ITERS):

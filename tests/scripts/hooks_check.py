@@ -1,6 +1,7 @@
 """gradwire.hooks under DDP on gloo: exactness against DDP without a hook, every method in both
-modes, conservation of gradient mass under error feedback (across DDP's bucket rebuild), and
-checkpoint round trips. Prints one FAIL line per problem and a final CHECKED line.
+modes, conservation of gradient mass under error feedback (across DDP's bucket rebuild),
+checkpoint round trips, and which methods issue their allreduces from the hook in steady
+state. Prints one FAIL line per problem and a final CHECKED line.
 
 DDP builds one bucket in iteration 0 and rebuilds after it; a 104-byte bucket cap gives one
 bucket per layer from iteration 1 on, so every run below goes through a rebuild. The model
@@ -216,6 +217,26 @@ check(state.density == 0.01 and state.stats["sent"] == k * entry_bytes(n, torch.
 got = state._comm.agreed.bytes_sent  # noqa: SLF001 - what the transport counted
 check(got == wire.bytes_sent[rank].tolist(), f"density from step one: the transport sent {got},"
       f" the schedule of k = {k} says {wire.bytes_sent[rank].tolist()}")
+
+# (i) once a step has agreed on its buckets (the third: the first, DDP's rebuild, then one
+# agreed), dense, fp16 and bf16 issue their allreduces from the hook, the comm thread gets
+# nothing, and the result is the in-hook path's bit for bit; Top-k still goes to the thread.
+for m in ("dense", "fp16", "bf16", "topk"):
+    runs = [Run(gh.make(m, density=0.1, overlap=overlap)) for overlap in (True, False)]
+    for r in runs:
+        r.train(STEPS)
+    worker = runs[0].state._worker  # noqa: SLF001
+    handed: list[object] = []
+    submit = worker.submit
+    worker.submit = lambda *a, _s=submit, _h=handed: (_h.append(a), _s(*a))[1]
+    before = runs[0].state.stats["buckets"]
+    for r in runs:
+        r.train(2)
+    buckets = runs[0].state.stats["buckets"] - before
+    want_handed = buckets if m == "topk" else 0
+    check(len(handed) == want_handed, f"{m}: {len(handed)} of {buckets} buckets went to the "
+                                      f"comm thread in steady state, expected {want_handed}")
+    same(runs[0].params(), runs[1].params(), f"{m}: issued from the hook vs in the hook")
 
 done()
 dist.destroy_process_group()

@@ -30,8 +30,8 @@ Example::
 """
 
 from gradwire.catalogue.calls import BucketPlan, CollectiveCall
-from gradwire.catalogue.methods import METHODS, MODES, Method, aggregate, get, start
-from gradwire.catalogue.paths import AggregationCall, Path, Shapes, Started
+from gradwire.catalogue.methods import METHODS, MODES, Method, aggregate, get, issue, start
+from gradwire.catalogue.paths import AggregationCall, Issued, Path, Shapes, Started
 
-__all__ = ["METHODS", "MODES", "AggregationCall", "BucketPlan", "CollectiveCall", "Method",
-           "Path", "Shapes", "Started", "aggregate", "get", "start"]
+__all__ = ["METHODS", "MODES", "AggregationCall", "BucketPlan", "CollectiveCall", "Issued",
+           "Method", "Path", "Shapes", "Started", "aggregate", "get", "issue", "start"]

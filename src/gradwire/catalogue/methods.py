@@ -16,6 +16,7 @@ from gradwire.catalogue.paths import (
     SPARSE,
     SUMMED,
     AggregationCall,
+    Issued,
     Path,
     Shapes,
     Started,
@@ -138,6 +139,22 @@ def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) 
     return m.path.start(c, x, key)
 
 
+def issue(c: AggregationCall, x: torch.Tensor, key: object) -> Issued | None:
+    """:func:`start` of a call already agreed on (no header), without waiting: its
+    allreduces in flight, for a call that is nothing but torch.distributed allreduces with
+    nothing read between them (dense, and the summed methods: fp16, bf16, randomk) and no
+    residual; None, and nothing done, for any other (:func:`start` it).
+
+    A DDP hook can then return as PyTorch's own hooks do, with the collectives issued from
+    the training thread in bucket order and their futures completing the bucket's."""
+    m = c.method
+    if c.comm.algo is not None or c.ef is not None or not m.path.in_band(m):
+        return None
+    if m.path is DENSE or _sent_dense(c, x.numel(), x.dtype):
+        return DENSE.issue(c, x, key)
+    return m.path.issue(c, x, key)
+
+
 def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
     """(average, payload bytes): :func:`start`, its header included, and its result at once."""
     s = start(c, x, key)
@@ -171,5 +188,6 @@ def _sent_dense(c: AggregationCall, numel: int, dtype: torch.dtype) -> bool:
                                     c.comm.algo, c.shapes).dense
 
 
-__all__ = ["MODES", "METHODS", "AggregationCall", "Method", "Started", "aggregate", "get",
+__all__ = ["MODES", "METHODS", "AggregationCall", "Issued", "Method", "Started", "aggregate",
+           "get", "issue",
            "start"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -66,6 +66,10 @@ class Comm(Protocol):
     seconds: float
 
     def all_reduce(self, t: torch.Tensor) -> None: ...
+
+    def all_reduce_start(self, t: torch.Tensor) -> list[Any]: ...
+
+    def wait(self, flying: list[Any]) -> None: ...
 
     def all_gather(self, payload: Payload) -> list[Payload]: ...
 
@@ -116,6 +120,22 @@ class Started:
         return self.finish(self.read())
 
 
+@dataclass
+class Issued:
+    """One bucket's aggregation whose allreduces are in flight (:meth:`Path.issue`): once
+    every one of ``flying`` has completed (:meth:`Comm.wait`, or their futures), ``finish()``
+    returns the average."""
+
+    sent: int
+    flying: list[Any]
+    finish: Callable[[], torch.Tensor]
+
+    def wait(self, c: AggregationCall) -> tuple[torch.Tensor, int]:
+        """(the average, bytes sent), once the allreduces are in."""
+        c.comm.wait(self.flying)
+        return self.finish(), self.sent
+
+
 class Path:
     """How a method's payloads travel and combine."""
 
@@ -143,9 +163,23 @@ class Path:
             ) -> tuple[torch.Tensor, int]:
         return dense_average(c, c.ef.flush(key, x) if c.ef is not None else x)
 
+    def issue(self, c: AggregationCall, x: torch.Tensor, key: object) -> Issued | None:
+        """Compress and start the collectives without waiting for them, for a path that
+        waits for nothing between its messages; None (and nothing done) for the others."""
+        return None
+
 
 class Dense(Path):
     name = "dense"
+
+    def issue(self, c, x, key):  # type: ignore[override]
+        return dense_issue(c, c.ef.flush(key, x) if c.ef is not None else x)
+
+
+def dense_issue(c: AggregationCall, y: torch.Tensor) -> Issued:
+    """:func:`dense_average`, started: y·(1/P), and its sum over ranks in flight."""
+    y.mul_(1 / c.comm.world)
+    return Issued(y.nbytes, c.comm.all_reduce_start(y), lambda: y)
 
 
 def dense_average(c: AggregationCall, y: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -153,9 +187,7 @@ def dense_average(c: AggregationCall, y: torch.Tensor) -> tuple[torch.Tensor, in
     bit for bit what DDP does without a hook ((y/P) is not, for P = 3). In place, as DDP's
     own allreduce is: ``y`` is the bucket (which the average replaces) or a tensor of the
     caller's, so no gradient-sized copy is made or written back."""
-    y.mul_(1 / c.comm.world)
-    c.comm.all_reduce(y)
-    return y, y.nbytes
+    return dense_issue(c, y).wait(c)
 
 
 def _payload(c: AggregationCall, x: torch.Tensor, key: object) -> Payload:
@@ -181,12 +213,17 @@ class Summed(Path):
                                           params),), wire)
 
     def run(self, c, x, key):  # type: ignore[override]
+        return self.issue(c, x, key).wait(c)
+
+    def issue(self, c, x, key):  # type: ignore[override]
         payload = _payload(c, x, key)
+        flying = []
         for t in payload.tensors():
             t.mul_(1 / c.comm.world)  # as DDP: scale before summing (and no fp16 overflow)
-            c.comm.all_reduce(t)
+            flying += c.comm.all_reduce_start(t)
         # the average goes into x (the bucket, or the caller's): no gradient-sized tensor
-        return c.compressor.decompress_into(payload, x), payload.nbytes  # type: ignore
+        return Issued(payload.nbytes, flying,
+                      lambda: c.compressor.decompress_into(payload, x))  # type: ignore
 
 
 class Gathered(Path):

@@ -1,11 +1,13 @@
 """Where a hook's collectives run: a timed wrapper over one process group, and the single FIFO
 thread that lets communication overlap the rest of backward.
 
-Every collective of a hook state is issued from one thread in the order DDP handed the buckets
-over (bucket 0, 1, …, which is the same on every rank), so ranks never disagree on which
-collective comes next. Otherwise it goes as with PyTorch's PowerSGD hook, whose two allreduces
-per bucket start from future callbacks: it aborted on gloo with several buckets ("collective
-mismatch"; PyTorch's ``powerSGD_hook`` with 25 MB buckets on a 14.7 M-parameter MLP).
+Every collective of a hook state is issued in the order DDP handed the buckets over (bucket 0,
+1, …, which is the same on every rank), from one thread at a time: the training thread for the
+buckets a hook issues itself (dense, fp16 and bf16 in steady state), then this thread for
+the rest of the step; so ranks never disagree on which collective comes next. Otherwise it
+goes as with PyTorch's PowerSGD hook, whose two allreduces per bucket start from future
+callbacks: it aborted on gloo with several buckets ("collective mismatch"; PyTorch's
+``powerSGD_hook`` with 25 MB buckets on a 14.7 M-parameter MLP).
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ def after_backward(fn: Callable[[], None]) -> bool:
     except RuntimeError:  # "Final callbacks can only be installed during backward pass"
         return False
     return True
+
+
+def before_ddp_finishes(fn: Callable[[], None]) -> None:
+    """Run ``fn`` at the end of the backward now running, before DDP waits for the buckets'
+    futures (:func:`after_backward` says why it comes first); called from a hook."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
 class Deferred:
@@ -145,6 +153,15 @@ class Worker:
         self._jobs.put((task, futures))
 
 
+@dataclasses.dataclass(frozen=True)
+class InFlight:
+    """A torch.distributed collective started and not waited for, and what it is (for the
+    error that names it)."""
+
+    work: dist.Work
+    what: str
+
+
 class Comm:
     """Sum-allreduce and allgather over ``group``, with the seconds spent in them.
 
@@ -200,13 +217,29 @@ class Comm:
 
     def all_reduce(self, t: torch.Tensor) -> None:
         """``t`` becomes the sum over ranks, in place."""
+        self.wait(self.all_reduce_start(t))
+
+    def all_reduce_start(self, t: torch.Tensor) -> list[InFlight]:
+        """Start summing ``t`` over ranks, in place; what is still in flight (nothing where
+        ``algo`` runs gradwire's schedule, which returns when it is done), for :meth:`wait`."""
         t0 = time.perf_counter()
         if self.algo is None:
-            self._bounded(dist.all_reduce(t, group=self.group, async_op=True),
-                          f"all_reduce of {t.numel()} elements")
+            flying = [InFlight(dist.all_reduce(t, group=self.group, async_op=True),
+                               f"all_reduce of {t.numel()} elements")]
         else:
             gc.all_reduce(t, algo=self.algo, transport=self.agreed)
+            flying = []
         self.seconds += time.perf_counter() - t0
+        return flying
+
+    def wait(self, flying: list[InFlight]) -> None:
+        """Wait for every collective of ``flying``, each within GRADWIRE_TIMEOUT."""
+        t0 = time.perf_counter()
+        try:
+            for f in flying:
+                self._bounded(f.work, f.what)
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def all_gather(self, payload: Payload) -> list[Payload]:
         """Every rank's ``payload`` (same shapes on every rank), in rank order."""

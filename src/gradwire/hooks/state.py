@@ -5,6 +5,7 @@ No ``from __future__ import annotations`` here: DDP's ``register_comm_hook`` com
 """
 
 import inspect
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -14,14 +15,14 @@ import torch
 import torch.distributed as dist
 
 from gradwire.catalogue import METHODS as CATALOGUE
-from gradwire.catalogue import MODES, AggregationCall, Method, Started, start
+from gradwire.catalogue import MODES, AggregationCall, Issued, Method, Started, issue, start
 from gradwire.catalogue import get as get_method
 from gradwire.check import check_fraction, check_int
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback, PowerSGDCompressor
 from gradwire.compress.feedback import MALFORMED
 from gradwire.errors import GradwireError
 from gradwire.hooks import layout
-from gradwire.hooks.comm import Comm, Deferred, Worker, complete
+from gradwire.hooks.comm import Comm, Deferred, Worker, before_ddp_finishes, complete
 from gradwire.hooks.warmup import Warmup, parse
 from gradwire.schedules import registry
 from gradwire.syncfree import on_host
@@ -66,6 +67,10 @@ class HookState:
     3. there: add the error-feedback residual, compress, communicate, decompress, average,
        write the average into the bucket and complete its future.
 
+    Dense, fp16 and bf16, once a step has agreed on the buckets, skip the comm thread as
+    PyTorch's own hooks do: the hook compresses the bucket, issues its allreduce and returns
+    the collective's future, which writes the average when it completes (:meth:`_issue`).
+
     In model mode (``mode="model"``, the gTop-k paper's setting) each bucket's future stays
     pending until the last bucket; then the whole model is aggregated at once and every
     future is completed with its slice. With several buckets the model is gathered in
@@ -108,7 +113,8 @@ class HookState:
                                     steps_per_epoch=len(loader))
 
     Warning: every rank must make the same state (method, density, mode, seed) and register it
-    on the same model; the collectives of all buckets run on one thread in bucket order.
+    on the same model; the collectives of all buckets are issued in bucket order, from one
+    thread at a time (the training thread's first, then the comm thread's).
 
     Errors: what goes wrong while aggregating (a :class:`~gradwire.errors.GradwireError` such
     as a MismatchError or PeerError) is raised by ``backward()`` itself, unchanged, once DDP
@@ -149,6 +155,10 @@ class HookState:
         self._handoff = 0.0
         self._used: set[layout.Layout] = set()
         self._errors = Deferred()  # raised from backward itself, not as DDP's "Unable to cast"
+        # Bucket mode: whether every bucket of this step so far was issued from the hook
+        # (_issue), and those buckets, which _settle waits for.
+        self._direct_step = False
+        self._flights: list[_Flight] = []
         self.reset_stats()
 
     # --- what a user calls ---------------------------------------------------------------
@@ -188,13 +198,15 @@ class HookState:
 
     def reset_stats(self) -> None:
         """Zero ``stats``: seconds ``compress`` (compress, decompress, error feedback, average)
-        and ``communicate`` (in collectives), both on the comm thread, and ``header``, the part
-        of ``communicate`` spent in the call-header exchanges (agree.py); ``tail``, seconds from
+        and ``communicate`` (in collectives; for buckets issued from the hook, from the issue to
+        the collective's completion), and ``header``, the part of ``communicate`` spent in the
+        call-header exchanges (agree.py); ``tail``, seconds from
         handing over an iteration's last bucket to its result (with overlap, the part of
         compress + communicate backward did not hide); ``sent``, payload bytes this rank
         contributed; counts of ``steps``, ``buckets`` and ``dense`` aggregations; ``cpu``, CPU
         seconds of the thread that aggregates (the hook's own with overlap, else the training
-        thread): coding, the calls' own work, not gloo's threads."""
+        thread; the training thread's for buckets issued from the hook): coding, the calls'
+        own work, not gloo's threads."""
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0)
 
     def state_dict(self) -> dict[str, Any]:
@@ -273,7 +285,13 @@ class HookState:
                 self._layouts = None
             self._step_open = False  # the comm thread is done with every earlier step
             self._errors.begin()
+            self._flights = []
+            self._direct_step = (self._worker is not None and self._errors.armed
+                                 and not self._density_moves)
         if self.config.mode == "bucket":
+            direct = self._issue(buf, key, call, index, last, fut)
+            if direct is not None:
+                return direct
             if on_host(buf):
                 self._dispatch(lambda: [self._bucket(buf, key, call, index, last)], [fut],
                                [buf], last)
@@ -333,6 +351,78 @@ class HookState:
             self._worker.submit(timed, futures)
         else:
             complete(timed, futures)
+
+    # --- issued from the hook -----------------------------------------------------------
+    def _issue(self, buf: torch.Tensor, key: layout.Layout, call: AggregationCall,
+               index: int, last: bool, fut: torch.futures.Future) -> torch.futures.Future | None:
+        """The bucket's future, its allreduces issued here, on the training thread, as
+        PyTorch's own hooks issue theirs: no hand-over to the comm thread and back, which cost
+        3–11 % of an iteration on the digits MLP and ResNet-20 at 4 × 1 Gbit/s
+        (benchmarks/results/ddp_hooks/direct_*.json). None, and nothing done, unless every
+        bucket of the step so far went this way, this one matches the agreed list (it needs
+        no header) and its method is torch.distributed allreduces with nothing read between
+        them (:func:`gradwire.catalogue.issue`: dense, fp16, bf16).
+
+        On the host the collectives' callbacks complete ``fut``, and :meth:`_settle` bounds the
+        wait by GRADWIRE_TIMEOUT before DDP waits; on a device the future is the last
+        collective's, chained as PyTorch's hooks chain theirs (NCCL's watchdog bounds it)."""
+        agreed = self._layouts
+        shape = (buf.numel(), str(buf.dtype).removeprefix("torch."))
+        if not (self._direct_step and agreed is not None and index < len(agreed)
+                and agreed[index] == shape):
+            self._direct_step = False
+            return None
+        t0, c0 = time.perf_counter(), time.thread_time()
+        issued = issue(call, buf, key)
+        if issued is None:
+            self._direct_step = False
+            return None
+        if index == 0:  # the step's first: settled before DDP finishes the backward
+            self._step_open, self._observed = True, []
+            before_ddp_finishes(self._settle)
+        self._observed.append(shape)
+        self._used.add(key)
+        if last:
+            self.step += 1
+            self._handoff = time.perf_counter()
+        flight = _Flight(buf, issued, fut if on_host(buf) else None, t0)
+        self._flights.append(flight)
+        s = self.stats
+        s["sent"] += issued.sent
+        s["buckets"] += 1
+        s["dense"] += call.dense
+        s["compress"] += time.perf_counter() - t0
+        s["cpu"] += time.thread_time() - c0
+        if flight.fut is None:
+            return issued.flying[-1].work.get_future().then(lambda _: flight.land())
+        collective = torch.futures.collect_all([f.work.get_future() for f in issued.flying])
+        collective.add_done_callback(flight.landed)
+        return fut
+
+    def _settle(self) -> None:
+        """The step's buckets issued from the hook, before DDP waits for their futures: on the
+        host each is waited for within GRADWIRE_TIMEOUT; a failure completes the rest with
+        their buckets as they are and is raised by ``backward()`` once DDP is done
+        (:class:`~gradwire.hooks.comm.Deferred`). Then the step ends, unless the comm thread
+        ends it (a later bucket of the step went there) or it failed."""
+        flights, self._flights = self._flights, []
+        comm, errors = self._comm, self._errors
+        assert comm is not None
+        for f in flights:
+            if f.fut is not None:
+                if errors.error is None:
+                    try:
+                        comm.wait(f.issued.flying)
+                        f.fut.wait()
+                    except GradwireError as e:
+                        errors.error = e
+                if f.error is not None and errors.error is None:
+                    errors.error = f.error
+                f.complete(f.buf)  # nothing if the collective completed it
+            self.stats["compress"] += f.finishing
+            self.stats["communicate"] += max(f.landed_at - f.issued_at, 0.0)
+        if self._direct_step and errors.error is None:
+            self._end_step()
 
     # --- on the comm thread --------------------------------------------------------------
     def _start(self, x: torch.Tensor, key: layout.Layout, call: AggregationCall,
@@ -453,6 +543,53 @@ class HookState:
                 offset += views[p].numel()
         self._end_step()
         return [buf for buf, _, _ in pending]
+
+
+class _Flight:
+    """One bucket issued from the hook (:meth:`HookState._issue`): its future (None on a device,
+    where the collective's own is chained) completed once, by the collectives' callback or
+    by :meth:`HookState._settle`."""
+
+    def __init__(self, buf: torch.Tensor, issued: Issued,
+                 fut: torch.futures.Future | None, issued_at: float) -> None:
+        self.buf, self.issued, self.fut, self.issued_at = buf, issued, fut, issued_at
+        self.landed_at = issued_at  # when the collectives completed
+        self.finishing = 0.0  # seconds in issued.finish()
+        self.error: Exception | None = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def land(self) -> torch.Tensor:
+        """The average, once the collectives are in."""
+        self.landed_at = time.perf_counter()
+        try:
+            return self.issued.finish()
+        finally:
+            self.finishing = time.perf_counter() - self.landed_at
+
+    def landed(self, collective: torch.futures.Future) -> None:
+        """Callback of the collectives' futures (on a gloo thread): complete the bucket's,
+        unless :meth:`complete` gave up on them first (then the bucket is no longer ours)."""
+        with self._lock:
+            if self._done:
+                return
+            try:
+                for one in collective.value():
+                    one.value()  # raises the collective's error
+                value = self.land()
+            except Exception as e:  # kept for _settle, which raises it from backward
+                self.error, value = e, self.buf
+            self._done = True
+        assert self.fut is not None
+        self.fut.set_result(value)
+
+    def complete(self, value: torch.Tensor) -> None:
+        """Set the future to ``value`` unless it is set already."""
+        with self._lock:
+            if self._done or self.fut is None:
+                return
+            self._done = True
+        self.fut.set_result(value)
 
 
 def _caller(config: HookConfig) -> str:
