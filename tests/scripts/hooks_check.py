@@ -219,24 +219,30 @@ check(got == wire.bytes_sent[rank].tolist(), f"density from step one: the transp
       f" the schedule of k = {k} says {wire.bytes_sent[rank].tolist()}")
 
 # (i) once a step has agreed on its buckets (the third: the first, DDP's rebuild, then one
-# agreed), dense, fp16 and bf16 issue their allreduces from the hook, the comm thread gets
-# nothing, and the result is the in-hook path's bit for bit; Top-k still goes to the thread.
-for m in ("dense", "fp16", "bf16", "topk"):
-    runs = [Run(gh.make(m, density=0.1, overlap=overlap)) for overlap in (True, False)]
+# agreed), dense, fp16 and bf16 issue their allreduces from the hook, in bucket mode and in
+# model mode with the model in one bucket: the comm thread gets nothing, and the result is
+# the in-hook path's bit for bit. Top-k, and model mode over several buckets, still go there.
+for m, mode, cap, direct in (("dense", "bucket", SMALL_BUCKETS, True),
+                             ("fp16", "bucket", SMALL_BUCKETS, True),
+                             ("bf16", "bucket", SMALL_BUCKETS, True),
+                             ("topk", "bucket", SMALL_BUCKETS, False),
+                             ("dense", "model", ONE_BUCKET, True),
+                             ("fp16", "model", ONE_BUCKET, True),
+                             ("dense", "model", SMALL_BUCKETS, False)):
+    runs = [Run(gh.make(m, density=0.1, mode=mode, overlap=overlap), cap=cap)
+            for overlap in (True, False)]
     for r in runs:
         r.train(STEPS)
     worker = runs[0].state._worker  # noqa: SLF001
     handed: list[object] = []
     submit = worker.submit
     worker.submit = lambda *a, _s=submit, _h=handed: (_h.append(a), _s(*a))[1]
-    before = runs[0].state.stats["buckets"]
     for r in runs:
         r.train(2)
-    buckets = runs[0].state.stats["buckets"] - before
-    want_handed = buckets if m == "topk" else 0
-    check(len(handed) == want_handed, f"{m}: {len(handed)} of {buckets} buckets went to the "
-                                      f"comm thread in steady state, expected {want_handed}")
-    same(runs[0].params(), runs[1].params(), f"{m}: issued from the hook vs in the hook")
+    check((not handed) == direct, f"{m} mode={mode} cap={cap}: {len(handed)} tasks went to "
+                                  f"the comm thread in steady state")
+    same(runs[0].params(), runs[1].params(), f"{m} mode={mode}: issued from the hook vs in "
+                                             "the hook")
 
 done()
 dist.destroy_process_group()

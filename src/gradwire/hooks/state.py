@@ -69,7 +69,8 @@ class HookState:
 
     Dense, fp16 and bf16, once a step has agreed on the buckets, skip the comm thread as
     PyTorch's own hooks do: the hook compresses the bucket, issues its allreduce and returns
-    the collective's future, which writes the average when it completes (:meth:`_issue`).
+    the collective's future, which writes the average when it completes (:meth:`_issue`);
+    in model mode too, when the model is one bucket aggregated where it lies.
 
     In model mode (``mode="model"``, the gTop-k paper's setting) each bucket's future stays
     pending until the last bucket; then the whole model is aggregated at once and every
@@ -310,6 +311,12 @@ class HookState:
 
             self._dispatch(task, futures, held, last)
             return fut
+        if index == 0 and last and self._resume_order is None and key == self._order:
+            # one bucket in the order of the last whole-model aggregation: the bucket mode's
+            # aggregation of it, so dense, fp16 and bf16 are issued from the hook here too
+            direct = self._issue(buf, key, call, index, last, fut)
+            if direct is not None:
+                return direct
         self._pending.append((buf, key, fut))
         if last:
             pending, self._pending = self._pending, []
