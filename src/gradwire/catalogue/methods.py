@@ -142,8 +142,8 @@ def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) 
 def issue(c: AggregationCall, x: torch.Tensor, key: object) -> Issued | None:
     """:func:`start` of a call already agreed on (no header), without waiting: its
     allreduces in flight, for a call that is nothing but torch.distributed allreduces with
-    nothing read between them (dense, and the summed methods: fp16, bf16, randomk) and no
-    residual; None, and nothing done, for any other (:func:`start` it).
+    nothing read between them and keeps no residual (dense, and the summed methods without
+    error feedback: fp16, bf16); None, and nothing done, for any other (:func:`start` it).
 
     A DDP hook can then return as PyTorch's own hooks do, with the collectives issued from
     the training thread in bucket order and their futures completing the bucket's."""
@@ -189,5 +189,4 @@ def _sent_dense(c: AggregationCall, numel: int, dtype: torch.dtype) -> bool:
 
 
 __all__ = ["MODES", "METHODS", "AggregationCall", "Issued", "Method", "Started", "aggregate",
-           "get", "issue",
-           "start"]
+           "get", "issue", "start"]

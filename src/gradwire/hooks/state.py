@@ -342,9 +342,7 @@ class HookState:
                   last: bool) -> None:
         """Run ``task`` (or hand it to the comm thread); ``buffers`` complete the futures, as
         they are, if it fails (:class:`~gradwire.hooks.comm.Deferred`)."""
-        if last:
-            self.step += 1
-            self._handoff = time.perf_counter()
+        self._handed_over(last)
         guarded = self._errors.guard(task, buffers)
 
         def timed() -> list[torch.Tensor]:
@@ -373,10 +371,8 @@ class HookState:
         On the host the collectives' callbacks complete ``fut``, and :meth:`_settle` bounds the
         wait by GRADWIRE_TIMEOUT before DDP waits; on a device the future is the last
         collective's, chained as PyTorch's hooks chain theirs (NCCL's watchdog bounds it)."""
-        agreed = self._layouts
-        shape = (buf.numel(), str(buf.dtype).removeprefix("torch."))
-        if not (self._direct_step and agreed is not None and index < len(agreed)
-                and agreed[index] == shape):
+        shape, trusted = self._agreed(buf, index)
+        if not (self._direct_step and trusted):
             self._direct_step = False
             return None
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -387,19 +383,12 @@ class HookState:
         if index == 0:  # the step's first: settled before DDP finishes the backward
             self._step_open, self._observed = True, []
             before_ddp_finishes(self._settle)
-        self._observed.append(shape)
-        self._used.add(key)
-        if last:
-            self.step += 1
-            self._handoff = time.perf_counter()
+        self._counted(key, shape, issued.sent, call.dense)
+        self._handed_over(last)
         flight = _Flight(buf, issued, fut if on_host(buf) else None, t0)
         self._flights.append(flight)
-        s = self.stats
-        s["sent"] += issued.sent
-        s["buckets"] += 1
-        s["dense"] += call.dense
-        s["compress"] += time.perf_counter() - t0
-        s["cpu"] += time.thread_time() - c0
+        self.stats["compress"] += time.perf_counter() - t0
+        self.stats["cpu"] += time.thread_time() - c0
         if flight.fut is None:
             return issued.flying[-1].work.get_future().then(lambda _: flight.land())
         collective = torch.futures.collect_all([f.work.get_future() for f in issued.flying])
@@ -437,15 +426,12 @@ class HookState:
         """Compress and communicate one aggregation (the step's header first, at its first)."""
         comm, s = call.comm, self.stats
         before, header, t0 = comm.seconds, comm.header_seconds, time.perf_counter()
-        agreed = self._layouts
         if not self._step_open:
             self._step_open, self._observed = True, []
             # else every aggregation has a header of its own
-            if agreed is not None and self._density_moves:
+            if self._layouts is not None and self._density_moves:
                 comm.agree(self._step_call(call))
-        shape = (x.numel(), str(x.dtype).removeprefix("torch."))
-        trusted = agreed is not None and index < len(agreed) and agreed[index] == shape
-        self._observed.append(shape)
+        shape, trusted = self._agreed(x, index)
         if self.ef is not None:
             layout.carry(self.ef.residuals, key, self.positions.numels, x)
         started = start(call, x, key, check=not trusted)
@@ -453,11 +439,31 @@ class HookState:
         s["compress"] += time.perf_counter() - t0 - spent
         s["communicate"] += spent
         s["header"] += comm.header_seconds - header
-        s["sent"] += started.sent
-        s["buckets"] += 1
-        s["dense"] += call.dense
-        self._used.add(key)
+        self._counted(key, shape, started.sent, call.dense)
         return started
+
+    def _agreed(self, x: torch.Tensor, index: int) -> tuple[tuple[int, str], bool]:
+        """(x's elements and dtype, whether the step before agreed on them at ``index``: then
+        its aggregation needs no header of its own)."""
+        agreed, shape = self._layouts, (x.numel(), str(x.dtype).removeprefix("torch."))
+        return shape, agreed is not None and index < len(agreed) and agreed[index] == shape
+
+    def _counted(self, key: layout.Layout, shape: tuple[int, str], sent: int,
+                 dense: bool) -> None:
+        """One aggregation of this step made: its shape (the next step's agreed list), its
+        layout (its PowerSGD memory kept), its bytes and counts in ``stats``."""
+        self._observed.append(shape)
+        self._used.add(key)
+        s = self.stats
+        s["sent"] += sent
+        s["buckets"] += 1
+        s["dense"] += dense
+
+    def _handed_over(self, last: bool) -> None:
+        """At the step's last bucket: one more step, and the time its result waits from."""
+        if last:
+            self.step += 1
+            self._handoff = time.perf_counter()
 
     @property
     def _density_moves(self) -> bool:
