@@ -29,6 +29,9 @@ bytes pays for it in its seconds.
                                                      # about 25 minutes on 2 cores
     python benchmarks/time_to_accuracy.py --models mlp --epochs 2 --out /tmp/tta.json \\
         --hooks torch:allreduce,gradwire:gtopk+warmup          # a short pilot
+    python benchmarks/time_to_accuracy.py --models mlp,resnet20 --lr-warmup \
+        --hooks gradwire:topk+warmup,gradwire:gtopk+warmup \
+        --out benchmarks/results/time_to_accuracy/lr_warmup.json   # with the paper's small LRs
     python benchmarks/time_to_accuracy.py --render-only      # .png and .md again from the JSON
 
 Needs root for the emulated cluster (--loopback runs unshaped loopback ranks). Writes
@@ -297,6 +300,10 @@ def main() -> None:
     ap.add_argument("--density", type=float, default=0.001, help="the sparsifiers' density")
     ap.add_argument("--timeout", type=float, default=5400, help="seconds for the whole run")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--lr-warmup", action="store_true",
+                    help="+warmup rows also ramp the learning rate from lr/P to lr, linearly, "
+                         "over the warm-up's epochs (the gTop-k paper's 'small learning "
+                         "rates' while the densities warm up)")
     ap.add_argument("--render-only", action="store_true",
                     help="rebuild the .png and .md from the JSON at --out")
     args = ap.parse_args()
@@ -324,7 +331,7 @@ def main() -> None:
         fail(str(e))
     settings = {m: {**HPARAMS[m], "epochs": epochs[m]} for m in models}
     plan = {"seed": SEED, "models": [{"model": m, **settings[m]} for m in models],
-            "hooks": hooks}
+            "hooks": hooks, "lr_warmup": args.lr_warmup}
     run(args, plan, settings)
 
 
@@ -359,6 +366,7 @@ def run(args: argparse.Namespace, plan: dict, settings: dict) -> None:
                           "so compute is contended and CPU-heavy methods pay for it"),
            "environment": {k: v for k, v in os.environ.items() if k.startswith("GRADWIRE_")},
            "seed": SEED, "density": args.density, "torch_start_powerSGD_iter": 2,
+           "lr_warmup": args.lr_warmup,
            "clock": ("training only: per epoch the slowest rank's seconds from a barrier "
                      "to its last optimizer step; evaluation (rank 0, the whole test set, "
                      "after every epoch and before the first) with the clock stopped"),

@@ -7,7 +7,8 @@ group's timeout (300 s).
 
 Environment: TTA_PLAN, JSON from the driver: {"seed", "models": [{"model", "lr", "momentum",
 "batch", "epochs", "seq_len"}], "hooks": [{"hook", "side", "method", "options", "warmup",
-"buckets"}]}.
+"buckets"}], "lr_warmup"}. With "lr_warmup", a row with the density warm-up also ramps the
+learning rate from lr/P to lr over the warm-up's epochs.
 """
 import datetime
 import gc
@@ -25,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
 from gradwire.data import shard_indices
+from gradwire.hooks.warmup import DEFAULT_DENSITIES
 from gradwire.models import build_model, get_spec
 from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
 
@@ -81,6 +83,10 @@ def run(spec: dict, hook: dict, task: Task) -> dict | None:
     ddp = DDP(net, gradient_as_bucket_view=True, bucket_cap_mb=cap)
     keep = register(hook, ddp, iters)
     opt = optimizer(ddp.parameters(), float(spec["lr"]), float(spec["momentum"]))
+    ramp = None
+    if hook["warmup"] and PLAN.get("lr_warmup"):
+        ramp = torch.optim.lr_scheduler.LinearLR(
+            opt, start_factor=1 / world, total_iters=len(DEFAULT_DENSITIES) * iters)
     wall0 = time.perf_counter()
     curve = []
     if rank == 0:
@@ -99,6 +105,8 @@ def run(spec: dict, hook: dict, task: Task) -> dict | None:
             loss = loss_fn(ddp(x), y)
             loss.backward()  # returns once the hook has averaged every bucket
             opt.step()
+            if ramp is not None:
+                ramp.step()
             loss_sum += loss.item()
         took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         sums = torch.tensor([loss_sum], dtype=torch.float64)
