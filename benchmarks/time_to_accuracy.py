@@ -8,8 +8,10 @@ Python standard library's sources (next-symbol accuracy). The hooks:
 
 - gradwire's, every method of ``gradwire.hooks.METHODS``: the sparsifiers (topk, gtopk,
   randomk, dgc) at ``--density``, topk and gtopk once more with the gTop-k paper's warm-up
-  (``+warmup``: densities 0.25, 0.0725, 0.015, 0.004 for the first four epochs), powersgd at
-  ranks 4 and 1 (``-r4``, ``-r1``); DDP's default buckets.
+  (``+warmup``: densities 0.25, 0.0725, 0.015, 0.004 for the first four epochs) and once
+  more with DGC's momentum correction too (``+warmup+momentum``: the hook keeps HPARAMS'
+  momentum, ``gradwire.hooks.make(..., momentum=)``, and the optimizer steps without),
+  powersgd at ranks 4 and 1 (``-r4``, ``-r1``); DDP's default buckets.
 - PyTorch's built-in DDP hooks: none (DDP's allreduce), fp16, bf16, and PowerSGD at ranks 4
   and 1, compressing from its second iteration (``start_powerSGD_iter=2``). DDP refuses to
   register ``bf16_compress_hook`` by its name without CUDA and NCCL 2.10, so the ranks call
@@ -25,13 +27,17 @@ first epoch whose test accuracy is at least TARGETS[model]. The ranks share this
 cores (4 ranks on 2 cores here): compute is contended, and a method that spends CPU to save
 bytes pays for it in its seconds.
 
-    python benchmarks/time_to_accuracy.py            # the full run: 3 models x 20 hooks,
+    python benchmarks/time_to_accuracy.py            # the full run: 3 models x 22 hooks,
                                                      # about 25 minutes on 2 cores
     python benchmarks/time_to_accuracy.py --models mlp --epochs 2 --out /tmp/tta.json \\
         --hooks torch:allreduce,gradwire:gtopk+warmup          # a short pilot
     python benchmarks/time_to_accuracy.py --models mlp,resnet20 --lr-warmup \
         --hooks gradwire:topk+warmup,gradwire:gtopk+warmup \
         --out benchmarks/results/time_to_accuracy/lr_warmup.json   # with the paper's small LRs
+    python benchmarks/time_to_accuracy.py --models mlp,resnet20 --epochs 30 \
+        --hooks gradwire:dense,gradwire:topk+warmup,gradwire:topk+warmup+momentum,\
+gradwire:gtopk+warmup,gradwire:gtopk+warmup+momentum \
+        --out benchmarks/results/time_to_accuracy/epochs_30.json   # a longer budget
     python benchmarks/time_to_accuracy.py --render-only      # .png and .md again from the JSON
 
 Needs root for the emulated cluster (--loopback runs unshaped loopback ranks). Writes
@@ -53,7 +59,11 @@ HERE = Path(__file__).parent
 OUT = HERE / "results" / "time_to_accuracy" / "latest.json"
 SEED = 0
 SPARSIFIERS = ("topk", "gtopk", "randomk", "dgc")  # the methods that take a density
-WARMUP_ROWS = ("topk", "gtopk")  # also run with the gTop-k paper's warm-up
+WARMUP_ROWS = ("topk", "gtopk")  # also run with the gTop-k paper's warm-up, without and with
+# momentum correction
+# What a sparsifier's hook name may add: the gTop-k paper's density warm-up; DGC's momentum
+# correction (the hook keeps the momentum, the optimizer steps without).
+EXTRAS = ("warmup", "momentum")
 POWERSGD_RANKS = (4, 1)
 TORCH_HOOKS = ("torch:allreduce", "torch:fp16", "torch:bf16",
                *(f"torch:powersgd-r{r}" for r in POWERSGD_RANKS))
@@ -96,37 +106,40 @@ def default_hooks() -> list[str]:
             continue
         names.append(f"gradwire:{m}")
         if m in WARMUP_ROWS:
-            names.append(f"gradwire:{m}+warmup")
+            names += [f"gradwire:{m}+warmup", f"gradwire:{m}+warmup+momentum"]
     return names + list(TORCH_HOOKS)
 
 
 def parse_hook(name: str, density: float, methods: tuple[str, ...]) -> dict:
     """What the ranks need to set hook ``name`` up: side, method, the arguments of
-    ``gradwire.hooks.make`` (or PyTorch's rank), warm-up and bucket layout. ``methods``:
-    gradwire's methods. Raises ValueError naming the known hooks."""
+    ``gradwire.hooks.make`` (or PyTorch's rank), warm-up, momentum correction and bucket
+    layout. ``methods``: gradwire's methods. Raises ValueError naming the known hooks."""
     side, _, spec = name.partition(":")
-    spec, plus, extra = spec.partition("+")
+    spec, *extras = spec.split("+")
     method, dash, rank = spec.partition("-r")
     ok_rank = rank.isdigit() and int(rank) >= 1
+    ok_extras = (len(set(extras)) == len(extras) and set(extras) <= set(EXTRAS)
+                 and method in SPARSIFIERS)
     spec_ok = {
         "gradwire": (method in methods and (method == "powersgd") == bool(dash)
-                     and (not dash or ok_rank)
-                     and (not plus or (extra == "warmup" and method in SPARSIFIERS))),
-        "torch": (not plus and (f"torch:{method}" in TORCH_HOOKS if not dash
-                                else method == "powersgd" and ok_rank)),
+                     and (not dash or ok_rank) and (not extras or ok_extras)),
+        "torch": (not extras and (f"torch:{method}" in TORCH_HOOKS if not dash
+                                  else method == "powersgd" and ok_rank)),
     }.get(side, False)
     if not spec_ok:
         known = [h for h in default_hooks() if "powersgd" not in h]
         raise ValueError(f"unknown hook {name!r}: known are {', '.join(known)}, "
                          f"gradwire:powersgd-rN and torch:powersgd-rN (N >= 1), and "
-                         f"+warmup after gradwire's {', '.join(SPARSIFIERS)}")
+                         f"{' / '.join('+' + e for e in EXTRAS)} after gradwire's "
+                         f"{', '.join(SPARSIFIERS)}")
     options: dict[str, float | int] = {}
     if method == "powersgd":
         options["rank"] = int(rank)
     elif side == "gradwire" and method in SPARSIFIERS:
         options["density"] = density
     return {"hook": name, "side": side, "method": method, "options": options,
-            "warmup": bool(plus), "buckets": "one" if side == "torch" and dash else "default"}
+            "warmup": "warmup" in extras, "momentum": "momentum" in extras,
+            "buckets": "one" if side == "torch" and dash else "default"}
 
 
 def parse_epochs(text: str | None, models: list[str]) -> dict[str, int]:

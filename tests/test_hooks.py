@@ -48,6 +48,9 @@ def test_methods_are_the_listed_twelve():
     ({"method": "topk", "selector": "fast"}, "selector must be 'threshold' or 'exact'"),
     ({"method": "qsgd", "s": 0}, "s must be an integer >= 1"),
     ({"method": "powersgd", "rank": 0}, "rank must be an integer >= 1"),
+    ({"method": "topk", "momentum": 1.0}, "momentum must be a number in [0, 1)"),
+    ({"method": "topk", "momentum": "0.9"}, "momentum must be a number in [0, 1)"),
+    ({"method": "fp16", "momentum": 0.9}, "fp16 keeps none: give the optimizer the momentum"),
 ])
 def test_bad_input_is_one_line_naming_what_is_allowed(kwargs, says):
     with pytest.raises(GradwireError) as e:
@@ -194,6 +197,23 @@ def test_a_refused_state_dict_changes_nothing(change, msg):
     assert {k: v.tolist() for k, v in after["residuals"].items()} == {1: [1, 2, 3], 0: [4, 5]}
     assert after["compressor"]["step"] == 9
     assert torch.equal(s.compressor.power.memory[(1, 0)], torch.ones(3, 1))
+
+
+def test_velocities_are_checkpointed_per_parameter_and_checked():
+    s = gh.make("gtopk", momentum=0.9)
+    s.positions.numels.update({0: 2, 1: 3})
+    s.velocities[(1, 0)] = torch.tensor([1.0, 2, 3, 4, 5])
+    saved = s.state_dict()
+    assert {k: v.tolist() for k, v in saved["velocities"].items()} == {1: [1, 2, 3], 0: [4, 5]}
+    t = gh.make("gtopk", momentum=0.9)
+    t.load_state_dict(saved)
+    assert {k: v.tolist() for k, v in t.velocities.items()} == {(1,): [1, 2, 3], (0,): [4, 5]}
+    with pytest.raises(GradwireError, match="velocity of parameter 0 has 7 elements"):
+        t.load_state_dict({**saved, "velocities": {0: torch.zeros(7)}})
+    assert t.velocities.keys() == {(0,), (1,)}  # refused: nothing changed
+    old = {k: v for k, v in saved.items() if k != "velocities"}  # saved without momentum
+    t.load_state_dict(old)
+    assert t.velocities == {}
 
 
 # --- payload bytes and the comm thread ------------------------------------------------------

@@ -35,9 +35,10 @@ def row(hook, points, model="mlp"):
 
 def test_every_method_and_pytorch_hook_is_a_default_row_and_parses(tta):
     names = tta.default_hooks()
-    assert len(names) == len(set(names)) == len(gh.METHODS) + 1 + 2 + 5
+    assert len(names) == len(set(names)) == len(gh.METHODS) + 1 + 4 + 5
     assert {f"gradwire:{m}" for m in gh.METHODS if m != "powersgd"} <= set(names)
-    assert {"gradwire:topk+warmup", "gradwire:gtopk+warmup", "gradwire:powersgd-r4",
+    assert {"gradwire:topk+warmup", "gradwire:gtopk+warmup", "gradwire:topk+warmup+momentum",
+            "gradwire:gtopk+warmup+momentum", "gradwire:powersgd-r4",
             "gradwire:powersgd-r1", "torch:allreduce", "torch:fp16", "torch:bf16",
             "torch:powersgd-r4", "torch:powersgd-r1"} <= set(names)
     specs = [tta.parse_hook(n, 0.001, gh.METHODS) for n in names]
@@ -50,20 +51,26 @@ def test_hook_specs_carry_make_s_arguments(tta):
     p = lambda n: tta.parse_hook(n, 0.01, gh.METHODS)  # noqa: E731
     assert p("gradwire:topk") == {"hook": "gradwire:topk", "side": "gradwire", "method": "topk",
                                   "options": {"density": 0.01}, "warmup": False,
-                                  "buckets": "default"}
+                                  "momentum": False, "buckets": "default"}
     assert p("gradwire:gtopk+warmup")["warmup"] and p("gradwire:dgc+warmup")["warmup"]
+    both = p("gradwire:gtopk+warmup+momentum")
+    assert both["warmup"] and both["momentum"]
+    assert {**p("gradwire:gtopk+momentum+warmup"), "hook": both["hook"]} == both
+    assert p("gradwire:topk+momentum")["momentum"] and not p("gradwire:topk+momentum")["warmup"]
     assert p("gradwire:qsgd")["options"] == {}  # no density for the non-sparsifiers
     assert p("gradwire:powersgd-r4")["options"] == {"rank": 4}
     assert p("torch:powersgd-r2") == {"hook": "torch:powersgd-r2", "side": "torch",
                                       "method": "powersgd", "options": {"rank": 2},
-                                      "warmup": False, "buckets": "one"}
+                                      "warmup": False, "momentum": False, "buckets": "one"}
     assert p("torch:allreduce")["buckets"] == "default"
 
 
 @pytest.mark.parametrize("bad", ["topk", "gradwire:topq", "gradwire:powersgd",
                                  "gradwire:powersgd-r0", "gradwire:dense+warmup",
                                  "gradwire:topk+warmdown", "gradwire:dense-r4", "torch:topk",
-                                 "torch:powersgd", "torch:fp16+warmup", "mpi:allreduce", ""])
+                                 "torch:powersgd", "torch:fp16+warmup", "mpi:allreduce", "",
+                                 "gradwire:topk+warmup+warmup", "gradwire:qsgd+momentum",
+                                 "torch:allreduce+momentum"])
 def test_an_unknown_hook_is_refused_naming_the_known_ones(tta, bad):
     with pytest.raises(ValueError, match="unknown hook .*known are .*torch:allreduce"):
         tta.parse_hook(bad, 0.001, gh.METHODS)

@@ -7,8 +7,9 @@ group's timeout (300 s).
 
 Environment: TTA_PLAN, JSON from the driver: {"seed", "models": [{"model", "lr", "momentum",
 "batch", "epochs", "seq_len"}], "hooks": [{"hook", "side", "method", "options", "warmup",
-"buckets"}], "lr_warmup"}. With "lr_warmup", a row with the density warm-up also ramps the
-learning rate from lr/P to lr over the warm-up's epochs.
+"momentum", "buckets"}], "lr_warmup"}. With a hook's "momentum", the hook keeps the model's
+momentum (momentum correction) and the optimizer steps without. With "lr_warmup", a row with
+the density warm-up also ramps the learning rate from lr/P to lr over the warm-up's epochs.
 """
 import datetime
 import gc
@@ -41,8 +42,9 @@ def torch_bf16(state, bucket):
     return default_hooks.bf16_compress_hook(state, bucket)
 
 
-def register(hook: dict, ddp: DDP, steps_per_epoch: int) -> object:
-    """Register ``hook`` on ``ddp``; returns what keeps its state (None for DDP's own)."""
+def register(hook: dict, ddp: DDP, steps_per_epoch: int, momentum: float) -> object:
+    """Register ``hook`` on ``ddp``; returns what keeps its state (None for DDP's own).
+    ``momentum``: the hook's, with momentum correction (else the optimizer's)."""
     method, options = hook["method"], hook["options"]
     if hook["side"] == "torch":
         if method == "allreduce":
@@ -58,8 +60,12 @@ def register(hook: dict, ddp: DDP, steps_per_epoch: int) -> object:
                                    matrix_approximation_rank=options["rank"])
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
         return state
-    warmup = {"warmup": True, "steps_per_epoch": steps_per_epoch} if hook["warmup"] else {}
-    state = gh.make(method, seed=SEED, **options, **warmup)
+    extra: dict[str, object] = {}
+    if hook["warmup"]:
+        extra.update(warmup=True, steps_per_epoch=steps_per_epoch)
+    if hook.get("momentum"):
+        extra["momentum"] = momentum
+    state = gh.make(method, seed=SEED, **options, **extra)
     state.register(ddp)
     return state
 
@@ -81,8 +87,10 @@ def run(spec: dict, hook: dict, task: Task) -> dict | None:
         cap = sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20 + 1
     # Gradients as views of DDP's buckets, as gradwire's trainer builds it (so zero, not None).
     ddp = DDP(net, gradient_as_bucket_view=True, bucket_cap_mb=cap)
-    keep = register(hook, ddp, iters)
-    opt = optimizer(ddp.parameters(), float(spec["lr"]), float(spec["momentum"]))
+    momentum = float(spec["momentum"])
+    keep = register(hook, ddp, iters, momentum)
+    corrected = hook.get("momentum", False)  # the hook keeps the momentum: plain SGD here
+    opt = optimizer(ddp.parameters(), float(spec["lr"]), 0.0 if corrected else momentum)
     ramp = None
     if hook["warmup"] and PLAN.get("lr_warmup"):
         ramp = torch.optim.lr_scheduler.LinearLR(
@@ -125,8 +133,8 @@ def run(spec: dict, hook: dict, task: Task) -> dict | None:
     if rank == 0:
         row = {"model": spec["model"], "hook": hook["hook"], "side": hook["side"],
                "buckets": hook["buckets"], "options": hook["options"], "warmup": hook["warmup"],
-               "iterations_per_epoch": iters, "wall_seconds": time.perf_counter() - wall0,
-               "curve": curve}
+               "momentum_correction": corrected, "iterations_per_epoch": iters,
+               "wall_seconds": time.perf_counter() - wall0, "curve": curve}
         if isinstance(keep, gh.HookState) and keep.stats["steps"]:
             steps = keep.stats["steps"]
             row["buckets_per_step"] = keep.stats["buckets"] / steps

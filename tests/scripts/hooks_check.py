@@ -9,6 +9,7 @@ and data live on checklist.DEV (the GPU under NCCL).
 """
 import copy
 import math
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -46,12 +47,12 @@ class Run:
     """A DDP model with an optional hook state, an SGD optimizer, and a step counter."""
 
     def __init__(self, state: gh.HookState | None, cap: float = SMALL_BUCKETS,
-                 start: dict | None = None) -> None:
+                 start: dict | None = None, momentum: float = 0.9) -> None:
         self.net = model()
         if start is not None:
             self.net.load_state_dict(start["model"])
         self.ddp = DDP(self.net, bucket_cap_mb=cap)
-        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=momentum)
         if start is not None:
             self.opt.load_state_dict(start["opt"])
         self.state = state
@@ -170,11 +171,11 @@ for m in gh.METHODS:
 
 
 # (f) a checkpoint taken between iterations resumes identically.
-def round_trip(m: str, mode: str, cap: float) -> None:
+def round_trip(m: str, mode: str, cap: float, **extra: float) -> None:
     """Model mode aggregates in parameter-position order, so the resumed run computes the
     same sums. In bucket mode the resumed DDP's first iteration has its initial bucket (another
     parameter order), so only methods that do not care about order match, up to rounding."""
-    kw = {"density": 0.1, "mode": mode, "warmup": [0.3, 0.2], "steps_per_epoch": 1000}
+    kw = {"density": 0.1, "mode": mode, "warmup": [0.3, 0.2], "steps_per_epoch": 1000, **extra}
     a = Run(gh.make(m, **kw), cap)
     a.train(1)
     a.state.set_epoch(1)  # the checkpoint must carry the warm-up position
@@ -183,7 +184,7 @@ def round_trip(m: str, mode: str, cap: float) -> None:
     a.train(2)
     b = Run(gh.make(m, **kw), cap, start=saved)
     b.train(2)
-    same(b.params(), a.params(), f"{m} mode={mode} resumed from a checkpoint",
+    same(b.params(), a.params(), f"{m} mode={mode} {extra} resumed from a checkpoint",
          exact=mode == "model", atol=1e-12)
 
 
@@ -191,6 +192,8 @@ for m in sorted(EF) + ["qsgd", "terngrad"]:
     round_trip(m, "model", SMALL_BUCKETS)
 for m in ("topk", "efsignsgd"):
     round_trip(m, "bucket", ONE_BUCKET)
+for m in ("gtopk", "powersgd"):  # the velocities are in the checkpoint too
+    round_trip(m, "model", SMALL_BUCKETS, momentum=0.9)
 
 
 # (g) gradwire's collectives and the in-hook path give what torch's and the thread give.
@@ -243,6 +246,57 @@ for m, mode, cap, direct in (("dense", "bucket", SMALL_BUCKETS, True),
                                   f"the comm thread in steady state")
     same(runs[0].params(), runs[1].params(), f"{m} mode={mode}: issued from the hook vs in "
                                              "the hook")
+
+# (j) momentum correction: at density 1.0, with plain SGD, it is DDP with momentum SGD (up to
+# rounding: the ranks average velocities instead of gradients); at density 0.1, in both modes
+# and across the rebuild, residual + applied = residual before + velocity, and the velocity is
+# m times the one before plus this rank's gradient.
+for m in ("topk", "gtopk", "randomk", "dgc"):
+    r = Run(gh.make(m, density=1.0, momentum=0.9), momentum=0.0)
+    r.train(STEPS)
+    same(r.params(), want, f"{m} at density 1.0 with momentum correction", exact=False,
+         atol=1e-12)
+for m in ("topk", "gtopk", "powersgd"):
+    for mode in gh.MODES:
+        tag = f"{m} mode={mode} momentum=0.9"
+        state = gh.make(m, density=0.1, mode=mode, momentum=0.9)
+        r = Run(state, momentum=0.0)
+        net_params = list(r.net.parameters())
+        for step in range(STEPS):
+            before = state.state_dict()
+            local = torch.autograd.grad(r.loss(r.net), net_params)
+            r.backward()
+            after = state.state_dict()
+            g = torch.cat([t.reshape(-1) for t in local])
+            velocity = by_position(state, after["velocities"])
+            same(velocity, 0.9 * by_position(state, before["velocities"]) + g,
+                 f"{tag} step {step}: velocity", exact=False, atol=1e-12)
+            applied = torch.cat([q.grad.reshape(-1) for q in net_params])
+            lhs = by_position(state, after["residuals"]) + applied
+            rhs = by_position(state, before["residuals"]) + velocity
+            dist.all_reduce(lhs)
+            dist.all_reduce(rhs)
+            same(lhs, rhs, f"{tag} step {step}: residual mass", exact=False, atol=1e-9)
+            r.advance()
+
+# A NaN gradient on one rank (step 1) is applied as NaN (GradScaler would skip that step; here
+# the optimizer does), and restarts that rank's velocities at zero instead of poisoning every
+# later step.
+r = Run(gh.make("topk", density=0.1, momentum=0.9), momentum=0.0)
+r.train(1)
+r.opt.zero_grad()
+loss = r.loss(r.ddp)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # the NaN/Inf policy's
+    (loss * float("nan") if rank == p - 1 else loss).backward()
+check(all(bool(q.grad.isnan().any()) for q in r.net.parameters()), "momentum: NaN not applied")
+velocities = r.state.state_dict()["velocities"].values()
+check(all(bool(v.isfinite().all()) for v in velocities)
+      and (rank != p - 1 or all(bool((v == 0).all()) for v in velocities)),
+      "momentum: the NaN step left a non-finite or non-zero velocity on the rank that made it")
+r.step += 1
+r.train(2)
+check(bool(r.params().isfinite().all()), "momentum: parameters not finite after a NaN step")
 
 done()
 dist.destroy_process_group()

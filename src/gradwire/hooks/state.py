@@ -17,7 +17,7 @@ import torch.distributed as dist
 from gradwire.catalogue import METHODS as CATALOGUE
 from gradwire.catalogue import MODES, AggregationCall, Issued, Method, Started, issue, start
 from gradwire.catalogue import get as get_method
-from gradwire.check import check_fraction, check_int
+from gradwire.check import check_fraction, check_int, is_real
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback, PowerSGDCompressor
 from gradwire.compress.feedback import MALFORMED
 from gradwire.errors import GradwireError
@@ -49,6 +49,7 @@ class HookConfig:
     algo: str | None = None
     overlap: bool = True
     options: dict[str, object] = field(default_factory=dict)
+    momentum: float = 0.0
 
 
 def hook(state: "HookState", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -134,6 +135,8 @@ class HookState:
         self.compressor = m.make_compressor(config.density, config.seed, **config.options)
         self.ef = (ErrorFeedback(self.compressor)
                    if m.error_feedback and self.compressor is not None else None)
+        # Momentum correction (momentum=): each layout's velocity, carried like its residual.
+        self.velocities: dict[layout.Layout, torch.Tensor] = {}
         self.call_name = _call_name(config, self.compressor)
         self.caller = _caller(config)
         self._comm: Comm | None = None
@@ -211,11 +214,14 @@ class HookState:
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0)
 
     def state_dict(self) -> dict[str, Any]:
-        """Warm-up position, residuals per parameter position, compressor state (step counters,
-        PowerSGD's Q memory). Call it between iterations."""
-        residuals = layout.split(self.ef.residuals, self.positions.numels) if self.ef else {}
+        """Warm-up position, residuals and (with ``momentum=``) velocities per parameter
+        position, compressor state (step counters, PowerSGD's Q memory). Call it between
+        iterations."""
+        numels = self.positions.numels
+        residuals = layout.split(self.ef.residuals, numels) if self.ef else {}
         return {"method": self.config.method.name, "epoch": self.epoch, "step": self.step,
-                "residuals": residuals, "order": self._resume_order or self._order,
+                "residuals": residuals, "velocities": layout.split(self.velocities, numels),
+                "order": self._resume_order or self._order,
                 "compressor": self.compressor.state_dict() if self.compressor else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -224,7 +230,8 @@ class HookState:
         this hook's counters, residuals and compressor memory as they were."""
         saved = (self._epoch_at, self.step, self._resume_order, dict(self.positions.numels),
                  dict(self.ef.residuals) if self.ef is not None else None,
-                 self.compressor.state_dict() if self.compressor is not None else None)
+                 self.compressor.state_dict() if self.compressor is not None else None,
+                 dict(self.velocities))
         try:
             self._load_state_dict(state)
         except (GradwireError, *MALFORMED) as e:
@@ -235,6 +242,7 @@ class HookState:
                 self.ef.residuals = saved[4]  # type: ignore[assignment]
             if self.compressor is not None:
                 self.compressor.load_state_dict(saved[5])  # type: ignore[arg-type]
+            self.velocities = saved[6]  # type: ignore[assignment]
             if isinstance(e, GradwireError):
                 raise
             raise GradwireError(f"hook state_dict is malformed ({type(e).__name__}: {e}): "
@@ -250,16 +258,25 @@ class HookState:
         order = state.get("order")
         self._resume_order = tuple(int(p) for p in order) if order else None
         if self.ef is not None:
-            residuals = {}
-            for pos, t in state["residuals"].items():
-                known = self.positions.numels.setdefault(int(pos), t.numel())
-                if known != t.numel():
-                    raise GradwireError(f"hook state_dict: residual of parameter {pos} has "
-                                        f"{t.numel()} elements, the model's has {known}")
-                residuals[(int(pos),)] = t.clone()
-            self.ef.residuals = residuals
+            self.ef.residuals = self._per_position(state["residuals"], "residual")
+        # a state saved without momentum correction starts its velocities at zero
+        self.velocities = (self._per_position(state.get("velocities", {}), "velocity")
+                           if self.config.momentum else {})
         if self.compressor is not None:
             self.compressor.load_state_dict(state["compressor"])
+
+    def _per_position(self, saved: dict[Any, torch.Tensor], what: str
+                      ) -> dict[layout.Layout, torch.Tensor]:
+        """A state_dict's tensors per parameter position, as one-parameter layouts, checked
+        against (and recording) each position's element count."""
+        out = {}
+        for pos, t in saved.items():
+            known = self.positions.numels.setdefault(int(pos), t.numel())
+            if known != t.numel():
+                raise GradwireError(f"hook state_dict: {what} of parameter {pos} has "
+                                    f"{t.numel()} elements, the model's has {known}")
+            out[(int(pos),)] = t.clone()
+        return out
 
     # --- the hook ------------------------------------------------------------------------
     def on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -434,6 +451,8 @@ class HookState:
         shape, trusted = self._agreed(x, index)
         if self.ef is not None:
             layout.carry(self.ef.residuals, key, self.positions.numels, x)
+        if self.config.momentum:
+            self._correct(x, key)
         started = start(call, x, key, check=not trusted)
         spent = comm.seconds - before
         s["compress"] += time.perf_counter() - t0 - spent
@@ -441,6 +460,20 @@ class HookState:
         s["header"] += comm.header_seconds - header
         self._counted(key, shape, started.sent, call.dense)
         return started
+
+    def _correct(self, x: torch.Tensor, key: layout.Layout) -> None:
+        """Momentum correction (Lin et al. 2018, DGC §3.2), in place: u = m·u + x, then x = u,
+        so what is compressed, with its residual, is this rank's velocity rather than its
+        gradient, and the optimizer steps without momentum. A NaN or Inf is sent as it is (the
+        NaN/Inf policy sees it) and its element's velocity restarts at zero. Three passes over
+        the bucket, no host read."""
+        layout.carry(self.velocities, key, self.positions.numels, x)
+        u = self.velocities.get(key)
+        if u is None:
+            u = self.velocities[key] = torch.zeros_like(x)
+        u.mul_(self.config.momentum).add_(x)
+        x.copy_(u)
+        u.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
 
     def _agreed(self, x: torch.Tensor, index: int) -> tuple[tuple[int, str], bool]:
         """(x's elements and dtype, whether the step before agreed on them at ``index``: then
@@ -630,6 +663,8 @@ def _call_name(config: HookConfig, compressor: Compressor | None) -> str:
         shown["seed"] = config.seed
     if config.algo is not None:
         shown["algo"] = config.algo
+    if config.momentum:
+        shown["momentum"] = config.momentum
     selector = getattr(compressor, "selector", None)
     return m.name + (f"/{selector}" if selector else "") + "".join(
         f" {k}={v}" for k, v in sorted(shown.items()))
@@ -638,7 +673,8 @@ def _call_name(config: HookConfig, compressor: Compressor | None) -> str:
 def make(method: str, *, density: float = 0.001, mode: str = "bucket",
          warmup: Sequence[float] | bool | None = None, steps_per_epoch: int | None = None,
          dense_steps: int = 0, group: dist.ProcessGroup | None = None, seed: int = 0,
-         algo: str | None = None, overlap: bool = True, **opts: object) -> HookState:
+         algo: str | None = None, overlap: bool = True, momentum: float = 0.0,
+         **opts: object) -> HookState:
     """A hook state for ``method`` (one of :data:`METHODS`); see the package docstring.
 
     ``density``: the sparsifiers' fraction of elements (topk, gtopk, randomk, dgc), sent from
@@ -652,7 +688,10 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
     the rank). ``algo``: None for torch.distributed's collectives, or a gradwire allreduce
     algorithm (e.g. "ring"); for gtopk, "rd" (the butterfly, its default) or "tree" (the
     paper's binomial tree) also names the schedule of its entries. ``overlap``: False runs the
-    aggregation inside the hook.
+    aggregation inside the hook. ``momentum``: 0 (the default) for none, or m in (0, 1) for
+    DGC's momentum correction with the methods that keep a residual: the hook accumulates each
+    rank's velocity u = m·u + g and compresses u with error feedback; step the optimizer
+    *without* momentum then (at density 1 this is exactly momentum SGD).
     ``opts``: the compressor's own parameters (topk/gtopk: selector; dgc: sample, passes,
     slack; qsgd: s; powersgd: rank, warm_start).
     """
@@ -668,7 +707,15 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
         if k not in m.options:
             raise GradwireError(f"{method}: unknown option {k!r}: expected "
                                 f"{', '.join(m.options) or 'no options'}")
+    if not (is_real(momentum, 0, 1) and momentum < 1):
+        raise GradwireError(f"hooks: momentum must be a number in [0, 1), got {momentum!r}")
+    if momentum and not m.error_feedback:
+        kept = ", ".join(n for n in METHODS if get_method(n).error_feedback)
+        raise GradwireError(f"hooks: momentum= is momentum correction for the methods that keep "
+                            f"a residual ({kept}); {method} keeps none: give the optimizer the "
+                            f"momentum instead")
     config = HookConfig(m, check_fraction("hooks", "density", density), mode,
                         parse(warmup, dense_steps, steps_per_epoch), steps_per_epoch, group,
-                        check_int("hooks", "seed", seed, 0), algo, overlap, dict(opts))
+                        check_int("hooks", "seed", seed, 0), algo, overlap, dict(opts),
+                        float(momentum))
     return HookState(config)
