@@ -15,11 +15,10 @@ algorithm of its own: each runs a registered schedule over that buffer.
 
 β per element; an entry is 2 elements (value and index); each list also carries its sender's
 status byte (:mod:`.wire`). The last row is Table I's. For P a power of two the butterfly makes
-the tree's merges, keeps the tree's drops on the tree's ranks and ends with the same k entries,
-in half the steps and half the bytes; for other P it folds the extra ranks in (⌈lg P⌉ + 1
-steps, fewer than the tree's 2⌈lg P⌉ each way). :func:`estimate` gives these numbers from the
-schedule, for any P; the transport's byte counters equal ``traffic(schedule(...), 1)`` exactly
-(tests/scripts/sparse_check.py).
+the tree's merges and ends with the same k entries, in half the steps and half the bytes; for
+other P it folds the extra ranks in (⌈lg P⌉ + 1 steps, fewer than the tree's 2⌈lg P⌉ each
+way). :func:`estimate` gives these numbers from the schedule, for any P; the transport's byte
+counters equal ``traffic(schedule(...), 1)`` exactly (tests/scripts/sparse_check.py).
 
 What each rank ends with, :func:`sparse_allreduce` (error feedback included):
 
@@ -30,17 +29,23 @@ What each rank ends with, :func:`sparse_allreduce` (error feedback included):
    ties to the smaller index) along the butterfly, or on the paper's tree a binomial reduce to
    rank 0 then a binomial broadcast, so every rank holds the same k entries (the global top-k
    and its mask, Algorithm 3).
-3. Every entry a merge drops is added to the residual of the rank that merged. The paper's
-   Algorithm 4 (line 10) instead returns to each rank its own selected values whose index is
-   not in the final mask; a value dropped at an inner level of the tree whose index still
-   reaches the final set through another subtree is then neither applied nor kept (the
-   reference code's mass loss). Here, summed over ranks and exactly for representable sums:
+3. What a merge drops goes back to residuals. On the butterfly every rank sees each merge on
+   its path and takes back its own selected values that a merge dropped: the paper's
+   per-worker residual (Algorithm 4, line 10: ε += own selection outside the final mask),
+   made lossless. The paper returns only values whose index is not in the final mask, so a
+   value dropped at an inner level whose index still reaches the final set through another
+   subtree is neither applied nor kept (the reference code's mass loss); here it goes back.
+   On the tree a leaf does not see the merges above it, so each merge's drops (a partial sum
+   of its subtree) go to the rank that merged. Either way, summed over ranks and exactly for
+   representable sums:
 
        Σ residual_after + P·average = Σ (residual_before + x)
 
-   A rank's own selected values that lose a merge on that rank stay in its residual; those
-   that lose on another rank go to that rank's residual (the merged sum no longer says whose
-   they were). Works for any P ≥ 1 (the reference code needs a power of two).
+   Per-rank drops train better: on the digits MLP, piling every drop on the merging ranks
+   let their residuals grow and dominate their selections. A rank that folds into its left
+   neighbour on the butterfly (P not a power of two) hands it its entries, and with them its
+   drops. Entries that cancel across ranks (sum 0, never selected) can stay in their
+   residuals, summing to zero. Works for any P ≥ 1 (the reference code needs a power of two).
 4. The return value is total / P, dense, x's dtype, identical on every rank.
 
 Example::

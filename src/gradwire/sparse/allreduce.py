@@ -189,27 +189,51 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
 def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int,
                world_size: int, algo: str | None = None,
                status: int | torch.Tensor = 0) -> Plan:
-    """gTopKAllReduce (Algorithm 3), any P: each merge keeps a ⊤ b; what it drops goes to the
-    ``residual`` of exactly one rank that holds the merge, so no gradient mass is lost.
+    """gTopKAllReduce (Algorithm 3), any P: each merge keeps a ⊤ b, and what it drops goes back
+    to residuals, so no gradient mass is lost.
 
-    On the tree ("tree") one rank makes each merge. On the butterfly ("rd") the 2d ranks of
-    an aligned group all make the same merge at distance d (⊤ does not depend on the order of
-    its operands), and only the group's first rank keeps the drops: the merges, their drops
-    and who keeps them are the tree's, for P a power of two, in lg P steps instead of 2 lg P.
-    The drops reach the residual when the result is taken (``finish``, ``average``): not at
-    all when a rank's status sends the call dense instead. The status bytes merge by max.
+    On the tree ("tree") one rank makes each merge and keeps what it drops (a partial sum of
+    its subtree). On the butterfly ("rd") the 2d ranks of an aligned group all make the same
+    merge at distance d (⊤ does not depend on the order of its operands), so each rank sees
+    every merge on its path and takes back its *own* entries that a merge dropped: the
+    paper's per-worker residual, ε += G̃ ⊙ ¬mask, made lossless (an entry dropped at an inner
+    merge whose index still reaches the final set through another group goes back too).
+    For P a power of two the merges are the tree's, in lg P steps instead of 2 lg P. A rank
+    that folds into its left neighbour (P not a power of two) hands that neighbour its
+    entries: the fold's drops, and later those of the fold's kept sums, go to the neighbour.
+
+    Keeping drops on the rank that made them piles every rank's dropped mass on a few ranks,
+    whose residuals then grow and dominate their selections; on the digits MLP that trained
+    markedly worse than per-rank residuals. The drops reach the residual when the result is
+    taken (``finish``, ``average``): not at all when a rank's status sends the call dense
+    instead. The status bytes merge by max.
     """
     dtype, k = e.values.dtype, min(k, numel)
     s = schedule("gtopk", world_size, numel, k, dtype, algo)
+    own_drops = s.algo != "tree"
     keeps = iter(_keeps_drops(s.algo, rank, world_size))
     drops: list[Entries] = []
     end = -STATUS_BYTES
+    ranks = butterfly.core(world_size) if own_drops else []
+    folds = own_drops and rank in ranks and rank + 1 < world_size and rank + 1 not in ranks
+    # The butterfly: the entries this rank answers for (its selection, or once it has folded
+    # its neighbour in, the fold's kept sums), and which of them every merge so far kept.
+    own: Entries | None = e if own_drops and rank in ranks else None
+    alive: torch.Tensor | None = None
 
     def merge(into: torch.Tensor, received: torch.Tensor) -> None:
+        nonlocal own, alive, folds
         kept, dropped = top_merge(unpack(into[:end], k, numel, dtype),
                                   unpack(received[:end], k, numel, dtype), k)
-        if next(keeps):
+        if not own_drops:
+            if next(keeps):
+                drops.append(dropped)
+        elif folds:  # the fold: this rank answers for both from here on
             drops.append(dropped)
+            own, alive, folds = kept, None, False
+        elif own is not None:
+            hit = _found(own.indices, kept.indices, numel)
+            alive = hit if alive is None else alive & hit
         into[:end].copy_(pack(kept, k, numel))
         torch.maximum(into[end:], received[end:], out=into[end:])
 
@@ -218,9 +242,13 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     buf[end] = status
 
     def keep_drops() -> None:
+        nonlocal own
         for d in drops:
             wire.add_into(residual, d)
         drops.clear()
+        if own is not None and alive is not None:  # its entries some merge dropped
+            wire.add_into(residual, Entries(torch.where(alive, -0.0, own.values), own.indices))
+        own = None
 
     def average(out: torch.Tensor) -> torch.Tensor:
         if on_host(buf):
@@ -241,16 +269,20 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     return Plan(s, buf, {GTOPK_OP: merge}, finish, average, lambda: buf[end])
 
 
+def _found(indices: torch.Tensor, kept: torch.Tensor, numel: int) -> torch.Tensor:
+    """Which of ``indices`` are among ``kept`` (a merge's output: ascending, padding last),
+    as a bool tensor; padding (index < 0) is never found. One binary search, no host read."""
+    if kept.numel() == 0:
+        return torch.zeros(indices.shape, dtype=torch.bool, device=indices.device)
+    sorted_kept = torch.where(kept >= 0, kept, numel)  # padding after every real index
+    at = torch.searchsorted(sorted_kept, indices).clamp_(max=kept.numel() - 1)
+    return sorted_kept[at] == indices
+
+
 def _keeps_drops(algo: str, rank: int, world_size: int) -> list[bool]:
-    """For each merge this rank makes, in order: whether it keeps what the merge drops."""
-    if algo == "tree":
-        return [True] * world_size  # every merge is this rank's alone (at most lg P of them)
-    ranks = butterfly.core(world_size)
-    if rank not in ranks:
-        return []  # folded in: it sends and is sent the result, it merges nothing
-    j = ranks.index(rank)
-    folded = [True] if rank + 1 < world_size and rank + 1 not in ranks else []
-    return folded + [j % (2 * d) == 0 for d in butterfly.distances(ranks)]
+    """The tree: for each merge this rank makes, whether it keeps what the merge drops (every
+    one: each merge is this rank's alone). The butterfly decides in :func:`gtopk_plan`."""
+    return [True] * world_size if algo == "tree" else []
 
 
 def _run(plan: Plan, transport: Transport, method: str) -> SparseResult:
