@@ -31,8 +31,9 @@ def _nccl() -> str:
 
 
 def stamp(command: str | None = None, device: str = "cpu") -> dict[str, str]:
-    """``{"command": ..., "date": ..., "machine": ...}`` (no command key when None)."""
-    d = {"date": now(), "machine": machine(device)}
+    """``{"command": ..., "date": ..., "commit": ..., "machine": ...}`` (no command key when
+    None): what every result file records of how and where it was made."""
+    d = {"date": now(), "commit": commit(), "machine": machine(device)}
     return {"command": command, **d} if command is not None else d
 
 

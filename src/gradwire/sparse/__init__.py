@@ -41,8 +41,8 @@ What each rank ends with, :func:`sparse_allreduce` (error feedback included):
 
        Σ residual_after + P·average = Σ (residual_before + x)
 
-   Per-rank drops train better: on the digits MLP, piling every drop on the merging ranks
-   let their residuals grow and dominate their selections. A rank that folds into its left
+   The tree's way concentrates the dropped mass of a whole subtree in one residual, which
+   trains worse (docs/compression.md). A rank that folds into its left
    neighbour on the butterfly (P not a power of two) hands it its entries, and with them its
    drops. Entries that cancel across ranks (sum 0, never selected) can stay in their
    residuals, summing to zero. Works for any P ≥ 1 (the reference code needs a power of two).

@@ -202,11 +202,10 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     that folds into its left neighbour (P not a power of two) hands that neighbour its
     entries: the fold's drops, and later those of the fold's kept sums, go to the neighbour.
 
-    Keeping drops on the rank that made them piles every rank's dropped mass on a few ranks,
-    whose residuals then grow and dominate their selections; on the digits MLP that trained
-    markedly worse than per-rank residuals. The drops reach the residual when the result is
-    taken (``finish``, ``average``): not at all when a rank's status sends the call dense
-    instead. The status bytes merge by max.
+    Keeping drops on the rank that made them (the tree) concentrates a whole subtree's dropped
+    mass in one residual, which trains worse (docs/compression.md). The drops reach the
+    residual when the result is taken (``finish``, ``average``): not at all when a rank's
+    status sends the call dense instead. The status bytes merge by max.
     """
     dtype, k = e.values.dtype, min(k, numel)
     s = schedule("gtopk", world_size, numel, k, dtype, algo)
