@@ -205,7 +205,7 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
         codecs=CodecTable("measured", codecs["numel"], codecs["methods"], codecs["source"]),
         cpu=cpu, world=p, ranks_per_node=per_node, nodes=nodes,
         backend=dist.get_backend(), device=_device_name(dev), model=model,
-        gradwire=gradwire.__version__, commit=provenance.commit(),
+        gradwire=gradwire.__version__,
         **provenance.stamp(command, dev.type),
         network=os.environ.get("GRADWIRE_NETWORK"), alpha_transport_s=hop,
         compute_slowdown=max(1.0, compute.together_s / compute.alone_s), compute=compute)
