@@ -119,7 +119,7 @@ def main() -> None:
     for what, r in ratios.items():
         print(f"speed {what}: {r:.2f}x")
     result = {**provenance.stamp("python " + shlex.join(sys.argv), args.device),
-              "commit": provenance.commit(), "network": label, "hosts": args.hosts,
+              "network": label, "hosts": args.hosts,
               "environment": {k: v for k, v in os.environ.items() if k.startswith("GRADWIRE_")},
               "model": args.model, "batch": args.batch, "warmup": args.warmup,
               "iters": args.iters, "rounds": args.rounds, "summary": summary,

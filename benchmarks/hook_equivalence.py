@@ -103,7 +103,7 @@ def main() -> int:
     runs = fingerprint(args)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({**provenance.stamp(" ".join(sys.argv)), "commit": provenance.commit(),
+            json.dump({**provenance.stamp(" ".join(sys.argv)),
                        "world": args.world, "steps": args.steps, "runs": runs}, f, indent=1)
     if args.compare:
         with open(args.compare) as f:

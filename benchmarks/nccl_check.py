@@ -132,9 +132,8 @@ def main() -> None:
     # Parts not run keep what --out holds; each part records when, where and how it ran.
     result = json.loads(args.out.read_text()) if args.out.exists() and parts != {
         "a", "b", "c", "d"} else {}
-    stamp = {**provenance.stamp(shlex.join(["python", "benchmarks/nccl_check.py",
-                                            *sys.argv[1:]]), "cuda"),
-             "commit": provenance.commit()}
+    stamp = provenance.stamp(shlex.join(["python", "benchmarks/nccl_check.py", *sys.argv[1:]]),
+                             "cuda")
 
     def save() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -93,7 +93,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     t0 = time.perf_counter()
     out: dict = {**provenance.stamp("python " + shlex.join(sys.argv)),
-                 "commit": provenance.commit(),
                  "conditions": {"loadavg_start": os.getloadavg()}}
     default = SimCluster(32, 25e9, iterations=2)
     ideal = dataclasses.replace(default, alpha=0.0, latency=0.0)

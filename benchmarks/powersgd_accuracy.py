@@ -49,7 +49,7 @@ def main() -> None:
                 rows.append(row)
                 print(f"P={p} {row['hook']:<22} accuracy {row['test_accuracy']:.4f}", flush=True)
     doc = {**provenance.stamp("python " + shlex.join(sys.argv), "cpu"),
-           "commit": provenance.commit(), "model": "mlp", "data": "digits",
+           "model": "mlp", "data": "digits",
            "epochs": args.epochs, "batch_per_rank": 32, "lr": 0.1, "momentum": 0.9,
            "torch_start_powerSGD_iter": 2, "rows": rows}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")

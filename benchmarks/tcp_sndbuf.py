@@ -106,7 +106,7 @@ def main() -> None:
                                      for s, t in times.items() if s != str(default)}}
     command = shlex.join(["python", "benchmarks/tcp_sndbuf.py", *sys.argv[1:]])
     out_path.write_text(json.dumps({
-        **provenance.stamp(command), "commit": provenance.commit(),
+        **provenance.stamp(command),
         "network": f"emulated hosts, {a.bandwidth} links, TCP cubic",
         "settings": {"machine_default_ceiling_bytes": default,
                      "cluster_ceiling_bytes": capped, "ceilings_bytes": ceilings},

@@ -373,7 +373,7 @@ def run(args: argparse.Namespace, plan: dict, settings: dict) -> None:
                      timeout=args.timeout, sink=sink, extra_env=env)
         label = c.label
     rows = [json.loads(x.partition("ROW ")[2]) for x in lines if "] ROW " in x]
-    doc = {**provenance.stamp("python " + shlex.join(sys.argv)), "commit": provenance.commit(),
+    doc = {**provenance.stamp("python " + shlex.join(sys.argv)),
            "network": label, "hosts": args.hosts,
            "contention": (f"{args.hosts} ranks on {os.cpu_count()} cores: ranks share cores, "
                           "so compute is contended and CPU-heavy methods pay for it"),

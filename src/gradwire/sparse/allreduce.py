@@ -209,8 +209,7 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     """
     dtype, k = e.values.dtype, min(k, numel)
     s = schedule("gtopk", world_size, numel, k, dtype, algo)
-    own_drops = s.algo != "tree"
-    keeps = iter(_keeps_drops(s.algo, rank, world_size))
+    own_drops = s.algo != "tree"  # the tree: every merge is its maker's alone, drops too
     drops: list[Entries] = []
     end = -STATUS_BYTES
     ranks = butterfly.core(world_size) if own_drops else []
@@ -225,8 +224,7 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
         kept, dropped = top_merge(unpack(into[:end], k, numel, dtype),
                                   unpack(received[:end], k, numel, dtype), k)
         if not own_drops:
-            if next(keeps):
-                drops.append(dropped)
+            drops.append(dropped)
         elif folds:  # the fold: this rank answers for both from here on
             drops.append(dropped)
             own, alive, folds = kept, None, False
@@ -276,12 +274,6 @@ def _found(indices: torch.Tensor, kept: torch.Tensor, numel: int) -> torch.Tenso
     sorted_kept = torch.where(kept >= 0, kept, numel)  # padding after every real index
     at = torch.searchsorted(sorted_kept, indices).clamp_(max=kept.numel() - 1)
     return sorted_kept[at] == indices
-
-
-def _keeps_drops(algo: str, rank: int, world_size: int) -> list[bool]:
-    """The tree: for each merge this rank makes, whether it keeps what the merge drops (every
-    one: each merge is this rank's alone). The butterfly decides in :func:`gtopk_plan`."""
-    return [True] * world_size if algo == "tree" else []
 
 
 def _run(plan: Plan, transport: Transport, method: str) -> SparseResult:

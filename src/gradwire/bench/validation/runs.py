@@ -183,7 +183,7 @@ def run(plan: Plan, console: Console, command: str | None = None,
     if not ok:
         raise GradwireError(f"the validation trains on emulated clusters: {why}")
     prof = profile(plan.batch)
-    doc = {**provenance.stamp(command), "commit": provenance.commit(), "model": MODEL,
+    doc = {**provenance.stamp(command), "model": MODEL,
            "batch_size": plan.batch, "density": DENSITY, "rank": RANK, "aggs": plan.aggs,
            "repeats": plan.repeats, "fast_repeats": plan.fast_repeats,
            "cores": os.cpu_count(), "profile_threads": 1, "profile": prof.to_json(),
