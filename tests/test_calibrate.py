@@ -105,6 +105,38 @@ def test_the_codec_probe_times_each_method_s_local_work():
     assert not dist.is_initialized()
 
 
+def test_the_codec_probe_times_each_call_from_memory(monkeypatch):
+    """Every timed call comes after a write over twice the last-level cache: a hook finds its
+    bucket and residual in memory, not in a cache warm from the call before."""
+    from gradwire.bench import codec_probe
+
+    flushes, timed = [], []
+    real = codec_probe.Flush.__call__
+    monkeypatch.setattr(codec_probe.Flush, "__call__",
+                        lambda self: (flushes.append(len(timed)), real(self)))
+    orig_sync = codec_probe.sync
+    monkeypatch.setattr(codec_probe, "sync", lambda dev: (timed.append(1), orig_sync(dev)))
+    doc = codec_probe.measure(1000, repeats=1, density=0.01, rank=2)
+    # _timed syncs twice per call: the flush came just before each call's first sync
+    assert len(timed) == 2 * len(flushes) and flushes == list(range(0, len(timed), 2))
+    assert "cache flush" in doc["source"]
+    assert codec_probe.Flush(torch.device("cpu")).nbytes == 2 * codec_probe.cache_bytes(
+        torch.device("cpu"))
+
+
+def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
+    from gradwire.bench.codec_probe import cpu_cache_bytes
+
+    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "32M\n")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size)
+    assert cpu_cache_bytes(tmp_path) == 32 * 2**20
+    (tmp_path / "index4").mkdir()
+    (tmp_path / "index4" / "size").write_text("unknown")  # skipped, not an error
+    assert cpu_cache_bytes(tmp_path) == 32 * 2**20
+    assert cpu_cache_bytes(tmp_path / "missing") is None
+
+
 def _good() -> dict:
     table = codecs.CodecTable("t", 1000, {"dense": {"params": {}, "encode_s": 0.0,
                                                     "decode_s": 0.0},

@@ -24,6 +24,7 @@ SHARING_BURSTS_MS = (0.0, 1.0, 2.0, 5.0, 10.0)
 SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of their fits
 BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
 BYTE_CPU_CALLS = 9
+MEMORY_PASSES = 20  # timed passes of the memory slowdown per round, each after a flush
 
 
 def cpu_terms(t: Transport, gamma: float) -> CpuTerms:
@@ -134,23 +135,34 @@ def cpu_sharing(t: Transport) -> dict:
 def _memory_slowdown(t: Transport) -> float:
     """How much more CPU memory-bound work (``a.add_(b)`` over 4 MiB of float32, as encode
     and decode do) takes when every rank runs it at once than when rank 0 runs it alone, the
-    others waiting (median of 5 rounds; at least 1)."""
+    others waiting (median of 5 rounds of ``MEMORY_PASSES`` passes; at least 1). Each pass
+    starts from memory, as the codec table's times do: the cache flushed
+    (:class:`gradwire.bench.codec_probe.Flush`), then a barrier, so that the ranks contend
+    for memory bandwidth with their passes alone, as their hooks' encodes, which start
+    together when the ranks leave a collective together, do."""
+    from gradwire.bench.codec_probe import Flush
+
     a, b = torch.ones(2**20), torch.ones(2**20)
+    flush = Flush(torch.device("cpu"))
 
-    def work() -> float:
-        c0 = time.thread_time()
-        for _ in range(20):
-            a.add_(b)
-        return time.thread_time() - c0
+    def work(mine: bool) -> float:
+        spent = 0.0
+        for _ in range(MEMORY_PASSES):
+            if mine:
+                flush()
+            dist.barrier(group=t.group)
+            if mine:
+                c0 = time.thread_time()
+                a.add_(b)
+                spent += time.thread_time() - c0
+            dist.barrier(group=t.group)
+        return spent
 
-    work()
+    work(True)
     alone, together = [], []
     for _ in range(5):
-        dist.barrier(group=t.group)
-        if t.rank == 0:
-            alone.append(work())
-        dist.barrier(group=t.group)
-        together.append(work())
+        alone.append(work(t.rank == 0))
+        together.append(work(True))
     mean = torch.tensor([statistics.median(together) / t.world_size], dtype=torch.float64)
     dist.all_reduce(mean, group=t.group)
     ratio = torch.tensor([float(mean) / statistics.median(alone) if t.rank == 0 else 0.0],

@@ -28,7 +28,8 @@ Device (rank 0's, the other ranks waiting, unless said otherwise):
   :mod:`gradwire.perf.codecs` reads it (``numel``, ``dtype``, ``source``, ``methods``: per
   method ``params``, ``encode_s``, ``decode_s``, ``decode_fixed_s`` for the vote). Each
   method's compressor alone, never its hook or its communication, on one DDP bucket of random
-  fp32 (25 MiB, or the whole ``model`` where it is smaller), the median of a few.
+  fp32 (25 MiB, or the whole ``model`` where it is smaller), the median of a few, each call
+  after a write over twice the device's last-level cache (a hook finds its bucket in memory).
 - ``overlap_slowdown``: κ (>= 1), how much longer backward takes while a large allreduce
   runs beside it, every rank at once; ``overlap``: ``model`` (the stand-in model that ran
   backward), ``backward_s`` (alone), ``with_comm_s`` (beside the allreduce), ``comm_bytes``
@@ -47,7 +48,7 @@ Device (rank 0's, the other ranks waiting, unless said otherwise):
   ``cpu_ranks_per_machine``, ``cores_per_machine``, ``cpu_step_s`` (CPU per schedule step),
   ``cpu_byte_s`` (CPU per byte moved), ``cpu_share`` (share of the cores the ranks keep
   busy), ``cpu_sync_s`` and ``cpu_sync_step_s`` (wait per collective call, per step),
-  ``cpu_slowdown`` (memory-bound work with every rank running / alone); see
+  ``cpu_slowdown`` (memory-bound work from memory, every rank running / alone); see
   :mod:`gradwire.bench.sharing`.
 
 Where and how:
