@@ -30,6 +30,7 @@ import shlex
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,8 +118,6 @@ def main(argv: list[str] | None = None) -> None:
     command = "python benchmarks/hook_thread.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)  # as the launcher runs ranks
-    import tempfile
-
     methods = a.methods.split(",")
     each: dict[str, dict[str, list[dict]]] = {m: {k: [] for k in MODES} for m in methods}
     with tempfile.TemporaryDirectory(prefix="gradwire-hook-thread-") as tmp:
