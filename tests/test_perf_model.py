@@ -17,6 +17,7 @@ from gradwire.perf.model import Aggregation, ClusterModel, buckets, predict
 from gradwire.schedules.cost import CostParams, cost
 from gradwire.schedules.registry import schedule
 from gradwire.sparse import estimate
+from gradwire.sparse.allreduce import schedule as schedule_of
 from gradwire.sparse.allreduce import spec
 
 PARAMS = CostParams(307e-6, 8.36e-9, 0.11e-9)
@@ -218,6 +219,27 @@ def test_a_vote_pays_its_fixed_decode_once_and_the_per_rank_part_per_rank() -> N
                                                   "decode_fixed_s": 2.0}}, "")
     assert t.seconds("signsgd", 1000, 1) == pytest.approx((1.0, 2.1))
     assert t.seconds("signsgd", 2000, 8) == pytest.approx((2.0, 2 * 2.8))
+
+
+def test_sparse_methods_pay_their_measured_merges_and_per_rank_sums() -> None:
+    t = codecs.CodecTable("t", 1000, {
+        "topk": {"encode_s": 1.0, "decode_s": 0.5, "decode_rank_s": 0.1},
+        "gtopk": {"encode_s": 1.0, "decode_s": 0.5, "merge_s": 0.2}}, "")
+    assert t.seconds("topk", 1000, 8) == pytest.approx((1.0, 0.5 + 8 * 0.1))
+    assert t.seconds("gtopk", 2000, 8) == pytest.approx((2.0, 2 * (0.5 + 3 * 0.2)))
+    assert t.seconds("gtopk", 1000, 5) == pytest.approx((1.0, 0.5 + 3 * 0.2))  # with the fold
+    assert t.seconds("gtopk", 1000, 1) == pytest.approx((1.0, 0.5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 200), algo=st.sampled_from(["rd", "tree"]))
+def test_the_merges_priced_are_those_of_the_busiest_rank_of_the_schedule(p, algo) -> None:
+    s = schedule_of("gtopk", p, 10_000, 10, algo=algo)
+    made = [0] * p
+    for step in s.steps:
+        for t in step.transfers:
+            made[t.dst] += t.op == "gtopk"
+    assert codecs.merges(p) == max(made)
 
 
 def test_model_refuses_profiles_without_compute_and_bad_options() -> None:

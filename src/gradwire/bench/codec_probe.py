@@ -20,7 +20,11 @@ import torch
 
 from gradwire.catalogue import METHODS
 from gradwire.catalogue.paths import LOWRANK, SPARSE
+from gradwire.collectives.local import execute_local
 from gradwire.compress import Compressor, feedback, majority_vote
+from gradwire.compress.base import select_count
+from gradwire.sparse import allreduce as sparse
+from gradwire.sparse.allreduce import Plan
 
 VOTE_RANKS = 8
 CPU_CACHE_BYTES = 32 * 2**20  # where the CPU's last-level cache cannot be read from sysfs
@@ -35,9 +39,10 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
     Each method's compressor as the catalogue builds it, with ``density`` where it takes
     one and PowerSGD's ``rank``. encode: compress; decode: decompress of one payload
     (gathered methods do it once per rank). For the vote, its time per rank (``decode_s``)
-    and the rest (``decode_fixed_s``) from votes over 1 and ``VOTE_RANKS`` payloads. dense
-    has no codec: 0 and 0. A method with error feedback adds the passes its hook makes over
-    the bucket (:func:`feedback_passes`).
+    and the rest (``decode_fixed_s``) from votes over 1 and ``VOTE_RANKS`` payloads; for the
+    sparse aggregations, what their hook does with the entries it receives
+    (:func:`sparse_decode`). dense has no codec: 0 and 0. A method with error feedback adds
+    the passes its hook makes over the bucket (:func:`feedback_passes`).
     """
     dev = torch.device(device)
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(dev)
@@ -65,13 +70,17 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
                                    repeats, dev, flush) for n in (1, VOTE_RANKS))
             row["decode_s"] = max(many - one, 0.0) / (VOTE_RANKS - 1)
             row["decode_fixed_s"] = max(one - row["decode_s"], 0.0)
+        if m.path is SPARSE:  # what the hook does with the entries it receives
+            del row["decode_s"]
+            row.update(sparse_decode(name, x, select_count(numel, density, None), repeats, dev,
+                                     flush))
         if m.error_feedback:
-            status, add, write = passes["status"], passes["add"], passes["write"]
+            status, add = passes["status"], passes["add"]
             if m.path in (SPARSE, LOWRANK):
-                # the status, acc = e + x in the residual; then the average over x (sparse:
-                # zeroed before the entries go back; low rank: e = acc − x, one more pass)
+                # the status, acc = e + x in the residual; low rank: e = acc − x, one more pass
                 row["encode_s"] += status + add
-                row["decode_s"] += write if m.path is SPARSE else add
+                if m.path is LOWRANK:
+                    row["decode_s"] += add
             else:  # ErrorFeedback: the status, g + e, and e = g + e − decompress(payload)
                 row["encode_s"] += status + 2 * add + row["decode_s"]
         methods[name] = row
@@ -87,11 +96,49 @@ def feedback_passes(x: torch.Tensor, repeats: int, dev: torch.device,
                     flush: Flush | None = None) -> dict[str, float]:
     """Seconds of the passes over a bucket ``x`` that a hook with error feedback makes
     besides its codec: ``status`` (this rank's NaN/Inf status of x and its residual),
-    ``add`` (the residual plus x, in place), ``write`` (the bucket overwritten)."""
-    e, out = torch.zeros_like(x), torch.empty_like(x)
+    ``add`` (the residual plus x, in place)."""
+    e = torch.zeros_like(x)
     return {"status": _median_s(lambda: feedback.local_status(x, e), repeats, dev, flush),
-            "add": _median_s(lambda: e.add_(x), repeats, dev, flush),
-            "write": _median_s(lambda: out.zero_(), repeats, dev, flush)}
+            "add": _median_s(lambda: e.add_(x), repeats, dev, flush)}
+
+
+def sparse_decode(method: str, x: torch.Tensor, k: int, repeats: int, dev: torch.device,
+                  flush: Flush | None = None) -> dict[str, float]:
+    """The local work of a sparse aggregation (:mod:`gradwire.sparse.allreduce`) after its
+    messages, with the plans the hook runs, every rank's in this process and no network:
+    ``decode_s``, the result written over the bucket. Top-k: ``decode_rank_s``, each rank's k
+    entries added into the sum, from results over 2 and ``VOTE_RANKS`` ranks. gTop-k:
+    ``merge_s``, one ⊤ of two ranks' k entries (a P = 2 butterfly's exchange, whose two
+    merges are alike, halved); ``decode_s`` then puts this rank's drops back into its
+    residual too."""
+    def plans(p: int) -> list[Plan]:
+        out = []
+        for r in range(p):  # each rank its own gradient, so selections overlap only in part
+            g = x if r == 0 else torch.randn(x.numel(), generator=torch.Generator().manual_seed(
+                r)).to(dev)
+            residual = torch.zeros_like(x)
+            out.append(sparse.plan(method, sparse.feed(g, residual, k, "exact"), k, x.numel(),
+                                   residual, r, p))
+        return out
+
+    def run(ps: list[Plan]) -> None:
+        execute_local(ps[0].schedule, [q.buffer for q in ps], [q.combine for q in ps])
+
+    out = torch.empty_like(x)
+    if method == "topk":  # the result does not change the plans: the same ones every time
+        t = {}
+        for p in (2, VOTE_RANKS):
+            ps = plans(p)
+            run(ps)
+            t[p] = _median_s(lambda ps=ps: ps[0].average(out), repeats, dev, flush)
+        per = max(t[VOTE_RANKS] - t[2], 0.0) / (VOTE_RANKS - 2)
+        return {"decode_s": max(t[2] - 2 * per, 0.0), "decode_rank_s": per}
+    merge, dec = [], []
+    for _ in range(repeats + 1):  # the result takes the drops: new plans every time
+        ps = plans(2)
+        merge.append(_timed(lambda ps=ps: run(ps), dev, flush)[1] / 2)
+        dec.append(_timed(lambda ps=ps: ps[0].average(out), dev, flush)[1])
+    return {"decode_s": statistics.median(dec[1:]), "merge_s": statistics.median(merge[1:])}
 
 
 class Flush:

@@ -26,10 +26,12 @@ Device (rank 0's, the other ranks waiting, unless said otherwise):
   the median of 5.
 - ``codecs``: every aggregation method's encode and decode on the device, a codec table as
   :mod:`gradwire.perf.codecs` reads it (``numel``, ``dtype``, ``source``, ``methods``: per
-  method ``params``, ``encode_s``, ``decode_s``, ``decode_fixed_s`` for the vote). Each
-  method's compressor alone, never its hook or its communication, on one DDP bucket of random
-  fp32 (25 MiB, or the whole ``model`` where it is smaller), the median of a few, each call
-  after a write over twice the device's last-level cache (a hook finds its bucket in memory).
+  method ``params``, ``encode_s``, ``decode_s``, ``decode_fixed_s`` for the vote,
+  ``decode_rank_s`` for Top-k's sum, ``merge_s`` for gTop-k's ⊤). Each method's compressor
+  (the sparse aggregations: their hook's plans, every rank's in one process), never its
+  communication, on one DDP bucket of random fp32 (25 MiB, or the whole ``model`` where it is
+  smaller), the median of a few, each call after a write over twice the device's last-level
+  cache (a hook finds its bucket in memory).
 - ``overlap_slowdown``: κ (>= 1), how much longer backward takes while a large allreduce
   runs beside it, every rank at once; ``overlap``: ``model`` (the stand-in model that ran
   backward), ``backward_s`` (alone), ``with_comm_s`` (beside the allreduce), ``comm_bytes``

@@ -7,7 +7,11 @@ method, ``encode_s`` and ``decode_s`` with the ``params`` used. Times scale in p
 elements compressed. Methods that gather payloads (the ``gathered`` path of
 :mod:`gradwire.catalogue`) decode every rank's payload, so their decode is P times
 the table's ``decode_s``, plus ``decode_fixed_s`` where a method has one: the majority vote
-counts all ranks' bits in one pass whatever P is, so its cost is mostly fixed. Built-in
+counts all ranks' bits in one pass whatever P is, so its cost is mostly fixed. Two optional
+fields price the sparse aggregations' own local work where a table measured it:
+``decode_rank_s``, paid once per rank (Top-k adds every rank's k entries into the sum before
+``decode_s`` writes the dense average), and ``merge_s``, paid once per merge on a rank's path
+(gTop-k's ⊤ of two k-entry lists, ⌈lg P⌉ of them on the butterfly and on the tree). Built-in
 tables: ``v100`` (Table 2 of the compression-utility paper: one encode+decode number per
 method) and ``h100`` (measured on an H100 by ``benchmarks/compress_speed.py``).
 ``gradwire calibrate`` measures a table on the ranks' own device
@@ -43,11 +47,21 @@ class CodecTable:
                                 f"--codecs table or run gradwire calibrate")
         m, scale = self.methods[method], numel / self.numel
         gathered = catalogue.get(method).path is GATHERED
-        decode = m.get("decode_fixed_s", 0.0) + m["decode_s"] * (world_size if gathered else 1)
+        decode = (m.get("decode_fixed_s", 0.0) + m["decode_s"] * (world_size if gathered else 1)
+                  + m.get("decode_rank_s", 0.0) * world_size
+                  + m.get("merge_s", 0.0) * merges(world_size))
         return m["encode_s"] * scale, decode * scale
 
 
+def merges(world_size: int) -> int:
+    """The ⊤ merges on the busiest rank's path of a gTop-k aggregation over ``world_size``
+    ranks: ⌈lg P⌉ (the butterfly's lg of the largest power of two ≤ P, plus the fold where P
+    is not one; the tree's root, one per level)."""
+    return (world_size - 1).bit_length() if world_size > 1 else 0
+
+
 BUILTIN = ("v100", "h100")
+OPTIONAL = ("decode_fixed_s", "decode_rank_s", "merge_s")  # seconds a table may leave out
 
 
 def load(name_or_path: str) -> CodecTable:
@@ -77,8 +91,9 @@ def load(name_or_path: str) -> CodecTable:
 
 def check_methods(methods: dict, where: str, field: str = "") -> None:
     """Each method of a codec table's ``methods``: an object of ``encode_s``, ``decode_s`` and,
-    optionally, ``decode_fixed_s``, seconds >= 0; else a one-line error naming ``where`` and
-    the field (``field``: the table's place in its file, e.g. "codecs." in a calibration)."""
+    optionally, ``decode_fixed_s``, ``decode_rank_s`` and ``merge_s``, seconds >= 0; else a
+    one-line error naming ``where`` and the field (``field``: the table's place in its file,
+    e.g. "codecs." in a calibration)."""
     def name(path: str) -> str:
         return f"field '{field}{path}'" if field else path
 
@@ -86,8 +101,8 @@ def check_methods(methods: dict, where: str, field: str = "") -> None:
         if not isinstance(m, dict):
             raise GradwireError(f"{where}: {name(f'methods.{method}')} must be an object with "
                                 f"encode_s and decode_s, got {m!r}")
-        for key in ("encode_s", "decode_s", "decode_fixed_s"):
-            v = m.get(key, 0.0 if key == "decode_fixed_s" else None)  # decode_fixed_s: optional
+        for key in ("encode_s", "decode_s", *OPTIONAL):
+            v = m.get(key, 0.0 if key in OPTIONAL else None)
             if not is_real(v, 0):
                 raise GradwireError(f"{where}: {name(f'methods.{method}.{key}')} must be a "
                                     f"number of seconds >= 0, got {v!r}")
