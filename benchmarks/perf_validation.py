@@ -29,7 +29,8 @@ OUT = HERE / "results" / "perf_validation" / "latest.json"
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rates", default="1gbit,100mbit", help="link rates, a comma list")
+    ap.add_argument("--rates", default="10gbit,1gbit,100mbit",
+                    help="link rates, a comma list")
     ap.add_argument("--workers", default="2,4", help="P, a comma list (each >= 2)")
     ap.add_argument("--aggs", default="dense,fp16,topk,gtopk,powersgd,signsgd",
                     help="methods, a comma list")

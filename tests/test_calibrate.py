@@ -49,6 +49,10 @@ def _check_sane(cal: Calibration, path, device: str) -> None:
     assert cal.alpha_transport_s > 0 and cal.compute_slowdown >= 1
     assert cal.compute.alone_s > 0 and cal.compute.together_s > 0
     assert "x2 hidden" in cal.compute.model
+    # the half-precision reductions, timed on the backend: never faster than fp32's γ
+    assert cal.reduce.nbytes > 0 and cal.reduce.float16_s > 0 and cal.reduce.bfloat16_s > 0
+    assert set(cal.gamma_dtype()) == {"float16", "bfloat16"}
+    assert min(cal.gamma_dtype().values()) >= cal.gamma_s_per_byte
     # whatif/advise --codecs FILE read the same table
     assert codecs.load(str(path)).methods == cal.codecs.methods
 
@@ -184,6 +188,8 @@ def test_a_saved_calibration_reads_back_the_same(tmp_path):
     ({"compute_slowdown": 0.5}, "field 'compute_slowdown' must be a number >= 1, got 0.5"),
     ({"alpha_transport_s": 0}, "field 'alpha_transport_s' must be a number of seconds > 0"),
     ({"compute": {"model": "m", "alone_s": 0.1}}, "field 'compute.together_s' is missing"),
+    ({"reduce": {"nbytes": 4, "float32_s": 1, "float16_s": 2, "bfloat16_s": -2}},
+     "field 'reduce.bfloat16_s' must be a number of seconds > 0, got -2"),
 ])
 def test_load_refuses_a_bad_file_in_one_line(tmp_path, change, msg):
     path = tmp_path / "c.json"
@@ -214,6 +220,18 @@ def test_a_file_without_the_executor_s_alpha_or_the_compute_slowdown_reads(tmp_p
     cal = calibration.load(path)
     assert (cal.alpha_transport_s, cal.compute_slowdown, cal.compute.together_s) == (
         8e-4, 1.3, 0.13)
+
+
+def test_half_precision_reductions_cost_their_extra_time_per_byte_a_rank_reduces(tmp_path):
+    """A ring of P ranks reduces (P − 1)/P of the buffer on each; a dtype that takes longer
+    than fp32 on the same bytes pays the difference there, one that takes less pays γ."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**_good(), "world": 4, "reduce": {
+        "nbytes": 2**20, "float32_s": 1e-3, "float16_s": 4e-3, "bfloat16_s": 0.5e-3}}))
+    cal = calibration.load(path)
+    assert cal.gamma_dtype() == pytest.approx({"float16": 1e-10 + 3e-3 / (0.75 * 2**20),
+                                               "bfloat16": 1e-10})
+    assert calibration.Calibration(**{**cal.__dict__, "reduce": None}).gamma_dtype() == {}
 
 
 def test_a_file_of_the_old_format_is_refused(tmp_path):

@@ -242,6 +242,22 @@ def test_the_merges_priced_are_those_of_the_busiest_rank_of_the_schedule(p, algo
     assert codecs.merges(p) == max(made)
 
 
+@pytest.mark.parametrize("method", ["fp16", "bf16"])
+def test_a_half_precision_sum_pays_its_own_gamma(method) -> None:
+    """The cast's ring reduces (P − 1)/P of its 2-byte payload on each rank, at the γ its
+    dtype was measured at; dense, which sums fp32, keeps γ."""
+    p, name = 4, {"fp16": "float16", "bf16": "bfloat16"}[method]
+    slow = ClusterModel(p, 1e9, 1e-5, gamma=1e-10, gamma_dtype=((name, 3e-9),))
+    fast = dataclasses.replace(slow, gamma_dtype=())
+    extra = (predict(TOY, slow, Aggregation(method), TABLE).communicate
+             - predict(TOY, fast, Aggregation(method), TABLE).communicate)
+    assert float(extra) == pytest.approx(TOY.numel * 2 * (p - 1) / p * (3e-9 - 1e-10), rel=1e-3)
+    assert float(predict(TOY, slow, Aggregation("dense"), TABLE).iteration) == float(
+        predict(TOY, fast, Aggregation("dense"), TABLE).iteration)
+    with pytest.raises(GradwireError, match="gamma of float16"):
+        ClusterModel(2, 1e9, 0, gamma_dtype=(("float16", -1.0),))
+
+
 def test_model_refuses_profiles_without_compute_and_bad_options() -> None:
     with pytest.raises(GradwireError, match="no compute times"):
         predict(profiles.load("alexnet"), ClusterModel(4, 1e9, 1e-4), Aggregation("dense"), TABLE)

@@ -56,7 +56,7 @@ from gradwire.bench.overlap_probe import (
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
 from gradwire.perf import calibration
-from gradwire.perf.calibration import Calibration, Compute
+from gradwire.perf.calibration import Calibration, Compute, Reduce
 from gradwire.perf.codecs import CodecTable
 from gradwire.profiles import Profile
 from gradwire.schedules.cost import CostParams
@@ -69,6 +69,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 WINDOW = 16
 STREAM_BYTES = 4 * 2**20
+REDUCE_BYTES = 2 * 2**20  # per rank, of each dtype's allreduce (reduce_dtypes)
+REDUCE_RUNS = 5
 ALPHA_WARMUP, ALPHA_RUNS, ALPHA_CALLS = 20, 5, 40
 BUCKET_NUMEL = 25 * 2**20 // 4  # DDP's default bucket, fp32
 MAX_POWERSGD_RANK = 1024
@@ -178,6 +180,7 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
     intra = stream(0, 1, r) if nodes > 1 and per_node > 1 else None
     step()
     gamma = _broadcast(on_rank0(lambda: reduce_speed(dev), r), dev)
+    halves = reduce_dtypes(r)
     step()
     numel = min(BUCKET_NUMEL, prof.numel)
     codecs = on_rank0(lambda: codec_probe.measure(numel, 3, density, rank, dev), r)
@@ -208,7 +211,8 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
         gradwire=gradwire.__version__,
         **provenance.stamp(command, dev.type),
         network=os.environ.get("GRADWIRE_NETWORK"), alpha_transport_s=hop,
-        compute_slowdown=max(1.0, compute.together_s / compute.alone_s), compute=compute)
+        compute_slowdown=max(1.0, compute.together_s / compute.alone_s), compute=compute,
+        reduce=halves)
 
 
 def allreduce_call(r: Ranks) -> float:
@@ -300,6 +304,26 @@ def reduce_speed(dev: torch.device) -> float:
     return statistics.median(runs[1:])
 
 
+def reduce_dtypes(r: Ranks) -> Reduce:
+    """The backend's allreduce of ``REDUCE_BYTES`` per rank as fp32, fp16 and bf16 (the same
+    bytes: twice the elements in half precision), every rank at once, the dtypes in turn after
+    a barrier, ``REDUCE_RUNS`` rounds after one: the median over ranks of each dtype's median.
+    What a dtype takes beyond fp32 is its reduction (:meth:`Calibration.gamma_dtype`)."""
+    bufs = {d: torch.zeros(REDUCE_BYTES // d.itemsize, dtype=d, device=r.dev)
+            for d in (torch.float32, torch.float16, torch.bfloat16)}
+    runs: dict[torch.dtype, list[float]] = {d: [] for d in bufs}
+    for _ in range(REDUCE_RUNS + 1):
+        for d, buf in bufs.items():
+            buf.normal_()  # values to add, not zeros a backend might skip over
+            r.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            sync(r.dev)
+            runs[d].append(time.perf_counter() - t0)
+    f32, f16, b16 = (median_over_ranks(statistics.median(runs[d][1:]), r.dev) for d in bufs)
+    return Reduce(REDUCE_BYTES, f32, f16, b16)
+
+
 def on_rank0(fn: Callable[[], T], r: Ranks) -> T | None:
     """``fn()`` on rank 0 alone, the others waiting at a barrier, so that ranks sharing its
     device do not run beside what it times; None on the others."""
@@ -345,7 +369,9 @@ def summary(cal: Calibration) -> str:
     """One line of the headline terms."""
     return (f"α {cal.alpha_s * 1e6:.1f} µs/step, β {cal.beta_s_per_byte * 1e9:.3f} ns/B "
             f"({8 / cal.beta_s_per_byte / 1e9:.2f} Gbit/s, {cal.beta_between}), "
-            f"γ {cal.gamma_s_per_byte * 1e9:.3f} ns/B, κ {cal.overlap_slowdown:.2f}, "
+            f"γ {cal.gamma_s_per_byte * 1e9:.3f} ns/B"
+            + "".join(f" ({d} {g * 1e9:.3f})" for d, g in cal.gamma_dtype().items())
+            + f", κ {cal.overlap_slowdown:.2f}, "
             f"coding ×{cal.coding_slowdown:.2f}"
             + (f", executor α {cal.alpha_transport_s * 1e6:.1f} µs/step"
                if cal.alpha_transport_s else "")

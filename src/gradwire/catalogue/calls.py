@@ -26,6 +26,7 @@ class CollectiveCall:
     itemsize: int
     what: str
     params: dict = field(default_factory=dict, compare=False)
+    dtype: torch.dtype | None = None  # what a reduction adds in (None: bytes, or fp32)
 
     @property
     def nbytes(self) -> int:
@@ -80,5 +81,5 @@ def allgather_algo(algo: str | None) -> tuple[str, dict]:
 def dense(numel: int, dtype: torch.dtype, algo: str | None) -> BucketPlan:
     """The bucket as it is, summed by one allreduce: 4n bytes for fp32 (what DDP sends)."""
     name, params = allreduce_algo(algo)
-    call = CollectiveCall("allreduce", name, numel, dtype.itemsize, "gradient", params)
+    call = CollectiveCall("allreduce", name, numel, dtype.itemsize, "gradient", params, dtype)
     return BucketPlan((call,), numel * dtype.itemsize, dense=True)

@@ -210,7 +210,7 @@ class Summed(Path):
         wire, item = compressor.wire_bytes(numel, dtype), compressor.wire_itemsize(dtype)
         name, params = allreduce_algo(algo)
         return BucketPlan((CollectiveCall("allreduce", name, wire // item, item, "payload",
-                                          params),), wire)
+                                          params, compressor.summed_dtype(dtype)),), wire)
 
     def run(self, c, x, key):  # type: ignore[override]
         return self.issue(c, x, key).wait(c)
@@ -313,12 +313,14 @@ class LowRank(InBand):
         lay = compressor.layout(numel, shapes)
         if not lay.batches:  # no matrix worth compressing: the bucket as it is
             return dense(numel, dtype, algo)
-        item = acc_dtype(dtype).itemsize
+        acc = acc_dtype(dtype)
+        item = acc.itemsize
         name, params = allreduce_algo(algo)
         # the first carries one more element: the ranks' NaN/Inf statuses, summed (start)
         first = lay.plain_count + lay.p_count + 1
-        return BucketPlan((CollectiveCall("allreduce", name, first, item, "P", params),
-                           CollectiveCall("allreduce", name, lay.q_count, item, "Q", params)),
+        return BucketPlan((CollectiveCall("allreduce", name, first, item, "P", params, acc),
+                           CollectiveCall("allreduce", name, lay.q_count, item, "Q", params,
+                                          acc)),
                           (first + lay.q_count) * item)
 
     def start(self, c, x, key):  # type: ignore[override]

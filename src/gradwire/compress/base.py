@@ -112,10 +112,16 @@ class Compressor(ABC):
     @abstractmethod
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int: ...
 
+    def summed_dtype(self, dtype: torch.dtype) -> torch.dtype | None:
+        """The dtype an allreduce sums the payload's values in, for a gradient of ``dtype``
+        (associative compressors); None where the payload only travels as bytes."""
+        return None
+
     def wire_itemsize(self, dtype: torch.dtype) -> int:
-        """Bytes per element of the payload as an allreduce sums it (associative compressors:
-        its values' dtype); 1 where the payload only travels as bytes."""
-        return 1
+        """Bytes per element of the payload as an allreduce sums it; 1 where the payload only
+        travels as bytes."""
+        summed = self.summed_dtype(dtype)
+        return 1 if summed is None else summed.itemsize
 
     def combine(self, payloads: list[Payload], numel: int) -> torch.Tensor:
         """The average over ranks of what ``payloads`` (one per rank) stand for: each

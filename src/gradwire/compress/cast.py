@@ -47,8 +47,8 @@ class Cast(Compressor):
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return numel * self.wire_dtype.itemsize
 
-    def wire_itemsize(self, dtype: torch.dtype) -> int:
-        return self.wire_dtype.itemsize
+    def summed_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return self.wire_dtype
 
 
 class FP16(Cast):

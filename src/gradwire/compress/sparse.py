@@ -184,8 +184,8 @@ class RandomK(Compressor):
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return self.count(numel) * dtype.itemsize
 
-    def wire_itemsize(self, dtype: torch.dtype) -> int:
-        return dtype.itemsize
+    def summed_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
 
 
 class DGC(Compressor):

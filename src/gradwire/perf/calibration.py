@@ -24,6 +24,12 @@ Device (rank 0's, the other ranks waiting, unless said otherwise):
 
 - ``gamma_s_per_byte``: γ, reduction: ``a.add_(b)`` over 64 MiB of fp32, per byte of ``b``,
   the median of 5.
+- ``reduce``: γ of the half-precision reductions, from the backend's own allreduce of the
+  same ``nbytes`` per rank as fp32, fp16 and bf16 (twice the elements), every rank at once,
+  interleaved, the median over ranks of the median of 5 (``float32_s``, ``float16_s``,
+  ``bfloat16_s``): a dtype's γ per byte is γ plus its extra time over the bytes a rank
+  reduces in the ring, (P − 1)/P · ``nbytes`` (:meth:`Calibration.gamma_dtype`). Null in
+  files without it: every dtype reduces at γ.
 - ``codecs``: every aggregation method's encode and decode on the device, a codec table as
   :mod:`gradwire.perf.codecs` reads it (``numel``, ``dtype``, ``source``, ``methods``: per
   method ``params``, ``encode_s``, ``decode_s``, ``decode_fixed_s`` for the vote,
@@ -136,6 +142,17 @@ class CpuTerms:
 
 
 @dataclass(frozen=True)
+class Reduce:
+    """The half-precision reductions' raw times: the backend's allreduce of ``nbytes`` per
+    rank as each dtype."""
+
+    nbytes: int
+    float32_s: float
+    float16_s: float
+    bfloat16_s: float
+
+
+@dataclass(frozen=True)
 class Calibration:
     """One calibration file's fields (the module docstring says what each is)."""
 
@@ -168,6 +185,17 @@ class Calibration:
     alpha_transport_s: float | None = None
     compute_slowdown: float = 1.0
     compute: Compute | None = None
+    reduce: Reduce | None = None
+
+    def gamma_dtype(self) -> dict[str, float]:
+        """γ per byte reduced of each half-precision dtype measured (none without
+        ``reduce``): γ plus its time over fp32's on the same bytes, per byte a rank reduces
+        in the ring; never below γ."""
+        if self.reduce is None:
+            return {}
+        r, reduced = self.reduce, self.reduce.nbytes * (self.world - 1) / self.world
+        return {name: self.gamma_s_per_byte + max(t - r.float32_s, 0.0) / reduced
+                for name, t in (("float16", r.float16_s), ("bfloat16", r.bfloat16_s))}
 
     def to_json(self) -> dict:
         d = {"format": FORMAT}
@@ -240,6 +268,7 @@ def parse(doc: dict, where: str) -> Calibration:
                            if doc.get("alpha_transport_s") is not None else None),
         compute_slowdown=r.number("compute_slowdown", "a number >= 1", 1.0, default=1.0),
         compute=None if doc.get("compute") is None else _compute(r.sub("compute")),
+        reduce=None if doc.get("reduce") is None else _reduce(r.sub("reduce")),
     )
 
 
@@ -312,6 +341,11 @@ def _coding(r: _Reader) -> Coding:
 def _compute(r: _Reader) -> Compute:
     return Compute(r.text("model"), r.seconds("alone_s", above=True),
                    r.seconds("together_s", above=True))
+
+
+def _reduce(r: _Reader) -> Reduce:
+    return Reduce(r.integer("nbytes", 1), *(r.seconds(f"{d}_s", above=True)
+                                           for d in ("float32", "float16", "bfloat16")))
 
 
 def _cpu(r: _Reader) -> CpuTerms:

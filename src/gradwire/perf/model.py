@@ -72,6 +72,10 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    with every rank computing at once on machines they may share, forward, backward and the
    step take this factor longer; ``gradwire calibrate`` measures it on a stand-in of the
    profile's size.
+11. Reductions by dtype (``ClusterModel.gamma_dtype``): a backend may add half-precision
+   values far slower per byte than fp32 (gloo on a CPU converts every element; NCCL on a GPU
+   does not), so a call that sums fp16 or bf16 (the casts, a half-precision model's dense
+   allreduce) takes that dtype's γ, which ``gradwire calibrate`` measures on the backend.
 
 Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidths is one call.
 """
@@ -148,6 +152,9 @@ class ClusterModel:
     # A rank's compute (forward, backward, step) under DDP with every rank computing at once,
     # over the profile's, measured in one process alone (point 10); 1: as profiled.
     compute_slowdown: float = 1.0
+    # γ of reductions in other dtypes than fp32, as (dtype name, seconds per byte) pairs
+    # (point 11); a dtype not named reduces at ``gamma``.
+    gamma_dtype: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not is_int(self.workers, 1, MAX_WORKERS):
@@ -176,6 +183,13 @@ class ClusterModel:
         check_real("the link inside a node (bit/s)", self.intra_bps, above=True)
         if self.coding_slowdown is not None:
             check_real("coding slowdown", self.coding_slowdown, 1.0)
+        for name, g in self.gamma_dtype:
+            check_real(f"gamma of {name} (seconds per byte reduced)", g)
+
+    def gamma_of(self, dtype: torch.dtype | None) -> float:
+        """γ per byte of a reduction in ``dtype`` (point 11; None: ``gamma``)."""
+        name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        return dict(self.gamma_dtype).get(name, self.gamma) if name else self.gamma
 
     @property
     def node(self) -> comm.Node | None:
@@ -310,14 +324,14 @@ def buckets(profile: Profile, agg: Aggregation) -> list[tuple[int, float]]:
 
 def operations(agg: Aggregation, numel: int, world: int, dtype: str = "float32",
                shapes: Shapes | None = None
-               ) -> tuple[list[tuple[str, str, int, int, dict]], int]:
+               ) -> tuple[list[tuple[str, str, int, int, dict]], int, list[torch.dtype | None]]:
     """The collectives one bucket of ``numel`` elements (tensors of ``shapes``, None: one flat
-    tensor) runs, as (collective, algorithm, count, bytes per element, params), and this
-    rank's payload bytes: the catalogue's plan for the hooks' defaults (torch.distributed's
-    own collectives)."""
+    tensor) runs, as (collective, algorithm, count, bytes per element, params), this rank's
+    payload bytes, and the dtype each call reduces in: the catalogue's plan for the hooks'
+    defaults (torch.distributed's own collectives)."""
     plan = agg.plan(numel, world, DTYPES[dtype], shapes)
     return ([(c.collective, c.algo, c.count, c.itemsize, c.params) for c in plan.calls],
-            plan.sent)
+            plan.sent, [c.dtype for c in plan.calls])
 
 
 def bytes_sent(agg: Aggregation, numel: int, world: int, dtype: str = "float32") -> np.ndarray:
@@ -370,7 +384,8 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     in_band = method.path.in_band(method)
     alpha_d = alpha_t if method.path.on_transport else alpha
     for i, (numel, ready, shapes) in enumerate(bs):
-        data, sent = operations(agg, numel, p, profile.dtype, shapes)
+        data, sent, dtypes = operations(agg, numel, p, profile.dtype, shapes)
+        gammas = [cluster.gamma_of(d) for d in dtypes]
         enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
         enc, dec = enc / compute_speedup, dec / compute_speedup
         if credited:
@@ -382,21 +397,21 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
                     else np.maximum(kappa * ready * unit - end, 0.0) + last_dec)
             credit = np.minimum(cluster.burst, (idle + enc) / beta)
             last_dec = dec
-        t = sum(comm.seconds(c, a, p, n, e, alpha_d, beta, gamma, node=cluster.node, **prm)
+        t = sum(comm.seconds(c, a, p, n, e, alpha_d, beta, g, node=cluster.node, **prm)
                 - (_credit_saved(c, a, p, n, e, prm, beta, credit) if credited else 0.0)
-                for c, a, n, e, prm in data)
+                for (c, a, n, e, prm), g in zip(data, gammas, strict=True))
         ops = data
         if cluster.check_calls and p > 1 and not in_band:
             c, a, n, prm = header_spec(p)
-            ops = [(c, a, n, 1, prm), *data]
+            ops, gammas = [(c, a, n, 1, prm), *data], [gamma, *gammas]
             h = comm.seconds(c, a, p, n, 1, alpha_t, beta, gamma, node=cluster.node, **prm)
             header, t = header + h, t + h
         calls += len(ops) if p > 1 else 0
         if shared:
             steps += sum(comm.steps(c, a, p, n, **prm) for c, a, n, _, prm in ops)
             cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, cluster.cpu_step, cluster.cpu_byte,
-                                             float(np.max(gamma)), **prm)
-                            for c, a, n, e, prm in ops)
+                                             float(np.max(g)), **prm)
+                            for (c, a, n, e, prm), g in zip(ops, gammas, strict=True))
         end = np.maximum(end, kappa * ready * unit) + (enc + dec) * stretch + t
         total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
     b = kappa * profile.backward_s * unit  # type: ignore[operator]

@@ -140,6 +140,7 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
         where = (f"α {base.alpha * 1e6:.0f} µs per step"
                  + (f" (gradwire's executor {alpha_t * 1e6:.0f} µs)" if alpha_t else "")
                  + f", γ {base.gamma * 1e9:.3g} ns/B"
+                 + "".join(f" ({d} {g * 1e9:.3g})" for d, g in base.gamma_dtype)
                  + (f", compute ×{slowdown:.2f} as the ranks run it" if slowdown != 1 else "")
                  + f" from {s.calibration}")
         if cpu is None:

@@ -74,6 +74,7 @@ class Setting:
     coding_slowdown: float | None = None  # coding shares the device with backward (model: 8)
     alpha_transport: float | None = None  # gradwire's executor's α (model: 9); None: alpha
     compute_slowdown: float = 1.0  # compute as the ranks run it / the profile's (model: 10)
+    gamma_dtype: tuple[tuple[str, float], ...] = ()  # γ of half-precision sums (model: 11)
 
     def cluster(self, workers: int, link: np.ndarray | float) -> ClusterModel:
         extra = {} if self.cpu is None else self.cpu.fields(workers)
@@ -81,7 +82,8 @@ class Setting:
                             ranks_per_node=self.ranks_per_node, intra_bps=self.intra_bps,
                             coding_slowdown=self.coding_slowdown,
                             alpha_transport=self.alpha_transport,
-                            compute_slowdown=self.compute_slowdown, **extra)
+                            compute_slowdown=self.compute_slowdown,
+                            gamma_dtype=self.gamma_dtype, **extra)
 
 
 @dataclass(frozen=True)
@@ -146,10 +148,10 @@ def read_calibration(path: Path) -> calibration.Calibration:
 
 
 def calibration_terms(cal: calibration.Calibration, path: Path) -> Setting:
-    """The cluster's terms in the calibration ``cal`` read from ``path``: α per step, γ, κ,
-    the shared-CPU terms where its ranks shared a machine's cores, the coding slowdown where
-    coding shares the device with backward (measured at or above 1), the executor's α where
-    measured, and the compute slowdown."""
+    """The cluster's terms in the calibration ``cal`` read from ``path``: α per step, γ (and
+    the half-precision dtypes' where measured), κ, the shared-CPU terms where its ranks shared
+    a machine's cores, the coding slowdown where coding shares the device with backward
+    (measured at or above 1), the executor's α where measured, and the compute slowdown."""
     cpu = None
     if cal.cpu is not None:
         try:
@@ -159,7 +161,8 @@ def calibration_terms(cal: calibration.Calibration, path: Path) -> Setting:
     return Setting(cal.alpha_s, cal.gamma_s_per_byte, cal.overlap_slowdown, cpu=cpu,
                    coding_slowdown=cal.coding_slowdown if cal.coding_slowdown >= 1 else None,
                    alpha_transport=cal.alpha_transport_s,
-                   compute_slowdown=cal.compute_slowdown)
+                   compute_slowdown=cal.compute_slowdown,
+                   gamma_dtype=tuple(cal.gamma_dtype().items()))
 
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
