@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from gradwire.catalogue import METHODS
-from gradwire.catalogue.paths import LOWRANK, SPARSE
+from gradwire.catalogue.paths import LOWRANK, SPARSE, SUMMED
 from gradwire.collectives.local import execute_local
 from gradwire.compress import Compressor, feedback, majority_vote
 from gradwire.compress.base import select_count
@@ -38,16 +38,18 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
 
     Each method's compressor as the catalogue builds it, with ``density`` where it takes
     one and PowerSGD's ``rank``. encode: compress; decode: decompress of one payload
-    (gathered methods do it once per rank). For the vote, its time per rank (``decode_s``)
-    and the rest (``decode_fixed_s``) from votes over 1 and ``VOTE_RANKS`` payloads; for the
-    sparse aggregations, what their hook does with the entries it receives
-    (:func:`sparse_decode`). dense has no codec: 0 and 0. A method with error feedback adds
-    the passes its hook makes over the bucket (:func:`feedback_passes`).
+    (gathered methods do it once per rank; the summed ones write into the bucket, as their
+    hook does). For the vote, its time per rank (``decode_s``) and the rest
+    (``decode_fixed_s``) from votes over 1 and ``VOTE_RANKS`` payloads; for the sparse
+    aggregations, what their hook does with the entries it receives (:func:`sparse_decode`).
+    dense has no codec: 0 and 0. A method with error feedback adds the passes its hook makes
+    over the bucket (:func:`feedback_passes`).
     """
     dev = torch.device(device)
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(dev)
     flush = Flush(dev)
     passes = feedback_passes(x, repeats, dev, flush)
+    out = torch.empty_like(x)
     methods: dict[str, dict] = {"dense": {"params": {}, "encode_s": 0.0, "decode_s": 0.0}}
     for name, m in METHODS.items():
         if m.compressor is None:
@@ -58,7 +60,10 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
         enc, dec = [], []
         for _ in range(repeats + 1):
             payload, e = _timed(lambda c=c: c.compress(x), dev, flush)
-            _, d = _timed(lambda c=c, p=payload: c.decompress(p, numel), dev, flush)
+            if m.path is SUMMED:  # the hook writes the sum straight into the bucket
+                _, d = _timed(lambda c=c, p=payload: c.decompress_into(p, out), dev, flush)
+            else:
+                _, d = _timed(lambda c=c, p=payload: c.decompress(p, numel), dev, flush)
             enc.append(e)
             dec.append(d)
         row = {"params": params, "encode_s": statistics.median(enc[1:]),
