@@ -57,8 +57,11 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
         options = {"rank": rank} if "rank" in m.options else {}
         c = m.make_compressor(density, **options)
         params = {**({"density": density} if m.takes_density else {}), **options}
-        enc, dec = [], []
+        enc, dec, payload = [], [], None
         for _ in range(repeats + 1):
+            # the payload of the step before is gone when a hook compresses (a second one
+            # alive costs a fresh allocation's page faults, 4-5 ms a call with huge pages)
+            payload = None
             payload, e = _timed(lambda c=c: c.compress(x), dev, flush)
             if m.path is SUMMED:  # the hook writes the sum straight into the bucket
                 _, d = _timed(lambda c=c, p=payload: c.decompress_into(p, out), dev, flush)
