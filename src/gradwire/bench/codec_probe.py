@@ -46,7 +46,7 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
     over the bucket (:func:`feedback_passes`).
     """
     dev = torch.device(device)
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(dev)
+    x = gradient(numel, 0, dev)
     flush = Flush(dev)
     passes = feedback_passes(x, repeats, dev, flush)
     out = torch.empty_like(x)
@@ -57,31 +57,34 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
         options = {"rank": rank} if "rank" in m.options else {}
         c = m.make_compressor(density, **options)
         params = {**({"density": density} if m.takes_density else {}), **options}
-        enc, dec, payload = [], [], None
+        # the compressor combines the payloads its own way (signSGD's vote), not by
+        # decompressing each one
+        votes = type(c).combine is not Compressor.combine
+        enc, dec = [], []
         for _ in range(repeats + 1):
             # the payload of the step before is gone when a hook compresses (a second one
             # alive costs a fresh allocation's page faults, 4-5 ms a call with huge pages)
             payload = None
             payload, e = _timed(lambda c=c: c.compress(x), dev, flush)
+            enc.append(e)
+            if m.path is SPARSE or votes:  # their hooks never decompress one payload
+                continue
             if m.path is SUMMED:  # the hook writes the sum straight into the bucket
                 _, d = _timed(lambda c=c, p=payload: c.decompress_into(p, out), dev, flush)
             else:
                 _, d = _timed(lambda c=c, p=payload: c.decompress(p, numel), dev, flush)
-            enc.append(e)
             dec.append(d)
-        row = {"params": params, "encode_s": statistics.median(enc[1:]),
-               "decode_s": statistics.median(dec[1:])}
-        # the compressor combines the payloads its own way (signSGD's vote), not by
-        # decompressing each one
-        if type(c).combine is not Compressor.combine:
+        row = {"params": params, "encode_s": statistics.median(enc[1:])}
+        if m.path is SPARSE:  # what the hook does with the entries it receives
+            row.update(sparse_decode(name, x, select_count(numel, density, None), repeats, dev,
+                                     flush))
+        elif votes:
             one, many = (_median_s(lambda n=n, p=payload: majority_vote([p] * n, numel),
                                    repeats, dev, flush) for n in (1, VOTE_RANKS))
             row["decode_s"] = max(many - one, 0.0) / (VOTE_RANKS - 1)
             row["decode_fixed_s"] = max(one - row["decode_s"], 0.0)
-        if m.path is SPARSE:  # what the hook does with the entries it receives
-            del row["decode_s"]
-            row.update(sparse_decode(name, x, select_count(numel, density, None), repeats, dev,
-                                     flush))
+        else:
+            row["decode_s"] = statistics.median(dec[1:])
         if m.error_feedback:
             status, add = passes["status"], passes["add"]
             if m.path in (SPARSE, LOWRANK):
@@ -98,6 +101,12 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
             "source": f"measured by gradwire calibrate (each method's local work in a hook, "
                       f"no communication, the {flush.nbytes / 2**20:.0f} MiB cache flush before "
                       f"each call) on {where}: torch {torch.__version__}, median of {repeats}"}
+
+
+def gradient(numel: int, seed: int, dev: torch.device) -> torch.Tensor:
+    """``numel`` standard normal fp32 elements on ``dev``, the same for the same ``seed``:
+    a bucket for a probe to compress."""
+    return torch.randn(numel, generator=torch.Generator().manual_seed(seed)).to(dev)
 
 
 def feedback_passes(x: torch.Tensor, repeats: int, dev: torch.device,
@@ -122,8 +131,7 @@ def sparse_decode(method: str, x: torch.Tensor, k: int, repeats: int, dev: torch
     def plans(p: int) -> list[Plan]:
         out = []
         for r in range(p):  # each rank its own gradient, so selections overlap only in part
-            g = x if r == 0 else torch.randn(x.numel(), generator=torch.Generator().manual_seed(
-                r)).to(dev)
+            g = x if r == 0 else gradient(x.numel(), r, dev)
             residual = torch.zeros_like(x)
             out.append(sparse.plan(method, sparse.feed(g, residual, k, "exact"), k, x.numel(),
                                    residual, r, p))

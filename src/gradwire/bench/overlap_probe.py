@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from gradwire.bench.codec_probe import sync
+from gradwire.bench.codec_probe import gradient, sync
 from gradwire.catalogue import METHODS
 from gradwire.models import mlp
 from gradwire.perf.calibration import Coding, Overlap
@@ -131,7 +131,7 @@ def coding_slowdown(stand: StandIn, numel: int, density: float) -> Coding:
     rank alone; medians of ``RUNS`` after one, each kind in turn."""
     dev = stand.device
     c = METHODS["topk"].make_compressor(density)
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(1)).to(dev)
+    x = gradient(numel, 1, dev)
     side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
 
     def encode() -> None:

@@ -188,8 +188,9 @@ class ClusterModel:
 
     def gamma_of(self, dtype: torch.dtype | None) -> float:
         """γ per byte of a reduction in ``dtype`` (point 11; None: ``gamma``)."""
-        name = str(dtype).removeprefix("torch.") if dtype is not None else None
-        return dict(self.gamma_dtype).get(name, self.gamma) if name else self.gamma
+        if dtype is None:
+            return self.gamma
+        return dict(self.gamma_dtype).get(str(dtype).removeprefix("torch."), self.gamma)
 
     @property
     def node(self) -> comm.Node | None:
