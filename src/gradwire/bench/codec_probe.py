@@ -63,7 +63,8 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
         enc, dec = [], []
         for _ in range(repeats + 1):
             # the payload of the step before is gone when a hook compresses (a second one
-            # alive costs a fresh allocation's page faults, 4-5 ms a call with huge pages)
+            # alive costs a fresh allocation's page faults, with huge pages many times the
+            # compress itself)
             payload = None
             payload, e = _timed(lambda c=c: c.compress(x), dev, flush)
             enc.append(e)
