@@ -20,6 +20,11 @@ Python standard library's sources (next-symbol accuracy). The hooks:
   flight it deadlocks or aborts, so its rows alone run with one DDP bucket (``"buckets":
   "one"`` in the JSON, ``"default"`` elsewhere).
 
+``--seeds N`` trains every hook from N seeds (initial weights, shard order and the hook's
+seed; the data split stays the same), and every figure is then taken from the mean of their
+curves, epoch by epoch: one seed's final accuracy on digits' 360 test images moves by a point
+or more from run to run, as much as the differences the accuracy targets ask about.
+
 The training clock runs only while the ranks train (forward, backward with the hook's
 communication, optimizer step; per epoch the slowest rank's time from a common barrier); after
 every epoch rank 0 scores the test set with the clock stopped. A row reaches the target at the
@@ -34,10 +39,10 @@ bytes pays for it in its seconds.
     python benchmarks/time_to_accuracy.py --models mlp,resnet20 --lr-warmup \
         --hooks gradwire:topk+warmup,gradwire:gtopk+warmup \
         --out benchmarks/results/time_to_accuracy/lr_warmup.json   # with the paper's small LRs
-    python benchmarks/time_to_accuracy.py --models mlp,resnet20 --epochs 30 \
+    python benchmarks/time_to_accuracy.py --models mlp,resnet20 --epochs 30 --seeds 3 \
         --hooks gradwire:dense,gradwire:topk+warmup,gradwire:topk+warmup+momentum,\
 gradwire:gtopk+warmup,gradwire:gtopk+warmup+momentum \
-        --out benchmarks/results/time_to_accuracy/epochs_30.json   # a longer budget
+        --out benchmarks/results/time_to_accuracy/seeds_3.json   # a longer budget, 3 seeds
     python benchmarks/time_to_accuracy.py --render-only      # .png and .md again from the JSON
 
 Needs root for the emulated cluster (--loopback runs unshaped loopback ranks). Writes
@@ -51,6 +56,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -178,7 +184,9 @@ def summarize_row(row: dict, target: float) -> dict:
     hit = next((p for p in curve if p["test_accuracy"] >= target), None)
     last = curve[-1]
     seconds = last["train_seconds"]
-    return {"reached": hit is not None,
+    seeds = ({"seeds": len(row["seeds"]), "final_accuracy_each": row["final_accuracy_each"]}
+             if "seeds" in row else {})
+    return {**seeds, "reached": hit is not None,
             "seconds_to_target": hit["train_seconds"] if hit else None,
             "epoch_to_target": hit["epoch"] if hit else None,
             "best_accuracy": max(p["test_accuracy"] for p in curve),
@@ -202,10 +210,41 @@ def best_of(summaries: dict[str, dict]) -> dict:
     return out
 
 
+def merge_seeds(rows: list[dict]) -> list[dict]:
+    """One row per (model, hook): a hook trained from several seeds (``--seeds``) becomes the
+    row of their mean curve, epoch by epoch (seconds, test accuracy and loss averaged), with
+    ``seeds`` and each seed's ``final_accuracy_each``; a hook that failed from any seed is
+    that seed's failed row. A hook trained once is its row as it is."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["hook"]), []).append(r)
+    out = []
+    for runs in groups.values():
+        failed = [r for r in runs if r.get("error")]
+        if len(runs) == 1 or failed:
+            out.append(failed[0] if failed else runs[0])
+            continue
+        n = min(len(r["curve"]) for r in runs)
+        curve = []
+        for i in range(n):
+            points = [r["curve"][i] for r in runs]
+            losses = [p["test_loss"] for p in points]
+            curve.append({"epoch": points[0]["epoch"], "samples": points[0]["samples"],
+                          "train_seconds": statistics.fmean(p["train_seconds"] for p in points),
+                          "test_accuracy": statistics.fmean(p["test_accuracy"] for p in points),
+                          "test_loss": (None if None in losses else statistics.fmean(losses)),
+                          "train_loss": None})
+        out.append({**{k: v for k, v in runs[0].items() if k not in ("seed", "curve")},
+                    "seeds": [r.get("seed") for r in runs], "curve": curve,
+                    "final_accuracy_each": [r["curve"][n - 1]["test_accuracy"] for r in runs]})
+    return out
+
+
 def summarize(rows: list[dict], targets: dict[str, float]) -> dict[str, dict]:
-    """Per model: every hook's :func:`summarize_row` and the :func:`best_of` them."""
+    """Per model: every hook's :func:`summarize_row` (of its seeds' mean curve,
+    :func:`merge_seeds`) and the :func:`best_of` them."""
     models: dict[str, dict] = {}
-    for row in rows:
+    for row in merge_seeds(rows):
         m = models.setdefault(row["model"], {"target": targets[row["model"]], "hooks": {}})
         m["hooks"][row["hook"]] = summarize_row(row, targets[row["model"]])
     for m in models.values():
@@ -221,9 +260,13 @@ def markdown(doc: dict) -> str:
     """The results as a markdown table, one row per (model, hook), and each model's best."""
     summary = summarize(doc["rows"], {m: t["accuracy"] for m, t in doc["targets"].items()})
     rows = {(r["model"], r["hook"]): r for r in doc["rows"]}
+    seeds = len(doc.get("seeds", [0]))
+    mean = (f"; every figure the mean of {seeds} seeds' curves, epoch by epoch (the final "
+            "accuracy's range over seeds in brackets)" if seeds > 1 else "")
     out = [f"# Time to accuracy, {doc['network']}, {doc['hosts']} ranks",
-           "", f"{doc['date']}, commit {doc['commit']}, {doc['machine']}; {doc['contention']}",
-           "", "| model | hook | buckets | seconds to target | final accuracy | samples/s |",
+           "", f"{doc['date']}, commit {doc['commit']}, {doc['machine']}; {doc['contention']}"
+           + mean, "",
+           "| model | hook | buckets | seconds to target | final accuracy | samples/s |",
            "|---|---|---|---:|---:|---:|"]
     for model, m in summary.items():
         for hook, s in m["hooks"].items():
@@ -233,8 +276,12 @@ def markdown(doc: dict) -> str:
                 when = f"{s['seconds_to_target']:.1f} (epoch {s['epoch_to_target']})"
             else:
                 when = f"not reached (best {s['best_accuracy']:.3f})"
+            final = _num(s["final_accuracy"], ".3f")
+            if s.get("final_accuracy_each"):
+                each = s["final_accuracy_each"]
+                final += f" ({min(each):.3f}–{max(each):.3f})"
             out.append(f"| {model} | {hook} | {rows[model, hook]['buckets']} | {when} | "
-                       f"{_num(s['final_accuracy'], '.3f')} | {_num(s['samples_per_s'], '.0f')} |")
+                       f"{final} | {_num(s['samples_per_s'], '.0f')} |")
     out += ["", "| model | target | best gradwire | s | best PyTorch | s | "
             "PyTorch s / gradwire s |", "|---|---:|---|---:|---|---:|---:|"]
     for model, m in summary.items():
@@ -254,12 +301,13 @@ def plot(doc: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = list(dict.fromkeys(r["model"] for r in doc["rows"]))
-    hooks = list(dict.fromkeys(r["hook"] for r in doc["rows"]))
+    merged = merge_seeds(doc["rows"])
+    models = list(dict.fromkeys(r["model"] for r in merged))
+    hooks = list(dict.fromkeys(r["hook"] for r in merged))
     colours = plt.get_cmap("tab20")
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 5), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        for r in doc["rows"]:
+        for r in merged:
             if r["model"] != model or r.get("error"):
                 continue
             c = r["curve"]
@@ -268,7 +316,7 @@ def plot(doc: dict, path: Path) -> None:
                     color=colours(hooks.index(r["hook"]) % 20), label=r["hook"])
         target = doc["targets"][model]["accuracy"]
         ax.axhline(target, color="k", ls="--", lw=1.5, label="target")
-        top = max([target] + [p["test_accuracy"] for r in doc["rows"]
+        top = max([target] + [p["test_accuracy"] for r in merged
                               if r["model"] == model and not r.get("error") for p in r["curve"]])
         ax.set(title=f"{model} (target {target:.2f})", xlabel="training seconds",
                ylabel="test accuracy", ylim=(0, min(1.0, top + 0.05)))
@@ -311,6 +359,9 @@ def main() -> None:
     ap.add_argument("--hooks", default=None, help="comma-separated; default: every hook")
     ap.add_argument("--epochs", default=None, help="N for every model, or MODEL=N,...")
     ap.add_argument("--density", type=float, default=0.001, help="the sparsifiers' density")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="train every hook from this many seeds (initial weights, shard "
+                         "order, hook seed; the same data split) and report their mean")
     ap.add_argument("--timeout", type=float, default=5400, help="seconds for the whole run")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--lr-warmup", action="store_true",
@@ -334,6 +385,8 @@ def main() -> None:
         fail(f"--density must be in (0, 1], got {args.density}")
     if args.hosts < 1:
         fail(f"--hosts must be >= 1, got {args.hosts}")
+    if args.seeds < 1:
+        fail(f"--seeds must be >= 1, got {args.seeds}")
     try:
         names = args.hooks.split(",") if args.hooks else default_hooks()
         if len(set(names)) != len(names):
@@ -343,7 +396,8 @@ def main() -> None:
     except ValueError as e:
         fail(str(e))
     settings = {m: {**HPARAMS[m], "epochs": epochs[m]} for m in models}
-    plan = {"seed": SEED, "models": [{"model": m, **settings[m]} for m in models],
+    plan = {"seed": SEED, "seeds": list(range(SEED, SEED + args.seeds)),
+            "models": [{"model": m, **settings[m]} for m in models],
             "hooks": hooks, "lr_warmup": args.lr_warmup}
     run(args, plan, settings)
 
@@ -378,7 +432,8 @@ def run(args: argparse.Namespace, plan: dict, settings: dict) -> None:
            "contention": (f"{args.hosts} ranks on {os.cpu_count()} cores: ranks share cores, "
                           "so compute is contended and CPU-heavy methods pay for it"),
            "environment": {k: v for k, v in os.environ.items() if k.startswith("GRADWIRE_")},
-           "seed": SEED, "density": args.density, "torch_start_powerSGD_iter": 2,
+           "seed": SEED, "seeds": plan["seeds"], "density": args.density,
+           "torch_start_powerSGD_iter": 2,
            "lr_warmup": args.lr_warmup,
            "clock": ("training only: per epoch the slowest rank's seconds from a barrier "
                      "to its last optimizer step; evaluation (rank 0, the whole test set, "

@@ -164,6 +164,7 @@ def test_render_only_rebuilds_the_plot_and_table_from_the_json(tta, tmp_path, mo
     (["--models", "vgg16"], "--models takes mlp, resnet20, lstm"),
     (["--epochs", "mlp=x"], "--epochs must be N or MODEL=N"),
     (["--density", "0"], "--density must be in (0, 1]"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
     (["--render-only", "--out", "/nonexistent/tta.json"], "needs an existing JSON"),
 ])
 def test_bad_arguments_fail_in_one_line_before_any_cluster(tta, monkeypatch, capsys, argv, says):
@@ -173,3 +174,35 @@ def test_bad_arguments_fail_in_one_line_before_any_cluster(tta, monkeypatch, cap
         tta.main()
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in err and err.strip().count("\n") <= 1
+
+
+def seeded(hook, seed, points, model="mlp"):
+    return {**row(hook, points, model), "seed": seed}
+
+
+def test_several_seeds_are_one_row_of_their_mean_curve(tta):
+    rows = [seeded("gradwire:topk", 0, [(0, 0.1), (2.0, 0.8), (4.0, 0.96)]),
+            seeded("gradwire:topk", 1, [(0, 0.1), (4.0, 0.92), (6.0, 0.94)]),
+            seeded("torch:fp16", 0, [(0, 0.1), (1.0, 0.97)])]
+    merged = tta.merge_seeds(rows)
+    assert [r["hook"] for r in merged] == ["gradwire:topk", "torch:fp16"]
+    topk = merged[0]
+    assert topk["seeds"] == [0, 1] and topk["final_accuracy_each"] == [0.96, 0.94]
+    assert [p["train_seconds"] for p in topk["curve"]] == [0, 3.0, 5.0]
+    assert [p["test_accuracy"] for p in topk["curve"]] == pytest.approx([0.1, 0.86, 0.95])
+    assert merged[1] == rows[2]  # one seed: the row as it is
+    s = tta.summarize(rows, {"mlp": 0.9})["mlp"]["hooks"]["gradwire:topk"]
+    # the mean curve first reaches 0.9 at epoch 2 (neither seed's own epoch alone)
+    assert s["reached"] and s["epoch_to_target"] == 2 and s["seconds_to_target"] == 5.0
+    assert s["final_accuracy"] == pytest.approx(0.95) and s["seeds"] == 2
+    md = tta.markdown({**doc(rows), "seeds": [0, 1]})
+    assert "| mlp | gradwire:topk | default | 5.0 (epoch 2) | 0.950 (0.940–0.960) |" in md
+    assert "the mean of 2 seeds' curves" in md
+
+
+def test_a_hook_that_failed_from_one_seed_is_that_failure(tta):
+    failed = {"model": "mlp", "hook": "gradwire:dgc", "side": "gradwire", "seed": 1,
+              "buckets": "default", "error": "GradwireError: boom"}
+    rows = [seeded("gradwire:dgc", 0, [(0, 0.1), (1.0, 0.95)]), failed]
+    assert tta.merge_seeds(rows) == [failed]
+    assert tta.summarize(rows, {"mlp": 0.9})["mlp"]["hooks"]["gradwire:dgc"]["error"]

@@ -5,11 +5,14 @@ hook) with the whole curve. A hook that raises on every rank becomes a ROW with 
 the run goes on; one that fails on some ranks only leaves the others waiting for the process
 group's timeout (300 s).
 
-Environment: TTA_PLAN, JSON from the driver: {"seed", "models": [{"model", "lr", "momentum",
-"batch", "epochs", "seq_len"}], "hooks": [{"hook", "side", "method", "options", "warmup",
-"momentum", "buckets"}], "lr_warmup"}. With a hook's "momentum", the hook keeps the model's
-momentum (momentum correction) and the optimizer steps without. With "lr_warmup", a row with
-the density warm-up also ramps the learning rate from lr/P to lr over the warm-up's epochs.
+Environment: TTA_PLAN, JSON from the driver: {"seed", "seeds", "models": [{"model", "lr",
+"momentum", "batch", "epochs", "seq_len"}], "hooks": [{"hook", "side", "method", "options",
+"warmup", "momentum", "buckets"}], "lr_warmup"}. "seed" splits the data; each of "seeds"
+(default [seed]) trains every hook once more, from its own initial weights, shard order and
+hook seed, one ROW each: every hook from the first seed, then every hook from the next. With
+a hook's "momentum", the hook keeps the model's momentum (momentum correction) and the
+optimizer steps without. With "lr_warmup", a row with the density warm-up also ramps the
+learning rate from lr/P to lr over the warm-up's epochs.
 """
 import datetime
 import gc
@@ -33,6 +36,7 @@ from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
 
 PLAN = json.loads(os.environ["TTA_PLAN"])
 SEED = int(PLAN["seed"])
+SEEDS = [int(s) for s in PLAN.get("seeds", [SEED])]
 
 
 def torch_bf16(state, bucket):
@@ -42,7 +46,8 @@ def torch_bf16(state, bucket):
     return default_hooks.bf16_compress_hook(state, bucket)
 
 
-def register(hook: dict, ddp: DDP, steps_per_epoch: int, momentum: float) -> object:
+def register(hook: dict, ddp: DDP, steps_per_epoch: int, momentum: float, seed: int
+             ) -> object:
     """Register ``hook`` on ``ddp``; returns what keeps its state (None for DDP's own).
     ``momentum``: the hook's, with momentum correction (else the optimizer's)."""
     method, options = hook["method"], hook["options"]
@@ -57,7 +62,8 @@ def register(hook: dict, ddp: DDP, steps_per_epoch: int, momentum: float) -> obj
             return None
         # compressing from the second iteration: PyTorch's default, 1000, would train dense
         state = psgd.PowerSGDState(process_group=None, start_powerSGD_iter=2,
-                                   matrix_approximation_rank=options["rank"])
+                                   matrix_approximation_rank=options["rank"],
+                                   random_seed=seed)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
         return state
     extra: dict[str, object] = {}
@@ -65,7 +71,7 @@ def register(hook: dict, ddp: DDP, steps_per_epoch: int, momentum: float) -> obj
         extra.update(warmup=True, steps_per_epoch=steps_per_epoch)
     if hook.get("momentum"):
         extra["momentum"] = momentum
-    state = gh.make(method, seed=SEED, **options, **extra)
+    state = gh.make(method, seed=seed, **options, **extra)
     state.register(ddp)
     return state
 
@@ -76,19 +82,20 @@ def score(model: torch.nn.Module, task: Task) -> tuple[float | None, float]:
     return (loss if math.isfinite(loss) else None), accuracy
 
 
-def run(spec: dict, hook: dict, task: Task) -> dict | None:
-    """Train ``spec['model']`` with ``hook``; rank 0 returns the row, the others None."""
+def run(spec: dict, hook: dict, task: Task, seed: int) -> dict | None:
+    """Train ``spec['model']`` with ``hook`` from ``seed``; rank 0 returns the row, the others
+    None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     batch, epochs = int(spec["batch"]), int(spec["epochs"])
     iters = len(task.train) // world // batch
-    net = build_model(spec["model"], SEED, task.classes)
+    net = build_model(spec["model"], seed, task.classes)
     cap = None  # DDP's default buckets; one bucket of every gradient for "one"
     if hook["buckets"] == "one":
         cap = sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20 + 1
     # Gradients as views of DDP's buckets, as gradwire's trainer builds it (so zero, not None).
     ddp = DDP(net, gradient_as_bucket_view=True, bucket_cap_mb=cap)
     momentum = float(spec["momentum"])
-    keep = register(hook, ddp, iters, momentum)
+    keep = register(hook, ddp, iters, momentum, seed)
     corrected = hook.get("momentum", False)  # the hook keeps the momentum: plain SGD here
     opt = optimizer(ddp.parameters(), float(spec["lr"]), 0.0 if corrected else momentum)
     ramp = None
@@ -103,7 +110,7 @@ def run(spec: dict, hook: dict, task: Task) -> dict | None:
                       "test_accuracy": acc, "test_loss": loss})
     seconds, samples = 0.0, 0
     for epoch in range(epochs):
-        idx = shard_indices(len(task.train), rank, world, epoch, SEED)
+        idx = shard_indices(len(task.train), rank, world, epoch, seed)
         dist.barrier()  # rank 0's evaluation is over: every rank's clock starts together
         t0 = time.perf_counter()
         loss_sum = 0.0
@@ -133,7 +140,7 @@ def run(spec: dict, hook: dict, task: Task) -> dict | None:
     if rank == 0:
         row = {"model": spec["model"], "hook": hook["hook"], "side": hook["side"],
                "buckets": hook["buckets"], "options": hook["options"], "warmup": hook["warmup"],
-               "momentum_correction": corrected, "iterations_per_epoch": iters,
+               "seed": seed, "momentum_correction": corrected, "iterations_per_epoch": iters,
                "wall_seconds": time.perf_counter() - wall0, "curve": curve}
         if isinstance(keep, gh.HookState) and keep.stats["steps"]:
             steps = keep.stats["steps"]
@@ -149,14 +156,16 @@ def main() -> None:
     torch.set_num_threads(1)
     for spec in PLAN["models"]:
         task = load_task(get_spec(spec["model"]), SEED, int(spec["seq_len"] or 64))
-        for hook in PLAN["hooks"]:
+        # seed by seed, every hook in turn: a drift of the machine's speed over the run
+        # reaches every hook alike
+        for seed, hook in ((s, h) for s in SEEDS for h in PLAN["hooks"]):
             try:
-                row = run(spec, hook, task)
+                row = run(spec, hook, task, seed)
             except Exception as e:  # noqa: BLE001 (one hook's failure, on every rank, is a row)
                 traceback.print_exc()
                 row = {"model": spec["model"], "hook": hook["hook"], "side": hook["side"],
                        "buckets": hook["buckets"], "options": hook["options"],
-                       "warmup": hook["warmup"],
+                       "warmup": hook["warmup"], "seed": seed,
                        "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
                 del e
                 gc.collect()
