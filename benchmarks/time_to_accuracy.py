@@ -33,7 +33,7 @@ cores (4 ranks on 2 cores here): compute is contended, and a method that spends 
 bytes pays for it in its seconds.
 
     python benchmarks/time_to_accuracy.py            # the full run: 3 models x 22 hooks,
-                                                     # about 25 minutes on 2 cores
+                                                     # 25-40 minutes on 2 cores
     python benchmarks/time_to_accuracy.py --models mlp --epochs 2 --out /tmp/tta.json \\
         --hooks torch:allreduce,gradwire:gtopk+warmup          # a short pilot
     python benchmarks/time_to_accuracy.py --models mlp,resnet20 --lr-warmup \
@@ -101,19 +101,28 @@ TARGETS: dict[str, tuple[float, str]] = {
 }
 
 
+# PyTorch's hook that does what a gradwire method does: it trains right after gradwire's
+COUNTERPARTS = {"dense": "torch:allreduce", "fp16": "torch:fp16", "bf16": "torch:bf16"}
+
+
 def default_hooks() -> list[str]:
-    """Every hook of the full run, gradwire's first, in METHODS order."""
+    """Every hook of the full run in gradwire's METHODS order, each PyTorch hook right after
+    gradwire's counterpart (interleaved, so that a drift of the machine's speed over the run
+    does not fall between the two)."""
     from gradwire.hooks import METHODS
 
     names: list[str] = []
     for m in METHODS:
         if m == "powersgd":
-            names += [f"gradwire:powersgd-r{r}" for r in POWERSGD_RANKS]
+            for r in POWERSGD_RANKS:
+                names += [f"gradwire:powersgd-r{r}", f"torch:powersgd-r{r}"]
             continue
         names.append(f"gradwire:{m}")
+        if m in COUNTERPARTS:
+            names.append(COUNTERPARTS[m])
         if m in WARMUP_ROWS:
             names += [f"gradwire:{m}+warmup", f"gradwire:{m}+warmup+momentum"]
-    return names + list(TORCH_HOOKS)
+    return names + [h for h in TORCH_HOOKS if h not in names]
 
 
 def parse_hook(name: str, density: float, methods: tuple[str, ...]) -> dict:

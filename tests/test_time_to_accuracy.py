@@ -206,3 +206,12 @@ def test_a_hook_that_failed_from_one_seed_is_that_failure(tta):
     rows = [seeded("gradwire:dgc", 0, [(0, 0.1), (1.0, 0.95)]), failed]
     assert tta.merge_seeds(rows) == [failed]
     assert tta.summarize(rows, {"mlp": 0.9})["mlp"]["hooks"]["gradwire:dgc"]["error"]
+
+
+def test_each_pytorch_hook_trains_right_after_gradwire_s_counterpart(tta):
+    names = tta.default_hooks()
+    for ours, theirs in [("gradwire:dense", "torch:allreduce"), ("gradwire:fp16", "torch:fp16"),
+                         ("gradwire:bf16", "torch:bf16"),
+                         ("gradwire:powersgd-r4", "torch:powersgd-r4"),
+                         ("gradwire:powersgd-r1", "torch:powersgd-r1")]:
+        assert names.index(theirs) == names.index(ours) + 1
