@@ -16,13 +16,14 @@ import argparse
 import hashlib
 import json
 import os
-import socket
 import sys
 import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from gradwire.launcher import free_port
 
 RUNS = [("dense", {}), ("fp16", {}), ("bf16", {}), ("topk", {}),
         ("topk", {"selector": "exact"}), ("gtopk", {}), ("gtopk", {"selector": "exact"}),
@@ -78,9 +79,7 @@ def _rank(rank: int, world: int, init: str, args: argparse.Namespace, out: str) 
 
 
 def fingerprint(args: argparse.Namespace) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
         mp.start_processes(_rank, args=(args.world, f"tcp://127.0.0.1:{port}", args, out),

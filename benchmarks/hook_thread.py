@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,18 +39,12 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradwire.bench import provenance
-from gradwire.launcher import MALLOC_TUNABLES
+from gradwire.launcher import MALLOC_TUNABLES, free_port
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "hook_thread" / "latest.json"
 MODES = {"thread": True, "inline": False}  # overlap=
 WORLD = 2
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, method: str, overlap: bool, iters: int, out: str) -> None:
@@ -98,7 +91,7 @@ def _rank(rank: int, port: int, method: str, overlap: bool, iters: int, out: str
 
 def run(method: str, overlap: bool, iters: int, tmp: Path) -> dict:
     """One run of P = 2 ranks; its figures."""
-    mp.spawn(_rank, args=(_port(), method, overlap, iters, str(tmp)), nprocs=WORLD)
+    mp.spawn(_rank, args=(free_port(), method, overlap, iters, str(tmp)), nprocs=WORLD)
     ranks = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(WORLD)]
     gaps = [gap for r in ranks for gap in r["gaps"]]
     wall = max(r["wall"] for r in ranks)

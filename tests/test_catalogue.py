@@ -5,7 +5,6 @@ method, P in {2, 3, 5, 8} and two bucket sizes."""
 
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 
 from gradwire import catalogue
 from gradwire.collectives.agree import header_spec
+from gradwire.launcher import free_port
 from gradwire.perf.model import Aggregation, bytes_sent
 from gradwire.schedules import registry
 from gradwire.sim import trace as tr
@@ -122,9 +122,7 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_a_real_hook_call_moves_what_the_catalogue_says(world, tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = os.fspath(tmp_path / "counted")
     mp.start_processes(_rank, args=(world, f"tcp://127.0.0.1:{port}", out), nprocs=world,
                        start_method="spawn")

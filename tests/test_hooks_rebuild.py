@@ -10,12 +10,13 @@ parameter's residual under two layouts)."""
 
 import json
 import os
-import socket
 import warnings
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from gradwire.launcher import free_port
 
 EF_METHODS = ("topk", "gtopk", "randomk", "dgc", "efsignsgd", "powersgd")
 STEPS = 6
@@ -116,9 +117,7 @@ def test_error_feedback_conserves_mass_across_the_bucket_rebuild(world, poison, 
     every other parameter throughout. "overflow": the last rank's fp16 gradient plus its
     residual overflows at step 2; every rank aggregates that bucket dense without the
     residuals, which stay finite, and mass is conserved throughout."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = os.fspath(tmp_path / "report.json")
     mp.start_processes(_rank, args=(world, f"tcp://127.0.0.1:{port}", out, poison),
                        nprocs=world, start_method="spawn")

@@ -106,6 +106,15 @@ def _loopback_store() -> Iterator[tuple[int, dict[str, str]]]:
         del store
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no socket holds now (the system's pick), for a rendezvous
+    on loopback (``tcp://127.0.0.1:PORT``, MASTER_PORT). Another process may take it before
+    it is used: where that matters, bind and keep the socket, as the launcher's store does."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
     """The environment torchrun would give ``rank`` on this cluster."""
     host = cluster.hosts[rank]

@@ -18,7 +18,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import sys
 import time
 
@@ -29,6 +28,7 @@ from checklist import check, done, fails
 import gradwire.collectives as gc
 from gradwire.cluster import Host, ephemeral_cluster
 from gradwire.errors import PeerError
+from gradwire.launcher import free_port
 from gradwire.sparse import sparse_allreduce
 from gradwire.transport import Transport
 
@@ -80,12 +80,6 @@ def rank_main(kind: str, rank: int, p: int, port: int, hosts, ready, report) -> 
     except BaseException as e:  # anything else is a failure of this test
         report.send((-1, f"{type(e).__name__}: {e}"))
         os._exit(4)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trial(i: int, rng: random.Random, hosts: list[Host] | None) -> None:
