@@ -1,7 +1,6 @@
 """gradwire calibrate's rank side under plain torchrun, and the calibration file's loader."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -11,19 +10,14 @@ import torch
 from gradwire import profiles
 from gradwire.catalogue import METHODS
 from gradwire.errors import GradwireError
+from gradwire.launcher import free_port
 from gradwire.perf import calibration, codecs
 from gradwire.perf.calibration import Calibration, Coding, CpuTerms, Overlap
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(out, nproc: int, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            "-m", "gradwire.bench.calibrate", "--out", str(out), "--model", "resnet20", *args]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
@@ -68,6 +62,8 @@ def test_rank_side_under_plain_torchrun(tmp_path):
     # CPU ranks of one machine: the shared-CPU terms, both ranks on it
     assert cal.cpu is not None and cal.cpu.cpu_ranks_per_machine == 2
     assert 0 < cal.cpu.cpu_share <= 1 and cal.cpu.cpu_slowdown >= 1
+    # the CPU per call of the backend's own allreduce and per byte it moves
+    assert cal.cpu.cpu_call_s > 0 and cal.cpu.cpu_byte_s >= 0
     assert cal.network is None and cal.burst_bytes == 0
     assert "gradwire.bench.calibrate --out" in cal.command and cal.gradwire
     assert f"wrote {out}" in p.stdout
@@ -220,6 +216,21 @@ def test_a_file_without_the_executor_s_alpha_or_the_compute_slowdown_reads(tmp_p
     cal = calibration.load(path)
     assert (cal.alpha_transport_s, cal.compute_slowdown, cal.compute.together_s) == (
         8e-4, 1.3, 0.13)
+
+
+def test_a_file_without_the_cpu_per_backend_call_reads_as_zero(tmp_path):
+    """Written before the CPU per backend call was measured: 0, so the model charges the
+    executor's CPU per step for every call, as it did; a negative one is refused."""
+    path = tmp_path / "c.json"
+    old = {k: v for k, v in _good()["cpu"].items() if k != "cpu_call_s"}
+    path.write_text(json.dumps({**_good(), "cpu": old}))
+    assert calibration.load(path).cpu.cpu_call_s == 0
+    path.write_text(json.dumps({**_good(), "cpu": {**_good()["cpu"], "cpu_call_s": 9e-4}}))
+    assert calibration.load(path).cpu.cpu_call_s == 9e-4
+    path.write_text(json.dumps({**_good(), "cpu": {**_good()["cpu"], "cpu_call_s": -1}}))
+    with pytest.raises(GradwireError, match="cpu.cpu_call_s") as e:
+        calibration.load(path)
+    assert "\n" not in str(e.value)
 
 
 def test_half_precision_reductions_cost_their_extra_time_per_byte_a_rank_reduces(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradwire import profiles
+from gradwire import catalogue, profiles
 from gradwire.errors import GradwireError
 from gradwire.perf import codecs, comm
 from gradwire.perf.model import Aggregation, ClusterModel, buckets, predict
@@ -314,8 +314,8 @@ def test_cpu_of_a_tree_is_the_mean_over_its_ranks() -> None:
 
 
 def _shared(p: int, **kw) -> ClusterModel:
-    return ClusterModel(p, 1e9, 307e-6, 0.1e-9, beta=8.36e-9, cores=2, cpu_ranks=p, cpu_step=3e-4,
-                   cpu_byte=0.7e-9, **kw)
+    return ClusterModel(p, 1e9, 307e-6, 0.1e-9, beta=8.36e-9, cores=2, cpu_ranks=p,
+                        **{"cpu_step": 3e-4, "cpu_byte": 0.7e-9, **kw})
 
 
 @pytest.mark.parametrize("method", ["dense", "topk", "signsgd", "powersgd"])
@@ -342,6 +342,32 @@ def test_ranks_sharing_cores_are_bound_by_their_cpu(method) -> None:
     # fewer ranks than cores: each has one of its own, and still needs its own CPU time
     two = predict(TOY, _shared(2), agg, TABLE)
     assert two.cpu_bound == pytest.approx(two.cpu)
+
+
+@pytest.mark.parametrize("method", ["dense", "powersgd", "signsgd", "topk", "gtopk"])
+def test_a_backend_call_costs_its_calibrated_cpu_instead_of_its_steps(method) -> None:
+    """With ``cpu_call`` set, each data call of a method on the backend's own collectives
+    (dense, PowerSGD, the gathered methods) costs ``cpu_call`` and its bytes, not
+    ``cpu_step`` per step; the headers and the sparse methods' schedules run on gradwire's
+    executor and keep ``cpu_step``; the steps each call waits (``cpu_sync``) are the same."""
+    agg = Aggregation(method)
+    base = predict(TOY, _shared(8), agg, TABLE)
+    called = predict(TOY, _shared(8, cpu_call=2e-3), agg, TABLE)
+    assert (called.steps, called.calls) == (base.steps, base.calls)
+    if catalogue.get(method).path.on_transport:
+        assert called.cpu_comm == base.cpu_comm
+        return
+    headers = len(buckets(TOY, agg)) if method == "signsgd" else 0  # one a bucket
+    stepless = predict(TOY, _shared(8, cpu_call=2e-3, cpu_step=0.0), agg, TABLE)
+    bytes_only = predict(TOY, _shared(8, cpu_step=0.0), agg, TABLE)
+    assert stepless.cpu_comm == pytest.approx(bytes_only.cpu_comm
+                                              + (base.calls - headers) * 2e-3)
+    if headers:  # the headers keep their steps' CPU
+        assert called.cpu_comm > stepless.cpu_comm
+    else:
+        assert called.cpu_comm == pytest.approx(stepless.cpu_comm)
+    with pytest.raises(GradwireError, match="CPU per backend call"):
+        _shared(8, cpu_call=-1e-3)
 
 
 # TOY with little compute: what the CPU bound leaves to the timeline shows

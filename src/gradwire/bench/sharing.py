@@ -22,50 +22,71 @@ from gradwire.transport import Transport
 
 SHARING_BURSTS_MS = (0.0, 1.0, 2.0, 5.0, 10.0)
 SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of their fits
-BYTE_CPU_ELEMENTS = 2**20  # 4 MiB: 0.6 s a call at P = 8 on 100 Mbit/s links
-BYTE_CPU_CALLS = 9
+BYTE_CPU_ELEMENTS, BYTE_CPU_CALLS = 2**18, 5  # 1 MiB: 84 ms a call at P = 2, 100 Mbit/s
+CALL_CPU_ELEMENTS, CALL_CPU_CALLS = 4096, 40  # 16 KiB: a compressed call (PowerSGD's P, Q)
+CPU_ROUNDS = 15
 MEMORY_PASSES = 20  # timed passes of the memory slowdown per round, each after a flush
 
 
 def cpu_terms(t: Transport, gamma: float) -> CpuTerms:
     """Every shared-CPU term on ``t``'s ranks (``t`` without call headers, which the model
     charges apart; ``gamma``: the reduction speed, the same on every rank). The CPU per step
-    comes from a P-element recursive-doubling allreduce, 5 runs of 40 calls
-    (:func:`gradwire.collectives.probe.step_times`); per byte from :func:`byte_cpu`; the
-    rest from :func:`cpu_sharing`."""
+    comes from a P-element recursive-doubling allreduce on gradwire's executor, 5 runs of 40
+    calls (:func:`gradwire.collectives.probe.step_times`); per call of the backend's own
+    collectives and per byte from :func:`backend_cpu`; the rest from :func:`cpu_sharing`."""
     _, step = step_times(t)
+    call, byte = backend_cpu(t, gamma)
     s = cpu_sharing(t)
-    return CpuTerms(s["ranks"], s["cores"], step, byte_cpu(t, step, gamma), s["share"],
-                    s["sync"], s["sync_step"], s["slowdown"])
+    return CpuTerms(s["ranks"], s["cores"], step, byte, s["share"], s["sync"], s["sync_step"],
+                    s["slowdown"], call)
 
 
-def byte_cpu(t: Transport, cpu_step: float, gamma: float) -> float:
-    """CPU seconds per byte moved (its sender's and receiver's together, as
-    :func:`gradwire.perf.comm.cpu_seconds` charges it): torch.distributed's allreduce (gloo's
-    ring, which the hooks' dense allreduces run and the model costs as gradwire's ring) of
-    ``BYTE_CPU_ELEMENTS`` float32 over ``t``'s ranks, ``BYTE_CPU_CALLS`` calls after 1, each
-    timed alone: a rank's process CPU for the call, the mean over ranks, less what the ring's
-    steps (``cpu_step``) and reductions (``gamma``) account for; the median call. One call in
-    a few on a shaped link costs half as much again as the others (at 100 Mbit/s, P = 2: 0.85
-    to 1.39 ns per byte for the mean of 3 calls, four times on one cluster; 0.81 and 0.89 for
-    the median of 9, twice), and a dense run's megabytes multiply it."""
+def backend_cpu(t: Transport, gamma: float) -> tuple[float, float]:
+    """(CPU seconds per call of the backend's own collectives, CPU seconds per byte moved:
+    its sender's and receiver's together, as :func:`gradwire.perf.comm.cpu_seconds` charges
+    it), from torch.distributed's allreduce (gloo's ring, which the hooks' dense, fp16 and
+    PowerSGD allreduces run) of float32 over ``t``'s ranks, issued asynchronously and waited
+    for, as the hooks issue theirs, every rank at once.
+
+    ``CPU_ROUNDS`` rounds, each a run of ``CALL_CPU_CALLS`` calls of ``CALL_CPU_ELEMENTS`` and
+    one of ``BYTE_CPU_CALLS`` calls of ``BYTE_CPU_ELEMENTS``, each run after a barrier: a
+    rank's process CPU per call (every thread: gloo's wake up for each call), the mean over
+    ranks, less the reductions (``gamma``). Each round's two calls give a line in the bytes
+    moved; the CPU per byte is the median of the slopes, the CPU per call the median of what
+    is left of the small call beyond its bytes. Interleaved rounds and medians: one run in a
+    few costs half as much again as the others, on loopback and on shaped links alike.
+
+    The per-call term holds the call's steps at this P: the model charges it, not the
+    executor's CPU per step, for every backend call. That per-step term, measured on
+    gradwire's executor, does not cover one: at P = 2 on loopback a backend allreduce of 4096
+    elements takes 1.1–1.4 ms of process CPU a call, gradwire's recursive doubling of as many
+    0.3–0.5 ms."""
     from gradwire.perf import comm
 
-    p, n = t.world_size, BYTE_CPU_ELEMENTS
-    buf = torch.ones(n)
-    dist.all_reduce(buf, group=t.group)
-    spent = []
-    for _ in range(BYTE_CPU_CALLS):
-        dist.barrier(group=t.group)
-        c0 = time.process_time()
-        dist.all_reduce(buf, group=t.group)
-        spent.append((time.process_time() - c0) / p)
-    each = torch.tensor(spent, dtype=torch.float64)
-    dist.all_reduce(each, group=t.group)
-    args = ("allreduce", "ring", p, n, 4)
-    known = comm.cpu_seconds(*args, cpu_step, 0.0, gamma, pipeline=1)
-    per_byte = comm.cpu_seconds(*args, 0.0, 1.0, 0.0, pipeline=1)
-    return max(statistics.median(each.tolist()) - known, 0.0) / per_byte
+    p = t.world_size
+    sizes = ((CALL_CPU_ELEMENTS, CALL_CPU_CALLS), (BYTE_CPU_ELEMENTS, BYTE_CPU_CALLS))
+    bufs = [torch.ones(n) for n, _ in sizes]
+    for buf in bufs:
+        for _ in range(3):
+            dist.all_reduce(buf, group=t.group, async_op=True).wait()
+    spent = torch.zeros(CPU_ROUNDS, 2, dtype=torch.float64)
+    for r in range(CPU_ROUNDS):
+        for i, (buf, (_, calls)) in enumerate(zip(bufs, sizes, strict=True)):
+            dist.barrier(group=t.group)
+            c0 = time.process_time()
+            for _ in range(calls):
+                dist.all_reduce(buf, group=t.group, async_op=True).wait()
+            spent[r, i] = (time.process_time() - c0) / calls / p
+    dist.all_reduce(spent, group=t.group)  # the mean over ranks of each run
+    moved, known = [], []
+    for n, _ in sizes:
+        args = ("allreduce", "ring", p, n, 4)
+        moved.append(comm.cpu_seconds(*args, 0.0, 1.0, 0.0, pipeline=1))
+        known.append(comm.cpu_seconds(*args, 0.0, 0.0, gamma, pipeline=1))
+    small = spent[:, 0] - known[0]
+    slopes = (spent[:, 1] - known[1] - small) / (moved[1] - moved[0])
+    byte = max(float(slopes.median()), 0.0)
+    return max(float((small - moved[0] * byte).median()), 0.0), byte
 
 
 def cpu_sharing(t: Transport) -> dict:

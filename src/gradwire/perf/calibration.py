@@ -54,9 +54,10 @@ Device (rank 0's, the other ranks waiting, unless said otherwise):
   second the median over ranks). 1 in files without it.
 - ``cpu``: on CPU ranks, how they share the machine's cores (null on CUDA):
   ``cpu_ranks_per_machine``, ``cores_per_machine``, ``cpu_step_s`` (CPU per schedule step),
-  ``cpu_byte_s`` (CPU per byte moved), ``cpu_share`` (share of the cores the ranks keep
-  busy), ``cpu_sync_s`` and ``cpu_sync_step_s`` (wait per collective call, per step),
-  ``cpu_slowdown`` (memory-bound work from memory, every rank running / alone); see
+  ``cpu_call_s`` (CPU per call of the backend's own collectives beyond their steps; 0 in
+  files without it), ``cpu_byte_s`` (CPU per byte moved), ``cpu_share`` (share of the cores
+  the ranks keep busy), ``cpu_sync_s`` and ``cpu_sync_step_s`` (wait per collective call, per
+  step), ``cpu_slowdown`` (memory-bound work from memory, every rank running / alone); see
   :mod:`gradwire.bench.sharing`.
 
 Where and how:
@@ -139,6 +140,7 @@ class CpuTerms:
     cpu_sync_s: float
     cpu_sync_step_s: float
     cpu_slowdown: float
+    cpu_call_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -354,7 +356,8 @@ def _cpu(r: _Reader) -> CpuTerms:
         r.seconds("cpu_step_s"), r.seconds("cpu_byte_s"),
         r.number("cpu_share", "a number > 0 and <= 1", 0.0, above=True, high=1.0),
         r.seconds("cpu_sync_s"), r.seconds("cpu_sync_step_s"),
-        r.number("cpu_slowdown", "a number >= 1", 1.0))
+        r.number("cpu_slowdown", "a number >= 1", 1.0),
+        r.seconds("cpu_call_s") if "cpu_call_s" in r.doc else 0.0)
 
 
 def _codecs(r: _Reader, where: str) -> CodecTable:

@@ -27,14 +27,16 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    iteration: its compute (t_f + t_b + t_step), encode and decode (times ``cpu_slowdown``:
    memory-bound work takes longer beside the other ranks), and its part of every schedule
    (:func:`gradwire.perf.comm.cpu_seconds`: ``cpu_step`` per step it takes part in,
-   ``cpu_byte`` per byte it moves, γ per byte it reduces). u (``cpu_share``)
-   is the share of the cores the ranks keep busy, S the schedule steps a rank takes part in
-   per iteration (headers included) and s (``cpu_sync``) what each step waits, its cores
-   idle, for a peer the scheduler has not run yet. ``gradwire calibrate`` measures u and s
-   by alternating bursts of compute with allreduces (s per call of its recursive-doubling
-   probe, divided by that probe's steps). Charged per step, not per call: the time left
-   unexplained grew with the schedule steps a method takes (PowerSGD's two ring allreduces
-   a bucket take 4(P − 1)), not with its calls.
+   ``cpu_byte`` per byte it moves, γ per byte it reduces; a call of the backend's own
+   collectives ``cpu_call`` instead of its steps, where calibrated: its threads wake for
+   every call, where gradwire's executor runs its steps in the rank's thread).
+   u (``cpu_share``) is the share of the cores the ranks keep busy, S the schedule steps a
+   rank takes part in per iteration (headers included) and s (``cpu_sync``) what each step
+   waits, its cores idle, for a peer the scheduler has not run yet. ``gradwire calibrate``
+   measures u and s by alternating bursts of compute with allreduces (s per call of its
+   recursive-doubling probe, divided by that probe's steps). The wait is charged per step,
+   not per call: the time left unexplained grew with the schedule steps a method takes
+   (PowerSGD's two ring allreduces a bucket take 4(P − 1)), not with its calls.
    The same ranks in the timeline (points 2-4): the communication thread's encode and
    decode run on every rank at once (the ranks leave a collective together), so each takes
    L·``cpu_slowdown``/u times its one-rank time there. Compute in the timeline is the
@@ -131,6 +133,9 @@ class ClusterModel:
     cores: float | None = None
     cpu_ranks: int | None = None
     cpu_step: float = 0.0  # CPU seconds a rank spends per schedule step it takes part in
+    # CPU seconds per call of the backend's own collectives at this P, their steps included
+    # (gloo's threads wake for each call), charged instead of cpu_step per step; 0: cpu_step
+    cpu_call: float = 0.0
     cpu_byte: float = 0.0  # CPU seconds per byte moved, its sender's and receiver's together
     cpu_share: float = 1.0  # the share of the machine's cores the ranks keep busy
     cpu_sync: float = 0.0  # seconds each schedule step waits for a peer not yet scheduled
@@ -176,6 +181,7 @@ class ClusterModel:
         check_fraction("cluster", "CPU share", self.cpu_share)
         check_real("CPU slowdown", self.cpu_slowdown, 1.0)
         for what, v in (("CPU per step", self.cpu_step), ("CPU per byte", self.cpu_byte),
+                        ("CPU per backend call", self.cpu_call),
                         ("sync wait per step", self.cpu_sync),
                         ("straggler wait per iteration", self.straggle),
                         ("token bucket (bytes)", self.burst)):
@@ -410,9 +416,15 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
         calls += len(ops) if p > 1 else 0
         if shared:
             steps += sum(comm.steps(c, a, p, n, **prm) for c, a, n, _, prm in ops)
-            cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, cluster.cpu_step, cluster.cpu_byte,
-                                             float(np.max(g)), **prm)
-                            for (c, a, n, e, prm), g in zip(ops, gammas, strict=True))
+            # the backend's own calls cost cpu_call each, their steps included; the
+            # executor's (headers, sparse schedules) cpu_step per step
+            backend = [not method.path.on_transport and cluster.cpu_call > 0] * len(data)
+            cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, 0.0 if own else cluster.cpu_step,
+                                             cluster.cpu_byte, float(np.max(g)), **prm)
+                            + (cluster.cpu_call if own else 0.0)
+                            for (c, a, n, e, prm), g, own in zip(
+                                ops, gammas, [False] * (len(ops) - len(data)) + backend,
+                                strict=True))
         end = np.maximum(end, kappa * ready * unit) + (enc + dec) * stretch + t
         total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
     b = kappa * profile.backward_s * unit  # type: ignore[operator]

@@ -100,6 +100,7 @@ class CpuSetting:
     share: float
     sync: float
     slowdown: float = 1.0
+    call: float = 0.0
 
     @classmethod
     def from_calibration(cls, d: dict, hosts: int) -> CpuSetting:
@@ -112,12 +113,12 @@ class CpuSetting:
                 else float(d["cpu_sync_s"]) / sync_probe_steps(hosts))
         return cls(float(d["cores_per_machine"]), int(d["cpu_ranks_per_machine"]) >= hosts,
                    float(d["cpu_step_s"]), float(d["cpu_byte_s"]), float(d["cpu_share"]),
-                   sync, float(d.get("cpu_slowdown", 1.0)))
+                   sync, float(d.get("cpu_slowdown", 1.0)), float(d.get("cpu_call_s", 0.0)))
 
     def __post_init__(self) -> None:
         check_real("cores_per_machine", self.cores, above=True)
         for name, v in (("cpu_step_s", self.step), ("cpu_byte_s", self.byte),
-                        ("cpu_sync_s", self.sync)):
+                        ("cpu_sync_s", self.sync), ("cpu_call_s", self.call)):
             check_real(name, v)
         check_real("cpu_share", self.share, above=True, high=1.0)
         check_real("cpu_slowdown", self.slowdown, 1.0)
@@ -126,10 +127,11 @@ class CpuSetting:
         """:class:`ClusterModel`'s shared-CPU arguments for ``workers`` ranks."""
         return {"cores": self.cores, "cpu_ranks": workers if self.one_machine else None,
                 "cpu_step": self.step, "cpu_byte": self.byte, "cpu_share": self.share,
-                "cpu_sync": self.sync, "cpu_slowdown": self.slowdown}
+                "cpu_sync": self.sync, "cpu_slowdown": self.slowdown, "cpu_call": self.call}
 
     def describe(self) -> str:
-        return (f"CPU {self.step * 1e6:.0f} µs per step, {self.byte * 1e9:.2f} ns/B, "
+        return (f"CPU {self.step * 1e6:.0f} µs per step, {self.call * 1e6:.0f} µs per "
+                f"backend call, {self.byte * 1e9:.2f} ns/B, "
                 f"{self.share:.0%} busy, {self.sync * 1e6:.0f} µs wait per step, coding CPU "
                 f"×{self.slowdown:.2f}")
 
