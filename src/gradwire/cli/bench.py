@@ -196,10 +196,11 @@ def _show_calibration(c: Calibration, path: Path) -> None:
                       "rank at once)")
     if c.cpu is not None:
         u = c.cpu
+        call = (f"{u.cpu_call_s * 1e6:.0f} µs per backend call" if u.cpu_call_s
+                else "backend calls per step")
         console.print(f"shared-CPU terms: {u.cpu_ranks_per_machine} ranks on "
                       f"{u.cores_per_machine} cores; CPU {u.cpu_step_s * 1e6:.0f} µs per step, "
-                      f"{u.cpu_call_s * 1e6:.0f} µs per backend call, "
-                      f"{u.cpu_byte_s * 1e9:.2f} ns/B, {u.cpu_share:.0%} busy, "
+                      f"{call}, {u.cpu_byte_s * 1e9:.2f} ns/B, {u.cpu_share:.0%} busy, "
                       f"{u.cpu_sync_step_s * 1e6:.0f} µs wait per step, coding CPU "
                       f"×{u.cpu_slowdown:.2f}")
     t = Table("method", "encode (ms)", "decode (ms)",

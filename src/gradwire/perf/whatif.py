@@ -130,8 +130,9 @@ class CpuSetting:
                 "cpu_sync": self.sync, "cpu_slowdown": self.slowdown, "cpu_call": self.call}
 
     def describe(self) -> str:
-        return (f"CPU {self.step * 1e6:.0f} µs per step, {self.call * 1e6:.0f} µs per "
-                f"backend call, {self.byte * 1e9:.2f} ns/B, "
+        call = (f"{self.call * 1e6:.0f} µs per backend call" if self.call
+                else "backend calls per step")
+        return (f"CPU {self.step * 1e6:.0f} µs per step, {call}, {self.byte * 1e9:.2f} ns/B, "
                 f"{self.share:.0%} busy, {self.sync * 1e6:.0f} µs wait per step, coding CPU "
                 f"×{self.slowdown:.2f}")
 
