@@ -58,9 +58,9 @@ def backend_cpu(t: Transport, gamma: float) -> tuple[float, float]:
 
     The per-call term holds the call's steps at this P: the model charges it, not the
     executor's CPU per step, for every backend call. That per-step term, measured on
-    gradwire's executor, does not cover one: at P = 2 on loopback a backend allreduce of 4096
-    elements takes 1.1–1.4 ms of process CPU a call, gradwire's recursive doubling of as many
-    0.3–0.5 ms."""
+    gradwire's executor, does not cover one: on the emulated clusters of
+    ``benchmarks/results/perf_validation/latest.json`` a backend call took 0.9–1.2 ms at
+    P = 2 and 2.1 ms at P = 4, an executor's step 0.26–0.44 ms."""
     from gradwire.perf import comm
 
     p = t.world_size

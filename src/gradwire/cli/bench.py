@@ -195,14 +195,14 @@ def _show_calibration(c: Calibration, path: Path) -> None:
                       f"alone, {c.compute.together_s * 1e3:.2f} ms under DDP with every "
                       "rank at once)")
     if c.cpu is not None:
+        import dataclasses
+
+        from gradwire.perf.whatif import CpuSetting
+
         u = c.cpu
-        call = (f"{u.cpu_call_s * 1e6:.0f} µs per backend call" if u.cpu_call_s
-                else "backend calls per step")
+        terms = CpuSetting.from_calibration(dataclasses.asdict(u), c.world).describe()
         console.print(f"shared-CPU terms: {u.cpu_ranks_per_machine} ranks on "
-                      f"{u.cores_per_machine} cores; CPU {u.cpu_step_s * 1e6:.0f} µs per step, "
-                      f"{call}, {u.cpu_byte_s * 1e9:.2f} ns/B, {u.cpu_share:.0%} busy, "
-                      f"{u.cpu_sync_step_s * 1e6:.0f} µs wait per step, coding CPU "
-                      f"×{u.cpu_slowdown:.2f}")
+                      f"{u.cores_per_machine} cores; {terms}")
     t = Table("method", "encode (ms)", "decode (ms)",
               title=f"encode/decode of {c.codecs.numel:,} fp32 elements ({c.model}'s bucket), "
                     f"{c.device}, each method's local work in a hook")

@@ -54,7 +54,7 @@ Device (rank 0's, the other ranks waiting, unless said otherwise):
   second the median over ranks). 1 in files without it.
 - ``cpu``: on CPU ranks, how they share the machine's cores (null on CUDA):
   ``cpu_ranks_per_machine``, ``cores_per_machine``, ``cpu_step_s`` (CPU per schedule step),
-  ``cpu_call_s`` (CPU per call of the backend's own collectives beyond their steps; 0 in
+  ``cpu_call_s`` (CPU per call of the backend's own collectives, its steps included; 0 in
   files without it), ``cpu_byte_s`` (CPU per byte moved), ``cpu_share`` (share of the cores
   the ranks keep busy), ``cpu_sync_s`` and ``cpu_sync_step_s`` (wait per collective call, per
   step), ``cpu_slowdown`` (memory-bound work from memory, every rank running / alone); see

@@ -416,15 +416,17 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
         calls += len(ops) if p > 1 else 0
         if shared:
             steps += sum(comm.steps(c, a, p, n, **prm) for c, a, n, _, prm in ops)
-            # the backend's own calls cost cpu_call each, their steps included; the
-            # executor's (headers, sparse schedules) cpu_step per step
-            backend = [not method.path.on_transport and cluster.cpu_call > 0] * len(data)
-            cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e, 0.0 if own else cluster.cpu_step,
+            # the backend's own data calls cost cpu_call each, their steps included; the
+            # executor's (headers first, sparse schedules) cpu_step per step
+            per_call = not method.path.on_transport and cluster.cpu_call > 0
+            headers = len(ops) - len(data)
+            cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e,
+                                             0.0 if per_call and j >= headers
+                                             else cluster.cpu_step,
                                              cluster.cpu_byte, float(np.max(g)), **prm)
-                            + (cluster.cpu_call if own else 0.0)
-                            for (c, a, n, e, prm), g, own in zip(
-                                ops, gammas, [False] * (len(ops) - len(data)) + backend,
-                                strict=True))
+                            for j, ((c, a, n, e, prm), g) in enumerate(
+                                zip(ops, gammas, strict=True)))
+            cpu_comm += cluster.cpu_call * len(data) if per_call else 0.0
         end = np.maximum(end, kappa * ready * unit) + (enc + dec) * stretch + t
         total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
     b = kappa * profile.backward_s * unit  # type: ignore[operator]
