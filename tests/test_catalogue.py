@@ -73,10 +73,22 @@ def test_powersgd_is_two_allreduces_everywhere():
     assert _simulated("powersgd", 50_003, 4) == sum(sent)
 
 
+def test_int8_is_the_shared_scale_then_one_byte_per_element():
+    plan = _plan("int8", 50_003, 4, "ring")
+    assert [(c.collective, c.what, c.count, c.itemsize, c.dtype) for c in plan.calls] == [
+        ("allreduce", "scale", 2, 4, torch.float32),
+        ("allreduce", "payload", 50_003, 1, torch.int8)]
+    assert plan.sent == 8 + 50_003
+    sent = [int(registry.table("allreduce", "ring", 4, n).size.sum()) * item
+            for n, item in ((2, 4), (50_003, 1))]
+    assert _simulated("int8", 50_003, 4) == sum(sent)
+    assert _plan("int8", 2, 4, "ring").dense  # 2 + 8 bytes are no fewer than 8
+
+
 def test_compressor_semantics_live_on_the_compressor():
     m = catalogue.METHODS
     assert [n for n in m if m[n].error_feedback] == ["topk", "gtopk", "randomk", "dgc",
-                                                     "efsignsgd", "powersgd"]
+                                                     "efsignsgd", "int8", "powersgd"]
     assert [n for n in m if m[n].takes_density] == ["topk", "gtopk", "randomk", "dgc"]
     assert [n for n in m if m[n].per_rank_seed] == ["qsgd", "terngrad"]
     # a density that keeps everything sends the bucket dense (4n, not 8n of pairs)

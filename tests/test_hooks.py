@@ -20,10 +20,10 @@ from gradwire.hooks import comm, layout
 from gradwire.hooks.warmup import parse
 
 ALL = ("dense", "fp16", "bf16", "topk", "gtopk", "randomk", "dgc", "signsgd", "efsignsgd",
-       "qsgd", "terngrad", "powersgd")
+       "qsgd", "terngrad", "int8", "powersgd")
 
 
-def test_methods_are_the_listed_twelve():
+def test_methods_are_the_listed_thirteen():
     assert set(gh.METHODS) == set(ALL)
     for m in ALL:
         assert gh.make(m).config.method.name == m

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from gradwire.launcher import free_port
 
-EF_METHODS = ("topk", "gtopk", "randomk", "dgc", "efsignsgd", "powersgd")
+EF_METHODS = ("topk", "gtopk", "randomk", "dgc", "efsignsgd", "int8", "powersgd")
 STEPS = 6
 POISON_STEP = 1  # the first step after the rebuild
 SHAPES = ((7, 5), (5,), (3, 2), (2,), (1,))  # five small parameters, as the report's model
@@ -27,10 +27,11 @@ SHAPES = ((7, 5), (5,), (3, 2), (2,), (1,))  # five small parameters, as the rep
 # left of V in a residual overflows fp16 with step 2's V (V + V/2 > 65504: PowerSGD's
 # residual at P = 2; 6 × 6 is large enough for PowerSGD not to send it dense).
 HALF_SHAPE, V = (6, 6), 44000.0
-# EF-signSGD's scale (a mean) and PowerSGD's product round in fp16: for them the fp16
+# EF-signSGD's scale (a mean), int8's levels times their scale and PowerSGD's product round
+# in fp16: for them the fp16
 # parameter's gap is held to fp16 rounding, 4 units in the last place at 6·10⁴ (measured 21
 # and 37; V lost or made would be 10⁴ or more), not to 0; an Inf anywhere is a gap of inf.
-ROUNDS_FP16 = {"efsignsgd": 128.0, "powersgd": 128.0}
+ROUNDS_FP16 = {"efsignsgd": 128.0, "int8": 128.0, "powersgd": 128.0}
 
 
 def _rank(rank: int, world: int, init: str, out: str, poison: str | None) -> None:

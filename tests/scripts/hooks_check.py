@@ -25,7 +25,7 @@ from gradwire.sparse import entry_bytes, schedule
 rank, p = init()
 SMALL_BUCKETS, ONE_BUCKET = 0.0001, 25
 STEPS = 3
-EF = {"topk", "gtopk", "randomk", "dgc", "efsignsgd", "powersgd"}
+EF = {"topk", "gtopk", "randomk", "dgc", "efsignsgd", "int8", "powersgd"}
 # Most nonzeros the average may have for k per rank: gTop-k's is the global top-k.
 SPARSE_BOUND = {"gtopk": lambda k: k, "topk": lambda k: p * k, "randomk": lambda k: k,
                 "dgc": lambda k: p * math.ceil(1.25 * k)}

@@ -1,6 +1,6 @@
 """The hooks' hot path makes no host-device synchronisation, checked without a GPU.
 
-For dense, fp16, topk, gtopk and powersgd under DDP (several buckets, bucket mode, the
+For dense, fp16, topk, gtopk, int8 and powersgd under DDP (several buckets, bucket mode, the
 defaults): the same training runs twice, on the host path and on the device path
 (:func:`gradwire.syncfree.device_paths`, which runs the GPU's code on CPU tensors). On the
 device path every synchronising tensor call (tests/sync_guard.py) made during a steady-state
@@ -29,7 +29,7 @@ import gradwire.hooks as gh  # noqa: E402
 from gradwire.syncfree import device_paths  # noqa: E402
 
 rank, p = init()
-ALLOWED = {"dense": 0, "fp16": 0, "topk": 1, "gtopk": 1, "powersgd": 1}
+ALLOWED = {"dense": 0, "fp16": 0, "topk": 1, "gtopk": 1, "int8": 1, "powersgd": 1}
 OPTIONS = {"powersgd": {"rank": 2}}
 WARM, WATCHED = 2, 3  # DDP rebuilds its buckets after step 0; the hook agrees on them at 2
 HOST_SIDE = ("agree.py",)

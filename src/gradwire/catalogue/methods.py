@@ -13,6 +13,7 @@ from gradwire.catalogue.paths import (
     DENSE,
     GATHERED,
     LOWRANK,
+    SCALED,
     SPARSE,
     SUMMED,
     AggregationCall,
@@ -109,6 +110,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("efsignsgd", GATHERED, "efsignsgd"),
     Method("qsgd", GATHERED, "qsgd", options=("s",)),
     Method("terngrad", GATHERED, "terngrad"),
+    Method("int8", SCALED, "int8"),
     Method("powersgd", LOWRANK, "powersgd", options=("rank", "warm_start")),
 )}
 

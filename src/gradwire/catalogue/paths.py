@@ -1,4 +1,4 @@
-"""The five ways a method's payloads travel and combine. Each path says what one bucket sends
+"""The six ways a method's payloads travel and combine. Each path says what one bucket sends
 (:meth:`Path.plan`) and runs it (:meth:`Path.run`), so what is priced and simulated is what
 runs.
 
@@ -16,6 +16,8 @@ added first and keeps what was not applied, so Σ_ranks e_after + P·avg = Σ_ra
 | sparse   | topk, gtopk                     | TopKAllReduce / gTopKAllReduce              |
 | lowrank  | powersgd                        | allreduce of P and the 1-D tensors, then of |
 |          |                                 | Q (each weight its own matrix)              |
+| scaled   | int8                            | allreduce of every rank's max, then of the  |
+|          |                                 | int8 levels of that shared scale            |
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from gradwire.compress import (
     feedback,
 )
 from gradwire.compress.base import select_count
+from gradwire.compress.quantize import Int8, int8_inverse, int8_levels, int8_quantize
 from gradwire.dtypes import acc_dtype
 from gradwire.sparse.allreduce import GTOPK_ALGOS, exchange
 from gradwire.sparse.allreduce import spec as sparse_spec
@@ -336,17 +339,10 @@ class LowRank(InBand):
         scratch = [c.compressor.scratch(k, b, x) for b, k in zip(lay.batches, keys, strict=True)]
         ms = [b.gather(acc, dtype, buf) for b, buf in zip(lay.batches, scratch, strict=True)]
         ps_ = [ps.p(mat, k) for mat, k in zip(ms, keys, strict=True)]
-        # The statuses travel as one more element, summed: a rank's NONFINITE counts
-        # world + 1 (more than every OVERFLOW together), OVERFLOW 1.
-        # In P's dtype before world + 1 is put in (a uint8 status would wrap at 256 ranks).
-        code = torch.as_tensor(mine, device=x.device).to(dtype)
-        code = torch.where(code == feedback.Status.NONFINITE, world + 1, code)
         wire = torch.cat([lay.gather_plain(acc, dtype), *(p.reshape(-1) for p in ps_),
-                          code.reshape(1)])
+                          status_code(mine, world, dtype, x.device)])
         c.comm.all_reduce(wire)
-        total = wire[-1]
-        worst = ((total > world).to(torch.uint8) * int(feedback.Status.NONFINITE)
-                 + ((total > 0) & (total <= world)).to(torch.uint8))
+        worst = worst_of(wire[-1], world)
         at = lay.plain_count
         for p in ps_:
             p.copy_(wire[at : at + p.numel()].view_as(p))
@@ -378,4 +374,71 @@ class LowRank(InBand):
         return Started(wire.nbytes + q_wire.nbytes, worst, finish)
 
 
-DENSE, SUMMED, GATHERED, SPARSE, LOWRANK = Dense(), Summed(), Gathered(), Sparse(), LowRank()
+def status_code(mine: int | torch.Tensor, world: int, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """This rank's NaN/Inf status as one element of ``dtype`` to travel summed with the data:
+    NONFINITE counts world + 1 (more than every OVERFLOW together), OVERFLOW 1. In ``dtype``
+    before world + 1 is put in (a uint8 status would wrap at 256 ranks)."""
+    code = torch.as_tensor(mine, device=device).to(dtype)
+    return torch.where(code == feedback.Status.NONFINITE, world + 1, code).reshape(1)
+
+
+def worst_of(total: torch.Tensor, world: int) -> torch.Tensor:
+    """The ranks' worst status (0-d uint8, not read) from the sum of their
+    :func:`status_code`."""
+    return ((total > world).to(torch.uint8) * int(feedback.Status.NONFINITE)
+            + ((total > 0) & (total <= world)).to(torch.uint8))
+
+
+class Scaled(InBand):
+    """int8 summed on the wire: one allreduce of every rank's max|e + x| (and its NaN/Inf
+    status), whose sum S is the scale every rank shares, then one allreduce of the int8
+    levels round((e + x)·L/S), L = 127 − ⌈P/2⌉ (:func:`gradwire.compress.quantize.int8_levels`:
+    their sum fits in int8). avg = Σ levels·(S/L)/P; the residual keeps e + x − levels·S/L."""
+
+    name = "scaled"
+    sums_payloads = True
+
+    def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
+             shapes=None):
+        if numel + 2 * acc_dtype(dtype).itemsize >= numel * dtype.itemsize:
+            return dense(numel, dtype, algo)  # no smaller than the bucket as it is
+        int8_levels(world)  # a world it cannot serve is an error here, before anything runs
+        acc = acc_dtype(dtype)
+        name, params = allreduce_algo(algo)
+        return BucketPlan((CollectiveCall("allreduce", name, 2, acc.itemsize, "scale", params,
+                                          acc),
+                           CollectiveCall("allreduce", name, numel, 1, "payload", params,
+                                          torch.int8)),
+                          2 * acc.itemsize + numel)
+
+    def start(self, c, x, key):  # type: ignore[override]
+        assert isinstance(c.compressor, Int8) and c.ef is not None
+        world, dtype = c.comm.world, acc_dtype(x.dtype)
+        levels = int8_levels(world)
+        e = c.ef.residual(key, x)  # zeros at first, then kept from step to step
+        # the status and max|x| + max|e|, a bound on |e + x| (a level or so above max|e + x|:
+        # e is at most half a level) from the same passes
+        mine, keep, bound = feedback.local_status_bound(x, e)
+        acc = feedback.add_kept(e, x, keep)  # e + x in the residual (e alone: overflow)
+        head = torch.cat([bound.to(dtype).reshape(1), status_code(mine, world, dtype,
+                                                                  x.device)])
+        c.comm.all_reduce(head)
+        worst = worst_of(head[1], world)
+        inv, scale = int8_inverse(head[0], levels)
+        levels_t, wire = int8_quantize(acc, inv, levels, c.compressor.scratch(key, x))
+        c.comm.all_reduce(wire)
+
+        def finish(worst: int) -> torch.Tensor:
+            if worst == feedback.Status.OK:
+                acc.addcmul_(levels_t, scale, value=-1)  # what this rank's levels left out
+                return torch.mul(wire, scale / world, out=x)
+            instead = feedback.settle(worst, x, acc, e, keep,
+                                      f"gradwire hook {c.method.name}")
+            return dense_average(c, instead)[0]
+
+        return Started(head.nbytes + wire.nbytes, worst, finish)
+
+
+DENSE, SUMMED, GATHERED, SPARSE, LOWRANK, SCALED = (Dense(), Summed(), Gathered(), Sparse(),
+                                                    LowRank(), Scaled())

@@ -27,7 +27,9 @@ from gradwire.errors import GradwireError
 from gradwire.schedules import registry
 from gradwire.transport import Transport, resolve
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# what a reduction sums in; int8 wraps on overflow, which its one user (the int8 method of
+# gradwire.catalogue) rules out by the levels it sends
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8)
 
 
 class Handle:
@@ -54,13 +56,17 @@ class Handle:
         return not self._thread.is_alive()
 
 
-def _op(op: object) -> str:
+def _op(op: object, buf: torch.Tensor) -> str:
     names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", "sum": "sum", "avg": "avg"}
     try:
-        return names[op]  # type: ignore[index]
+        how = names[op]  # type: ignore[index]
     except (KeyError, TypeError):
         raise GradwireError(f"reduction op {op!r} is not supported: expected 'sum' or 'avg' "
                             "(or dist.ReduceOp.SUM / AVG)") from None
+    if how == "avg" and not buf.is_floating_point():
+        raise GradwireError(f"op 'avg' needs a float tensor, got {buf.dtype}: sum it and "
+                            "divide")
+    return how
 
 
 def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Tensor:
@@ -130,7 +136,8 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
                async_op: bool = False, algo: str | None = None,
                transport: Transport | None = None, **params: object) -> Handle | None:
     """Every rank ends with the sum (or average) of ``tensor`` over ranks, in place."""
-    buf, how = _flat(tensor, "tensor"), _op(op)
+    buf = _flat(tensor, "tensor")
+    how = _op(op, buf)
     t = resolve(transport, group, "all_reduce")
     after = (lambda b: b.div_(t.world_size)) if how == "avg" else None
     return _run("allreduce", algo, buf, 0, group, t, async_op, after, params)
@@ -141,7 +148,8 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
            algo: str | None = None, transport: Transport | None = None,
            **params: object) -> Handle | None:
     """Rank ``dst`` ends with the sum (or average); other ranks' buffers are scratch."""
-    buf, how = _flat(tensor, "tensor"), _op(op)
+    buf = _flat(tensor, "tensor")
+    how = _op(op, buf)
     t = resolve(transport, group, "reduce")
     after = (lambda b: b.div_(t.world_size)) if how == "avg" and t.rank == dst else None
     return _run("reduce", algo, buf, dst, group, t, async_op, after, params)
@@ -177,7 +185,8 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
     """``output`` ends with this rank's block of the sum of every rank's ``input``, which is
     left as it was. The sum is formed out of place (no copy of the input) in a work buffer
     that WORK_BUFFERS lends for the call."""
-    out, inp, how = _flat(output, "output"), _flat(input, "input"), _op(op)
+    out, inp = _flat(output, "output"), _flat(input, "input")
+    how = _op(op, inp)
     t = resolve(transport, group, "reduce_scatter_tensor")
     if inp.numel() != t.world_size * out.numel() or out.dtype != inp.dtype:
         raise GradwireError(f"input must have world_size × output = {t.world_size} × "

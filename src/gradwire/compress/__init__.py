@@ -13,11 +13,13 @@ parametrized tests iterate over. ``get(name, **params)`` builds one with checked
 | efsignsgd | quantize | ⌈n/8⌉ + 4 bytes                       | no          |
 | qsgd      | quantize | 4 + ⌈n/8⌉ + ⌈n·w/8⌉ bytes, w ≤ 8 bits | no          |
 | terngrad  | quantize | ⌈n/4⌉ + 4 bytes                       | no          |
+| int8      | quantize | n + 4 bytes                           | no (*)      |
 | fp16/bf16 | cast     | 2n bytes                              | yes         |
 | powersgd  | lowrank  | 4(rows + cols)·r bytes, rows·cols ≥ n | no (*)      |
 
-(*) as a one-shot compressor of a flat tensor; :class:`PowerSGD`'s steps make it two
-allreduces, each weight its own matrix (:func:`gradwire.compress.lowrank.layout`).
+(*) as a one-shot compressor of a flat tensor: :class:`PowerSGD`'s steps make it two
+allreduces, each weight its own matrix (:func:`gradwire.compress.lowrank.layout`); int8's
+aggregation shares one scale among the ranks, and then their int8 values sum in an allreduce.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from gradwire.compress.lowrank import (
 from gradwire.compress.quantize import (
     QSGD,
     EFSignSGD,
+    Int8,
+    Int8Payload,
     QSGDPayload,
     ScaledSignPayload,
     SignPayload,
@@ -60,8 +64,8 @@ from gradwire.compress.sparse import (
 from gradwire.errors import GradwireError, did_you_mean, lookup
 
 COMPRESSORS: dict[str, Callable[..., Compressor]] = {
-    c.name: c for c in (TopK, RandomK, DGC, SignSGD, EFSignSGD, QSGD, TernGrad, FP16, BF16,
-                        PowerSGDCompressor)
+    c.name: c for c in (TopK, RandomK, DGC, SignSGD, EFSignSGD, QSGD, TernGrad, Int8, FP16,
+                        BF16, PowerSGDCompressor)
 }
 
 
@@ -80,6 +84,7 @@ def get(name: str, **params: object) -> Compressor:
 
 __all__ = [
     "BF16", "COMPRESSORS", "DGC", "EFSignSGD", "FP16", "QSGD", "CastPayload", "Compressor",
+    "Int8", "Int8Payload",
     "CountedPayload", "ErrorFeedback", "Layout", "LowRankPayload", "Payload", "PowerSGD",
     "PowerSGDCompressor", "QSGDPayload", "RandomK", "ScaledSignPayload", "SharedIndexPayload",
     "SignPayload", "SignSGD", "SparsePayload", "TernGrad", "TernaryPayload", "TopK",

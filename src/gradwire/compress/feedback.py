@@ -110,7 +110,12 @@ def status(x: torch.Tensor, residual: torch.Tensor | None = None) -> Status:
     """
     if x.numel() == 0:
         return Status.OK
-    bound, ends = _extremes(x, residual)
+    return _status(x, residual, *_extremes(x, residual))
+
+
+def _status(x: torch.Tensor, residual: torch.Tensor | None, bound: torch.Tensor,
+            ends: torch.Tensor) -> Status:
+    """:func:`status` from :func:`_extremes`."""
     finite = torch.cat([bound.reshape(1), ends]).isfinite().tolist()
     if finite[0]:
         return Status.OK
@@ -126,17 +131,28 @@ def local_status(x: torch.Tensor, residual: torch.Tensor | None
     overflows). On the host: an int and a bool, exactly (:func:`status`). On a device: 0-d
     uint8 and bool tensors, with no host read, from the largest magnitudes alone (the
     module docstring)."""
-    if on_host(x):
-        mine = status(x, residual)
-        return int(mine), mine is not Status.OVERFLOW
+    mine, keep, _ = local_status_bound(x, residual)
+    return mine, keep
+
+
+def local_status_bound(x: torch.Tensor, residual: torch.Tensor | None
+                       ) -> tuple[int | torch.Tensor, bool | torch.Tensor, torch.Tensor]:
+    """:func:`local_status` and, from the same passes, the largest |x| plus the largest |e|
+    (0-d, x's dtype, not read): a bound on every |x_i + e_i| as x's dtype rounds it."""
     if x.numel() == 0:
+        bound = torch.zeros((), dtype=x.dtype, device=x.device)
+        if on_host(x):
+            return int(Status.OK), True, bound
         zero = torch.zeros((), dtype=torch.uint8, device=x.device)
-        return zero, torch.ones((), dtype=torch.bool, device=x.device)
+        return zero, torch.ones((), dtype=torch.bool, device=x.device), bound
     bound, ends = _extremes(x, residual)
+    if on_host(x):
+        mine = _status(x, residual, bound, ends)
+        return int(mine), mine is not Status.OVERFLOW, bound
     nonfinite = ~ends.isfinite().all()
     overflow = ~nonfinite & ~bound.isfinite()
     mine = nonfinite.to(torch.uint8) * int(Status.NONFINITE) + overflow.to(torch.uint8)
-    return mine, ~overflow
+    return mine, ~overflow, bound
 
 
 def add_kept(residual: torch.Tensor, x: torch.Tensor, keep: bool | torch.Tensor

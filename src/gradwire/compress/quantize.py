@@ -6,11 +6,16 @@
   :class:`gradwire.compress.ErrorFeedback`.
 - ``qsgd``: s levels of |x|/||x||₂ with stochastic rounding (Alistarh et al. 2017), unbiased.
 - ``terngrad``: {−1, 0, 1}·max|x| with stochastic rounding (Wen et al. 2017), unbiased.
+- ``int8``: x rounded to the nearest of 2L + 1 levels of one scale, 8 bits each. Biased;
+  meant for error feedback. Alone it scales by its own max|x| (L = 127); in an aggregation
+  (:mod:`gradwire.catalogue`) every rank scales by the sum over ranks of their max|x| and
+  L = 127 − ⌈P/2⌉, so that the int8 values of all P ranks sum without overflow in an int8
+  allreduce.
 
 Wire for n elements: signsgd ⌈n/8⌉ bytes; efsignsgd ⌈n/8⌉ + one scale; qsgd one norm + ⌈n/8⌉
 sign bytes + ⌈n·w/8⌉ level bytes, w the narrowest of 1, 2, 4, 8 bits holding 0..s (2 or 4 bytes
-per level when s ≥ 256); terngrad ⌈n/4⌉ + one scale. Norms and scales are fp32 (fp64 for fp64
-input). The stochastic ones draw from (seed, step): give each rank its own seed.
+per level when s ≥ 256); terngrad ⌈n/4⌉ + one scale; int8 n + one scale. Norms and scales are
+fp32 (fp64 for fp64 input). The stochastic ones draw from (seed, step): give each rank its own seed.
 """
 
 from __future__ import annotations
@@ -235,3 +240,105 @@ class TernGrad(Compressor):
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return packed_bytes(numel, 2) + acc_dtype(dtype).itemsize
+
+
+INT8_MAX = 127
+
+
+@dataclass(frozen=True, kw_only=True)
+class Int8Payload(Payload):
+    values: torch.Tensor  # int8 levels in [−L, L]
+    scale: torch.Tensor  # one element: what one level stands for
+
+
+def int8_levels(world: int) -> int:
+    """L, the largest level each of ``world`` ranks may send so that the sum of their int8
+    values cannot overflow: each rank rounds values of at most L·mᵢ/S in magnitude (mᵢ its
+    max|x|, S = Σ mᵢ), so the sum of the rounded is at most L + P/2 ≤ 127. A one-line error
+    above 252 ranks, where no level is left."""
+    levels = INT8_MAX - (world + 1) // 2
+    if levels < 1:
+        raise GradwireError(f"int8: {world} ranks leave no level to send (the sum of their "
+                            f"int8 values must fit in int8): at most 252 ranks; use bf16")
+    return levels
+
+
+def int8_quantize(x: torch.Tensor, inv: torch.Tensor, levels: int,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the levels in x's accumulation dtype, the same as int8): x·inv rounded to the
+    nearest, written into ``out`` where given (:meth:`Int8.scratch`). ``inv``: levels per unit
+    of x, a 0-d tensor from :func:`int8_inverse` of a bound on |x|, so that no |x·inv| exceeds
+    ``levels`` by more than rounding (none is clamped: the bound rules it out; 0 sends
+    zeros)."""
+    acc = acc_dtype(x.dtype)
+    if out is None:
+        out = (torch.empty(x.numel(), dtype=acc, device=x.device),
+               torch.empty(x.numel(), dtype=torch.int8, device=x.device))
+    t, q = out
+    if x.dtype == acc:
+        torch.mul(x, inv, out=t)
+    else:  # multiplied in the accumulation dtype: fp16 holds levels to 1/16 only
+        t.copy_(x).mul_(inv)
+    t.round_()
+    return t, q.copy_(t)
+
+
+def int8_inverse(bound: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inv, scale) for values of magnitude at most ``bound`` (0-d): levels/bound and
+    bound/levels; both 0 where the bound is 0, NaN or Inf (then nothing is sent, and error
+    feedback keeps it all). No host read."""
+    ok = (bound > 0) & bound.isfinite()
+    safe = torch.where(ok, bound, torch.ones_like(bound))
+    zero = torch.zeros_like(bound)
+    return torch.where(ok, levels / safe, zero), torch.where(ok, safe / levels, zero)
+
+
+class Int8(Compressor):
+    """x rounded to one of 255 levels of max|x|/127, one byte each and one scale. Biased (it
+    rounds); pair it with :class:`ErrorFeedback`. Its aggregation sums the int8 values of
+    every rank in one allreduce with a scale the ranks share (:mod:`gradwire.catalogue`)."""
+
+    name = "int8"
+    error_feedback = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffers: dict[object, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def scratch(self, key: object, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Buffers for the levels of bucket ``key`` (x's accumulation dtype) and their int8
+        wire, kept from step to step (fresh ones would cost page faults at every step); made
+        again when the bucket changes."""
+        t, q = self.buffers.get(key, (None, None))
+        if t is None or t.numel() != x.numel() or t.device != x.device or \
+                t.dtype != acc_dtype(x.dtype):
+            t, q = (torch.empty(x.numel(), dtype=acc_dtype(x.dtype), device=x.device),
+                    torch.empty(x.numel(), dtype=torch.int8, device=x.device))
+            self.buffers[key] = (t, q)
+        return t, q
+
+    def compress(self, x: torch.Tensor) -> Int8Payload:
+        check_input(self.name, x)
+        acc = acc_dtype(x.dtype)
+        if x.numel():
+            bound = torch.stack(list(x.aminmax())).abs().max().to(acc)
+        else:
+            bound = torch.zeros((), dtype=acc, device=x.device)
+        inv, scale = int8_inverse(bound, INT8_MAX)
+        _, values = int8_quantize(x, inv, INT8_MAX)
+        return Int8Payload(dtype=x.dtype, values=values, scale=scale.reshape(1))
+
+    def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
+        p = expect(self.name, payload, Int8Payload)
+        return p.values.to(p.scale.dtype).mul_(p.scale).to(p.dtype)
+
+    def decompress_into(self, payload: Payload, out: torch.Tensor) -> torch.Tensor:
+        p = expect(self.name, payload, Int8Payload)
+        if p.values.numel() != out.numel():
+            raise GradwireError(f"{self.name}: this payload holds {p.values.numel()} elements, "
+                                f"not the {out.numel()} asked for")
+        return out.copy_(p.values).mul_(p.scale)
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
+        return numel + acc_dtype(dtype).itemsize

@@ -182,6 +182,14 @@ class Table:
                      np.concatenate([t.size for t in parts]),
                      np.concatenate([t.reduces for t in parts]))
 
+    def scaled(self, factor: int) -> Table:
+        """The same transfers counted in units ``factor`` times smaller (elements of 4 bytes
+        as bytes: ``scaled(4)``)."""
+        if factor == 1:
+            return self
+        return Table(self.world_size, self.count * factor, self.step, self.src, self.dst,
+                     self.start * factor, self.size * factor, self.reduces)
+
     def transfers_of(self, ops: tuple[str, str] = ("copy", "sum")) -> list[list[Transfer]]:
         """The steps as transfers; ``ops[reduces]`` names each transfer's op."""
         cols = zip(self.step.tolist(), self.src.tolist(), self.dst.tolist(),

@@ -24,13 +24,13 @@ import contextlib
 import gc
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
-from gradwire.schedules.ir import Table, blocks, chain
+from gradwire.schedules.ir import Schedule, Step, Table, blocks, chain
 from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
 from gradwire.sim.engine import Engine, Network
 from gradwire.sim.replay import Replay, dataflow, single_peer, step_arrays
@@ -88,10 +88,12 @@ def bucket_spec(nbytes: int, p: int, o: CollectiveOptions) -> tuple[str, str, in
 
 def bucket_calls(nbytes: int, p: int, o: CollectiveOptions,
                  shapes: Shapes | None = None) -> tuple[list, int]:
-    """The collectives one bucket of ``nbytes`` runs, in order, and their element size: the
-    dense allreduce of ``o.algo``, or the catalogue's plan of method ``o.compressor`` for a
-    float32 bucket (its allreduces on ``o.algo``, as a hook with ``algo=o.algo`` runs them)
-    holding tensors of ``shapes`` (:func:`bucket_shapes`; None: one flat tensor)."""
+    """The collectives one bucket of ``nbytes`` runs, in order, and the unit the replay counts
+    them in: the dense allreduce of ``o.algo``, or the catalogue's plan of method
+    ``o.compressor`` for a float32 bucket (its allreduces on ``o.algo``, as a hook with
+    ``algo=o.algo`` runs them) holding tensors of ``shapes`` (:func:`bucket_shapes`; None: one
+    flat tensor). The unit is the calls' element size, or 1 (bytes) where their element
+    sizes differ (int8's scale and levels): :func:`call_table` counts a call in it."""
     from gradwire.catalogue import CollectiveCall
 
     if o.compressor is None:
@@ -106,10 +108,23 @@ def bucket_calls(nbytes: int, p: int, o: CollectiveOptions,
     compressor, density = m.compressor_from(o.compressor_params)
     plan = m.plan(max(nbytes // 4, 1), p, torch.float32, compressor, density, o.algo, shapes)
     items = {c.itemsize for c in plan.calls}
-    if len(items) != 1:
-        raise GradwireError(f"{o.compressor}: its calls move elements of {sorted(items)} bytes: "
-                            "the replay needs one element size per bucket")
-    return plan.calls, items.pop()
+    return plan.calls, items.pop() if len(items) == 1 else 1
+
+
+def call_table(call, p: int, unit: int) -> Table:  # type: ignore[no-untyped-def]
+    """The transfers of ``call`` on ``p`` ranks counted in units of ``unit`` bytes (the
+    :func:`bucket_calls` unit, which divides the call's element size)."""
+    return call.table(p).scaled(call.itemsize // unit)
+
+
+def call_schedule(call, p: int, unit: int) -> Schedule:  # type: ignore[no-untyped-def]
+    """:func:`call_table` as a schedule."""
+    s, f = call.schedule(p), call.itemsize // unit
+    if f == 1:
+        return s
+    steps = tuple(Step(tuple(t._replace(start=t.start * f, count=t.count * f)
+                             for t in st.transfers)) for st in s.steps)
+    return replace(s, count=s.count * f, steps=steps)
 
 
 @contextlib.contextmanager
@@ -207,7 +222,8 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
 
     if fast and not record:
         with _no_gc():
-            tables = [Table.chain([call.table(p) for call in calls]) for calls, _ in specs]
+            tables = [Table.chain([call_table(call, p, item) for call in calls])
+                      for calls, item in specs]
         if single_peer(tables):
             eng = Engine(net)
             compiled: dict[int, list] = {}  # equal sizes share a table: compile it once
@@ -224,7 +240,8 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
             return finish(name, ends, mean_compute, eng, p, ends[-1], [])
 
     with _no_gc():
-        scheds = [chain([call.schedule(p) for call in calls]) for calls, _ in specs]
+        scheds = [chain([call_schedule(call, p, item) for call in calls])
+                  for calls, item in specs]
     eng = Engine(net, record)
     loop = _Loop(trace, c, groups, pick, eng, record)
     end = loop.run(Replay(eng, hosts, 1, c.alpha, c.gamma, loop.bucket_done), scheds, items,
