@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from gradwire import catalogue
 from gradwire.collectives.agree import header_spec
+from gradwire.compress.quantize import INT8_BLOCK
 from gradwire.launcher import free_port
 from gradwire.perf.model import Aggregation, bytes_sent
 from gradwire.schedules import registry
@@ -73,14 +74,15 @@ def test_powersgd_is_two_allreduces_everywhere():
     assert _simulated("powersgd", 50_003, 4) == sum(sent)
 
 
-def test_int8_is_the_shared_scale_then_one_byte_per_element():
+def test_int8_is_the_shared_scales_then_one_byte_per_element():
     plan = _plan("int8", 50_003, 4, "ring")
+    head = -(-50_003 // INT8_BLOCK) + 1  # a scale per block, and the status
     assert [(c.collective, c.what, c.count, c.itemsize, c.dtype) for c in plan.calls] == [
-        ("allreduce", "scale", 2, 4, torch.float32),
+        ("allreduce", "scale", head, 4, torch.float32),
         ("allreduce", "payload", 50_003, 1, torch.int8)]
-    assert plan.sent == 8 + 50_003
+    assert plan.sent == 4 * head + 50_003
     sent = [int(registry.table("allreduce", "ring", 4, n).size.sum()) * item
-            for n, item in ((2, 4), (50_003, 1))]
+            for n, item in ((head, 4), (50_003, 1))]
     assert _simulated("int8", 50_003, 4) == sum(sent)
     assert _plan("int8", 2, 4, "ring").dense  # 2 + 8 bytes are no fewer than 8
 

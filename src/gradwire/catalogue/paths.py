@@ -16,8 +16,8 @@ added first and keeps what was not applied, so Σ_ranks e_after + P·avg = Σ_ra
 | sparse   | topk, gtopk                     | TopKAllReduce / gTopKAllReduce              |
 | lowrank  | powersgd                        | allreduce of P and the 1-D tensors, then of |
 |          |                                 | Q (each weight its own matrix)              |
-| scaled   | int8                            | allreduce of every rank's max, then of the  |
-|          |                                 | int8 levels of that shared scale            |
+| scaled   | int8                            | allreduce of every rank's max per block,    |
+|          |                                 | then of the int8 levels of those scales     |
 """
 
 from __future__ import annotations
@@ -41,10 +41,17 @@ from gradwire.compress import (
     ErrorFeedback,
     Payload,
     PowerSGDCompressor,
+    blocks,
     feedback,
 )
 from gradwire.compress.base import select_count
-from gradwire.compress.quantize import Int8, int8_inverse, int8_levels, int8_quantize
+from gradwire.compress.quantize import (
+    INT8_BLOCK,
+    Int8,
+    int8_inverse,
+    int8_levels,
+    int8_quantize,
+)
 from gradwire.dtypes import acc_dtype
 from gradwire.sparse.allreduce import GTOPK_ALGOS, exchange
 from gradwire.sparse.allreduce import spec as sparse_spec
@@ -391,48 +398,50 @@ def worst_of(total: torch.Tensor, world: int) -> torch.Tensor:
 
 
 class Scaled(InBand):
-    """int8 summed on the wire: one allreduce of every rank's max|e + x| (and its NaN/Inf
-    status), whose sum S is the scale every rank shares, then one allreduce of the int8
-    levels round((e + x)·L/S), L = 127 − ⌈P/2⌉ (:func:`gradwire.compress.quantize.int8_levels`:
-    their sum fits in int8). avg = Σ levels·(S/L)/P; the residual keeps e + x − levels·S/L."""
+    """int8 summed on the wire: one allreduce of every rank's max|e + x| per block of
+    INT8_BLOCK elements (and its NaN/Inf status), whose sums S are the scales every rank
+    shares, then one allreduce of the int8 levels round((e + x)·L/S), L = 127 − ⌈P/2⌉
+    (:func:`gradwire.compress.quantize.int8_levels`: their sum fits in int8). avg = Σ
+    levels·(S/L)/P; the residual keeps e + x − levels·S/L."""
 
     name = "scaled"
     sums_payloads = True
 
     def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
              shapes=None):
-        if numel + 2 * acc_dtype(dtype).itemsize >= numel * dtype.itemsize:
+        acc = acc_dtype(dtype)
+        head = blocks.count(numel, INT8_BLOCK) + 1  # the scales and the status
+        if numel + head * acc.itemsize >= numel * dtype.itemsize:
             return dense(numel, dtype, algo)  # no smaller than the bucket as it is
         int8_levels(world)  # a world it cannot serve is an error here, before anything runs
-        acc = acc_dtype(dtype)
         name, params = allreduce_algo(algo)
-        return BucketPlan((CollectiveCall("allreduce", name, 2, acc.itemsize, "scale", params,
-                                          acc),
+        return BucketPlan((CollectiveCall("allreduce", name, head, acc.itemsize, "scale",
+                                          params, acc),
                            CollectiveCall("allreduce", name, numel, 1, "payload", params,
                                           torch.int8)),
-                          2 * acc.itemsize + numel)
+                          head * acc.itemsize + numel)
 
     def start(self, c, x, key):  # type: ignore[override]
         assert isinstance(c.compressor, Int8) and c.ef is not None
         world, dtype = c.comm.world, acc_dtype(x.dtype)
         levels = int8_levels(world)
         e = c.ef.residual(key, x)  # zeros at first, then kept from step to step
-        # the status and max|x| + max|e|, a bound on |e + x| (a level or so above max|e + x|:
-        # e is at most half a level) from the same passes
-        mine, keep, bound = feedback.local_status_bound(x, e)
+        # the status and, per block, max|x| + max|e|, a bound on |e + x| (e is at most half a
+        # level) from the same passes
+        mine, keep, bound = feedback.local_status_bound(x, e, INT8_BLOCK)
         acc = feedback.add_kept(e, x, keep)  # e + x in the residual (e alone: overflow)
-        head = torch.cat([bound.to(dtype).reshape(1), status_code(mine, world, dtype,
-                                                                  x.device)])
+        head = torch.cat([bound.to(dtype), status_code(mine, world, dtype, x.device)])
         c.comm.all_reduce(head)
-        worst = worst_of(head[1], world)
-        inv, scale = int8_inverse(head[0], levels)
+        worst = worst_of(head[-1], world)
+        inv, scale = int8_inverse(head[:-1], levels)
         levels_t, wire = int8_quantize(acc, inv, levels, c.compressor.scratch(key, x))
         c.comm.all_reduce(wire)
 
         def finish(worst: int) -> torch.Tensor:
             if worst == feedback.Status.OK:
-                acc.addcmul_(levels_t, scale, value=-1)  # what this rank's levels left out
-                return torch.mul(wire, scale / world, out=x)
+                # the residual: what this rank's levels left out
+                blocks.sub_product_(acc, levels_t, scale, INT8_BLOCK)
+                return blocks.mul(wire, scale.div_(world), INT8_BLOCK, out=x)
             instead = feedback.settle(worst, x, acc, e, keep,
                                       f"gradwire hook {c.method.name}")
             return dense_average(c, instead)[0]

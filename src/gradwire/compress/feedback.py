@@ -50,6 +50,7 @@ from collections.abc import Hashable
 
 import torch
 
+from gradwire.compress import blocks
 from gradwire.compress.base import Compressor, Payload
 from gradwire.compress.select import select
 from gradwire.errors import GradwireError
@@ -86,17 +87,25 @@ class Status(enum.IntEnum):
     NONFINITE = 2  # x (or, after a call with the header exchange off, the residual) is not
 
 
-def _extremes(x: torch.Tensor, residual: torch.Tensor | None
+def _extremes(x: torch.Tensor, residual: torch.Tensor | None, block: int | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(X + E, the ends): the largest |x| plus the largest |e| (0-d), and x's and e's minimum
+    """(X + E, the ends): the largest |x| plus the largest |e| (1-D: one element, or one per
+    block of ``block`` elements, :mod:`gradwire.compress.blocks`), and x's and e's minimum
     and maximum in x's dtype (1-D). One aminmax pass over each (it propagates NaN); nothing is
     read on the host."""
-    ends = torch.stack(list(x.aminmax()))
-    bound = ends.abs().max()
+    if block is None:
+        ends = torch.stack(list(x.aminmax()))
+        bound = ends.abs().max().reshape(1)
+    else:
+        bound, ends = blocks.magnitude(x, block)
     if residual is not None and residual.numel():
-        e_ends = torch.stack([t.to(x.dtype) for t in residual.aminmax()])
+        if block is None:
+            e_ends = torch.stack([t.to(x.dtype) for t in residual.aminmax()])
+            e_bound = e_ends.abs().max()
+        else:
+            e_bound, e_ends = (t.to(x.dtype) for t in blocks.magnitude(residual, block))
         ends = torch.cat([ends, e_ends])
-        bound = bound + e_ends.abs().max()
+        bound = bound + e_bound
     return bound, ends
 
 
@@ -116,7 +125,7 @@ def status(x: torch.Tensor, residual: torch.Tensor | None = None) -> Status:
 def _status(x: torch.Tensor, residual: torch.Tensor | None, bound: torch.Tensor,
             ends: torch.Tensor) -> Status:
     """:func:`status` from :func:`_extremes`."""
-    finite = torch.cat([bound.reshape(1), ends]).isfinite().tolist()
+    finite = torch.cat([bound.isfinite().all().reshape(1), ends.isfinite()]).tolist()
     if finite[0]:
         return Status.OK
     if not all(finite[1:]):
@@ -135,22 +144,24 @@ def local_status(x: torch.Tensor, residual: torch.Tensor | None
     return mine, keep
 
 
-def local_status_bound(x: torch.Tensor, residual: torch.Tensor | None
+def local_status_bound(x: torch.Tensor, residual: torch.Tensor | None,
+                       block: int | None = None
                        ) -> tuple[int | torch.Tensor, bool | torch.Tensor, torch.Tensor]:
     """:func:`local_status` and, from the same passes, the largest |x| plus the largest |e|
-    (0-d, x's dtype, not read): a bound on every |x_i + e_i| as x's dtype rounds it."""
+    (1-D, x's dtype, not read; one element, or one per block of ``block`` elements): a bound
+    on every |x_i + e_i| of its block as x's dtype rounds it."""
     if x.numel() == 0:
-        bound = torch.zeros((), dtype=x.dtype, device=x.device)
+        bound = torch.zeros(1 if block is None else 0, dtype=x.dtype, device=x.device)
         if on_host(x):
             return int(Status.OK), True, bound
         zero = torch.zeros((), dtype=torch.uint8, device=x.device)
         return zero, torch.ones((), dtype=torch.bool, device=x.device), bound
-    bound, ends = _extremes(x, residual)
+    bound, ends = _extremes(x, residual, block)
     if on_host(x):
         mine = _status(x, residual, bound, ends)
         return int(mine), mine is not Status.OVERFLOW, bound
     nonfinite = ~ends.isfinite().all()
-    overflow = ~nonfinite & ~bound.isfinite()
+    overflow = ~nonfinite & ~bound.isfinite().all()
     mine = nonfinite.to(torch.uint8) * int(Status.NONFINITE) + overflow.to(torch.uint8)
     return mine, ~overflow, bound
 

@@ -6,16 +6,17 @@
   :class:`gradwire.compress.ErrorFeedback`.
 - ``qsgd``: s levels of |x|/||x||₂ with stochastic rounding (Alistarh et al. 2017), unbiased.
 - ``terngrad``: {−1, 0, 1}·max|x| with stochastic rounding (Wen et al. 2017), unbiased.
-- ``int8``: x rounded to the nearest of 2L + 1 levels of one scale, 8 bits each. Biased;
-  meant for error feedback. Alone it scales by its own max|x| (L = 127); in an aggregation
-  (:mod:`gradwire.catalogue`) every rank scales by the sum over ranks of their max|x| and
-  L = 127 − ⌈P/2⌉, so that the int8 values of all P ranks sum without overflow in an int8
-  allreduce.
+- ``int8``: x rounded to the nearest of 2L + 1 levels, 8 bits each, one scale per block of
+  1024 elements. Biased; meant for error feedback. Alone it scales each block by its own
+  max|x| (L = 127); in an aggregation (:mod:`gradwire.catalogue`) every rank scales a block
+  by the sum over ranks of their max|x| there and L = 127 − ⌈P/2⌉, so that the int8 values
+  of all P ranks sum without overflow in an int8 allreduce.
 
 Wire for n elements: signsgd ⌈n/8⌉ bytes; efsignsgd ⌈n/8⌉ + one scale; qsgd one norm + ⌈n/8⌉
 sign bytes + ⌈n·w/8⌉ level bytes, w the narrowest of 1, 2, 4, 8 bits holding 0..s (2 or 4 bytes
-per level when s ≥ 256); terngrad ⌈n/4⌉ + one scale; int8 n + one scale. Norms and scales are
-fp32 (fp64 for fp64 input). The stochastic ones draw from (seed, step): give each rank its own seed.
+per level when s ≥ 256); terngrad ⌈n/4⌉ + one scale; int8 n + one scale per 1024 elements.
+Norms and scales are fp32 (fp64 for fp64 input). The stochastic ones draw from (seed, step):
+give each rank its own seed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from gradwire.check import check_int
+from gradwire.compress import blocks
 from gradwire.compress.base import Compressor, Payload, check_input, expect
 from gradwire.compress.bits import code_width, decode_codes, pack_bits, packed_bytes
 from gradwire.dtypes import acc_dtype
@@ -243,19 +245,20 @@ class TernGrad(Compressor):
 
 
 INT8_MAX = 127
+INT8_BLOCK = 1024  # elements per scale: 4 bytes of scale per 1024 of levels (0.4 %)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Int8Payload(Payload):
     values: torch.Tensor  # int8 levels in [−L, L]
-    scale: torch.Tensor  # one element: what one level stands for
+    scale: torch.Tensor  # one per block of INT8_BLOCK elements: what one level stands for
 
 
 def int8_levels(world: int) -> int:
     """L, the largest level each of ``world`` ranks may send so that the sum of their int8
-    values cannot overflow: each rank rounds values of at most L·mᵢ/S in magnitude (mᵢ its
-    max|x|, S = Σ mᵢ), so the sum of the rounded is at most L + P/2 ≤ 127. A one-line error
-    above 252 ranks, where no level is left."""
+    values cannot overflow: in each block each rank rounds values of at most L·mᵢ/S in
+    magnitude (mᵢ its largest |x| there, S = Σ mᵢ), so the sum of the rounded is at most
+    L + P/2 ≤ 127. A one-line error above 252 ranks, where no level is left."""
     levels = INT8_MAX - (world + 1) // 2
     if levels < 1:
         raise GradwireError(f"int8: {world} ranks leave no level to send (the sum of their "
@@ -267,8 +270,9 @@ def int8_quantize(x: torch.Tensor, inv: torch.Tensor, levels: int,
                   out: tuple[torch.Tensor, torch.Tensor] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the levels in x's accumulation dtype, the same as int8): x·inv rounded to the
-    nearest, written into ``out`` where given (:meth:`Int8.scratch`). ``inv``: levels per unit
-    of x, a 0-d tensor from :func:`int8_inverse` of a bound on |x|, so that no |x·inv| exceeds
+    nearest, each block of INT8_BLOCK elements by its own entry of ``inv``; written into
+    ``out`` where given (:meth:`Int8.scratch`). ``inv``: levels per unit of x, one per block,
+    from :func:`int8_inverse` of a bound on each block's |x|, so that no |x·inv| exceeds
     ``levels`` by more than rounding (none is clamped: the bound rules it out; 0 sends
     zeros)."""
     acc = acc_dtype(x.dtype)
@@ -276,17 +280,16 @@ def int8_quantize(x: torch.Tensor, inv: torch.Tensor, levels: int,
         out = (torch.empty(x.numel(), dtype=acc, device=x.device),
                torch.empty(x.numel(), dtype=torch.int8, device=x.device))
     t, q = out
-    if x.dtype == acc:
-        torch.mul(x, inv, out=t)
-    else:  # multiplied in the accumulation dtype: fp16 holds levels to 1/16 only
-        t.copy_(x).mul_(inv)
+    if x.dtype != acc:  # multiplied in the accumulation dtype: fp16 holds levels to 1/16 only
+        x = t.copy_(x)
+    blocks.mul(x, inv, INT8_BLOCK, out=t)
     t.round_()
     return t, q.copy_(t)
 
 
 def int8_inverse(bound: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inv, scale) for values of magnitude at most ``bound`` (0-d): levels/bound and
-    bound/levels; both 0 where the bound is 0, NaN or Inf (then nothing is sent, and error
+    """(inv, scale) for values of magnitude at most ``bound`` (per element of it): levels/bound
+    and bound/levels; both 0 where the bound is 0, NaN or Inf (then nothing is sent, and error
     feedback keeps it all). No host read."""
     ok = (bound > 0) & bound.isfinite()
     safe = torch.where(ok, bound, torch.ones_like(bound))
@@ -295,9 +298,10 @@ def int8_inverse(bound: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.
 
 
 class Int8(Compressor):
-    """x rounded to one of 255 levels of max|x|/127, one byte each and one scale. Biased (it
-    rounds); pair it with :class:`ErrorFeedback`. Its aggregation sums the int8 values of
-    every rank in one allreduce with a scale the ranks share (:mod:`gradwire.catalogue`)."""
+    """x rounded to one of 255 levels per block of INT8_BLOCK elements (the block's largest
+    |x| over 127), one byte each and one scale per block. Biased (it rounds); pair it with
+    :class:`ErrorFeedback`. Its aggregation sums the int8 values of every rank in one
+    allreduce with scales the ranks share (:mod:`gradwire.catalogue`)."""
 
     name = "int8"
     error_feedback = True
@@ -320,25 +324,22 @@ class Int8(Compressor):
 
     def compress(self, x: torch.Tensor) -> Int8Payload:
         check_input(self.name, x)
-        acc = acc_dtype(x.dtype)
-        if x.numel():
-            bound = torch.stack(list(x.aminmax())).abs().max().to(acc)
-        else:
-            bound = torch.zeros((), dtype=acc, device=x.device)
-        inv, scale = int8_inverse(bound, INT8_MAX)
+        bound, _ = blocks.magnitude(x, INT8_BLOCK)
+        inv, scale = int8_inverse(bound.to(acc_dtype(x.dtype)), INT8_MAX)
         _, values = int8_quantize(x, inv, INT8_MAX)
-        return Int8Payload(dtype=x.dtype, values=values, scale=scale.reshape(1))
+        return Int8Payload(dtype=x.dtype, values=values, scale=scale)
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
         p = expect(self.name, payload, Int8Payload)
-        return p.values.to(p.scale.dtype).mul_(p.scale).to(p.dtype)
+        out = torch.empty(p.values.numel(), dtype=p.scale.dtype, device=p.values.device)
+        return blocks.mul(p.values, p.scale, INT8_BLOCK, out=out).to(p.dtype)
 
     def decompress_into(self, payload: Payload, out: torch.Tensor) -> torch.Tensor:
         p = expect(self.name, payload, Int8Payload)
         if p.values.numel() != out.numel():
             raise GradwireError(f"{self.name}: this payload holds {p.values.numel()} elements, "
                                 f"not the {out.numel()} asked for")
-        return out.copy_(p.values).mul_(p.scale)
+        return blocks.mul(p.values, p.scale, INT8_BLOCK, out=out)
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
-        return numel + acc_dtype(dtype).itemsize
+        return numel + acc_dtype(dtype).itemsize * blocks.count(numel, INT8_BLOCK)
