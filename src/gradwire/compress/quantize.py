@@ -289,12 +289,15 @@ def int8_quantize(x: torch.Tensor, inv: torch.Tensor, levels: int,
 
 def int8_inverse(bound: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(inv, scale) for values of magnitude at most ``bound`` (per element of it): levels/bound
-    and bound/levels; both 0 where the bound is 0, NaN or Inf (then nothing is sent, and error
-    feedback keeps it all). No host read."""
+    and bound/levels; both 0 where the bound is 0, NaN or Inf, or so small that levels/bound
+    overflows (a block of subnormal values: 0·inf would make NaN). Then nothing is sent, and
+    error feedback keeps it all. No host read."""
     ok = (bound > 0) & bound.isfinite()
     safe = torch.where(ok, bound, torch.ones_like(bound))
+    inv = levels / safe
+    ok &= inv.isfinite()
     zero = torch.zeros_like(bound)
-    return torch.where(ok, levels / safe, zero), torch.where(ok, safe / levels, zero)
+    return torch.where(ok, inv, zero), torch.where(ok, safe / levels, zero)
 
 
 class Int8(Compressor):
