@@ -53,6 +53,27 @@ PAIRS = (("gradwire:dense", "torch:allreduce"), ("gradwire:fp16", "torch:fp16"),
          ("gradwire:bf16", "gradwire:bf16/thread"))
 
 
+def check_hook(hook: str) -> str | None:
+    """Why the ranks could not run ``hook`` (benchmarks/ranks/ddp_hooks.py's names), or None."""
+    import gradwire.hooks as gh
+
+    name, _, variant = hook.partition("/")
+    if variant not in ("", "nocheck", "one", "thread"):
+        return f"{hook!r}: the variant after '/' must be nocheck, one or thread"
+    if name in ("torch:allreduce", "torch:fp16"):
+        return None
+    if name.startswith("torch:powersgd-r"):
+        rank = name.removeprefix("torch:powersgd-r")
+        return None if rank.isdigit() and int(rank) > 0 else f"{hook!r}: the rank must be >= 1"
+    if not name.startswith("gradwire:"):
+        return (f"{hook!r} is not a hook: expected torch:allreduce, torch:fp16, "
+                "torch:powersgd-rN or gradwire:METHOD[-DENSITY|-rN][@ALGO]")
+    method = name.removeprefix("gradwire:").partition("@")[0].partition("-")[0]
+    if method not in gh.METHODS:
+        return f"{hook!r}: unknown method {method!r}: expected one of {', '.join(gh.METHODS)}"
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=4)
@@ -74,6 +95,10 @@ def main() -> None:
         # of different buckets can reach the ranks in different orders (gloo aborted with
         # "Received data size doesn't match expected size" on the 3-bucket mlp14m).
         args.hooks = ",".join(h for h in HOOKS if h != "torch:powersgd-r1")
+    for hook in args.hooks.split(","):
+        problem = check_hook(hook)
+        if problem:
+            sys.exit(f"ddp_hooks.py: error: --hooks: {problem}")
     out = args.out or (OUT if args.device == "cpu" else OUT.with_name(f"{args.device}.json"))
     env = {"HOOKS": args.hooks, "MODEL": args.model, "BATCH": str(args.batch),
            "WARMUP": str(args.warmup), "ITERS": str(args.iters), "ROUNDS": str(args.rounds),

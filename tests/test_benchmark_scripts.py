@@ -70,6 +70,22 @@ def test_ddp_hooks_runs_and_our_dense_hook_trains_as_ddp_does(tmp_path):
     assert "gradwire:dense vs torch:allreduce" in doc["speed_ratios"]
 
 
+@pytest.mark.parametrize("hook, says", [
+    ("torch:bf16", "'torch:bf16' is not a hook"),
+    ("gradwire:int9", "unknown method 'int9'"),
+    ("gradwire:fp16/fast", "the variant after '/' must be nocheck, one or thread"),
+])
+def test_ddp_hooks_refuses_a_hook_it_cannot_run_in_one_line(hook, says):
+    """Before any rank starts: one line, no traceback from the ranks."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "ddp_hooks.py"), "--loopback",
+                        "--hooks", f"torch:allreduce,{hook}"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_powersgd_accuracy_trains_every_hook(tmp_path):
     """benchmarks/powersgd_accuracy.py end to end, small: 2 loopback ranks, rank 1, one
     epoch; every hook reaches an accuracy above chance on digits' 10 classes."""
