@@ -166,6 +166,9 @@ for m in gh.METHODS:
         if mode == "bucket" and len(buckets) == STEPS:
             check(buckets[0] == 1 and buckets[1] > 1,
                   f"{tag}: expected 1 bucket in iteration 0 then a rebuild, got {buckets}")
+        if m == "int8" and buckets:  # the scratch of the buckets before the rebuild is freed
+            kept = len(state.compressor.buffers)
+            check(kept == buckets[-1], f"{tag}: scratch for {kept} buckets, {buckets[-1]} in use")
         check(state.stats["steps"] == len(buckets) and state.stats["sent"] > 0,
               f"{tag}: stats {state.stats}")
 

@@ -18,7 +18,13 @@ from gradwire.catalogue import METHODS as CATALOGUE
 from gradwire.catalogue import MODES, AggregationCall, Issued, Method, Started, issue, start
 from gradwire.catalogue import get as get_method
 from gradwire.check import check_fraction, check_int, is_real
-from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback, PowerSGDCompressor
+from gradwire.compress import (
+    COMPRESSORS,
+    Compressor,
+    ErrorFeedback,
+    Int8,
+    PowerSGDCompressor,
+)
 from gradwire.compress.feedback import MALFORMED
 from gradwire.errors import GradwireError
 from gradwire.hooks import layout
@@ -533,6 +539,10 @@ class HookState:
             for kept in (self.compressor.power.memory, self.compressor.buffers):
                 for key in [k for k in kept if k[0] not in self._used]:  # type: ignore[index]
                     del kept[key]  # keyed (bucket, rows, cols)
+        elif isinstance(self.compressor, Int8):  # and rebuilt buckets' scratch (5 B/element)
+            buffers = self.compressor.buffers
+            for key in [k for k in buffers if k not in self._used]:
+                del buffers[key]
         self._used = set()
         self._layouts, self._step_open = self._observed, False
 
