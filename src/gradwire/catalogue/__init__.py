@@ -26,7 +26,7 @@ Example::
 | efsignsgd | gathered | ⌈n/8⌉ + 4                                                       |
 | qsgd      | gathered | 4 + ⌈n/8⌉ + ⌈n·w/8⌉                                             |
 | terngrad  | gathered | ⌈n/4⌉ + 4                                                       |
-| int8      | scaled   | 8 (the max, summed into the shared scale), then n (allreduce)   |
+| int8      | scaled   | 4(⌈n/1024⌉ + 1) (maxima, status: the shared scales), then n     |
 | powersgd  | lowrank  | 4·(Σ rows·r + 1-D elements), then 4·Σ cols·r (two allreduces)   |
 """
 

@@ -13,13 +13,14 @@ parametrized tests iterate over. ``get(name, **params)`` builds one with checked
 | efsignsgd | quantize | ⌈n/8⌉ + 4 bytes                       | no          |
 | qsgd      | quantize | 4 + ⌈n/8⌉ + ⌈n·w/8⌉ bytes, w ≤ 8 bits | no          |
 | terngrad  | quantize | ⌈n/4⌉ + 4 bytes                       | no          |
-| int8      | quantize | n + 4 bytes                           | no (*)      |
+| int8      | quantize | n + 4⌈n/1024⌉ bytes (a scale a block) | no (*)      |
 | fp16/bf16 | cast     | 2n bytes                              | yes         |
 | powersgd  | lowrank  | 4(rows + cols)·r bytes, rows·cols ≥ n | no (*)      |
 
 (*) as a one-shot compressor of a flat tensor: :class:`PowerSGD`'s steps make it two
 allreduces, each weight its own matrix (:func:`gradwire.compress.lowrank.layout`); int8's
-aggregation shares one scale among the ranks, and then their int8 values sum in an allreduce.
+aggregation shares each block's scale among the ranks, and then their int8 values sum in an
+allreduce.
 """
 
 from __future__ import annotations
