@@ -132,6 +132,12 @@ class Compressor(ABC):
             total += self.decompress(p, numel)
         return total.div_(len(payloads)).to(dtype)
 
+    def forget(self, used: set) -> None:
+        """Drop what is kept per bucket from step to step (warm starts, scratch) for the
+        buckets not in ``used``: those a rebuild of DDP's buckets retired. Most compressors
+        keep nothing per bucket."""
+        return None
+
     def state_dict(self) -> dict[str, object]:
         return {"step": self.step}
 

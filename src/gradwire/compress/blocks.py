@@ -37,10 +37,13 @@ def aminmax(t: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([lo for lo, _ in parts]), torch.cat([hi for _, hi in parts])
 
 
-def magnitude(t: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(each block's largest |t| (1-D), t's minimum and maximum (1-D, 2 elements)); NaN
-    propagates to both."""
-    lo, hi = aminmax(t, block)
+def magnitude(t: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each block's largest |t| (1-D; ``block`` None: one element, the whole of ``t`` in
+    one aminmax pass), t's minimum and maximum (1-D, 2 elements)); NaN propagates to both."""
+    if block is None and t.numel():
+        ends = torch.stack(list(t.aminmax()))
+        return ends.abs().max().reshape(1), ends
+    lo, hi = aminmax(t, block or 1)
     if not lo.numel():
         return lo, t.new_zeros(2)
     return torch.maximum(lo.abs(), hi.abs()), torch.stack([lo.min(), hi.max()])

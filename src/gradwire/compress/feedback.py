@@ -93,17 +93,9 @@ def _extremes(x: torch.Tensor, residual: torch.Tensor | None, block: int | None 
     block of ``block`` elements, :mod:`gradwire.compress.blocks`), and x's and e's minimum
     and maximum in x's dtype (1-D). One aminmax pass over each (it propagates NaN); nothing is
     read on the host."""
-    if block is None:
-        ends = torch.stack(list(x.aminmax()))
-        bound = ends.abs().max().reshape(1)
-    else:
-        bound, ends = blocks.magnitude(x, block)
+    bound, ends = blocks.magnitude(x, block)
     if residual is not None and residual.numel():
-        if block is None:
-            e_ends = torch.stack([t.to(x.dtype) for t in residual.aminmax()])
-            e_bound = e_ends.abs().max()
-        else:
-            e_bound, e_ends = (t.to(x.dtype) for t in blocks.magnitude(residual, block))
+        e_bound, e_ends = (t.to(x.dtype) for t in blocks.magnitude(residual, block))
         ends = torch.cat([ends, e_ends])
         bound = bound + e_bound
     return bound, ends

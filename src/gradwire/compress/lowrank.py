@@ -351,6 +351,11 @@ class PowerSGDCompressor(Compressor):
             buf = self.buffers[key] = like.new_empty(batch.shape, dtype=dtype)
         return buf
 
+    def forget(self, used: set) -> None:
+        for kept in (self.power.memory, self.buffers):
+            for key in [k for k in kept if k[0] not in used]:  # type: ignore[index]
+                del kept[key]  # keyed (bucket, rows, cols)
+
     def layout(self, numel: int, shapes: Sequence[Sequence[int]] | None = None) -> Layout:
         """How the two-allreduce form sends a bucket of tensors of ``shapes`` (:func:`layout`)."""
         return layout(numel, shapes, self.power.rank)

@@ -325,6 +325,10 @@ class Int8(Compressor):
             self.buffers[key] = (t, q)
         return t, q
 
+    def forget(self, used: set) -> None:
+        for key in [k for k in self.buffers if k not in used]:
+            del self.buffers[key]  # 5 bytes an element
+
     def compress(self, x: torch.Tensor) -> Int8Payload:
         check_input(self.name, x)
         bound, _ = blocks.magnitude(x, INT8_BLOCK)

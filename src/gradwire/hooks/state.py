@@ -18,13 +18,7 @@ from gradwire.catalogue import METHODS as CATALOGUE
 from gradwire.catalogue import MODES, AggregationCall, Issued, Method, Started, issue, start
 from gradwire.catalogue import get as get_method
 from gradwire.check import check_fraction, check_int, is_real
-from gradwire.compress import (
-    COMPRESSORS,
-    Compressor,
-    ErrorFeedback,
-    Int8,
-    PowerSGDCompressor,
-)
+from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback
 from gradwire.compress.feedback import MALFORMED
 from gradwire.errors import GradwireError
 from gradwire.hooks import layout
@@ -535,14 +529,8 @@ class HookState:
     def _end_step(self) -> None:
         self.stats["steps"] += 1
         self.stats["tail"] += time.perf_counter() - self._handoff
-        if isinstance(self.compressor, PowerSGDCompressor):  # forget rebuilt buckets' Q
-            for kept in (self.compressor.power.memory, self.compressor.buffers):
-                for key in [k for k in kept if k[0] not in self._used]:  # type: ignore[index]
-                    del kept[key]  # keyed (bucket, rows, cols)
-        elif isinstance(self.compressor, Int8):  # and rebuilt buckets' scratch (5 B/element)
-            buffers = self.compressor.buffers
-            for key in [k for k in buffers if k not in self._used]:
-                del buffers[key]
+        if self.compressor is not None:  # what rebuilt buckets kept (PowerSGD's Q, scratch)
+            self.compressor.forget(self._used)
         self._used = set()
         self._layouts, self._step_open = self._observed, False
 
