@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from gradwire import catalogue
 from gradwire.collectives.agree import header_spec
-from gradwire.compress.quantize import INT8_BLOCK
+from gradwire.compress.quantize import INT8_BLOCK, INT8_MOVES
 from gradwire.launcher import free_port
 from gradwire.perf.model import Aggregation, bytes_sent
 from gradwire.schedules import registry
@@ -74,17 +74,15 @@ def test_powersgd_is_two_allreduces_everywhere():
     assert _simulated("powersgd", 50_003, 4) == sum(sent)
 
 
-def test_int8_is_the_shared_scales_then_one_byte_per_element():
+def test_int8_is_one_allreduce_of_a_byte_per_element_and_the_votes():
     plan = _plan("int8", 50_003, 4, "ring")
-    head = -(-50_003 // INT8_BLOCK) + 1  # a scale per block, and the status
+    wire = 50_003 + len(INT8_MOVES) * -(-50_003 // INT8_BLOCK) + 2  # levels, votes, status
     assert [(c.collective, c.what, c.count, c.itemsize, c.dtype) for c in plan.calls] == [
-        ("allreduce", "scale", head, 4, torch.float32),
-        ("allreduce", "payload", 50_003, 1, torch.int8)]
-    assert plan.sent == 4 * head + 50_003
-    sent = [int(registry.table("allreduce", "ring", 4, n).size.sum()) * item
-            for n, item in ((head, 4), (50_003, 1))]
-    assert _simulated("int8", 50_003, 4) == sum(sent)
-    assert _plan("int8", 2, 4, "ring").dense  # 2 + 8 bytes are no fewer than 8
+        ("allreduce", "payload", wire, 1, torch.int8)]
+    assert plan.sent == wire
+    assert _simulated("int8", 50_003, 4) == int(registry.table("allreduce", "ring", 4,
+                                                               wire).size.sum())
+    assert _plan("int8", 2, 4, "ring").dense  # 2 + 8 + 2 bytes are no fewer than 8
 
 
 def test_compressor_semantics_live_on_the_compressor():
@@ -127,8 +125,13 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
             state.register(ddp)
             ddp(torch.randn(3, cin)).sum().backward()
             comm = state._comm  # noqa: SLF001 - the transports the hook's calls went through
-            counted[f"{name} {numel}"] = (sum(comm.agreed.bytes_sent),
-                                          comm.transport.control_bytes_sent)
+            header = comm.transport.control_bytes_sent
+            # the steady state, a third step: int8's first step of a bucket (and the first
+            # after DDP rebuilt its buckets) agrees on the bucket's step sizes first
+            ddp(torch.randn(3, cin)).sum().backward()
+            before = sum(comm.agreed.bytes_sent)
+            ddp(torch.randn(3, cin)).sum().backward()
+            counted[f"{name} {numel}"] = (sum(comm.agreed.bytes_sent) - before, header)
     with open(f"{out}.{rank}", "w") as f:
         json.dump(counted, f)
     dist.destroy_process_group()

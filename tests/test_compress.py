@@ -35,7 +35,18 @@ from gradwire.compress.base import generator
 from gradwire.compress.bits import WIDTHS, decode_codes, pack_bits, packed_bytes, unpack_bits
 from gradwire.compress.feedback import Status, fallback, status
 from gradwire.compress.lowrank import layout
-from gradwire.compress.quantize import INT8_BLOCK, int8_inverse, int8_levels, int8_quantize
+from gradwire.compress.quantize import (
+    INT8_BLOCK,
+    INT8_EXPONENT_LIMIT,
+    INT8_MOVES,
+    int8_adopt,
+    int8_budget,
+    int8_exponent,
+    int8_inverse,
+    int8_quantize,
+    int8_steps,
+    int8_vote,
+)
 from gradwire.dtypes import index_dtype
 from gradwire.errors import GradwireError
 
@@ -728,44 +739,92 @@ def test_untied_topk_leaves_nan_and_ties_to_the_full_rule():
     assert sorted(select._untied_topk(torch.tensor([3.0, 1.0, 4.0, 2.0]), 2).tolist()) == [0, 2]
 
 
-# --- int8: levels of a shared scale that sum in int8 ------------------------------------------
+# --- int8: levels of a shared step size that sum in int8 -------------------------------------
 
 @settings(max_examples=60, deadline=None)
-@given(world=st.integers(1, 252), n=st.integers(1, 2500), seed=st.integers(0, 2**16),
-       spread=st.floats(0.0, 30.0))
-def test_int8_levels_of_every_rank_sum_without_overflow(world, n, seed, spread):
-    """Each rank rounds (e + x)·L/S, S per block of INT8_BLOCK the sum of the ranks' max|e + x|
-    there: the sum of every rank's int8 values stays within int8 for any P up to 252 (ranks
-    whose magnitudes differ by up to e^30 included), and each rank's levels are within half a
-    level of what it meant."""
+@given(world=st.integers(1, 127), n=st.integers(1, 2500), seed=st.integers(0, 2**16),
+       spread=st.floats(0.0, 30.0), shift=st.integers(-30, 30))
+def test_int8_levels_of_every_rank_sum_without_overflow_and_keep_what_they_clip(
+        world, n, seed, spread, shift):
+    """Each rank sends round((e + x)/step) clipped to ±⌊127/P⌋, the step 2^(E/2) per block
+    that the ranks share, E anywhere near or far from what the magnitudes need (``shift``
+    half octaves off): the sum of every rank's int8 values stays within int8 for any P up to
+    127, and what a rank sends plus what it keeps is exactly what it meant to send, within
+    rounding where nothing is clipped."""
     g = torch.Generator().manual_seed(seed)
     world = min(world, 1 + 200_000 // n)  # at most 200 k elements in all
     xs = [torch.randn(n, generator=g, dtype=torch.float64).to(torch.float32)
           * math.exp(spread * float(torch.rand(1, generator=g))) for _ in range(world)]
-    levels = int8_levels(world)
-    bound = torch.stack([blocks.magnitude(x, INT8_BLOCK)[0] for x in xs]).sum(0)
-    assert bound.numel() == blocks.count(n, INT8_BLOCK)
-    inv, scale = int8_inverse(bound, levels)
+    budget = int8_budget(world)
+    bound = torch.stack([blocks.magnitude(x, INT8_BLOCK)[0] for x in xs]).amax(0)
+    exponent = int8_exponent(bound, budget) + shift
+    step, inv = int8_steps(exponent, torch.float32)
+    assert torch.allclose(step * inv, torch.ones_like(step))
     total = torch.zeros(n, dtype=torch.int64)
     for x in xs:
-        t, q = int8_quantize(x, inv, levels)
+        t, q = int8_quantize(x, inv, budget)
         assert q.dtype == torch.int8 and torch.equal(q.to(t.dtype), t)
+        assert int(q.abs().max()) <= budget
+        kept = x - blocks.mul(t, step, INT8_BLOCK, out=torch.empty_like(x))
         meant = blocks.mul(x, inv, INT8_BLOCK, out=torch.empty_like(x))
-        assert float((meant - t).abs().max()) <= 0.5 + 1e-5
+        unclipped = meant.abs() <= budget
+        off = blocks.mul(kept, inv, INT8_BLOCK, out=torch.empty_like(x))[unclipped]
+        assert not off.numel() or float(off.abs().max()) <= 0.5 + 1e-5
+        # clipped: the level is the budget, with the value's sign, and the rest is kept
+        assert torch.equal(t[~unclipped], meant[~unclipped].sign() * budget)
         total += q.to(torch.int64)
     assert int(total.abs().max()) <= 127
 
 
-def test_int8_sends_nothing_for_a_zero_tiny_or_nonfinite_scale_and_refuses_253_ranks():
+@settings(max_examples=80, deadline=None)
+@given(world=st.integers(1, 16), blocks_=st.integers(1, 6), seed=st.integers(0, 2**16),
+       start=st.integers(-40, 40))
+def test_int8_votes_move_each_block_to_the_smallest_step_no_rank_clips(world, blocks_, seed,
+                                                                        start):
+    """Every rank votes for the smallest move of E (INT8_MOVES) after which its block is not
+    clipped; the sum of the votes moves E by the largest: the smallest move that serves every
+    rank, or the largest move there is when none does."""
+    g = torch.Generator().manual_seed(seed)
+    budget = int8_budget(world)
+    bounds = torch.exp(torch.randn(world, blocks_, generator=g, dtype=torch.float64) * 3)
+    exponent = torch.full((blocks_,), start, dtype=torch.int64)
+    counts = sum(int8_vote(b, exponent, budget).to(torch.int64) for b in bounds)
+    assert torch.equal(counts.sum(1), torch.full((blocks_,), world))
+    new = int8_adopt(exponent, counts)
+    step = int8_steps(new, torch.float64)[0]
+    for blk in range(blocks_):
+        move = int(new[blk] - exponent[blk])
+        assert move in INT8_MOVES
+        serves = [m for m in INT8_MOVES if all(
+            budget * 2 ** ((start + m) / 2) >= float(b[blk]) * (1 + 1e-12) for b in bounds)]
+        assert move == (serves[0] if serves else INT8_MOVES[-1]), (blk, move, serves)
+        if serves:
+            assert budget * float(step[blk]) >= float(bounds[:, blk].max()) * (1 - 1e-12)
+
+
+def test_int8_exponent_is_the_smallest_step_that_clips_nothing():
+    bound = torch.tensor([0.0, 1e-30, 1.0, 63.0, 64.0, 3e38, float("nan")])
+    e = int8_exponent(bound, 63)
+    step = int8_steps(e, torch.float32)[0]
+    for b, s, x in zip(bound.tolist()[1:6], step.tolist()[1:6], e.tolist()[1:6], strict=True):
+        assert 63 * s >= b * (1 - 1e-6) and 63 * 2 ** ((x - 1) / 2) < b, (b, x)
+    assert int(e[0]) == int(e[6]) == -INT8_EXPONENT_LIMIT  # nothing to send: the finest step
+    assert torch.isfinite(step).all() and torch.isfinite(int8_steps(e, torch.float32)[1]).all()
+
+
+def test_int8_refuses_128_ranks():
+    assert int8_budget(1) == 127 and int8_budget(2) == 63 and int8_budget(127) == 1
+    with pytest.raises(GradwireError, match="int8: 128 ranks leave no level to send"):
+        int8_budget(128)
+
+
+def test_int8_sends_nothing_for_a_zero_tiny_or_nonfinite_scale():
     x = torch.tensor([1.0, -2.0, 0.5])
     # 1e-38: levels/bound overflows fp32, and 0·inf would send NaN
     for bound in (0.0, float("inf"), float("nan"), 1e-38):
         inv, scale = int8_inverse(torch.tensor([bound]), 100)
         assert float(inv) == float(scale) == 0.0
         assert int8_quantize(x, inv, 100)[1].abs().sum() == 0
-    assert int8_levels(2) == 126 and int8_levels(252) == 1
-    with pytest.raises(GradwireError, match="int8: 253 ranks leave no level to send"):
-        int8_levels(253)
 
 
 def test_int8_scales_each_block_by_its_own_largest_value_and_feeds_back_the_rest():

@@ -26,7 +26,7 @@ Example::
 | efsignsgd | gathered | ⌈n/8⌉ + 4                                                       |
 | qsgd      | gathered | 4 + ⌈n/8⌉ + ⌈n·w/8⌉                                             |
 | terngrad  | gathered | ⌈n/4⌉ + 4                                                       |
-| int8      | scaled   | 4(⌈n/1024⌉ + 1) (maxima, status: the shared scales), then n     |
+| int8      | scaled   | n + 8⌈n/1024⌉ + 2 (levels, votes for the next steps, status)    |
 | powersgd  | lowrank  | 4·(Σ rows·r + 1-D elements), then 4·Σ cols·r (two allreduces)   |
 """
 

@@ -16,8 +16,8 @@ added first and keeps what was not applied, so Σ_ranks e_after + P·avg = Σ_ra
 | sparse   | topk, gtopk                     | TopKAllReduce / gTopKAllReduce              |
 | lowrank  | powersgd                        | allreduce of P and the 1-D tensors, then of |
 |          |                                 | Q (each weight its own matrix)              |
-| scaled   | int8                            | allreduce of every rank's max per block,    |
-|          |                                 | then of the int8 levels of those scales     |
+| scaled   | int8                            | allreduce of the int8 levels, each block's  |
+|          |                                 | votes for its next step size, the status    |
 """
 
 from __future__ import annotations
@@ -47,10 +47,14 @@ from gradwire.compress import (
 from gradwire.compress.base import select_count
 from gradwire.compress.quantize import (
     INT8_BLOCK,
+    INT8_MOVES,
     Int8,
-    int8_inverse,
-    int8_levels,
+    int8_adopt,
+    int8_budget,
+    int8_exponent,
     int8_quantize,
+    int8_steps,
+    int8_vote,
 )
 from gradwire.dtypes import acc_dtype
 from gradwire.sparse.allreduce import GTOPK_ALGOS, exchange
@@ -397,56 +401,74 @@ def worst_of(total: torch.Tensor, world: int) -> torch.Tensor:
             + ((total > 0) & (total <= world)).to(torch.uint8))
 
 
+def int8_wire(numel: int) -> int:
+    """Elements of int8's one allreduce for a bucket of ``numel``: the levels, the votes of
+    every block (INT8_MOVES of them) and the two status counts."""
+    return numel + len(INT8_MOVES) * blocks.count(numel, INT8_BLOCK) + 2
+
+
 class Scaled(InBand):
-    """int8 summed on the wire: one allreduce of every rank's max|e + x| per block of
-    INT8_BLOCK elements (and its NaN/Inf status), whose sums S are the scales every rank
-    shares, then one allreduce of the int8 levels round((e + x)·L/S), L = 127 − ⌈P/2⌉
-    (:func:`gradwire.compress.quantize.int8_levels`: their sum fits in int8). avg = Σ
-    levels·(S/L)/P; the residual keeps e + x − levels·S/L."""
+    """int8 summed on the wire in one allreduce. Each block of INT8_BLOCK elements has a step
+    size 2^(E/2) that every rank knows; each rank sends its levels round((e + x)/step),
+    clipped to ±⌊127/P⌋ (:func:`gradwire.compress.quantize.int8_budget`: their sum fits in
+    int8), and, in the same int8 tensor, per block its vote for the next E (the smallest of
+    INT8_MOVES after which its max|e + x| would not be clipped), then its NaN/Inf status as
+    two counts. avg = Σ levels·step/P; the residual keeps e + x − levels·step, the clipped
+    part included. Each block then moves E by the largest move any rank voted for.
+
+    A bucket's first step has no E yet: one allreduce of every rank's max|e + x| per block
+    (and its status) comes first, and E starts where the sum S of those maxima would not be
+    clipped (S ≥ each rank's max). The plan is the steady state."""
 
     name = "scaled"
     sums_payloads = True
 
     def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
              shapes=None):
-        acc = acc_dtype(dtype)
-        head = blocks.count(numel, INT8_BLOCK) + 1  # the scales and the status
-        if numel + head * acc.itemsize >= numel * dtype.itemsize:
+        wire = int8_wire(numel)
+        if wire >= numel * dtype.itemsize:
             return dense(numel, dtype, algo)  # no smaller than the bucket as it is
-        int8_levels(world)  # a world it cannot serve is an error here, before anything runs
+        int8_budget(world)  # a world it cannot serve is an error here, before anything runs
         name, params = allreduce_algo(algo)
-        return BucketPlan((CollectiveCall("allreduce", name, head, acc.itemsize, "scale",
-                                          params, acc),
-                           CollectiveCall("allreduce", name, numel, 1, "payload", params,
-                                          torch.int8)),
-                          head * acc.itemsize + numel)
+        return BucketPlan((CollectiveCall("allreduce", name, wire, 1, "payload", params,
+                                          torch.int8),), wire)
 
     def start(self, c, x, key):  # type: ignore[override]
-        assert isinstance(c.compressor, Int8) and c.ef is not None
-        world, dtype = c.comm.world, acc_dtype(x.dtype)
-        levels = int8_levels(world)
+        comp = c.compressor
+        assert isinstance(comp, Int8) and c.ef is not None
+        world, dtype, n = c.comm.world, acc_dtype(x.dtype), x.numel()
+        budget = int8_budget(world)
         e = c.ef.residual(key, x)  # zeros at first, then kept from step to step
-        # the status and, per block, max|x| + max|e|, a bound on |e + x| (e is at most half a
-        # level) from the same passes
+        # the status and, per block, max|x| + max|e|, a bound on |e + x|, from the same passes
         mine, keep, bound = feedback.local_status_bound(x, e, INT8_BLOCK)
         acc = feedback.add_kept(e, x, keep)  # e + x in the residual (e alone: overflow)
-        head = torch.cat([bound.to(dtype), status_code(mine, world, dtype, x.device)])
-        c.comm.all_reduce(head)
-        worst = worst_of(head[-1], world)
-        inv, scale = int8_inverse(head[:-1], levels)
-        levels_t, wire = int8_quantize(acc, inv, levels, c.compressor.scratch(key, x))
+        exponent, sent = comp.exponents.get(key), 0
+        if exponent is None or exponent.numel() != bound.numel():  # the bucket's first step
+            head = torch.cat([bound.to(dtype), status_code(mine, world, dtype, x.device)])
+            c.comm.all_reduce(head)
+            exponent, sent = int8_exponent(head[:-1], budget), head.nbytes
+        step, inv = int8_steps(exponent, dtype)
+        levels, wire = comp.scratch(key, x, int8_wire(n))
+        int8_quantize(acc, inv, budget, (levels, wire[:n]))
+        votes = wire[n:-2].view(-1, len(INT8_MOVES))
+        votes.copy_(int8_vote(bound, exponent, budget))
+        code = torch.as_tensor(mine, device=x.device)
+        wire[-2:].copy_(torch.stack([code == feedback.Status.NONFINITE,
+                                     code == feedback.Status.OVERFLOW]))
         c.comm.all_reduce(wire)
+        worst = worst_of(wire[-2].to(dtype) * (world + 1) + wire[-1].to(dtype), world)
 
         def finish(worst: int) -> torch.Tensor:
             if worst == feedback.Status.OK:
-                # the residual: what this rank's levels left out
-                blocks.sub_product_(acc, levels_t, scale, INT8_BLOCK)
-                return blocks.mul(wire, scale.div_(world), INT8_BLOCK, out=x)
+                # the residual: what this rank's levels left out, the clipped part included
+                blocks.sub_product_(acc, levels, step, INT8_BLOCK)
+                comp.exponents[key] = int8_adopt(exponent, votes)
+                return blocks.mul(wire[:n], step.div_(world), INT8_BLOCK, out=x)
             instead = feedback.settle(worst, x, acc, e, keep,
                                       f"gradwire hook {c.method.name}")
             return dense_average(c, instead)[0]
 
-        return Started(head.nbytes + wire.nbytes, worst, finish)
+        return Started(sent + wire.nbytes, worst, finish)
 
 
 DENSE, SUMMED, GATHERED, SPARSE, LOWRANK, SCALED = (Dense(), Summed(), Gathered(), Sparse(),

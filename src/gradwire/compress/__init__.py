@@ -19,7 +19,7 @@ parametrized tests iterate over. ``get(name, **params)`` builds one with checked
 
 (*) as a one-shot compressor of a flat tensor: :class:`PowerSGD`'s steps make it two
 allreduces, each weight its own matrix (:func:`gradwire.compress.lowrank.layout`); int8's
-aggregation shares each block's scale among the ranks, and then their int8 values sum in an
+aggregation shares each block's step size among the ranks, and their int8 values sum in one
 allreduce.
 """
 

@@ -6,11 +6,12 @@
   :class:`gradwire.compress.ErrorFeedback`.
 - ``qsgd``: s levels of |x|/||x||₂ with stochastic rounding (Alistarh et al. 2017), unbiased.
 - ``terngrad``: {−1, 0, 1}·max|x| with stochastic rounding (Wen et al. 2017), unbiased.
-- ``int8``: x rounded to the nearest of 2L + 1 levels, 8 bits each, one scale per block of
-  1024 elements. Biased; meant for error feedback. Alone it scales each block by its own
-  max|x| (L = 127); in an aggregation (:mod:`gradwire.catalogue`) every rank scales a block
-  by the sum over ranks of their max|x| there and L = 127 − ⌈P/2⌉, so that the int8 values
-  of all P ranks sum without overflow in an int8 allreduce.
+- ``int8``: x rounded to the nearest of 255 levels, 8 bits each, one scale per block of 1024
+  elements. Biased; meant for error feedback. Alone it scales each block by its own max|x|.
+  In an aggregation (:mod:`gradwire.catalogue`) the ranks share each block's step size, a
+  power of √2 agreed by votes that travel with the previous step's data, and each rank
+  sends at most ⌊127/P⌋ levels, so that the int8 values of all P ranks sum without overflow
+  in one int8 allreduce.
 
 Wire for n elements: signsgd ⌈n/8⌉ bytes; efsignsgd ⌈n/8⌉ + one scale; qsgd one norm + ⌈n/8⌉
 sign bytes + ⌈n·w/8⌉ level bytes, w the narrowest of 1, 2, 4, 8 bits holding 0..s (2 or 4 bytes
@@ -245,36 +246,80 @@ class TernGrad(Compressor):
 
 
 INT8_MAX = 127
-INT8_BLOCK = 1024  # elements per scale: 4 bytes of scale per 1024 of levels (0.4 %)
+INT8_BLOCK = 1024  # elements per step size: one vote of 8 bytes per 1024 levels (0.8 %)
+# An aggregation's step sizes are 2^(E/2), E an integer ("half octaves") per block. The moves
+# of E one step may make, one vote slot each: a rank votes for the smallest that its block
+# needs; every block takes the largest any rank voted for. Up to 16x a step, down to 1/2.8x.
+INT8_MOVES = (-3, -2, -1, 0, 1, 2, 4, 8)
+INT8_EXPONENT_LIMIT = 252  # |E| at most 252: every step size and its inverse is a normal fp32
+_SQRT2 = 1.4142135623730951
 
 
 @dataclass(frozen=True, kw_only=True)
 class Int8Payload(Payload):
-    values: torch.Tensor  # int8 levels in [−L, L]
+    values: torch.Tensor  # int8 levels in [−127, 127]
     scale: torch.Tensor  # one per block of INT8_BLOCK elements: what one level stands for
 
 
-def int8_levels(world: int) -> int:
-    """L, the largest level each of ``world`` ranks may send so that the sum of their int8
-    values cannot overflow: in each block each rank rounds values of at most L·mᵢ/S in
-    magnitude (mᵢ its largest |x| there, S = Σ mᵢ), so the sum of the rounded is at most
-    L + P/2 ≤ 127. A one-line error above 252 ranks, where no level is left."""
-    levels = INT8_MAX - (world + 1) // 2
-    if levels < 1:
+def int8_budget(world: int) -> int:
+    """B, the largest level each of ``world`` ranks may send, ⌊127/P⌋, so that the sum of
+    their int8 values cannot overflow int8 whatever each sends. A one-line error above 127
+    ranks, where no level is left."""
+    budget = INT8_MAX // max(world, 1)
+    if budget < 1:
         raise GradwireError(f"int8: {world} ranks leave no level to send (the sum of their "
-                            f"int8 values must fit in int8): at most 252 ranks; use bf16")
-    return levels
+                            f"int8 values must fit in int8): at most 127 ranks; use bf16")
+    return budget
 
 
-def int8_quantize(x: torch.Tensor, inv: torch.Tensor, levels: int,
+def int8_exponent(bound: torch.Tensor, budget: int) -> torch.Tensor:
+    """Per block (int64), the smallest E with budget·2^(E/2) ≥ ``bound``: the step size at
+    which nothing of magnitude up to the bound is clipped; within ±INT8_EXPONENT_LIMIT (a
+    bound of 0 gives the smallest step, NaN too). No host read."""
+    b = torch.nan_to_num(bound.to(torch.float64), nan=0.0)
+    e = torch.ceil(torch.log2(b / budget).mul_(2))
+    return e.clamp_(-INT8_EXPONENT_LIMIT, INT8_EXPONENT_LIMIT).to(torch.int64)
+
+
+def int8_steps(exponent: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2^(E/2), 2^(−E/2)) per block, in ``dtype``: a power of two, times √2 for odd E, so
+    that every rank computes the same bits."""
+    half = exponent >> 1  # ⌊E/2⌋
+    odd = (exponent & 1).bool()
+    one = torch.ones((), dtype=dtype, device=exponent.device)
+    step = torch.ldexp(torch.where(odd, one * _SQRT2, one), half)
+    inv = torch.ldexp(torch.where(odd, one / _SQRT2, one), -half)
+    return step.to(dtype), inv.to(dtype)
+
+
+def int8_vote(bound: torch.Tensor, exponent: torch.Tensor, budget: int) -> torch.Tensor:
+    """This rank's votes (blocks × len(INT8_MOVES), int8, a single 1 per row): per block the
+    smallest move of ``exponent`` after which nothing up to ``bound`` would be clipped (the
+    largest move if none suffices)."""
+    moves = torch.tensor(INT8_MOVES, dtype=torch.int64, device=exponent.device)
+    need = (int8_exponent(bound, budget) - exponent).contiguous()
+    slot = torch.searchsorted(moves, need).clamp_(max=len(INT8_MOVES) - 1)
+    votes = torch.zeros(exponent.numel(), len(INT8_MOVES), dtype=torch.int8,
+                        device=exponent.device)
+    return votes.scatter_(1, slot[:, None], 1)
+
+
+def int8_adopt(exponent: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The next exponents from the votes summed over ranks (blocks × len(INT8_MOVES)): each
+    block moves by the largest move any rank voted for."""
+    k = len(INT8_MOVES)
+    moves = torch.tensor(INT8_MOVES, dtype=torch.int64, device=exponent.device)
+    rank = torch.arange(1, k + 1, dtype=torch.int64, device=exponent.device)
+    top = ((counts > 0).to(torch.int64) * rank).amax(dim=1).sub_(1).clamp_(min=0)
+    return (exponent + moves[top]).clamp_(-INT8_EXPONENT_LIMIT, INT8_EXPONENT_LIMIT)
+
+
+def int8_quantize(x: torch.Tensor, inv: torch.Tensor, limit: int,
                   out: tuple[torch.Tensor, torch.Tensor] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the levels in x's accumulation dtype, the same as int8): x·inv rounded to the
-    nearest, each block of INT8_BLOCK elements by its own entry of ``inv``; written into
-    ``out`` where given (:meth:`Int8.scratch`). ``inv``: levels per unit of x, one per block,
-    from :func:`int8_inverse` of a bound on each block's |x|, so that no |x·inv| exceeds
-    ``levels`` by more than rounding (none is clamped: the bound rules it out; 0 sends
-    zeros)."""
+    """(the levels in x's accumulation dtype, the same as int8): x·inv, each block of
+    INT8_BLOCK elements by its own entry of ``inv``, clipped to ±``limit`` and rounded to
+    the nearest; written into ``out`` where given (:meth:`Int8.scratch`)."""
     acc = acc_dtype(x.dtype)
     if out is None:
         out = (torch.empty(x.numel(), dtype=acc, device=x.device),
@@ -283,7 +328,7 @@ def int8_quantize(x: torch.Tensor, inv: torch.Tensor, levels: int,
     if x.dtype != acc:  # multiplied in the accumulation dtype: fp16 holds levels to 1/16 only
         x = t.copy_(x)
     blocks.mul(x, inv, INT8_BLOCK, out=t)
-    t.round_()
+    t.clamp_(-limit, limit).round_()
     return t, q.copy_(t)
 
 
@@ -304,7 +349,8 @@ class Int8(Compressor):
     """x rounded to one of 255 levels per block of INT8_BLOCK elements (the block's largest
     |x| over 127), one byte each and one scale per block. Biased (it rounds); pair it with
     :class:`ErrorFeedback`. Its aggregation sums the int8 values of every rank in one
-    allreduce with scales the ranks share (:mod:`gradwire.catalogue`)."""
+    allreduce with step sizes the ranks share (:mod:`gradwire.catalogue`), kept here per
+    bucket from step to step (``exponents``, saved by :meth:`state_dict`)."""
 
     name = "int8"
     error_feedback = True
@@ -312,22 +358,33 @@ class Int8(Compressor):
     def __init__(self) -> None:
         super().__init__()
         self.buffers: dict[object, tuple[torch.Tensor, torch.Tensor]] = {}
+        # per bucket, each block's E: its step size is 2^(E/2) (int8_steps)
+        self.exponents: dict[object, torch.Tensor] = {}
 
-    def scratch(self, key: object, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Buffers for the levels of bucket ``key`` (x's accumulation dtype) and their int8
-        wire, kept from step to step (fresh ones would cost page faults at every step); made
-        again when the bucket changes."""
+    def scratch(self, key: object, x: torch.Tensor, wire: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Buffers for bucket ``key``: its levels (x's accumulation dtype, x's size) and the
+        int8 wire of ``wire`` elements, kept from step to step (fresh ones would cost page
+        faults at every step); made again when the bucket changes."""
         t, q = self.buffers.get(key, (None, None))
         if t is None or t.numel() != x.numel() or t.device != x.device or \
-                t.dtype != acc_dtype(x.dtype):
+                t.dtype != acc_dtype(x.dtype) or q.numel() != wire:
             t, q = (torch.empty(x.numel(), dtype=acc_dtype(x.dtype), device=x.device),
-                    torch.empty(x.numel(), dtype=torch.int8, device=x.device))
+                    torch.empty(wire, dtype=torch.int8, device=x.device))
             self.buffers[key] = (t, q)
         return t, q
 
     def forget(self, used: set) -> None:
-        for key in [k for k in self.buffers if k not in used]:
-            del self.buffers[key]  # 5 bytes an element
+        for kept in (self.buffers, self.exponents):
+            for key in [k for k in kept if k not in used]:
+                del kept[key]  # 5 bytes an element of scratch
+
+    def state_dict(self) -> dict[str, object]:
+        return {"step": self.step, "exponents": dict(self.exponents)}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        super().load_state_dict(state)
+        self.exponents = dict(state.get("exponents", {}))  # type: ignore[call-overload]
 
     def compress(self, x: torch.Tensor) -> Int8Payload:
         check_input(self.name, x)
