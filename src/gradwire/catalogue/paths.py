@@ -443,6 +443,8 @@ class Scaled(InBand):
         mine, keep, bound = feedback.local_status_bound(x, e, INT8_BLOCK)
         acc = feedback.add_kept(e, x, keep)  # e + x in the residual (e alone: overflow)
         exponent, sent = comp.exponents.get(key), 0
+        if exponent is not None:  # a checkpoint's may have been loaded on another device
+            exponent = exponent.to(x.device)
         if exponent is None or exponent.numel() != bound.numel():  # the bucket's first step
             head = torch.cat([bound.to(dtype), status_code(mine, world, dtype, x.device)])
             c.comm.all_reduce(head)
