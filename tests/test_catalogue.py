@@ -126,6 +126,7 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
             ddp(torch.randn(3, cin)).sum().backward()
             comm = state._comm  # noqa: SLF001 - the transports the hook's calls went through
             header = comm.transport.control_bytes_sent
+            counted[f"{name} {numel} first"] = sum(comm.agreed.bytes_sent)
             # the steady state, a third step: int8's first step of a bucket (and the first
             # after DDP rebuilt its buckets) agrees on the bucket's step sizes first
             ddp(torch.randn(3, cin)).sum().backward()
@@ -153,3 +154,8 @@ def test_a_real_hook_call_moves_what_the_catalogue_says(world, tmp_path):
             got = [counted[r][f"{name} {numel}"] for r in range(world)]
             assert [g[0] for g in got] == want.tolist(), (name, numel)
             assert [g[1] for g in got] == header_bytes.tolist(), (name, numel)
+            if name == "int8":  # its first step agrees on the maxima first: 4 bytes a block
+                head = registry.table("allreduce", "ring", world,
+                                      -(-numel // INT8_BLOCK) + 1).sent() * 4
+                first = [counted[r][f"{name} {numel} first"] for r in range(world)]
+                assert first == (want + head).tolist(), (numel, first)
