@@ -169,6 +169,8 @@ for m in gh.METHODS:
         if m == "int8" and buckets:  # the scratch of the buckets before the rebuild is freed
             kept = len(state.compressor.buffers)
             check(kept == buckets[-1], f"{tag}: scratch for {kept} buckets, {buckets[-1]} in use")
+            kept = len(state.compressor.exponents)
+            check(kept == buckets[-1], f"{tag}: step sizes of {kept} buckets, {buckets[-1]} in use")
         check(state.stats["steps"] == len(buckets) and state.stats["sent"] > 0,
               f"{tag}: stats {state.stats}")
 

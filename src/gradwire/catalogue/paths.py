@@ -413,8 +413,8 @@ class Scaled(InBand):
     clipped to ±⌊127/P⌋ (:func:`gradwire.compress.quantize.int8_budget`: their sum fits in
     int8), and, in the same int8 tensor, per block its vote for the next E (the smallest of
     INT8_MOVES after which twice its max|e + x| would not be clipped), then its NaN/Inf
-    status as two counts. avg = Σ levels·step/P; the residual keeps e + x − levels·step, the clipped
-    part included. Each block then moves E by the largest move any rank voted for.
+    status as two counts. avg = Σ levels·step/P; the residual keeps e + x − levels·step, the
+    clipped part included. Each block then moves E by the largest move any rank voted for.
 
     A bucket's first step has no E yet: one allreduce of every rank's max|e + x| per block
     (and its status) comes first, and E starts where the sum S of those maxima would not be

@@ -22,6 +22,7 @@ give each rank its own seed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -295,11 +296,17 @@ def int8_steps(exponent: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor
     return step.to(dtype), inv.to(dtype)
 
 
+@functools.cache
+def _moves(device: torch.device) -> torch.Tensor:
+    """INT8_MOVES on ``device``, made once (not copied to the device at every bucket)."""
+    return torch.tensor(INT8_MOVES, dtype=torch.int64, device=device)
+
+
 def int8_vote(bound: torch.Tensor, exponent: torch.Tensor, budget: int) -> torch.Tensor:
     """This rank's votes (blocks × len(INT8_MOVES), int8, a single 1 per row): per block the
     smallest move of ``exponent`` after which nothing up to twice ``bound`` would be clipped
     (INT8_HEADROOM; the largest move if none suffices)."""
-    moves = torch.tensor(INT8_MOVES, dtype=torch.int64, device=exponent.device)
+    moves = _moves(exponent.device)
     need = (int8_exponent(bound, budget) + INT8_HEADROOM - exponent).contiguous()
     slot = torch.searchsorted(moves, need).clamp_(max=len(INT8_MOVES) - 1)
     votes = torch.zeros(exponent.numel(), len(INT8_MOVES), dtype=torch.int8,
@@ -310,11 +317,9 @@ def int8_vote(bound: torch.Tensor, exponent: torch.Tensor, budget: int) -> torch
 def int8_adopt(exponent: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """The next exponents from the votes summed over ranks (blocks × len(INT8_MOVES)): each
     block moves by the largest move any rank voted for."""
-    k = len(INT8_MOVES)
-    moves = torch.tensor(INT8_MOVES, dtype=torch.int64, device=exponent.device)
-    rank = torch.arange(1, k + 1, dtype=torch.int64, device=exponent.device)
-    top = ((counts > 0).to(torch.int64) * rank).amax(dim=1).sub_(1).clamp_(min=0)
-    return (exponent + moves[top]).clamp_(-INT8_EXPONENT_LIMIT, INT8_EXPONENT_LIMIT)
+    moves = _moves(exponent.device)  # ascending: the largest voted is the largest with votes
+    top = torch.where(counts > 0, moves, moves[0]).amax(dim=1)
+    return (exponent + top).clamp_(-INT8_EXPONENT_LIMIT, INT8_EXPONENT_LIMIT)
 
 
 def int8_quantize(x: torch.Tensor, inv: torch.Tensor, limit: int,
