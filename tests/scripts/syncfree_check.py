@@ -6,11 +6,12 @@ defaults): the same training runs twice, on the host path and on the device path
 device path every synchronising tensor call (tests/sync_guard.py) made during a steady-state
 backward is recorded: dense and fp16 may make none; the methods whose NaN/Inf status travels
 with their data may make exactly one per step, the documented read of every bucket's status
-(hooks/state.py, ``_bucket``). Call headers are exempt: they are host tensors on a host
-transport by design (hooks/comm.py, ``host_group``). Both paths must give the same gradients,
-bit for bit. Under NCCL (tests/test_nccl.py) every tensor is on the GPU, and CUDA's own
-record of synchronising operations (``torch.cuda.set_sync_debug_mode``) is counted too, under
-the same allowance. Prints one FAIL line per problem and a final CHECKED line.
+(hooks/state.py: ``_bucket`` on the comm thread, ``_settle`` for int8 issued from the hook).
+Call headers are exempt: they are host tensors on a host transport by design (hooks/comm.py,
+``host_group``). Both paths must give the same gradients, bit for bit. Under NCCL
+(tests/test_nccl.py) every tensor is on the GPU, and CUDA's own record of synchronising
+operations (``torch.cuda.set_sync_debug_mode``) is counted too, under the same allowance.
+Prints one FAIL line per problem and a final CHECKED line.
 """
 import contextlib
 import pathlib
@@ -67,9 +68,10 @@ def cuda_syncs():
 
 
 def run(method: str, paths: contextlib.AbstractContextManager, guard: SyncGuard | None
-        ) -> tuple[list[list[torch.Tensor]], list[tuple[list[str], list[str]]]]:
+        ) -> tuple[list[list[torch.Tensor]], list[tuple[list[str], list[str]]], float]:
     """(gradients after each step, the synchronising calls of each watched step: those the
-    guard recorded, and CUDA's own record, apart: one read shows in both)."""
+    guard recorded, and CUDA's own record, apart: one read shows in both; the buckets issued
+    from the hook)."""
     net = model()
     ddp = DDP(net, bucket_cap_mb=BUCKET_MB)
     state = gh.make(method, density=0.05, warmup=False, **OPTIONS.get(method, {}))
@@ -89,13 +91,15 @@ def run(method: str, paths: contextlib.AbstractContextManager, guard: SyncGuard 
             else:
                 loss.backward()
             grads.append([q.grad.clone() for q in net.parameters()])
-    return grads, calls
+    return grads, calls, state.stats["issued"]
 
 
 with SyncGuard() as guard:
     for method, allowed in ALLOWED.items():
-        host, _ = run(method, contextlib.nullcontext(), None)
-        device, calls = run(method, device_paths(), guard)
+        host, _, _ = run(method, contextlib.nullcontext(), None)
+        device, calls, issued = run(method, device_paths(), guard)
+        if method in ("dense", "fp16", "int8"):  # the watched steps go from the hook
+            check(issued > 0, f"{method}: no bucket was issued from the hook")
         print(f"SYNCS rank {rank} {method}: {[len(py) for py, _ in calls]} per watched step",
               flush=True)
         for step, found in ((step, f) for step, pair in enumerate(calls, WARM) for f in pair):

@@ -31,8 +31,18 @@ Example::
 """
 
 from gradwire.catalogue.calls import BucketPlan, CollectiveCall
-from gradwire.catalogue.methods import METHODS, MODES, Method, aggregate, get, issue, start
+from gradwire.catalogue.methods import (
+    METHODS,
+    MODES,
+    Method,
+    aggregate,
+    get,
+    issuable,
+    issue,
+    start,
+)
 from gradwire.catalogue.paths import AggregationCall, Issued, Path, Shapes, Started
 
 __all__ = ["METHODS", "MODES", "AggregationCall", "BucketPlan", "CollectiveCall", "Issued",
-           "Method", "Path", "Shapes", "Started", "aggregate", "get", "issue", "start"]
+           "Method", "Path", "Shapes", "Started", "aggregate", "get", "issuable", "issue",
+           "start"]

@@ -141,20 +141,27 @@ def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) 
     return m.path.start(c, x, key)
 
 
-def issue(c: AggregationCall, x: torch.Tensor, key: object) -> Issued | None:
-    """:func:`start` of a call already agreed on (no header), without waiting: its
-    allreduces in flight, for a call that is nothing but torch.distributed allreduces with
-    nothing read between them and keeps no residual (dense, and the summed methods without
-    error feedback: fp16, bf16); None, and nothing done, for any other (:func:`start` it).
+def issuable(c: AggregationCall, x: torch.Tensor, key: object) -> bool:
+    """Whether :func:`issue` takes this call: it runs torch.distributed's allreduces that
+    wait for nothing before or between them, and its NaN/Inf status, where it needs one,
+    travels with them (dense; fp16 and bf16; int8 once the bucket has its step sizes).
+    Nothing is changed by asking."""
+    m = c.method
+    if c.comm.algo is not None or not m.path.in_band(m):
+        return False
+    return m.path is DENSE or _sent_dense(c, x.numel(), x.dtype) or m.path.issuable(c, x, key)
+
+
+def issue(c: AggregationCall, x: torch.Tensor, key: object) -> Issued:
+    """:func:`start` of a call already agreed on (no header) that is :func:`issuable`,
+    without waiting: its allreduces in flight, and what gives the ranks' worst status once
+    they are in (:class:`Issued`).
 
     A DDP hook can then return as PyTorch's own hooks do, with the collectives issued from
     the training thread in bucket order and their futures completing the bucket's."""
-    m = c.method
-    if c.comm.algo is not None or c.ef is not None or not m.path.in_band(m):
-        return None
-    if m.path is DENSE or _sent_dense(c, x.numel(), x.dtype):
+    if c.method.path is DENSE or _sent_dense(c, x.numel(), x.dtype):
         return DENSE.issue(c, x, key)
-    return m.path.issue(c, x, key)
+    return c.method.path.issue(c, x, key)
 
 
 def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
@@ -191,4 +198,4 @@ def _sent_dense(c: AggregationCall, numel: int, dtype: torch.dtype) -> bool:
 
 
 __all__ = ["MODES", "METHODS", "AggregationCall", "Issued", "Method", "Started", "aggregate",
-           "get", "issue", "start"]
+           "get", "issuable", "issue", "start"]

@@ -137,17 +137,32 @@ class Started:
 @dataclass
 class Issued:
     """One bucket's aggregation whose allreduces are in flight (:meth:`Path.issue`): once
-    every one of ``flying`` has completed (:meth:`Comm.wait`, or their futures), ``finish()``
-    returns the average."""
+    every one of ``flying`` has completed (:meth:`Comm.wait`, or their futures),
+    ``finish(worst)`` returns the average for the ranks' worst NaN/Inf status.
+
+    ``worst``: None where no status is needed, else what gives that status once the
+    allreduces are in, a 0-d tensor on x's device that nothing has read yet (as
+    :attr:`Started.worst`). For a status other than OK, ``finish`` takes the policy's dense
+    path, which is one more allreduce: its caller must issue it in bucket order on every rank."""
 
     sent: int
     flying: list[Any]
-    finish: Callable[[], torch.Tensor]
+    finish: Callable[[int], torch.Tensor]
+    worst: Callable[[], torch.Tensor] | None = None
+
+    def read(self) -> int:
+        """The worst status on the host (0 where none is needed); the allreduces must be in."""
+        return 0 if self.worst is None else int(self.worst())
 
     def wait(self, c: AggregationCall) -> tuple[torch.Tensor, int]:
         """(the average, bytes sent), once the allreduces are in."""
         c.comm.wait(self.flying)
-        return self.finish(), self.sent
+        return self.finish(self.read()), self.sent
+
+    def started(self, c: AggregationCall) -> Started:
+        """The aggregation as :meth:`Path.start` returns it, once the allreduces are in."""
+        c.comm.wait(self.flying)
+        return Started(self.sent, None if self.worst is None else self.worst(), self.finish)
 
 
 class Path:
@@ -177,14 +192,23 @@ class Path:
             ) -> tuple[torch.Tensor, int]:
         return dense_average(c, c.ef.flush(key, x) if c.ef is not None else x)
 
-    def issue(self, c: AggregationCall, x: torch.Tensor, key: object) -> Issued | None:
-        """Compress and start the collectives without waiting for them, for a path that
-        waits for nothing between its messages; None (and nothing done) for the others."""
-        return None
+    def issuable(self, c: AggregationCall, x: torch.Tensor, key: object) -> bool:
+        """Whether :meth:`issue` takes this call: its collectives are allreduces that wait for
+        nothing before or between them, and the status, where one is needed, travels with
+        them. Nothing is changed by asking."""
+        return False
+
+    def issue(self, c: AggregationCall, x: torch.Tensor, key: object) -> Issued:
+        """Compress and start the collectives without waiting for them (only where
+        :meth:`issuable`)."""
+        raise NotImplementedError(f"the {self.name} path issues nothing without waiting")
 
 
 class Dense(Path):
     name = "dense"
+
+    def issuable(self, c, x, key):  # type: ignore[override]
+        return True
 
     def issue(self, c, x, key):  # type: ignore[override]
         return dense_issue(c, c.ef.flush(key, x) if c.ef is not None else x)
@@ -193,7 +217,7 @@ class Dense(Path):
 def dense_issue(c: AggregationCall, y: torch.Tensor) -> Issued:
     """:func:`dense_average`, started: y·(1/P), and its sum over ranks in flight."""
     y.mul_(1 / c.comm.world)
-    return Issued(y.nbytes, c.comm.all_reduce_start(y), lambda: y)
+    return Issued(y.nbytes, c.comm.all_reduce_start(y), lambda _worst: y)
 
 
 def dense_average(c: AggregationCall, y: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -229,6 +253,9 @@ class Summed(Path):
     def run(self, c, x, key):  # type: ignore[override]
         return self.issue(c, x, key).wait(c)
 
+    def issuable(self, c, x, key):  # type: ignore[override]
+        return True  # with error feedback (randomk) the status goes first: never in band
+
     def issue(self, c, x, key):  # type: ignore[override]
         payload = _payload(c, x, key)
         flying = []
@@ -237,7 +264,7 @@ class Summed(Path):
             flying += c.comm.all_reduce_start(t)
         # the average goes into x (the bucket, or the caller's): no gradient-sized tensor
         return Issued(payload.nbytes, flying,
-                      lambda: c.compressor.decompress_into(payload, x))  # type: ignore
+                      lambda _worst: c.compressor.decompress_into(payload, x))  # type: ignore
 
 
 class Gathered(Path):
@@ -433,7 +460,16 @@ class Scaled(InBand):
         return BucketPlan((CollectiveCall("allreduce", name, wire, 1, "payload", params,
                                           torch.int8),), wire)
 
+    def issuable(self, c, x, key):  # type: ignore[override]
+        """Once the bucket has its E: its first step waits for the maxima first."""
+        assert isinstance(c.compressor, Int8)
+        exponent = c.compressor.exponents.get(key)
+        return exponent is not None and exponent.numel() == blocks.count(x.numel(), INT8_BLOCK)
+
     def start(self, c, x, key):  # type: ignore[override]
+        return self.issue(c, x, key).started(c)
+
+    def issue(self, c, x, key):  # type: ignore[override]
         comp = c.compressor
         assert isinstance(comp, Int8) and c.ef is not None
         world, dtype, n = c.comm.world, acc_dtype(x.dtype), x.numel()
@@ -457,8 +493,10 @@ class Scaled(InBand):
         code = torch.as_tensor(mine, device=x.device)
         wire[-2:].copy_(torch.stack([code == feedback.Status.NONFINITE,
                                      code == feedback.Status.OVERFLOW]))
-        c.comm.all_reduce(wire)
-        worst = worst_of(wire[-2].to(dtype) * (world + 1) + wire[-1].to(dtype), world)
+        flying = c.comm.all_reduce_start(wire)
+
+        def worst() -> torch.Tensor:
+            return worst_of(wire[-2].to(dtype) * (world + 1) + wire[-1].to(dtype), world)
 
         def finish(worst: int) -> torch.Tensor:
             if worst == feedback.Status.OK:
@@ -470,7 +508,7 @@ class Scaled(InBand):
                                       f"gradwire hook {c.method.name}")
             return dense_average(c, instead)[0]
 
-        return Started(sent + wire.nbytes, worst, finish)
+        return Issued(sent + wire.nbytes, flying, finish, worst)
 
 
 DENSE, SUMMED, GATHERED, SPARSE, LOWRANK, SCALED = (Dense(), Summed(), Gathered(), Sparse(),

@@ -3,11 +3,12 @@ thread that lets communication overlap the rest of backward.
 
 Every collective of a hook state is issued in the order DDP handed the buckets over (bucket 0,
 1, …, which is the same on every rank), from one thread at a time: the training thread for the
-buckets a hook issues itself (dense, fp16 and bf16 in steady state), then this thread for
-the rest of the step; so ranks never disagree on which collective comes next. Otherwise it
-goes as with PyTorch's PowerSGD hook, whose two allreduces per bucket start from future
-callbacks: it aborted on gloo with several buckets ("collective mismatch"; PyTorch's
-``powerSGD_hook`` with 25 MB buckets on a 14.7 M-parameter MLP).
+buckets a hook issues itself (dense, fp16, bf16 and int8 in steady state), then this thread for
+the rest of the step (and for an int8 bucket's NaN/Inf fallback, after them); so ranks never
+disagree on which collective comes next. Otherwise it goes as with PyTorch's PowerSGD hook,
+whose two allreduces per bucket start from future callbacks: it aborted on gloo with several
+buckets ("collective mismatch"; PyTorch's ``powerSGD_hook`` with 25 MB buckets on a 14.7
+M-parameter MLP).
 """
 
 from __future__ import annotations

@@ -15,7 +15,16 @@ import torch
 import torch.distributed as dist
 
 from gradwire.catalogue import METHODS as CATALOGUE
-from gradwire.catalogue import MODES, AggregationCall, Issued, Method, Started, issue, start
+from gradwire.catalogue import (
+    MODES,
+    AggregationCall,
+    Issued,
+    Method,
+    Started,
+    issuable,
+    issue,
+    start,
+)
 from gradwire.catalogue import get as get_method
 from gradwire.check import check_fraction, check_int, is_real
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback
@@ -32,7 +41,7 @@ METHODS: tuple[str, ...] = tuple(CATALOGUE)
 DENSE_ONLY = ("gradwire's hooks need dense gradients: build embeddings with sparse=False "
               "(nn.Embedding, nn.EmbeddingBag)")
 STATS = ("compress", "communicate", "header", "tail", "sent", "steps", "buckets", "dense",
-         "cpu")
+         "issued", "cpu")
 
 
 @dataclass(frozen=True)
@@ -68,10 +77,11 @@ class HookState:
     3. there: add the error-feedback residual, compress, communicate, decompress, average,
        write the average into the bucket and complete its future.
 
-    Dense, fp16 and bf16, once a step has agreed on the buckets, skip the comm thread as
-    PyTorch's own hooks do: the hook compresses the bucket, issues its allreduce and returns
-    the collective's future, which writes the average when it completes (:meth:`_issue`);
-    in model mode too, when the model is one bucket aggregated where it lies.
+    Dense, fp16, bf16 and int8, once a step has agreed on the buckets (and int8's bucket has
+    its step sizes), skip the comm thread as PyTorch's own hooks do: the hook compresses the
+    bucket, issues its allreduce and returns a future that gets the average when the
+    collective completes (:meth:`_issue`); in model mode too, when the model is one bucket
+    aggregated where it lies.
 
     In model mode (``mode="model"``, the gTop-k paper's setting) each bucket's future stays
     pending until the last bucket; then the whole model is aggregated at once and every
@@ -97,7 +107,8 @@ class HookState:
     Top-k, gTop-k and PowerSGD send each bucket's NaN/Inf status with its data
     (:mod:`gradwire.compress.feedback`), and the last bucket's task reads every bucket's
     worst status at once, then writes every bucket's average; the futures are completed
-    then. Dense, fp16 and bf16 need no status and read nothing. On the CPU each bucket's
+    then. int8 issued from the hook does the same at the end of backward (:meth:`_settle`).
+    Dense, fp16 and bf16 need no status and read nothing. On the CPU each bucket's
     average is written as soon as its data is in (a host read costs nothing there).
 
     Tuned by the user: ``config`` (:class:`HookConfig`). Internal: ``epoch`` (the warm-up's,
@@ -207,7 +218,8 @@ class HookState:
         call-header exchanges (agree.py); ``tail``, seconds from
         handing over an iteration's last bucket to its result (with overlap, the part of
         compress + communicate backward did not hide); ``sent``, payload bytes this rank
-        contributed; counts of ``steps``, ``buckets`` and ``dense`` aggregations; ``cpu``, CPU
+        contributed; counts of ``steps``, ``buckets`` and ``dense`` aggregations, and of
+        those ``issued`` from the hook itself, with no comm thread (:meth:`_issue`); ``cpu``, CPU
         seconds of the thread that aggregates (the hook's own with overlap, else the training
         thread; the training thread's for buckets issued from the hook): coding, the calls'
         own work, not gloo's threads."""
@@ -330,7 +342,7 @@ class HookState:
             return fut
         if index == 0 and last and self._resume_order is None and key == self._order:
             # one bucket in the order of the last whole-model aggregation: the bucket mode's
-            # aggregation of it, so dense, fp16 and bf16 are issued from the hook here too
+            # aggregation of it, so dense, fp16, bf16 and int8 are issued from the hook here too
             direct = self._issue(buf, key, call, index, last, fut)
             if direct is not None:
                 return direct
@@ -382,58 +394,83 @@ class HookState:
         3–11 % of an iteration on the digits MLP and ResNet-20 at 4 × 1 Gbit/s
         (benchmarks/results/ddp_hooks/direct_*.json). None, and nothing done, unless every
         bucket of the step so far went this way, this one matches the agreed list (it needs
-        no header) and its method is torch.distributed allreduces with nothing read between
-        them (:func:`gradwire.catalogue.issue`: dense, fp16, bf16).
+        no header) and its method is torch.distributed allreduces with nothing waited for
+        before or between them (:func:`gradwire.catalogue.issuable`: dense, fp16, bf16, and
+        int8 once the bucket has its step sizes).
 
         On the host the collectives' callbacks complete ``fut``, and :meth:`_settle` bounds the
-        wait by GRADWIRE_TIMEOUT before DDP waits; on a device the future is the last
-        collective's, chained as PyTorch's hooks chain theirs (NCCL's watchdog bounds it)."""
+        wait by GRADWIRE_TIMEOUT before DDP waits. On a device the future is the last
+        collective's, chained as PyTorch's hooks chain theirs (NCCL's watchdog bounds it),
+        unless the method's NaN/Inf status travels with its data (int8): then :meth:`_settle`
+        reads every such bucket's status at once, the step's one read, and completes them.
+        A status that needs the policy's dense fallback, another allreduce, has it issued from
+        the comm thread, in bucket order, after the step's other collectives."""
         shape, trusted = self._agreed(buf, index)
-        if not (self._direct_step and trusted):
+        if not (self._direct_step and trusted and issuable(call, buf, key)):
             self._direct_step = False
             return None
         t0, c0 = time.perf_counter(), time.thread_time()
+        if self.ef is not None:
+            layout.carry(self.ef.residuals, key, self.positions.numels, buf)
+        if self.config.momentum:
+            self._correct(buf, key)
         issued = issue(call, buf, key)
-        if issued is None:
-            self._direct_step = False
-            return None
         if index == 0:  # the step's first: settled before DDP finishes the backward
             self._step_open, self._observed = True, []
             before_ddp_finishes(self._settle)
         self._counted(key, shape, issued.sent, call.dense)
+        self.stats["issued"] += 1
         self._handed_over(last)
-        flight = _Flight(buf, issued, fut if on_host(buf) else None, t0)
+        chained = not on_host(buf) and issued.worst is None
+        flight = _Flight(buf, issued, None if chained else fut, t0)
         self._flights.append(flight)
         self.stats["compress"] += time.perf_counter() - t0
         self.stats["cpu"] += time.thread_time() - c0
-        if flight.fut is None:
+        if chained:
             return issued.flying[-1].work.get_future().then(lambda _: flight.land())
-        collective = torch.futures.collect_all([f.work.get_future() for f in issued.flying])
-        collective.add_done_callback(flight.landed)
+        if on_host(buf):
+            collective = torch.futures.collect_all([f.work.get_future() for f in issued.flying])
+            collective.add_done_callback(flight.landed)
         return fut
 
     def _settle(self) -> None:
         """The step's buckets issued from the hook, before DDP waits for their futures: on the
-        host each is waited for within GRADWIRE_TIMEOUT; a failure completes the rest with
-        their buckets as they are and is raised by ``backward()`` once DDP is done
-        (:class:`~gradwire.hooks.comm.Deferred`). Then the step ends, unless the comm thread
-        ends it (a later bucket of the step went there) or it failed."""
+        host each is waited for within GRADWIRE_TIMEOUT; on a device those with a status are
+        read at once and completed. A failure completes the rest with their buckets as they
+        are and is raised by ``backward()`` once DDP is done
+        (:class:`~gradwire.hooks.comm.Deferred`). Buckets whose status needs the policy's
+        dense fallback go to the comm thread. Then the step ends, unless the comm thread ends
+        it (a later bucket of the step went there) or it failed."""
         flights, self._flights = self._flights, []
         comm, errors = self._comm, self._errors
         assert comm is not None
+        held = [f for f in flights if f.fut is not None]
+        try:
+            if errors.error is None:
+                for f in held:
+                    comm.wait(f.issued.flying)
+                    f.wait_landed()
+                unread = [f for f in held if not on_host(f.buf)]
+                if unread:
+                    # The step's one host read: every bucket's worst status at once.
+                    worsts = torch.stack([f.issued.worst() for f in unread]).tolist()  # type: ignore[misc]
+                    for f, worst in zip(unread, worsts, strict=True):
+                        f.finish(worst)
+        except GradwireError as e:
+            errors.error = e
+        fallbacks = []
+        for f in held:
+            if f.error is not None and errors.error is None:
+                errors.error = f.error
+            if f.fallback and errors.error is None:
+                fallbacks.append(f)
+            else:
+                f.complete(f.buf)  # nothing if it is complete already
         for f in flights:
-            if f.fut is not None:
-                if errors.error is None:
-                    try:
-                        comm.wait(f.issued.flying)
-                        f.fut.wait()
-                    except GradwireError as e:
-                        errors.error = e
-                if f.error is not None and errors.error is None:
-                    errors.error = f.error
-                f.complete(f.buf)  # nothing if the collective completed it
             self.stats["compress"] += f.finishing
             self.stats["communicate"] += max(f.landed_at - f.issued_at, 0.0)
+        for f in fallbacks:  # every rank has the same, in bucket order
+            self._dispatch(f.fall_back, [f.fut], [f.buf], last=False)  # type: ignore[list-item]
         if self._direct_step and errors.error is None:
             self._end_step()
 
@@ -590,9 +627,10 @@ class HookState:
 
 
 class _Flight:
-    """One bucket issued from the hook (:meth:`HookState._issue`): its future (None on a device,
-    where the collective's own is chained) completed once, by the collectives' callback or
-    by :meth:`HookState._settle`."""
+    """One bucket issued from the hook (:meth:`HookState._issue`): its future (None on a device
+    where the collective's own is chained) completed once, by the collectives' callback (on
+    the host), by :meth:`HookState._settle`, or, where the ranks' status needs the policy's
+    dense fallback, by the comm thread (:meth:`fall_back`)."""
 
     def __init__(self, buf: torch.Tensor, issued: Issued,
                  fut: torch.futures.Future | None, issued_at: float) -> None:
@@ -600,32 +638,69 @@ class _Flight:
         self.landed_at = issued_at  # when the collectives completed
         self.finishing = 0.0  # seconds in issued.finish()
         self.error: Exception | None = None
+        self.fallback = 0  # the ranks' worst status, where it is not OK
         self._lock = threading.Lock()
         self._done = False
+        self._landed = threading.Event()  # the callback has run (on the host)
+        if fut is None or not on_host(buf):
+            self._landed.set()
 
-    def land(self) -> torch.Tensor:
-        """The average, once the collectives are in."""
+    def land(self, worst: int = 0) -> torch.Tensor | None:
+        """The average, once the collectives are in, for the ranks' ``worst`` status; None
+        where that is not OK (:meth:`fall_back` then)."""
         self.landed_at = time.perf_counter()
         try:
-            return self.issued.finish()
+            if worst != 0:
+                self.fallback = worst
+                return None
+            return self.issued.finish(worst)
         finally:
             self.finishing = time.perf_counter() - self.landed_at
 
-    def landed(self, collective: torch.futures.Future) -> None:
-        """Callback of the collectives' futures (on a gloo thread): complete the bucket's,
-        unless :meth:`complete` gave up on them first (then the bucket is no longer ours)."""
+    def finish(self, worst: int) -> None:
+        """:meth:`land`, and the future completed with the average (unless a fallback is due);
+        an error is kept for :meth:`HookState._settle`."""
         with self._lock:
             if self._done:
                 return
             try:
-                for one in collective.value():
-                    one.value()  # raises the collective's error
-                value = self.land()
+                value = self.land(worst)
             except Exception as e:  # kept for _settle, which raises it from backward
                 self.error, value = e, self.buf
+            if value is None:
+                return
             self._done = True
         assert self.fut is not None
         self.fut.set_result(value)
+
+    def landed(self, collective: torch.futures.Future) -> None:
+        """Callback of the collectives' futures (on a gloo thread): complete the bucket's,
+        unless :meth:`complete` gave up on them first (then the bucket is no longer ours)."""
+        try:
+            try:
+                for one in collective.value():
+                    one.value()  # raises the collective's error
+                worst = self.issued.read()
+            except Exception as e:
+                with self._lock:
+                    self.error = e
+                self.complete(self.buf)
+                return
+            self.finish(worst)
+        finally:
+            self._landed.set()
+
+    def wait_landed(self) -> None:
+        """Until the callback has run (the collectives are known to be in)."""
+        self._landed.wait()
+
+    def fall_back(self) -> list[torch.Tensor]:
+        """The policy's dense path for the ranks' status (one more allreduce): the comm
+        thread's task, the average written into the bucket."""
+        avg = self.issued.finish(self.fallback)
+        if avg is not self.buf:
+            self.buf.copy_(avg)
+        return [self.buf]
 
     def complete(self, value: torch.Tensor) -> None:
         """Set the future to ``value`` unless it is set already."""
