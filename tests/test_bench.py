@@ -322,3 +322,27 @@ def test_calibrate_rank_side_refuses_bad_arguments_in_one_line(args, msg):
                         *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert msg in p.stderr.strip().splitlines()[-1]
+
+
+def test_a_results_commit_is_marked_changed_by_code_not_by_results_or_docs(tmp_path):
+    """provenance.commit: "+changes" when a tracked input differs from HEAD; other result
+    files and the docs, which a session of runs rewrites, do not count."""
+    from gradwire.bench.provenance import commit
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    for rel in ("src/m.py", "benchmarks/results/b/latest.json", "docs/d.md", "README.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("0\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    here = tmp_path / "src"
+    head = commit(here)
+    assert len(head) >= 7 and "+" not in head
+    for rel in ("benchmarks/results/b/latest.json", "docs/d.md", "README.md"):
+        (tmp_path / rel).write_text("1\n")
+    assert commit(here) == head
+    (tmp_path / "src/m.py").write_text("1\n")
+    assert commit(here) == head + "+changes"

@@ -37,15 +37,22 @@ def stamp(command: str | None = None, device: str = "cpu") -> dict[str, str]:
     return {"command": command, **d} if command is not None else d
 
 
+# What a result does not depend on: other results (a run that writes several files, or a
+# session of runs, leaves the earlier ones changed) and the prose.
+NOT_INPUTS = ("benchmarks/results", "docs", "README.md")
+
+
 def commit(src: Path | None = None) -> str:
     """The git commit of the checkout at ``src`` (default: the one this package is imported
-    from), with "+changes" when its tracked files differ from it; "unknown" outside git."""
+    from), with "+changes" when its tracked files differ from it, those of NOT_INPUTS aside;
+    "unknown" outside git."""
     git = ["git", "-C", str(src or Path(__file__).resolve().parent)]
+    inputs = [":/", *(f":(top,exclude){p}" for p in NOT_INPUTS)]
     try:
         head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip()
-        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--",
+                                *inputs], capture_output=True, text=True).stdout.strip()
     except OSError:  # no git
         return "unknown"
     return head + ("+changes" if dirty else "") if head else "unknown"
