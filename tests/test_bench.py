@@ -332,7 +332,7 @@ def test_a_results_commit_is_marked_changed_by_code_not_by_results_or_docs(tmp_p
     def git(*args: str) -> None:
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
-    for rel in ("src/m.py", "benchmarks/results/b/latest.json", "docs/d.md", "README.md"):
+    for rel in ("src/m.py", "benchmarks/results/train_demo/latest.json", "docs/d.md", "README.md"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("0\n")
     git("init", "-q")
@@ -341,7 +341,7 @@ def test_a_results_commit_is_marked_changed_by_code_not_by_results_or_docs(tmp_p
     here = tmp_path / "src"
     head = commit(here)
     assert len(head) >= 7 and "+" not in head
-    for rel in ("benchmarks/results/b/latest.json", "docs/d.md", "README.md"):
+    for rel in ("benchmarks/results/train_demo/latest.json", "docs/d.md", "README.md"):
         (tmp_path / rel).write_text("1\n")
     assert commit(here) == head
     (tmp_path / "src/m.py").write_text("1\n")
