@@ -90,17 +90,19 @@ def _gradwire(*args, env=None):
                           text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
+@needs_netns
 def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
-    """The host side on a loopback cluster: the rank side on every host, rank 2 waiting while
-    ranks 0 and 1 stream, and the saved file read by `gradwire bench`'s model column."""
+    """The host side on an emulated cluster at 1 Gbit/s: the rank side on every host, rank 2
+    waiting while ranks 0 and 1 stream over a shaped link, the link's token bucket recorded,
+    and the saved file read by `gradwire bench`'s model column."""
     from gradwire.hooks import METHODS
     from gradwire.perf import calibration, codecs
 
     env = {"GRADWIRE_HOME": str(tmp_path), "GRADWIRE_TIMEOUT": "30"}
-    p = _gradwire("calibrate", "--loopback", "--hosts", "3", "--model", "resnet20",
+    p = _gradwire("calibrate", "--hosts", "3", "--bandwidth", "1gbit", "--model", "resnet20",
                   "--device", "cpu", env=env)
     assert p.returncode == 0, p.stdout + p.stderr
-    path = tmp_path / "calibration" / "loopback.json"
+    path = tmp_path / "calibration" / "1gbit.json"
     cal = calibration.load(path)
     # every emulated host is its own node: α over 2(P-1) = 4 ring steps
     assert (cal.world, cal.nodes, cal.ranks_per_node) == (3, 3, 1)
@@ -112,15 +114,18 @@ def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
     assert 0 < cal.cpu.cpu_share <= 1 and cal.cpu.cpu_slowdown >= 1
     # the probe's recursive doubling at 3 ranks: 2 steps a rank on the mean
     assert cal.cpu.cpu_sync_step_s == pytest.approx(cal.cpu.cpu_sync_s / 2)
-    # loopback is not shaped: no token bucket for the model
-    assert cal.burst_bytes == 0 and cal.bandwidth == "loopback"
-    assert cal.network == "loopback, links not shaped"
-    assert cal.command.startswith("gradwire calibrate --loopback")
+    # the shaped link's token bucket, for the model, and its TCP payload rate: about 0.956
+    # Gbit/s on tbf 1gbit
+    assert cal.burst_bytes == tbf_burst(1e9) == 500_000 and cal.bandwidth == "1gbit"
+    assert 0.8 < 8 / cal.beta_s_per_byte / 1e9 < 1.0
+    assert cal.network.startswith("emulated 3 hosts, 1gbit links")
+    assert cal.command.startswith("gradwire calibrate --hosts 3")
     table = codecs.load(str(path))
     assert set(table.methods) == set(METHODS) and "local work" in table.source
     assert table.methods["powersgd"]["encode_s"] > 0 and table.methods["dense"]["decode_s"] == 0
     out = tmp_path / "b.json"
-    p = _gradwire("bench", "--loopback", "--hosts", "3", "--sizes", "1K,13K", "--iters", "2",
+    p = _gradwire("bench", "--hosts", "3", "--bandwidth", "1gbit", "--sizes", "1K,13K",
+                  "--iters", "2",
                   "--algo", "ring,ring:pipeline=3",
                   "--json", str(out), env=env)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -131,18 +136,6 @@ def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
     assert all(r["predicted_s"] > 0 for r in res["rows"])
     assert [r["header"] for r in res["rows"]] == [r["algo"] != "builtin" for r in res["rows"]]
     assert res["command"].startswith("gradwire bench")
-
-
-@needs_netns
-def test_calibrate_records_the_shaped_links_token_bucket(tmp_path):
-    env = {"GRADWIRE_HOME": str(tmp_path)}
-    p = _gradwire("calibrate", "--hosts", "2", "--bandwidth", "1gbit", "--model", "resnet20",
-                  "--device", "cpu", env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
-    cal = json.loads((tmp_path / "calibration" / "1gbit.json").read_text())
-    assert cal["burst_bytes"] == tbf_burst(1e9) == 500_000 and cal["bandwidth"] == "1gbit"
-    # the link's TCP payload rate: about 0.956 Gbit/s on tbf 1gbit
-    assert 0.8 < 8 / cal["beta_s_per_byte"] / 1e9 < 1.0
 
 
 @pytest.mark.parametrize("collective, algo", [("allreduce", "ring"), ("reduce", "lp"),

@@ -106,6 +106,14 @@ DDP_FIRST_BUCKET_MB = 1.0  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def check_workers(workers: object) -> None:
+    """A one-line error unless ``workers`` is a worker count the model can price."""
+    if not is_int(workers, 1, MAX_WORKERS):
+        raise GradwireError(f"workers must be a whole number from 1 to {MAX_WORKERS} (the "
+                            f"model costs every transfer of a schedule, P² of them for a "
+                            f"ring), got {workers!r}")
+
+
 @dataclass(frozen=True)
 class ClusterModel:
     """P workers on links of ``link_bps`` each way; α s per message, β s per byte (default
@@ -162,10 +170,7 @@ class ClusterModel:
     gamma_dtype: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
-        if not is_int(self.workers, 1, MAX_WORKERS):
-            raise GradwireError(f"workers must be a whole number from 1 to {MAX_WORKERS} (the "
-                                f"model costs every transfer of a schedule, P² of them for a "
-                                f"ring), got {self.workers!r}")
+        check_workers(self.workers)
         check_int("cluster", "ranks per node", self.ranks_per_node, 1)
         if self.cpu_ranks is not None:
             check_int("cluster", "ranks per machine", self.cpu_ranks, 1)

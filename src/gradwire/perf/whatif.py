@@ -31,7 +31,7 @@ from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object
 from gradwire.perf import calibration, comm
 from gradwire.perf.codecs import CodecTable
-from gradwire.perf.model import Aggregation, ClusterModel, predict
+from gradwire.perf.model import Aggregation, ClusterModel, check_workers, predict
 from gradwire.profiles import Profile
 from gradwire.sizes import parse_sizes
 
@@ -43,11 +43,15 @@ GAMMA_S_PER_BYTE = 0.11e-9
 
 
 def parse_workers(text: str) -> list[int]:
-    """``4:128`` (doubling), ``4:128:4`` (×4) or ``2,3,8``: worker counts >= 1."""
+    """``4:128`` (doubling), ``4:128:4`` (×4) or ``2,3,8``: worker counts the model can
+    price, all checked before any is priced."""
     try:
-        return parse_sizes(text)
+        counts = parse_sizes(text)
     except GradwireError as e:
         raise GradwireError(f"--workers {text!r}: {e}".replace("size", "worker count")) from None
+    for p in counts:
+        check_workers(p)
+    return counts
 
 
 def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
