@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import calibration_doc
@@ -36,11 +37,31 @@ def test_whatif_writes_every_prediction_and_the_plot(tmp_path, monkeypatch, caps
     # Faster links never need more compression, and dense never beats compute alone.
     for r in res["answers"]:
         assert r["coding_budget_s"] >= 0
-    one = {(r["workers"], r["compute_speedup"]): r["required_compression"]
+    # null: no ratio suffices (latency alone exceeds backward)
+    one = {(r["workers"], r["compute_speedup"]): r["required_compression"] or math.inf
            for r in res["answers"] if r["bandwidth"] == "1gbit"}
-    ten = {(r["workers"], r["compute_speedup"]): r["required_compression"]
+    ten = {(r["workers"], r["compute_speedup"]): r["required_compression"] or math.inf
            for r in res["answers"] if r["bandwidth"] == "10gbit"}
     assert all(ten[k] <= one[k] for k in one)
+
+
+def test_whatif_says_where_no_compression_suffices_in_valid_json(tmp_path, monkeypatch,
+                                                               capsys) -> None:
+    """At 2048 workers a dense ring's latency alone (2(P−1) steps of α) exceeds ResNet-50's
+    backward: no compression ratio suffices. The table says so and the JSON has null, not
+    Infinity (which strict JSON readers refuse)."""
+    js = tmp_path / "w.json"
+    code, out, err = _cli(["whatif", "--model", "resnet50", "--workers", "2048",
+                           "--bandwidth", "10gbit", "--agg", "dense", "--json", str(js)],
+                          monkeypatch, capsys)
+    assert code == 0, err
+    assert "none (α alone > backward)" in out and "inf" not in out
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in JSON")
+
+    res = json.loads(js.read_text(), parse_constant=refuse)
+    assert [a["required_compression"] for a in res["answers"]] == [None]
 
 
 def test_eight_ranks_per_node_sharing_a_link_turn_the_ranking_to_gtopk(tmp_path, monkeypatch,

@@ -54,11 +54,17 @@ def whatif_tables(wi: WhatIf) -> list[Table]:
                         "most encode+decode may cost (dense time − compute time)")
         ans = [r for r in result["answers"] if r["compute_speedup"] == x]
         for p in dict.fromkeys(r["workers"] for r in ans):
-            a.add_row(str(p), *(f"{r['required_compression']:.3g}× / "
+            a.add_row(str(p), *(f"{_ratio(r['required_compression'])} / "
                                 f"{r['coding_budget_s'] * 1e3:.1f} ms"
                                 for r in ans if r["workers"] == p))
         tables += [t, a]
     return tables
+
+
+def _ratio(need: float | None) -> str:
+    """A required compression ratio; None: no ratio suffices (the allreduce's latency alone
+    is longer than backward)."""
+    return "none (α alone > backward)" if need is None else f"{need:.3g}×"
 
 
 def advice_table(a: Advice) -> Table:

@@ -198,8 +198,10 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
                                 setting.overlap_slowdown)
             ratio = required_compression(profile, cluster, x)
             for i, bps in enumerate(rates):
+                # None (JSON null) where no ratio fits: latency alone exceeds backward
+                need = ratio[i] if math.isfinite(ratio[i]) else None
                 answers.append({"workers": p, "bandwidth": format_bandwidth(bps),
-                                "compute_speedup": x, "required_compression": ratio[i],
+                                "compute_speedup": x, "required_compression": need,
                                 "coding_budget_s": float(dense.exposed[i])})
     return {"model": profile.model, "parameters": profile.numel, "rows": rows,
             "answers": answers, "alpha_s": setting.alpha, "gamma_s_per_byte": setting.gamma,
