@@ -37,12 +37,10 @@ from gradwire.catalogue.methods import (
     Method,
     aggregate,
     get,
-    issuable,
-    issue,
+    issuer,
     start,
 )
 from gradwire.catalogue.paths import AggregationCall, Issued, Path, Shapes, Started
 
 __all__ = ["METHODS", "MODES", "AggregationCall", "BucketPlan", "CollectiveCall", "Issued",
-           "Method", "Path", "Shapes", "Started", "aggregate", "get", "issuable", "issue",
-           "start"]
+           "Method", "Path", "Shapes", "Started", "aggregate", "get", "issuer", "start"]

@@ -141,27 +141,21 @@ def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) 
     return m.path.start(c, x, key)
 
 
-def issuable(c: AggregationCall, x: torch.Tensor, key: object) -> bool:
-    """Whether :func:`issue` takes this call: it runs torch.distributed's allreduces that
-    wait for nothing before or between them, and its NaN/Inf status, where it needs one,
-    travels with them (dense; fp16 and bf16; int8 once the bucket has its step sizes).
-    Nothing is changed by asking."""
-    m = c.method
-    if c.comm.algo is not None or not m.path.in_band(m):
-        return False
-    return m.path is DENSE or _sent_dense(c, x.numel(), x.dtype) or m.path.issuable(c, x, key)
-
-
-def issue(c: AggregationCall, x: torch.Tensor, key: object) -> Issued:
-    """:func:`start` of a call already agreed on (no header) that is :func:`issuable`,
-    without waiting: its allreduces in flight, and what gives the ranks' worst status once
-    they are in (:class:`Issued`).
+def issuer(c: AggregationCall, x: torch.Tensor, key: object) -> Path | None:
+    """The path whose :meth:`Path.issue` starts this call, already agreed on (no header),
+    without waiting: torch.distributed's allreduces that wait for nothing before or between
+    them, the NaN/Inf status, where one is needed, travelling with them (dense; fp16 and bf16;
+    int8 once the bucket has its step sizes). None for any other call (:func:`start` it).
+    Nothing is changed by asking.
 
     A DDP hook can then return as PyTorch's own hooks do, with the collectives issued from
     the training thread in bucket order and their futures completing the bucket's."""
-    if c.method.path is DENSE or _sent_dense(c, x.numel(), x.dtype):
-        return DENSE.issue(c, x, key)
-    return c.method.path.issue(c, x, key)
+    m = c.method
+    if c.comm.algo is not None or not m.path.in_band(m):
+        return None
+    if m.path is DENSE or _sent_dense(c, x.numel(), x.dtype):
+        return DENSE
+    return m.path if m.path.issuable(c, x, key) else None
 
 
 def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
@@ -198,4 +192,4 @@ def _sent_dense(c: AggregationCall, numel: int, dtype: torch.dtype) -> bool:
 
 
 __all__ = ["MODES", "METHODS", "AggregationCall", "Issued", "Method", "Started", "aggregate",
-           "get", "issuable", "issue", "start"]
+           "get", "issuer", "start"]

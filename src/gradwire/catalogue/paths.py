@@ -193,14 +193,14 @@ class Path:
         return dense_average(c, c.ef.flush(key, x) if c.ef is not None else x)
 
     def issuable(self, c: AggregationCall, x: torch.Tensor, key: object) -> bool:
-        """Whether :meth:`issue` takes this call: its collectives are allreduces that wait for
-        nothing before or between them, and the status, where one is needed, travels with
-        them. Nothing is changed by asking."""
+        """Whether :meth:`issue` takes this call (:func:`gradwire.catalogue.issuer` asks):
+        its collectives are allreduces that wait for nothing before or between them, and the
+        status, where one is needed, travels with them. Nothing is changed by asking."""
         return False
 
     def issue(self, c: AggregationCall, x: torch.Tensor, key: object) -> Issued:
         """Compress and start the collectives without waiting for them (only where
-        :meth:`issuable`)."""
+        :meth:`issuable`; Scaled's first step of a bucket waits for its maxima)."""
         raise NotImplementedError(f"the {self.name} path issues nothing without waiting")
 
 
@@ -478,10 +478,10 @@ class Scaled(InBand):
         # the status and, per block, max|x| + max|e|, a bound on |e + x|, from the same passes
         mine, keep, bound = feedback.local_status_bound(x, e, INT8_BLOCK)
         acc = feedback.add_kept(e, x, keep)  # e + x in the residual (e alone: overflow)
-        exponent, sent = comp.exponents.get(key), 0
-        if exponent is not None:  # a checkpoint's may have been loaded on another device
-            exponent = exponent.to(x.device)
-        if exponent is None or exponent.numel() != bound.numel():  # the bucket's first step
+        sent = 0
+        if self.issuable(c, x, key):  # a checkpoint's E may have been loaded on another device
+            exponent = comp.exponents[key].to(x.device)
+        else:  # the bucket's first step
             head = torch.cat([bound.to(dtype), status_code(mine, world, dtype, x.device)])
             c.comm.all_reduce(head)
             exponent, sent = int8_exponent(head[:-1], budget), head.nbytes

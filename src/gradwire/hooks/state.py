@@ -21,14 +21,13 @@ from gradwire.catalogue import (
     Issued,
     Method,
     Started,
-    issuable,
-    issue,
+    issuer,
     start,
 )
 from gradwire.catalogue import get as get_method
 from gradwire.check import check_fraction, check_int, is_real
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback
-from gradwire.compress.feedback import MALFORMED
+from gradwire.compress.feedback import MALFORMED, Status
 from gradwire.errors import GradwireError
 from gradwire.hooks import layout
 from gradwire.hooks.comm import Comm, Deferred, Worker, before_ddp_finishes, complete
@@ -395,7 +394,7 @@ class HookState:
         (benchmarks/results/ddp_hooks/direct_*.json). None, and nothing done, unless every
         bucket of the step so far went this way, this one matches the agreed list (it needs
         no header) and its method is torch.distributed allreduces with nothing waited for
-        before or between them (:func:`gradwire.catalogue.issuable`: dense, fp16, bf16, and
+        before or between them (:func:`gradwire.catalogue.issuer`: dense, fp16, bf16, and
         int8 once the bucket has its step sizes).
 
         On the host the collectives' callbacks complete ``fut``, and :meth:`_settle` bounds the
@@ -406,7 +405,8 @@ class HookState:
         A status that needs the policy's dense fallback, another allreduce, has it issued from
         the comm thread, in bucket order, after the step's other collectives."""
         shape, trusted = self._agreed(buf, index)
-        if not (self._direct_step and trusted and issuable(call, buf, key)):
+        path = issuer(call, buf, key) if self._direct_step and trusted else None
+        if path is None:
             self._direct_step = False
             return None
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -414,7 +414,7 @@ class HookState:
             layout.carry(self.ef.residuals, key, self.positions.numels, buf)
         if self.config.momentum:
             self._correct(buf, key)
-        issued = issue(call, buf, key)
+        issued = path.issue(call, buf, key)
         if index == 0:  # the step's first: settled before DDP finishes the backward
             self._step_open, self._observed = True, []
             before_ddp_finishes(self._settle)
@@ -650,7 +650,7 @@ class _Flight:
         where that is not OK (:meth:`fall_back` then)."""
         self.landed_at = time.perf_counter()
         try:
-            if worst != 0:
+            if worst != Status.OK:
                 self.fallback = worst
                 return None
             return self.issued.finish(worst)
