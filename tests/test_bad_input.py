@@ -7,11 +7,14 @@ import json
 import math
 import os
 import stat
+import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
 from conftest import cli_error, netns_names
+from hypothesis import given
+from hypothesis import strategies as st
 
 import gradwire.collectives as gc
 import gradwire.hooks as gh
@@ -410,6 +413,36 @@ def test_a_write_that_fails_late_saves_the_result_elsewhere(monkeypatch, tmp_pat
     assert saved.startswith(str(tmp_path / "gradwire-full-")) and "\n" not in msg
     assert json.loads(open(saved).read()) == {"rows": [1, 2]}
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # the device is left as it was
+
+
+@given(st.recursive(st.floats() | st.integers() | st.text() | st.none(),
+                     lambda kids: st.lists(kids) | st.dictionaries(st.text(), kids),
+                     max_leaves=20))
+def test_result_files_are_strict_json(doc):
+    """A diverged loss (NaN) or an infinite time is written as null, never as the NaN or
+    Infinity that strict JSON readers refuse; every finite value is kept as it was."""
+    from gradwire.cli.options import write_json
+
+    with tempfile.TemporaryDirectory() as d:
+        path = __import__("pathlib").Path(d) / "r.json"
+        write_json(path, doc)
+        text = path.read_text()
+
+    def strict(token):
+        raise AssertionError(f"{token} in a result file")
+
+    back = json.loads(text, parse_constant=strict)
+
+    def same(a, b):
+        if isinstance(a, float) and not math.isfinite(a):
+            return b is None
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(map(same, a, b))
+        return a == b
+
+    assert same(doc, back)
 
 
 def test_simulate_says_where_its_result_went_when_its_folder_went(monkeypatch, capsys,

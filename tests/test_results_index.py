@@ -7,11 +7,13 @@
     NO_DEFAULT_OUT;
 (c) every ``results/...`` path that benchmarks/, src/ and tests/ name is in a benchmark's
     folder (no flat results/<file> left).
+(d) every result file is strict JSON (no NaN or Infinity).
 Reads files only: no benchmark runs, nothing imported but benchmarks/index.py."""
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -56,6 +58,21 @@ def test_index_lists_every_result_file_and_only_existing_ones():
                         "python benchmarks/index.py"
     assert not gone, f"listed in benchmarks/results/README.md but not there: {gone}"
     assert on_disk, "no result files found"
+
+
+def test_result_files_are_strict_json():
+    """No NaN or Infinity in a committed result file: JSON has neither, and jq, JavaScript
+    and most libraries refuse a file that holds them (write null: gradwire.jsonfile.dumps)."""
+    def refuse(token):
+        raise ValueError(token)
+
+    bad = []
+    for f in sorted(RESULTS.rglob("*.json")):
+        try:
+            json.loads(f.read_text(), parse_constant=refuse)
+        except ValueError as e:
+            bad.append(f"{f.relative_to(RESULTS)}: {e}")
+    assert not bad, bad
 
 
 def test_index_is_what_index_py_writes():

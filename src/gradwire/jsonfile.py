@@ -5,6 +5,7 @@ output paths of every command, checked before the work starts (:func:`check_writ
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -107,3 +108,21 @@ def _check_writable(p: Path, where: str) -> Path:
     elif not os.access(parent, os.W_OK | os.X_OK):
         raise GradwireError(f"{where}: folder {str(parent)!r} may not be written")
     return p
+
+
+def finite(doc: object) -> object:
+    """``doc`` with every float that is not finite (a diverged loss, a time that is infinite
+    where nothing fits) as None: JSON has no NaN or Infinity, and readers other than Python's
+    (jq, JavaScript, most JSON libraries) refuse a file that holds them."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [finite(v) for v in doc]
+    return doc
+
+
+def dumps(doc: object, **kwargs: object) -> str:
+    """``doc`` as strict JSON (:func:`finite`): what every file gradwire writes holds."""
+    return json.dumps(finite(doc), allow_nan=False, **kwargs)  # type: ignore[arg-type]

@@ -4,7 +4,6 @@ the checks and writes around their output files."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import sys
@@ -21,7 +20,7 @@ from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_ava
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import check_writable
+from gradwire.jsonfile import check_writable, dumps
 
 # Piped output (CI logs, files) gets tables 120 columns wide (wide ones wrap their text
 # cells) instead of 80 truncated columns, or $COLUMNS where it is set; a terminal's own
@@ -135,7 +134,7 @@ def command_line() -> str:
 def write_json(path: Path, doc: object) -> None:
     """Write ``doc`` to ``path`` (indented, one newline at the end) and say so; as
     :func:`write_text` when it cannot."""
-    write_text(path, json.dumps(doc, indent=1) + "\n")
+    write_text(path, dumps(doc, indent=1) + "\n")
 
 
 def write_text(path: Path, text: str) -> None:

@@ -79,14 +79,13 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from gradwire.check import is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
-from gradwire.jsonfile import read_object, shown
+from gradwire.jsonfile import dumps, read_object, shown
 from gradwire.perf.codecs import CodecTable, check_methods
 
 FORMAT = 2
@@ -212,7 +211,7 @@ class Calibration:
         return d
 
     def dumps(self) -> str:
-        return json.dumps(self.to_json(), indent=1) + "\n"
+        return dumps(self.to_json(), indent=1) + "\n"
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.dumps())

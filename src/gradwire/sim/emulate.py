@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import statistics
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gradwire.errors import GradwireError
+from gradwire.jsonfile import dumps
 from gradwire.sim.cluster import SimCluster, choices, steady
 from gradwire.sim.collective import bucket_spec, buckets
 from gradwire.sim.mechanisms import Mechanism
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         link = {"worker up": sent[:w].sum(), "worker down": recv[:w].sum()}
         if t.world_size > w:
             link |= {"server up": sent[w:].sum(), "server down": recv[w:].sum()}
-        Path(a.out).write_text(json.dumps({
+        Path(a.out).write_text(dumps({
             "mechanism": m.label, "ends": ends, "iteration_s": steady(ends), "alpha_s": alpha,
             "link_bytes": {k: float(v) for k, v in link.items()}}))
     dist.destroy_process_group()

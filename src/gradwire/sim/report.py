@@ -4,12 +4,12 @@ and a Perfetto / chrome://tracing timeline."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.table import Table
 
+from gradwire.jsonfile import dumps
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster, SimResult
 from gradwire.sim.trace import Trace, add_layers, scale_compute
@@ -177,5 +177,5 @@ def write_timeline(results: Sequence[SimResult], workers: int, path: Path) -> Pa
             events.append({"name": "process_name", "ph": "M", "pid": base + h,
                            "args": {"name": f"{r.mechanism}: {who}"}})
         events += [{**e, "pid": base + e["pid"]} for e in r.timeline]
-    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    path.write_text(dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return path

@@ -3,7 +3,6 @@ result again, then write the result, its figure and the printed report."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
@@ -13,11 +12,11 @@ from gradwire.bench.validation.predict import repredict
 from gradwire.bench.validation.runs import Plan, run
 from gradwire.bench.validation.summary import lines, plot, summarise
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import read_object
+from gradwire.jsonfile import dumps, read_object
 
 
 def dump(doc: dict, out: Path) -> None:
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    out.write_text(dumps(doc, indent=1) + "\n")
 
 
 def load_result(path: Path) -> dict:
