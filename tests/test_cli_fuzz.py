@@ -159,3 +159,17 @@ def test_each_bad_value_is_one_line_or_accepted(cli_here, capsys, name, param):
 @given(value=VALUES)
 def test_random_values_are_one_line_or_accepted(cli_here, capsys, name, param, value):
     check(cli_here, capsys, name, param, value)
+
+
+def test_the_command_list_has_one_line_per_command():
+    """`gradwire --help` lists each command on one line of a 120-column terminal (its own
+    --help holds the rest), and every command has its line."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "gradwire.cli", "--help"], capture_output=True,
+                         text=True, env={"COLUMNS": "120", "PATH": ""}, timeout=60).stdout
+    box = [line for line in out[out.index("Commands"):].splitlines() if line.startswith("│")]
+    names = [line.strip("│ ").split()[0] for line in box]
+    commands = typer.main.get_command(cli.app).commands  # type: ignore[attr-defined]
+    assert sorted(names) == sorted(commands), out
+    assert set(cli.SHORT_HELP) == set(commands) - {"cluster"}

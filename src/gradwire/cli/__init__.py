@@ -21,22 +21,32 @@ app = typer.Typer(help="gradwire: gradient aggregation on bandwidth-limited netw
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 cluster_app = typer.Typer(help="Emulated clusters: hosts in network namespaces, shaped links.",
                           no_args_is_help=True)
+# One line each in `gradwire --help` (each command's own --help has its whole docstring).
+SHORT_HELP = {
+    "run": "Run CMD once per host with torchrun's environment; stop all if one fails.",
+    "models": "List the models `gradwire train --model` accepts, with their size and data.",
+    "train": "Train data-parallel on an emulated cluster: throughput, bytes, time, accuracy.",
+    "demo": "Dense vs Top-k vs gTop-k on 4 emulated hosts at 1 Gbit/s: one table, one figure.",
+    "bench": "Time collectives like nccl-tests: results checked, the model's prediction beside.",
+    "calibrate": "Measure α, β, γ, codec and CPU costs on a cluster, for whatif and advise.",
+    "trace": "Record a compute trace (backward hooks on every parameter) or edit one.",
+    "simulate": "Simulate PS, multicast, in-network aggregation and all-reduce from a trace.",
+    "profile": "Measure a model's forward, backward and optimizer times; list the built-in ones.",
+    "whatif": "Predict iteration time over workers and bandwidths, and the compression needed.",
+    "advise": "Rank every aggregation scheme by predicted iteration time; say why it wins.",
+}
 app.add_typer(cluster_app, name="cluster")
 cluster_app.command("up")(cluster.up)
 cluster_app.command("down")(cluster.down)
 cluster_app.command("status")(cluster.status)
-app.command(context_settings={"allow_extra_args": True,
-                              "ignore_unknown_options": True})(cluster.run)
-app.command()(train.models)
-app.command()(train.train)
-app.command()(train.demo)
-app.command()(bench.bench)
-app.command()(bench.calibrate)
-app.command("trace")(sim.trace_cmd)
-app.command()(sim.simulate)
-app.command()(perf.profile)
-app.command()(perf.whatif)
-app.command()(perf.advise)
+app.command(short_help=SHORT_HELP["run"],
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+            )(cluster.run)
+for name, fn in (("models", train.models), ("train", train.train), ("demo", train.demo),
+                 ("bench", bench.bench), ("calibrate", bench.calibrate),
+                 ("trace", sim.trace_cmd), ("simulate", sim.simulate),
+                 ("profile", perf.profile), ("whatif", perf.whatif), ("advise", perf.advise)):
+    app.command(name, short_help=SHORT_HELP[name])(fn)
 
 
 def _one_line(message: str) -> str:
