@@ -25,7 +25,8 @@ SHARING_ROUNDS = 4  # sweeps of every burst; share and sync are the medians of t
 BYTE_CPU_ELEMENTS, BYTE_CPU_CALLS = 2**18, 5  # 1 MiB: 84 ms a call at P = 2, 100 Mbit/s
 CALL_CPU_ELEMENTS, CALL_CPU_CALLS = 4096, 40  # 16 KiB: a compressed call (PowerSGD's P, Q)
 CPU_ROUNDS = 15
-MEMORY_PASSES = 20  # timed passes of the memory slowdown per round, each after a flush
+MEMORY_PASSES = 20  # timed passes of the memory slowdown per round, each on data not cached
+MEMORY_PASS_ELEMENTS = 2**20  # float32 elements of each pass's a and of its b
 
 
 def cpu_terms(t: Transport, gamma: float) -> CpuTerms:
@@ -157,22 +158,28 @@ def _memory_slowdown(t: Transport) -> float:
     """How much more CPU memory-bound work (``a.add_(b)`` over 4 MiB of float32, as encode
     and decode do) takes when every rank runs it at once than when rank 0 runs it alone, the
     others waiting (median of 5 rounds of ``MEMORY_PASSES`` passes; at least 1). Each pass
-    starts from memory, as the codec table's times do: the cache flushed
-    (:class:`gradwire.bench.codec_probe.Flush`), then a barrier, so that the ranks contend
-    for memory bandwidth with their passes alone, as their hooks' encodes, which start
-    together when the ranks leave a collective together, do."""
-    from gradwire.bench.codec_probe import Flush
+    starts from memory, as the codec table's times do, but without a cache flush before it:
+    the passes take their a and b in turn from a pool twice the last-level cache's size
+    (:func:`gradwire.bench.codec_probe.cache_bytes`), written once, so that a pair comes
+    back only after twice the cache of other data has gone through (a flush of that size
+    before each 0.4 ms pass took 80 ms on a VM whose sysfs gives 300 MiB). Each pass comes
+    after a barrier, so that the ranks contend for memory bandwidth with their passes alone,
+    as their hooks' encodes, which start together when the ranks leave a collective
+    together, do."""
+    from gradwire.bench.codec_probe import cache_bytes
 
-    a, b = torch.ones(2**20), torch.ones(2**20)
-    flush = Flush(torch.device("cpu"))
+    pair = 2 * MEMORY_PASS_ELEMENTS * 4  # bytes of one a and b
+    pool = torch.ones(-(-2 * cache_bytes(torch.device("cpu")) // pair) + 1, 2,
+                      MEMORY_PASS_ELEMENTS)
+    turn = [0]
 
     def work(mine: bool) -> float:
         spent = 0.0
         for _ in range(MEMORY_PASSES):
-            if mine:
-                flush()
             dist.barrier(group=t.group)
             if mine:
+                a, b = pool[turn[0] % len(pool)]
+                turn[0] += 1
                 c0 = time.thread_time()
                 a.add_(b)
                 spent += time.thread_time() - c0
