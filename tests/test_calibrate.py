@@ -67,6 +67,10 @@ def test_rank_side_under_plain_torchrun(tmp_path):
     assert cal.network is None and cal.burst_bytes == 0
     assert "gradwire.bench.calibrate --out" in cal.command and cal.gradwire
     assert f"wrote {out}" in p.stdout
+    # progress: rank 0 alone says what it has measured, step by step, on stderr
+    steps = [line for line in p.stderr.splitlines() if line.startswith("gradwire calibrate: ")]
+    assert [s.split()[2] for s in steps] == [f"{i}/8" for i in range(1, 9)], p.stderr[-3000:]
+    assert "every method's encode and decode" in steps[3]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

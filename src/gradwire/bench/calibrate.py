@@ -175,26 +175,26 @@ def measure(prof: Profile, model: str, density: float, rank: int, dev: torch.dev
     step = _progress()
     call = median_over_ranks(allreduce_call(r), dev)
     hop = median_over_ranks(transport_call(r), dev) / (2 * (p - 1))
-    step()
+    step("α (the backend's allreduce, the executor's steps)")
     beta = stream(0, per_node if nodes > 1 else 1, r)
     intra = stream(0, 1, r) if nodes > 1 and per_node > 1 else None
-    step()
+    step("β (streaming)")
     gamma = _broadcast(on_rank0(lambda: reduce_speed(dev), r), dev)
     halves = reduce_dtypes(r)
-    step()
+    step("γ and the dtypes' reductions")
     numel = min(BUCKET_NUMEL, prof.numel)
     codecs = on_rank0(lambda: codec_probe.measure(numel, 3, density, rank, dev), r)
-    step()
+    step("every method's encode and decode")
     stand = StandIn(dev)
     stand.set_batch(int(_broadcast(float(stand.size()), dev)))
     overlap = overlap_slowdown(stand, r.barrier)
-    step()
+    step("κ (backward beside communication)")
     coding = on_rank0(lambda: coding_slowdown(stand, numel, density), r)
-    step()
+    step("backward beside encoding")
     compute = compute_slowdown(prof, r)
-    step()
+    step("compute under DDP, every rank at once")
     cpu = cpu_terms(Transport(check_calls=False), gamma) if dev.type == "cpu" else None
-    step()
+    step("how the ranks share the cores" if cpu is not None else "(no CPU-sharing terms on a GPU)")
     if me != 0:
         return None
     assert beta is not None and codecs is not None and coding is not None  # rank 0 has them
@@ -345,18 +345,26 @@ def _wait(works: list) -> None:
         w.wait()
 
 
-def _progress() -> Callable[[], None]:
-    """A step of rank 0's progress bar under gradwire's launcher (``GW_PROGRESS done
-    total`` lines); nothing under others."""
+def _progress() -> Callable[[str], None]:
+    """A step of rank 0's progress: ``GW_PROGRESS done total`` lines for the bar of gradwire's
+    launcher; under another launcher (torchrun), one line on stderr per step, naming what was
+    measured and the seconds so far, so that a run of a minute is not silent. Nothing on
+    the other ranks."""
     from gradwire.launcher import PROGRESS
 
     done = [0]
-    shown = dist.get_rank() == 0 and "GRADWIRE_NETWORK" in os.environ
+    t0 = time.perf_counter()
+    ours = "GRADWIRE_NETWORK" in os.environ
 
-    def step() -> None:
+    def step(what: str) -> None:
         done[0] += 1
-        if shown:
+        if dist.get_rank() != 0:
+            return
+        if ours:
             print(f"{PROGRESS} {done[0]} {STEPS}", flush=True)
+        else:
+            print(f"gradwire calibrate: {done[0]}/{STEPS} done: {what} "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 
     return step
 
