@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,15 @@ def cli_error(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     with pytest.raises(SystemExit) as e:
         cli.main()
     return e.value.code, capsys.readouterr().err
+
+
+def strict_json(text: str) -> object:
+    """``text`` parsed as JSON that holds no NaN or Infinity (Python's reader takes them; jq,
+    JavaScript and most libraries refuse them): ValueError naming the first one found."""
+    def refuse(token: str) -> None:
+        raise ValueError(f"{token} in JSON")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def script(name: str) -> list[str]:

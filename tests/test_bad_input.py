@@ -12,7 +12,7 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import cli_error, netns_names
+from conftest import cli_error, netns_names, strict_json
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -427,11 +427,7 @@ def test_result_files_are_strict_json(doc):
         path = __import__("pathlib").Path(d) / "r.json"
         write_json(path, doc)
         text = path.read_text()
-
-    def strict(token):
-        raise AssertionError(f"{token} in a result file")
-
-    back = json.loads(text, parse_constant=strict)
+    back = strict_json(text)
 
     def same(a, b):
         if isinstance(a, float) and not math.isfinite(a):

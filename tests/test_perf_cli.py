@@ -8,6 +8,7 @@ import sys
 
 import calibration_doc
 import pytest
+from conftest import strict_json
 
 from gradwire.cli import main
 
@@ -56,11 +57,7 @@ def test_whatif_says_where_no_compression_suffices_in_valid_json(tmp_path, monke
                           monkeypatch, capsys)
     assert code == 0, err
     assert "none (α alone > backward)" in out and "inf" not in out
-
-    def refuse(name: str) -> None:
-        raise AssertionError(f"{name} in JSON")
-
-    res = json.loads(js.read_text(), parse_constant=refuse)
+    res = strict_json(js.read_text())
     assert [a["required_compression"] for a in res["answers"]] == [None]
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import re
 from pathlib import Path
 
 import pytest
+from conftest import strict_json
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -63,13 +63,10 @@ def test_index_lists_every_result_file_and_only_existing_ones():
 def test_result_files_are_strict_json():
     """No NaN or Infinity in a committed result file: JSON has neither, and jq, JavaScript
     and most libraries refuse a file that holds them (write null: gradwire.jsonfile.dumps)."""
-    def refuse(token):
-        raise ValueError(token)
-
     bad = []
     for f in sorted(RESULTS.rglob("*.json")):
         try:
-            json.loads(f.read_text(), parse_constant=refuse)
+            strict_json(f.read_text())
         except ValueError as e:
             bad.append(f"{f.relative_to(RESULTS)}: {e}")
     assert not bad, bad

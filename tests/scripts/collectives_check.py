@@ -30,12 +30,13 @@ VARIANTS = {"lp": [{}, {"block": 3}], "dbtree": [{}, {"block": 3}], "ps": [{}, {
 # 3-element blocks pipeline 11 blocks at 33 elements, more than any tree here is deep: 1000
 # elements would be 334 blocks, a message each on every link, and most of this script's time.
 MANY_BLOCKS_UP_TO = 64
+dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
 
 def runs(params: dict, n: int) -> bool:
-    """Whether a variant runs at size ``n``."""
-    return params.get("block") != 3 or n <= MANY_BLOCKS_UP_TO
-dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+    """Whether a variant runs at size ``n``: the block variants only up to
+    MANY_BLOCKS_UP_TO."""
+    return "block" not in params or n <= MANY_BLOCKS_UP_TO
 
 
 def dtypes_of(i: int) -> list[tuple[int, torch.dtype]]:

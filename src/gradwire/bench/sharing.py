@@ -7,6 +7,7 @@ as every rank of an emulated cluster shares this machine's."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import statistics
@@ -171,15 +172,14 @@ def _memory_slowdown(t: Transport) -> float:
     pair = 2 * MEMORY_PASS_ELEMENTS * 4  # bytes of one a and b
     pool = torch.ones(-(-2 * cache_bytes(torch.device("cpu")) // pair) + 1, 2,
                       MEMORY_PASS_ELEMENTS)
-    turn = [0]
+    pairs = itertools.cycle(pool)
 
     def work(mine: bool) -> float:
         spent = 0.0
         for _ in range(MEMORY_PASSES):
             dist.barrier(group=t.group)
             if mine:
-                a, b = pool[turn[0] % len(pool)]
-                turn[0] += 1
+                a, b = next(pairs)
                 c0 = time.thread_time()
                 a.add_(b)
                 spent += time.thread_time() - c0
