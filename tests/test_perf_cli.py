@@ -92,6 +92,17 @@ def test_advise_ranks_every_method_and_explains_the_winner(monkeypatch, capsys) 
         assert method in out
 
 
+def test_advise_lists_the_methods_a_codec_table_cannot_price_on_one_line(monkeypatch,
+                                                                           capsys) -> None:
+    code, out, err = _cli(["advise", "--model", "resnet50", "--workers", "64", "--bandwidth",
+                           "10gbit", "--codecs", "v100"], monkeypatch, capsys)
+    assert code == 0, err
+    assert out.count("not ranked") == 1
+    unpriced = " ".join(out.split("not ranked: ")[1].split())
+    assert "qsgd" in unpriced and "int8" in unpriced and "codec table 'v100'" in unpriced
+    assert "dense" in out.split("not ranked")[0]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["whatif", "--workers", "8:2"], "--workers '8:2'"),
     (["whatif", "--bandwidth", "1gbt"], "bandwidth '1gbt' is not valid"),

@@ -36,18 +36,19 @@ def rank(profile: Profile, cluster: ClusterModel, aggs: list[Aggregation], codec
          compute_speedup: float = 1.0,
          overlap_slowdown: float = 1.0) -> tuple[list[Ranked], list[str]]:
     """Schemes fastest first, and the methods left out (with why)."""
-    ranked, skipped = [], []
+    ranked, unpriced = [], []
     for agg in aggs:
-        try:
-            r = predict(profile, cluster, agg, codecs, compute_speedup, overlap_slowdown)
-        except GradwireError as e:
-            if agg.method in codecs.methods:
-                raise
-            skipped.append(f"{agg.label}: {e}")
+        if agg.method not in codecs.methods:
+            unpriced.append(agg.label)
             continue
-        ranked.append(Ranked(agg, r))
+        ranked.append(Ranked(agg, predict(profile, cluster, agg, codecs, compute_speedup,
+                                          overlap_slowdown)))
+    skipped = [f"{', '.join(unpriced)}: codec table {codecs.name!r} has no encode/decode time "
+               f"for {'it' if len(unpriced) == 1 else 'them'} (it has "
+               f"{', '.join(codecs.methods)}): use another --codecs table or run gradwire "
+               f"calibrate"] if unpriced else []
     if not ranked:
-        raise GradwireError("no aggregation scheme could be predicted: " + "; ".join(skipped))
+        raise GradwireError("no aggregation scheme could be predicted: " + skipped[0])
     ranked.sort(key=lambda r: r.seconds)
     return ranked, skipped
 
