@@ -78,6 +78,12 @@ def test_train_on_loopback_prints_the_table_and_writes_json_and_plot(tmp_path):
     for col in ("wire", "payload", "compute", "compress", "comm", "acc"):  # headers, wrapped
         assert col in words
     r = json.loads(out.read_text())
+    # piped, progress is a line on stderr at each quarter of the iterations, not a bar
+    total = r["iterations"]
+    quarters = [line for line in p.stderr.splitlines() if line.startswith("gradwire gtopk: ")]
+    want = [f"{-(-total * i // 4)}/{total}" for i in (1, 2, 3, 4)]  # the first past each
+    assert [q.split()[2] for q in quarters] == want
+    assert "━" not in p.stdout + p.stderr
     assert r["agg"] == agg and r["epochs"] == 2 and len(r["loss"]) == len(r["epoch_wall_s"]) == 2
     assert r["wire_tx_bytes_per_iter_per_rank"] is None  # loopback: no per-host counter
     # The second epoch runs at the warm-up's 0.0725 (above --density 0.05): k entries of 8 bytes.

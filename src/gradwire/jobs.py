@@ -11,6 +11,7 @@ import collections
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,12 +29,15 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
     """Start ``python -m module args --out FILE`` on every host; return FILE's JSON.
 
     Progress comes from rank 0's ``GW_PROGRESS done total`` lines, or, with ``tick``, from
-    counting rank 0 lines that start with ``tick`` against ``total``.
+    counting rank 0 lines that start with ``tick`` against ``total``. It is a bar where the
+    console is a terminal; where it is not (output piped or logged), a line on stderr at each
+    quarter of the run.
     """
     with tempfile.TemporaryDirectory(prefix="gradwire-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", module, *args, "--out", str(out)]
         tail: collections.deque[str] = collections.deque(maxlen=40)
+        lines = None if console.is_terminal else _Quarters(label)
         with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(label, total=total)
@@ -47,6 +51,10 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
                     bar.advance(task)
                 else:
                     tail.append(line)
+                    return
+                if lines is not None:
+                    t = bar.tasks[0]
+                    lines.update(int(t.completed), None if t.total is None else int(t.total))
 
             res = launch(cluster, cmd, timeout=timeout, sink=sink)
         if res.returncode != 0 or not out.exists():
@@ -55,3 +63,18 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
             why = res.message if res.returncode != 0 else "rank 0 wrote no result"
             raise GradwireError(f"{label} failed: {why}")
         return json.loads(out.read_text())
+
+
+class _Quarters:
+    """Progress as plain lines on stderr, one as each quarter of the work is done:
+    ``gradwire LABEL: DONE/TOTAL done (N s)``."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.shown, self.start = label, 0, time.monotonic()
+
+    def update(self, done: int, total: int | None) -> None:
+        if not total or done * 4 // total <= self.shown:
+            return
+        self.shown = done * 4 // total
+        print(f"gradwire {self.label}: {done}/{total} done ({time.monotonic() - self.start:.0f} s)",
+              file=sys.stderr, flush=True)
