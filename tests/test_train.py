@@ -103,6 +103,23 @@ def test_train_on_loopback_prints_the_table_and_writes_json_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_piped_progress_is_a_line_per_quarter_or_one_at_the_end(capsys) -> None:
+    from gradwire.jobs import _Quarters
+
+    q = _Quarters("bench allreduce")
+    for done in range(1, 11):
+        q.update(done, 10)
+    q.finish()
+    counted = _Quarters("emulate ring")
+    counted.update(0, None)
+    counted.finish()
+    out, err = capsys.readouterr()
+    assert out == "" and [line.rsplit(" (", 1)[0] for line in err.splitlines()] == [
+        "gradwire bench allreduce: 3/10 done", "gradwire bench allreduce: 5/10 done",
+        "gradwire bench allreduce: 8/10 done", "gradwire bench allreduce: 10/10 done",
+        "gradwire emulate ring: done"]
+
+
 def _train(cfg: TrainConfig) -> dict:
     return run_ranks(loopback_cluster(2), "gradwire.train.worker", cfg.worker_args(), cfg.agg,
                      120, Console(quiet=True))

@@ -30,14 +30,14 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
 
     Progress comes from rank 0's ``GW_PROGRESS done total`` lines, or, with ``tick``, from
     counting rank 0 lines that start with ``tick`` against ``total``. It is a bar where the
-    console is a terminal; where it is not (output piped or logged), a line on stderr at each
-    quarter of the run.
+    console is a terminal; where it is not (output piped or logged) and not quiet, a line on
+    stderr at each quarter of the run, or at its end where it counts none.
     """
     with tempfile.TemporaryDirectory(prefix="gradwire-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", module, *args, "--out", str(out)]
         tail: collections.deque[str] = collections.deque(maxlen=40)
-        lines = None if console.is_terminal else _Quarters(label)
+        lines = None if console.is_terminal or console.quiet else _Quarters(label)
         with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(label, total=total)
@@ -62,12 +62,15 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
                 console.print(line, markup=False, highlight=False)
             why = res.message if res.returncode != 0 else "rank 0 wrote no result"
             raise GradwireError(f"{label} failed: {why}")
+        if lines is not None:
+            lines.finish()
         return json.loads(out.read_text())
 
 
 class _Quarters:
     """Progress as plain lines on stderr, one as each quarter of the work is done:
-    ``gradwire LABEL: DONE/TOTAL done (N s)``."""
+    ``gradwire LABEL: DONE/TOTAL done (N s)``; ``gradwire LABEL: done (N s)`` at the end of a
+    run that counted none."""
 
     def __init__(self, label: str) -> None:
         self.label, self.shown, self.start = label, 0, time.monotonic()
@@ -76,5 +79,13 @@ class _Quarters:
         if not total or done * 4 // total <= self.shown:
             return
         self.shown = done * 4 // total
-        print(f"gradwire {self.label}: {done}/{total} done ({time.monotonic() - self.start:.0f} s)",
+        self._say(f"{done}/{total} done")
+
+    def finish(self) -> None:
+        """A run that reported no progress of its own says when it is done."""
+        if not self.shown:
+            self._say("done")
+
+    def _say(self, what: str) -> None:
+        print(f"gradwire {self.label}: {what} ({time.monotonic() - self.start:.0f} s)",
               file=sys.stderr, flush=True)
