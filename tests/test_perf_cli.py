@@ -117,6 +117,8 @@ def test_advise_lists_the_methods_a_codec_table_cannot_price_on_one_line(monkeyp
     (["whatif", "--model", "bert-base"], "has no compute times"),
     (["whatif", "--compute-ms", "1,2,3"], "expected FORWARD,BACKWARD"),
     (["advise", "--model", "resnet-50"], "did you mean 'resnet50'"),
+    (["advise", "--agg", "qsgd,int8", "--codecs", "v100"], "no aggregation scheme could be "
+     "predicted: qsgd, int8: codec table 'v100' has no encode/decode time for them"),
     (["advise", "--rank", "0"], "--rank must be >= 1"),
     (["advise", "--ranks-per-node", "0"], "--ranks-per-node must be >= 1"),
     (["whatif", "--ranks-per-node", "2", "--intra-bandwidth", "fast"],
