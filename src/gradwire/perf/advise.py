@@ -43,10 +43,8 @@ def rank(profile: Profile, cluster: ClusterModel, aggs: list[Aggregation], codec
             continue
         ranked.append(Ranked(agg, predict(profile, cluster, agg, codecs, compute_speedup,
                                           overlap_slowdown)))
-    skipped = [f"{', '.join(unpriced)}: codec table {codecs.name!r} has no encode/decode time "
-               f"for {'it' if len(unpriced) == 1 else 'them'} (it has "
-               f"{', '.join(codecs.methods)}): use another --codecs table or run gradwire "
-               f"calibrate"] if unpriced else []
+    skipped = [f"{', '.join(unpriced)}: "
+               + codecs.lacks("it" if len(unpriced) == 1 else "them")] if unpriced else []
     if not ranked:
         raise GradwireError("no aggregation scheme could be predicted: " + skipped[0])
     ranked.sort(key=lambda r: r.seconds)

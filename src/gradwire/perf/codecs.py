@@ -39,12 +39,16 @@ class CodecTable:
     methods: dict[str, dict]
     source: str
 
+    def lacks(self, what: str) -> str:
+        """Why ``what`` (a method, or a word for several) cannot be priced from this table."""
+        return (f"codec table {self.name!r} has no encode/decode time for {what} (it has "
+                f"{', '.join(self.methods)}): use another --codecs table or run gradwire "
+                f"calibrate")
+
     def seconds(self, method: str, numel: int, world_size: int) -> tuple[float, float]:
         """(encode, decode) seconds for one bucket of ``numel`` elements."""
         if method not in self.methods:
-            raise GradwireError(f"codec table {self.name!r} has no encode/decode time for "
-                                f"{method!r} (it has {', '.join(self.methods)}): use another "
-                                f"--codecs table or run gradwire calibrate")
+            raise GradwireError(self.lacks(repr(method)))
         m, scale = self.methods[method], numel / self.numel
         gathered = catalogue.get(method).path is GATHERED
         decode = (m.get("decode_fixed_s", 0.0) + m["decode_s"] * (world_size if gathered else 1)
