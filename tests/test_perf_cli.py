@@ -234,3 +234,28 @@ def test_bad_calibration_files_are_one_line(text, message, tmp_path, monkeypatch
                            "--calibration", str(path)], monkeypatch, capsys)
     assert code == 2 and message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def _ranked(label: str, iteration: float, coding: float, wire: float):
+    import numpy as np
+
+    from gradwire.perf.advise import Ranked
+    from gradwire.perf.model import Aggregation, Prediction
+
+    p = Prediction(np.array(iteration), 0.01, 0.03, 0.001, np.array(wire), coding,
+                   np.array(iteration - 0.041), 1000, 1)
+    return Ranked(Aggregation(label), p)
+
+
+@pytest.mark.parametrize(("runner_up", "said"), [
+    (("fp16", 0.2, 0.001, 0.05), "fp16 ties with it at 200.0 ms"),
+    (("fp16", 0.25, 0.03, 0.05), "(25.0 % slower), mostly more encode+decode"),
+    (("fp16", 0.25, 0.001, 0.09), "(25.0 % slower), mostly more time on the wire"),
+    (("fp16", 0.25, 0.001, 0.05), "(25.0 % slower), mostly less of its communication hidden"),
+])
+def test_advise_says_why_the_runner_up_loses_or_that_it_ties(runner_up, said) -> None:
+    from gradwire.perf.advise import explain
+
+    text = explain([_ranked("bf16", 0.2, 0.001, 0.05), _ranked(*runner_up)])
+    assert said in text, text
+    assert ("Runner-up" in text) == ("ties" not in said)

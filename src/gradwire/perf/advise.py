@@ -55,6 +55,9 @@ def default_schemes(density: float, rank_: int) -> list[Aggregation]:
     return [Aggregation(m, density=density, rank=rank_) for m in METHODS]
 
 
+TIE = 5e-4  # a runner-up within this fraction of the winner's time ties with it (0.0 % at .1f)
+
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:.1f} ms"
 
@@ -76,11 +79,17 @@ def explain(ranked: list[Ranked]) -> str:
     if len(ranked) > 1:
         r = ranked[1]
         q = r.prediction
-        why = ("more encode+decode" if q.coding - p.coding > float(q.communicate - p.communicate)
-               else "more time on the wire")
-        lines.append(f"Runner-up {r.agg.label} takes {_ms(r.seconds)} "
-                     f"({(r.seconds / w.seconds - 1) * 100:.1f} % slower), mostly {why}: "
-                     f"encode+decode {_ms(q.coding)}, wire {_ms(float(q.communicate))}.")
+        parts = f"encode+decode {_ms(q.coding)}, wire {_ms(float(q.communicate))}"
+        more_coding, more_wire = q.coding - p.coding, float(q.communicate - p.communicate)
+        if r.seconds - w.seconds <= TIE * w.seconds:
+            lines.append(f"{r.agg.label} ties with it at {_ms(r.seconds)}: {parts}.")
+        else:
+            why = ("more encode+decode" if more_coding > max(more_wire, 0.0)
+                   else "more time on the wire" if more_wire > 0
+                   else "less of its communication hidden by backward")
+            lines.append(f"Runner-up {r.agg.label} takes {_ms(r.seconds)} "
+                         f"({(r.seconds / w.seconds - 1) * 100:.1f} % slower), mostly {why}: "
+                         f"{parts}.")
     dense = next((r for r in ranked if r.agg.method == "dense"), None)
     if dense is not None and dense is not w:
         lines.append(f"Dense takes {_ms(dense.seconds)} ({dense.seconds / w.seconds:.2f}× the "
