@@ -113,6 +113,9 @@ CLI = [
     (["calibrate", "--density", "2"], "--density must be in (0, 1], got 2.0"),
     (["calibrate", "--rank", "0"], "--rank (PowerSGD's) must be from 1 to 1024, got 0"),
     (["calibrate", "--model", "resnet5"], "unknown profile 'resnet5' (did you mean"),
+    (["advise", "--model", "lstm"], "no built-in profile of 'lstm': measure one on the machine "
+                                    "it will train on with `gradwire profile --model lstm"),
+    (["whatif", "--model", "mlp"], "no built-in profile of 'mlp'"),
     (["calibrate", "--device", "tpu"], "--device 'tpu' is not supported"),
     (["calibrate", "--out", "/nonexistent-gw/c.json"], "--out '/nonexistent-gw/c.json'"),
     (["calibrate", "--mtu", "1"], "--mtu must be an integer number of bytes"),

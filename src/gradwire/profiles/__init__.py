@@ -129,6 +129,13 @@ def load(name_or_path: str) -> Profile:
         return parse(read_text(path, str(path)), str(path))
     names = builtin_names()
     if name_or_path not in names:
+        from gradwire.models import MODELS
+
+        if name_or_path in MODELS:  # a model gradwire trains, but has no built-in profile of
+            raise GradwireError(
+                f"no built-in profile of {name_or_path!r}: measure one on the machine it will "
+                f"train on with `gradwire profile --model {name_or_path} --out "
+                f"{name_or_path}.json` and pass that file (built-in: {', '.join(names)})")
         raise GradwireError(f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, names)}"
                             f": expected one of {', '.join(names)} or a .json file")
     text = resources.files("gradwire.profiles").joinpath(BUILTIN_DIR, f"{name_or_path}.json")
