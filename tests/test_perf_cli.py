@@ -119,7 +119,7 @@ def test_advise_lists_the_methods_a_codec_table_cannot_price_on_one_line(monkeyp
     (["advise", "--model", "resnet-50"], "did you mean 'resnet50'"),
     (["advise", "--agg", "qsgd,int8", "--codecs", "v100"], "no aggregation scheme could be "
      "predicted: qsgd, int8: codec table 'v100' has no encode/decode time for them"),
-    (["advise", "--rank", "0"], "--rank must be >= 1"),
+    (["advise", "--rank", "0"], "--rank (PowerSGD's) must be from 1 to 1024, got 0"),
     (["advise", "--ranks-per-node", "0"], "--ranks-per-node must be >= 1"),
     (["whatif", "--ranks-per-node", "2", "--intra-bandwidth", "fast"],
      "--intra-bandwidth: bandwidth 'fast' is not valid"),

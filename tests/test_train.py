@@ -1,3 +1,4 @@
+import inspect
 import json
 import os
 import subprocess
@@ -32,6 +33,8 @@ QUICK = ["--loopback", "--hosts", "2", "--model", "mlp-small", "--batch-size", "
     (["--bandwidth", "fast"], "bandwidth 'fast' is not valid"),
     (["--hosts", "0"], "Invalid value for '--hosts'"),
     (["--lr", "abc"], "Invalid value for '--lr'"),
+    (["--rank", "2"], "--rank is PowerSGD's rank: --agg dense has none (use --agg powersgd)"),
+    (["--agg", "powersgd", "--rank", "0"], "--rank (PowerSGD's) must be from 1 to 1024, got 0"),
 ])
 def test_bad_train_input_is_one_line_exit_2_and_builds_nothing(monkeypatch, capsys, args, msg):
     before = netns_names()
@@ -139,3 +142,24 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path, agg,
     assert first["loss"] == whole["loss"][:1]
     for key in ("loss", "test_loss", "test_accuracy", "parameter_checksum", "iterations"):
         assert rest[key] == whole[key], key
+
+
+def test_powersgd_rank_reaches_the_wire_and_binds_a_resume(monkeypatch, capsys, tmp_path):
+    """--rank r: P and Q of r columns each, so rank 2 sends more than rank 1; the label says
+    it, and a checkpoint made at one rank refuses to go on at another."""
+    ck = tmp_path / "ck.pt"
+    cfg = TrainConfig(model="mlp-small", agg="powersgd", epochs=1, batch_size=64, rank=1,
+                      checkpoint=ck)
+    one, two = _train(cfg), _train(replace(cfg, rank=2, checkpoint=None))
+    assert (one["rank"], two["rank"]) == (1, 2)
+    assert 0 < one["payload_bytes_per_iter_per_rank"] < two["payload_bytes_per_iter_per_rank"]
+    from gradwire.report import method_label
+
+    assert method_label(one) == "powersgd r=1"
+    # the default that train's --help and docs/training.md state
+    from gradwire.compress import COMPRESSORS
+
+    assert inspect.signature(COMPRESSORS["powersgd"]).parameters["rank"].default == 4
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--agg", "powersgd", "--rank",
+                          "2", "--epochs", "2", "--resume", "--checkpoint", str(ck))
+    assert code == 2 and "made with rank=1, this run has 2" in err, err

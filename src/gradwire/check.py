@@ -38,6 +38,18 @@ def check_int(name: str, param: str, value: object, low: int) -> int:
     return value
 
 
+MAX_POWERSGD_RANK = 1024  # far above any rank PowerSGD is run at (1 to 4 in its paper)
+
+
+def check_powersgd_rank(rank: int) -> int:
+    """``--rank``, PowerSGD's, as every command takes it: an integer from 1 to
+    MAX_POWERSGD_RANK."""
+    if not is_int(rank, 1, MAX_POWERSGD_RANK):
+        raise GradwireError(f"--rank (PowerSGD's) must be from 1 to {MAX_POWERSGD_RANK}, "
+                            f"got {rank}")
+    return rank
+
+
 def check_fraction(name: str, param: str, value: object) -> float:
     """``value`` as a float if it is a number in (0, 1]."""
     if not is_real(value, 0, 1, above=True):

@@ -18,10 +18,13 @@ SPARSIFIERS = ("topk", "gtopk", "randomk", "dgc")
 
 
 def method_label(r: dict) -> str:
-    """``gtopk ρ=0.001`` for a sparsifier; the method's name alone for the rest."""
-    if r["agg"] not in SPARSIFIERS:
-        return r["agg"]
-    return f"{r['agg']} ρ={r['density']:g}"
+    """``gtopk ρ=0.001`` for a sparsifier, ``powersgd r=1`` for a PowerSGD given its rank; the
+    method's name alone for the rest."""
+    if r["agg"] in SPARSIFIERS:
+        return f"{r['agg']} ρ={r['density']:g}"
+    if r.get("rank") is not None:
+        return f"{r['agg']} r={r['rank']}"
+    return r["agg"]
 
 
 def _mb(x: float | None) -> str:

@@ -53,6 +53,7 @@ from gradwire.bench.overlap_probe import (
     overlap_slowdown,
     under_ddp,
 )
+from gradwire.check import check_powersgd_rank
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
 from gradwire.perf import calibration
@@ -73,7 +74,6 @@ REDUCE_BYTES = 2 * 2**20  # per rank, of each dtype's allreduce (reduce_dtypes)
 REDUCE_RUNS = 5
 ALPHA_WARMUP, ALPHA_RUNS, ALPHA_CALLS = 20, 5, 40
 BUCKET_NUMEL = 25 * 2**20 // 4  # DDP's default bucket, fp32
-MAX_POWERSGD_RANK = 1024
 STEPS = 8  # progress steps of measure()
 
 
@@ -90,9 +90,7 @@ def check_args(model: str, density: float, rank: int, device: str,
 
     if not 0 < density <= 1:  # also refuses nan
         raise GradwireError(f"--density must be in (0, 1], got {density}")
-    if not 1 <= rank <= MAX_POWERSGD_RANK:
-        raise GradwireError(f"--rank (PowerSGD's) must be from 1 to {MAX_POWERSGD_RANK}, "
-                            f"got {rank}")
+    check_powersgd_rank(rank)
     check_device(device)
     check_writable(out, "--out")
     return profiles.load(model)

@@ -69,6 +69,8 @@ def train(
     seed: Seed = 0,
     seq_len: Annotated[int, typer.Option(help="text models: symbols per sample (1 to "
                                          "4096)")] = 64,
+    rank: Annotated[int | None, typer.Option(help="PowerSGD's rank (--agg powersgd); default: "
+                                             "the hook's, 4")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="save model, momentum and every "
                                                     "rank's residuals here each epoch")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="go on from --checkpoint up to "
@@ -90,7 +92,7 @@ def train(
 
     cfg = TrainConfig(model=model, agg=agg, density=density, mode=mode, warmup=warmup,
                       epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
-                      seq_len=seq_len, checkpoint=checkpoint, resume=resume)
+                      seq_len=seq_len, rank=rank, checkpoint=checkpoint, resume=resume)
     parse_bandwidth(bandwidth)
     check_timeout(timeout)
     validate(cfg, world_size(hosts, None))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gradwire import profiles
 from gradwire.catalogue import METHODS
-from gradwire.check import check_real
+from gradwire.check import check_powersgd_rank, check_real
 from gradwire.errors import GradwireError
 from gradwire.perf import advise as adv
 from gradwire.perf import codecs as codec_tables
@@ -108,8 +108,7 @@ def inputs(s: Scenario, cal: Calibration | None = None
         prof = prof.with_compute(times[0] / 1e3, times[1] / 1e3, "--compute-ms")
     if s.bucket_mb <= 0:
         raise GradwireError(f"--bucket-mb must be > 0, got {s.bucket_mb}")
-    if s.rank < 1:
-        raise GradwireError(f"--rank must be >= 1, got {s.rank}")
+    check_powersgd_rank(s.rank)
     names = [a.strip() for a in (s.agg or "").split(",") if a.strip()]
     if not names:
         raise GradwireError("--agg needs at least one method")

@@ -24,13 +24,13 @@ __all__ = ["METHODS", "HookedDDP"]
 
 class HookedDDP:
     def __init__(self, method: str, density: float, mode: str, warmup: bool, seed: int,
-                 steps_per_epoch: int) -> None:
+                 steps_per_epoch: int, options: dict[str, Any] | None = None) -> None:
         if method not in METHODS:
             raise GradwireError(f"unknown aggregation {method!r}: expected one of "
                                 f"{', '.join(METHODS)}")
         # warmup True: the gTop-k paper's densities 0.25, 0.0725, 0.015, 0.004 in epochs 0-3.
         self.hook = make(method, density=density, mode=mode, warmup=warmup, seed=seed,
-                         steps_per_epoch=steps_per_epoch)
+                         steps_per_epoch=steps_per_epoch, **(options or {}))
 
     def start(self, model: nn.Module) -> nn.Module:
         # Gradients as views of DDP's buckets: backward writes them in place, so neither the

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from gradwire.check import check_powersgd_rank
 from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
@@ -34,6 +35,7 @@ class TrainConfig:
     momentum: float = 0.9
     seed: int = 0
     seq_len: int = 64
+    rank: int | None = None  # PowerSGD's rank; None: the hook's default
     checkpoint: Path | None = None
     resume: bool = False
 
@@ -44,6 +46,8 @@ class TrainConfig:
                 "--epochs", str(self.epochs), "--batch-size", str(self.batch_size),
                 "--lr", repr(self.lr), "--momentum", repr(self.momentum),
                 "--seed", str(self.seed), "--seq-len", str(self.seq_len)]
+        if self.rank is not None:
+            args += ["--rank", str(self.rank)]
         if self.checkpoint is not None:
             args += ["--checkpoint", str(self.checkpoint)]
         if self.resume:
@@ -74,6 +78,11 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
         raise GradwireError(f"--momentum must be in [0, 1), got {cfg.momentum:g}")
     if cfg.seed < 0:
         raise GradwireError(f"--seed must be >= 0, got {cfg.seed}")
+    if cfg.rank is not None:
+        if cfg.agg != "powersgd":
+            raise GradwireError(f"--rank is PowerSGD's rank: --agg {cfg.agg} has none (use "
+                                f"--agg powersgd)")
+        check_powersgd_rank(cfg.rank)
     share = _train_samples(cfg) // hosts
     if cfg.batch_size > share:
         raise GradwireError(f"--batch-size {cfg.batch_size} is larger than a rank's share of "

@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seq-len", type=int, default=64, help="text models: symbols per sample")
+    p.add_argument("--rank", type=int, default=None,
+                   help="PowerSGD's rank (--agg powersgd; default: the hook's)")
     p.add_argument("--checkpoint", default=None, help="rank 0 saves one here after every epoch")
     p.add_argument("--resume", action="store_true", help="go on from --checkpoint")
     p.add_argument("--out", default=None, help="rank 0 writes the result JSON here")
@@ -65,12 +67,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--density must be in (0, 1], got {a.density}")
     if a.resume and not a.checkpoint:
         p.error("--resume needs --checkpoint PATH")
+    if a.rank is not None and (a.agg != "powersgd" or a.rank < 1):
+        p.error(f"--rank {a.rank}: PowerSGD's rank, >= 1, with --agg powersgd only")
     return a
 
 
 def settings(args: argparse.Namespace, world: int) -> dict[str, Any]:
     keys = ("model", "agg", "density", "mode", "warmup", "batch_size", "lr", "momentum", "seed",
-            "seq_len")
+            "seq_len", "rank")
     return {**{k: getattr(args, k) for k in keys}, "world_size": world}
 
 
@@ -136,7 +140,8 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     if iters == 0:
         raise SystemExit(f"--batch-size {args.batch_size} is larger than a rank's share "
                          f"({n_local} samples at {world} ranks)")
-    agg = HookedDDP(args.agg, args.density, args.mode, args.warmup, args.seed, iters)
+    agg = HookedDDP(args.agg, args.density, args.mode, args.warmup, args.seed, iters,
+                    {} if args.rank is None else {"rank": args.rank})
     fwd = agg.start(model)
     run_settings = settings(args, world)
     history: dict[str, list[float]] = {k: [] for k in (
