@@ -64,6 +64,27 @@ def run_checks(name: str, p: int, timeout: float) -> None:
     assert len(done) == p and all("failures=0" in x for x in done)
 
 
+@pytest.fixture
+def builds(monkeypatch) -> list[list[str]]:
+    """The `ip` and `tc` commands that would build something (add a namespace, link or
+    address; add or replace a qdisc) that this process runs while the test goes on;
+    `netns_available`'s probe, added and deleted at once, is not one. For "bad input builds
+    nothing": unlike a before/after list of the machine's namespaces, it holds while other
+    runs make and remove theirs."""
+    made: list[list[str]] = []
+    real = subprocess.run
+
+    def run(cmd, *args, **kwargs):
+        argv = [str(a) for a in cmd] if isinstance(cmd, (list, tuple)) else [str(cmd)]
+        probe = argv[:3] == ["ip", "netns", "add"] and argv[3].startswith("gwprobe")
+        if argv[:1] in (["ip"], ["tc"]) and {"add", "replace"} & set(argv) and not probe:
+            made.append(argv)
+        return real(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return made
+
+
 def netns_names() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}

@@ -12,7 +12,7 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import cli_error, netns_names, strict_json
+from conftest import cli_error, strict_json
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -192,13 +192,13 @@ CLI = [
 
 
 @pytest.mark.parametrize("args,msg", CLI, ids=[" ".join(a) for a, _ in CLI])
-def test_bad_cli_input_is_one_line_exit_2_and_builds_nothing(monkeypatch, capsys, args, msg):
-    before = netns_names()
+def test_bad_cli_input_is_one_line_exit_2_and_builds_nothing(monkeypatch, capsys, builds, args,
+                                                             msg):
     code, err = cli_error(monkeypatch, capsys, *args)
     assert code == 2, err
     assert msg in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
-    assert netns_names() == before
+    assert builds == []
 
 
 def test_collectives_without_a_process_group_say_so():
@@ -326,12 +326,12 @@ def test_a_tampered_cluster_state_file_is_refused(monkeypatch, tmp_path):
     assert list_clusters() == []
 
 
-def test_calibrate_refuses_a_home_it_cannot_write_before_measuring(monkeypatch, capsys):
+def test_calibrate_refuses_a_home_it_cannot_write_before_measuring(monkeypatch, capsys,
+                                                                    builds):
     monkeypatch.setenv("GRADWIRE_HOME", "/etc/passwd")
-    before = netns_names()
     code, err = cli_error(monkeypatch, capsys, "calibrate", "--hosts", "2")
     assert code == 2 and "cannot save calibrations in '/etc/passwd/calibration'" in err, err
-    assert len(err.strip().splitlines()) == 1 and netns_names() == before
+    assert len(err.strip().splitlines()) == 1 and builds == []
 
 
 def test_environment_overrides_are_checked(monkeypatch, one_rank):

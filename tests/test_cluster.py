@@ -96,11 +96,10 @@ def test_mtu_reaches_the_bridge_and_both_ends_of_every_link():
 
 
 @pytest.mark.parametrize("mtu", [575, 65536, True, "9000", 1500.0])
-def test_bad_mtu_makes_nothing(mtu):
-    before = netns_names()
+def test_bad_mtu_makes_nothing(mtu, builds):
     with pytest.raises(GradwireError, match="--mtu must be an integer number of bytes from 576"):
         cluster_up(2, "1gbit", mtu=mtu)
-    assert netns_names() == before
+    assert builds == []
 
 
 def test_two_clusters_side_by_side_do_not_collide():
@@ -120,11 +119,21 @@ def test_two_clusters_side_by_side_do_not_collide():
     (2, "1gbit", "bad;name", "cluster name"),
     (2, "1gbit", "gw12345", "cluster name"),
 ])
-def test_bad_input_makes_nothing(hosts, bw, name, msg):
-    before = netns_names()
+def test_bad_input_makes_nothing(hosts, bw, name, msg, builds):
     with pytest.raises(GradwireError, match=msg):
         cluster_up(hosts, bw, name)
-    assert netns_names() == before
+    assert builds == []
+
+
+@needs_netns
+def test_builds_sees_what_a_cluster_makes(builds):
+    """The `builds` fixture that the tests above rely on: it must see a real cluster's
+    namespaces, veth links and qdiscs being made (or those tests could not fail)."""
+    c = cluster_up(1, "1gbit")
+    cluster_down(c.name)
+    made = {tuple(cmd[:3]) for cmd in builds}
+    assert ("ip", "netns", "add") in made and ("ip", "link", "add") in made, builds
+    assert any("tbf" in cmd for cmd in builds), builds
 
 
 def test_failure_half_way_rolls_back():

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import cli_error, netns_names
+from conftest import cli_error
 from rich.console import Console
 
 from gradwire.cluster import loopback_cluster
@@ -36,13 +36,13 @@ QUICK = ["--loopback", "--hosts", "2", "--model", "mlp-small", "--batch-size", "
     (["--rank", "2"], "--rank is PowerSGD's rank: --agg dense has none (use --agg powersgd)"),
     (["--agg", "powersgd", "--rank", "0"], "--rank (PowerSGD's) must be from 1 to 1024, got 0"),
 ])
-def test_bad_train_input_is_one_line_exit_2_and_builds_nothing(monkeypatch, capsys, args, msg):
-    before = netns_names()
+def test_bad_train_input_is_one_line_exit_2_and_builds_nothing(monkeypatch, capsys, builds, args,
+                                                               msg):
     code, err = cli_error(monkeypatch, capsys, "train", *args)
     assert code == 2
     assert msg in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
-    assert netns_names() == before
+    assert builds == []
 
 
 def test_resume_refuses_a_checkpoint_of_another_run(monkeypatch, capsys, tmp_path):
