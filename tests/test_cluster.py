@@ -376,3 +376,37 @@ def test_down_removes_hosts_files_that_a_crash_left_without_their_cluster():
         assert not folder.exists()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_runs_starting_together_claim_different_subnets(monkeypatch, tmp_path):
+    """Eight runs claim a cluster at the same moment, each seeing the live clusters 50 ms
+    late (so that, unlocked, all would see none and take subnet 1): every one gets its own
+    subnet, and a name already claimed is refused."""
+    import threading
+
+    from gradwire.cluster import netns, state
+
+    monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path))
+    listed = state.list_clusters
+
+    def slow_list():
+        found = listed()
+        time.sleep(0.05)
+        return found
+
+    monkeypatch.setattr(netns, "list_clusters", slow_list)
+    start, got = threading.Barrier(8), []
+
+    def claim(i: int) -> None:
+        start.wait()
+        got.append(netns._claim(state.Cluster(name=f"gw0000{i:02x}", bandwidth_bps=1e9)))
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(c.subnet for c in got) == list(range(1, 9))
+    assert sorted(c.subnet for c in list_clusters()) == list(range(1, 9))
+    with pytest.raises(GradwireError, match="cluster gw000003 already exists"):
+        netns._claim(state.Cluster(name="gw000003", bandwidth_bps=1e9))

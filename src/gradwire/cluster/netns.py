@@ -151,9 +151,7 @@ def set_congestion_control(ns: str, algo: str = CONGESTION_CONTROL) -> bool:
     if not CC_NAME_RE.fullmatch(algo):
         raise GradwireError(f"TCP congestion control {algo!r} is not a valid name: expected "
                             "lower-case letters, digits and '_' (e.g. cubic, reno, bbr)")
-    config.state_dir().mkdir(parents=True, exist_ok=True)
-    with open(config.state_dir() / "tcp.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # other runs add to and restore the same list
+    with _state_lock("tcp"):  # other runs add to and restore the same list
         allowed = _ALLOWED_CC.read_text().split()
         added = False
         if algo not in allowed:
@@ -187,6 +185,29 @@ def reap_stale() -> list[str]:
     return gone
 
 
+@contextlib.contextmanager
+def _state_lock(what: str) -> Iterator[None]:
+    """Hold the machine-wide lock ``what`` (a file in the state directory) for the block:
+    runs on this machine that change the same thing take turns."""
+    config.state_dir().mkdir(parents=True, exist_ok=True)
+    with open(config.state_dir() / f"{what}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _claim(cluster: Cluster) -> Cluster:
+    """``cluster`` with a subnet no live cluster has, its state file written: the name and
+    the subnet are claimed under one lock, so that runs starting at the same moment get
+    different ones. The file is written before anything is made, so that a crash half-way
+    still leaves a record to clean up."""
+    with _state_lock("clusters"):
+        if (config.state_dir() / f"{cluster.name}.json").exists():
+            raise GradwireError(f"cluster {cluster.name} already exists")
+        cluster.subnet = _free_subnet()
+        save_cluster(cluster)
+    return cluster
+
+
 def _free_subnet() -> int:
     used = {c.subnet for c in list_clusters()}
     for s in range(1, 255):
@@ -215,14 +236,9 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     name = name or f"gw{secrets.token_hex(3)}"
     if not NAME_RE.match(name):
         raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
-    if (config.state_dir() / f"{name}.json").exists():
-        raise GradwireError(f"cluster {name} already exists")
-    config.state_dir().mkdir(parents=True, exist_ok=True)
     reap_stale()
     owner = [os.getpid(), process_start_ticks(os.getpid()) or 0] if owned else None
-    cluster = Cluster(name=name, bandwidth_bps=bps, subnet=_free_subnet(), owner=owner, mtu=mtu)
-    # The state file is written first so that a crash half-way still leaves a record to clean up.
-    save_cluster(cluster)
+    cluster = _claim(Cluster(name=name, bandwidth_bps=bps, owner=owner, mtu=mtu))
     with _cleanup_on_failure(cluster):
         _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
