@@ -2,6 +2,7 @@
 replay against the cost model, and the paper's mechanisms on hand-checked toy cases."""
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -407,22 +408,28 @@ def test_mechanism_names_and_options_are_checked():
             parse(bad)
 
 
-def _cli(*args):
+def _cli(*args, columns: int | None = None):
+    env = {**os.environ, **({"COLUMNS": str(columns)} if columns else {})}
     return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=env)
 
 
 def test_cli_simulate_and_bad_trace(tmp_path):
     path = tr.save(small_trace(6), tmp_path / "s.trace.jsonl")
     out = tmp_path / "r.json"
     r = _cli("simulate", "--trace", str(path), "--workers", "4", "--bandwidth", "10gbit",
-             "--json", str(out), "--timeline", str(tmp_path / "t.json"))
+             "--json", str(out), "--timeline", str(tmp_path / "t.json"), columns=120)
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())["results"]
     assert [x["mechanism"] for x in res] == ["ps", "multicast", "ina", "multicast+ina", "ring",
                                              "ring+multicast", "butterfly"]
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert {e["ph"] for e in events} == {"M", "X"}
+    # piped: each mechanism's start is a line on stderr; the table fits 120 columns whole
+    said = [line.split(" (")[0] for line in r.stderr.splitlines()
+            if line.startswith("gradwire simulate: ")]
+    assert said == [f"gradwire simulate: simulating {m}" for m in [x["mechanism"] for x in res]]
+    assert "ring+multicast " in r.stdout and "…" not in r.stdout, r.stdout
     bad = tmp_path / "bad.jsonl"
     bad.write_text(path.read_text().replace('"bytes": ', '"bytes": -', 1))
     r = _cli("simulate", "--trace", str(bad))

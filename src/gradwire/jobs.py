@@ -37,7 +37,7 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", module, *args, "--out", str(out)]
         tail: collections.deque[str] = collections.deque(maxlen=40)
-        lines = None if console.is_terminal or console.quiet else _Quarters(label)
+        lines = plain_progress(console, label)
         with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(label, total=total)
@@ -67,10 +67,16 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
         return json.loads(out.read_text())
 
 
+def plain_progress(console: Console, label: str) -> _Quarters | None:
+    """Progress as plain stderr lines where ``console`` draws none (output piped or logged,
+    not quiet); None where it is a terminal (a bar or spinner shows it) or quiet."""
+    return None if console.is_terminal or console.quiet else _Quarters(label)
+
+
 class _Quarters:
     """Progress as plain lines on stderr, one as each quarter of the work is done:
     ``gradwire LABEL: DONE/TOTAL done (N s)``; ``gradwire LABEL: done (N s)`` at the end of a
-    run that counted none."""
+    run that counted none; ``say`` for a step a run names itself."""
 
     def __init__(self, label: str) -> None:
         self.label, self.shown, self.start = label, 0, time.monotonic()
@@ -79,13 +85,13 @@ class _Quarters:
         if not total or done * 4 // total <= self.shown:
             return
         self.shown = done * 4 // total
-        self._say(f"{done}/{total} done")
+        self.say(f"{done}/{total} done")
 
     def finish(self) -> None:
         """A run that reported no progress of its own says when it is done."""
         if not self.shown:
-            self._say("done")
+            self.say("done")
 
-    def _say(self, what: str) -> None:
+    def say(self, what: str) -> None:
         print(f"gradwire {self.label}: {what} ({time.monotonic() - self.start:.0f} s)",
               file=sys.stderr, flush=True)

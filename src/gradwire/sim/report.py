@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rich import box
 from rich.table import Table
 
 from gradwire.jsonfile import dumps
@@ -30,8 +31,12 @@ def results_table(results: Sequence[SimResult], title: str) -> Table:
     sp = speedups(results)
     base = next((r.mechanism for r in results if r.mechanism == mechanisms.BASELINE),
                 results[0].mechanism)
-    t = Table("mechanism", "iteration s", f"speed-up vs {base}", "compute s", "exposed comm s",
-              "worker up", "worker down", "server down", "sim wall s", title=title)
+    # headers on two lines, one space between columns: fits 80 columns with no name cut
+    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    t.add_column("mechanism", no_wrap=True)
+    for col in ("iteration\ns", f"speed-up\nvs {base}", "compute\ns", "exposed\ncomm s",
+                "worker\nup", "worker\ndown", "server\ndown", "sim wall\ns"):
+        t.add_column(col, justify="right")
     for r in results:
         u = r.utilisation
         t.add_row(r.mechanism, f"{r.iteration_s:.4f}", f"{sp[r.mechanism]:.2f}x",

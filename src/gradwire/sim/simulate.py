@@ -133,6 +133,7 @@ def run_simulation(s: Simulation, console: Console) -> dict:
     4. else every mechanism on the first trace, with a Perfetto ``timeline`` if given.
 
     Returns the result file's rows (or results, and the calibration an emulation used)."""
+    from gradwire.jobs import plain_progress
     from gradwire.sim import mechanisms as mech
     from gradwire.sim import report
 
@@ -153,9 +154,10 @@ def run_simulation(s: Simulation, console: Console) -> dict:
         console.print(report.validation_table(rows, f"{first.model}: {c.workers} workers, "
                                               f"{s.bandwidth} emulated, {c.servers} server(s)"))
         return {"calibration": cal, "rows": rows}
+    lines = plain_progress(console, "simulate")
     with console.status("simulating") as status:
         results = mech.run(first, c, mech.parse_list(s.mechanism), s.timeline is not None,
-                           on_start=status.update)
+                           on_start=status.update if lines is None else lines.say)
     console.print(report.results_table(results, f"{first.model}: {c.workers} workers, "
                                        f"{format_bandwidth(c.bandwidth_bps)}, {c.servers} "
                                        f"server(s), {report.host_costs(c)}"))
