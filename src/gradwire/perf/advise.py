@@ -80,10 +80,10 @@ def explain(ranked: list[Ranked]) -> str:
         r = ranked[1]
         q = r.prediction
         parts = f"encode+decode {_ms(q.coding)}, wire {_ms(float(q.communicate))}"
-        more_coding, more_wire = q.coding - p.coding, float(q.communicate - p.communicate)
         if r.seconds - w.seconds <= TIE * w.seconds:
             lines.append(f"{r.agg.label} ties with it at {_ms(r.seconds)}: {parts}.")
         else:
+            more_coding, more_wire = q.coding - p.coding, float(q.communicate - p.communicate)
             why = ("more encode+decode" if more_coding > max(more_wire, 0.0)
                    else "more time on the wire" if more_wire > 0
                    else "less of its communication hidden by backward")

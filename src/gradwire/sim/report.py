@@ -31,7 +31,8 @@ def results_table(results: Sequence[SimResult], title: str) -> Table:
     sp = speedups(results)
     base = next((r.mechanism for r in results if r.mechanism == mechanisms.BASELINE),
                 results[0].mechanism)
-    # headers on two lines, one space between columns: fits 80 columns with no name cut
+    # headers on two lines, one space between columns: fits 120 columns; a mechanism's name
+    # is never cut (narrower, the headers are)
     t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     t.add_column("mechanism", no_wrap=True)
     for col in ("iteration\ns", f"speed-up\nvs {base}", "compute\ns", "exposed\ncomm s",

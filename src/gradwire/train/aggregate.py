@@ -16,10 +16,21 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gradwire.check import check_powersgd_rank
 from gradwire.errors import GradwireError
 from gradwire.hooks import METHODS, make
 
-__all__ = ["METHODS", "HookedDDP"]
+__all__ = ["METHODS", "HookedDDP", "check_rank"]
+
+
+def check_rank(method: str, rank: int | None) -> None:
+    """``--rank`` of a training run: None, or PowerSGD's rank with ``--agg powersgd``."""
+    if rank is None:
+        return
+    if method != "powersgd":
+        raise GradwireError(f"--rank is PowerSGD's rank: --agg {method} has none (use "
+                            f"--agg powersgd)")
+    check_powersgd_rank(rank)
 
 
 class HookedDDP:

@@ -11,13 +11,12 @@ from typing import Any
 
 from rich.console import Console
 
-from gradwire.check import check_powersgd_rank
 from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
 from gradwire.jobs import run_ranks
 from gradwire.models import MODELS, get_spec
-from gradwire.train.aggregate import METHODS
+from gradwire.train.aggregate import METHODS, check_rank
 
 
 @dataclass(frozen=True)
@@ -78,11 +77,7 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
         raise GradwireError(f"--momentum must be in [0, 1), got {cfg.momentum:g}")
     if cfg.seed < 0:
         raise GradwireError(f"--seed must be >= 0, got {cfg.seed}")
-    if cfg.rank is not None:
-        if cfg.agg != "powersgd":
-            raise GradwireError(f"--rank is PowerSGD's rank: --agg {cfg.agg} has none (use "
-                                f"--agg powersgd)")
-        check_powersgd_rank(cfg.rank)
+    check_rank(cfg.agg, cfg.rank)
     share = _train_samples(cfg) // hosts
     if cfg.batch_size > share:
         raise GradwireError(f"--batch-size {cfg.batch_size} is larger than a rank's share of "

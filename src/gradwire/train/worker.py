@@ -30,7 +30,7 @@ from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
 from gradwire.train import checkpoint
-from gradwire.train.aggregate import METHODS, HookedDDP
+from gradwire.train.aggregate import METHODS, HookedDDP, check_rank
 from gradwire.train.wire import tx_bytes
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
@@ -67,8 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--density must be in (0, 1], got {a.density}")
     if a.resume and not a.checkpoint:
         p.error("--resume needs --checkpoint PATH")
-    if a.rank is not None and (a.agg != "powersgd" or a.rank < 1):
-        p.error(f"--rank {a.rank}: PowerSGD's rank, >= 1, with --agg powersgd only")
+    try:
+        check_rank(a.agg, a.rank)
+    except GradwireError as e:
+        p.error(str(e))
     return a
 
 
