@@ -36,17 +36,17 @@ def _label(method: str, opts: dict, mode: str) -> str:
 
 
 def _rank(rank: int, world: int, init: str, args: argparse.Namespace, out: str) -> None:
-    from sklearn.datasets import load_digits
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
     import gradwire.hooks as gh
+    from gradwire.data import digits_arrays
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    digits = load_digits()
-    xs = torch.tensor(digits.data, dtype=torch.float32) / 16
-    ys = torch.tensor(digits.target)
+    pixels, labels = digits_arrays()
+    xs = torch.tensor(pixels, dtype=torch.float32) / 16
+    ys = torch.tensor(labels)
     results = {}
     for mode in ("bucket", "model"):
         for method, opts in RUNS:

@@ -113,19 +113,27 @@ def test_the_codec_probe_times_each_method_s_local_work():
 
 
 def test_the_codec_probe_times_each_call_from_memory(monkeypatch):
-    """Every timed call comes after a write over twice the last-level cache: a hook finds its
-    bucket and residual in memory, not in a cache warm from the call before."""
+    """Every timed call whose time is kept comes after a write over twice the last-level
+    cache: a hook finds its bucket and residual in memory, not in a cache warm from the call
+    before. The warm-up call of each series, whose time is dropped, needs none."""
     from gradwire.bench import codec_probe
 
-    flushes, timed = [], []
-    real = codec_probe.Flush.__call__
+    calls = []  # per timed call: whether the cache was flushed just before it
+    real = codec_probe._timed
+    monkeypatch.setattr(codec_probe, "_timed", lambda fn, dev, flush=None: (
+        calls.append(flush is not None), real(fn, dev, flush))[1])
+    flushes, syncs = [], []
+    flush = codec_probe.Flush.__call__
     monkeypatch.setattr(codec_probe.Flush, "__call__",
-                        lambda self: (flushes.append(len(timed)), real(self)))
-    orig_sync = codec_probe.sync
-    monkeypatch.setattr(codec_probe, "sync", lambda dev: (timed.append(1), orig_sync(dev)))
-    doc = codec_probe.measure(1000, repeats=1, density=0.01, rank=2)
-    # _timed syncs twice per call: the flush came just before each call's first sync
-    assert len(timed) == 2 * len(flushes) and flushes == list(range(0, len(timed), 2))
+                        lambda self: (flushes.append(len(syncs)), flush(self)))
+    sync = codec_probe.sync
+    monkeypatch.setattr(codec_probe, "sync", lambda dev: (syncs.append(1), sync(dev)))
+    doc = codec_probe.measure(1000, repeats=2, density=0.01, rank=2)
+    # each series is a warm-up and 2 kept calls; _timed syncs twice per call, the flush just
+    # before the first
+    assert len(calls) % 3 == 0 and sum(calls) == 2 * len(calls) // 3
+    assert len(syncs) == 2 * len(calls) and len(flushes) == sum(calls)
+    assert all(i % 2 == 0 for i in flushes)
     assert "cache flush" in doc["source"]
     assert codec_probe.Flush(torch.device("cpu")).nbytes == 2 * codec_probe.cache_bytes(
         torch.device("cpu"))

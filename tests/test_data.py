@@ -1,6 +1,8 @@
+import numpy as np
 import torch
 
-from gradwire.data import digits, shard_indices, stdlib_source, text
+import gradwire.data
+from gradwire.data import digits, digits_arrays, shard_indices, stdlib_source, text
 
 
 def test_stdlib_text_is_the_same_bytes_every_time_and_honours_the_budget():
@@ -43,3 +45,17 @@ def test_shards_are_disjoint_equal_and_change_each_epoch():
     assert len({len(p) for p in parts}) == 1
     assert len(set(torch.cat(parts).tolist())) == 4 * len(parts[0])
     assert not torch.equal(parts[0], shard_indices(103, 0, 4, epoch=3, seed=5))
+
+
+def test_digits_are_scikit_learns_exactly_with_or_without_its_file(monkeypatch):
+    """Read from the file inside the installed package, and, where that is not found, from
+    scikit-learn's own loader: the same pixels and labels either way."""
+    from sklearn.datasets import load_digits
+
+    want = load_digits()
+    fast = digits_arrays()
+    monkeypatch.setattr(gradwire.data.importlib.util, "find_spec", lambda name: None)
+    slow = digits_arrays()
+    for pixels, labels in (fast, slow):
+        assert np.array_equal(pixels, want.data) and pixels.dtype == want.data.dtype
+        assert np.array_equal(labels, want.target) and labels.shape == (1797,)

@@ -3,7 +3,7 @@ work in a hook, encode and decode, never its communication: the compressor, and 
 methods with error feedback what the hook does around it (the NaN/Inf status, the residual
 added and updated, the average written over the bucket).
 
-Every call is timed with the device's last-level cache flushed first (:class:`Flush`), as a
+Every timed call finds the device's last-level cache flushed first (:class:`Flush`), as a
 training iteration finds a bucket and its residual: between two aggregations of a bucket,
 forward, backward and the optimizer stream the model's weights, gradients and activations
 through the cache. A call timed over and over on the same hot tensors measures a speed the
@@ -61,19 +61,20 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
         # decompressing each one
         votes = type(c).combine is not Compressor.combine
         enc, dec = [], []
-        for _ in range(repeats + 1):
+        for i in range(repeats + 1):
+            cold = flush if i else None  # the first call warms up, its time not kept
             # the payload of the step before is gone when a hook compresses (a second one
             # alive costs a fresh allocation's page faults, with huge pages many times the
             # compress itself)
             payload = None
-            payload, e = _timed(lambda c=c: c.compress(x), dev, flush)
+            payload, e = _timed(lambda c=c: c.compress(x), dev, cold)
             enc.append(e)
             if m.path is SPARSE or votes:  # their hooks never decompress one payload
                 continue
             if m.path is SUMMED:  # the hook writes the sum straight into the bucket
-                _, d = _timed(lambda c=c, p=payload: c.decompress_into(p, out), dev, flush)
+                _, d = _timed(lambda c=c, p=payload: c.decompress_into(p, out), dev, cold)
             else:
-                _, d = _timed(lambda c=c, p=payload: c.decompress(p, numel), dev, flush)
+                _, d = _timed(lambda c=c, p=payload: c.decompress(p, numel), dev, cold)
             dec.append(d)
         row = {"params": params, "encode_s": statistics.median(enc[1:])}
         if m.path is SPARSE:  # what the hook does with the entries it receives
@@ -100,8 +101,9 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
         f"CPU, {torch.get_num_threads()} thread(s)")
     return {"numel": numel, "dtype": "float32", "methods": methods,
             "source": f"measured by gradwire calibrate (each method's local work in a hook, "
-                      f"no communication, the {flush.nbytes / 2**20:.0f} MiB cache flush before "
-                      f"each call) on {where}: torch {torch.__version__}, median of {repeats}"}
+                      f"no communication, a {flush.nbytes / 2**20:.0f} MiB cache flush before "
+                      f"each timed call) on {where}: torch {torch.__version__}, "
+                      f"median of {repeats}"}
 
 
 def gradient(numel: int, seed: int, dev: torch.device) -> torch.Tensor:
@@ -151,10 +153,10 @@ def sparse_decode(method: str, x: torch.Tensor, k: int, repeats: int, dev: torch
         per = max(t[VOTE_RANKS] - t[2], 0.0) / (VOTE_RANKS - 2)
         return {"decode_s": max(t[2] - 2 * per, 0.0), "decode_rank_s": per}
     merge, dec = [], []
-    for _ in range(repeats + 1):  # the result takes the drops: new plans every time
-        ps = plans(2)
-        merge.append(_timed(lambda ps=ps: run(ps), dev, flush)[1] / 2)
-        dec.append(_timed(lambda ps=ps: ps[0].average(out), dev, flush)[1])
+    for i in range(repeats + 1):  # the result takes the drops: new plans every time
+        ps, cold = plans(2), flush if i else None
+        merge.append(_timed(lambda ps=ps: run(ps), dev, cold)[1] / 2)
+        dec.append(_timed(lambda ps=ps: ps[0].average(out), dev, cold)[1])
     return {"decode_s": statistics.median(dec[1:]), "merge_s": statistics.median(merge[1:])}
 
 
@@ -210,8 +212,9 @@ def _timed(fn: Callable[[], object], dev: torch.device,
 
 def _median_s(fn: Callable[[], object], repeats: int, dev: torch.device,
               flush: Flush | None = None) -> float:
-    times = [_timed(fn, dev, flush)[1] for _ in range(repeats + 1)]
-    return statistics.median(times[1:])  # the first call warms up
+    # the first call warms up: its time is not kept, so no flush before it
+    times = [_timed(fn, dev, flush if i else None)[1] for i in range(repeats + 1)]
+    return statistics.median(times[1:])
 
 
 def sync(dev: torch.device) -> None:
