@@ -110,7 +110,7 @@ CLI = [
     (["bench", "--sizes", "2"], "--sizes: 2 bytes hold no float32 element"),
     (["bench", "--timeout", "nan"], "--timeout must be a positive number"),
     (["bench", "--hosts", "1000"], "--hosts must be between 1 and 250, got 1000"),
-    (["calibrate", "--density", "2"], "--density must be in (0, 1], got 2.0"),
+    (["calibrate", "--density", "2"], "--density must be in (0, 1], got 2"),
     (["calibrate", "--rank", "0"], "--rank (PowerSGD's) must be from 1 to 1024, got 0"),
     (["calibrate", "--model", "resnet5"], "unknown profile 'resnet5' (did you mean"),
     (["advise", "--model", "lstm"], "no built-in profile of 'lstm': measure one on the machine "
@@ -537,3 +537,17 @@ def test_an_error_that_holds_a_line_break_is_still_one_line(monkeypatch, capsys)
         cli.main()
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-3, 3))
+def test_every_command_checks_density_one_way(density):
+    """One check for every command's --density: (0, 1] passes as a float; anything else is
+    one line that echoes the number as typed (2, not 2.0)."""
+    from gradwire.check import check_density
+
+    if isinstance(density, float) and 0 < density <= 1 or density == 1:
+        assert check_density(density) == float(density)
+        return
+    with pytest.raises(GradwireError) as e:
+        check_density(density)
+    assert str(e.value) == f"--density must be in (0, 1], got {density:g}"

@@ -304,7 +304,7 @@ def test_builtin_rows_use_torchs_current_names(one_rank):
 
 
 @pytest.mark.parametrize(("args", "msg"), [
-    (["--density", "0"], "--density must be in (0, 1], got 0.0"),
+    (["--density", "0"], "--density must be in (0, 1], got 0"),
     (["--rank", "0"], "--rank (PowerSGD's) must be from 1 to 1024, got 0"),
     (["--model", "resnet5"], "unknown profile 'resnet5'"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),

@@ -50,6 +50,16 @@ def check_powersgd_rank(rank: int) -> int:
     return rank
 
 
+def check_density(density: object, option: str = "--density") -> float:
+    """A sparsifier's kept fraction as every command takes it (``option`` names it): a
+    number in (0, 1], echoed as typed ("got 2", not "got 2.0")."""
+    if not is_real(density, 0, 1, above=True):
+        number = isinstance(density, numbers.Real) and not isinstance(density, bool)
+        raise GradwireError(f"{option} must be in (0, 1], got "
+                            f"{format(density, 'g') if number else repr(density)}")
+    return float(density)
+
+
 def check_fraction(name: str, param: str, value: object) -> float:
     """``value`` as a float if it is a number in (0, 1]."""
     if not is_real(value, 0, 1, above=True):

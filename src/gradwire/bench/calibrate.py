@@ -53,7 +53,7 @@ from gradwire.bench.overlap_probe import (
     overlap_slowdown,
     under_ddp,
 )
-from gradwire.check import check_powersgd_rank
+from gradwire.check import check_density, check_powersgd_rank
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
 from gradwire.perf import calibration
@@ -88,8 +88,7 @@ def check_args(model: str, density: float, rank: int, device: str,
     from gradwire import profiles
     from gradwire.bench.spec import check_device
 
-    if not 0 < density <= 1:  # also refuses nan
-        raise GradwireError(f"--density must be in (0, 1], got {density}")
+    check_density(density)
     check_powersgd_rank(rank)
     check_device(device)
     check_writable(out, "--out")

@@ -33,6 +33,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,7 +152,7 @@ def set_congestion_control(ns: str, algo: str = CONGESTION_CONTROL) -> bool:
     if not CC_NAME_RE.fullmatch(algo):
         raise GradwireError(f"TCP congestion control {algo!r} is not a valid name: expected "
                             "lower-case letters, digits and '_' (e.g. cubic, reno, bbr)")
-    with _state_lock("tcp"):  # other runs add to and restore the same list
+    with _machine_lock("gradwire-tcp"):  # other runs add to and restore the same list
         allowed = _ALLOWED_CC.read_text().split()
         added = False
         if algo not in allowed:
@@ -186,13 +187,26 @@ def reap_stale() -> list[str]:
 
 
 @contextlib.contextmanager
-def _state_lock(what: str) -> Iterator[None]:
-    """Hold the machine-wide lock ``what`` (a file in the state directory) for the block:
-    runs on this machine that change the same thing take turns."""
-    config.state_dir().mkdir(parents=True, exist_ok=True)
-    with open(config.state_dir() / f"{what}.lock", "w") as lock:
+def _lock(path: Path) -> Iterator[None]:
+    """Hold the lock file ``path`` for the block: runs that change the same thing take
+    turns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def _state_lock(what: str) -> Iterator[None]:
+    """The lock ``what`` of the runs that share this state directory (their clusters)."""
+    return _lock(config.state_dir() / f"{what}.lock")
+
+
+def _machine_lock(what: str) -> Iterator[None]:
+    """The lock ``what`` of every run on this machine, whatever state directory it keeps:
+    for the machine's own settings."""
+    run_lock = Path("/run/lock")
+    return _lock((run_lock if run_lock.is_dir() else Path(tempfile.gettempdir()))
+                 / f"{what}.lock")
 
 
 def _claim(cluster: Cluster) -> Cluster:

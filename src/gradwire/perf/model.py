@@ -92,7 +92,7 @@ import torch
 from gradwire import catalogue, config
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.catalogue import MODES, BucketPlan, Shapes
-from gradwire.check import check_fraction, check_int, check_real, is_int
+from gradwire.check import check_density, check_fraction, check_int, check_real, is_int
 from gradwire.collectives.agree import header_spec
 from gradwire.errors import GradwireError
 from gradwire.perf import comm
@@ -242,8 +242,7 @@ class Aggregation:
 
     def __post_init__(self) -> None:
         catalogue.get(self.method)  # one line naming the known methods
-        if not 0 < self.density <= 1:
-            raise GradwireError(f"density must be in (0, 1], got {self.density}")
+        check_density(self.density, "density")
         if self.mode not in MODES:
             raise GradwireError(f"mode must be 'bucket' or 'model', got {self.mode!r}")
         check_int("aggregation", "PowerSGD rank", self.rank, 1)

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from gradwire.check import check_density
 from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
@@ -65,8 +66,7 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
     if cfg.mode not in MODES:
         raise GradwireError(f"--mode {cfg.mode!r} is not valid: expected one of "
                             f"{', '.join(MODES)}")
-    if not 0 < cfg.density <= 1:
-        raise GradwireError(f"--density must be in (0, 1], got {cfg.density:g}")
+    check_density(cfg.density)
     for name in ("epochs", "batch_size", "seq_len"):
         if getattr(cfg, name) < 1:
             raise GradwireError(f"--{name.replace('_', '-')} must be >= 1, got "

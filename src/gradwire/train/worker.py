@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gradwire.check import check_density
 from gradwire.data import shard_indices
 from gradwire.errors import GradwireError
 from gradwire.hooks import MODES
@@ -63,11 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("epochs", "batch_size", "seq_len"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    if not 0 < a.density <= 1:
-        p.error(f"--density must be in (0, 1], got {a.density}")
     if a.resume and not a.checkpoint:
         p.error("--resume needs --checkpoint PATH")
     try:
+        check_density(a.density)
         check_rank(a.agg, a.rank)
     except GradwireError as e:
         p.error(str(e))
