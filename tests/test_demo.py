@@ -21,6 +21,10 @@ def test_demo_on_loopback_compares_methods_in_one_table_and_one_figure(tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "loopback, links not shaped" in p.stdout
     assert p.stdout.count("speed-up") == 1 and f"wrote {png}" in p.stdout  # one table
+    # two epochs end inside gTop-k's warm-up: said before the run, and the row says so
+    assert ("gradwire demo: gtopk's warm-up lasts 4 epochs, so 2 epochs end at density 0.0725, "
+            "never 0.001: --epochs 5 or more send it") in p.stderr
+    assert "gtopk ρ=0.0725 warm-up" in p.stdout
     results = json.loads(out.read_text())
     assert [r["agg"] for r in results] == aggs
     for r in results:

@@ -21,6 +21,8 @@ QUICK = ["--loopback", "--hosts", "2", "--model", "mlp-small", "--batch-size", "
 @pytest.mark.parametrize("args,msg", [
     (["--model", "alexnet"], "unknown model 'alexnet': expected one of mlp, mlp-small, resnet20"),
     (["--agg", "zip"], "unknown aggregation 'zip': expected one of dense, fp16, bf16, topk"),
+    (["--agg", "dense,topk"], "--agg takes one method per training run, got 'dense,topk': to "
+     "compare several in one table, gradwire demo --agg dense,topk"),
     (["--density", "0"], "--density must be in (0, 1], got 0"),
     (["--density", "1.01"], "--density must be in (0, 1], got 1.01"),
     (["--epochs", "0"], "--epochs must be >= 1, got 0"),
@@ -163,3 +165,35 @@ def test_powersgd_rank_reaches_the_wire_and_binds_a_resume(monkeypatch, capsys, 
     code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--agg", "powersgd", "--rank",
                           "2", "--epochs", "2", "--resume", "--checkpoint", str(ck))
     assert code == 2 and "made with rank=1, this run has 2" in err, err
+
+
+@pytest.mark.parametrize(("agg", "density", "warmup", "epochs", "note"), [
+    ("topk", 0.001, True, 1, "topk's warm-up lasts 4 epochs, so 1 epoch ends at density 0.25, "
+                             "never 0.001: FIX"),
+    ("gtopk", 0.001, True, 4, "gtopk's warm-up lasts 4 epochs, so 4 epochs end at density "
+                              "0.004, never 0.001: FIX"),
+    ("gtopk", 0.001, True, 5, None),
+    ("topk", 0.1, True, 1, "topk's warm-up lasts 1 epoch, so 1 epoch ends at density 0.25, "
+                           "never 0.1: FIX"),
+    ("topk", 0.1, True, 2, None),
+    ("topk", 0.5, True, 1, None),  # above every warm-up density: none
+    ("topk", 0.001, False, 1, None),
+    ("dense", 0.001, True, 1, None),
+    ("powersgd", 0.001, True, 1, None),
+])
+def test_a_run_that_ends_in_its_warm_up_is_told_and_labelled(agg, density, warmup, epochs,
+                                                             note):
+    """Before the run, one line where every epoch falls in the warm-up; after it, the row is
+    labelled with the density its figures were measured at."""
+    from gradwire.hooks.warmup import Warmup
+    from gradwire.report import method_label
+    from gradwire.train.job import warmup_note
+
+    cfg = TrainConfig(agg=agg, density=density, warmup=warmup, epochs=epochs)
+    assert warmup_note(cfg, "FIX") == note
+    if agg in ("topk", "gtopk"):
+        per_epoch = [Warmup().density(e, density) if warmup else density
+                     for e in range(epochs)]
+        label = method_label({"agg": agg, "density": density, "density_per_epoch": per_epoch})
+        assert label == (f"{agg} ρ={density:g}" if note is None
+                         else f"{agg} ρ={per_epoch[-1]:g} warm-up")

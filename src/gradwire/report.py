@@ -18,9 +18,13 @@ SPARSIFIERS = ("topk", "gtopk", "randomk", "dgc")
 
 
 def method_label(r: dict) -> str:
-    """``gtopk ρ=0.001`` for a sparsifier, ``powersgd r=1`` for a PowerSGD given its rank; the
-    method's name alone for the rest."""
+    """``gtopk ρ=0.001`` for a sparsifier (``gtopk ρ=0.25 warm-up`` where the run ended in its
+    warm-up: the row's figures are its last epochs'), ``powersgd r=1`` for a PowerSGD given its
+    rank; the method's name alone for the rest."""
     if r["agg"] in SPARSIFIERS:
+        last = (r.get("density_per_epoch") or [r["density"]])[-1]
+        if last != r["density"]:
+            return f"{r['agg']} ρ={last:g} warm-up"
         return f"{r['agg']} ρ={r['density']:g}"
     if r.get("rank") is not None:
         return f"{r['agg']} r={r['rank']}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -88,7 +89,7 @@ def train(
     Example: gradwire train --model resnet20 --agg gtopk --density 0.001 --epochs 20
     """
     from gradwire.report import TABLE_NOTE, plot_curves, results_table
-    from gradwire.train.job import TrainConfig, train_on, validate
+    from gradwire.train.job import TrainConfig, train_on, validate, warmup_epochs, warmup_note
 
     cfg = TrainConfig(model=model, agg=agg, density=density, mode=mode, warmup=warmup,
                       epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
@@ -99,6 +100,10 @@ def train(
     check_seed_and_batch(seed, batch_size)
     check_range("--seq-len", seq_len, 1, MAX_SEQ_LEN)
     check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
+    note = warmup_note(cfg, f"--epochs {warmup_epochs(cfg) + 1} or more, or --no-warmup, "
+                            "send it")
+    if note:
+        print(f"gradwire train: {note}", file=sys.stderr)
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
         result = train_on(c, cfg, agg, timeout, console)
         label = c.label
@@ -135,7 +140,7 @@ def demo(
     Options left out keep the demo's settings (see docs/training.md)."""
     from gradwire.demo import DEMO, run_demo
     from gradwire.train.aggregate import METHODS
-    from gradwire.train.job import validate
+    from gradwire.train.job import validate, warmup_epochs, warmup_note
 
     check_outputs(("--json", json_out), ("--plot", plot))
     overrides = {k: v for k, v in (("epochs", epochs), ("model", model), ("density", density),
@@ -151,6 +156,11 @@ def demo(
     for a in aggs:
         validate(dataclasses.replace(base, agg=a), hosts)
     check_seed_and_batch(seed, batch_size)
+    for a in aggs:
+        cfg = dataclasses.replace(base, agg=a)
+        note = warmup_note(cfg, f"--epochs {warmup_epochs(cfg) + 1} or more send it")
+        if note:
+            print(f"gradwire demo: {note}", file=sys.stderr)
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
         results = run_demo(c, aggs, base, timeout, console, plot)
     if json_out:

@@ -55,11 +55,40 @@ class TrainConfig:
         return args
 
 
+def warmup_epochs(cfg: TrainConfig) -> int:
+    """How many epochs ``cfg``'s method sends more than its density for: its warm-up's
+    (densities above the target), 0 without one."""
+    from gradwire import catalogue
+    from gradwire.hooks.warmup import DEFAULT_DENSITIES
+
+    if not cfg.warmup or not catalogue.get(cfg.agg).takes_density:
+        return 0
+    return sum(1 for d in DEFAULT_DENSITIES if d > cfg.density)
+
+
+def warmup_note(cfg: TrainConfig, fix: str) -> str | None:
+    """One line for a run whose epochs all fall in its warm-up, so that it never sends the
+    density asked for (``fix``: what the command offers instead); None otherwise."""
+    warm = warmup_epochs(cfg)
+    if cfg.epochs > warm:
+        return None
+    from gradwire.hooks.warmup import Warmup
+
+    last = Warmup().density(cfg.epochs - 1, cfg.density)
+    run = "1 epoch ends" if cfg.epochs == 1 else f"{cfg.epochs} epochs end"
+    lasts = "1 epoch" if warm == 1 else f"{warm} epochs"
+    return (f"{cfg.agg}'s warm-up lasts {lasts}, so {run} at density {last:g}, never "
+            f"{cfg.density:g}: {fix}")
+
+
 def validate(cfg: TrainConfig, hosts: int) -> None:
     """One-line GradwireErrors for every setting a run would fail on, before anything starts."""
     if cfg.model not in MODELS:
         raise GradwireError(f"unknown model {cfg.model!r}{did_you_mean(cfg.model, MODELS)}: "
                             f"expected one of {', '.join(MODELS)}")
+    if "," in cfg.agg:
+        raise GradwireError(f"--agg takes one method per training run, got {cfg.agg!r}: to "
+                            f"compare several in one table, gradwire demo --agg {cfg.agg}")
     if cfg.agg not in METHODS:
         raise GradwireError(f"unknown aggregation {cfg.agg!r}{did_you_mean(cfg.agg, METHODS)}: "
                             f"expected one of {', '.join(METHODS)}")
