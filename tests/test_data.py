@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import torch
 
@@ -59,3 +62,11 @@ def test_digits_are_scikit_learns_exactly_with_or_without_its_file(monkeypatch):
     for pixels, labels in (fast, slow):
         assert np.array_equal(pixels, want.data) and pixels.dtype == want.data.dtype
         assert np.array_equal(labels, want.target) and labels.shape == (1797,)
+
+
+def test_digits_load_without_importing_scikit_learns_datasets():
+    """The installed scikit-learn's file is found: a rank never pays sklearn.datasets' import
+    (about 2 s of start-up)."""
+    code = ("import sys; from gradwire.data import digits; digits(); "
+            "sys.exit('sklearn.datasets' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
