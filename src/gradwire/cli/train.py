@@ -89,7 +89,7 @@ def train(
     Example: gradwire train --model resnet20 --agg gtopk --density 0.001 --epochs 20
     """
     from gradwire.report import TABLE_NOTE, plot_curves, results_table
-    from gradwire.train.job import TrainConfig, train_on, validate, warmup_epochs, warmup_note
+    from gradwire.train.job import TrainConfig, train_on, validate, warmup_note
 
     cfg = TrainConfig(model=model, agg=agg, density=density, mode=mode, warmup=warmup,
                       epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
@@ -100,8 +100,7 @@ def train(
     check_seed_and_batch(seed, batch_size)
     check_range("--seq-len", seq_len, 1, MAX_SEQ_LEN)
     check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
-    note = warmup_note(cfg, f"--epochs {warmup_epochs(cfg) + 1} or more, or --no-warmup, "
-                            "send it")
+    note = warmup_note(cfg, "--epochs {epochs} or more, or --no-warmup, send it")
     if note:
         print(f"gradwire train: {note}", file=sys.stderr)
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
@@ -140,7 +139,7 @@ def demo(
     Options left out keep the demo's settings (see docs/training.md)."""
     from gradwire.demo import DEMO, run_demo
     from gradwire.train.aggregate import METHODS
-    from gradwire.train.job import validate, warmup_epochs, warmup_note
+    from gradwire.train.job import validate, warmup_note
 
     check_outputs(("--json", json_out), ("--plot", plot))
     overrides = {k: v for k, v in (("epochs", epochs), ("model", model), ("density", density),
@@ -153,12 +152,12 @@ def demo(
     parse_bandwidth(bandwidth)
     check_timeout(timeout)
     world_size(hosts, None)
-    for a in aggs:
-        validate(dataclasses.replace(base, agg=a), hosts)
+    runs = [dataclasses.replace(base, agg=a) for a in aggs]
+    for cfg in runs:
+        validate(cfg, hosts)
     check_seed_and_batch(seed, batch_size)
-    for a in aggs:
-        cfg = dataclasses.replace(base, agg=a)
-        note = warmup_note(cfg, f"--epochs {warmup_epochs(cfg) + 1} or more send it")
+    for cfg in runs:
+        note = warmup_note(cfg, "--epochs {epochs} or more send it")
         if note:
             print(f"gradwire demo: {note}", file=sys.stderr)
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:

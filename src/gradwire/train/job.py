@@ -11,10 +11,12 @@ from typing import Any
 
 from rich.console import Console
 
+from gradwire import catalogue
 from gradwire.check import check_density
 from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
+from gradwire.hooks.warmup import Warmup
 from gradwire.jobs import run_ranks
 from gradwire.models import MODELS, get_spec
 from gradwire.train.aggregate import METHODS, check_rank
@@ -55,30 +57,22 @@ class TrainConfig:
         return args
 
 
-def warmup_epochs(cfg: TrainConfig) -> int:
-    """How many epochs ``cfg``'s method sends more than its density for: its warm-up's
-    (densities above the target), 0 without one."""
-    from gradwire import catalogue
-    from gradwire.hooks.warmup import DEFAULT_DENSITIES
-
-    if not cfg.warmup or not catalogue.get(cfg.agg).takes_density:
-        return 0
-    return sum(1 for d in DEFAULT_DENSITIES if d > cfg.density)
-
-
 def warmup_note(cfg: TrainConfig, fix: str) -> str | None:
-    """One line for a run whose epochs all fall in its warm-up, so that it never sends the
-    density asked for (``fix``: what the command offers instead); None otherwise."""
-    warm = warmup_epochs(cfg)
+    """One line for a run whose epochs all fall in its method's warm-up, so that it never
+    sends the density asked for; None otherwise. ``fix``: what the command offers instead,
+    ``{epochs}`` in it the first run length that does send it."""
+    if not cfg.warmup or not catalogue.get(cfg.agg).takes_density:
+        return None
+    schedule = Warmup()  # the hooks' own: what the run's hook will send
+    warm = sum(schedule.density(e, cfg.density) > cfg.density
+               for e in range(len(schedule.densities)))
     if cfg.epochs > warm:
         return None
-    from gradwire.hooks.warmup import Warmup
-
-    last = Warmup().density(cfg.epochs - 1, cfg.density)
+    last = schedule.density(cfg.epochs - 1, cfg.density)
     run = "1 epoch ends" if cfg.epochs == 1 else f"{cfg.epochs} epochs end"
     lasts = "1 epoch" if warm == 1 else f"{warm} epochs"
     return (f"{cfg.agg}'s warm-up lasts {lasts}, so {run} at density {last:g}, never "
-            f"{cfg.density:g}: {fix}")
+            f"{cfg.density:g}: {fix.format(epochs=warm + 1)}")
 
 
 def validate(cfg: TrainConfig, hosts: int) -> None:
