@@ -65,8 +65,8 @@ def test_digits_are_scikit_learns_exactly_with_or_without_its_file(monkeypatch):
 
 
 def test_digits_load_without_importing_scikit_learns_datasets():
-    """The installed scikit-learn's file is found: a rank never pays sklearn.datasets' import
-    (about 2 s of start-up)."""
+    """The installed scikit-learn's file is found: a rank never pays sklearn.datasets'
+    import."""
     code = ("import sys; from gradwire.data import digits; digits(); "
             "sys.exit('sklearn.datasets' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -39,8 +39,9 @@ def digits(seed: int = 0, test_fraction: float = 0.2) -> tuple[Split, Split]:
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """The digits' pixels (1797 x 64, 0 to 16) and labels, exactly as scikit-learn's
     ``load_digits`` gives them. Read straight from the file it reads, inside the installed
-    package: importing ``sklearn.datasets`` costs a rank about 2 s of start-up, more than a
-    short training run. Where that file is not in its usual place, the loader itself."""
+    package, because importing ``sklearn.datasets`` adds to every rank's start-up
+    (``benchmarks/rank_startup.py`` measures it). Where that file is not in its usual place,
+    the loader itself."""
     spec = importlib.util.find_spec("sklearn")
     for root in (spec.submodule_search_locations or []) if spec else []:
         path = Path(root, "datasets", "data", "digits.csv.gz")
