@@ -103,6 +103,21 @@ def test_advise_lists_the_methods_a_codec_table_cannot_price_on_one_line(monkeyp
     assert "dense" in out.split("not ranked")[0]
 
 
+@pytest.mark.parametrize("command", ["advise", "whatif"])
+def test_the_inputs_line_names_the_codec_table_that_priced_the_run(command, monkeypatch,
+                                                                   capsys) -> None:
+    """--codecs replaces the reference setting's table: the line saying where each input came
+    from names the table given, not the setting's own, and the compute's source."""
+    args = [command, "--model", "resnet50", "--workers", "32", "--bandwidth", "10gbit"]
+    code, out, err = _cli([*args, "--codecs", "h100"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "codecs h100 (given, for the setting's v100)" in out and "codecs v100," not in out
+    assert "compute: compression-utility paper" in out
+    code, out, err = _cli(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert "codecs v100," in out and "given" not in out
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["whatif", "--workers", "8:2"], "--workers '8:2'"),
     (["whatif", "--bandwidth", "1gbt"], "bandwidth '1gbt' is not valid"),

@@ -10,7 +10,7 @@ where it comes from; none is a measurement of the machine gradwire was developed
 | name | device and network | α | γ | codecs | coding |
 |------|--------------------|---|---|--------|--------|
 | v100 | V100, Ethernet, NCCL ring (1) | 50 µs | 0.0033 ns/B | v100 (2) | after backward |
-| h100 | H100, Ethernet, NCCL ring | 50 µs | 0.0011 ns/B | h100 (3) | after backward |
+| h100 | H100, Ethernet, NCCL ring | 50 µs | 0.00115 ns/B | h100 (3) | after backward |
 
 (1) the compression-utility paper's setting; (2) its Table 2; (3) measured on an H100.
 
@@ -42,12 +42,15 @@ class Reference:
     coding_slowdown: float | None  # ≥ 1: coding and backward share the device; None: they don't
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
-    def describe(self) -> str:
+    def describe(self, codecs: str | None = None) -> str:
+        """One line of the setting's terms; ``codecs``: the table given in place of its own."""
         coding = ("coding after backward (it shares the device)" if self.coding_slowdown
                   else "coding beside backward")
+        table = (self.codecs if codecs in (None, self.codecs)
+                 else f"{codecs} (given, for the setting's {self.codecs})")
         return (f"reference setting {self.name!r} ({self.description}): α "
                 f"{self.alpha * 1e6:g} µs, γ {self.gamma * 1e9:.2g} ns/B, codecs "
-                f"{self.codecs}, κ {self.overlap_slowdown:g}, {coding}")
+                f"{table}, κ {self.overlap_slowdown:g}, {coding}")
 
 
 _ALPHA = ("assumed: a typical per-message latency between hosts over Ethernet through NCCL's "

@@ -132,7 +132,7 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
         ref = reference_settings.get(s.reference)
         base = w.Setting(ref.alpha, ref.gamma, ref.overlap_slowdown,
                          coding_slowdown=ref.coding_slowdown)
-        where = ref.describe()
+        where = ref.describe(s.codecs)
     else:
         base = w.calibration_terms(cal or w.read_calibration(s.calibration), s.calibration)
         alpha_t, slowdown, cpu = base.alpha_transport, base.compute_slowdown, base.cpu
@@ -147,6 +147,8 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
         else:
             who = "every worker on one machine" if cpu.one_machine else "each node's ranks"
             where += f"; {who} sharing {cpu.cores:g} cores ({cpu.describe()})"
+        if s.codecs is not None:
+            where += f"; codecs {s.codecs} (given, for the calibration's)"
     given = [f"{name} {v:g}{unit}" for name, v, unit in (
         ("α", s.alpha_us, " µs"), ("γ", s.gamma_ns, " ns/B"), ("κ", s.overlap_slowdown, ""))
         if v is not None]
@@ -197,4 +199,6 @@ def advise(s: Scenario, workers: int, bandwidth: str, compute_speedup: float) ->
     cluster = terms.cluster(workers, parse_link(bandwidth))
     ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup,
                                terms.overlap_slowdown)
-    return Advice(prof, cluster, bandwidth, s.intra_bandwidth, ranked, skipped, where)
+    compute = prof.sources.get("backward_s", "")
+    return Advice(prof, cluster, bandwidth, s.intra_bandwidth, ranked, skipped,
+                  where + (f"; compute: {compute}" if compute else ""))
