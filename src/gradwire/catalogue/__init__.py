@@ -3,7 +3,7 @@
 For each method it says what each rank sends, which collectives it issues with what sizes in
 what order (:meth:`Method.plan`), how the payloads combine (its :class:`~.paths.Path` and its
 compressor's ``combine``), and, through its compressor, whether it keeps a residual, takes a
-density or draws per-rank randomness. The DDP hooks run it (:func:`aggregate`), the
+density or draws per-rank randomness. The DDP hooks run it (:func:`issuer`, :func:`start`), the
 performance model prices its plan and the simulator replays it; none of them has a copy.
 
 Example::
@@ -27,7 +27,7 @@ Example::
 | qsgd      | gathered | 4 + ⌈n/8⌉ + ⌈n·w/8⌉                                             |
 | terngrad  | gathered | ⌈n/4⌉ + 4                                                       |
 | int8      | scaled   | n + 8⌈n/1024⌉ + 2 (levels, votes for the next steps, status)    |
-| powersgd  | lowrank  | 4·(Σ rows·r + 1-D elements), then 4·Σ cols·r (two allreduces)   |
+| powersgd  | lowrank  | 4·(Σ rows·r + uncompressed + 1), then 4·Σ cols·r (2 allreduces) |
 """
 
 from gradwire.catalogue.calls import BucketPlan, CollectiveCall
@@ -35,7 +35,6 @@ from gradwire.catalogue.methods import (
     METHODS,
     MODES,
     Method,
-    aggregate,
     get,
     issuer,
     start,
@@ -43,4 +42,4 @@ from gradwire.catalogue.methods import (
 from gradwire.catalogue.paths import AggregationCall, Issued, Path, Shapes, Started
 
 __all__ = ["METHODS", "MODES", "AggregationCall", "BucketPlan", "CollectiveCall", "Issued",
-           "Method", "Path", "Shapes", "Started", "aggregate", "get", "issuer", "start"]
+           "Method", "Path", "Shapes", "Started", "get", "issuer", "start"]

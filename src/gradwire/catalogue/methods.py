@@ -158,12 +158,6 @@ def issuer(c: AggregationCall, x: torch.Tensor, key: object) -> Path | None:
     return m.path if m.path.issuable(c, x, key) else None
 
 
-def aggregate(c: AggregationCall, x: torch.Tensor, key: object) -> tuple[torch.Tensor, int]:
-    """(average, payload bytes): :func:`start`, its header included, and its result at once."""
-    s = start(c, x, key)
-    return s.result(), s.sent
-
-
 def header(c: AggregationCall, numel: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     """The call header of one aggregation (:mod:`gradwire.collectives.agree`)."""
     return [("call", c.caller), ("method", c.name), ("dense", c.dense), ("elements", numel),
@@ -191,5 +185,5 @@ def _sent_dense(c: AggregationCall, numel: int, dtype: torch.dtype) -> bool:
                                     c.comm.algo, c.shapes).dense
 
 
-__all__ = ["MODES", "METHODS", "AggregationCall", "Issued", "Method", "Started", "aggregate",
+__all__ = ["MODES", "METHODS", "AggregationCall", "Issued", "Method", "Started",
            "get", "issuer", "start"]

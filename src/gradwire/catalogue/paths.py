@@ -176,7 +176,7 @@ class Path:
         """Whether the NaN/Inf status needs no exchange before the data: it travels with the
         payload (:meth:`start`), or the method keeps no residual (NaN and Inf then go
         through as a dense allreduce would give them). Otherwise the status is agreed in the
-        call's header exchange before the data (catalogue.methods.aggregate)."""
+        call's header exchange before the data (catalogue.methods.start)."""
         return not m.error_feedback
 
     def start(self, c: AggregationCall, x: torch.Tensor, key: object) -> Started:

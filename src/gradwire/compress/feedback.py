@@ -227,7 +227,7 @@ def _name(dtype: torch.dtype) -> str:
 
 
 def _warn(who: str, what: str) -> None:
-    # user -> sparse_allreduce or aggregate -> fallback -> _warn: name the caller's caller
+    # user -> sparse_allreduce or start -> fallback -> _warn: name the caller's caller
     warnings.warn(f"{who}: {what}", RuntimeWarning, stacklevel=4)
 
 

@@ -9,7 +9,7 @@ Example::
 
 What is written back is the average gradient (signsgd: the majority vote of the signs). What
 each method sends, in which collectives, is :mod:`gradwire.catalogue`'s table; the hooks run
-it (:func:`gradwire.catalogue.aggregate`).
+it (:func:`gradwire.catalogue.issuer` and :func:`gradwire.catalogue.start`).
 
 docs/compression.md has the details: modes, warm-up, stats, checkpoints.
 """
