@@ -85,7 +85,8 @@ def simulate(
                                             "the sender (kernel TCP send and receive path); "
                                             "default a datacenter Ethernet's, as "
                                             "--latency-us")] = ALPHA_US,
-    seed: Seed = 0,
+    seed: Annotated[int, typer.Option(help="which recorded iteration each worker replays, "
+                                      "drawn from this seed (a whole number >= 0)")] = 0,
     timeline: Annotated[Path | None, typer.Option(help="write a Perfetto/chrome trace "
                                                   "JSON")] = None,
     sweep: Annotated[str | None, typer.Option(help="AXIS=V1,V2,..: workers, bandwidth, "
@@ -121,8 +122,8 @@ def simulate(
         terms = whatif.calibration_terms(whatif.read_calibration(calibration), calibration)
         alpha, gamma = terms.alpha, terms.gamma
         alpha_us, latency_us = alpha * 1e6, 0.0
-        console.print(f"α {alpha_us:.1f} µs per message, γ {gamma * 1e9:.3g} ns/B, latency "
-                      f"in α: from {calibration}")
+        console.print(f"α {alpha_us:.1f} µs per message (the calibration's α per step), γ "
+                      f"{gamma * 1e9:.3g} ns/B, latency in α: from {calibration}")
     sim = prepare(trace, workers=workers, bandwidth=bandwidth, mechanism=mechanism,
                   servers=servers, iterations=iterations, latency_us=latency_us,
                   alpha_us=alpha_us, gamma=gamma, seed=seed,
