@@ -9,6 +9,9 @@ Traces: built-in profiles (exact tensor sizes) with the paper's Table 3 compute
     flock /tmp/gradwire-bench.lock python benchmarks/sim_paper.py   # results/sim_paper/latest.json
                                                                     # and latest_*.png beside it
     python benchmarks/sim_paper.py --quick --out /tmp/p.json        # tables only
+    python benchmarks/sim_paper.py --alpha-us 0 --latency-us 0      # the ideal network
+
+Hosts pay the simulator's default α and latency (``gradwire simulate``'s) unless given.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from rich.console import Console
 
 from gradwire.bench import provenance
 from gradwire.sim import mechanisms, report
-from gradwire.sim.cluster import SimCluster
+from gradwire.sim.cluster import DEFAULT_ALPHA_S, DEFAULT_LATENCY_S, SimCluster
 from gradwire.sim.paper import PAPER_SPEEDUPS, TABLE3, paper_trace
 
 HERE = Path(__file__).parent
@@ -39,12 +42,18 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--quick", action="store_true", help="tables 4 and 6 only")
+    ap.add_argument("--alpha-us", type=float, default=DEFAULT_ALPHA_S * 1e6,
+                    help="per-message host cost, µs (default: the simulator's)")
+    ap.add_argument("--latency-us", type=float, default=DEFAULT_LATENCY_S * 1e6,
+                    help="one-way latency per host, µs (default: the simulator's)")
     a = ap.parse_args(argv)
     console = Console(width=150)
     traces = {m: paper_trace(m) for m in TABLE3}
-    c32 = SimCluster(32, 25e9, iterations=3)
+    c32 = SimCluster(32, 25e9, iterations=3, alpha=a.alpha_us * 1e-6,
+                     latency=a.latency_us * 1e-6)
     out: dict = {**provenance.stamp("python " + shlex.join(sys.argv)),
                  "conditions": {"loadavg_start": os.getloadavg()},
+                 "alpha_s": c32.alpha, "latency_s": c32.latency,
                  "traces": {m: t.source for m, t in traces.items()}}
     rows = []
     for name, t in traces.items():
