@@ -3,6 +3,7 @@
 with that environment (ranks included) import the earlier code."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -35,3 +36,4 @@ def earlier_src(rev: str) -> Iterator[Path]:
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                        capture_output=True)
+        shutil.rmtree(tree.parent, ignore_errors=True)

@@ -10,6 +10,7 @@ unpacked one (else WRONG). Prints one line per (width, dtype).
     python benchmarks/decode_gather_cuda.py      # needs a CUDA device
 Its one run is benchmarks/results/decode_gather_cuda/latest.txt.
 """
+import argparse
 import statistics
 
 import torch
@@ -51,6 +52,7 @@ def ways(packed: torch.Tensor, width: int, values: torch.Tensor) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_gather_cuda.py needs a CUDA device: none here")
     for width in (1, 2, 4, 8):

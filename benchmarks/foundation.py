@@ -8,9 +8,11 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +34,9 @@ def gradwire_run(hosts: int, bandwidth: str, script: str, env: dict[str, str]) -
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
     rows = []
     for bw in ("1gbit", "none"):
         out = gradwire_run(2, bw, "p2p_rate.py", {"SIZE": str(SIZE)})
@@ -46,13 +51,14 @@ def main() -> None:
                  "time_s": float(m.group(1)), "algbw_gbit_per_s": float(m.group(2)),
                  "busbw_gbit_per_s": float(m.group(3)), "wrong": int(m.group(4))})
     result = {
-        **provenance.stamp("python benchmarks/foundation.py"),
+        **provenance.stamp(shlex.join(["python", "benchmarks/foundation.py", *sys.argv[1:]])),
         "rows": rows,
     }
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:
         print(r)
-    print(f"wrote {OUT}")
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

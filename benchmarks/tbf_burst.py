@@ -10,8 +10,10 @@ than the rate; a smaller one costs throughput when flows share links.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 from gradwire.bench import provenance
-from gradwire.cluster import cluster_down, cluster_up
+from gradwire.cluster import ephemeral_cluster
 
 OUT = Path(__file__).parent / "results" / "tbf_burst" / "latest.json"
 BURSTS = (500_000, 131_072, 65_536)
@@ -66,6 +68,9 @@ def stream(c, script: str, n: int) -> float:
     try:
         out = subprocess.run(["ip", "netns", "exec", a.netns, sys.executable, script, "cli",
                               b.addr, str(n), "5"], check=True, capture_output=True, text=True)
+    except BaseException:
+        srv.kill()  # its client is gone: it would wait for bytes that never come
+        raise
     finally:
         srv.wait(timeout=60)
     return float(out.stdout)
@@ -82,12 +87,14 @@ def bench(c, home: str) -> dict[str, float]:
 
 
 def main() -> None:
-    home = tempfile.mkdtemp(prefix="gradwire-tbf-")
-    script = Path(home) / "stream.py"
-    script.write_text(STREAM)
-    c = cluster_up(4, "1gbit")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
     rows = []
-    try:
+    with tempfile.TemporaryDirectory(prefix="gradwire-tbf-") as home, \
+            ephemeral_cluster(4, "1gbit") as c:
+        script = Path(home) / "stream.py"
+        script.write_text(STREAM)
         for burst in BURSTS:
             shape(c, burst)
             row = {"burst_bytes": burst,
@@ -96,14 +103,15 @@ def main() -> None:
                    "allreduce_s": bench(c, home)}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    finally:
-        cluster_down(c.name)
-    OUT.write_text(json.dumps({**provenance.stamp("python benchmarks/tbf_burst.py"),
-                               "network": "emulated 4 hosts, 1gbit links (tbf re-shaped per row)",
-                               "note": "4 ranks share the machine's 2 cores; median of 5 "
-                                       "streams, median of 3 bench iterations",
-                               "rows": rows}, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "benchmarks/tbf_burst.py", *sys.argv[1:]])
+    a.out.write_text(json.dumps({**provenance.stamp(command),
+                                 "network": "emulated 4 hosts, 1gbit links (tbf re-shaped per "
+                                            "row)",
+                                 "note": "4 ranks share the machine's 2 cores; median of 5 "
+                                         "streams, median of 3 bench iterations",
+                                 "rows": rows}, indent=1) + "\n")
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ time, the median and the worst, and the TCP retransmissions the hosts counted.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from gradwire.bench import provenance
-from gradwire.cluster import cluster_down, cluster_up
+from gradwire.cluster import ephemeral_cluster
 from gradwire.cluster.netns import set_congestion_control
 
 OUT = Path(__file__).parent / "results" / "tcp_cc" / "latest.json"
@@ -48,13 +50,12 @@ def bench(c, home: str) -> dict:
             for r in json.loads(out.read_text())["rows"]}
 
 
-def main() -> None:
-    home = tempfile.mkdtemp(prefix="gradwire-cc-")
+def run(home: str) -> list[dict]:
+    """One row per (cluster size, congestion control), each on a cluster of its own."""
     rows = []
     for hosts in (4, 8):
         for algo in ALGOS:
-            c = cluster_up(hosts, "1gbit")
-            try:
+            with ephemeral_cluster(hosts, "1gbit") as c:
                 if not all(set_congestion_control(h.netns, algo) for h in c.hosts):
                     raise SystemExit(f"could not switch the hosts to TCP {algo}")
                 times = bench(c, home)
@@ -62,20 +63,29 @@ def main() -> None:
                        "ring_over_builtin": times["builtin"]["median_s"]
                        / times["ring"]["median_s"],
                        "tcp_retransmitted_segments": retransmitted(c)}
-            finally:
-                cluster_down(c.name)
             print(json.dumps({k: v for k, v in row.items() if k != "allreduce_64MiB"}),
                   {a: (round(t["median_s"], 3), round(t["max_s"], 3)) for a, t in times.items()},
                   flush=True)
             rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gradwire-cc-") as home:
+        rows = run(home)
     default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    OUT.write_text(json.dumps({**provenance.stamp("python benchmarks/tcp_cc.py"),
-                               "machine_default_congestion_control": default,
-                               "network": "emulated hosts, 1gbit links",
-                               "note": f"{ITERS} iterations per algorithm; 8 ranks share the "
-                                       "machine's 2 cores (CPU contention at P=8)",
-                               "rows": rows}, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "benchmarks/tcp_cc.py", *sys.argv[1:]])
+    a.out.write_text(json.dumps({**provenance.stamp(command),
+                                 "machine_default_congestion_control": default,
+                                 "network": "emulated hosts, 1gbit links",
+                                 "note": f"{ITERS} iterations per algorithm; 8 ranks share "
+                                         "the machine's 2 cores (CPU contention at P=8)",
+                                 "rows": rows}, indent=1) + "\n")
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

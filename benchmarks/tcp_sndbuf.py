@@ -33,7 +33,7 @@ from pathlib import Path
 
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.bench import provenance
-from gradwire.cluster import cluster_down, cluster_up
+from gradwire.cluster import ephemeral_cluster
 from gradwire.cluster.netns import cap_send_buffer, host_send_buffer, machine_send_buffer
 
 OUT = Path(__file__).parent / "results" / "tcp_sndbuf" / "latest.json"  # other rates: <rate>.json
@@ -68,7 +68,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     out_path = a.out or (OUT if a.bandwidth == "1gbit" else OUT.with_name(f"{a.bandwidth}.json"))
-    home = tempfile.mkdtemp(prefix="gradwire-sndbuf-")
     default = machine_send_buffer()
     capped = host_send_buffer(parse_bandwidth(a.bandwidth))
     named = {"default": default, "cluster": capped}
@@ -81,9 +80,9 @@ def main() -> None:
         raise SystemExit("--ceilings must hold default: speed-ups are over it")
     by_hosts = {}
     for hosts in hosts_list:
-        c = cluster_up(hosts, a.bandwidth)
-        try:
-            times: dict[str, dict[str, list[float]]] = {}
+        times: dict[str, dict[str, list[float]]] = {}
+        with tempfile.TemporaryDirectory(prefix="gradwire-sndbuf-") as home, \
+                ephemeral_cluster(hosts, a.bandwidth) as c:
             for rnd in range(a.rounds):
                 for ceiling in ceilings:
                     if not all(cap_send_buffer(h.netns, ceiling) for h in c.hosts):
@@ -94,8 +93,6 @@ def main() -> None:
                         times.setdefault(str(ceiling), {}).setdefault(k, []).append(v)
                     print(hosts, rnd, ceiling, {k: round(v * 1e3, 1) for k, v in got.items()},
                           flush=True)
-        finally:
-            cluster_down(c.name)
         base = times[str(default)]
         by_hosts[str(hosts)] = {
             "median_s": {s: {k: statistics.median(v) for k, v in t.items()}

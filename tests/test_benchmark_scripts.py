@@ -42,6 +42,25 @@ def _has(mod, module: str, name: str) -> bool:
         return False
 
 
+MAINS = [p for p in sorted(BENCHMARKS.glob("*.py")) if 'if __name__ == "__main__"' in p.read_text()]
+
+
+@pytest.mark.parametrize("path", MAINS, ids=lambda p: p.name)
+def test_every_script_answers_help_and_cleans_up_on_signals(path):
+    """``--help`` must print usage, not start an hour of measurement: every script parses its
+    arguments with argparse. A script makes clusters only with ``ephemeral_cluster``, which
+    removes them on SIGTERM and SIGHUP too (a bare cluster_up would leave them up)."""
+    tree = ast.parse(path.read_text(), str(path))
+    calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+             for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert "ArgumentParser" in calls, f"{path.name}: no argparse, so --help would run it"
+    assert "cluster_up" not in calls, f"{path.name}: use ephemeral_cluster, not cluster_up"
+
+
+def test_the_scripts_with_a_main_are_found():
+    assert len(MAINS) > 20 and BENCHMARKS / "ab.py" not in MAINS
+
+
 def test_a_missing_name_is_caught():
     import gradwire.bench.rank as rank
 
