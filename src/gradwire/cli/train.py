@@ -135,7 +135,7 @@ def demo(
     loopback: Loopback = False,
 ) -> None:
     """The headline comparison: dense vs Top-k vs gTop-k (density 0.001, warm-up) training a
-    1.12 M-parameter MLP on digits, on 4 emulated hosts at 1 Gbit/s; one table, one figure.
+    1.13 M-parameter MLP on digits, on 4 emulated hosts at 1 Gbit/s; one table, one figure.
     Options left out keep the demo's settings (see docs/training.md)."""
     from gradwire.demo import DEMO, run_demo
     from gradwire.train.aggregate import METHODS

@@ -3,7 +3,7 @@ read. Each entry says which data set it trains on and the shape of one input sam
 
 | name      | data   | parameters | what |
 |-----------|--------|------------|------|
-| mlp       | digits | 1.12 M     | 64-1024-1024-10 ReLU MLP, the demo's model |
+| mlp       | digits | 1.13 M     | 64-1024-1024-10 ReLU MLP, the demo's model |
 | mlp-small | digits | 26 k       | 64-128-128-10, for quick tests |
 | resnet20  | digits | 0.27 M     | CIFAR-style ResNet-20 on 1×8×8 images |
 | resnet50  | digits | 23.5 M     | bottleneck ResNet-50, 3×3 stem; 25.56 M at ImageNet width |
