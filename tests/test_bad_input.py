@@ -150,6 +150,11 @@ CLI = [
     (["trace", "--model", "mlp", "-o", "/nonexistent-gw/t.jsonl"], "--out '/nonexistent-gw"),
     (["simulate", "--trace", "t.jsonl", "--timeline", "/nonexistent-gw/t.json"], "--timeline"),
     (["simulate", "--trace", "t.jsonl", "--plot", "p.png"], "--plot draws a --sweep"),
+    (["simulate", "--trace", "t.jsonl", "--table", "4", "--sweep", "workers=4,8"],
+     "--table 4 is a run of its own: not with --sweep"),
+    (["simulate", "--trace", "t.jsonl", "--sweep", "workers=4,8", "--timeline", "t.json"],
+     "--timeline records one plain run: not with --table or --sweep"),
+    (["simulate", "--trace", "a.jsonl", "--trace", "b.jsonl"], "2 --trace files: only --table"),
     # root may write into /proc as far as os.access says, until the kernel refuses the write;
     # a device such as /dev/full takes nothing, which only a write would show
     (["whatif", "--workers", "4", "--agg", "dense", "--json", "/proc/gw-x.json"],

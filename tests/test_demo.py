@@ -48,3 +48,23 @@ def test_demo_on_the_emulated_cluster_measures_wire_bytes(tmp_path):
     grad_bytes = 4 * r["parameters"]
     # A 2-rank ring sends half the gradient twice: one gradient's bytes plus headers.
     assert grad_bytes <= r["wire_tx_bytes_per_iter_per_rank"] <= 1.2 * grad_bytes
+
+
+def test_the_demo_help_shows_the_demo_settings(monkeypatch, capsys):
+    """The options left out keep the demo's settings: --help shows those values, not none."""
+    from gradwire.cli import main
+    from gradwire.demo import DEMO
+
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(sys, "argv", ["gradwire", "demo", "--help"])
+    try:
+        main()
+    except SystemExit:
+        pass
+    out = " ".join(capsys.readouterr().out.split())
+    for option, value in (("--epochs", DEMO.epochs), ("--model", DEMO.model),
+                          ("--density", DEMO.density), ("--mode", DEMO.mode),
+                          ("--batch-size", DEMO.batch_size), ("--lr", DEMO.lr)):
+        shown = out.split(option + " ", 1)[1].split("[default: ", 1)[1].split("]", 1)[0]
+        want = f"({value:g})" if isinstance(value, float) else f"({value})"
+        assert shown == want, (option, shown)

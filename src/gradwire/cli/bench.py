@@ -121,7 +121,8 @@ def bench(
 
 def calibrate(
     ctx: typer.Context,
-    hosts: Hosts = 2,
+    hosts: Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks), 2 to "
+                                       "250")] = 2,
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
     timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 600,
@@ -134,8 +135,10 @@ def calibrate(
                                                "cuda:LOCAL_RANK); default: cuda where there "
                                                "is one")] = None,
     out: Annotated[Path | None, typer.Option(help="write the calibration here; default "
-                                             "$GRADWIRE_HOME/calibration/<bandwidth>.json, "
-                                             "required under a launcher")] = None,
+                                             "$GRADWIRE_HOME (~/.cache/gradwire)/calibration/"
+                                             "RATE.json (RATE-mtuN.json at another MTU, "
+                                             "loopback.json unshaped), required under a "
+                                             "launcher")] = None,
     mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:

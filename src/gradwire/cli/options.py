@@ -35,10 +35,11 @@ def _piped_width() -> int:
 
 console = Console(width=None if sys.stdout.isatty() else _piped_width())
 
-Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks)", min=1)]
+Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks), 1 to 250",
+                                   min=1)]
 Bandwidth = Annotated[str, typer.Option(
-    "--bandwidth", "-b", help="per-host link rate in each direction: 100mbit, 1gbit, 10gbit, "
-    "25gbit or none")]
+    "--bandwidth", "-b", help="per-host link rate in each direction, e.g. 100mbit, 2.5gbit, "
+    "25gbit (100kbit to 400gbit), or none (unshaped)")]
 Mtu = Annotated[int, typer.Option(
     help="largest IP packet on every link, bytes: 1500 (Ethernet) or e.g. 9000 (jumbo frames); "
     "tbf counts frame headers against the rate")]

@@ -31,7 +31,7 @@ PerfSlowdown = Annotated[float | None, typer.Option(help="factor (>= 1) by which
                                                     "while communication runs beside it "
                                                     "(default: the calibration's or the "
                                                     "reference setting's)")]
-PerfAlpha = Annotated[float | None, typer.Option("--alpha-us", help="latency per message, µs "
+PerfAlpha = Annotated[float | None, typer.Option("--alpha-us", help="α: µs per schedule step "
                                                  "(default: the calibration's or the reference "
                                                  "setting's)")]
 PerfGamma = Annotated[float | None, typer.Option("--gamma-ns", help="reduction, ns per byte "
@@ -100,7 +100,9 @@ def whatif(
     bandwidth: Annotated[str, typer.Option(help="comma list of link rates, e.g. 1gbit,10gbit")]
     = "1gbit,10gbit,25gbit",
     agg: PerfAgg = "dense,fp16,topk,gtopk,powersgd,signsgd",
-    compute_speedup: Annotated[str, typer.Option(help="comma list of compute speedups")] = "1",
+    compute_speedup: Annotated[str, typer.Option(help="comma list of factors dividing compute "
+                                                 "and encode/decode times (a faster "
+                                                 "device)")] = "1",
     density: PerfDensity = 0.001,
     rank: PerfRank = 4,
     mode: PerfMode = "bucket",
@@ -156,7 +158,8 @@ def advise(
     rank: PerfRank = 4,
     mode: PerfMode = "bucket",
     bucket_mb: PerfBucket = 25.0,
-    compute_speedup: Annotated[float, typer.Option(help="compute speedup")] = 1.0,
+    compute_speedup: Annotated[float, typer.Option(help="divide compute and encode/decode "
+                                                   "times by this (a faster device)")] = 1.0,
     overlap_slowdown: PerfSlowdown = None,
     alpha_us: PerfAlpha = None,
     gamma_ns: PerfGamma = None,

@@ -9,9 +9,7 @@ from typing import Annotated
 import typer
 
 from gradwire.cli.options import (
-    BatchSize,
     JsonOut,
-    Seed,
     check_outputs,
     check_seed_and_batch,
     command_line,
@@ -26,9 +24,12 @@ def trace_cmd(
     out: Annotated[Path, typer.Option("-o", "--out", help="write the trace (JSON lines) here")],
     model: Annotated[str | None, typer.Option(help="record this model (`gradwire models`)")] = None,
     source: Annotated[Path | None, typer.Option("--from", help="edit this trace instead")] = None,
-    iterations: Annotated[int, typer.Option(min=1, help="iterations kept (at most 1000)")] = 3,
-    batch_size: BatchSize = 32,
-    seed: Seed = 0,
+    iterations: Annotated[int, typer.Option(min=1, help="iterations recorded, with --model (at "
+                                            "most 1000)")] = 3,
+    batch_size: Annotated[int, typer.Option(help="samples per iteration, with --model (1 to "
+                                            "65536)")] = 32,
+    seed: Annotated[int, typer.Option(help="model initialisation and data, with --model (0 to "
+                                      "2**32 - 1)")] = 0,
     compute_speedup: Annotated[float, typer.Option(help="divide every compute time by "
                                                    "this (1e-6 to 1e6)")] = 1.0,
     add_layers: Annotated[int, typer.Option(min=0, help="insert this many layers before the "
@@ -36,8 +37,10 @@ def trace_cmd(
                                             "parameters)")] = 0,
     layer_bytes: Annotated[int, typer.Option(min=1, help="each added layer's bytes (a trace "
                                              "holds at most 2**50 bytes)")] = 4 * 2**20,
-    layer_forward_ms: Annotated[float, typer.Option(min=0)] = 1.0,
-    layer_backward_ms: Annotated[float, typer.Option(min=0)] = 2.0,
+    layer_forward_ms: Annotated[float, typer.Option(min=0, help="each added layer's forward "
+                                                    "time")] = 1.0,
+    layer_backward_ms: Annotated[float, typer.Option(min=0, help="each added layer's backward "
+                                                     "time")] = 2.0,
     resize: Annotated[list[str] | None, typer.Option(help="NAME=BYTES: resize a parameter "
                                                      "(repeatable)")] = None,
 ) -> None:
@@ -93,7 +96,9 @@ def simulate(
                                               "speedup or layers")] = None,
     plot: Annotated[Path | None, typer.Option(help="the sweep's PNG")] = None,
     table: Annotated[int | None, typer.Option(help="one of the paper's tables: 4, 6, 8, 9, "
-                                              "10")] = None,
+                                              "10, each with its own mechanisms (--mechanism "
+                                              "is not used; table 8 runs 8 servers, table 10 "
+                                              "10 and 100 Gbit/s links)")] = None,
     emulate: Annotated[bool, typer.Option(help="also run each mechanism for real on an "
                                           "emulated cluster of --bandwidth links (root) and "
                                           "compare; default mechanisms ps,ring,butterfly")
@@ -101,7 +106,8 @@ def simulate(
     json_out: JsonOut = None,
     calibration: Annotated[Path | None, typer.Option(
         "--calibration", help="a `gradwire calibrate` file: its α per step (which holds the "
-        "links' latency) and γ replace --alpha-us and --latency-us")] = None,
+        "links' latency) replaces --alpha-us and --latency-us (latency 0), and its γ prices "
+        "each byte reduced")] = None,
 ) -> None:
     """Trace-driven simulation of parameter servers, multicast, in-network aggregation and
     all-reduce mechanisms on a non-blocking switch. Every message costs --alpha-us on its

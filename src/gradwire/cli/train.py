@@ -119,14 +119,21 @@ def train(
 def demo(
     hosts: Hosts = 4,
     bandwidth: Bandwidth = "1gbit",
-    epochs: Epochs | None = None,
-    model: Model | None = None,
+    epochs: Annotated[int | None, typer.Option(help="epochs (>= 1)",
+                                               show_default="20")] = None,
+    model: Annotated[str | None, typer.Option(help="a model from `gradwire models`",
+                                              show_default="mlp")] = None,
     agg: Annotated[str, typer.Option(help="comma-separated aggregation methods")] = "dense,topk,"
     "gtopk",
-    density: Density | None = None,
-    mode: Annotated[str | None, typer.Option(help="bucket or model (the demo's)")] = None,
-    batch_size: BatchSize | None = None,
-    lr: Annotated[float | None, typer.Option(help="SGD learning rate")] = None,
+    density: Annotated[float | None, typer.Option(
+        help="fraction of gradient elements a sparsifier sends, after the gTop-k paper's "
+        "warm-up", show_default="0.001")] = None,
+    mode: Annotated[str | None, typer.Option(help="bucket or model",
+                                             show_default="model")] = None,
+    batch_size: Annotated[int | None, typer.Option(
+        help="samples per rank per iteration (1 to 65536)", show_default="8")] = None,
+    lr: Annotated[float | None, typer.Option(help="SGD learning rate",
+                                             show_default="0.02")] = None,
     seed: Seed = 0,
     timeout: Annotated[float, typer.Option(help="seconds per training run")] = 900,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,

@@ -108,6 +108,13 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
                             f"{', '.join(map(str, report.PAPER_TABLES))}")
     if emulate and (len(paths) != 1 or timeline or plot or sweep):
         raise GradwireError("--emulate takes one --trace and no --timeline, --sweep or --plot")
+    if table is not None and (sweep is not None or emulate):
+        raise GradwireError(f"--table {table} is a run of its own: not with --sweep or --emulate")
+    if timeline is not None and (table is not None or sweep is not None):
+        raise GradwireError("--timeline records one plain run: not with --table or --sweep")
+    if len(paths) > 1 and table is None:
+        raise GradwireError(f"{len(paths)} --trace files: only --table takes several (the "
+                            "paper's tables compare models); give one")
     if sweep is not None:
         parse_sweep(sweep, report.AXES)
     mech.parse_list(mechanism)
