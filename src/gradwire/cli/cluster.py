@@ -35,7 +35,8 @@ def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
     console.print(hosts_table(c))
 
 
-def down(name: Annotated[str | None, typer.Argument()] = None,
+def down(name: Annotated[str | None, typer.Argument(help="the cluster (gw + 6 hex digits); "
+                                                    "default: the only live one")] = None,
          all_: Annotated[bool, typer.Option("--all", help="every gradwire cluster, "
                                             "orphans included")] = False) -> None:
     """Remove a cluster: its namespaces (and their processes), veth pairs and bridge."""
@@ -43,7 +44,8 @@ def down(name: Annotated[str | None, typer.Argument()] = None,
     console.print(f"removed: {', '.join(removed) or 'nothing'}")
 
 
-def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def status(as_json: Annotated[bool, typer.Option("--json", help="print the clusters as "
+                                                  "JSON")] = False) -> None:
     """List live clusters and their hosts."""
     live = list_clusters()
     if as_json:
@@ -79,7 +81,8 @@ def run(
     hosts: Hosts = 2,
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
-    timeout: Annotated[float | None, typer.Option(help="seconds for the whole run")] = None,
+    timeout: Annotated[float | None, typer.Option(help="seconds for the whole run "
+                                                  "(default: no limit)")] = None,
     mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:

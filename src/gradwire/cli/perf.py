@@ -11,7 +11,6 @@ import typer
 from gradwire.cli.options import (
     MAX_BATCH,
     MAX_SEQ_LEN,
-    BatchSize,
     check_outputs,
     check_range,
     command_line,
@@ -62,7 +61,8 @@ PerfCalibration = Annotated[Path | None, typer.Option(
 def profile(
     model: Annotated[str | None, typer.Option(help="a model from `gradwire models` to measure "
                                               "on this machine")] = None,
-    batch_size: BatchSize = 32,
+    batch_size: Annotated[int, typer.Option(help="samples per iteration of the one process "
+                                            "profiled (1 to 65536)")] = 32,
     iters: Annotated[int, typer.Option(min=1, help="timed iterations")] = 10,
     warmup: Annotated[int, typer.Option(min=0, help="untimed iterations first")] = 3,
     seq_len: Annotated[int, typer.Option(min=1, help="text models: symbols per sample (at "
