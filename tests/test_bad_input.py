@@ -155,6 +155,8 @@ CLI = [
     (["simulate", "--trace", "t.jsonl", "--sweep", "workers=4,8", "--timeline", "t.json"],
      "--timeline records one plain run: not with --table or --sweep"),
     (["simulate", "--trace", "a.jsonl", "--trace", "b.jsonl"], "2 --trace files: only --table"),
+    (["simulate", "--trace", "t.jsonl", "--calibration", "c.json", "--alpha-us", "5"],
+     "--calibration gives α (the links' latency in it): not with --alpha-us or --latency-us"),
     # root may write into /proc as far as os.access says, until the kernel refuses the write;
     # a device such as /dev/full takes nothing, which only a write would show
     (["whatif", "--workers", "4", "--agg", "dense", "--json", "/proc/gw-x.json"],

@@ -17,6 +17,7 @@ from gradwire.cli.options import (
     write_json,
     write_text,
 )
+from gradwire.errors import GradwireError
 from gradwire.sim.simulate import ALPHA_US, LATENCY_US, SIM_MECHANISMS
 
 
@@ -78,16 +79,15 @@ def simulate(
                          ] = SIM_MECHANISMS,
     servers: Annotated[int, typer.Option(min=1, help="parameter servers (at most 4096)")] = 1,
     iterations: Annotated[int, typer.Option(min=1, help="at most 1000")] = 3,
-    latency_us: Annotated[float, typer.Option(min=0, help="one-way latency per host (NIC, "
-                                              "cable, half the switch), paid at each end of "
-                                              "every flow; the default is a datacenter "
-                                              "Ethernet's, not the paper's (it states none): "
-                                              "see docs/simulator.md; 0 with --alpha-us 0 for "
-                                              "an ideal network")] = LATENCY_US,
-    alpha_us: Annotated[float, typer.Option(min=0, help="software overhead per message on "
-                                            "the sender (kernel TCP send and receive path); "
-                                            "default a datacenter Ethernet's, as "
-                                            "--latency-us")] = ALPHA_US,
+    latency_us: Annotated[float | None, typer.Option(
+        min=0, show_default=f"{LATENCY_US:g}", help="one-way latency per host (NIC, cable, half "
+        "the switch), paid at each end of every flow; the default is a datacenter Ethernet's, "
+        "not the paper's (it states none): see docs/simulator.md; 0 with --alpha-us 0 for an "
+        "ideal network")] = None,
+    alpha_us: Annotated[float | None, typer.Option(
+        min=0, show_default=f"{ALPHA_US:g}", help="software overhead per message on the sender "
+        "(kernel TCP send and receive path); default a datacenter Ethernet's, as "
+        "--latency-us")] = None,
     seed: Annotated[int, typer.Option(help="which recorded iteration each worker replays, "
                                       "drawn from this seed (a whole number >= 0)")] = 0,
     timeline: Annotated[Path | None, typer.Option(help="write a Perfetto/chrome trace "
@@ -106,8 +106,8 @@ def simulate(
     json_out: JsonOut = None,
     calibration: Annotated[Path | None, typer.Option(
         "--calibration", help="a `gradwire calibrate` file: its α per step (which holds the "
-        "links' latency) replaces --alpha-us and --latency-us (latency 0), and its γ prices "
-        "each byte reduced")] = None,
+        "links' latency) stands for --alpha-us and --latency-us (latency 0; not with them), "
+        "and its γ prices each byte reduced")] = None,
 ) -> None:
     """Trace-driven simulation of parameter servers, multicast, in-network aggregation and
     all-reduce mechanisms on a non-blocking switch. Every message costs --alpha-us on its
@@ -122,6 +122,11 @@ def simulate(
 
     check_outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out))
     gamma = 0.0
+    if calibration is not None and (alpha_us is not None or latency_us is not None):
+        raise GradwireError("--calibration gives α (the links' latency in it): not with "
+                            "--alpha-us or --latency-us")
+    alpha_us = ALPHA_US if alpha_us is None else alpha_us
+    latency_us = LATENCY_US if latency_us is None else latency_us
     if calibration is not None:
         from gradwire.perf import whatif
 
