@@ -22,7 +22,8 @@ iteration with it over the iteration without, less 1, in the same run.
 
 Needs root for the emulated cluster (--loopback runs unshaped). Writes
 results/ddp_hooks/latest.json (on cuda: results/ddp_hooks/cuda.json) with the machine, command,
-commit and date.
+commit and date. Rows print as they come; a run that fails part-way still writes the hooks it
+finished, with the failure under "failed", and exits non-zero.
 """
 from __future__ import annotations
 
@@ -104,16 +105,25 @@ def main() -> None:
            "WARMUP": str(args.warmup), "ITERS": str(args.iters), "ROUNDS": str(args.rounds),
            "DEVICE": args.device}
     lines: list[str] = []
+
+    def sink(line: str) -> None:  # each row as it comes, so a run cut short still shows them
+        lines.append(line)
+        if "] ROW " in line:
+            print(line, flush=True)
+
     with ephemeral_cluster(args.hosts, args.bandwidth, args.loopback) as c:
         res = launch(c, [sys.executable, str(HERE / "ranks" / "ddp_hooks.py")], timeout=3000,
-                     sink=lines.append, extra_env=env)
+                     sink=sink, extra_env=env)
         label = c.label
-    if res.returncode != 0:
-        sys.exit("\n".join(lines[-30:] + [res.message]))
     rows = [json.loads(x.partition("ROW ")[2]) for x in lines if "] ROW " in x]
+    failed = None if res.returncode == 0 else "\n".join(lines[-30:] + [res.message])
+    if failed and not rows:
+        sys.exit(failed)
     summary = {}
     for hook in args.hooks.split(","):
         mine = [r for r in rows if r["hook"] == hook]
+        if not mine:  # the run failed before this hook's first row
+            continue
         times = [t for r in mine for t in r["slowest_s"]]
         summary[hook] = {"ms_per_iter": 1e3 * statistics.median(times),
                          "loss": statistics.fmean(r["loss"] for r in mine)}
@@ -149,8 +159,12 @@ def main() -> None:
               "model": args.model, "batch": args.batch, "warmup": args.warmup,
               "iters": args.iters, "rounds": args.rounds, "summary": summary,
               "speed_ratios": ratios, "rows": rows}
+    if failed:  # what ran before the failure, kept, and the failure beside it
+        result["failed"] = failed.splitlines()
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
+    if failed:
+        sys.exit(failed)
 
 
 if __name__ == "__main__":

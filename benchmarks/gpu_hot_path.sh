@@ -1,42 +1,75 @@
 #!/bin/sh
-# Every GPU measurement of the GPU-first hot path in one run of about nine minutes, for a lent
-# GPU machine (its torch, no iproute2). Here first:  sh benchmarks/carry_iproute2.sh
+# Every GPU measurement of the GPU-first hot path in one run of at most BUDGET seconds (default
+# 570), for a lent GPU machine (its torch, no iproute2). Here first:  sh benchmarks/carry_iproute2.sh
 # then on the device (`run` with carry [".netbin"], timeout 600):
-#   sh benchmarks/gpu_hot_path.sh
-# Writes benchmarks/results/topk_select/<device>.json and benchmarks/results/ddp_hooks/
-# <device>_{p4,p8,int8_p4}.json, copies them to $OUT (as topk_select_<device>.json and
-# ddp_hooks_<device>_{p4,p8,int8_p4}.json), and leaves pytest's verdict on the sync-free
-# check under NCCL in $OUT/syncfree_nccl.txt.
-# A dry run on a CPU machine: DEVICE=cpu MODEL=mlp-tiny SIZE=1000000 RESULTS=/tmp/dry \
-#   sh benchmarks/gpu_hot_path.sh
-set -eu
+#   sh benchmarks/gpu_hot_path.sh 2>&1 | tee $OUT/log.txt
+# Each step has its own time limit and runs only if the budget still holds it; a failed step
+# does not stop the ones after it. Writes under benchmarks/results/ (TAG names the GPU):
+#   topk_select/TAG.json             the selectors alone, 25.6 M fp32, three densities
+#   ddp_hooks/TAG_p4.json, _p8.json  PyTorch's hooks beside gradwire's, ResNet-50, 1 Gbit/s
+#   ddp_hooks/TAG_int8_p4.json       int8 beside the fp16 hooks
+#   collectives/TAG_ring_nccl.json   gradwire's ring beside NCCL's all_reduce, 16 and 64 MiB
+#   calibration/TAG.json             `gradwire calibrate --device cuda`, 2 hosts at 1 Gbit/s
+# and copies each to $OUT; the sync-free check under NCCL prints its verdict to the log.
+# A dry run on a CPU machine: DEVICE=cpu TAG=dry MODEL=mlp-tiny SIZE=1000000 RESULTS=/tmp/dry \
+#   OUT=/tmp/dry sh benchmarks/gpu_hot_path.sh
+set -u
 export PATH="$PWD/.netbin/bin:$PATH"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
 device=${DEVICE:-cuda}
+tag=${TAG:-h200}
 model=${MODEL:-resnet50}
 size=${SIZE:-25600000}
 results=${RESULTS:-benchmarks/results}
 out=${OUT:-/tmp}
-mkdir -p "$results/topk_select" "$results/ddp_hooks"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+budget=${BUDGET:-570}
+start=$(date +%s)
+mkdir -p "$results/topk_select" "$results/ddp_hooks" "$results/collectives" \
+    "$results/calibration" "$out"
+
+# step LIMIT FILE CMD...: run CMD under LIMIT seconds (less if the budget has less left; skip it
+# if under half of LIMIT is left), then copy FILE (if any) to $OUT under its path's last two parts
+step() {
+    want=$1; file=$2; shift 2
+    left=$((budget - ($(date +%s) - start)))
+    limit=$want
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt $((want / 2)) ] || [ "$limit" -lt 20 ]; then
+        echo "=== SKIPPED (${left}s left): $*"; return
+    fi
+    echo "=== $(($(date +%s) - start))s: $* (limit ${limit}s)"
+    timeout -k 10 "$limit" "$@"
+    echo "=== exit $? after $(($(date +%s) - start))s"
+    [ -n "$file" ] && [ -f "$file" ] && cp "$file" "$out/$(basename "$(dirname "$file")")_$(basename "$file")"
+    return 0
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c "import torch; print(torch.__version__, torch.cuda.is_available())"
 # 1. the selectors alone: ResNet-50's 25.6 M fp32, three densities
-python3 benchmarks/topk_select.py --device "$device" --size "$size" --repeats 20 \
-    --out "$results/topk_select/$device.json"
+step 90 "$results/topk_select/$tag.json" python3 benchmarks/topk_select.py --device "$device" \
+    --size "$size" --repeats 20 --out "$results/topk_select/$tag.json"
 # 2. no host-device synchronisation in DDP's backward, counted by CUDA itself (2 ranks)
-python3 -m pytest -q tests/test_nccl.py -k "syncfree and 2" 2>&1 | tail -5 \
-    | tee "$out/syncfree_nccl.txt"
+step 100 "" python3 -m pytest -q -p no:cacheprovider tests/test_nccl.py -k "syncfree and 2"
 # 3. PyTorch's hooks beside gradwire's: ResNet-50 at 224², batch 32, P ranks sharing the GPU,
 #    each its own emulated host at 1 Gbit/s (bucket mode, the defaults)
-python3 benchmarks/ddp_hooks.py --device "$device" --model "$model" --hosts 4 \
-    --bandwidth 1gbit --rounds 2 --warmup 3 --iters 5 --out "$results/ddp_hooks/${device}_p4.json"
-python3 benchmarks/ddp_hooks.py --device "$device" --model "$model" --hosts 8 \
-    --bandwidth 1gbit --rounds 1 --warmup 3 --iters 5 --out "$results/ddp_hooks/${device}_p8.json"
-cp "$results/topk_select/$device.json" "$out/topk_select_$device.json"
-for p in 4 8; do cp "$results/ddp_hooks/${device}_p$p.json" "$out/ddp_hooks_${device}_p$p.json"; done
-# 4. int8 (one byte an element, summed by the backend) beside the fp16 hooks, P = 4; last and
-#    on its own, so that a failure here loses none of the runs above
-python3 benchmarks/ddp_hooks.py --device "$device" --model "$model" --hosts 4 \
-    --bandwidth 1gbit --rounds 1 --warmup 3 --iters 5 \
-    --hooks torch:fp16,gradwire:fp16,gradwire:int8 \
-    --out "$results/ddp_hooks/${device}_int8_p4.json" \
-    && cp "$results/ddp_hooks/${device}_int8_p4.json" "$out/ddp_hooks_${device}_int8_p4.json"
+step 200 "$results/ddp_hooks/${tag}_p4.json" python3 benchmarks/ddp_hooks.py --device "$device" \
+    --model "$model" --hosts 4 --bandwidth 1gbit --rounds 2 --warmup 3 --iters 5 \
+    --out "$results/ddp_hooks/${tag}_p4.json"
+step 180 "$results/ddp_hooks/${tag}_p8.json" python3 benchmarks/ddp_hooks.py --device "$device" \
+    --model "$model" --hosts 8 --bandwidth 1gbit --rounds 1 --warmup 3 --iters 5 \
+    --out "$results/ddp_hooks/${tag}_p8.json"
+# 4. gradwire's ring over NCCL point to point beside NCCL's all_reduce, 4 ranks, unshaped
+step 60 "$results/collectives/${tag}_ring_nccl.json" python3 -m gradwire bench \
+    --device "$device" --hosts 4 --loopback --algo ring --sizes 16M,64M --iters 5 --interleave \
+    --timeout 50 --json "$results/collectives/${tag}_ring_nccl.json"
+# 5. int8 (one byte an element, summed by the backend) beside the fp16 hooks, P = 4
+step 70 "$results/ddp_hooks/${tag}_int8_p4.json" python3 benchmarks/ddp_hooks.py \
+    --device "$device" --model "$model" --hosts 4 --bandwidth 1gbit --rounds 1 --warmup 3 \
+    --iters 5 --hooks torch:fp16,gradwire:fp16,gradwire:int8 \
+    --out "$results/ddp_hooks/${tag}_int8_p4.json"
+# 6. the calibration a GPU user would run first: 2 hosts at 1 Gbit/s
+step 120 "$results/calibration/$tag.json" python3 -m gradwire calibrate --device "$device" \
+    --hosts 2 --bandwidth 1gbit --timeout 110 --out "$results/calibration/$tag.json"
+echo "=== done after $(($(date +%s) - start))s"
