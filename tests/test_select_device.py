@@ -410,3 +410,21 @@ def test_the_device_path_makes_no_host_sync(dtype):
             top_merge(kept, Entries(torch.zeros(k, dtype=dtype), torch.full((k,), PAD)), k)
         assert guard.calls == [], guard.report()
     assert all(t.numel() == k for t in picked)
+
+
+def test_the_guard_counts_what_waits_only_on_cuda():
+    """Calls that cost nothing on CPU tensors but copy from the host, and so wait for the GPU,
+    on CUDA tensors: each is counted once; their device-side forms are not."""
+    t, idx, two = torch.zeros(8), torch.tensor([1, 3]), torch.tensor(2)
+    waits = [lambda: t.__setitem__(idx, 0), lambda: t.__setitem__(2, 1.5),
+             lambda: t[two], lambda: t[:two],
+             lambda: t[[1, 2]], lambda: torch.tensor([1.0, 2.0])]
+    free = [lambda: t.index_fill_(0, idx, 0), lambda: t.__setitem__(slice(0, 2), 0),
+            lambda: t.__setitem__(idx, torch.ones(2)), lambda: t[idx], lambda: t[1:3],
+            lambda: torch.as_tensor(t)]
+    with SyncGuard() as guard:
+        for call in waits + free:
+            before = len(guard.calls)
+            with guard.watching():
+                call()
+            assert len(guard.calls) - before == (call in waits), (call, guard.report())

@@ -70,7 +70,9 @@ def feed(residual: torch.Tensor, x: torch.Tensor, k: int, selector: str = "exact
     acc = add_kept(residual, x, keep)
     idx = select(acc, k, selector)
     values = acc[idx]
-    acc[idx] = 0  # acc − sent, exactly: the sent values are acc's own
+    # acc − sent, exactly (the sent values are acc's own); index_fill_ takes the zero as an
+    # argument, where acc[idx] = 0 would copy it from the host and wait for the GPU
+    acc.index_fill_(0, idx, 0)
     return values, idx
 
 

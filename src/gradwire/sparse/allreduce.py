@@ -78,8 +78,7 @@ class SparseResult:
 
     def mask(self) -> torch.Tensor:
         m = torch.zeros(self.numel, dtype=torch.bool, device=self.indices.device)
-        m[self.indices] = True
-        return m
+        return m.index_fill_(0, self.indices, True)  # no host copy of True, as m[...] = True
 
     def _dense(self, values: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         if out is None:
