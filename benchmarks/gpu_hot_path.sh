@@ -8,7 +8,7 @@
 #   topk_select/TAG.json             the selectors alone, 25.6 M fp32, three densities
 #   ddp_hooks/TAG_p4.json, _p8.json  PyTorch's hooks beside gradwire's, ResNet-50, 1 Gbit/s
 #   ddp_hooks/TAG_int8_p4.json       int8 beside the fp16 hooks
-#   collectives/TAG_ring_nccl.json   gradwire's ring beside NCCL's all_reduce, 16 and 64 MiB
+#   bench/TAG_ring_nccl.json         gradwire's ring beside NCCL's all_reduce, 16 and 64 MiB
 #   calibration/TAG.json             `gradwire calibrate --device cuda`, 2 hosts at 1 Gbit/s
 # and copies each to $OUT; the sync-free check under NCCL prints its verdict to the log.
 # A dry run on a CPU machine: DEVICE=cpu TAG=dry MODEL=mlp-tiny SIZE=1000000 RESULTS=/tmp/dry \
@@ -25,7 +25,7 @@ results=${RESULTS:-benchmarks/results}
 out=${OUT:-/tmp}
 budget=${BUDGET:-570}
 start=$(date +%s)
-mkdir -p "$results/topk_select" "$results/ddp_hooks" "$results/collectives" \
+mkdir -p "$results/topk_select" "$results/ddp_hooks" "$results/bench" \
     "$results/calibration" "$out"
 
 # step LIMIT FILE CMD...: run CMD under LIMIT seconds (less if the budget has less left; skip it
@@ -61,9 +61,9 @@ step 180 "$results/ddp_hooks/${tag}_p8.json" python3 benchmarks/ddp_hooks.py --d
     --model "$model" --hosts 8 --bandwidth 1gbit --rounds 1 --warmup 3 --iters 5 \
     --out "$results/ddp_hooks/${tag}_p8.json"
 # 4. gradwire's ring over NCCL point to point beside NCCL's all_reduce, 4 ranks, unshaped
-step 60 "$results/collectives/${tag}_ring_nccl.json" python3 -m gradwire bench \
+step 60 "$results/bench/${tag}_ring_nccl.json" python3 -m gradwire bench \
     --device "$device" --hosts 4 --loopback --algo ring --sizes 16M,64M --iters 5 --interleave \
-    --timeout 50 --json "$results/collectives/${tag}_ring_nccl.json"
+    --timeout 50 --json "$results/bench/${tag}_ring_nccl.json"
 # 5. int8 (one byte an element, summed by the backend) beside the fp16 hooks, P = 4
 step 70 "$results/ddp_hooks/${tag}_int8_p4.json" python3 benchmarks/ddp_hooks.py \
     --device "$device" --model "$model" --hosts 4 --bandwidth 1gbit --rounds 1 --warmup 3 \

@@ -28,6 +28,7 @@ FIELDS = ("machine", "date", "command", "commit")
 # Folders with no benchmarks/<name>.py: what wrote their files.
 FOLDERS_WITHOUT_SCRIPT = {
     "bench": "`gradwire bench --json` (the CLI, no script in benchmarks/)",
+    "calibration": "`gradwire calibrate --out` (the CLI): calibrations of lent machines",
 }
 KINDS = {".png": "figure", ".md": "table", ".txt": "text output"}
 
