@@ -1,9 +1,10 @@
 """The top-k selectors alone on one device: one abs pass and torch.topk (which breaks ties its
 own way) beside gradwire's ``select`` (exact and sampled threshold, ties to the smaller index;
 on a GPU its device path, with no host sync), the host path's code and the full tie rule
-(``largest``), on the same fp32 gradient, median of --repeats, each call synchronised.
+(``largest``), on the same fp32 gradient, median of --repeats, each call synchronised; and
+under "back to back", each way's ms per call when --repeats calls go out with one sync after.
 
-    python benchmarks/topk_select.py --device cuda --out benchmarks/results/topk_select/h100.json
+    python benchmarks/topk_select.py --device cuda --out benchmarks/results/topk_select/h200.json
 """
 from __future__ import annotations
 
@@ -20,6 +21,20 @@ import torch
 from gradwire.bench import provenance
 from gradwire.compress import select
 from gradwire.compress.base import generator
+
+
+def back_to_back_ms(fn, repeats: int, device: str) -> float:
+    """ms per call of ``repeats`` calls issued back to back, one sync at the end: the larger of
+    the host's time to issue a call and the device's time to run it (on a GPU, a selector
+    slower here than synchronised is bound by issuing its kernels from Python)."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync()
+    return round((time.perf_counter() - t0) / repeats * 1e3, 3)
 
 
 def median_ms(fn, repeats: int, device: str) -> float:
@@ -58,6 +73,8 @@ def main() -> None:
                 "full tie rule (largest)": lambda k=k: select.largest(x.abs(), k)}
         row = {"density": d, "k": k}
         row.update({name: median_ms(fn, args.repeats, args.device) for name, fn in ways.items()})
+        row["back to back"] = {name: back_to_back_ms(fn, args.repeats, args.device)
+                               for name, fn in ways.items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
     doc = {**provenance.stamp(shlex.join(["python", "benchmarks/topk_select.py",
