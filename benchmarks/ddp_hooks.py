@@ -6,7 +6,9 @@ state without a density warm-up, but per bucket for the methods that agree on a 
 first; an exchange also holds the wait for the slowest rank when it is a step's first sync
 point) and,
 for a hook also listed as "<hook>/nocheck" (GRADWIRE_CHECK_CALLS=0), the check's cost: the
-iteration with it over the iteration without, less 1, in the same run.
+iteration with it over the iteration without, less 1, in the same run. With --profile N, each
+hook also runs one more step after its timed ones, profiled on rank 0 (torch.profiler), and the
+result keeps its N ops of most device time under "profiles".
 
     python benchmarks/ddp_hooks.py                      # CPU: gloo, 4 emulated hosts, 1 Gbit/s
     python benchmarks/ddp_hooks.py --hosts 8 --out benchmarks/results/ddp_hooks/p8.json
@@ -89,8 +91,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hooks", default=",".join(HOOKS),
                     help="comma-separated; on cpu the default leaves out torch:powersgd-r1")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after each hook's timed steps, profile one more step on rank 0 and "
+                         "keep its N ops of most device time (CPU time without a GPU)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.profile < 0:
+        sys.exit(f"ddp_hooks.py: error: --profile must be 0 or more, got {args.profile}")
     if args.hooks == ",".join(HOOKS) and args.device == "cpu":
         # PyTorch's PowerSGD hook issues its allreduces from future callbacks; over gloo those
         # of different buckets can reach the ranks in different orders (gloo aborted with
@@ -103,12 +110,12 @@ def main() -> None:
     out = args.out or (OUT if args.device == "cpu" else OUT.with_name(f"{args.device}.json"))
     env = {"HOOKS": args.hooks, "MODEL": args.model, "BATCH": str(args.batch),
            "WARMUP": str(args.warmup), "ITERS": str(args.iters), "ROUNDS": str(args.rounds),
-           "DEVICE": args.device}
+           "DEVICE": args.device, "PROFILE": str(args.profile)}
     lines: list[str] = []
 
     def sink(line: str) -> None:  # each row as it comes, so a run cut short still shows them
         lines.append(line)
-        if "] ROW " in line:
+        if "] ROW " in line or "] PROF " in line:
             print(line, flush=True)
 
     with ephemeral_cluster(args.hosts, args.bandwidth, args.loopback) as c:
@@ -159,6 +166,16 @@ def main() -> None:
               "model": args.model, "batch": args.batch, "warmup": args.warmup,
               "iters": args.iters, "rounds": args.rounds, "summary": summary,
               "speed_ratios": ratios, "rows": rows}
+    profiles: dict[str, list[str]] = {}  # each hook's last profiled step (rank 0's)
+    for x in lines:
+        if "] PROF " in x:
+            hook, _, text = x.partition("] PROF ")[2].partition(" ")
+            if text == "BEGIN":
+                profiles[hook] = []
+            else:
+                profiles[hook].append(text)
+    if profiles:
+        result["profiles"] = profiles
     if failed:  # what ran before the failure, kept, and the failure beside it
         result["failed"] = failed.splitlines()
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -10,6 +10,7 @@
 #   ddp_hooks/TAG_int8_p4.json       int8 beside the fp16 hooks
 #   bench/TAG_ring_nccl.json         gradwire's ring beside NCCL's all_reduce, 16 and 64 MiB
 #   calibration/TAG.json             `gradwire calibrate --device cuda`, 2 hosts at 1 Gbit/s
+#   ddp_hooks/TAG_p8_profile.json    fp16, Top-k and gTop-k at P = 8, one step each profiled
 # and copies each to $OUT; the sync-free check under NCCL prints its verdict to the log.
 # A dry run on a CPU machine: DEVICE=cpu TAG=dry MODEL=mlp-tiny SIZE=1000000 RESULTS=/tmp/dry \
 #   OUT=/tmp/dry sh benchmarks/gpu_hot_path.sh
@@ -72,4 +73,9 @@ step 70 "$results/ddp_hooks/${tag}_int8_p4.json" python3 benchmarks/ddp_hooks.py
 # 6. the calibration a GPU user would run first: 2 hosts at 1 Gbit/s
 step 120 "$results/calibration/$tag.json" python3 -m gradwire calibrate --device "$device" \
     --hosts 2 --bandwidth 1gbit --timeout 110 --out "$results/calibration/$tag.json"
+# 7. where a step's time goes at P = 8: one more step per hook, profiled on rank 0
+step 90 "$results/ddp_hooks/${tag}_p8_profile.json" python3 benchmarks/ddp_hooks.py \
+    --device "$device" --model "$model" --hosts 8 --bandwidth 1gbit --rounds 1 --warmup 3 \
+    --iters 5 --hooks torch:fp16,gradwire:topk-0.001,gradwire:gtopk-0.001 --profile 25 \
+    --out "$results/ddp_hooks/${tag}_p8_profile.json"
 echo "=== done after $(($(date +%s) - start))s"

@@ -70,7 +70,8 @@ def test_a_missing_name_is_caught():
 
 def test_ddp_hooks_runs_and_our_dense_hook_trains_as_ddp_does(tmp_path):
     """benchmarks/ddp_hooks.py end to end on loopback (2 ranks, a tiny model): every hook is
-    timed and trained, and gradwire's dense hook reaches the loss of DDP's own allreduce."""
+    timed and trained, and gradwire's dense hook reaches the loss of DDP's own allreduce; with
+    --profile, each hook's extra profiled step is kept and leaves the losses as they were."""
     import json
     import subprocess
     import sys
@@ -79,14 +80,18 @@ def test_ddp_hooks_runs_and_our_dense_hook_trains_as_ddp_does(tmp_path):
     hooks = "torch:allreduce,gradwire:dense,torch:fp16,gradwire:topk-0.1"
     subprocess.run([sys.executable, str(BENCHMARKS / "ddp_hooks.py"), "--loopback", "--hosts",
                     "2", "--model", "mlp-tiny", "--rounds", "2", "--warmup", "1", "--iters", "2",
-                    "--hooks", hooks, "--out", str(out)], check=True, capture_output=True,
-                   timeout=300)
+                    "--hooks", hooks, "--profile", "3", "--out", str(out)], check=True,
+                   capture_output=True, timeout=300)
     doc = json.loads(out.read_text())
     summary = doc["summary"]
     assert set(summary) == set(hooks.split(",")) and {"date", "machine", "commit"} <= set(doc)
     assert summary["gradwire:dense"]["loss"] == summary["torch:allreduce"]["loss"]
     assert all(r["median_s"] > 0 and len(r["slowest_s"]) == 2 for r in doc["rows"])
     assert "gradwire:dense vs torch:allreduce" in doc["speed_ratios"]
+    profiles = doc["profiles"]
+    assert set(profiles) == set(hooks.split(","))
+    assert all(any("Name" in x for x in t) and any("total" in x for x in t)
+               for t in profiles.values())
 
 
 @pytest.mark.parametrize("hook, says", [

@@ -4,7 +4,8 @@ and one process group, interleaved round by round; rank 0 prints one ROW line of
 
 Environment: HOOKS (comma-separated names, see HOOKS below; "gradwire:<method>[-<density or
 rN>][@<algo>][/nocheck|/one|/thread]"), MODEL, BATCH, WARMUP, ITERS, ROUNDS, DEVICE (cpu:
-gloo; cuda: NCCL, every rank on GPU 0, as emulated hosts sharing it).
+gloo; cuda: NCCL, every rank on GPU 0, as emulated hosts sharing it), PROFILE (after each
+hook's timed steps, one more untimed step, profiled on rank 0: its top PROFILE ops).
 """
 import datetime
 import json
@@ -30,6 +31,7 @@ ITERS = int(os.environ.get("ITERS", "5"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 MODEL = os.environ.get("MODEL", "mlp14m")
 CHECK_CALLS = os.environ.get("GRADWIRE_CHECK_CALLS", "1")
+PROFILE = int(os.environ.get("PROFILE", "0"))  # >0: rank 0 prints that many top ops per hook
 
 
 def model() -> tuple[nn.Module, tuple[int, ...]]:
@@ -93,6 +95,15 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
     if variant == "thread" and isinstance(keep, gh.HookState):
         keep._issue = lambda *_: None  # noqa: SLF001
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        out = nn.functional.cross_entropy(ddp(x), y)
+        out.backward()
+        opt.step()
+        sync()
+        return out
+
     times, loss = [], 0.0
     for i in range(WARMUP + ITERS):
         if i == WARMUP and isinstance(keep, gh.HookState):
@@ -100,16 +111,34 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
         dist.barrier()
         sync()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        out = nn.functional.cross_entropy(ddp(x), y)
-        out.backward()
-        opt.step()
-        sync()
+        out = step()
         if i >= WARMUP:
             times.append(time.perf_counter() - t0)
     loss = float(out.detach())
     header = keep.stats["header"] / ITERS if isinstance(keep, gh.HookState) else 0.0
+    if PROFILE:  # one more step on every rank, untimed; rank 0 profiles its own
+        dist.barrier()
+        profile(name, step)
     return times, loss, header
+
+
+def profile(name: str, step) -> None:  # noqa: ANN001
+    """Run ``step`` once; on rank 0 under torch.profiler, printing the PROFILE ops that took
+    most device time (CPU time without a GPU), one "PROF <hook> <line>" line each."""
+    if dist.get_rank() != 0:
+        step()
+        return
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with profiler(activities=acts) as prof:
+        step()
+    key = "self_cuda_time_total" if DEVICE == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=PROFILE, max_name_column_width=48)
+    print(f"PROF {name} BEGIN", flush=True)  # the parent keeps the last table of each hook
+    for line in table.splitlines():
+        print(f"PROF {name} {line}", flush=True)
 
 
 def gather(values: list[float], world: int) -> torch.Tensor:
