@@ -206,7 +206,7 @@ def plot(model: dict, path: Path) -> None:
 
 
 def command() -> str:
-    return "python benchmarks/collectives.py " + shlex.join(sys.argv[1:])
+    return provenance.script_command()
 
 
 def main() -> None:

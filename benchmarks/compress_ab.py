@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -80,7 +79,7 @@ def main() -> None:
         this = this_code()
     except (subprocess.CalledProcessError, OSError):  # a copy without git (a GPU machine)
         this = "this checkout (no git here)"
-    doc = {**provenance.stamp(shlex.join(sys.argv), args.device), "earlier": earlier,
+    doc = {**provenance.stamp(provenance.script_command(), args.device), "earlier": earlier,
            "this": this, "rounds": args.rounds, "size": args.size, "rows": table}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     for key, t in table.items():

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -190,8 +188,7 @@ def main() -> None:
     # Parts not run keep what --out holds; each part records when and how it ran.
     result = json.loads(args.out.read_text()) if args.out.exists() and parts != {
         "a", "b", "c", "d"} else {}
-    stamp = {**provenance.stamp(shlex.join(["python", "benchmarks/compress_speed.py",
-                                            *sys.argv[1:]]), args.device),
+    stamp = {**provenance.stamp(provenance.script_command(), args.device),
              "threads": torch.get_num_threads()}
     if "a" in parts or "b" in parts:
         result.update(stamp)

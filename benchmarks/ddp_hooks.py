@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -160,7 +159,7 @@ def main() -> None:
         print(f"{hook:<32} {s['ms_per_iter']:9.1f} {s['loss']:8.4f} {share:>10} {cost:>12}")
     for what, r in ratios.items():
         print(f"speed {what}: {r:.2f}x")
-    result = {**provenance.stamp("python " + shlex.join(sys.argv), args.device),
+    result = {**provenance.stamp(provenance.script_command(), args.device),
               "network": label, "hosts": args.hosts,
               "environment": {k: v for k, v in os.environ.items() if k.startswith("GRADWIRE_")},
               "model": args.model, "batch": args.batch, "warmup": args.warmup,

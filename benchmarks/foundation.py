@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +50,7 @@ def main() -> None:
                  "time_s": float(m.group(1)), "algbw_gbit_per_s": float(m.group(2)),
                  "busbw_gbit_per_s": float(m.group(3)), "wrong": int(m.group(4))})
     result = {
-        **provenance.stamp(shlex.join(["python", "benchmarks/foundation.py", *sys.argv[1:]])),
+        **provenance.stamp(provenance.script_command()),
         "rows": rows,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -107,7 +106,7 @@ def main() -> None:
                 "momentum_correction": args.momentum_correction, "seed": SEED}
     rows = [train(algo, args.world, args.epochs, args.density, 0.1, 0.9, 32,
                   args.momentum_correction) for algo in PLACEMENTS]
-    command = shlex.join(["python", "benchmarks/gtopk_drops.py", *sys.argv[1:]])
+    command = provenance.script_command()
     doc = {**provenance.stamp(command), "settings": settings, "rows": rows,
            "summary": {r["algo"]: {"final_accuracy": r["final_accuracy"],
                                    "residual_norms": r["curve"][-1]["residual_norms"]}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def main() -> None:
     for r in rows:
         pct = "" if r["overhead_pct"] is None else f"{r['overhead_pct']:+7.1f} %"
         print(f"{r['case']:<40} {r['checked_ms']:9.3f} ms {r['unchecked_ms']:9.3f} ms {pct}")
-    result = {**provenance.stamp("python " + shlex.join(sys.argv)), "network": label,
+    result = {**provenance.stamp(provenance.script_command()), "network": label,
               "hosts": args.hosts, "rows": rows}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

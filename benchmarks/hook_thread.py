@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -108,8 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
-    command = "python benchmarks/hook_thread.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    command = provenance.script_command(None if argv is None else [__file__, *argv])
     os.environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)  # as the launcher runs ranks
     methods = a.methods.split(",")
     each: dict[str, dict[str, list[dict]]] = {m: {k: [] for k in MODES} for m in methods}

@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
-    doc = {**provenance.stamp(shlex.join(["python", "benchmarks/malloc_ab.py", *sys.argv[1:]])),
+    doc = {**provenance.stamp(provenance.script_command()),
            "load_average_before": os.getloadavg(),
            "settings": SETTINGS, "order": "per round: glibc defaults, then gradwire's",
            "micro": {k: [] for k in SETTINGS}, "train": {}}

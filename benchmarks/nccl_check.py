@@ -132,7 +132,7 @@ def main() -> None:
     # Parts not run keep what --out holds; each part records when, where and how it ran.
     result = json.loads(args.out.read_text()) if args.out.exists() and parts != {
         "a", "b", "c", "d"} else {}
-    stamp = provenance.stamp(shlex.join(["python", "benchmarks/nccl_check.py", *sys.argv[1:]]),
+    stamp = provenance.stamp(provenance.script_command(),
                              "cuda")
 
     def save() -> None:

@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         report(json.loads(a.show.read_text()))
         return
     t0 = time.perf_counter()
-    out: dict = {**provenance.stamp("python " + shlex.join(sys.argv)),
+    out: dict = {**provenance.stamp(provenance.script_command()),
                  "conditions": {"loadavg_start": os.getloadavg()}}
     default = SimCluster(32, 25e9, iterations=2)
     ideal = dataclasses.replace(default, alpha=0.0, latency=0.0)

@@ -13,12 +13,11 @@ train every method on it and compare; how is in :mod:`gradwire.bench.validation`
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 
 from rich.console import Console
 
+from gradwire.bench import provenance
 from gradwire.bench.validation import FAST_S, parse_plan, write_report
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable
@@ -45,8 +44,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="run nothing: predict this earlier result again with the model as it "
                          "is now, its measurements kept, into --out")
     a = ap.parse_args(argv)
-    command = "python benchmarks/perf_validation.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    command = provenance.script_command(None if argv is None else [__file__, *argv])
     try:
         check_writable(a.out, "--out")
         plan = None if a.repredict else parse_plan(a.rates, a.workers, a.aggs, a.repeats,

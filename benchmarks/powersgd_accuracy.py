@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -48,7 +47,7 @@ def main() -> None:
                 row = {"world": p, **json.loads(x.partition("ROW ")[2])}
                 rows.append(row)
                 print(f"P={p} {row['hook']:<22} accuracy {row['test_accuracy']:.4f}", flush=True)
-    doc = {**provenance.stamp("python " + shlex.join(sys.argv), "cpu"),
+    doc = {**provenance.stamp(provenance.script_command(), "cpu"),
            "model": "mlp", "data": "digits",
            "epochs": args.epochs, "batch_per_rank": 32, "lr": 0.1, "momentum": 0.9,
            "torch_start_powerSGD_iter": 2, "rows": rows}

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         print(f"{r['code']} ({r['commit']}): median {r['median_s']:.2f} s, runs "
               f"{' '.join(f'{x:.2f}' for x in r['wall_s'])}")
-    out = {**provenance.stamp("python " + shlex.join(sys.argv)),
+    out = {**provenance.stamp(provenance.script_command()),
            "worker": "python " + shlex.join(WORKER), "loadavg": os.getloadavg()[0],
            "rows": rows}
     if len(rows) == 2:

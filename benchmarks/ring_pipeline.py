@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import tempfile
 from pathlib import Path
 
@@ -51,7 +49,7 @@ def main() -> None:
                                                   4)}
             print(f"P={res['world_size']} {size >> 20:>3} MiB: builtin {base:.3f} Gbit/s; "
                   + ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
-    result = {**provenance.stamp("python " + shlex.join(sys.argv)),
+    result = {**provenance.stamp(provenance.script_command()),
               "code": this_code(), "subchunk_bytes": SUBCHUNK_BYTES,
               "network": runs[0]["network"] if runs else None, "ratios": table, "runs": runs}
     a.out.write_text(json.dumps(result, indent=1) + "\n")

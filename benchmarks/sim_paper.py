@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     traces = {m: paper_trace(m) for m in TABLE3}
     c32 = SimCluster(32, 25e9, iterations=3, alpha=a.alpha_us * 1e-6,
                      latency=a.latency_us * 1e-6)
-    out: dict = {**provenance.stamp("python " + shlex.join(sys.argv)),
+    out: dict = {**provenance.stamp(provenance.script_command()),
                  "conditions": {"loadavg_start": os.getloadavg()},
                  "alpha_s": c32.alpha, "latency_s": c32.latency,
                  "traces": {m: t.source for m, t in traces.items()}}

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['iteration_s']:.4f}",
                   f"{r['loadavg'][0]:.2f}")
     console.print(t)
-    out = {**provenance.stamp("python " + shlex.join(sys.argv)),
+    out = {**provenance.stamp(provenance.script_command()),
            "conditions": "each row in a fresh process (cold caches), one after another; load "
                          "average per row", "rows": rows}
     a.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -78,8 +76,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     console = Console(stderr=True)
-    doc: dict = {**provenance.stamp("python benchmarks/sim_validation.py " +
-                                    shlex.join(sys.argv[1:])),
+    doc: dict = {**provenance.stamp(provenance.script_command()),
                  "conditions": {"load_average_start": os.getloadavg()}, "rows": []}
     tdir = a.out.parent / "traces"
     tdir.mkdir(parents=True, exist_ok=True)

@@ -181,8 +181,7 @@ def main() -> None:
         old_src = stack.enter_context(earlier_src(args.baseline)) if args.baseline else None
         by_size = {int(p): one(int(p), args, cal, old_src) for p in args.hosts.split(",")}
     result = {
-        **provenance.stamp(shlex.join(["python", "benchmarks/sparse_allreduce.py",
-                                       *sys.argv[1:]])),
+        **provenance.stamp(provenance.script_command()),
         "network": "loopback, unshaped" if args.loopback else
                    f"emulated: network namespaces on one bridge, tc tbf {args.bandwidth}",
         "note": "all ranks share the machine's cores; the sparse rows start from entries "

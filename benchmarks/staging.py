@@ -55,7 +55,7 @@ def main() -> None:
     runs = [run(p, pool, args) for _ in range(args.rounds) for p in (4, 8)
             for pool in (False, True)]
     args.out.write_text(json.dumps({
-        **provenance.stamp("python benchmarks/staging.py " + shlex.join(sys.argv[1:])),
+        **provenance.stamp(provenance.script_command()),
         "code": this_code(), "network": "loopback, links not shaped",
         "note": "P ranks share the machine's 2 cores; pool off and on alternate in each round",
         "runs": runs}, indent=1) + "\n")

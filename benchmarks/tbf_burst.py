@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -104,7 +103,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "benchmarks/tbf_burst.py", *sys.argv[1:]])
+    command = provenance.script_command()
     a.out.write_text(json.dumps({**provenance.stamp(command),
                                  "network": "emulated 4 hosts, 1gbit links (tbf re-shaped per "
                                             "row)",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -78,7 +77,7 @@ def main() -> None:
         rows = run(home)
     default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "benchmarks/tcp_cc.py", *sys.argv[1:]])
+    command = provenance.script_command()
     a.out.write_text(json.dumps({**provenance.stamp(command),
                                  "machine_default_congestion_control": default,
                                  "network": "emulated hosts, 1gbit links",

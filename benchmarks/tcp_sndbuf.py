@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -101,7 +100,7 @@ def main() -> None:
             "speedup_over_default": {s: {k: statistics.median(base[k]) / statistics.median(v)
                                          for k, v in t.items()}
                                      for s, t in times.items() if s != str(default)}}
-    command = shlex.join(["python", "benchmarks/tcp_sndbuf.py", *sys.argv[1:]])
+    command = provenance.script_command()
     out_path.write_text(json.dumps({
         **provenance.stamp(command),
         "network": f"emulated hosts, {a.bandwidth} links, TCP cubic",

@@ -55,7 +55,6 @@ import argparse
 import json
 import math
 import os
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -436,7 +435,7 @@ def run(args: argparse.Namespace, plan: dict, settings: dict) -> None:
                      timeout=args.timeout, sink=sink, extra_env=env)
         label = c.label
     rows = [json.loads(x.partition("ROW ")[2]) for x in lines if "] ROW " in x]
-    doc = {**provenance.stamp("python " + shlex.join(sys.argv)),
+    doc = {**provenance.stamp(provenance.script_command()),
            "network": label, "hosts": args.hosts,
            "contention": (f"{args.hosts} ranks on {os.cpu_count()} cores: ranks share cores, "
                           "so compute is contended and CPU-heavy methods pay for it"),

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -77,8 +75,7 @@ def main() -> None:
                                for name, fn in ways.items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    doc = {**provenance.stamp(shlex.join(["python", "benchmarks/topk_select.py",
-                                          *sys.argv[1:]]), args.device),
+    doc = {**provenance.stamp(provenance.script_command(), args.device),
            "size": args.size, "ms": rows}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
 

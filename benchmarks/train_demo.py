@@ -29,9 +29,7 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
 import statistics
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -79,7 +77,7 @@ def main() -> None:
     base = dataclasses.replace(DEMO, epochs=args.epochs)
     console = Console(width=150)
     machine_ceiling = machine_send_buffer()
-    stamp = provenance.stamp(shlex.join(["python", "benchmarks/train_demo.py", *sys.argv[1:]]))
+    stamp = provenance.stamp(provenance.script_command())
     load_before = os.getloadavg()
     baseline: dict = {}
     with ExitStack() as stack:

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                   " ".join(f"{x:.2f}" for x in r["wall_s"]), f"{max(r['peak_mib']):.0f}",
                   f"{r['loadavg']:.2f}")
     console.print(t)
-    out = {**provenance.stamp("python " + shlex.join(sys.argv)), "rows": rows}
+    out = {**provenance.stamp(provenance.script_command()), "rows": rows}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     console.print(f"wrote {a.out}")
 

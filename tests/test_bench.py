@@ -339,3 +339,13 @@ def test_a_results_commit_is_marked_changed_by_code_not_by_results_or_docs(tmp_p
     assert commit(here) == head
     (tmp_path / "src/m.py").write_text("1\n")
     assert commit(here) == head + "+changes"
+
+
+def test_a_benchmark_records_the_command_as_typed_from_the_repository_root():
+    """provenance.script_command: whatever path ran the script, the result file's command reads
+    ``python benchmarks/<script> <arguments>``, quoted for a shell."""
+    from gradwire.bench.provenance import script_command
+
+    assert script_command(["/abs/benchmarks/ddp_hooks.py", "--hooks", "a b"]) == (
+        "python benchmarks/ddp_hooks.py --hooks 'a b'")
+    assert script_command(["topk_select.py"]) == "python benchmarks/topk_select.py"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -28,6 +30,13 @@ def _nccl() -> str:
         return ", NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
     except (AttributeError, RuntimeError):
         return ""
+
+
+def script_command(argv: list[str] | None = None) -> str:
+    """How a benchmark script was run, as typed from the repository root:
+    ``python benchmarks/<script> <its arguments>`` (``argv``: default ``sys.argv``)."""
+    argv = sys.argv if argv is None else argv
+    return shlex.join(["python", f"benchmarks/{Path(argv[0]).name}", *argv[1:]])
 
 
 def stamp(command: str | None = None, device: str = "cpu") -> dict[str, str]:
