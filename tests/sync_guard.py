@@ -32,35 +32,29 @@ TORCH_FUNCTIONS = ("nonzero", "unique", "unique_consecutive", "masked_select", "
                    "bincount")
 
 
-def _bool_index(index: object) -> bool:
+def _indexing_waits(name: str, index: object, rest: tuple[object, ...]) -> str | None:
+    """Why ``t[index]`` (``name`` "__getitem__") or ``t[index] = rest[0]`` ("__setitem__")
+    waits for the GPU on a CUDA tensor, or None where it does not:
+
+    - a bool mask: the result's size depends on the data;
+    - a 0-d integer tensor as an index: torch reads its value on the host in C++, past
+      ``__index__`` (which a slice's tensor bound does call);
+    - a Python list as an index: torch makes a host tensor of it and copies it over;
+    - a Python number put at tensor indices or at one element: torch makes the number a host
+      tensor and copies it over (advanced indexing, or a 0-d destination); a slice is filled on
+      the device instead."""
     parts = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
-
-
-def _scalar_index(index: object) -> bool:
-    """A 0-d integer tensor as an index: torch reads its value on the host in C++, past
-    ``__index__`` (which a slice's tensor bound does call), a synchronisation on CUDA."""
-    parts = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(p, torch.Tensor) and p.dim() == 0 and not p.is_floating_point()
-               and p.dtype != torch.bool for p in parts)
-
-
-def _number_put(index: object, value: object) -> bool:
-    """``t[index] = <a Python number>`` at tensor indices or at one element: on a CUDA tensor
-    torch makes the number a host tensor and copies it over (advanced indexing, or a 0-d
-    destination), which waits for the GPU; a slice is filled on the device instead."""
-    if not isinstance(value, (bool, int, float)):
-        return False
-    parts = index if isinstance(index, tuple) else (index,)
-    return (any(isinstance(p, torch.Tensor) and p.dtype != torch.bool for p in parts)
-            or all(isinstance(p, int) for p in parts))
-
-
-def _list_index(index: object) -> bool:
-    """A Python list as an index: torch makes a host tensor of it and copies that to the
-    indexed tensor's device, which CUDA's debug mode counts as synchronising."""
-    parts = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(p, list) for p in parts)
+    tensors = [q for q in parts if isinstance(q, torch.Tensor)]
+    if any(q.dtype == torch.bool for q in tensors):
+        return f"Tensor.{name} with a bool mask"
+    if any(q.dim() == 0 and not q.is_floating_point() for q in tensors):
+        return f"Tensor.{name} with a 0-d tensor as an integer"
+    if any(isinstance(q, list) for q in parts):
+        return f"Tensor.{name} with a Python list"
+    if (name == "__setitem__" and rest and isinstance(rest[0], (bool, int, float))
+            and (tensors or all(isinstance(q, int) for q in parts))):
+        return "Tensor.__setitem__ of a Python number at tensor indices or one element"
+    return None
 
 
 class SyncGuard:
@@ -111,15 +105,9 @@ class SyncGuard:
         for name in ("__getitem__", "__setitem__"):
             def make(original, name=name):  # type: ignore[no-untyped-def]
                 def call(t, index, *rest):  # type: ignore[no-untyped-def]
-                    if _bool_index(index):
-                        self._record(f"Tensor.{name} with a bool mask")
-                    elif _scalar_index(index):
-                        self._record(f"Tensor.{name} with a 0-d tensor as an integer")
-                    elif _list_index(index):
-                        self._record(f"Tensor.{name} with a Python list")
-                    elif name == "__setitem__" and rest and _number_put(index, rest[0]):
-                        self._record("Tensor.__setitem__ of a Python number at tensor "
-                                     "indices or one element")
+                    why = _indexing_waits(name, index, rest)
+                    if why:
+                        self._record(why)
                     return original(t, index, *rest)
                 return call
             self._wrap(torch.Tensor, name, make)
