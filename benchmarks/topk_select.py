@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from gradwire.bench import provenance
+from gradwire.bench.codec_probe import sync
 from gradwire.compress import select
 from gradwire.compress.base import generator
 
@@ -25,24 +26,24 @@ def back_to_back_ms(fn, repeats: int, device: str) -> float:
     """ms per call of ``repeats`` calls issued back to back, one sync at the end: the larger of
     the host's time to issue a call and the device's time to run it (on a GPU, a selector
     slower here than synchronised is bound by issuing its kernels from Python)."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    dev = torch.device(device)
     fn()
-    sync()
+    sync(dev)
     t0 = time.perf_counter()
     for _ in range(repeats):
         fn()
-    sync()
+    sync(dev)
     return round((time.perf_counter() - t0) / repeats * 1e3, 3)
 
 
 def median_ms(fn, repeats: int, device: str) -> float:
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    dev = torch.device(device)
     times = []
     for _ in range(repeats + 1):
-        sync()
+        sync(dev)
         t0 = time.perf_counter()
         fn()
-        sync()
+        sync(dev)
         times.append(time.perf_counter() - t0)
     return round(statistics.median(times[1:]) * 1e3, 3)
 
