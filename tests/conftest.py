@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,33 @@ def cli_error(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     with pytest.raises(SystemExit) as e:
         cli.main()
     return e.value.code, capsys.readouterr().err
+
+
+def run_cli(monkeypatch, capsys, args: list[str], started: tuple[type[BaseException], ...] = ()
+            ) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``gradwire ARGS`` in this process; 0 where it returns or
+    raises one of ``started`` (where a test has made the real work start with an exception)."""
+    from gradwire import cli
+
+    monkeypatch.setattr(sys, "argv", ["gradwire", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except started:
+        code = 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def gradwire_cli(*args: str, env: dict | None = None, timeout: float = 600,
+                 columns: int | None = None) -> subprocess.CompletedProcess:
+    """``gradwire ARGS`` in a new process, its output captured as text; ``env`` adds to this
+    process's environment, ``columns`` sets the width rich lays tables out to."""
+    extra = {**(env or {}), **({"COLUMNS": str(columns)} if columns else {})}
+    return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **extra})
 
 
 def strict_json(text: str) -> object:

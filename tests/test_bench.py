@@ -1,11 +1,10 @@
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import needs_netns
+from conftest import gradwire_cli, needs_netns
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -85,11 +84,6 @@ def test_algo_specs():
             parse_specs("allreduce", bad)
 
 
-def _gradwire(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **(env or {})})
-
-
 @needs_netns
 def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
     """The host side on an emulated cluster at 1 Gbit/s: the rank side on every host, rank 2
@@ -99,8 +93,8 @@ def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
     from gradwire.perf import calibration, codecs
 
     env = {"GRADWIRE_HOME": str(tmp_path), "GRADWIRE_TIMEOUT": "30"}
-    p = _gradwire("calibrate", "--hosts", "3", "--bandwidth", "1gbit", "--model", "resnet20",
-                  "--device", "cpu", env=env)
+    p = gradwire_cli("calibrate", "--hosts", "3", "--bandwidth", "1gbit", "--model", "resnet20",
+                     "--device", "cpu", env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     path = tmp_path / "calibration" / "1gbit.json"
     cal = calibration.load(path)
@@ -124,10 +118,10 @@ def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
     assert set(table.methods) == set(METHODS) and "local work" in table.source
     assert table.methods["powersgd"]["encode_s"] > 0 and table.methods["dense"]["decode_s"] == 0
     out = tmp_path / "b.json"
-    p = _gradwire("bench", "--hosts", "3", "--bandwidth", "1gbit", "--sizes", "1K,13K",
-                  "--iters", "2",
-                  "--algo", "ring,ring:pipeline=3",
-                  "--json", str(out), env=env)
+    p = gradwire_cli("bench", "--hosts", "3", "--bandwidth", "1gbit", "--sizes", "1K,13K",
+                     "--iters", "2",
+                     "--algo", "ring,ring:pipeline=3",
+                     "--json", str(out), env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(out.read_text())
     assert res["model"]["source"].startswith("calibrated")
@@ -144,9 +138,9 @@ def test_bench_averages_like_the_builtin(tmp_path, collective, algo):
     """--op avg: every rank's result (the root's for reduce) must be (P+1)/2, not the sum
     P(P+1)/2, for ours and the baseline alike; the model charges the division."""
     out = tmp_path / "b.json"
-    p = _gradwire("bench", "--loopback", "--hosts", "3", "--collective", collective,
-                  "--op", "avg", "--sizes", "12K", "--iters", "1", "--algo", algo,
-                  "--json", str(out), env={"GRADWIRE_HOME": str(tmp_path)})
+    p = gradwire_cli("bench", "--loopback", "--hosts", "3", "--collective", collective,
+                     "--op", "avg", "--sizes", "12K", "--iters", "1", "--algo", algo,
+                     "--json", str(out), env={"GRADWIRE_HOME": str(tmp_path)})
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(out.read_text())
     assert res["op"] == "avg" and f"{collective} (avg)" in p.stdout

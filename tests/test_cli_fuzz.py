@@ -14,6 +14,7 @@ import sys
 import pytest
 import typer
 import typer.main
+from conftest import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -124,23 +125,9 @@ def argv_for(name: str, param, value: str) -> list[str]:
     return [*name.split(), *base, flag, value, *(["--", "true"] if name == "run" else [])]
 
 
-def run_cli(monkeypatch, capsys, args: list[str]) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``gradwire ARGS``; 0 where the real work would start."""
-    monkeypatch.setattr(sys, "argv", ["gradwire", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except Launched:
-        code = 0
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def check(monkeypatch, capsys, name: str, param, value: str) -> None:
     args = argv_for(name, param, value)
-    code, out, err = run_cli(monkeypatch, capsys, args)
+    code, out, err = run_cli(monkeypatch, capsys, args, started=(Launched,))
     assert "Traceback" not in err + out, (args, err)
     if code != 0:
         lines = err.strip().splitlines()

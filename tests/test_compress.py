@@ -711,8 +711,8 @@ def test_fallback_applies_and_clears_the_residual_when_x_is_not_finite():
 # --- parameters ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,params,message", [
-    ("topk", {"density": 0}, r"topk: density must be a number in \(0, 1\], got 0"),
-    ("topk", {"density": 1.5}, r"topk: density must be a number in \(0, 1\], got 1.5"),
+    ("topk", {"density": 0}, r"topk: density must be in \(0, 1\], got 0"),
+    ("topk", {"density": 1.5}, r"topk: density must be in \(0, 1\], got 1.5"),
     ("topk", {"k": 0}, r"topk: k must be an integer >= 1, got 0"),
     ("topk", {"density": 0.1, "k": 3}, r"topk: give density or k, not both"),
     ("topk", {"selector": "fast"}, r"topk: selector must be 'threshold' or 'exact'"),

@@ -1,23 +1,14 @@
 import json
-import os
-import subprocess
-import sys
 
-from conftest import needs_netns
-
-
-def _gradwire(*args, timeout=300, columns=None):
-    env = {**os.environ, "COLUMNS": str(columns)} if columns else None
-    return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+from conftest import gradwire_cli, needs_netns, run_cli
 
 
 def test_demo_on_loopback_compares_methods_in_one_table_and_one_figure(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "demo.png"
     aggs = ["dense", "gtopk"]
-    p = _gradwire("demo", "--loopback", "--hosts", "2", "--epochs", "2", "--model", "mlp-small",
-                  "--agg", ",".join(aggs), "--json", str(out), "--plot", str(png),
-                  columns=200)  # wide enough that no header wraps
+    p = gradwire_cli("demo", "--loopback", "--hosts", "2", "--epochs", "2", "--model", "mlp-small",
+                     "--agg", ",".join(aggs), "--json", str(out), "--plot", str(png),
+                     columns=200)  # wide enough that no header wraps
     assert p.returncode == 0, p.stdout + p.stderr
     assert "loopback, links not shaped" in p.stdout
     assert p.stdout.count("speed-up") == 1 and f"wrote {png}" in p.stdout  # one table
@@ -38,8 +29,8 @@ def test_demo_on_loopback_compares_methods_in_one_table_and_one_figure(tmp_path)
 @needs_netns
 def test_demo_on_the_emulated_cluster_measures_wire_bytes(tmp_path):
     out = tmp_path / "r.json"
-    p = _gradwire("demo", "--hosts", "2", "--epochs", "2", "--model", "mlp-small", "--agg",
-                  "dense", "--json", str(out), "--plot", str(tmp_path / "demo.png"))
+    p = gradwire_cli("demo", "--hosts", "2", "--epochs", "2", "--model", "mlp-small", "--agg",
+                     "dense", "--json", str(out), "--plot", str(tmp_path / "demo.png"))
     assert p.returncode == 0, p.stdout + p.stderr
     (r,) = json.loads(out.read_text())
     # TCP cubic where the kernel has it (test_cluster checks that hosts get it)
@@ -52,16 +43,12 @@ def test_demo_on_the_emulated_cluster_measures_wire_bytes(tmp_path):
 
 def test_the_demo_help_shows_the_demo_settings(monkeypatch, capsys):
     """The options left out keep the demo's settings: --help shows those values, not none."""
-    from gradwire.cli import main
     from gradwire.demo import DEMO
 
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setattr(sys, "argv", ["gradwire", "demo", "--help"])
-    try:
-        main()
-    except SystemExit:
-        pass
-    out = " ".join(capsys.readouterr().out.split())
+    code, out, _ = run_cli(monkeypatch, capsys, ["demo", "--help"])
+    assert code == 0
+    out = " ".join(out.split())
     for option, value in (("--epochs", DEMO.epochs), ("--model", DEMO.model),
                           ("--density", DEMO.density), ("--mode", DEMO.mode),
                           ("--batch-size", DEMO.batch_size), ("--lr", DEMO.lr)):

@@ -409,8 +409,8 @@ def test_the_slowest_ranks_lead_is_paid_in_the_timeline_not_the_cpu_bound(p, cor
 def test_cluster_refuses_bad_cpu_settings() -> None:
     for kw, msg in (({"cores": 0}, "cores per machine must be a finite number > 0"),
                     ({"cores": float("inf")}, "cores per machine must be a finite number > 0"),
-                    ({"cpu_share": 0}, r"CPU share must be a number in \(0, 1\]"),
-                    ({"cpu_share": 1.5}, r"CPU share must be a number in \(0, 1\]"),
+                    ({"cpu_share": 0}, r"CPU share must be in \(0, 1\]"),
+                    ({"cpu_share": 1.5}, r"CPU share must be in \(0, 1\]"),
                     ({"cpu_step": -1}, "CPU per step must be a finite number >= 0"),
                     ({"cpu_byte": float("nan")}, "CPU per byte must be a finite number >= 0"),
                     ({"cpu_sync": -1e-3}, "sync wait per step must be a finite number >= 0"),

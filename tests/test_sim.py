@@ -2,12 +2,10 @@
 replay against the cost model, and the paper's mechanisms on hand-checked toy cases."""
 import json
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import gradwire_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -408,17 +406,11 @@ def test_mechanism_names_and_options_are_checked():
             parse(bad)
 
 
-def _cli(*args, columns: int | None = None):
-    env = {**os.environ, **({"COLUMNS": str(columns)} if columns else {})}
-    return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
-                          text=True, timeout=120, env=env)
-
-
 def test_cli_simulate_and_bad_trace(tmp_path):
     path = tr.save(small_trace(6), tmp_path / "s.trace.jsonl")
     out = tmp_path / "r.json"
-    r = _cli("simulate", "--trace", str(path), "--workers", "4", "--bandwidth", "10gbit",
-             "--json", str(out), "--timeline", str(tmp_path / "t.json"), columns=120)
+    r = gradwire_cli("simulate", "--trace", str(path), "--workers", "4", "--bandwidth", "10gbit",
+                     "--json", str(out), "--timeline", str(tmp_path / "t.json"), columns=120)
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())["results"]
     assert [x["mechanism"] for x in res] == ["ps", "multicast", "ina", "multicast+ina", "ring",
@@ -432,7 +424,7 @@ def test_cli_simulate_and_bad_trace(tmp_path):
     assert "ring+multicast " in r.stdout and "…" not in r.stdout, r.stdout
     bad = tmp_path / "bad.jsonl"
     bad.write_text(path.read_text().replace('"bytes": ', '"bytes": -', 1))
-    r = _cli("simulate", "--trace", str(bad))
+    r = gradwire_cli("simulate", "--trace", str(bad))
     assert r.returncode == 2
     assert r.stderr.startswith("gradwire: error: ") and ":2: field 'bytes'" in r.stderr
 
@@ -446,11 +438,11 @@ def test_cli_simulate_takes_alpha_and_gamma_from_a_calibration(tmp_path):
     runs = {}
     for name, extra in (("calibrated", ["--calibration", str(cal)]), ("default", [])):
         out = tmp_path / f"{name}.json"
-        r = _cli("simulate", "--trace", str(path), "--workers", "4", "--bandwidth", "10gbit",
-                 "--mechanism", "ring", "--json", str(out), *extra)
+        r = gradwire_cli("simulate", "--trace", str(path), "--workers", "4", "--bandwidth",
+                         "10gbit", "--mechanism", "ring", "--json", str(out), *extra)
         assert r.returncode == 0, r.stderr
         runs[name] = json.loads(out.read_text())["results"][0]
-    assert "α 250.0 µs per message" in " ".join(_cli(
+    assert "α 250.0 µs per message" in " ".join(gradwire_cli(
         "simulate", "--trace", str(path), "--workers", "4", "--mechanism", "ring",
         "--calibration", str(cal)).stdout.split())
     # 250 µs per message against the default 13: the ring's many messages cost more

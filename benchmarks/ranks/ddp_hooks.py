@@ -21,10 +21,12 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
+from gradwire.bench.codec_probe import sync
 from gradwire.models import MODELS, build_model
 from gradwire.models.resnet import resnet50
 
 DEVICE = os.environ.get("DEVICE", "cpu")
+DEV = torch.device(DEVICE, 0) if DEVICE == "cuda" else torch.device(DEVICE)
 BATCH = int(os.environ.get("BATCH", "32"))
 WARMUP = int(os.environ.get("WARMUP", "3"))
 ITERS = int(os.environ.get("ITERS", "5"))
@@ -74,11 +76,6 @@ def register(name: str, ddp: DDP) -> object:
     return state
 
 
-def sync() -> None:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
 def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float, float]:
     """(this rank's seconds per timed iteration, the loss at the last one, the seconds per
     timed iteration gradwire's hook spent in call-header exchanges, 0 for PyTorch's)."""
@@ -101,7 +98,7 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
         out = nn.functional.cross_entropy(ddp(x), y)
         out.backward()
         opt.step()
-        sync()
+        sync(DEV)
         return out
 
     times, loss = [], 0.0
@@ -109,7 +106,7 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
         if i == WARMUP and isinstance(keep, gh.HookState):
             keep.reset_stats()
         dist.barrier()
-        sync()
+        sync(DEV)
         t0 = time.perf_counter()
         out = step()
         if i >= WARMUP:

@@ -50,21 +50,19 @@ def check_powersgd_rank(rank: int) -> int:
     return rank
 
 
-def check_density(density: object, option: str = "--density") -> float:
-    """A sparsifier's kept fraction as every command takes it (``option`` names it): a
-    number in (0, 1], echoed as typed ("got 2", not "got 2.0")."""
-    if not is_real(density, 0, 1, above=True):
-        number = isinstance(density, numbers.Real) and not isinstance(density, bool)
-        raise GradwireError(f"{option} must be in (0, 1], got "
-                            f"{format(density, 'g') if number else repr(density)}")
-    return float(density)
-
-
-def check_fraction(name: str, param: str, value: object) -> float:
-    """``value`` as a float if it is a number in (0, 1]."""
+def check_fraction(what: str, value: object) -> float:
+    """``value`` as a float if it is a number in (0, 1] (a kept fraction, a share); else a
+    one-line error naming ``what`` and echoing the value as typed ("got 2", not "got 2.0")."""
     if not is_real(value, 0, 1, above=True):
-        raise GradwireError(f"{name}: {param} must be a number in (0, 1], got {value!r}")
-    return float(value)
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        raise GradwireError(f"{what} must be in (0, 1], got "
+                            f"{format(value, 'g') if number else repr(value)}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_density(density: object, option: str = "--density") -> float:
+    """A sparsifier's kept fraction as every command takes it (``option`` names it)."""
+    return check_fraction(option, density)
 
 
 def check_real(what: str, value: object, low: float = 0.0, *, above: bool = False,

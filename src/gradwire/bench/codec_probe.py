@@ -61,8 +61,7 @@ def measure(numel: int = 4_000_000, repeats: int = 3, density: float = 0.001,
         # decompressing each one
         votes = type(c).combine is not Compressor.combine
         enc, dec = [], []
-        for i in range(repeats + 1):
-            cold = flush if i else None  # the first call warms up, its time not kept
+        for cold in _colds(flush, repeats):
             # the payload of the step before is gone when a hook compresses (a second one
             # alive costs a fresh allocation's page faults, with huge pages many times the
             # compress itself)
@@ -153,8 +152,8 @@ def sparse_decode(method: str, x: torch.Tensor, k: int, repeats: int, dev: torch
         per = max(t[VOTE_RANKS] - t[2], 0.0) / (VOTE_RANKS - 2)
         return {"decode_s": max(t[2] - 2 * per, 0.0), "decode_rank_s": per}
     merge, dec = [], []
-    for i in range(repeats + 1):  # the result takes the drops: new plans every time
-        ps, cold = plans(2), flush if i else None
+    for cold in _colds(flush, repeats):  # the result takes the drops: new plans every time
+        ps = plans(2)
         merge.append(_timed(lambda ps=ps: run(ps), dev, cold)[1] / 2)
         dec.append(_timed(lambda ps=ps: ps[0].average(out), dev, cold)[1])
     return {"decode_s": statistics.median(dec[1:]), "merge_s": statistics.median(merge[1:])}
@@ -212,9 +211,14 @@ def _timed(fn: Callable[[], object], dev: torch.device,
 
 def _median_s(fn: Callable[[], object], repeats: int, dev: torch.device,
               flush: Flush | None = None) -> float:
-    # the first call warms up: its time is not kept, so no flush before it
-    times = [_timed(fn, dev, flush if i else None)[1] for i in range(repeats + 1)]
+    times = [_timed(fn, dev, cold)[1] for cold in _colds(flush, repeats)]
     return statistics.median(times[1:])
+
+
+def _colds(flush: Flush | None, repeats: int) -> list[Flush | None]:
+    """What runs before each of ``repeats`` + 1 timed calls: nothing before the first, which
+    warms up and whose time is not kept, ``flush`` before every other."""
+    return [None, *[flush] * repeats]
 
 
 def sync(dev: torch.device) -> None:

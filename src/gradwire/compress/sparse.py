@@ -61,7 +61,7 @@ def _sparse_params(name: str, density: float | None, k: int | None) -> tuple[flo
                             f"k={k!r})")
     if k is not None:
         return None, check_int(name, "k", k, 1)
-    return check_fraction(name, "density", 0.001 if density is None else density), None
+    return check_fraction(f"{name}: density", 0.001 if density is None else density), None
 
 
 class TopK(Compressor):
@@ -93,7 +93,7 @@ class TopK(Compressor):
             raise GradwireError(f"topk: selector must be 'threshold' or 'exact', got "
                                 f"{selector!r}")
         self.selector = selector
-        self.sample = check_fraction(self.name, "sample", sample)
+        self.sample = check_fraction(f"{self.name}: sample", sample)
 
     @property
     def params(self) -> dict[str, object]:
@@ -205,7 +205,7 @@ class DGC(Compressor):
                  seed: int = 0) -> None:
         super().__init__(seed)
         self.density, self.k = _sparse_params(self.name, density, k)
-        self.sample = check_fraction(self.name, "sample", sample)
+        self.sample = check_fraction(f"{self.name}: sample", sample)
         self.passes = check_int(self.name, "passes", passes, 1)
         if not is_real(slack, 1):
             raise GradwireError(f"dgc: slack must be a finite number >= 1, got {slack!r}")

@@ -787,7 +787,7 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
         raise GradwireError(f"hooks: momentum= is momentum correction for the methods that keep "
                             f"a residual ({kept}); {method} keeps none: give the optimizer the "
                             f"momentum instead")
-    config = HookConfig(m, check_fraction("hooks", "density", density), mode,
+    config = HookConfig(m, check_fraction("hooks: density", density), mode,
                         parse(warmup, dense_steps, steps_per_epoch), steps_per_epoch, group,
                         check_int("hooks", "seed", seed, 0), algo, overlap, dict(opts),
                         float(momentum))

@@ -46,7 +46,7 @@ def parse(warmup: Sequence[float] | bool | None, dense_steps: int,
     if isinstance(warmup, (str, bytes)) or not isinstance(warmup, Sequence):
         raise GradwireError(f"hooks: warmup must be None, True, False or a list of densities "
                             f"in (0, 1], got {warmup!r}")
-    densities = tuple(check_fraction("hooks", "warmup density", d) for d in warmup)
+    densities = tuple(check_fraction("hooks: warmup density", d) for d in warmup)
     if densities and steps_per_epoch is None:
         raise GradwireError("hooks: a warm-up needs steps_per_epoch=N (how many steps each "
                             "warm-up density lasts; the paper: one epoch), so that the hook "

@@ -183,7 +183,7 @@ class ClusterModel:
         check_real("gamma (seconds per byte reduced)", self.gamma)
         if self.cores is not None:
             check_real("cores per machine", self.cores, above=True)
-        check_fraction("cluster", "CPU share", self.cpu_share)
+        check_fraction("cluster: CPU share", self.cpu_share)
         check_real("CPU slowdown", self.cpu_slowdown, 1.0)
         for what, v in (("CPU per step", self.cpu_step), ("CPU per byte", self.cpu_byte),
                         ("CPU per backend call", self.cpu_call),
