@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", default="1024,2048,4096", help="comma list")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline-src", type=Path, default=None,
-                    help="another checkout's src, run beside this one (its largest worker "
-                         "count only)")
+                    help="another checkout's src, run beside this one (at worker counts up "
+                         "to 1024 only)")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
     console = Console(width=140)

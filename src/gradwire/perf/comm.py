@@ -4,7 +4,8 @@ A schedule's cost (:mod:`gradwire.schedules.cost`) needs, per step, each rank's 
 bytes out, in and reduced (with several ranks per node, split into traffic inside the node
 and the node's shared traffic to the others: :class:`Node`). :func:`summary` reads them from
 the schedule once and keeps, per step, only the distinct per-rank rows, and merges steps whose
-rows are identical (a ring's 2(P−1) steps become one row set with multiplicity 2(P−1)).
+rows are identical (a ring's 2(P−1) steps become two row sets, the reduce-scatter's and the
+allgather's, each with multiplicity P−1).
 :func:`seconds` then costs the summary for any number of (α, β, γ) at once: with one rank per
 node it is exactly ``cost()`` of the same schedule.
 

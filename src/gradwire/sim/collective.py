@@ -12,7 +12,7 @@ Each worker, each iteration (§3.2: no pipelining of the forward pass with distr
 Dense buckets use the allreduce schedule of ``algo`` on the bucket's bytes; a compressed one
 runs what :mod:`gradwire.catalogue` says its method sends (PowerSGD: two allreduces, each
 weight its own matrix where the trace gives every shape in the bucket; top-k:
-the recursive-doubling allgather of packed entries; gTop-k: the tree with the ⊤ merge), the
+the recursive-doubling allgather of packed entries; gTop-k: the butterfly with the ⊤ merge), the
 allreduces on ``algo``, chained into one schedule per bucket. A ring (every rank one peer)
 is computed by :func:`~gradwire.sim.replay.dataflow`,
 anything else by :class:`~gradwire.sim.replay.Replay` in the event engine.

@@ -121,7 +121,8 @@ def spec(method: str, world_size: int, numel: int, k: int, dtype: torch.dtype = 
 
     topk: allgather (``algo``, default :func:`topk_algo`) of P·k packed entries. gtopk: an
     allreduce of k packed entries with op "gtopk", on ``algo`` "rd" (default: the butterfly,
-    every rank merges at every step; ⌈lg P⌉ steps, fewer than the tree's, at any P) or "tree"
+    every rank merges at every step; lg P steps for P a power of two, ⌊lg P⌋ + 2 otherwise,
+    fewer than the tree's) or "tree"
     (the paper's: binomial reduce to rank 0, binomial broadcast).
     """
     nbytes = min(k, numel) * entry_bytes(numel, dtype) + STATUS_BYTES
