@@ -245,6 +245,34 @@ def test_bench_fails_when_a_result_is_wrong_and_keeps_the_rows(tmp_path, monkeyp
     assert [r["wrong"] for r in json.loads(out.read_text())["rows"]] == [0, 7]
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "reduce", "reducescatter"])
+@pytest.mark.parametrize("p", [22, 23, 45, 66])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_bench_checks_large_worlds_in_half_precision_without_rounding(collective, p, dtype, op):
+    """A correct algorithm has no wrong element at any P a cluster may have, in every dtype,
+    whatever order it adds in: every algorithm of the collective run on every rank's buffers
+    (in one process), against what the rank side expects."""
+    from gradwire.bench.rank import _buffers
+    from gradwire.collectives.local import execute_local
+    from gradwire.schedules import registry
+
+    count = 2 * p
+    for algo in (a.name for a in registry.ALGORITHMS if a.collective == collective):
+        made = [_buffers(collective, count, p, r, dtype, op) for r in range(p)]
+        for _, _, reset, _ in made:
+            reset()
+        bufs = [inp.clone() for inp, _, _, _ in made]
+        execute_local(registry.schedule(collective, algo, p, count), bufs)
+        for r, (_, _, _, want) in enumerate(made):
+            if want is None:
+                continue
+            got = bufs[r] if collective != "reducescatter" else bufs[r][r * 2 : (r + 1) * 2]
+            if op == "avg":
+                got = got / p
+            assert torch.equal(got.to(dtype), want), (algo, r)
+
+
 def test_bench_footer_follows_nccl_tests():
     from gradwire.bench.report import footer, wrong_rows
 

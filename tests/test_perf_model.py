@@ -175,6 +175,18 @@ def test_single_bucket_dense_is_compute_plus_the_ring_allreduce() -> None:
     assert float(r.efficiency) == pytest.approx(0.15 / float(r.iteration))
 
 
+def test_backward_slowed_beside_communication_counts_against_efficiency() -> None:
+    """Eq. 4 of the gTop-k paper: e = (t_f + t_b)/t_iter with t_b the backward of a worker
+    alone; κ·t_b − t_b is a cost of communicating, as the communication is."""
+    cluster = ClusterModel(4, 100e9, 1e-6, check_calls=False)
+    alone = predict(TOY, cluster, Aggregation("dense", bucket_mb=10), TABLE)
+    slowed = predict(TOY, cluster, Aggregation("dense", bucket_mb=10), TABLE,
+                     overlap_slowdown=1.5)
+    assert slowed.backward == pytest.approx(1.5 * alone.backward)
+    assert float(slowed.efficiency) == pytest.approx(0.15 / float(slowed.iteration))
+    assert float(slowed.efficiency) < float(alone.efficiency)
+
+
 @pytest.mark.parametrize("method, mode, calls", [("gtopk", "bucket", 0), ("gtopk", "model", 0),
                                                  ("dense", "bucket", 0), ("qsgd", "bucket", 3)])
 @pytest.mark.parametrize("p", [2, 5, 8])

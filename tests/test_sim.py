@@ -183,6 +183,18 @@ def test_editing_helpers():
     assert tr.resize(t, "p2", 7).params[2].bytes == 7
     with pytest.raises(GradwireError, match="did you mean 'p2'"):
         tr.resize(t, "p22", 7)
+    for after in (-1, 5, 1.5):
+        with pytest.raises(GradwireError, match=r"after must be a parameter index in 0\.\.4"):
+            tr.add_layers(t, 1, 1000, 0.01, 0.02, after=after)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_a_synthetic_backward_pass_takes_its_whole_time(n):
+    """The last gradient (parameter 0's) is ready when the backward pass ends, and the first
+    (the last parameter's) after the first layer's time, one parameter included."""
+    it = tr.synthetic("m", [40] * n, 0.01, 0.02, first_backward_s=0.001).iterations[0]
+    assert it.backward_s == pytest.approx(0.02) and it.backward[0] == pytest.approx(0.02)
+    assert it.backward[-1] == pytest.approx(0.001 if n > 1 else 0.02)
 
 
 def test_record_times_every_parameter():

@@ -11,8 +11,10 @@ single call after a barrier swung both ways around them at 1 MiB, run to run). W
 ``--interleave`` the algorithms of a size take turns, one timed run each per round, instead
 of running one after another.
 Rank r's input is filled with r+1 before every timed run and before one last untimed call,
-whose output is checked: the sum over P ranks is P(P+1)/2 and the average (P+1)/2, both exact
-in every dtype benched, and ``wrong`` counts the elements that differ on any rank. (The
+whose output is checked: the sum over P ranks is P(P+1)/2 and the average (P+1)/2, and
+``wrong`` counts the elements that differ on any rank. A reduction's inputs are all 1 instead
+(the sum P, the average 1) where P(P+1)/2 is past the integers the dtype holds exactly (from
+P = 23 in bfloat16, 64 in float16), so that no algorithm's order of adding rounds. (The
 timed calls of a batch reduce what the one before left; values that grow to inf cost the
 same.)
 
@@ -50,14 +52,18 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
     """(input, output, reset() to run before every call, expected output on this rank or
     None), on ``device``."""
     new = {"dtype": dtype, "device": device}
-    total = p * (p + 1) / 2 if op == "sum" else (p + 1) / 2
+    # every partial sum of 1..P exact in dtype (integers up to 2/eps are), or every input 1
+    distinct = p * (p + 1) / 2 <= 2 / torch.finfo(dtype).eps or collective in (
+        "allgather", "broadcast")
+    mine = rank + 1.0 if distinct else 1.0
+    total = (p * (p + 1) / 2 if distinct else p) / (p if op == "avg" else 1)
     if collective in ("allgather", "reducescatter"):
         per = count // p
         if collective == "allgather":
-            inp, out = torch.full((per,), rank + 1.0, **new), torch.zeros(per * p, **new)
+            inp, out = torch.full((per,), mine, **new), torch.zeros(per * p, **new)
             want = torch.arange(1, p + 1, **new).repeat_interleave(per)
         else:
-            inp, out = torch.full((per * p,), rank + 1.0, **new), torch.zeros(per, **new)
+            inp, out = torch.full((per * p,), mine, **new), torch.zeros(per, **new)
             want = torch.full((per,), total, **new)
         # the output starts as NaN before every call: a part an algorithm never writes counts
         # as wrong (and is not left over from another algorithm's call, with --interleave)
@@ -69,7 +75,7 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
         want = torch.full((count,), total, **new) if rank == 0 else None
     else:  # broadcast from 0
         want = torch.full((count,), 1.0, **new)
-    return buf, buf, (lambda: buf.fill_(rank + 1.0)), want
+    return buf, buf, (lambda: buf.fill_(mine)), want
 
 
 def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,

@@ -127,7 +127,9 @@ def start(c: AggregationCall, x: torch.Tensor, key: object, check: bool = True) 
 
     ``check``: exchange the call header first, so that ranks that disagree fail here, all of
     them, naming why, before any residual changes. A caller that has already agreed on this
-    call (the hooks agree once per step on the whole step's calls) passes False. Methods whose
+    call passes False (the hooks: they exchange a bucket's header at its first call, after
+    DDP rebuilds the buckets or a call fails, and every step during a density warm-up, and
+    skip it while a bucket's calls repeat). Methods whose
     NaN/Inf status cannot travel with their data (:meth:`Path.in_band`) always exchange it in
     the header, and take the policy's path (:mod:`gradwire.compress.feedback`) before
     compressing."""

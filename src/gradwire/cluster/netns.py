@@ -403,8 +403,9 @@ def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False,
                       mtu: int = MTU) -> Iterator[Cluster]:
     """A cluster that lives for one ``with`` block and is removed on any exit, signals included.
 
-    ``loopback=True`` (or no namespace support) gives the unshaped loopback fallback instead
-    (``mtu`` checked, then not used: loopback's own MTU is 64 KiB).
+    ``loopback=True`` gives the unshaped loopback fallback instead (``mtu`` checked, then not
+    used: loopback's own MTU is 64 KiB); without namespace support ``cluster_up`` refuses, and
+    callers choose loopback themselves (the CLI's ``use_loopback``).
     """
     if loopback:
         parse_bandwidth(bandwidth)

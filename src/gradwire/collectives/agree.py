@@ -4,7 +4,8 @@ Ranks that disagree on a collective (a different size, dtype, algorithm, density
 one rank a call behind) would otherwise exchange messages of the wrong length (gloo aborts),
 of the right length but the wrong meaning (a silently wrong result), or wait forever. Before
 the data moves, each rank allgathers a fixed-size header of a few text fields describing its
-call (recursive doubling: ⌈lg P⌉ messages of at most P/2 headers each). Every rank then holds
+call (recursive doubling: lg P messages, of at most P/2 headers, at P a power of two; at other
+P, ⌊lg P⌋ + 2, the last of them all P headers). Every rank then holds
 every header and raises the same :class:`MismatchError`, naming each field that differs and
 which ranks hold which value. A rank that skipped the call is not there to answer: its peers'
 header exchange times out naming it (:class:`~gradwire.errors.PeerError`).
@@ -13,7 +14,8 @@ The header also carries a one-digit status of this rank's data (0 when all is we
 worse), and every rank learns the worst, so that all take the same path when one of them holds
 NaN or Inf, or would overflow (the NaN/Inf policy, :mod:`gradwire.compress.feedback`).
 
-Cost: one extra latency per doubling step, ⌈lg P⌉·α; the header is 7 × 24 bytes. Measured in
+Cost: one extra latency per step, lg P·α (⌊lg P⌋ + 2 at P not a power of two); the header is
+7 × 24 bytes. Measured in
 docs/reliability.md. ``Transport(check_calls=False)`` or ``GRADWIRE_CHECK_CALLS=0`` turns it off
 (the same setting on every rank, or the exchanges themselves disagree).
 """

@@ -70,8 +70,8 @@ def _op(op: object, buf: torch.Tensor) -> str:
 
 
 def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Tensor:
-    """``tensor`` as a 1-D view; a collective that only moves data (``moved_only``: an
-    allgather) takes any dtype, one that reduces a float dtype."""
+    """``tensor`` as a 1-D view; an allgather (``moved_only``) takes any dtype, every other
+    collective one of :data:`DTYPES` (the floats and int8)."""
     if not isinstance(tensor, torch.Tensor):
         raise GradwireError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in DTYPES and not moved_only:

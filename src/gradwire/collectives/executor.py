@@ -3,8 +3,9 @@
 Each rank follows its program (``Schedule.program``) as dataflow, not lock-step:
 - receives are posted ahead, in program order (so a peer's send never waits for this rank to
   reach its step): a copy whose range no unfinished earlier transfer touches lands directly in
-  the buffer, anything else in a staging buffer; the staging memory is bounded by the buffer's
-  size;
+  the buffer, anything else in a staging buffer until it is combined; staging holds what a
+  rank receives before it can combine it, up to (P − 1) buffers at the root of ``master``,
+  which receives every rank's at once;
 - a send waits only for the receives that write the bytes it reads (read after write), and for
   this rank's sends of earlier steps to other peers (one port per rank, as the cost model
   assumes: a binomial root feeds its first child at full rate, not all children at a fraction);

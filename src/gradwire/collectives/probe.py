@@ -42,15 +42,16 @@ def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float,
         call()
     runs, cpus = [], []
     for _ in range(5):
-        dist.barrier()
+        dist.barrier(group=t.group)
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(40):
             call()
         runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
         cpus.append((time.process_time() - c0) / 40 / max(steps, 1))
     per = torch.tensor([statistics.median(runs)], dtype=torch.float64)
-    dist.broadcast(per, 0)
+    first = 0 if t.group is None else dist.get_global_rank(t.group, 0)
+    dist.broadcast(per, first, group=t.group)
     cpu = torch.tensor([statistics.median(cpus) / p], dtype=torch.float64)
-    dist.all_reduce(cpu)
+    dist.all_reduce(cpu, group=t.group)
     t.reset_counters()
     return float(per), float(cpu)

@@ -1,9 +1,11 @@
 """The compressor interface, the payload it puts on the wire, and the helpers every family shares.
 
 A compressor turns a 1-D gradient bucket into a :class:`Payload` (the tensors that travel) and
-back. It keeps no error feedback of its own (that is :class:`gradwire.compress.ErrorFeedback`);
-the only state it may keep is a step counter that seeds its randomness, so two ranks that make
-the same calls draw the same numbers.
+back. It keeps no error feedback of its own (that is :class:`gradwire.compress.ErrorFeedback`).
+What it keeps is a step counter that seeds its randomness, so two ranks that make the same
+calls draw the same numbers, and what a method carries from one call to the next (PowerSGD's
+warm-start Q, int8's step sizes, random-k's index cache), the same on every such rank; its
+``state_dict`` holds what a resumed run needs.
 
 Contract, held by ``tests/test_compress.py`` for every registered compressor:
 - ``compress(x)`` accepts any 1-D float tensor (fp16, bf16, fp32, fp64) of any length, 0 included,

@@ -19,12 +19,14 @@ worst, and every rank then takes the same path:
 1. OK everywhere: compress with error feedback as usual.
 2. NONFINITE anywhere (x holds NaN or Inf): every rank sums x + e dense, as a dense
    allreduce would (GradScaler then skips the step), and its residual is cleared.
-3. OVERFLOW anywhere, NONFINITE nowhere (x is finite, x + e overflows x's dtype): a rank whose
-   x + e overflows sums x alone dense and keeps e untouched; the others sum x + e and clear
-   theirs. Either way e_after + applied = e_before + x exactly, and nothing non-finite is
-   applied or kept.
+3. OVERFLOW anywhere, NONFINITE nowhere (x is finite, x + e overflows x's dtype): the bucket
+   is summed dense. With the status carried with the data (below), a rank whose x + e
+   overflows sums x alone and keeps e untouched, the others sum x + e and clear theirs; with
+   the status agreed in the header (:func:`fallback`), every rank sums x alone and keeps its
+   e. Either way e_after + applied = e_before + x exactly, and nothing non-finite is applied
+   or kept.
 
-Top-k, gTop-k and PowerSGD carry the status with the data (:func:`local_status`,
+Top-k, gTop-k, int8 and PowerSGD carry the status with the data (:func:`local_status`,
 :func:`add_kept`, :func:`settle`): a rank whose x + e would overflow leaves x out of its
 accumulator (so e stays as it was), every rank compresses and sends as usual with its status
 beside the payload, and once the worst is known the rare non-OK bucket is summed again,

@@ -8,7 +8,8 @@ matrix (:func:`matrix_shape`, zero-padded). One step, per bucket:
 
 1. P = M·Q per matrix, with Q (cols×r) the previous step's Q (warm start) or random at the
    first; allreduce every P with the uncompressed tensors, in one allreduce.
-2. Orthogonalise each P (QR; columns that are zero stay harmless: no NaN, zero contribution).
+2. Orthogonalise each P (QR: a zero column comes out a unit vector, so M̂ below is still M's
+   projection onto P's columns: no NaN, and error feedback keeps the rest).
 3. Q = Mᵀ·P; allreduce every Q, in a second allreduce.
 4. M̂ = P·Qᵀ.
 

@@ -502,7 +502,7 @@ class HookState:
         """Momentum correction (Lin et al. 2018, DGC §3.2), in place: u = m·u + x, then x = u,
         so what is compressed, with its residual, is this rank's velocity rather than its
         gradient, and the optimizer steps without momentum. A NaN or Inf is sent as it is (the
-        NaN/Inf policy sees it) and its element's velocity restarts at zero. Three passes over
+        NaN/Inf policy sees it) and its element's velocity restarts at zero. Four passes over
         the bucket, no host read."""
         layout.carry(self.velocities, key, self.positions.numels, x)
         u = self.velocities.get(key)

@@ -18,7 +18,8 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    warm-up: one before every bucket for methods that agree on a NaN/Inf status first, none
    for the others): dense,
    fp16/bf16, random-k: ring allreduce (gloo's); PowerSGD: two ring allreduces (P and Q); top-k and
-   gTop-k: their sparse schedules; every other method: ring allgather of the payloads.
+   gTop-k: their sparse schedules; int8: one ring allreduce of int8 levels; every other
+   method: ring allgather of the payloads.
    encode/decode from a codec table (:mod:`.codecs`).
 4. t_iter = t_f + max(κ·t_b, E_last) + t_step; scaling efficiency e = (t_f + t_b)/t_iter
    (Eq. 4 of the gTop-k paper with t_c the communication and coding backward did not hide).
@@ -288,10 +289,14 @@ class Prediction:
     steps: float = 0.0  # S: schedule steps a rank takes part in per iteration (when shared)
     header: float | np.ndarray = 0.0  # seconds of the call-header exchanges (in communicate)
     device_bound: float = 0.0  # t_f + κ_c·(κ·t_b + coding) + t_step (point 8)
+    backward_alone: float | None = None  # t_b, without communication beside it (None: backward)
 
     @property
     def efficiency(self) -> np.ndarray:
-        return (self.forward + self.backward) / self.iteration
+        """(t_f + t_b)/t_iter (point 4): the slowdown κ of backward beside communication
+        counts against it, as the communication it comes from does."""
+        t_b = self.backward if self.backward_alone is None else self.backward_alone
+        return (self.forward + t_b) / self.iteration
 
 
 def _groups(profile: Profile, agg: Aggregation) -> list[tuple[list[int], float]]:
@@ -447,7 +452,8 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     exposed = done - b + wait + (bound_it - it)
     return Prediction(bound_it, f, b, s, total_comm, coding, exposed, wire, len(bs), cpu=cpu,
                       cpu_comm=cpu_comm, cpu_bound=bound, calls=calls, steps=steps,
-                      header=header, device_bound=device)
+                      header=header, device_bound=device,
+                      backward_alone=profile.backward_s * unit)  # type: ignore[operator]
 
 
 def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: int,

@@ -51,7 +51,8 @@ def whatif_tables(wi: WhatIf) -> list[Table]:
                                               f"({r['efficiency']:.0%})" for r in cells))
         a = Table("workers", *(f"{b}: ratio / budget" for b in bws),
                   title="compression an all-reducible scheme needs for linear scaling, and the "
-                        "most encode+decode may cost (dense time − compute time)")
+                        "most encode+decode may cost (what backward does not hide of dense's "
+                        "iteration)")
         ans = [r for r in result["answers"] if r["compute_speedup"] == x]
         for p in dict.fromkeys(r["workers"] for r in ans):
             a.add_row(str(p), *(f"{_ratio(r['required_compression'])} / "

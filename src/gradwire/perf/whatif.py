@@ -9,9 +9,9 @@ schedule summary per collective.
   scales linearly when ring_allreduce(bytes/c) ≤ t_b. The ring's time is A + B·bytes (α part
   and β, γ part, both read from its schedule summary), so c = B·bytes/(t_b − A); none exists
   when the α part alone, A, exceeds t_b.
-- Encode+decode budget (§5, "Bounding encoding time"): predicted dense (synchronous SGD) time
-  minus the compute-only time; a compressor whose encode+decode exceeds it cannot help even
-  if its messages were free.
+- Encode+decode budget (§5, "Bounding encoding time"): what backward does not hide of the
+  predicted dense (synchronous SGD) iteration, t_iter − t_f − κ·t_b − t_step; a compressor
+  whose encode+decode exceeds it cannot help even if its messages were free.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import numpy as np
 
 from gradwire.bandwidth import format_bandwidth
 from gradwire.check import check_real, parse_number
-from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object
 from gradwire.perf import calibration, comm
@@ -34,12 +33,6 @@ from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, ClusterModel, check_workers, predict
 from gradwire.profiles import Profile
 from gradwire.sizes import parse_sizes
-
-# Where no calibration is given: gradwire's one default α (a typical per-message latency
-# between hosts over Ethernet) and γ 0.11 ns per byte reduced (benchmarks/results/
-# collectives/latest.json). β comes from each link rate.
-ALPHA_S = DEFAULT_ALPHA_S
-GAMMA_S_PER_BYTE = 0.11e-9
 
 
 def parse_workers(text: str) -> list[int]:
@@ -69,8 +62,8 @@ def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
 
 @dataclass(frozen=True)
 class Setting:
-    alpha: float = ALPHA_S
-    gamma: float = GAMMA_S_PER_BYTE
+    alpha: float  # α, s per schedule step
+    gamma: float  # γ, s per byte reduced
     overlap_slowdown: float = 1.0
     ranks_per_node: int = 1
     intra_bps: float = 100e9

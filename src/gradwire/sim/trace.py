@@ -272,7 +272,8 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
                             f"longer than the whole backward pass ({backward_s} s)")
     fwd = [forward_s * i / n for i in range(n)]
     step = (backward_s - first_backward_s) / max(n - 1, 1)
-    bwd = [first_backward_s + step * (n - 1 - i) for i in range(n)]
+    # one parameter is the first layer and the last: its gradient ends the whole pass
+    bwd = [first_backward_s + step * (n - 1 - i) for i in range(n)] if n > 1 else [backward_s]
     names = list(names) if names is not None else [f"p{i}" for i in range(n)]
     shapes = list(shapes) if shapes is not None else [None] * n
     if len(names) != n or len(shapes) != n:
@@ -324,9 +325,9 @@ def add_layers(t: Trace, count: int, nbytes: int, forward_s: float, backward_s: 
     before the last parameter, as the paper adds modules inside Inception-v3, §8.5). Compute
     after the insertion point is pushed back accordingly in both passes."""
     n = len(t.params)
-    at = (n - 1 if after is None else after + 1)
-    if not 0 <= at <= n:
-        raise GradwireError(f"after must be a parameter index in 0..{n - 1}, got {after}")
+    if after is not None and not is_int(after, 0, n - 1):
+        raise GradwireError(f"after must be a parameter index in 0..{n - 1}, got {after!r}")
+    at = n - 1 if after is None else after + 1
     if not is_int(count, 0, MAX_PARAMS - n):
         raise GradwireError(f"layers to add must be from 0 to {MAX_PARAMS - n} (a trace holds "
                             f"at most {MAX_PARAMS} parameters, this one has {n}), got {count!r}")

@@ -501,8 +501,9 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
        (``selector``: "exact", or "threshold" for about one pass over acc); residual −= sent.
     2. ``method`` "topk": TopKAllReduce, allgather (``algo``: default :func:`topk_algo`, or
        "ring") of every rank's entries, all applied; "gtopk": gTopKAllReduce on the butterfly
-       (``algo`` "rd", default) or the paper's binomial tree ("tree"), each merge's drops
-       added to the ``residual`` of one rank that made it.
+       (``algo`` "rd", default: every rank takes back into its ``residual`` its own entries
+       that a merge dropped) or the paper's binomial tree ("tree": each merge's drops added to
+       the ``residual`` of the rank that made it).
     3. Return total / P: dense, n elements, x's dtype, identical on every rank.
 
     Summed over ranks, Σ residual_after + P·result = Σ (residual_before + x).

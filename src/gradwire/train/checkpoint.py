@@ -4,7 +4,8 @@ One file (loaded with `weights_only=True`: tensors, numbers, strings and contain
 holds the model, the optimizer (momentum buffers), every rank's aggregation state
 (error-feedback residuals differ per rank, so all of them are kept, in rank order), the epoch
 history, and the settings a resumed run must share (model, aggregation, density, mode, warm-up,
-world size, batch size, seed, PowerSGD's rank). Rank 0 writes it after each epoch, atomically.
+world size, batch size, seed, sequence length, PowerSGD's rank). Rank 0 writes it after each
+epoch, atomically.
 """
 
 from __future__ import annotations

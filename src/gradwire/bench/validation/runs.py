@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 MODEL = "mlp"  # the project's 1.13 M parameter MLP on the digits data
 DENSITY, RANK = 0.001, 4  # the sparsifiers' kept fraction and PowerSGD's rank: train's defaults
-# at least about 20 steady iterations each after the first epoch (digits: 1437 training samples)
+# at least about 20 steady iterations each after the first epoch (digits: 1438 training samples)
 EPOCHS = {2: 3, 4: 4, 8: 6}
 STEADY_S = 5.0  # and at least this much steady training, at the iteration time predicted
 MAX_EPOCHS = 60
