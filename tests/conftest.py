@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,20 @@ def gradwire_cli(*args: str, env: dict | None = None, timeout: float = 600,
     extra = {**(env or {}), **({"COLUMNS": str(columns)} if columns else {})}
     return subprocess.run([sys.executable, "-m", "gradwire.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **extra})
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is no zombie (one its parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def pids_in(lines: list[str]) -> list[int]:
+    """The process ids that ranks printed as ``PID n`` lines (behind the launcher's prefix)."""
+    return [int(m.group(1)) for line in lines if (m := re.search(r"\bPID (\d+)$", line))]
 
 
 def strict_json(text: str) -> object:

@@ -1,8 +1,9 @@
 """Catching host-device synchronisations on a machine without a GPU.
 
 On a CUDA tensor each call below makes the host wait for the GPU: it reads a value
-(``item``, ``bool()``, ``int()``, ``float()``, ``tolist``, ``cpu``, ``numpy``), its result has a
-size that depends on the data (``nonzero``, ``unique``, masked selection with a bool index), or it
+(``item``, ``bool()``, ``int()``, ``float()``, ``tolist``, ``cpu``, ``numpy``, ``equal``,
+``allclose``), its result has a size that depends on the data (``nonzero``, ``unique``,
+``where`` of a condition alone, masked selection with a bool index), or it
 copies from the host and waits for the copy (``t[idx] = 0`` with tensor indices or at one
 element, a Python list or a 0-d tensor as an index, ``torch.tensor`` of host data). On a
 CPU tensor the same calls cost nothing, so :class:`SyncGuard` records them instead: within
@@ -27,9 +28,9 @@ import torch
 
 TENSOR_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__",
                   "__index__", "nonzero", "unique", "unique_consecutive", "masked_select",
-                  "argwhere", "bincount", "__array__")
+                  "argwhere", "bincount", "__array__", "equal", "allclose", "is_nonzero")
 TORCH_FUNCTIONS = ("nonzero", "unique", "unique_consecutive", "masked_select", "argwhere",
-                   "bincount")
+                   "bincount", "equal", "allclose", "is_nonzero")
 
 
 def _indexing_waits(name: str, index: object, rest: tuple[object, ...]) -> str | None:
@@ -102,6 +103,14 @@ class SyncGuard:
                     return original(data, *rest, **kwargs)
                 return call
             self._wrap(torch, name, make)
+        def where(original):  # type: ignore[no-untyped-def]
+            def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+                if len(args) + len(kwargs) == 1:  # torch.where(cond) is nonzero: a size read
+                    self._record("torch.where of a condition alone")
+                return original(*args, **kwargs)
+            return call
+
+        self._wrap(torch, "where", where)
         for name in ("__getitem__", "__setitem__"):
             def make(original, name=name):  # type: ignore[no-untyped-def]
                 def call(t, index, *rest):  # type: ignore[no-untyped-def]

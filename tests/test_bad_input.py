@@ -169,7 +169,7 @@ CLI = [
     # input files that are not regular files (/dev/zero was read until memory ran out)
     (["simulate", "--trace", "/dev/zero"], "cannot read trace /dev/zero: not a regular file"),
     (["whatif", "--calibration", "/dev/zero"], "--calibration /dev/zero: not a regular file"),
-    (["advise", "--model", "/dev/zero"], "'/dev/zero'"),
+    (["advise", "--model", "/dev/zero"], "profile file '/dev/zero' is not a regular file"),
     # gradwire trace: refused before anything is recorded (10**8 layers ran out of memory)
     (["trace", "--model", "mlp", "-o", "t.jsonl", "--add-layers", "100000000"],
      "--add-layers must be from 0 to 100000"),

@@ -136,7 +136,7 @@ def test_builds_sees_what_a_cluster_makes(builds):
     assert any("tbf" in cmd for cmd in builds), builds
 
 
-def test_failure_half_way_rolls_back():
+def test_a_name_in_use_is_refused_and_the_first_cluster_stays():
     c = cluster_up(1, "1gbit")
     try:
         # Same name again: the state file exists, so nothing is made and the first stays intact.
@@ -145,6 +145,29 @@ def test_failure_half_way_rolls_back():
         assert c.hosts[0].netns in netns_names()
     finally:
         cluster_down(c.name)
+
+
+def test_failure_half_way_rolls_back(monkeypatch):
+    """A cluster that fails while its second host is being made (its link's shaping refused)
+    leaves nothing: no namespace, link or state of the first host, the bridge or the second."""
+    import secrets
+
+    from gradwire.cluster import netns
+
+    real, calls = netns._tbf, []
+
+    def tbf(*args):
+        calls.append(args)
+        if len(calls) == 3:  # the second host's upload; the first host has both directions
+            raise GradwireError("tc refused (test)")
+        real(*args)
+
+    monkeypatch.setattr(netns, "_tbf", tbf)
+    name = f"gw{secrets.token_hex(3)}"
+    with pytest.raises(GradwireError, match="tc refused"):
+        cluster_up(3, "1gbit", name)
+    assert len(calls) == 3 and gradwire_leftovers(name) == []
+    assert name not in {c.name for c in list_clusters()}
 
 
 def _default_sigint() -> None:

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli_error, gradwire_leftovers, needs_netns, script
+from conftest import alive, cli_error, gradwire_leftovers, needs_netns, pids_in, script
 
 from gradwire.cluster import ephemeral_cluster, loopback_cluster
 from gradwire.errors import GradwireError
@@ -58,17 +58,22 @@ def test_ranks_get_the_allocator_setting_unless_the_caller_chose_one(monkeypatch
                                          ("KILL", "rank 1 was killed by SIGKILL")])
 def test_a_failing_rank_stops_the_others_and_is_named(code, expect):
     t0 = time.monotonic()
-    res, _ = _collect(loopback_cluster(3), script("fail_rank.py"), timeout=60,
-                      extra_env={"FAIL_RANK": "1", "FAIL_CODE": code})
+    res, lines = _collect(loopback_cluster(3), script("fail_rank.py"), timeout=60,
+                          extra_env={"FAIL_RANK": "1", "FAIL_CODE": code})
     assert res.returncode != 0
     assert res.message.startswith(expect)
     assert time.monotonic() - t0 < 30  # the sleeping ranks were stopped, not waited for
     assert [e.returncode for e in res.exits if e.rank != 1] == [None, None]
+    pids = pids_in(lines)
+    assert len(pids) == 3 and not [pid for pid in pids if alive(pid)]  # stopped and reaped
 
 
 def test_timeout_stops_everything():
-    res, _ = _collect(loopback_cluster(2), ["sleep", "30"], timeout=0.5)
-    assert res.returncode == 124 and "timed out after 0.5 s" in res.message
+    res, lines = _collect(loopback_cluster(2), ["sh", "-c", "echo PID $$; exec sleep 30"],
+                          timeout=2)
+    assert res.returncode == 124 and "timed out after 2 s" in res.message
+    pids = pids_in(lines)
+    assert len(pids) == 2 and not [pid for pid in pids if alive(pid)]  # stopped and reaped
 
 
 @pytest.mark.parametrize("cmd,timeout,msg", [([], None, "no command given"),

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import gradwire_leftovers, needs_netns
+from conftest import alive, gradwire_leftovers, needs_netns
 
 from gradwire.cluster import cluster_down
 from gradwire.errors import GradwireError
@@ -26,14 +26,6 @@ def _default_signals() -> None:
     # dispositions a terminal would.
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _signal_a_run(sig: signal.Signals, *mode: str) -> None:
@@ -55,7 +47,7 @@ def _signal_a_run(sig: signal.Signals, *mode: str) -> None:
         assert p.returncode == 128 + sig, err
         assert err == (f"gradwire run: interrupted by {sig.name}; stopped 2 ranks and cleaned "
                        "up\n")
-        assert not [pid for pid in pids if _alive(pid)]  # the launcher reaped them first
+        assert not [pid for pid in pids if alive(pid)]  # the launcher reaped them first
         for name in clusters - {"loopback"}:
             assert gradwire_leftovers(name) == []
     finally:  # what a failed check leaves is not the next test's problem
@@ -63,7 +55,7 @@ def _signal_a_run(sig: signal.Signals, *mode: str) -> None:
             p.kill()
             p.wait()
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         for name in clusters - {"loopback"}:
             with contextlib.suppress(GradwireError):

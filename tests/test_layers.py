@@ -41,16 +41,23 @@ def _unit(module: str) -> str:
     return module.split(".")[1]
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, me: str) -> set[str]:
+    """The gradwire modules the file ``path`` (module ``me``) imports, relative imports
+    resolved against its package."""
+    package = me.removesuffix(".__init__") if me.endswith(".__init__") else me.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            # "from gradwire import catalogue" imports gradwire.catalogue
-            if node.module == "gradwire":
-                out |= {f"gradwire.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # "from . import x", "from ..y import z": up level − 1 packages
+                parts = package.split(".")
+                up = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{up}.{base}" if base else up
+            out.add(base)
+            # "from gradwire import catalogue" (or "from . import x") imports a module too
+            out |= {f"{base}.{a.name}" for a in node.names}
     return {m for m in out if m.startswith("gradwire.")}
 
 
@@ -68,7 +75,7 @@ def test_imports_point_down_the_layers():
         if me == "gradwire.__init__":
             continue
         mine = _unit(me)
-        for target in _imports(path):
+        for target in _imports(path, me):
             theirs = _unit(target)
             if theirs == mine:
                 continue

@@ -149,8 +149,8 @@ def test_a_baseline_whose_method_was_not_measured_everywhere_is_not_scored():
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
-@settings(deadline=None)  # the first example loads the data set
-@given(predicted=st.floats(1e-4, 10.0))
+@settings(deadline=None, derandomize=True)  # the first example loads the data set
+@given(predicted=st.floats(-4, 1).map(lambda e: 10**e))  # log-uniform: each branch often
 def test_runs_last_the_steady_time_and_never_fewer_epochs_than_the_floor(p, predicted):
     e = pv.epochs_for(p, 32, predicted)
     per_epoch = TRAIN // p // 32

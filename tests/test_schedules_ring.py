@@ -24,6 +24,8 @@ def test_table_builds_the_reference_transfers_step_by_step(p, collective):
     for count in COUNTS:
         for pipeline in PIPELINES:
             got = algo.build(p, count, pipeline=pipeline)
+            if pipeline is not None:  # as asked, but no more sub-chunks than a chunk has
+                assert got.params["pipeline"] == min(pipeline, max(1, -(-count // p)))
             want = reference(collective, p, count, got.params["pipeline"])
             assert len(got.steps) == len(want.steps), (p, count, pipeline)
             for i, (a, b) in enumerate(zip(got.steps, want.steps, strict=True)):

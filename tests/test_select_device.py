@@ -5,6 +5,7 @@ where the host path departs from it), fixed shapes, and no host-device synchroni
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -182,21 +183,34 @@ def sampled_threshold(x: torch.Tensor, k: int, seed: int, sample: float, min_sam
     return int((key >= t).sum()), device_capacity(n, k, s, j), t, s
 
 
+# The threshold's slack and the capacity's, in standard deviations: the defaults, then settings
+# that make the sample miss (too high a threshold: fewer than k candidates; too few slots:
+# more candidates than fit), so that every branch below is taken.
+SLACKS = [(selection.MARGIN_SD, selection.CAPACITY_SD), (-8.0, selection.CAPACITY_SD),
+          (selection.MARGIN_SD, -30.0)]
+
+
 @FAST
 @given(x=vectors(2, 400), share=st.floats(0, 1), seed=st.integers(0, 99),
-       sample=st.sampled_from([0.02, 0.1]), min_sample=st.sampled_from([8, 32]))
+       sample=st.sampled_from([0.02, 0.1]), min_sample=st.sampled_from([8, 32]),
+       slack=st.sampled_from(SLACKS))
 def test_device_threshold_is_exact_when_the_candidates_bracket_k(x, share, seed, sample,
-                                                                min_sample):
+                                                                min_sample, slack):
+    """The rule's set whenever the candidates number k to the capacity; on a miss, k distinct
+    indices: every candidate and some others (too few), or k of the first candidates (too
+    many)."""
     n = x.numel()
     k = 1 + int(share**2 * (n - 2))  # 0 < k < n, more often small
-    with device_paths():
-        got = device_threshold(x, k, generator(seed, 0), sample, min_sample)
+    with mock.patch.object(selection, "MARGIN_SD", slack[0]), \
+            mock.patch.object(selection, "CAPACITY_SD", slack[1]):
+        with device_paths():
+            got = device_threshold(x, k, generator(seed, 0), sample, min_sample)
+        count, cap, t, _ = sampled_threshold(x, k, seed, sample, min_sample)
     assert got.numel() == k and ascending_distinct(got) and 0 <= int(got[0])
     assert int(got[-1]) < n
     if 2 * selection._sample_size(n, sample, min_sample) >= n:  # the exact selector
         assert got.tolist() == rule(x, k)
         return
-    count, cap, t, _ = sampled_threshold(x, k, seed, sample, min_sample)
     key = magnitude_keys(x)
     if k <= count <= cap or (count < k and t == 1):
         assert got.tolist() == rule(x, k)
@@ -418,10 +432,13 @@ def test_the_guard_counts_what_waits_only_on_cuda():
     t, idx, two = torch.zeros(8), torch.tensor([1, 3]), torch.tensor(2)
     waits = [lambda: t.__setitem__(idx, 0), lambda: t.__setitem__(2, 1.5),
              lambda: t[two], lambda: t[:two],
-             lambda: t[[1, 2]], lambda: torch.tensor([1.0, 2.0])]
+             lambda: t[[1, 2]], lambda: torch.tensor([1.0, 2.0]),
+             lambda: torch.equal(t, t), lambda: t.allclose(t), lambda: torch.where(t > 0),
+             lambda: torch.is_nonzero(two)]
     free = [lambda: t.index_fill_(0, idx, 0), lambda: t.__setitem__(slice(0, 2), 0),
             lambda: t.__setitem__(idx, torch.ones(2)), lambda: t[idx], lambda: t[1:3],
-            lambda: torch.as_tensor(t)]
+            lambda: torch.as_tensor(t), lambda: torch.where(t > 0, t, 0.0),
+            lambda: t.eq(t).all()]
     with SyncGuard() as guard:
         for call in waits + free:
             before = len(guard.calls)

@@ -26,6 +26,7 @@ def test_1gbit_is_shaped_both_ways_and_none_is_not():
     for direction, gbps in shaped.items():
         assert 0.8 <= gbps <= 1.0, (direction, gbps)
     free = _rates("none")
+    assert set(free) == set(shaped)
     for direction, gbps in free.items():
         assert gbps > 2.0 * shaped[direction], (direction, gbps)
 

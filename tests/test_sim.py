@@ -366,11 +366,11 @@ def test_ps_moves_each_byte_once_per_worker_and_multicast_once():
 
 def test_no_barrier_keeps_the_first_iteration_and_pipelines_the_rest():
     t = small_trace(8)
-    c = SimCluster(4, 10e9, iterations=3)
+    c = SimCluster(4, 1e9, iterations=3)  # at 10 Gbit/s compute hides it: both the same
     on = simulate_ps(t, c, PSOptions(multicast=True, ina=True))
     off = simulate_ps(t, c, PSOptions(multicast=True, ina=True, barrier=False))
     assert off.ends[0] == pytest.approx(on.ends[0])
-    assert len(off.ends) == 3 and off.iteration_s <= on.iteration_s * (1 + 1e-9)
+    assert len(off.ends) == 3 and off.ends[-1] < on.ends[-1] * (1 - 1e-3)
 
 
 def test_collectives_fast_path_matches_engine_and_compression_helps():
@@ -445,10 +445,12 @@ def test_cli_simulate_takes_alpha_and_gamma_from_a_calibration(tmp_path):
     import calibration_doc
 
     path = tr.save(small_trace(4), tmp_path / "s.trace.jsonl")
-    cal = tmp_path / "cal.json"
+    cal, slow_sum = tmp_path / "cal.json", tmp_path / "slow_sum.json"
     cal.write_text(json.dumps(calibration_doc.doc(alpha_s=2.5e-4, gamma_s_per_byte=1e-10)))
+    slow_sum.write_text(json.dumps(calibration_doc.doc(alpha_s=2.5e-4, gamma_s_per_byte=1e-8)))
     runs = {}
-    for name, extra in (("calibrated", ["--calibration", str(cal)]), ("default", [])):
+    for name, extra in (("calibrated", ["--calibration", str(cal)]), ("default", []),
+                        ("slow_sum", ["--calibration", str(slow_sum)])):
         out = tmp_path / f"{name}.json"
         r = gradwire_cli("simulate", "--trace", str(path), "--workers", "4", "--bandwidth",
                          "10gbit", "--mechanism", "ring", "--json", str(out), *extra)
@@ -459,12 +461,15 @@ def test_cli_simulate_takes_alpha_and_gamma_from_a_calibration(tmp_path):
         "--calibration", str(cal)).stdout.split())
     # 250 µs per message against the default 13: the ring's many messages cost more
     assert runs["calibrated"]["iteration_s"] > runs["default"]["iteration_s"]
+    # and the calibration's γ prices the ring's sums: 10 ns/B against 0.1
+    assert runs["slow_sum"]["iteration_s"] > runs["calibrated"]["iteration_s"]
 
 
 @pytest.mark.parametrize("coll, algo, kw", [("allreduce", "ring", {}), ("allgather", "ring", {}),
-                                            ("reducescatter", "ring", {"pipeline": 2}),
-                                            ("allreduce", "rd", {})])
+                                            ("reducescatter", "ring", {"pipeline": 2})])
 def test_table_is_the_schedule_as_arrays(coll, algo, kw):
+    """The ring's table builder (the only algorithm with one: others are Table.of their
+    schedule) gives the schedule's arrays."""
     from gradwire.schedules.ir import Table
 
     for p in (1, 2, 5, 8):

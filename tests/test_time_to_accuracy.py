@@ -117,11 +117,12 @@ def test_each_side_s_best_is_the_fastest_to_target_and_the_ratio_is_torch_over_o
 
 
 def test_a_tie_goes_to_the_higher_final_accuracy_and_no_row_reached_gives_none(tta):
-    rows = [row("gradwire:fp16", [(0, 0.1), (2.0, 0.91)]),
-            row("gradwire:bf16", [(0, 0.1), (2.0, 0.97)]),
+    # the higher accuracy goes to the name that sorts last, so a tie broken by name would lose
+    rows = [row("gradwire:bf16", [(0, 0.1), (2.0, 0.91)]),
+            row("gradwire:fp16", [(0, 0.1), (2.0, 0.97)]),
             row("torch:allreduce", [(0, 0.1), (2.0, 0.5)])]
     best = tta.summarize(rows, {"mlp": 0.9})["mlp"]["best"]
-    assert best["gradwire"] == "gradwire:bf16"
+    assert best["gradwire"] == "gradwire:fp16"
     assert best["torch"] is None and best["torch_over_gradwire"] is None
 
 

@@ -4,7 +4,9 @@ gTopKAllReduce (tree and butterfly) against the long-hand reference (tests/spars
 Every rank draws every rank's data from the same seeds. Per case: sparse_allreduce, then
 rank 0 gathers every rank's result and residual and checks (a) identical results on all ranks,
 (b) equality with the reference (results and residuals; bit for bit), (c) conservation of mass,
-exact for integer-valued float64, within tolerance for fp32; every rank checks (d) its
+exact for integer-valued float64, within tolerance for fp32, within one rounding of each
+rank's x + e and of the average for fp16 and bf16 (bf16, which numpy has no type for, is
+compared with no reference); every rank checks (d) its
 transport's byte and message counters against traffic() of the schedule. Prints one FAIL line
 per problem and a final CHECKED line. Tensors live on checklist.DEV (the GPU under NCCL).
 """
@@ -79,6 +81,12 @@ def case(n: int, k: int, dtype: torch.dtype, method: str, algo: str | None, seed
         err = (after + avg.double() * p - before).abs().max().item()
         if err > 1e-4:
             fail(f"{tag}: mass off by {err}")
+    elif n:  # fp16, bf16: each rank's x + e and the average round once each, in dtype
+        eps = torch.finfo(dtype).eps
+        size = sum(a.double().abs() + b.double().abs() for a, b in inputs)
+        gap = after + avg.double() * p - before
+        if not (gap.abs() <= eps * (size + avg.double().abs() * p)).all():
+            fail(f"{tag}: mass off by {gap.abs().max().item()}")
     if dtype in NP:
         want, want_res = reference([a.cpu().numpy() for a, _ in inputs],
                                    [b.cpu().numpy() for _, b in inputs], k, method,

@@ -125,7 +125,8 @@ def load(name_or_path: str) -> Profile:
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
-            raise GradwireError(f"profile file {name_or_path!r} not found")
+            why = "is not a regular file" if path.exists() else "not found"
+            raise GradwireError(f"profile file {name_or_path!r} {why}")
         return parse(read_text(path, str(path)), str(path))
     names = builtin_names()
     if name_or_path not in names:
