@@ -78,6 +78,9 @@ CLI = [
     (["train", "--momentum", "-0.1"], "--momentum must be in [0, 1)"),
     (["train", "--seq-len", "0"], "--seq-len must be >= 1"),
     (["train", "--batch-size", "0"], "--batch-size must be >= 1"),
+    (["train", "--model", "vgg16", "--batch-size", "1"], "--batch-size 1 is too small for vgg16"),
+    (["demo", "--model", "resnet50", "--batch-size", "1"],
+     "--batch-size 1 is too small for resnet50"),
     (["train", "--seed", "-1"], "--seed must be >= 0"),
     (["train", "--densty", "0.1"], "No such option: --densty"),
     # gradwire bench and calibrate
@@ -108,6 +111,8 @@ CLI = [
     (["bench", "--sizes", "0"], "size '0' is out of range: expected 1 or more"),
     (["bench", "--sizes", "1K,0"], "size '0' is out of range"),
     (["bench", "--sizes", "2"], "--sizes: 2 bytes hold no float32 element"),
+    (["bench", "--collective", "allgather", "--hosts", "4", "--loopback", "--sizes", "8,64"],
+     "--sizes: 8 bytes hold no float32 element for each of 4 ranks"),
     (["bench", "--timeout", "nan"], "--timeout must be a positive number"),
     (["bench", "--hosts", "1000"], "--hosts must be between 1 and 250, got 1000"),
     (["calibrate", "--density", "2"], "--density must be in (0, 1], got 2"),

@@ -92,6 +92,29 @@ def test_the_papers_warmup_is_counted_by_the_hook_in_steps():
     assert s.epoch == 4 and s.density == 0.001
 
 
+def test_a_warmup_resumed_half_way_through_an_epoch_ends_it_on_time():
+    """Saved at step 5 of epochs of 4 steps (epoch 1 began at step 4): the resumed hook's
+    epoch 2 begins at step 8, as it would have without the stop."""
+    def densities(s, steps):
+        out = []
+        for step in steps:
+            s.step = step
+            out.append(s.density)
+        return out
+
+    make = lambda: gh.make("topk", density=0.001, warmup=True, steps_per_epoch=4)  # noqa: E731
+    whole = densities(make(), range(12))
+    first = make()
+    densities(first, range(6))
+    first.step = 5
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    assert densities(resumed, range(5, 12)) == whole[5:]
+    for bad in ({"step": -1}, {"epoch_at": [1, 9]}, {"epoch_at": [-1, 4]}):
+        with pytest.raises(GradwireError, match="expected counts >= 0"):
+            make().load_state_dict({**first.state_dict(), **bad})
+
+
 def test_a_warmup_needs_steps_per_epoch():
     with pytest.raises(GradwireError, match="a warm-up needs steps_per_epoch=N"):
         gh.make("gtopk", warmup=True)
@@ -140,6 +163,14 @@ def test_carry_leaves_new_parameters_without_residual_alone():
     assert res[(1, 0)].tolist() == [0, 0, 0, 1, 1]
 
 
+def test_carry_moves_a_loaded_residual_to_the_buckets_device():
+    """A state loaded onto the CPU (map_location="cpu") and a bucket on another device: a
+    one-parameter layout, used as it is, goes there too (the meta device stands in for a GPU)."""
+    res = {(0,): torch.ones(3)}
+    layout.carry(res, (0,), {0: 3}, torch.empty(3, device="meta"))
+    assert res[(0,)].device.type == "meta" and res[(0,)].shape == (3,)
+
+
 def test_positions_are_first_seen_order_and_check_sizes():
     a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
     pos = layout.Positions()
@@ -182,7 +213,8 @@ def test_state_dict_round_trip_and_method_check():
     ({"step": 99, "residuals": {0: torch.zeros(7)}}, "residual of parameter 0 has 7 elements"),
     ({"step": 99, "compressor": None}, "malformed"),
     ({"step": 99, "compressor": {"step": 1}}, "malformed"),  # PowerSGD's memory is missing
-    ({"epoch": "late"}, "malformed"),
+    ({"epoch": "late", "epoch_at": None}, "malformed"),  # as saved before epoch_at was kept
+    ({"epoch_at": "late"}, "malformed"),
 ])
 def test_a_refused_state_dict_changes_nothing(change, msg):
     s = _powersgd_state()
@@ -351,3 +383,81 @@ def test_headers_go_over_one_host_group_per_set_of_ranks(one_rank, monkeypatch):
     made = comm.host_group(None)
     assert made is not None and comm.host_group(None) is made
     assert dist.get_process_group_ranks(made) == [0]
+
+
+@pytest.mark.parametrize("method, opts", [("powersgd", {"rank": 1}), ("int8", {})])
+def test_a_resumed_hook_keeps_what_its_compressor_carries_for_the_rebuilt_buckets(
+        one_rank, method, opts):
+    """PowerSGD's warm-start Q and int8's step sizes are saved keyed by the rebuilt buckets,
+    which a new DDP makes only after its first step: they must last until then, so that from
+    the second resumed step on the hook carries what an uninterrupted one does."""
+    import warnings
+
+    def kept(s):
+        c = s.compressor
+        return sorted({k[0] for k in c.power.memory} if method == "powersgd" else c.exponents)
+
+    def new():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(),
+                                  torch.nn.Linear(30, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
+        ddp = DDP(net, bucket_cap_mb=0.002)  # one bucket a layer or two: rebuilt in reverse
+        s = gh.make(method, **opts)
+        s.register(ddp)
+        return ddp, s
+
+    def step(ddp, i):
+        g = torch.Generator().manual_seed(1000 + i)
+        x, y = torch.randn(16, 20, generator=g), torch.randn(16, 3, generator=g)
+        ddp.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DDP's notes on a world of one
+        whole, s = new()
+        for i in range(4):
+            step(whole, i)
+        resumed, r = new()
+        r.load_state_dict(s.state_dict())
+        step(whole, 4)
+        step(resumed, 4)  # DDP's construction order: the loaded state's buckets are unused
+        assert set(kept(s)) <= set(kept(r))  # and kept, beside those of that step
+        for i in (5, 6):
+            step(whole, i)
+            step(resumed, i)
+            assert kept(r) == kept(s), i  # the rebuilt buckets' only, as if never stopped
+
+
+@pytest.mark.parametrize("method", ["topk", "dgc"])  # its status in band, and in the header
+def test_a_refused_call_leaves_the_velocity_as_it_was(one_rank, monkeypatch, method):
+    """With momentum correction, ranks that disagree fail before the velocity moves, as
+    before any residual changes."""
+    import warnings
+
+    from gradwire.collectives.agree import MismatchError
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 3))
+    ddp = DDP(net)
+    s = gh.make(method, density=0.3, momentum=0.9)
+    s.register(ddp)
+
+    def step():
+        ddp.zero_grad()
+        ddp(torch.ones(4, 8)).sum().backward()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DDP's notes on a world of one
+        step()
+        before = {k: v.clone() for k, v in s.state_dict()["velocities"].items()}
+
+        def refuse(*args, **kwargs):
+            raise MismatchError("ranks made different calls (test)")
+
+        monkeypatch.setattr(comm.Comm, "agree", refuse)
+        s._layouts = None  # as after a rebuild or a failed step: the next call has a header
+        with pytest.raises(MismatchError):
+            step()
+    after = s.state_dict()["velocities"]
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)

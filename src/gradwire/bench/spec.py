@@ -145,15 +145,20 @@ def available_memory(device: str) -> tuple[int, str]:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free"
 
 
-def check_sizes(sizes: list[int], dtype: str, p: int, device: str) -> None:
-    """``--sizes`` (ascending): the smallest holds an element of ``dtype``, and ``p`` ranks'
-    buffers for the largest (:data:`BUFFERS_PER_RANK` × P × size) fit in
-    :func:`available_memory` — checked here, because a rank that runs out of memory dies
-    with a traceback, and the others with it."""
+def check_sizes(sizes: list[int], dtype: str, p: int, device: str,
+                per_rank: bool = False) -> None:
+    """``--sizes`` (ascending): the smallest holds an element of ``dtype`` (with
+    ``per_rank``, an allgather's or reduce-scatter's, one for each of the ``p`` ranks: the
+    ranks round a size down to a multiple of P elements), and ``p`` ranks' buffers for the
+    largest (:data:`BUFFERS_PER_RANK` × P × size) fit in :func:`available_memory` — checked
+    here, because a rank that runs out of memory dies with a traceback, and the others with
+    it."""
     item = ITEMSIZE[dtype]
-    if sizes[0] < item:
-        raise GradwireError(f"--sizes: {sizes[0]} bytes hold no {dtype} element: expected "
-                            f"sizes of at least {item} bytes")
+    least = item * (p if per_rank else 1)
+    if sizes[0] < least:
+        whose = f" for each of {p} ranks" if per_rank else ""
+        raise GradwireError(f"--sizes: {sizes[0]} bytes hold no {dtype} element{whose}: "
+                            f"expected sizes of at least {least} bytes")
     have, what = available_memory(device)
     most = have // (BUFFERS_PER_RANK * p)
     if sizes[-1] > most:

@@ -103,7 +103,7 @@ def bench(
     parse_bandwidth(bandwidth)
     # what the ranks would find wrong, found here: one line instead of a traceback per rank
     p = world_size(hosts, cluster)
-    check_sizes(size_list, dtype, p, device)
+    check_sizes(size_list, dtype, p, device, collective in ("allgather", "reducescatter"))
     count = size_list[0] // ITEMSIZE[dtype]
     if collective in ("allgather", "reducescatter"):
         count -= count % p

@@ -79,8 +79,14 @@ def carry(residuals: dict[Layout, torch.Tensor], layout: Layout, numels: dict[in
           like: torch.Tensor) -> None:
     """Give ``layout`` a residual assembled from its parameters' residuals in other layouts
     (zeros for those that have none), then drop layouts none of whose parameters live there any
-    more. Nothing happens when ``layout`` is known or none of its parameters has a residual."""
-    if layout in residuals or not residuals:
+    more. Nothing else happens when ``layout`` is known (its residual only moves to ``like``'s
+    device, as one loaded with ``map_location="cpu"`` must) or none of its parameters has a
+    residual."""
+    if layout in residuals:
+        if residuals[layout].device != like.device:
+            residuals[layout] = residuals[layout].to(like.device)
+        return
+    if not residuals:
         return
     found = where(residuals, numels)
     if not any(pos in found for pos in layout):

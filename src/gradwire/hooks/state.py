@@ -25,6 +25,7 @@ from gradwire.catalogue import (
     start,
 )
 from gradwire.catalogue import get as get_method
+from gradwire.catalogue.methods import header as call_header
 from gradwire.check import check_fraction, check_int, is_real
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback
 from gradwire.compress.feedback import MALFORMED, Status
@@ -168,6 +169,9 @@ class HookState:
         self._resume_order: layout.Layout | None = None
         self._handoff = 0.0
         self._used: set[layout.Layout] = set()
+        # loaded compressor state is keyed by the saved run's rebuilt buckets, which a new DDP
+        # makes only after its first step: that step's end forgets nothing
+        self._loaded = False
         self._errors = Deferred()  # raised from backward itself, not as DDP's "Unable to cast"
         # Bucket mode: whether every bucket of this step so far was issued from the hook
         # (_issue), and those buckets, which _settle waits for.
@@ -231,7 +235,9 @@ class HookState:
         numels = self.positions.numels
         residuals = layout.split(self.ef.residuals, numels) if self.ef else {}
         return {"method": self.config.method.name, "epoch": self.epoch, "step": self.step,
-                "residuals": residuals, "velocities": layout.split(self.velocities, numels),
+                # where the count of epochs stands: an epoch resumed half way ends on time
+                "epoch_at": list(self._epoch_at), "residuals": residuals,
+                "velocities": layout.split(self.velocities, numels),
                 "order": self._resume_order or self._order,
                 "compressor": self.compressor.state_dict() if self.compressor else {}}
 
@@ -264,8 +270,13 @@ class HookState:
         if state.get("method") != name:
             raise GradwireError(f"hook state_dict is for method {state.get('method')!r}, this "
                                 f"hook runs {name!r}")
-        self.step = int(state["step"])
-        self._epoch_at = (int(state["epoch"]), self.step)
+        step = int(state["step"])
+        since = state.get("epoch_at")  # absent from a state saved before it was kept
+        epoch, began = (int(state["epoch"]), step) if since is None else map(int, since)
+        if not (step >= 0 and epoch >= 0 and 0 <= began <= step):
+            raise GradwireError(f"hook state_dict: step {step}, epoch {epoch} from step {began}: "
+                                "expected counts >= 0, the epoch begun at or before the step")
+        self.step, self._epoch_at = step, (epoch, began)
         order = state.get("order")
         self._resume_order = tuple(int(p) for p in order) if order else None
         if self.ef is not None:
@@ -275,6 +286,7 @@ class HookState:
                            if self.config.momentum else {})
         if self.compressor is not None:
             self.compressor.load_state_dict(state["compressor"])
+        self._loaded = True
 
     def _per_position(self, saved: dict[Any, torch.Tensor], what: str
                       ) -> dict[layout.Layout, torch.Tensor]:
@@ -488,9 +500,17 @@ class HookState:
         shape, trusted = self._agreed(x, index)
         if self.ef is not None:
             layout.carry(self.ef.residuals, key, self.positions.numels, x)
+        moved = None
         if self.config.momentum:
-            self._correct(x, key)
+            # the velocity moves only once the ranks agree on the call, as the residual does
+            in_band = call.method.path.in_band(call.method)
+            if in_band and not trusted:  # a header without a status: exchanged first
+                comm.agree(call_header(call, x.numel(), x.dtype))
+                trusted = True
+            moved = self._correct(x, key, commit=in_band)  # else: the header comes in start
         started = start(call, x, key, check=not trusted)
+        if moved is not None:
+            self.velocities[key] = moved.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         spent = comm.seconds - before
         s["compress"] += time.perf_counter() - t0 - spent
         s["communicate"] += spent
@@ -498,19 +518,26 @@ class HookState:
         self._counted(key, shape, started.sent, call.dense)
         return started
 
-    def _correct(self, x: torch.Tensor, key: layout.Layout) -> None:
+    def _correct(self, x: torch.Tensor, key: layout.Layout,
+                 commit: bool = True) -> torch.Tensor | None:
         """Momentum correction (Lin et al. 2018, DGC §3.2), in place: u = m·u + x, then x = u,
         so what is compressed, with its residual, is this rank's velocity rather than its
         gradient, and the optimizer steps without momentum. A NaN or Inf is sent as it is (the
         NaN/Inf policy sees it) and its element's velocity restarts at zero. Four passes over
-        the bucket, no host read."""
+        the bucket, no host read. ``commit`` False: u is left as it was and the new velocity
+        returned, for the caller to keep once the call is agreed (a new tensor)."""
         layout.carry(self.velocities, key, self.positions.numels, x)
         u = self.velocities.get(key)
+        if not commit:
+            v = torch.zeros_like(x) if u is None else u * self.config.momentum
+            x.copy_(v.add_(x))
+            return v
         if u is None:
             u = self.velocities[key] = torch.zeros_like(x)
         u.mul_(self.config.momentum).add_(x)
         x.copy_(u)
         u.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        return None
 
     def _agreed(self, x: torch.Tensor, index: int) -> tuple[tuple[int, str], bool]:
         """(x's elements and dtype, whether the step before agreed on them at ``index``: then
@@ -566,9 +593,9 @@ class HookState:
     def _end_step(self) -> None:
         self.stats["steps"] += 1
         self.stats["tail"] += time.perf_counter() - self._handoff
-        if self.compressor is not None:  # what rebuilt buckets kept (PowerSGD's Q, scratch)
-            self.compressor.forget(self._used)
-        self._used = set()
+        if self.compressor is not None and not self._loaded:  # what rebuilt buckets kept
+            self.compressor.forget(self._used)  # (PowerSGD's Q, int8's step sizes, scratch)
+        self._used, self._loaded = set(), False
         self._layouts, self._step_open = self._observed, False
 
     def _bucket(self, buf: torch.Tensor, key: layout.Layout, call: AggregationCall,

@@ -30,12 +30,14 @@ from gradwire.models.vgg import vgg16
 class ModelSpec:
     """A registered model: ``build(classes)`` makes one for a data set with ``classes`` labels
     (the vocabulary size for text); ``input_shape`` is one sample's shape (text: ``()``, a
-    sequence of symbol ids)."""
+    sequence of symbol ids); ``min_batch`` the fewest samples a rank's batch may hold (2 where
+    batch norm sees a 1×1 map: one value per channel, which it cannot normalise)."""
 
     build: Callable[[int], nn.Module]
     description: str
     data: str  # "digits" or "text"
     input_shape: tuple[int, ...]
+    min_batch: int = 1
 
 
 DIGITS_FLAT = (64,)
@@ -50,9 +52,9 @@ MODELS: dict[str, ModelSpec] = {
                           "digits", DIGITS_IMAGE),
     "resnet50": ModelSpec(lambda c: resnet50(c, 1, small_input=True),
                           "bottleneck ResNet-50 with a 3×3 stem (25.56 M at ImageNet width)",
-                          "digits", DIGITS_IMAGE),
+                          "digits", DIGITS_IMAGE, min_batch=2),
     "vgg16": ModelSpec(lambda c: vgg16(c, 1, 8), "VGG-16 with batch norm, sized for 8×8 digits",
-                       "digits", DIGITS_IMAGE),
+                       "digits", DIGITS_IMAGE, min_batch=2),
     "lstm": ModelSpec(lambda c: lstm(c), "character LSTM: embedding, 2×256 LSTM, linear",
                       "text", ()),
 }

@@ -101,6 +101,11 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
     if cfg.seed < 0:
         raise GradwireError(f"--seed must be >= 0, got {cfg.seed}")
     check_rank(cfg.agg, cfg.rank)
+    least = get_spec(cfg.model).min_batch
+    if cfg.batch_size < least:
+        raise GradwireError(f"--batch-size {cfg.batch_size} is too small for {cfg.model}: its "
+                            f"batch norm sees a 1×1 map on 8×8 digits, so a rank's batch needs "
+                            f"{least} samples or more")
     share = _train_samples(cfg) // hosts
     if cfg.batch_size > share:
         raise GradwireError(f"--batch-size {cfg.batch_size} is larger than a rank's share of "
