@@ -111,6 +111,10 @@ CLI = [
     (["bench", "--sizes", "0"], "size '0' is out of range: expected 1 or more"),
     (["bench", "--sizes", "1K,0"], "size '0' is out of range"),
     (["bench", "--sizes", "2"], "--sizes: 2 bytes hold no float32 element"),
+    (["cluster", "down", "gw123456", "--all"], "give a cluster's name or --all, not both"),
+    (["whatif", "--plot", "w.txt"], "--plot 'w.txt': name the figure's format by its extension"),
+    (["whatif", "--plot", "w"], "--plot 'w': name the figure's format by its extension"),
+    (["whatif", "--json", "r.png", "--plot", "r.png"], "--plot and --json name the same file"),
     (["bench", "--collective", "allgather", "--hosts", "4", "--loopback", "--sizes", "8,64"],
      "--sizes: 8 bytes hold no float32 element for each of 4 ranks"),
     (["bench", "--timeout", "nan"], "--timeout must be a positive number"),
@@ -336,6 +340,11 @@ def test_a_tampered_cluster_state_file_is_refused(monkeypatch, tmp_path):
     with pytest.raises(GradwireError, match="unreadable .*names gradwire does not make"):
         load_cluster("gw00aa11")
     assert list_clusters() == []
+    # and its name is not taken for good: `cluster down` removes the file it cannot read
+    from gradwire.cluster import cluster_down
+
+    assert cluster_down("gw00aa11") == ["gw00aa11"]
+    assert not (tmp_path / "gw00aa11.json").exists()
 
 
 def test_calibrate_refuses_a_home_it_cannot_write_before_measuring(monkeypatch, capsys,
@@ -428,6 +437,27 @@ def test_a_write_that_fails_late_saves_the_result_elsewhere(monkeypatch, tmp_pat
     assert saved.startswith(str(tmp_path / "gradwire-full-")) and "\n" not in msg
     assert json.loads(open(saved).read()) == {"rows": [1, 2]}
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # the device is left as it was
+
+
+def test_a_write_that_fails_leaves_the_file_that_was_there(monkeypatch, tmp_path):
+    """A result written over an earlier one and failing half way (a full disk) leaves the
+    earlier one whole, and no half-written file beside it."""
+    import errno
+
+    from gradwire.cli import options
+
+    old = tmp_path / "r.json"
+    old.write_text("the earlier result\n")
+    monkeypatch.chdir(tmp_path)
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(options.os, "replace", full)
+    with pytest.raises(GradwireError, match="could not write .*r.json"):
+        options.write_json(old, {"rows": [1]})
+    assert old.read_text() == "the earlier result\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 @given(st.recursive(st.floats() | st.integers() | st.text() | st.none(),

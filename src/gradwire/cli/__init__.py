@@ -9,6 +9,7 @@ Each command parses its options, calls the library and prints; they live by grou
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import typer
@@ -72,8 +73,12 @@ def main() -> None:
         print(f"gradwire: error: {_one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
-        if e.filename is None:
+        if e.filename is None and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO,
+                                                  errno.EROFS):
             raise
+        if e.filename is None:  # a full disk while a figure or a timeline was written
+            print(f"gradwire: error: {e.strerror or e}", file=sys.stderr)
+            sys.exit(2)
         # a file the checks up front could not foresee (a disk that filled, a folder removed)
         print(f"gradwire: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         sys.exit(2)

@@ -83,7 +83,13 @@ def cluster_for(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None
     cluster, a --hosts, --bandwidth or --mtu typed on the command line must match it (they
     would otherwise be ignored without a word)."""
     if name is not None:
+        if loopback:
+            raise GradwireError(f"--loopback and --cluster {name} ask for two networks: give "
+                                "one of them")
         c = load_cluster(name)
+        if not c.hosts:
+            raise GradwireError(f"cluster {name} has no hosts yet: it is still being built, "
+                                "or its build failed (gradwire cluster status)")
         for key, given, have in (("hosts", hosts, len(c.hosts)), ("mtu", mtu, c.mtu),
                                  ("bandwidth", parse_bandwidth(bandwidth), c.bandwidth_bps)):
             typed = getattr(ctx.get_parameter_source(key), "name", None) == "COMMANDLINE"
@@ -122,9 +128,29 @@ def check_seed_and_batch(seed: int, batch_size: int | None) -> None:
 
 
 def check_outputs(*options: tuple[str, Path | None]) -> None:
-    """Refuse, before any work, output paths that cannot be written (one line each)."""
+    """Refuse, before any work, output paths that cannot be written, a figure whose name
+    gives no format matplotlib writes, and one file named by two options (one line each)."""
+    seen: dict[Path, str] = {}
     for option, path in options:
         check_writable(path, option)
+        if path is None:
+            continue
+        if option == "--plot":
+            check_figure(path)
+        same = seen.setdefault(Path(os.path.abspath(path)), option)
+        if same != option:
+            raise GradwireError(f"{same} and {option} name the same file, {str(path)!r}: one "
+                                "would overwrite the other")
+
+
+def check_figure(path: Path) -> None:
+    """``path``'s extension names a format matplotlib can write (png, pdf, svg, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lower().lstrip(".") not in formats:
+        raise GradwireError(f"--plot {str(path)!r}: name the figure's format by its extension, one "
+                            f"of {', '.join('.' + f for f in sorted(formats))}")
 
 
 def command_line() -> str:
@@ -142,18 +168,21 @@ def write_text(path: Path, text: str) -> None:
     """Write a command's result to ``path`` and say so. The path was checked before the work
     (:func:`check_outputs`), but a disk can fill and a folder go during a long run: then the
     result goes to a new file (:func:`save_elsewhere`) and the command fails with one line,
-    "could not write PATH (why); result saved to OTHER". A half-written file is removed."""
-    opened = False
+    "could not write PATH (why); result saved to OTHER". A file that was there stays as it
+    was: a regular file is written beside it and then renamed over it."""
+    direct = path.is_symlink() or (path.exists() and not path.is_file())  # /dev/stdout, ...
+    target = path if direct else path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(path, "w") as f:
-            opened = True
+        with open(target, "w") as f:
             f.write(text)
+        if not direct:
+            os.replace(target, path)
     except OSError as e:
-        # A file truncated or half-written would pass for the result: remove it. Only a
-        # regular file, never what else the path may name (a device node such as /dev/full).
-        if opened and path.is_file() and not path.is_symlink():
+        # Half written, the new file would pass for the result: remove it (never what else
+        # the path names, such as the device node /dev/full).
+        if not direct:
             with contextlib.suppress(OSError):
-                path.unlink()
+                target.unlink()
         raise GradwireError(f"could not write {path} ({e.strerror or e}); "
                             f"{save_elsewhere(path, text)}") from None
     console.print(f"wrote {path}")

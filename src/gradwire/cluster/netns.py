@@ -81,12 +81,22 @@ def _tc(*args: str, netns: str | None = None) -> None:
     _sh(cmd)
 
 
+def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+    """``cmd`` run in a session of its own: a terminal's Ctrl-C goes to gradwire, which finishes
+    what it is building or removing, not to the ``ip`` or ``tc`` under way (a second Ctrl-C
+    during a teardown had killed its ``ip link del`` and left the bridge)."""
+    return subprocess.run(cmd, start_new_session=True, **kwargs)  # type: ignore[call-overload]
+
+
 def _sh(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
     # Arguments go straight to execve: no shell, and every name we build matches NAME_RE.
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = _run(cmd, capture_output=True, text=True)
     if check and p.returncode != 0:
         raise GradwireError(f"`{' '.join(cmd)}` failed: {p.stderr.strip() or p.returncode}")
     return p
+
+
+PROBE_PREFIX = "gwprobe"  # netns_available's namespace, made and removed at once
 
 
 def netns_available() -> tuple[bool, str]:
@@ -96,11 +106,13 @@ def netns_available() -> tuple[bool, str]:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return False, f"`{tool}` is missing: install iproute2 (apt-get install iproute2)"
-    probe = f"gwprobe{secrets.token_hex(3)}"
-    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    probe = f"{PROBE_PREFIX}{secrets.token_hex(3)}"
+    with _signals_deferred():  # made and removed with no signal between: none is left
+        p = _run(["ip", "netns", "add", probe], capture_output=True, text=True)
+        if p.returncode == 0:
+            _run(["ip", "netns", "del", probe], capture_output=True)
     if p.returncode != 0:
         return False, f"network namespaces are not supported here: {p.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return True, ""
 
 
@@ -252,8 +264,8 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
     reap_stale()
     owner = [os.getpid(), process_start_ticks(os.getpid()) or 0] if owned else None
-    cluster = _claim(Cluster(name=name, bandwidth_bps=bps, owner=owner, mtu=mtu))
-    with _cleanup_on_failure(cluster):
+    cluster = Cluster(name=name, bandwidth_bps=bps, owner=owner, mtu=mtu)
+    with _cleanup_on_failure(cluster):  # claims the name first
         _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
         took_all, capped_all = True, True
@@ -297,8 +309,18 @@ def _add_host(cluster: Cluster, host: Host, bps: float | None,
 
 @contextlib.contextmanager
 def _cleanup_on_failure(cluster: Cluster) -> Iterator[None]:
-    """Remove the half-built cluster on an error, Ctrl-C or SIGTERM while it is being built."""
+    """Claim ``cluster``'s name (:func:`_claim`), then remove the half-built cluster on an
+    error, Ctrl-C or SIGTERM while it is being built, one that comes during the claim
+    included (a name found taken is another's: left alone)."""
     with _signals_raise():
+        try:
+            _claim(cluster)
+        except GradwireError:
+            raise
+        except BaseException:
+            if cluster.subnet:  # the name was free and ours: its state file may be written
+                _teardown(cluster.name)
+            raise
         try:
             yield
         except BaseException:
@@ -339,7 +361,7 @@ def _signals_deferred() -> Iterator[None]:
 
 
 def _kill_netns_pids(ns: str) -> None:
-    p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    p = _run(["ip", "netns", "pids", ns], capture_output=True, text=True)
     for pid in p.stdout.split():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
@@ -353,16 +375,16 @@ def _teardown(name: str) -> None:
 
 
 def _remove(name: str) -> None:
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    netns = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for line in netns.splitlines():
         ns = line.split()[0] if line.split() else ""
         if ns.startswith(f"{name}-h"):
             _kill_netns_pids(ns)
             # Deleting the namespace destroys its veth end, and with it the bridge-side peer.
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+            _run(["ip", "netns", "del", ns], capture_output=True)
+    links = _run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     for m in re.finditer(rf"^\d+: ({re.escape(name)}-[a-z0-9]+)[@:]", links, re.M):
-        subprocess.run(["ip", "link", "del", m.group(1)], capture_output=True)
+        _run(["ip", "link", "del", m.group(1)], capture_output=True)
     remove_hosts_files(name)
     with contextlib.suppress(FileNotFoundError):
         (config.state_dir() / f"{name}.json").unlink()
@@ -370,18 +392,28 @@ def _remove(name: str) -> None:
 
 def _orphans() -> set[str]:
     """Names of clusters whose namespaces, links or hosts files exist, state file or not."""
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     names = {m.group(1) for m in re.finditer(r"^(gw[0-9a-f]{6})-h\d+", out, re.M)}
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    links = _run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     names |= {m.group(1) for m in re.finditer(r"^\d+: (gw[0-9a-f]{6})-", links, re.M)}
     return names | clusters_with_hosts_files()
 
 
 def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
     """Tear down one cluster (or all of them, including orphans); returns the names removed."""
-    found = {c.name for c in list_clusters()} | _orphans()
+    if all_ and name is not None:
+        raise GradwireError(f"give a cluster's name or --all, not both (got {name} and --all)")
+    # with the names of state files that do not parse: their clusters can still be removed
+    files = config.state_dir().glob("gw*.json") if config.state_dir().is_dir() else []
+    found = ({c.name for c in list_clusters()} | _orphans()
+             | {f.stem for f in files if NAME_RE.match(f.stem)})
     if all_:
         names = found
+        # a probe namespace that an older gradwire left when a signal came between its add and
+        # its del
+        listed = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        for probe in re.findall(rf"^({PROBE_PREFIX}[0-9a-f]{{6}})\b", listed, re.M):
+            _run(["ip", "netns", "del", probe], capture_output=True)
     else:
         if name is None:
             live = list_clusters()

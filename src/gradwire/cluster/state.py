@@ -176,9 +176,13 @@ def list_clusters() -> list[Cluster]:
     """Every cluster with a state file, oldest first."""
     if not config.state_dir().is_dir():
         return []
+    dated = []
+    for p in config.state_dir().glob("gw*.json"):
+        with contextlib.suppress(FileNotFoundError):  # another run removed it just now
+            dated.append((p.stat().st_mtime, p))
     out = []
-    for p in sorted(config.state_dir().glob("gw*.json"), key=lambda p: p.stat().st_mtime):
-        with contextlib.suppress(ValueError, TypeError, KeyError):
+    for _, p in sorted(dated):
+        with contextlib.suppress(ValueError, TypeError, KeyError, FileNotFoundError):
             out.append(Cluster.from_json(p.read_text()))
     return out
 
