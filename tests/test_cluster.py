@@ -432,3 +432,33 @@ def test_runs_starting_together_claim_different_subnets(monkeypatch, tmp_path):
     assert sorted(c.subnet for c in list_clusters()) == list(range(1, 9))
     with pytest.raises(GradwireError, match="cluster gw000003 already exists"):
         netns._claim(state.Cluster(name="gw000003", bandwidth_bps=1e9))
+
+
+def test_a_name_in_use_under_another_state_folder_is_refused_and_left_alone(monkeypatch,
+                                                                            tmp_path):
+    """Namespaces of a cluster made with another GRADWIRE_STATE_DIR: the name is taken, and
+    the refusal removes nothing of them."""
+    c = cluster_up(1, "1gbit")
+    try:
+        monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path))
+        with pytest.raises(GradwireError, match="already exists on this machine"):
+            cluster_up(1, "1gbit", c.name)
+        assert c.hosts[0].netns in netns_names() and list(tmp_path.glob("gw*.json")) == []
+        monkeypatch.delenv("GRADWIRE_STATE_DIR")
+    finally:
+        cluster_down(c.name)
+
+
+def test_a_cluster_still_being_built_is_refused_to_runs(monkeypatch, capsys, tmp_path):
+    """A state file written while cluster up makes its hosts (ready false): a run on it would
+    get fewer ranks than asked for, or none."""
+    from gradwire.cluster.state import Cluster, Host, save_cluster
+
+    monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path))
+    host = Host(0, "gw0bb0c1-h0", "10.213.9.1", "eth0")
+    save_cluster(Cluster("gw0bb0c1", 1e9, [host], subnet=9, ready=False))
+    code, err = cli_error(monkeypatch, capsys, "run", "--cluster", "gw0bb0c1", "--", "true")
+    assert code == 2 and "cluster gw0bb0c1 is still being built" in err, err
+    assert load_cluster("gw0bb0c1").ready is False
+    save_cluster(Cluster("gw0bb0c1", 1e9, [host], subnet=9))
+    assert load_cluster("gw0bb0c1").ready is True  # once built

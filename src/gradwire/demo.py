@@ -10,7 +10,7 @@ gradients cross the network.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -31,8 +31,11 @@ DEMO = TrainConfig(model="mlp", density=0.001, mode="model", warmup=True, epochs
 
 
 def run_demo(cluster: Cluster, aggs: Sequence[str], base: TrainConfig, timeout: float,
-             console: Console, plot: Path | None) -> list[dict]:
-    """Train ``base`` once per method in ``aggs``; print one table, write one figure."""
+             console: Console, plot: Path | None,
+             keep: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Train ``base`` once per method in ``aggs``; print one table, write one figure.
+    ``keep`` gets the results before the figure is drawn: a figure that cannot be written
+    must not lose them."""
     warmup = "with the gTop-k warm-up" if base.warmup else "no warm-up"
     console.print(f"[bold]gradwire demo[/]: {base.model} on {get_spec(base.model).data}, "
                   f"{len(cluster.hosts)} ranks, {cluster.label}; {', '.join(aggs)}; density "
@@ -46,6 +49,8 @@ def run_demo(cluster: Cluster, aggs: Sequence[str], base: TrainConfig, timeout: 
              f"{cluster.label}, mode {base.mode}")
     console.print(results_table(results, title))
     console.print(TABLE_NOTE)
+    if keep is not None:
+        keep(results)
     if plot is not None:
         plot_curves(results, plot, title)
         console.print(f"wrote {plot}")

@@ -86,10 +86,7 @@ def cluster_for(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None
         if loopback:
             raise GradwireError(f"--loopback and --cluster {name} ask for two networks: give "
                                 "one of them")
-        c = load_cluster(name)
-        if not c.hosts:
-            raise GradwireError(f"cluster {name} has no hosts yet: it is still being built, "
-                                "or its build failed (gradwire cluster status)")
+        c = live_cluster(name)
         for key, given, have in (("hosts", hosts, len(c.hosts)), ("mtu", mtu, c.mtu),
                                  ("bandwidth", parse_bandwidth(bandwidth), c.bandwidth_bps)):
             typed = getattr(ctx.get_parameter_source(key), "name", None) == "COMMANDLINE"
@@ -102,11 +99,22 @@ def cluster_for(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None
     return ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu)
 
 
+def live_cluster(name: str) -> Cluster:
+    """The live cluster ``name``, refused while ``cluster up`` is still making its hosts (a run
+    would get fewer ranks than it was made for, or none)."""
+    c = load_cluster(name)
+    if not c.ready:
+        raise GradwireError(f"cluster {name} is still being built, or its build stopped half "
+                            f"way: wait for `gradwire cluster up`, or `gradwire cluster down "
+                            f"{name}`")
+    return c
+
+
 def world_size(hosts: int, name: str | None) -> int:
     """The ranks a command will run, known before any cluster is made: the live cluster
     ``name``'s hosts, or ``hosts`` once it is in range."""
     if name is not None:
-        return len(load_cluster(name).hosts)
+        return len(live_cluster(name).hosts)
     if not 1 <= hosts <= MAX_HOSTS:
         raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     return hosts

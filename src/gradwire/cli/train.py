@@ -168,6 +168,5 @@ def demo(
         if note:
             print(f"gradwire demo: {note}", file=sys.stderr)
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
-        results = run_demo(c, aggs, base, timeout, console, plot)
-    if json_out:
-        write_json(json_out, results)
+        run_demo(c, aggs, base, timeout, console, plot,
+                 keep=(lambda results: write_json(json_out, results)) if json_out else None)

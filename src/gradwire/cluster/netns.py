@@ -229,6 +229,9 @@ def _claim(cluster: Cluster) -> Cluster:
     with _state_lock("clusters"):
         if (config.state_dir() / f"{cluster.name}.json").exists():
             raise GradwireError(f"cluster {cluster.name} already exists")
+        if cluster.name in _orphans():  # its namespaces or links, under another state folder
+            raise GradwireError(f"cluster {cluster.name} already exists on this machine (its "
+                                "namespaces or links are there, its state file elsewhere)")
         cluster.subnet = _free_subnet()
         save_cluster(cluster)
     return cluster
@@ -264,7 +267,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
     reap_stale()
     owner = [os.getpid(), process_start_ticks(os.getpid()) or 0] if owned else None
-    cluster = Cluster(name=name, bandwidth_bps=bps, owner=owner, mtu=mtu)
+    cluster = Cluster(name=name, bandwidth_bps=bps, owner=owner, mtu=mtu, ready=False)
     with _cleanup_on_failure(cluster):  # claims the name first
         _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
@@ -279,6 +282,8 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
             cluster.hosts.append(host)
             save_cluster(cluster)
         write_hosts_files(cluster)
+        cluster.ready = True
+        save_cluster(cluster)
     return cluster
 
 

@@ -52,6 +52,9 @@ class Cluster:
     # The ceiling on every host's TCP send buffer (bytes) when every host took it; None: the
     # machine's own (unshaped, or a kernel that keeps tcp_wmem for the whole machine).
     sndbuf: int | None = None
+    # False while cluster up is still making its hosts (a state file written before then, with
+    # the hosts made so far, is what cleans up after a crash); runs refuse such a cluster
+    ready: bool = True
 
     @property
     def stale(self) -> bool:
@@ -117,6 +120,8 @@ class Cluster:
             raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
         if c.sndbuf is not None and not (type(c.sndbuf) is int and c.sndbuf > 0):
             raise ValueError(f"cluster state {c.name!r} has a send buffer that is not bytes > 0")
+        if not isinstance(c.ready, bool):
+            raise ValueError(f"cluster state {c.name!r} has a ready flag that is not a bool")
         if not _mtu_ok(c.mtu):
             raise ValueError(f"cluster state {c.name!r} has an MTU outside {MTU_RANGE}")
         if not NAME_RE.match(c.name) or any(
