@@ -1,13 +1,16 @@
 """The files a user hands to gradwire (model profiles, codec tables, calibrations), read with
 one-line errors that name the file and what is wrong with it, never a traceback; and the
-output paths of every command, checked before the work starts (:func:`check_writable`)."""
+output paths of every command, checked before the work starts (:func:`check_writable`) and
+replaced whole (:func:`written_beside`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from gradwire.errors import GradwireError
@@ -108,6 +111,21 @@ def _check_writable(p: Path, where: str) -> Path:
     elif not os.access(parent, os.W_OK | os.X_OK):
         raise GradwireError(f"{where}: folder {str(parent)!r} may not be written")
     return p
+
+
+@contextlib.contextmanager
+def written_beside(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write; renamed over ``path`` when the
+    block ends, so a file that was there stays whole until the new one is, and removed when
+    the block fails, so nothing half written passes for the result."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def finite(doc: object) -> object:

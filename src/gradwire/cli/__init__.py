@@ -73,14 +73,13 @@ def main() -> None:
         print(f"gradwire: error: {_one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
+        # a file the checks up front could not foresee (a disk that filled, a folder removed),
+        # or a full disk under a write that names none (a figure, a timeline)
         if e.filename is None and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO,
                                                   errno.EROFS):
             raise
-        if e.filename is None:  # a full disk while a figure or a timeline was written
-            print(f"gradwire: error: {e.strerror or e}", file=sys.stderr)
-            sys.exit(2)
-        # a file the checks up front could not foresee (a disk that filled, a folder removed)
-        print(f"gradwire: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        where = "" if e.filename is None else f"{e.filename}: "
+        print(f"gradwire: error: {where}{e.strerror or e}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):  # an interrupt that came another way (a prompt)
         print("gradwire: interrupted; cleaned up", file=sys.stderr)

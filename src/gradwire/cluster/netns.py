@@ -64,6 +64,7 @@ from gradwire.cluster.state import (
     loopback_cluster,
     process_start_ticks,
     save_cluster,
+    state_files,
 )
 from gradwire.errors import GradwireError
 from gradwire.interrupts import Interrupted, on_signals
@@ -320,8 +321,6 @@ def _cleanup_on_failure(cluster: Cluster) -> Iterator[None]:
     with _signals_raise():
         try:
             _claim(cluster)
-        except GradwireError:
-            raise
         except BaseException:
             if cluster.subnet:  # the name was free and ours: its state file may be written
                 _teardown(cluster.name)
@@ -408,10 +407,8 @@ def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
     """Tear down one cluster (or all of them, including orphans); returns the names removed."""
     if all_ and name is not None:
         raise GradwireError(f"give a cluster's name or --all, not both (got {name} and --all)")
-    # with the names of state files that do not parse: their clusters can still be removed
-    files = config.state_dir().glob("gw*.json") if config.state_dir().is_dir() else []
-    found = ({c.name for c in list_clusters()} | _orphans()
-             | {f.stem for f in files if NAME_RE.match(f.stem)})
+    # state files that do not parse name clusters too: those can still be removed
+    found = _orphans() | {f.stem for f in state_files() if NAME_RE.match(f.stem)}
     if all_:
         names = found
         # a probe namespace that an older gradwire left when a signal came between its add and

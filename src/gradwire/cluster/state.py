@@ -15,6 +15,7 @@ from gradwire import config
 from gradwire.bandwidth import format_bandwidth
 from gradwire.cluster.shaping import CC_NAME_RE, tbf_burst
 from gradwire.errors import GradwireError
+from gradwire.jsonfile import written_beside
 
 NAME_RE = re.compile(r"^gw[0-9a-f]{6}$")
 MAX_HOSTS = 250
@@ -156,10 +157,8 @@ def check_mtu(mtu: int) -> int:
 
 
 def save_cluster(cluster: Cluster) -> None:
-    path = config.state_dir() / f"{cluster.name}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(cluster.to_json())
-    tmp.replace(path)
+    with written_beside(config.state_dir() / f"{cluster.name}.json") as tmp:
+        tmp.write_text(cluster.to_json())
 
 
 def load_cluster(name: str) -> Cluster:
@@ -177,12 +176,16 @@ def load_cluster(name: str) -> Cluster:
                             f"cluster with `gradwire cluster down {name}`") from None
 
 
+def state_files() -> list[Path]:
+    """Every cluster state file, readable or not."""
+    folder = config.state_dir()
+    return sorted(folder.glob("gw*.json")) if folder.is_dir() else []
+
+
 def list_clusters() -> list[Cluster]:
-    """Every cluster with a state file, oldest first."""
-    if not config.state_dir().is_dir():
-        return []
+    """Every cluster with a state file that reads, oldest first."""
     dated = []
-    for p in config.state_dir().glob("gw*.json"):
+    for p in state_files():
         with contextlib.suppress(FileNotFoundError):  # another run removed it just now
             dated.append((p.stat().st_mtime, p))
     out = []

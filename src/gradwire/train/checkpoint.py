@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from gradwire.errors import GradwireError
+from gradwire.jsonfile import written_beside
 
 FORMAT = 1
 # Settings that must match for a resumed run to continue the same run.
@@ -26,10 +27,8 @@ MUST_MATCH = ("model", "agg", "density", "mode", "warmup", "world_size", "batch_
 
 def save(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` through a temporary file, so a crash leaves the old one."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"format": FORMAT, **state}, tmp)
-    os.replace(tmp, path)
+    with written_beside(Path(path)) as tmp:
+        torch.save({"format": FORMAT, **state}, tmp)
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
