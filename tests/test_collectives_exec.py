@@ -28,12 +28,14 @@ def test_plan_finds_the_latest_earlier_overlap_of_every_entry(algo, p, n, rank):
     """What lets a receive land in the buffer (no staging copy) is the latest earlier entry of
     the rank's program touching its range; the sweep must equal the pairwise definition."""
     s = registry.schedule(algo.collective, algo.name, p, n)
-    program, conflict = _plan(s, rank % p)
+    program, conflict, last_recv = _plan(s, rank % p)
     assert program == s.program(rank % p)
     for i, (_, _, t) in enumerate(program):
         earlier = [j for j in range(i) if program[j][2].start < t.stop
                    and t.start < program[j][2].stop]
         assert conflict[i] == (earlier[-1] if earlier else -1)
+        recvs = [j for j in earlier if program[j][1] == "recv"]
+        assert last_recv[i] == (recvs[-1] if recvs else -1)
 
 
 @pytest.mark.parametrize("collective,algo", [("broadcast", "lp"), ("allgather", "ring"),
@@ -42,7 +44,7 @@ def test_copies_into_untouched_ranges_need_no_staging(collective, algo):
     lp_block = {"alpha": 3e-4, "beta": 8e-9} if algo == "lp" else {}  # lp picks its block
     s = registry.schedule(collective, algo, 8, 1 << 20, itemsize=4, **lp_block)
     for rank in range(8):
-        program, conflict = _plan(s, rank)
+        program, conflict, _ = _plan(s, rank)
         assert all(conflict[i] < 0 for i, (_, kind, _) in enumerate(program) if kind == "recv")
 
 

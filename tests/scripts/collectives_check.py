@@ -121,6 +121,31 @@ for algo, params in [(a, v) for a in registry.ALGORITHMS for v in VARIANTS.get(a
             if not torch.allclose(x, ref, rtol=1e-5, atol=1e-5):
                 fail(f"{tag} float32 {how}: max error {(x - ref).abs().max().item()}")
 
+# Broadcast and allgather only move bytes: any dtype, bit for bit (int64 beyond float64's exact
+# integers, bool, uint8).
+for algo in registry.ALGORITHMS:
+    tag = f"{algo.collective}/{algo.name}"
+    if algo.collective not in ("broadcast", "allgather") or (only and tag not in only.split(",")):
+        continue
+    for dt in (torch.int64, torch.uint8, torch.bool):
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randint(0, 2 if dt == torch.bool else 200, (13,), generator=g).to(DEV, dt)
+        if dt == torch.int64:
+            x += 2**60
+        counted()
+        if algo.collective == "broadcast":
+            want = x.clone()
+            dist.broadcast(want, src=p - 1)
+            gc.broadcast(x, src=p - 1, algo=algo.name)
+            got = x
+        else:
+            want = torch.empty(13 * p, dtype=dt, device=DEV)
+            dist.all_gather_into_tensor(want, x)
+            got = torch.empty_like(want)
+            gc.all_gather_into_tensor(got, x, algo=algo.name)
+        if not torch.equal(got, want):
+            fail(f"{tag} {dt}: differs from torch.distributed's")
+
 # Out of place (the executor's ``source``, which reduce-scatter uses): the buffer starts as NaN,
 # every schedule must read what it has not written from the source, and leave the source as it
 # was; ranges it never wrote are taken from the source, as the API does.

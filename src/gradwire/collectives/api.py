@@ -70,8 +70,9 @@ def _op(op: object, buf: torch.Tensor) -> str:
 
 
 def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Tensor:
-    """``tensor`` as a 1-D view; an allgather (``moved_only``) takes any dtype, every other
-    collective one of :data:`DTYPES` (the floats and int8)."""
+    """``tensor`` as a 1-D view; a collective that only moves data (``moved_only``: broadcast,
+    allgather) takes any dtype, one that reduces one of :data:`DTYPES` (the floats and
+    int8)."""
     if not isinstance(tensor, torch.Tensor):
         raise GradwireError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in DTYPES and not moved_only:
@@ -159,8 +160,8 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | Non
               async_op: bool = False, algo: str | None = None,
               transport: Transport | None = None, **params: object) -> Handle | None:
     """Every rank ends with rank ``src``'s ``tensor``."""
-    return _run("broadcast", algo, _flat(tensor, "tensor"), src, group, transport, async_op,
-                None, params)
+    return _run("broadcast", algo, _flat(tensor, "tensor", moved_only=True), src, group,
+                transport, async_op, None, params)
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,

@@ -39,6 +39,7 @@ import functools
 import itertools
 from collections import deque
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -122,24 +123,42 @@ class Unwritten:
         self.starts[k:j], self.stops[k:j] = keep_s, keep_e
 
 
-@functools.lru_cache(maxsize=256)
-def _plan(s: Schedule, rank: int) -> tuple[list[tuple[int, str, Transfer]], list[int]]:
-    """``rank``'s program, and for each entry the index of the latest earlier entry whose range
-    overlaps it (-1 if none): a sweep over range boundaries, not a pairwise scan, because LP's
-    programs run to thousands of entries."""
-    program = s.program(rank)
-    bounds, last = [0, s.count], [-1]  # segment k = [bounds[k], bounds[k+1]) last touched by
-    conflict = []
-    for i, (_, _, t) in enumerate(program):
+class Plan(NamedTuple):
+    """``rank``'s program and, for each entry, the index of the latest earlier entry whose range
+    overlaps it (``conflict``) and of the latest earlier receive that does (``last_recv``); -1
+    where there is none."""
+
+    program: list[tuple[int, str, Transfer]]
+    conflict: list[int]
+    last_recv: list[int]
+
+
+def _latest_overlap(program: list[tuple[int, str, Transfer]], count: int,
+                    kinds: tuple[str, ...]) -> list[int]:
+    """For each entry, the index of the latest earlier entry of ``kinds`` whose range overlaps
+    it (-1 if none): a sweep over range boundaries, not a pairwise scan, because LP's programs
+    run to thousands of entries."""
+    bounds, last = [0, count], [-1]  # segment k = [bounds[k], bounds[k+1]) last touched by
+    out = []
+    for i, (_, kind, t) in enumerate(program):
         for edge in (t.start, t.stop):
             k = bisect.bisect_right(bounds, edge) - 1
             if bounds[k] != edge:
                 bounds.insert(k + 1, edge)
                 last.insert(k + 1, last[k])
         lo, hi = bisect.bisect_left(bounds, t.start), bisect.bisect_left(bounds, t.stop)
-        conflict.append(max(last[lo:hi], default=-1))
-        last[lo:hi] = [i] * (hi - lo)
-    return program, conflict
+        out.append(max(last[lo:hi], default=-1))
+        if kind in kinds:
+            last[lo:hi] = [i] * (hi - lo)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(s: Schedule, rank: int) -> Plan:
+    """``rank``'s :class:`Plan` of ``s``, kept for the next call of the same schedule."""
+    program = s.program(rank)
+    return Plan(program, _latest_overlap(program, s.count, ("send", "recv")),
+                _latest_overlap(program, s.count, ("recv",)))
 
 
 def execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
@@ -184,22 +203,23 @@ class _Dataflow:
     each send issued once the bytes it reads have arrived, each received block combined once
     the sends that read its range have finished."""
 
-    __slots__ = ("s", "buffer", "source", "transport", "ops", "program", "conflict", "recvs",
-                 "budget", "fresh", "pending", "sending", "posted", "held", "cursor")
+    __slots__ = ("s", "buffer", "source", "transport", "ops", "program", "conflict", "last_recv",
+                 "recvs", "budget", "fresh", "pending", "sending", "posted", "held", "cursor")
 
     def __init__(self, s: Schedule, buffer: torch.Tensor, transport: Transport,
                  ops: dict[str, Combine], source: torch.Tensor | None) -> None:
         # What runs: this rank's program, read only.
         self.s, self.buffer, self.source = s, buffer, source
         self.transport, self.ops = transport, ops
-        self.program, self.conflict = _plan(s, transport.rank)
+        self.program, self.conflict, self.last_recv = _plan(s, transport.rank)
         self.recvs = [i for i, (_, kind, _) in enumerate(self.program) if kind == "recv"]
         self.budget = max(buffer.numel() * buffer.element_size(), LOOKAHEAD_MIN_BYTES)
         # Where it stands.
         self.fresh = Unwritten(s.count) if source is not None else None
         # posted, not applied: (program index, transfer, work, staging buffer or None if direct)
         self.pending: deque[tuple[int, Transfer, object, torch.Tensor | None]] = deque()
-        self.sending: list[tuple[Transfer, object, int]] = []  # (transfer, work, step)
+        # sends not waited for yet: (start, stop, destination, step, work)
+        self.sending: list[tuple[int, int, int, int, Any]] = []
         self.posted = 0  # receives posted so far (a prefix of ``recvs``)
         self.held = 0  # bytes of posted staged receives not yet applied
         self.cursor = 0  # program entries before this one have been issued
@@ -216,8 +236,8 @@ class _Dataflow:
                     self.post_receives(i + 1)
             self.cursor = len(self.program)
             self.apply_through(len(self.program))
-            for _, work, _ in self.sending:
-                work.wait()
+            for x in self.sending:
+                x[4].wait()
         finally:
             for _, _, _, tmp in self.pending:  # left only when the run raised
                 if tmp is not None:
@@ -227,16 +247,29 @@ class _Dataflow:
     def send(self, i: int, step: int, t: Transfer) -> None:
         """Send program entry ``i`` once the receives that write its bytes are applied and
         this rank's sends of earlier steps to other peers have finished."""
-        hits = [j for j, r, _, _ in self.pending if j < i and _overlaps(r, t)]
-        if hits:
-            self.apply_through(hits[-1])
+        # Receives are applied in program order: through the latest one before i that
+        # overlaps t, every overlapping one is (a no-op where it already was).
+        self.apply_through(self.last_recv[i])
         # One port: sends of earlier steps to other peers finish first (a binomial root
         # feeds its first child at full rate instead of all children at a fraction).
-        for item in [x for x in self.sending if x[2] < step and x[0].dst != t.dst]:
-            item[1].wait()
-            self.sending.remove(item)
-        self.sending.append((t, self.transport.isend(self.outgoing(t), t.dst), step))
+        dst = t.dst
+        if any(x[3] < step and x[2] != dst for x in self.sending):
+            self.wait_sends(lambda x: x[3] < step and x[2] != dst)
+        self.sending.append((t.start, t.start + t.count, t.dst, step,
+                             self.transport.isend(self.outgoing(t), t.dst)))
         self.post_receives(0)
+
+    def wait_sends(self, which: Callable[[tuple[int, int, int, int, Any]], bool]) -> None:
+        """Wait for the outstanding sends ``which`` picks, in the order they were issued, and
+        forget them. The list can hold many sends (gloo marks one done only once waited for),
+        so callers first look for one inline, which costs a fraction of calling ``which``."""
+        keep = []
+        for x in self.sending:
+            if which(x):
+                x[4].wait()
+            else:
+                keep.append(x)
+        self.sending = keep
 
     def outgoing(self, t: Transfer) -> torch.Tensor:
         """The bytes a send reads: the source while none of its range is written yet."""
@@ -289,21 +322,21 @@ class _Dataflow:
             return True
         if conflict >= self.cursor:
             return False
+        start, stop = t.start, t.start + t.count
         for j, r, _, _ in self.pending:
             if j > conflict:
                 break
-            if _overlaps(r, t):
+            if r.start < stop and start < r.start + r.count:
                 return False
         # gloo marks a send done only when it is waited for: sends of steps before the current
         # one are waited for here (their bytes left long ago, or this rank is behind anyway).
         cursor, program = self.cursor, self.program
         now = program[cursor][0] if cursor < len(program) else len(self.s.steps)
-        late = [x for x in self.sending if _overlaps(x[0], t)]
-        if any(x[2] >= now for x in late):
+        late = [x for x in self.sending if x[0] < stop and start < x[1]]
+        if any(x[3] >= now for x in late):
             return False
-        for x in late:
-            x[1].wait()
-            self.sending.remove(x)
+        if late:
+            self.wait_sends(lambda x: x[0] < stop and start < x[1])
         return True
 
     def apply_through(self, last: int) -> None:
@@ -338,9 +371,9 @@ class _Dataflow:
 
     def finish_sends_overlapping(self, t: Transfer) -> None:
         """Wait for this rank's sends that read any of ``t``'s range (write after read)."""
-        for item in [x for x in self.sending if _overlaps(x[0], t)]:
-            item[1].wait()
-            self.sending.remove(item)
+        start, stop = t.start, t.start + t.count
+        if any(x[0] < stop and start < x[1] for x in self.sending):
+            self.wait_sends(lambda x: x[0] < stop and start < x[1])
 
 
 def _apply(s: Schedule, ops: dict[str, Combine], view: torch.Tensor, t: Transfer,
@@ -365,7 +398,7 @@ def _execute_steps(s: Schedule, buffer: torch.Tensor, transport: Transport,
     """
     if source is not None:
         buffer.copy_(source)
-    for _, entries in itertools.groupby(_plan(s, transport.rank)[0], key=lambda e: e[0]):
+    for _, entries in itertools.groupby(_plan(s, transport.rank).program, key=lambda e: e[0]):
         mine = list(entries)
         sends = [t for _, kind, t in mine if kind == "send"]
         recvs = [t for _, kind, t in mine if kind == "recv"]
