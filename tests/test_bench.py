@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gradwire.bench.report import BUSBW_FACTOR, annotate
-from gradwire.bench.spec import parse_params, parse_specs
+from gradwire.bench.spec import ITEMSIZE, elements, measured_sizes, parse_params, parse_specs
 from gradwire.cluster.netns import tbf_burst
 from gradwire.collectives.agree import header_spec
 from gradwire.errors import GradwireError
@@ -23,6 +23,24 @@ def test_sizes_forms():
     assert parse_sizes("1K:64K:4") == [1024, 4096, 16384, 65536]
     assert parse_sizes("64M,4M,4M") == [4 * 2**20, 64 * 2**20]
     assert parse_sizes("13") == [13]
+
+
+def test_sizes_are_rounded_to_what_the_ranks_measure_once_each():
+    assert measured_sizes([1024, 1025, 1027, 1028], "float32", 3, "allreduce") == [1024, 1028]
+    # allgather and reduce-scatter: whole elements, a multiple of P of them
+    assert measured_sizes([1024, 1030], "float16", 3, "allgather") == [1020, 1026]
+    assert measured_sizes([48, 50, 60], "float32", 3, "reducescatter") == [48, 60]
+
+
+@given(st.lists(st.integers(8, 10**6), min_size=1), st.sampled_from(sorted(ITEMSIZE)),
+       st.integers(1, 9), st.sampled_from(["allreduce", "broadcast", "allgather"]))
+def test_measured_sizes_are_the_ranks_buffers(sizes, dtype, p, collective):
+    item = ITEMSIZE[dtype]
+    got = measured_sizes(sizes, dtype, p, collective)
+    want = {elements(s, item, p, collective) * item for s in sizes}
+    assert got == sorted(want) and len(set(got)) == len(got)
+    for s in got:
+        assert s % item == 0 and (collective != "allgather" or (s // item) % p == 0)
 
 
 @pytest.mark.parametrize("bad", ["", "1X", "8K:1K", "1K:8K:1", "1K:8K:x", "1:2:3:4", "-1"])

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING
+from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING, elements
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -227,9 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p = dist.get_world_size()
     rows = []
     for size in (int(s) for s in a.sizes.split(",")):
-        count = size // itemsize
-        if a.collective in ("allgather", "reducescatter"):
-            count -= count % p
+        count = elements(size, itemsize, p, a.collective)
         specs = json.loads(a.algos)
         for group in [specs] if a.interleave else [[s] for s in specs]:
             for row in bench_interleaved(a.collective, group, count, dtype, a.iters, a.warmup,

@@ -26,6 +26,21 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 BUFFERS_PER_RANK = 3
 
 
+def elements(size: int, itemsize: int, p: int, collective: str) -> int:
+    """The elements a rank's buffer holds for ``size`` bytes: rounded down to whole elements
+    and, for an allgather or reduce-scatter (whose buffer is P blocks), to a multiple of P, as
+    nccl-tests does."""
+    count = size // itemsize
+    return count - count % p if collective in ("allgather", "reducescatter") else count
+
+
+def measured_sizes(sizes: list[int], dtype: str, p: int, collective: str) -> list[int]:
+    """``--sizes`` as the bytes the ranks measure (:func:`elements`), ascending, without the
+    duplicates that rounding makes (1K and 1025 are one row of float32)."""
+    item = ITEMSIZE[dtype]
+    return sorted({elements(s, item, p, collective) * item for s in sizes})
+
+
 def check_op(collective: str, op: str) -> None:
     """``--op``: sum or avg, and avg only where the collective reduces."""
     if op not in OPS:

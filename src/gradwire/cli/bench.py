@@ -86,6 +86,7 @@ def bench(
         check_schedules,
         check_shared,
         check_sizes,
+        measured_sizes,
         parse_params,
         parse_specs,
     )
@@ -104,10 +105,9 @@ def bench(
     # what the ranks would find wrong, found here: one line instead of a traceback per rank
     p = world_size(hosts, cluster)
     check_sizes(size_list, dtype, p, device, collective in ("allgather", "reducescatter"))
-    count = size_list[0] // ITEMSIZE[dtype]
-    if collective in ("allgather", "reducescatter"):
-        count -= count % p
-    check_schedules(collective, specs, params, p, count, ITEMSIZE[dtype])
+    size_list = measured_sizes(size_list, dtype, p, collective)
+    check_schedules(collective, specs, params, p, size_list[0] // ITEMSIZE[dtype],
+                    ITEMSIZE[dtype])
     with cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
                            builtin, timeout, console, interleave, op, device, batch)
