@@ -77,6 +77,7 @@ def test_timeout_stops_everything():
 
 
 @pytest.mark.parametrize("cmd,timeout,msg", [([], None, "no command given"),
+                                             ("train.py", None, "not one string"),
                                              (["true"], 0, "--timeout must be a positive number"),
                                              (["/no/such/binary"], None, "cannot start")])
 def test_bad_launch_input(cmd, timeout, msg):

@@ -221,6 +221,9 @@ def launch(
     bounds the whole run. SIGINT, SIGTERM or SIGHUP stops every rank, then raises
     :class:`Interrupted`.
     """
+    if isinstance(cmd, (str, bytes)):
+        raise GradwireError(f"the command must be a list of arguments, not one string: "
+                            f"got {cmd!r}; e.g. [sys.executable, 'train.py']")
     if not cmd:
         raise GradwireError("no command given: expected `gradwire run ... -- CMD ARGS...`")
     check_timeout(timeout)

@@ -230,7 +230,8 @@ def _claim(cluster: Cluster) -> Cluster:
     with _state_lock("clusters"):
         if (config.state_dir() / f"{cluster.name}.json").exists():
             raise GradwireError(f"cluster {cluster.name} already exists")
-        if cluster.name in _orphans():  # its namespaces or links, under another state folder
+        listed = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        if cluster.name in _orphans(listed):  # its namespaces or links, elsewhere
             raise GradwireError(f"cluster {cluster.name} already exists on this machine (its "
                                 "namespaces or links are there, its state file elsewhere)")
         cluster.subnet = _free_subnet()
@@ -394,9 +395,9 @@ def _remove(name: str) -> None:
         (config.state_dir() / f"{name}.json").unlink()
 
 
-def _orphans() -> set[str]:
-    """Names of clusters whose namespaces, links or hosts files exist, state file or not."""
-    out = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+def _orphans(out: str) -> set[str]:
+    """Names of clusters whose namespaces (in ``out``, what `ip netns list` printed), links or
+    hosts files exist, state file or not."""
     names = {m.group(1) for m in re.finditer(r"^(gw[0-9a-f]{6})-h\d+", out, re.M)}
     links = _run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     names |= {m.group(1) for m in re.finditer(r"^\d+: (gw[0-9a-f]{6})-", links, re.M)}
@@ -408,12 +409,12 @@ def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
     if all_ and name is not None:
         raise GradwireError(f"give a cluster's name or --all, not both (got {name} and --all)")
     # state files that do not parse name clusters too: those can still be removed
-    found = _orphans() | {f.stem for f in state_files() if NAME_RE.match(f.stem)}
+    listed = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found = _orphans(listed) | {f.stem for f in state_files() if NAME_RE.match(f.stem)}
     if all_:
         names = found
         # a probe namespace that an older gradwire left when a signal came between its add and
         # its del
-        listed = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         for probe in re.findall(rf"^({PROBE_PREFIX}[0-9a-f]{{6}})\b", listed, re.M):
             _run(["ip", "netns", "del", probe], capture_output=True)
     else:
