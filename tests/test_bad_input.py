@@ -276,7 +276,7 @@ API = [
     (lambda: parse_bandwidth("-1gbit"), "bandwidth '-1gbit' is not valid"),
     (lambda: get_compressor("tpok"), "did you mean 'topk'"),
     (lambda: get_compressor("topk", density=0), "density"),
-    (lambda: get_compressor("qsgd", s=2**31), "qsgd: s must be at most 2147483647"),
+    (lambda: get_compressor("qsgd", s=2**24 + 1), "qsgd: s must be at most 16777216"),
     (lambda: get_compressor("dgc", slack=math.nan), "dgc: slack must be a finite number >= 1"),
     (lambda: gh.make("dgc", slack=math.inf), "dgc: slack must be a finite number >= 1"),
     (lambda: gc.all_reduce(x8, algo="ring", pipeline={}), "parameter pipeline={}: expected"),

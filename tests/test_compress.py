@@ -23,6 +23,7 @@ from gradwire.compress import (
     TernGrad,
     TopK,
     blocks,
+    feedback,
     from_matrix,
     get,
     majority_vote,
@@ -858,3 +859,55 @@ def test_int8_scales_each_block_by_its_own_largest_value_and_feeds_back_the_rest
     ef = ErrorFeedback(c)
     sent = sum(c.decompress(ef.compress("b", x), n) for _ in range(3))
     assert torch.allclose(sent + ef.residuals["b"], 3 * x, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", sorted(COMPRESSORS))
+def test_a_gradient_that_requires_grad_is_compressed_as_its_values(name):
+    """Under create_graph a gradient requires grad itself: compressing it must not fail (numpy
+    reads, out= writes) and must give what its detached values give."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    opts = {"density": 0.05} if name in ("topk", "dgc", "randomk") else {}
+    a, b = get(name, **opts), get(name, **opts)
+    got = a.decompress(a.compress(x.clone().requires_grad_()), x.numel())
+    assert not got.requires_grad
+    assert torch.equal(got, b.decompress(b.compress(x), x.numel()))
+
+
+def test_norm_and_mean_of_huge_finite_values_do_not_overflow():
+    """QSGD's norm and EF-signSGD's mean magnitude are summed in fp64: fp32 squares overflow
+    from a norm of about 1.8e19, and a sum of magnitudes from 3.4e38, where the norm and the
+    mean are still finite."""
+    x = torch.tensor([2e19, -2e19, 0.0])
+    q = QSGD(s=4)
+    got = q.decompress(q.compress(x), 3)
+    assert torch.isfinite(got).all() and got[2] == 0 and got[0] >= 0 >= got[1]
+    big = torch.tensor([3e38, 3e38])
+    e = EFSignSGD()
+    assert torch.equal(e.decompress(e.compress(big), 2), big)
+
+
+def test_qsgd_levels_stay_exact_up_to_the_largest_s():
+    """Every level up to s is exact in fp32 (s ≤ 2**24): the top one keeps its sign."""
+    q = QSGD(s=2**24)
+    x = torch.tensor([1.0, -3.0, 0.0])
+    got = q.decompress(q.compress(x), 3)
+    assert got[0] > 0 > got[1] and got[2] == 0
+    assert torch.allclose(got, x, rtol=1e-6, atol=1e-6)
+    one = q.compress(torch.tensor([5.0]))  # the top level, s itself
+    assert one.levels.item() == 2**24 and q.decompress(one, 1).item() == 5.0
+
+
+def test_error_feedback_state_dict_is_a_copy_both_ways():
+    """A saved state must not change with later steps, and a loaded one is not the caller's:
+    the residuals change in place from step to step."""
+    ef = ErrorFeedback(TopK(k=1))
+    ef.compress("k", torch.tensor([1.0, 2.0, 3.0]))
+    saved = ef.state_dict()
+    assert saved["residuals"]["k"].tolist() == [1.0, 2.0, 0.0]
+    ef.flush("k", torch.zeros(3))  # zeroes the residual in place
+    assert saved["residuals"]["k"].tolist() == [1.0, 2.0, 0.0]
+    mine = {"residuals": {"k": torch.tensor([5.0, 0.0, 0.0])}, "compressor": {"step": 0}}
+    ef2 = ErrorFeedback(TopK(k=1))
+    ef2.load_state_dict(mine)
+    feedback.feed(ef2.residual("k", torch.zeros(3)), torch.tensor([0.0, 1.0, 0.0]), 1)
+    assert mine["residuals"]["k"].tolist() == [5.0, 0.0, 0.0]

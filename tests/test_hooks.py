@@ -461,3 +461,41 @@ def test_a_refused_call_leaves_the_velocity_as_it_was(one_rank, monkeypatch, met
     after = s.state_dict()["velocities"]
     assert after.keys() == before.keys()
     assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+@pytest.mark.parametrize("method", ["topk", "gtopk", "int8", "powersgd", "efsignsgd"])
+def test_a_loaded_residual_of_another_shape_or_dtype_is_taken_as_its_values(one_rank, method):
+    """A checkpoint's residuals are matched to parameters by element count: one reshaped, or
+    saved from a model in another precision, resumes as its flat values in the model's dtype
+    (the step is the uninterrupted one's), never failing inside the next backward."""
+    import warnings
+
+    def new():
+        torch.manual_seed(0)
+        ddp = DDP(torch.nn.Linear(20, 30, bias=False))
+        s = gh.make(method, **({"density": 0.1} if method in ("topk", "gtopk") else {}))
+        s.register(ddp)
+        return ddp, s
+
+    def step(ddp, i):
+        g = torch.Generator().manual_seed(i)
+        ddp.zero_grad()
+        ddp(torch.randn(8, 20, generator=g)).square().mean().backward()
+        return ddp.module.weight.grad.clone()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DDP's notes on a world of one
+        ddp, s = new()
+        step(ddp, 0)
+        saved = s.state_dict()
+        want = step(ddp, 1)
+        for change in (lambda t: t.reshape(30, 20), lambda t: t.double()):
+            other = {**saved, "residuals": {k: change(v) for k, v in saved["residuals"].items()}}
+            ddp2, s2 = new()
+            s2.load_state_dict(other)
+            assert torch.allclose(step(ddp2, 1), want, rtol=1e-6, atol=1e-7)
+            assert all(r.dtype == torch.float32 for r in s2.ef.residuals.values())
+        ddp3, s3 = new()
+        with pytest.raises(GradwireError, match="residual of parameter 0 must be a float "
+                                                "tensor, got torch.int64"):
+            s3.load_state_dict({**saved, "residuals": {0: torch.zeros(600, dtype=torch.long)}})

@@ -157,10 +157,13 @@ class Compressor(ABC):
         return f"{type(self).__name__}({args})"
 
 
-def check_input(name: str, x: torch.Tensor) -> None:
+def check_input(name: str, x: torch.Tensor) -> torch.Tensor:
+    """``x`` checked as a compressor's input, detached: a gradient that requires grad itself
+    (under ``create_graph``) is compressed as its values, as DDP's hooks see it."""
     if x.dim() != 1 or x.dtype not in FLOATS:
         raise GradwireError(f"{name}: expected a 1-D float tensor (fp16, bf16, fp32, fp64), got "
                             f"shape {tuple(x.shape)} {x.dtype}")
+    return x.detach()
 
 
 P = TypeVar("P", bound=Payload)

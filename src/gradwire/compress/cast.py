@@ -31,7 +31,7 @@ class Cast(Compressor):
         super().__init__()
 
     def compress(self, x: torch.Tensor) -> CastPayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         return CastPayload(dtype=x.dtype, values=x.to(self.wire_dtype, copy=True))
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:

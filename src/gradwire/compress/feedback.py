@@ -301,7 +301,9 @@ class ErrorFeedback:
             self.residuals.pop(key, None)
 
     def state_dict(self) -> dict[str, object]:
-        return {"residuals": dict(self.residuals), "compressor": self.compressor.state_dict()}
+        # copies: the residuals change in place from step to step
+        return {"residuals": {k: v.clone() for k, v in self.residuals.items()},
+                "compressor": self.compressor.state_dict()}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore :meth:`state_dict`'s residuals and compressor memory; all or nothing (a
@@ -311,6 +313,7 @@ class ErrorFeedback:
             residuals = dict(state["residuals"])  # type: ignore[call-overload]
             if not all(isinstance(t, torch.Tensor) for t in residuals.values()):
                 raise TypeError("residuals must be tensors")
+            residuals = {k: t.clone() for k, t in residuals.items()}  # not the caller's
             self.compressor.load_state_dict(state["compressor"])  # type: ignore[arg-type]
             self.residuals = residuals
         except MALFORMED as e:

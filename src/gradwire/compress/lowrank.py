@@ -329,7 +329,7 @@ class PowerSGDCompressor(Compressor):
         return {"rank": self.power.rank}
 
     def compress(self, x: torch.Tensor) -> LowRankPayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         m = to_matrix(x)
         p = self.power.p(m)
         q = self.power.q(m, p)

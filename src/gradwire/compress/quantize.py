@@ -35,7 +35,9 @@ from gradwire.compress.bits import code_width, decode_codes, pack_bits, packed_b
 from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError
 
-QSGD_MAX_S = 2**31 - 1  # the levels' codes are at most int32
+# Levels are formed in fp32 for fp32/fp16/bf16 input, which holds every integer only up to
+# 2**24: a larger s would round its top levels (2**31 - 1 rounds up to 2**31, past int32).
+QSGD_MAX_S = 2**24
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +74,7 @@ class SignSGD(Compressor):
         super().__init__()
 
     def compress(self, x: torch.Tensor) -> SignPayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         return SignPayload(dtype=x.dtype, bits=_signs(x))
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
@@ -128,9 +130,11 @@ class EFSignSGD(Compressor):
         super().__init__()
 
     def compress(self, x: torch.Tensor) -> ScaledSignPayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         acc = acc_dtype(x.dtype)
-        scale = x.abs().sum(dtype=acc).reshape(1) / max(x.numel(), 1)
+        # summed in fp64: a sum of finite values can overflow fp32 (3e38 + 3e38) where their
+        # mean, at most the largest, cannot
+        scale = (x.abs().sum(dtype=torch.float64).reshape(1) / max(x.numel(), 1)).to(acc)
         return ScaledSignPayload(dtype=x.dtype, bits=_signs(x), scale=scale)
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
@@ -161,8 +165,8 @@ class QSGD(Compressor):
     def __init__(self, s: int = 255, seed: int = 0) -> None:
         super().__init__(seed)
         self.s = check_int(self.name, "s", s, 1)
-        if self.s > QSGD_MAX_S:  # levels travel as at most 32-bit integers
-            raise GradwireError(f"qsgd: s must be at most {QSGD_MAX_S} (levels fit in 32 bits), "
+        if self.s > QSGD_MAX_S:
+            raise GradwireError(f"qsgd: s must be at most {QSGD_MAX_S} (levels exact in fp32), "
                                 f"got {s}")
 
     @property
@@ -175,10 +179,11 @@ class QSGD(Compressor):
         return torch.int16 if self.s < 2**15 else torch.int32
 
     def compress(self, x: torch.Tensor) -> QSGDPayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         acc = acc_dtype(x.dtype)
         a = x.to(acc).abs()
-        norm = torch.linalg.vector_norm(a).reshape(1)
+        # squares summed in fp64: in fp32 they overflow from a norm of about 1.8e19 on
+        norm = torch.linalg.vector_norm(a, dtype=torch.float64).reshape(1).to(acc)
         # floor(r + u), u ~ U[0, 1), rounds r up with probability r − ⌊r⌋: unbiased in one op.
         r = a.mul_(self.s / norm.clamp_min(torch.finfo(acc).tiny))
         u = torch.rand(x.numel(), generator=self._generator(x.device), dtype=acc,
@@ -226,7 +231,7 @@ class TernGrad(Compressor):
         super().__init__(seed)
 
     def compress(self, x: torch.Tensor) -> TernaryPayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         acc = acc_dtype(x.dtype)
         a = x.to(acc).abs()
         scale = a.max().reshape(1) if x.numel() else torch.zeros(1, dtype=acc, device=x.device)
@@ -395,7 +400,7 @@ class Int8(Compressor):
         self.exponents = dict(state.get("exponents", {}))  # type: ignore[call-overload]
 
     def compress(self, x: torch.Tensor) -> Int8Payload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         bound, _ = blocks.magnitude(x, INT8_BLOCK)
         inv, scale = int8_inverse(bound.to(acc_dtype(x.dtype)), INT8_MAX)
         _, values = int8_quantize(x, inv, INT8_MAX)

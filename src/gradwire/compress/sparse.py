@@ -104,7 +104,7 @@ class TopK(Compressor):
         return select_count(numel, self.density, self.k)
 
     def compress(self, x: torch.Tensor) -> SparsePayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         n, k = x.numel(), self.count(x.numel())
         g = self._generator(x.device) if self.selector == "threshold" else None
         idx = select(x, k, self.selector, g, self.sample)
@@ -170,7 +170,7 @@ class RandomK(Compressor):
         return self._cache[2]
 
     def compress(self, x: torch.Tensor) -> SharedIndexPayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         step = self.step
         self.step += 1
         idx = self.indices(x.numel(), step).to(x.device)
@@ -220,7 +220,7 @@ class DGC(Compressor):
         return min(numel, math.ceil(self.slack * select_count(numel, self.density, self.k)))
 
     def compress(self, x: torch.Tensor) -> CountedPayload:
-        check_input(self.name, x)
+        x = check_input(self.name, x)
         n = x.numel()
         k, cap = select_count(n, self.density, self.k), self.capacity(n)
         idx = dgc_select(x, k, cap, self._generator(x.device), self.sample, self.passes)

@@ -80,11 +80,12 @@ def carry(residuals: dict[Layout, torch.Tensor], layout: Layout, numels: dict[in
     """Give ``layout`` a residual assembled from its parameters' residuals in other layouts
     (zeros for those that have none), then drop layouts none of whose parameters live there any
     more. Nothing else happens when ``layout`` is known (its residual only moves to ``like``'s
-    device, as one loaded with ``map_location="cpu"`` must) or none of its parameters has a
-    residual."""
+    device and dtype, as one loaded with ``map_location="cpu"`` or saved from a model in
+    another precision must) or none of its parameters has a residual."""
     if layout in residuals:
-        if residuals[layout].device != like.device:
-            residuals[layout] = residuals[layout].to(like.device)
+        r = residuals[layout]
+        if r.device != like.device or r.dtype != like.dtype:
+            residuals[layout] = r.to(like.device, like.dtype)
         return
     if not residuals:
         return

@@ -294,11 +294,15 @@ class HookState:
         against (and recording) each position's element count."""
         out = {}
         for pos, t in saved.items():
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+                raise GradwireError(f"hook state_dict: {what} of parameter {pos} must be a "
+                                    f"float tensor, got {got}")
             known = self.positions.numels.setdefault(int(pos), t.numel())
             if known != t.numel():
                 raise GradwireError(f"hook state_dict: {what} of parameter {pos} has "
                                     f"{t.numel()} elements, the model's has {known}")
-            out[(int(pos),)] = t.clone()
+            out[(int(pos),)] = t.detach().reshape(-1).clone()  # flat, whatever shape it came in
         return out
 
     # --- the hook ------------------------------------------------------------------------
