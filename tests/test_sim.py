@@ -188,6 +188,86 @@ def test_editing_helpers():
             tr.add_layers(t, 1, 1000, 0.01, 0.02, after=after)
 
 
+HEAD = '{"format": "gradwire-trace", "version": 1, "model": "m"'
+ONE_PARAM = ['{"param": 0, "name": "a", "bytes": 4}',
+             '{"worker": 0, "iteration": 0, "forward_s": 0, "forward": [0], "backward": [0]}']
+
+
+@pytest.mark.parametrize("lines, where", [
+    ([HEAD + ', "format2": NaN}', *ONE_PARAM], r"x\.jsonl:1: field 'format2': NaN: a trace "
+     r"holds finite numbers only \(strict JSON has no NaN or Infinity\)$"),
+    ([HEAD + ', "x": {"y": [Infinity]}}', *ONE_PARAM], r"x\.jsonl:1: field 'x': Infinity"),
+    ([HEAD + ', "x": [1e999]}', *ONE_PARAM],
+     r"x\.jsonl:1: field 'x': Infinity \(or a number too large for a float\)"),
+    ([HEAD + "}", ONE_PARAM[0].replace("}", ', "extra": -Infinity}'), ONE_PARAM[1]],
+     r"x\.jsonl:2: field 'extra': -Infinity"),
+    ([HEAD + "}", ONE_PARAM[0], ONE_PARAM[1].replace("}", ', "note": [NaN]}')],
+     r"x\.jsonl:3: field 'note': NaN"),
+    ([HEAD + "}", ONE_PARAM[0], ONE_PARAM[1].replace('"forward_s": 0', '"forward_s": NaN')],
+     r"x\.jsonl:3: field 'forward_s': NaN"),
+    ([HEAD + "}", ONE_PARAM[0], ONE_PARAM[1].replace('"forward": [0]', '"forward": [NaN]')],
+     r"x\.jsonl:3: field 'forward\[0\]': expected seconds from 0 to 1e\+06, got nan"),
+])
+def test_a_trace_with_nan_or_infinity_is_refused(lines, where):
+    """JSON has no NaN or Infinity: Python's reader takes them, and a header key kept as
+    metadata was written back as NaN, a file other readers refuse."""
+    with pytest.raises(GradwireError, match=where) as e:
+        tr.loads("\n".join(lines), "x.jsonl")
+    assert "\n" not in str(e.value)
+
+
+def test_a_trace_is_written_as_strict_json(tmp_path):
+    from conftest import strict_json
+
+    t = tr.loads("\n".join([HEAD + ', "note": "NaN", "n": 1.5}', *ONE_PARAM]))
+    assert t.meta == {"note": "NaN", "n": 1.5}  # a string "NaN" is no number: kept
+    t = tr.Trace("m", t.params, t.iterations, meta={"loss": math.nan, "top": [math.inf]})
+    text = tr.dumps(t)
+    for line in text.splitlines():
+        strict_json(line)
+    assert tr.loads(text).meta == {"loss": None, "top": [None]}
+    # the command line: a header with NaN is an error, not a trace written back with NaN
+    src = tmp_path / "nan.jsonl"
+    src.write_text("\n".join([HEAD + ', "format2": NaN}', *ONE_PARAM]) + "\n")
+    out = tmp_path / "out.jsonl"
+    r = gradwire_cli("trace", "--from", str(src), "-o", str(out))
+    assert r.returncode == 2 and not out.exists()
+    assert r.stderr.startswith("gradwire: error: ") and "nan.jsonl:1: field 'format2': NaN" \
+        in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_parameter_names_must_be_unique():
+    """``--resize NAME`` resized every parameter of that name: a trace names each one once."""
+    lines = [HEAD + "}", ONE_PARAM[0], ONE_PARAM[0].replace('"param": 0', '"param": 1'),
+             ONE_PARAM[1].replace("[0]", "[0, 0]")]
+    with pytest.raises(GradwireError, match=r"x\.jsonl:3: field 'name': 'a' is already the "
+                       r"name of the parameter on line 2") as e:
+        tr.loads("\n".join(lines), "x.jsonl")
+    assert "\n" not in str(e.value)
+    with pytest.raises(GradwireError, match=r"'b' is given twice \(parameters 1 and 3\)"):
+        tr.synthetic("m", [4, 4, 4, 4], 1.0, 2.0, names=["a", "b", "c", "b"])
+    twice = tr.Trace("m", (tr.Param("a", 4), tr.Param("a", 8)), TOY.iterations[:0])
+    with pytest.raises(GradwireError, match="2 parameters are named 'a'"):
+        tr.resize(twice, "a", 16)
+
+
+def test_layers_added_twice_have_names_of_their_own():
+    """add_layers named its layers added0, added1, .. every time: added again, two parameters
+    were named added0, and --resize added0=300 resized both."""
+    t = tr.synthetic("m", [4000, 4000], 0.01, 0.02)
+    once = tr.add_layers(t, 1, 1000, 0.001, 0.002)
+    twice = tr.loads(tr.dumps(tr.add_layers(once, 2, 1000, 0.001, 0.002)))
+    assert [p.name for p in twice.params] == ["p0", "added0", "added1", "added2", "p1"]
+    assert [p.bytes for p in tr.resize(twice, "added0", 300).params] == [
+        4000, 300, 1000, 1000, 4000]
+    # numbered on from the highest addedN, whatever else is named
+    odd = tr.synthetic("m", [4, 4, 4], 1.0, 2.0, names=["added7", "added", "addedx"])
+    assert [p.name for p in tr.add_layers(odd, 2, 4, 0.0, 0.0).params] == [
+        "added7", "added", "added8", "added9", "addedx"]
+    with pytest.raises(GradwireError, match="no parameter 'added3'"):
+        tr.resize(twice, "added3", 300)
+
+
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_a_synthetic_backward_pass_takes_its_whole_time(n):
     """The last gradient (parameter 0's) is ready when the backward pass ends, and the first
@@ -478,3 +558,49 @@ def test_table_is_the_schedule_as_arrays(coll, algo, kw):
             got = registry.table(coll, algo, p, n, **kw)
             for f in ("step", "src", "dst", "start", "size", "reduces"):
                 np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+
+
+# ---------------------------------------------------------------- report and simulate
+
+
+@pytest.mark.parametrize("workers", [2, 999, 1000, 4096])
+def test_timeline_processes_never_collide(tmp_path, workers):
+    """Process ids were 1000 * k + host: at 1000 hosts, PS's server 0 (host 1000) and the
+    next mechanism's worker 0 were both process 1000, their events merged."""
+    from conftest import strict_json
+
+    from gradwire.sim.cluster import SimResult
+    from gradwire.sim.report import write_timeline
+
+    def result(name: str, hosts: int) -> SimResult:
+        return SimResult(name, 1.0, [1.0], 0.5, {}, {}, [
+            {"name": "x", "ph": "X", "pid": h, "tid": 1, "ts": 0.0, "dur": 1.0}
+            for h in range(hosts)])
+
+    results = [result("ps", workers + 1), result("multicast", workers),
+               result("ring", workers)]
+    doc = strict_json(write_timeline(results, workers, tmp_path / "t.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert len(names) == 3 * workers + 1  # one process per host per mechanism, none shared
+    assert names[workers] == "ps: server 0"
+    got = {(names[e["pid"]], e["pid"]) for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert len(got) == 3 * workers + 1
+    if workers < 1000:  # as before: process 1000 k + host
+        assert names[1000] == "multicast: worker 0" and names[2001] == "ring: worker 1"
+
+
+def test_every_sweep_value_is_checked_before_the_sweep_runs(tmp_path):
+    """A value the trace cannot take was refused when the sweep reached it, after the values
+    before it had been simulated; prepare() says everything is checked before the run."""
+    from gradwire.sim import simulate
+
+    path = tr.save(tr.synthetic("m", [8, 8], 1e5, 4e5), tmp_path / "m.trace.jsonl")
+    assert simulate.prepare([path], sweep="layers=1,2").sweep == "layers=1,2"
+    assert simulate.prepare([path], sweep="speedup=1,0.4").sweep == "speedup=1,0.4"
+    for sweep, msg in [
+            ("layers=1,99999", r"^--sweep layers=99999: layers to add must be from 0 to 99998"),
+            ("speedup=1,2,0.1", r"^--sweep speedup=0\.1: compute speed-up 0\.1 would make a "
+                                r"pass take 4e\+06 s")]:
+        with pytest.raises(GradwireError, match=msg) as e:
+            simulate.prepare([path], sweep=sweep)
+        assert "\n" not in str(e.value)

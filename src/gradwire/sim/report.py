@@ -111,25 +111,36 @@ def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster) -> tu
 # ---------------------------------------------------------------- sweeps
 
 AXES = ("workers", "bandwidth", "speedup", "layers")
+# What a sweep adds per value of ``layers`` (bytes, forward s, backward s): gradwire trace's
+# --layer-bytes, --layer-forward-ms and --layer-backward-ms defaults.
+LAYER = (4 * 2**20, 1e-3, 2e-3)
+
+
+def sweep_point(trace: Trace, cluster: SimCluster, axis: str, value: float,
+                layer: tuple[int, float, float] = LAYER) -> tuple[Trace, SimCluster]:
+    """The trace and cluster of one value of ``axis`` (:func:`sweep`). A value they cannot
+    take (layers past a trace's limits, times grown past them) raises the edit's
+    GradwireError; making a point is cheap next to simulating it, so
+    :func:`gradwire.sim.simulate.prepare` makes every one before the sweep starts, and a bad
+    value is not found after the others have run."""
+    if axis == "workers":
+        return trace, dataclasses.replace(cluster, workers=int(value))
+    if axis == "bandwidth":
+        return trace, dataclasses.replace(cluster, bandwidth_bps=float(value))
+    if axis == "speedup":
+        return scale_compute(trace, float(value)), cluster
+    return add_layers(trace, int(value), *layer), cluster
 
 
 def sweep(trace: Trace, cluster: SimCluster, mechs: list[mechanisms.Mechanism], axis: str,
-          values: Sequence[float], layer: tuple[int, float, float] = (4 * 2**20, 1e-3, 2e-3),
+          values: Sequence[float], layer: tuple[int, float, float] = LAYER,
           on_start: Callable[[str], None] | None = None) -> list[dict]:
     """Iteration time of every mechanism at each value of ``axis``: workers, bandwidth
     (bits/s), compute speed-up, or added layers (``layer`` = bytes, forward s, backward s).
     ``on_start`` as :func:`gradwire.sim.mechanisms.run`'s, with the value prefixed."""
     rows = []
     for v in values:
-        t, c = trace, cluster
-        if axis == "workers":
-            c = dataclasses.replace(cluster, workers=int(v))
-        elif axis == "bandwidth":
-            c = dataclasses.replace(cluster, bandwidth_bps=float(v))
-        elif axis == "speedup":
-            t = scale_compute(trace, float(v))
-        else:
-            t = add_layers(trace, int(v), *layer)
+        t, c = sweep_point(trace, cluster, axis, v, layer)
         told = None if on_start is None else (
             lambda text, v=v: on_start(f"{axis}={v:g}: {text}"))
         res = mechanisms.run(t, c, mechs, on_start=told)
@@ -173,10 +184,17 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> Path:
 
 def write_timeline(results: Sequence[SimResult], workers: int, path: Path) -> Path:
     """Chrome-trace JSON (open in ui.perfetto.dev): one process per host per mechanism,
-    compute on thread 0, flows it sends on thread 1."""
+    compute on thread 0, flows it sends on thread 1. Host ``h`` of the ``k``-th result is
+    process ``k * span + h``, ``span`` the smallest power of ten from 1000 above every host
+    id of the run (1000 up to 999 hosts: process 2003 is the third mechanism's host 3), so
+    that no two mechanisms' hosts share a process, however many hosts there are."""
+    top = max((e["pid"] for r in results for e in r.timeline), default=0)
+    span = 1000
+    while span <= top:
+        span *= 10
     events: list[dict] = []
     for k, r in enumerate(results):
-        base = 1000 * k
+        base = span * k
         hosts = {e["pid"] for e in r.timeline}
         for h in sorted(hosts):
             who = f"worker {h}" if h < workers else f"server {h - workers}"

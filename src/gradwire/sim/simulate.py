@@ -115,8 +115,7 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     if len(paths) > 1 and table is None:
         raise GradwireError(f"{len(paths)} --trace files: only --table takes several (the "
                             "paper's tables compare models); give one")
-    if sweep is not None:
-        parse_sweep(sweep, report.AXES)
+    axis, values = parse_sweep(sweep, report.AXES) if sweep is not None else ("", [])
     mech.parse_list(mechanism)
     bps = parse_bandwidth(bandwidth)
     if bps is None:
@@ -124,6 +123,11 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,
                          gamma=gamma, iterations=iterations, seed=seed)
+    for v in values:  # each point made (not run) now: an edit the trace cannot take fails here
+        try:
+            report.sweep_point(traces[0], cluster, axis, v)
+        except GradwireError as e:
+            raise GradwireError(f"--sweep {axis}={v:g}: {e}") from None
     return Simulation(paths, traces, cluster, bandwidth, mechanism, table, sweep, emulate, plot,
                       timeline)
 

@@ -22,12 +22,15 @@ bytes must be a whole multiple of its element count.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gradwire.check import is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
+from gradwire.jsonfile import dumps as strict_dumps
 from gradwire.jsonfile import read_text, shown
 
 FORMAT = "gradwire-trace"
@@ -112,14 +115,17 @@ class Trace:
 
 
 def dumps(t: Trace) -> str:
+    """``t`` as the JSON lines of a trace file, strict JSON (:func:`gradwire.jsonfile.dumps`):
+    a metadata value that is not finite is written as null, never as NaN or Infinity, which
+    other JSON readers (and :func:`loads`) refuse."""
     head = {"format": FORMAT, "version": VERSION, "model": t.model, "source": t.source, **t.meta}
-    lines = [json.dumps(head)]
-    lines += [json.dumps({"param": i, "name": p.name, "bytes": p.bytes}
-                         | ({} if p.shape is None else {"shape": list(p.shape)}))
+    lines = [strict_dumps(head)]
+    lines += [strict_dumps({"param": i, "name": p.name, "bytes": p.bytes}
+                           | ({} if p.shape is None else {"shape": list(p.shape)}))
               for i, p in enumerate(t.params)]
-    lines += [json.dumps({"worker": it.worker, "iteration": it.iteration,
-                          "forward_s": it.forward_s, "forward": list(it.forward),
-                          "backward": list(it.backward)}) for it in t.iterations]
+    lines += [strict_dumps({"worker": it.worker, "iteration": it.iteration,
+                            "forward_s": it.forward_s, "forward": list(it.forward),
+                            "backward": list(it.backward)}) for it in t.iterations]
     return "\n".join(lines) + "\n"
 
 
@@ -130,6 +136,35 @@ def save(t: Trace, path: Path) -> Path:
 
 def load(path: Path) -> Trace:
     return loads(read_text(path, f"cannot read trace {path}"), shown(str(path)))
+
+
+def _not_finite(doc: object) -> float | None:
+    """The first float in ``doc`` that is not finite (None: there is none)."""
+    todo = [doc]  # a loop, not recursion: JSON may nest as deep as its reader allowed
+    while todo:
+        v = todo.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return v
+        if isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return None
+
+
+def _strict(where: str, line: int, rec: dict) -> None:
+    """Refuse a NaN, Infinity or -Infinity anywhere in a line's record: Python's json reads
+    them, JSON has none, other readers refuse them, and a header key that held one was kept
+    as metadata and written back. An iteration line's times are left to :func:`_times`,
+    which refuses them field by field (and walking them here would cost a second pass)."""
+    skip = ("forward", "backward") if "worker" in rec and "param" not in rec else ()
+    for k, v in rec.items():
+        bad = None if k in skip else _not_finite(v)
+        if bad is not None:
+            what = ("NaN" if math.isnan(bad) else
+                    f"{'-' if bad < 0 else ''}Infinity (or a number too large for a float)")
+            raise _bad(where, line, k, f"{what}: a trace holds finite numbers only (strict "
+                       "JSON has no NaN or Infinity)")
 
 
 def _bad(where: str, line: int, fld: str, msg: str) -> GradwireError:
@@ -180,6 +215,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
             raise GradwireError(f"{where}:{n}: JSON nested too deep") from None
         if not isinstance(rec, dict):
             raise GradwireError(f"{where}:{n}: expected a JSON object, got {type(rec).__name__}")
+        _strict(where, n, rec)
         records.append((n, rec))
     if not records:
         raise GradwireError(f"{where}: empty trace: expected a header line")
@@ -193,6 +229,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
     if not isinstance(model, str) or not model:
         raise _bad(where, n, "model", f"expected a non-empty string, got {model!r}")
     params: list[Param] = []
+    name_line: dict[str, int] = {}  # each name's line: --resize NAME must mean one parameter
     total = 0
     its: list[Iteration] = []
     seen: set[tuple[int, int]] = set()
@@ -209,6 +246,10 @@ def loads(text: str, where: str = "<trace>") -> Trace:
             name = rec.get("name")
             if not isinstance(name, str) or not name:
                 raise _bad(where, n, "name", f"expected a non-empty string, got {name!r}")
+            if name in name_line:
+                raise _bad(where, n, "name", f"{name!r} is already the name of the parameter "
+                           f"on line {name_line[name]}: names must be unique")
+            name_line[name] = n
             nbytes = _int(where, n, rec, "bytes", 1, MAX_BYTES, " (2**50)")
             shape = rec.get("shape")
             if shape is not None:
@@ -279,6 +320,11 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
     if len(names) != n or len(shapes) != n:
         raise GradwireError(f"a synthetic trace needs one name and one shape (or None) per "
                             f"parameter: {n} sizes, {len(names)} names, {len(shapes)} shapes")
+    twice = next((nm for i, nm in enumerate(names) if nm in names[:i]), None)
+    if twice is not None:
+        raise GradwireError(f"a synthetic trace's parameter names must be unique: {twice!r} "
+                            f"is given twice (parameters {names.index(twice)} and "
+                            f"{names.index(twice, names.index(twice) + 1)})")
     for nm, s, shape in zip(names, sizes, shapes, strict=True):
         problem = None if shape is None else shape_problem(shape, int(s))
         if problem:
@@ -309,6 +355,9 @@ def resize(t: Trace, name: str, nbytes: int) -> Trace:
     names = [p.name for p in t.params]
     if name not in names:
         raise GradwireError(f"no parameter {name!r} in the trace{did_you_mean(name, names)}")
+    if names.count(name) > 1:  # a Trace made in Python: a file's names are unique (loads)
+        raise GradwireError(f"{names.count(name)} parameters are named {name!r}: cannot tell "
+                            "which to resize")
     others = sum(p.bytes for p in t.params if p.name != name)
     if not is_int(nbytes, 1, MAX_BYTES - others):
         raise GradwireError(f"{name}: bytes must be from 1 to {MAX_BYTES - others} (a trace "
@@ -318,12 +367,18 @@ def resize(t: Trace, name: str, nbytes: int) -> Trace:
     return replace(t, params=params, source=f"{t.source}; {name} {nbytes} B")
 
 
+_ADDED = re.compile(r"added([0-9]+)", re.ASCII)  # the names add_layers gives
+
+
 def add_layers(t: Trace, count: int, nbytes: int, forward_s: float, backward_s: float,
                after: int | None = None) -> Trace:
     """``count`` copies of a layer (one parameter of ``nbytes``, ``forward_s`` and
     ``backward_s`` of compute each) inserted after parameter ``after`` in forward order (default:
     before the last parameter, as the paper adds modules inside Inception-v3, §8.5). Compute
-    after the insertion point is pushed back accordingly in both passes."""
+    after the insertion point is pushed back accordingly in both passes. The layers are named
+    ``added<N>``, numbered on from the highest such name already in ``t`` (``added0`` on in a
+    trace without one), so that layers added twice keep names of their own and
+    :func:`resize` can tell them apart."""
     n = len(t.params)
     if after is not None and not is_int(after, 0, n - 1):
         raise GradwireError(f"after must be a parameter index in 0..{n - 1}, got {after!r}")
@@ -339,7 +394,9 @@ def add_layers(t: Trace, count: int, nbytes: int, forward_s: float, backward_s: 
         if not is_real(v, 0, MAX_SECONDS):
             raise GradwireError(f"an added layer's {what} time must be from 0 to "
                                 f"{MAX_SECONDS:g} s, got {v!r}")
-    new = tuple(Param(f"added{j}", nbytes) for j in range(count))
+    first = 1 + max((int(m.group(1)) for p in t.params
+                     if (m := _ADDED.fullmatch(p.name)) is not None), default=-1)
+    new = tuple(Param(f"added{first + j}", nbytes) for j in range(count))
     params = t.params[:at] + new + t.params[at:]
     its = []
     for it in t.iterations:
