@@ -199,5 +199,7 @@ def parse_params(items: list[str], what: str = "--param") -> dict[str, object]:
         if not sep or not key.isidentifier() or not value:
             raise GradwireError(f"{what} {item!r} is not valid: expected KEY=VALUE, e.g. "
                                 "block=65536 or pipeline=4")
+        if key in out:  # which one was meant cannot be told
+            raise GradwireError(f"{what} {item!r}: {key} is given twice")
         out[key] = parse_value(value)
     return out
