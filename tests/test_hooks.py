@@ -215,6 +215,8 @@ def test_state_dict_round_trip_and_method_check():
     ({"step": 99, "compressor": {"step": 1}}, "malformed"),  # PowerSGD's memory is missing
     ({"epoch": "late", "epoch_at": None}, "malformed"),  # as saved before epoch_at was kept
     ({"epoch_at": "late"}, "malformed"),
+    ({"step": 2.7}, "malformed.*step, epoch and epoch_at hold integers"),
+    ({"step": True}, "malformed"),
 ])
 def test_a_refused_state_dict_changes_nothing(change, msg):
     s = _powersgd_state()

@@ -26,7 +26,7 @@ from gradwire.catalogue import (
 )
 from gradwire.catalogue import get as get_method
 from gradwire.catalogue.methods import header as call_header
-from gradwire.check import check_fraction, check_int, is_real
+from gradwire.check import check_fraction, check_int, is_int, is_real
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback
 from gradwire.compress.feedback import MALFORMED, Status
 from gradwire.errors import GradwireError
@@ -270,9 +270,12 @@ class HookState:
         if state.get("method") != name:
             raise GradwireError(f"hook state_dict is for method {state.get('method')!r}, this "
                                 f"hook runs {name!r}")
-        step = int(state["step"])
+        step = state["step"]
         since = state.get("epoch_at")  # absent from a state saved before it was kept
-        epoch, began = (int(state["epoch"]), step) if since is None else map(int, since)
+        epoch, began = (state["epoch"], step) if since is None else tuple(since)
+        if not all(is_int(v) for v in (step, epoch, began)):  # 2.7 or True is no count
+            raise TypeError(f"step, epoch and epoch_at hold integers, got {step!r}, {epoch!r}, "
+                            f"{began!r}")
         if not (step >= 0 and epoch >= 0 and 0 <= began <= step):
             raise GradwireError(f"hook state_dict: step {step}, epoch {epoch} from step {began}: "
                                 "expected counts >= 0, the epoch begun at or before the step")
