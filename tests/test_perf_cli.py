@@ -140,10 +140,19 @@ def test_the_inputs_line_names_the_codec_table_that_priced_the_run(command, monk
      "--intra-bandwidth: bandwidth 'fast' is not valid"),
     (["advise", "--bucket-mb", "0"], "--bucket-mb must be > 0"),
     (["advise", "--workers", "0"], "--workers"),
-    (["advise", "--workers", "5000"], "workers must be a whole number from 1 to 4096"),
-    (["whatif", "--workers", "4:8192"], "workers must be a whole number from 1 to 4096"),
+    (["advise", "--workers", "5000"], "--workers 5000: workers must be a whole number from 1 "
+                                      "to 4096"),
+    (["whatif", "--workers", "4:8192"], "--workers '4:8192': workers must be a whole number "
+                                        "from 1 to 4096"),
+    (["whatif", "--workers", "64M"], "--workers '64M': workers must be a whole number from 1 "
+                                     "to 4096"),
+    (["whatif", "--workers", "abc"], "--workers 'abc': worker count 'abc' is not valid: "
+                                     "expected a worker count like 4, 64, 1K, a range 4:128 or "
+                                     "4:4K:4, or a comma list of them, from 1 to 4096"),
     (["whatif", "--compute-speedup", "inf"], "each value must be a finite number > 0, got inf"),
     (["profile", "--model", "resnet"], "unknown model 'resnet'"),
+    (["profile", "--out", "gw-never-written.json"],
+     "--out writes a measured profile: give --model too"),
 ])
 def test_bad_options_are_one_line(args, message, monkeypatch, capsys) -> None:
     code, out, err = _cli(args, monkeypatch, capsys)
@@ -163,6 +172,9 @@ def test_bad_options_are_one_line(args, message, monkeypatch, capsys) -> None:
      "methods.dense.encode_s must be a number of seconds >= 0, got -1"),
     ('{"codecs": {"numel": 5, "methods": {"dense": {"encode_s": 0, "decode_s": 0, '
      '"decode_fixed_s": "x"}}}}', "methods.dense.decode_fixed_s must be a"),
+    ('{"codecs": 5}', "field 'codecs' must be an object (a codec table: numel, methods), got 5"),
+    ('{"codecs": null}', "field 'codecs' must be an object"),
+    ('{"codecs": [1]}', "field 'codecs' must be an object"),
 ])
 def test_bad_codec_tables_are_one_line(text, message, tmp_path, monkeypatch, capsys) -> None:
     """--codecs FILE: a codec table, or a calibration file holding one under "codecs"."""

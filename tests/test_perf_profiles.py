@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -96,6 +97,10 @@ def _doc(**changes: object) -> str:
     ({"step_s": float("inf")}, "field 'step_s' must be a finite number of seconds >= 0, got inf"),
     ({"backward_layer_s": [0.1]}, "field 'backward_layer_s' must be a list of 2 finite numbers"),
     ({"backward_layer_s": [0.1, float("-inf")]}, "field 'backward_layer_s' must be a list of 2"),
+    ({"backward_layer_s": [5, 5]}, "field 'backward_layer_s' must sum to backward_s (0.02 s) "
+                                   "within 0.1%, got 10 s"),
+    ({"backward_layer_s": [0.01, 0.0099]}, "field 'backward_layer_s' must sum to backward_s"),
+    ({"backward_s": 0, "backward_layer_s": [0.01, 0.01]}, "must sum to backward_s (0 s)"),
     ({"dtype": "int8"}, "field 'dtype' must be one of float32"),
     ({"format": 2}, "field 'format' must be 1"),
     ({"backwards_s": 1.0}, "unknown field 'backwards_s' (did you mean 'backward_s'?)"),
@@ -104,6 +109,32 @@ def test_malformed_profile_names_the_field(changes: dict, message: str) -> None:
     with pytest.raises(GradwireError, match=None) as e:
         profiles.parse(_doc(**changes), "toy.json")
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_layer_times_that_sum_to_backward_are_kept() -> None:
+    """Rounding within 0.1 % is accepted; without backward_s, the layers' sum is backward's."""
+    p = profiles.parse(_doc(backward_layer_s=[0.005, 0.01501]), "toy.json")
+    assert p.backward_layer_s == (0.005, 0.01501) and p.backward_s == 0.02
+    p = profiles.parse(_doc(backward_s=None, backward_layer_s=[0.005, 0.015]), "toy.json")
+    assert p.backward_s == pytest.approx(0.02)
+    assert profiles.parse(_doc(backward_s=0, backward_layer_s=[0, 0]), "toy.json").backward_s == 0
+
+
+def test_every_shipped_profile_file_is_accepted() -> None:
+    """The profiles gradwire profile wrote into the benchmark results (their layer times split
+    backward_s, so they sum to it up to floating point) all parse."""
+    root = Path(__file__).parent.parent / "benchmarks" / "results"
+    found = 0
+    for path in sorted(root.rglob("*.json")):
+        doc = json.loads(path.read_text())
+        for key, v in (doc.items() if isinstance(doc, dict) else ()):
+            if isinstance(v, dict) and v.get("format") == 1 and isinstance(v.get("params"),
+                                                                           list):
+                profiles.parse(json.dumps(v), f"{path}: {key}")
+                found += 1
+    assert found > 0
+    for name in profiles.builtin_names():
+        profiles.load(name)
 
 
 def test_shapes_parse_and_round_trip_in_mixed_files() -> None:

@@ -78,6 +78,8 @@ def profile(
     from gradwire.perf import report
 
     if model is None:
+        if out is not None:  # listing the built-in profiles writes nothing: say so, not exit 0
+            raise GradwireError("--out writes a measured profile: give --model too")
         console.print(report.profiles_table())
         return
     from gradwire.profiles.measure import measure

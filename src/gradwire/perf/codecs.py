@@ -77,7 +77,11 @@ def load(name_or_path: str) -> CodecTable:
         doc = parse_object(text.read_text(), where)
     elif Path(name_or_path).is_file():
         doc = read_object(name_or_path, where)
-        doc = doc.get("codecs", doc)  # a calibration file keeps its table under "codecs"
+        if "codecs" in doc:  # a calibration file keeps its table under "codecs"
+            doc = doc["codecs"]
+            if not isinstance(doc, dict):
+                raise GradwireError(f"{where}: field 'codecs' must be an object (a codec "
+                                    f"table: numel, methods), got {doc!r}")
     else:
         raise GradwireError(f"unknown codec table {name_or_path!r}"
                             f"{did_you_mean(name_or_path, BUILTIN)}: expected "

@@ -5,8 +5,10 @@ nodes), then the sweep or the ranking made from them. Errors name the option at 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from gradwire import profiles
 from gradwire.catalogue import METHODS
@@ -18,8 +20,10 @@ from gradwire.perf import reference as reference_settings
 from gradwire.perf import whatif as w
 from gradwire.perf.calibration import Calibration
 from gradwire.perf.codecs import CodecTable
-from gradwire.perf.model import Aggregation, ClusterModel, parse_link
+from gradwire.perf.model import Aggregation, ClusterModel, check_workers, parse_link
 from gradwire.profiles import Profile
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,15 @@ class Advice:
     note: str
 
 
+def distinct(values: list[T], key: Callable[[T], Hashable] | None = None) -> list[T]:
+    """``values`` without repeats (by ``key``, default the value itself), first seen first:
+    the tables and the JSON have one row or column per distinct value asked for."""
+    seen: dict[object, T] = {}
+    for v in values:
+        seen.setdefault(v if key is None else key(v), v)
+    return list(seen.values())
+
+
 def check_terms(s: Scenario) -> None:
     """The model's terms are finite: NaN would pass every range check below (they compare)
     and come out as NaN times. Their ranges are checked where they are used."""
@@ -112,8 +125,9 @@ def inputs(s: Scenario, cal: Calibration | None = None
     names = [a.strip() for a in (s.agg or "").split(",") if a.strip()]
     if not names:
         raise GradwireError("--agg needs at least one method")
-    aggs = [Aggregation(n, density=s.density, rank=s.rank, mode=s.mode, bucket_mb=s.bucket_mb)
-            for n in names]
+    # a method named twice is one scheme: one row of whatif's tables, one place in the ranking
+    aggs = distinct([Aggregation(n, density=s.density, rank=s.rank, mode=s.mode,
+                                 bucket_mb=s.bucket_mb) for n in names], key=lambda a: a.label)
     if s.codecs is not None:
         table = codec_tables.load(s.codecs)
     elif s.calibration is not None:
@@ -175,8 +189,9 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     check_terms(s)
     cal = read_calibration(s)
     prof, aggs, table = inputs(s, cal)
-    rates = [parse_link(b) for b in bandwidth.split(",")]
-    speedups = w.parse_numbers("--compute-speedup", compute_speedup)
+    # a value given twice (1gbit,1000mbit is one rate) is one column, row or table
+    rates = distinct([parse_link(b) for b in bandwidth.split(",")])
+    speedups = distinct(w.parse_numbers("--compute-speedup", compute_speedup))
     terms, where = setting(s, cal)
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, terms)
     per_node = (f"{s.ranks_per_node} ranks per node ({s.intra_bandwidth} inside); "
@@ -195,6 +210,10 @@ def advise(s: Scenario, workers: int, bandwidth: str, compute_speedup: float) ->
         s = replace(s, agg=",".join(METHODS))
     cal = read_calibration(s)
     prof, aggs, table = inputs(s, cal)
+    try:
+        check_workers(workers)
+    except GradwireError as e:
+        raise GradwireError(f"--workers {workers}: {e}") from None
     terms, where = setting(s, cal)
     cluster = terms.cluster(workers, parse_link(bandwidth))
     ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup,

@@ -6,9 +6,11 @@ schedule summary per collective.
 
 - Required compression for near-linear scaling (§5, "Compression for perfect scalability"):
   with all communication overlapped in one bucket, an all-reducible compressor of ratio c
-  scales linearly when ring_allreduce(bytes/c) ≤ t_b. The ring's time is A + B·bytes (α part
-  and β, γ part, both read from its schedule summary), so c = B·bytes/(t_b − A); none exists
-  when the α part alone, A, exceeds t_b.
+  scales linearly when ring_allreduce(bytes/c) ≤ t_b, t_b the backward that
+  :func:`gradwire.perf.model.predict` lets communication hide behind: κ times the profile's
+  backward times the compute slowdown (point 10), over the compute speedup. The ring's time is
+  A + B·bytes (α part and β, γ part, both read from its schedule summary), so
+  c = B·bytes/(t_b − A); none exists when the α part alone, A, exceeds t_b.
 - Encode+decode budget (§5, "Bounding encoding time"): what backward does not hide of the
   predicted dense (synchronous SGD) iteration, t_iter − t_f − κ·t_b − t_step; a compressor
   whose encode+decode exceeds it cannot help even if its messages were free.
@@ -30,20 +32,35 @@ from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object
 from gradwire.perf import calibration, comm
 from gradwire.perf.codecs import CodecTable
-from gradwire.perf.model import Aggregation, ClusterModel, check_workers, predict
+from gradwire.perf.model import (
+    DTYPES,
+    MAX_WORKERS,
+    Aggregation,
+    ClusterModel,
+    check_workers,
+    predict,
+)
 from gradwire.profiles import Profile
-from gradwire.sizes import parse_sizes
+from gradwire.sizes import FORMS, parse_sizes
+
+WORKER_FORMS = (f"a worker count like 4, 64, 1K, a range 4:128 or 4:4K:4, or a comma list of "
+                f"them, from 1 to {MAX_WORKERS}")
 
 
 def parse_workers(text: str) -> list[int]:
     """``4:128`` (doubling), ``4:128:4`` (×4) or ``2,3,8``: worker counts the model can
-    price, all checked before any is priced."""
+    price (ascending, a count given twice once), all checked before any is priced; a defect
+    is one line naming --workers, with examples the model accepts (not message sizes')."""
     try:
         counts = parse_sizes(text)
     except GradwireError as e:
-        raise GradwireError(f"--workers {text!r}: {e}".replace("size", "worker count")) from None
+        why = str(e).replace(FORMS, WORKER_FORMS).replace("size", "worker count")
+        raise GradwireError(f"--workers {text!r}: {why}") from None
     for p in counts:
-        check_workers(p)
+        try:
+            check_workers(p)
+        except GradwireError as e:
+            raise GradwireError(f"--workers {text!r}: {e}") from None
     return counts
 
 
@@ -189,7 +206,7 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
             if dense is None:
                 dense = predict(profile, cluster, Aggregation("dense"), codecs, x,
                                 setting.overlap_slowdown)
-            ratio = required_compression(profile, cluster, x)
+            ratio = required_compression(profile, cluster, x, setting.overlap_slowdown)
             for i, bps in enumerate(rates):
                 # None (JSON null) where no ratio fits: latency alone exceeds backward
                 need = ratio[i] if math.isfinite(ratio[i]) else None
@@ -206,19 +223,28 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
             "load_average": os.getloadavg()[0]}
 
 
-def required_compression(profile: Profile, cluster: ClusterModel, speedup: float) -> list[float]:
+def required_compression(profile: Profile, cluster: ClusterModel, speedup: float,
+                         overlap_slowdown: float = 1.0) -> list[float]:
     """Smallest all-reducible compression ratio whose one-bucket ring allreduce fits in
-    backward (inf where latency alone does not fit; 1 where dense already fits)."""
+    backward (inf where latency alone does not fit; 1 where dense already fits).
+
+    Backward is the time :func:`gradwire.perf.model.predict` lets communication hide behind:
+    the profile's, times the cluster's compute slowdown (compute as the ranks run it), over
+    ``speedup``, and times ``overlap_slowdown`` (κ: backward slows while communication runs
+    beside it). The ring sums in the profile's dtype, at that dtype's γ, as predict's dense
+    allreduce does."""
     p, n = cluster.workers, profile.numel
     if p == 1:
         return [1.0] * np.size(cluster.beta_s)
-    budget = profile.backward_s / speedup  # type: ignore[operator]
+    budget = (overlap_slowdown * profile.backward_s  # type: ignore[operator]
+              * cluster.compute_slowdown / speedup)
+    gamma = cluster.gamma_of(DTYPES[profile.dtype])
     args = ("allreduce", "ring", p, n, profile.itemsize)
     node = cluster.node
     lat_node, vol_node = ((replace(node, beta=0.0), replace(node, alpha=0.0))
                           if node is not None else (None, None))
     latency = float(comm.seconds(*args, cluster.alpha, 0.0, 0.0, node=lat_node, pipeline=1))
-    volume = comm.seconds(*args, 0.0, cluster.beta_s, cluster.gamma, node=vol_node, pipeline=1)
+    volume = comm.seconds(*args, 0.0, cluster.beta_s, gamma, node=vol_node, pipeline=1)
     if latency >= budget:
         return [float("inf")] * np.size(volume)
     return [max(1.0, float(v) / (budget - latency)) for v in np.atleast_1d(volume)]

@@ -13,7 +13,8 @@ their own and pass its path wherever a model name is accepted). Fields:
 - ``forward_s``, ``backward_s``: seconds for one mini-batch, or null; ``step_s``: the optimizer
   step (default 0).
 - ``backward_layer_s`` (optional): backward compute of each tensor of ``params`` (same length,
-  summing to ``backward_s``); without it, backward time is spread in proportion to elements.
+  summing to ``backward_s`` within 0.1 %; with ``backward_s`` null, their sum is backward's);
+  without it, backward time is spread in proportion to elements.
 - ``batch_size``: the per-worker mini-batch the times are for, or null.
 - ``dtype``: "float32" (default), "float16" or "bfloat16", the gradient's element type.
 - ``sources``: ``{field: text}``, where each number comes from (paper and table, or "measured
@@ -38,6 +39,9 @@ from gradwire.jsonfile import parse_object, read_text
 FORMAT = 1
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 BUILTIN_DIR = "builtin"
+# How far backward_layer_s may sum from backward_s (rounding in a hand-written file); gradwire
+# profile splits backward_s itself, so its sums are equal up to floating point.
+LAYER_SUM_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -191,8 +195,15 @@ def parse(text: str, where: str) -> Profile:
                       "tensor of params)", layers if not isinstance(layers, list)
                       else f"{len(layers)} entries")
         layers = tuple(float(t) for t in layers)
+        total = math.fsum(layers)
         if backward_s is None:
-            backward_s = sum(layers)
+            backward_s = total
+        elif not math.isclose(total, backward_s, rel_tol=LAYER_SUM_TOLERANCE, abs_tol=1e-9):
+            # the buckets' ready times come from the layers and backward's end from
+            # backward_s: far apart, the model would price a backward that never ran
+            raise GradwireError(f"{where}: field 'backward_layer_s' must sum to backward_s "
+                                f"({backward_s:g} s) within {LAYER_SUM_TOLERANCE:.1%}, got "
+                                f"{total:g} s")
     batch = doc.get("batch_size")
     if batch is not None and not is_int(batch, 1):
         raise bad("batch_size", "an integer >= 1 or null", batch)

@@ -1,0 +1,94 @@
+"""gradwire whatif's sweep and §5 answers: they agree with the model's own predictions, and a
+value given twice is one row or column."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from gradwire.errors import GradwireError
+from gradwire.perf import codecs
+from gradwire.perf import whatif as w
+from gradwire.perf.model import Aggregation, predict
+from gradwire.profiles import Profile
+
+# 16 tensors of 4 MiB: DDP's buckets are several, so κ applies to backward in predict
+PROFILE = Profile("sixteen", tuple((f"t{i}", 1 << 20) for i in range(16)), 0.01, 0.05)
+RATES = list(np.geomspace(1e8, 1e11, 61))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_required_compression_is_one_exactly_where_predict_hides_the_dense_ring(dtype) -> None:
+    """The §5 budget is the backward predict lets communication hide behind: the profile's,
+    times the compute slowdown (compute as the ranks run it), over the compute speedup,
+    times κ; the ring sums at the profile's dtype's γ, as predict's does. So dense needs no
+    compression (ratio 1) exactly where its one ring allreduce fits in predict's backward,
+    and more wherever it does not."""
+    table = codecs.load("v100")
+    setting = w.Setting(alpha=1e-4, gamma=1e-11, overlap_slowdown=1.1, compute_slowdown=2.0,
+                        gamma_dtype=(("float16", 2e-10),))
+    speedup = 2.0
+    prof = dataclasses.replace(PROFILE, dtype=dtype)
+    result = w.sweep(prof, [Aggregation("dense")], [4], RATES, [speedup], table, setting)
+    ratios = [a["required_compression"] for a in result["answers"]]
+    cluster = setting.cluster(4, np.asarray(RATES))
+    cluster = dataclasses.replace(cluster, check_calls=False)
+    hidden = predict(prof, cluster, Aggregation("dense"), table, speedup,
+                     setting.overlap_slowdown).backward
+    assert hidden == pytest.approx(1.1 * 0.05 * 2.0 / speedup)
+    ring = predict(prof, cluster, Aggregation("dense", mode="model"), table,
+                   speedup).communicate
+    fits = ring <= hidden
+    assert fits.any() and not fits.all()  # the rates cross the boundary
+    for need, fit, t in zip(ratios, fits, ring, strict=True):
+        assert (need == 1.0) == bool(fit), (need, t, hidden)
+        assert need is not None and need >= 1.0
+
+
+def test_a_value_given_twice_is_one_row_column_or_table(tmp_path, monkeypatch, capsys) -> None:
+    """1gbit and 1000mbit are one rate, 1 and 1.0 one speedup, 4 given twice one worker count,
+    dense given twice one scheme: the JSON has one row per distinct (aggregation, workers,
+    rate, speedup) and the tables as many cells in a row as columns in their header."""
+    js = tmp_path / "w.json"
+    code, out, err = run_cli(monkeypatch, capsys, [
+        "whatif", "--model", "resnet50", "--workers", "4,8,4", "--bandwidth",
+        "1gbit,1000mbit,10gbit,1gbit", "--agg", "dense,topk,dense", "--compute-speedup",
+        "1,2,1.0", "--json", str(js)])
+    assert code == 0, err
+    res = json.loads(js.read_text())
+    keys = [(r["agg"], r["workers"], r["bandwidth"], r["compute_speedup"]) for r in res["rows"]]
+    assert len(keys) == len(set(keys)) == 2 * 2 * 2 * 2
+    answers = [(r["workers"], r["bandwidth"], r["compute_speedup"]) for r in res["answers"]]
+    assert len(answers) == len(set(answers)) == 2 * 2 * 2
+    assert [r["bandwidth"] for r in res["rows"][:2]] == ["1gbit", "10gbit"]  # first seen first
+    text = " ".join(out.split())
+    assert text.count("compute ×1:") == 1 and text.count("compute ×2:") == 1
+    assert text.count("1gbit: ms (eff.)") == 2  # one column per table, one table per speedup
+    for line in out.splitlines():  # every body row has as many cells as its header
+        if line.startswith("│"):
+            assert line.count("│") in (4 + 1, 3 + 1), line
+
+
+def test_advise_ranks_a_scheme_given_twice_once(tmp_path, monkeypatch, capsys) -> None:
+    js = tmp_path / "a.json"
+    code, out, err = run_cli(monkeypatch, capsys, [
+        "advise", "--model", "resnet50", "--workers", "4", "--agg", "dense,topk,dense",
+        "--json", str(js)])
+    assert code == 0, err
+    assert sorted(r["agg"] for r in json.loads(js.read_text())) == ["dense", "topk ρ=0.001"]
+
+
+def test_the_worker_counts_the_error_offers_as_examples_are_accepted() -> None:
+    """--workers' error gives examples of its own (message sizes like 64M are not worker
+    counts the model prices), and each of them parses."""
+    with pytest.raises(GradwireError) as e:
+        w.parse_workers("abc")
+    assert "64M" not in str(e.value) and w.WORKER_FORMS in str(e.value)
+    for example in ("4", "64", "1K", "4:128", "4:4K:4"):
+        assert f" {example}" in w.WORKER_FORMS
+        assert w.parse_workers(example)
+    assert w.parse_workers("4:4K:4") == [4, 16, 64, 256, 1024, 4096]
