@@ -156,6 +156,8 @@ TOY = profiles.parse("""{"format": 1, "model": "toy", "forward_s": 0.05, "backwa
 def test_one_worker_runs_compute_only() -> None:
     r = predict(TOY, ClusterModel(1, 1e9, 307e-6), Aggregation("dense"), TABLE)
     assert float(r.iteration) == pytest.approx(0.16) and float(r.exposed) == 0
+    assert r.wire_bytes == 0 and float(r.communicate) == 0  # nothing is sent
+    assert predict(TOY, ClusterModel(2, 1e9, 307e-6), Aggregation("dense"), TABLE).wire_bytes > 0
 
 
 def test_buckets_follow_ddp_caps_in_backward_order() -> None:

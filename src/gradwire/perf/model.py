@@ -278,7 +278,7 @@ class Prediction:
     communicate: np.ndarray  # Σ comm_b
     coding: float  # Σ encode_b + decode_b
     exposed: np.ndarray  # what backward did not hide: t_iter − t_f − κ·t_b − t_step
-    wire_bytes: int  # one rank's payload per iteration
+    wire_bytes: int  # one rank's payload per iteration (0 for one worker: nothing is sent)
     buckets: int
     notes: list[str] = field(default_factory=list)
     cpu: float = 0.0  # D: CPU seconds one rank spends per iteration (point 5)
@@ -437,7 +437,8 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
                                 zip(ops, gammas, strict=True)))
             cpu_comm += cluster.cpu_call * len(data) if per_call else 0.0
         end = np.maximum(end, kappa * ready * unit) + (enc + dec) * stretch + t
-        total_comm, coding, wire = total_comm + t, coding + enc + dec, wire + sent
+        total_comm, coding = total_comm + t, coding + enc + dec
+        wire += sent if p > 1 else 0  # one worker sends nothing
     b = kappa * profile.backward_s * unit  # type: ignore[operator]
     done = np.maximum(end, b)
     wait = cluster.straggle if p > 1 else 0.0
