@@ -10,21 +10,24 @@ _UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 # ASCII only: \d and str.lower() would also take other scripts' digits ("١gbit") and the
 # Kelvin sign ("1\u212abit"), which tc and every reader of a result file would not.
 _PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)", re.ASCII)
-ALLOWED = "a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit), or none"
+RATES = "a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit)"
+ALLOWED = f"{RATES}, or none"
 
 
-def parse_bandwidth(text: str) -> float | None:
-    """Return the rate in bits per second, or None for an unshaped link (``none``).
+def parse_bandwidth(text: str, unshaped: bool = True) -> float | None:
+    """Return the rate in bits per second, or None for an unshaped link (``none``), which
+    ``unshaped=False`` (a model or simulator that needs a rate) does not offer.
 
     >>> parse_bandwidth("1gbit")
     1000000000.0
     """
     s = text.strip().lower()
-    if s in ("none", "unlimited"):
+    if s in ("none", "unlimited") and unshaped:
         return None
     m = _PATTERN.fullmatch(s) if text.isascii() else None
     if not m:
-        raise GradwireError(f"bandwidth {text!r} is not valid: expected {ALLOWED}")
+        raise GradwireError(f"bandwidth {text!r} is not valid: expected "
+                            f"{ALLOWED if unshaped else RATES}")
     bps = float(m.group(1)) * _UNITS[m.group(2)]
     if not 1e5 <= bps <= 4e11:
         raise GradwireError(f"bandwidth {text!r} is out of range: expected 100kbit to 400gbit")

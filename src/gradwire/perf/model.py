@@ -469,7 +469,4 @@ def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: in
 
 def parse_link(text: str) -> float:
     """A link rate like "10gbit" in bits per second (``none`` is not a rate here)."""
-    bps = parse_bandwidth(text)
-    if bps is None:
-        raise GradwireError(f"bandwidth {text!r}: the model needs a rate (e.g. 1gbit, 25gbit)")
-    return float(bps)
+    return float(parse_bandwidth(text, unshaped=False))  # type: ignore[arg-type]

@@ -37,11 +37,7 @@ def sweep_value(axis: str, text: str) -> float:
     from gradwire.sim.trace import MAX_PARAMS, SPEEDUP_RANGE
 
     if axis == "bandwidth":
-        bps = parse_bandwidth(text)
-        if bps is None:
-            raise GradwireError("--sweep bandwidth=none cannot be simulated: give rates such "
-                                "as 10gbit,25gbit")
-        return bps
+        return parse_bandwidth(text, unshaped=False)  # type: ignore[return-value]
     v = parse_number(text)
     if v is None:
         v = math.nan
@@ -117,9 +113,8 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
                             "paper's tables compare models); give one")
     axis, values = parse_sweep(sweep, report.AXES) if sweep is not None else ("", [])
     mech.parse_list(mechanism)
-    bps = parse_bandwidth(bandwidth)
-    if bps is None:
-        raise GradwireError("--bandwidth none cannot be simulated: give a rate such as 25gbit")
+    bps = parse_bandwidth(bandwidth, unshaped=False)
+    assert bps is not None
     traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,
                          gamma=gamma, iterations=iterations, seed=seed)
