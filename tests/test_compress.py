@@ -911,3 +911,15 @@ def test_error_feedback_state_dict_is_a_copy_both_ways():
     ef2.load_state_dict(mine)
     feedback.feed(ef2.residual("k", torch.zeros(3)), torch.tensor([0.0, 1.0, 0.0]), 1)
     assert mine["residuals"]["k"].tolist() == [5.0, 0.0, 0.0]
+
+
+def test_powersgd_forget_keeps_what_direct_calls_kept():
+    """The hooks key PowerSGD's warm starts (bucket, rows, cols) and forget unused buckets;
+    compress() called directly keys them (rows, cols), which forget must not read as a
+    bucket."""
+    c = PowerSGDCompressor(rank=1)
+    c.compress(torch.randn(64))  # an 8 x 8 matrix: kept under (8, 8)
+    c.power.memory[((0,), 8, 8)] = torch.ones(8, 1)
+    c.power.memory[((1,), 8, 8)] = torch.ones(8, 1)
+    c.forget({(1,)})
+    assert set(c.power.memory) == {(8, 8), ((1,), 8, 8)}

@@ -353,9 +353,11 @@ class PowerSGDCompressor(Compressor):
         return buf
 
     def forget(self, used: set) -> None:
+        """Drop what the hooks kept (keyed (bucket, rows, cols)) for buckets not in ``used``;
+        what :meth:`compress` called directly keeps (keyed (rows, cols)) stays."""
         for kept in (self.power.memory, self.buffers):
-            for key in [k for k in kept if k[0] not in used]:  # type: ignore[index]
-                del kept[key]  # keyed (bucket, rows, cols)
+            for key in [k for k in kept if len(k) == 3 and k[0] not in used]:  # type: ignore
+                del kept[key]
 
     def layout(self, numel: int, shapes: Sequence[Sequence[int]] | None = None) -> Layout:
         """How the two-allreduce form sends a bucket of tensors of ``shapes`` (:func:`layout`)."""
