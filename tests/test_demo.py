@@ -55,3 +55,17 @@ def test_the_demo_help_shows_the_demo_settings(monkeypatch, capsys):
         shown = out.split(option + " ", 1)[1].split("[default: ", 1)[1].split("]", 1)[0]
         want = f"({value:g})" if isinstance(value, float) else f"({value})"
         assert shown == want, (option, shown)
+
+
+def test_a_method_given_twice_is_trained_once(monkeypatch, capsys, tmp_path):
+    """`--agg dense,topk,dense` compares two methods: the third run would be the first again,
+    a row against itself in the table and the figure."""
+    import gradwire.demo
+
+    ran = []
+    monkeypatch.setattr(gradwire.demo, "run_demo", lambda c, aggs, *a, **k: ran.append(aggs))
+    code, _, err = run_cli(monkeypatch, capsys, ["demo", "--loopback", "--hosts", "2", "--agg",
+                                                 "dense, topk,dense", "--plot",
+                                                 str(tmp_path / "d.png")])
+    assert code == 0, err
+    assert ran == [["dense", "topk"]]

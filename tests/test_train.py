@@ -1,5 +1,6 @@
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import cli_error
+from conftest import cli_error, strict_json
 from rich.console import Console
 
 from gradwire.cluster import loopback_cluster
@@ -28,6 +29,8 @@ QUICK = ["--loopback", "--hosts", "2", "--model", "mlp-small", "--batch-size", "
     (["--epochs", "0"], "--epochs must be >= 1, got 0"),
     (["--mode", "layer"], "--mode 'layer' is not valid: expected one of bucket, model"),
     (["--momentum", "1"], "--momentum must be in [0, 1), got 1"),
+    (["--model", "lstm", "--seq-len", "100000"], "--seq-len must be from 1 to 4096, got 100000"),
+    (["--seed", "-1"], "--seed must be from 0 to 4294967295, got -1"),
     (["--batch-size", "5000"], "--batch-size 5000 is larger than a rank's share"),
     (["--resume"], "--resume needs --checkpoint PATH"),
     (["--resume", "--checkpoint", "/nonexistent/ck.pt"], "checkpoint '/nonexistent/ck.pt' does "
@@ -52,11 +55,25 @@ def test_resume_refuses_a_checkpoint_of_another_run(monkeypatch, capsys, tmp_pat
 
     ck = tmp_path / "ck.pt"
     settings = {"model": "mlp-small", "agg": "dense", "density": 0.001, "mode": "bucket",
-                "warmup": True, "world_size": 2, "batch_size": 64, "seed": 0, "seq_len": 64}
-    checkpoint.save(ck, {"epoch": 1, "settings": settings})
+                "warmup": True, "world_size": 2, "batch_size": 64, "lr": 0.05, "momentum": 0.9,
+                "seed": 0, "seq_len": 64}
+    whole = {"model": {}, "optimizer": {}, "aggregation": [], "history": {}}
+    checkpoint.save(ck, {"epoch": 1, "settings": settings, **whole})
     code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--hosts", "3", "--resume",
                      "--checkpoint", str(ck))
     assert code == 2 and "made with world_size=2, this run has 3" in err
+    # the optimizer's state holds them: a resume would silently keep the saved ones
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--epochs", "3", "--lr", "0.5",
+                          "--resume", "--checkpoint", str(ck))
+    assert code == 2 and "made with lr=0.05, this run has 0.5" in err
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--epochs", "3", "--momentum",
+                          "0", "--resume", "--checkpoint", str(ck))
+    assert code == 2 and "made with momentum=0.9, this run has 0.0" in err
+    checkpoint.save(ck, {"epoch": 1, "settings": settings})  # a checkpoint's format, no state
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--epochs", "3", "--resume",
+                          "--checkpoint", str(ck))
+    assert code == 2 and "is not a whole gradwire checkpoint: its 'model' is NoneType" in err
+    checkpoint.save(ck, {"epoch": 1, "settings": settings, **whole})
     code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--epochs", "1", "--resume",
                      "--checkpoint", str(ck))
     assert code == 2 and "already holds 1 epochs; expected --epochs > 1, got 1" in err
@@ -197,3 +214,66 @@ def test_a_run_that_ends_in_its_warm_up_is_told_and_labelled(agg, density, warmu
         label = method_label({"agg": agg, "density": density, "density_per_epoch": per_epoch})
         assert label == (f"{agg} ρ={density:g}" if note is None
                          else f"{agg} ρ={per_epoch[-1]:g} warm-up")
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--lr", "-1"], "--lr must be a finite number > 0, got -1"),
+    (["--momentum", "2"], "--momentum must be in [0, 1), got 2"),
+    (["--seed", "-1"], "--seed must be from 0 to 4294967295, got -1"),
+    (["--model", "vgg16", "--batch-size", "1"], "--batch-size 1 is too small for vgg16"),
+    (["--batch-size", "5000"], "--batch-size 5000 is larger than a rank's share"),
+    (["--out", "/nonexistent-gw/x.json"], "--out '/nonexistent-gw/x.json'"),
+    (["--checkpoint", "/nonexistent-gw/ck.pt"], "--checkpoint '/nonexistent-gw/ck.pt'"),
+    (["--resume"], "--resume needs --checkpoint PATH"),
+    (["--timeout", "0"], "--timeout must be a positive number"),
+])
+def test_the_worker_refuses_what_gradwire_train_refuses(monkeypatch, capsys, args, msg):
+    """Under plain torchrun nothing checks the worker's arguments first: each rank refuses
+    them in one line before it joins the process group, not with a traceback (the
+    optimizer's, numpy's, batch norm's) or once the run is over (an --out it cannot write)."""
+    from gradwire.train import worker
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        worker.parse_args(["--model", "mlp-small", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err.strip().splitlines()[-1], err
+
+
+def test_the_worker_writes_strict_json(monkeypatch, tmp_path):
+    """A diverged run's NaN losses are null in the worker's --out, as in gradwire train's
+    --json: strict JSON, which other readers take."""
+    from gradwire.train import worker
+
+    monkeypatch.setattr(worker.dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(worker.dist, "destroy_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(worker, "train", lambda args: {"loss": [1.0, math.nan], "x": math.inf})
+    out = tmp_path / "w.json"
+    assert worker.main(["--model", "mlp-small", "--out", str(out)]) == 0
+    assert strict_json(out.read_text()) == {"loss": [1.0, None], "x": None}
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_every_rank_in_one_line(one_rank, capsys,
+                                                                          tmp_path):
+    """A folder removed during the run: rank 0 says so in one line and every rank exits,
+    none left waiting on a barrier for it (which gave each a gloo traceback)."""
+    import torch
+
+    from gradwire.train import worker
+
+    class Agg:
+        def state_dict(self):
+            return {}
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gone = tmp_path / "gone" / "ck.pt"
+    with pytest.raises(SystemExit) as e:
+        worker.save_checkpoint(str(gone), model, opt, Agg(), {}, 3, {})
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "Traceback" not in err
+    assert err.strip().splitlines() == [err.strip()]
+    assert err.startswith(f"gradwire train: error: cannot write checkpoint '{gone}' after "
+                          "epoch 3: ")
+    worker.save_checkpoint(str(tmp_path / "ck.pt"), model, opt, Agg(), {}, 3, {})
+    assert (tmp_path / "ck.pt").stat().st_size > 0

@@ -31,6 +31,20 @@ def is_real(value: object, low: float = -math.inf, high: float = math.inf, *,
             and value <= high)
 
 
+# Bounds of the options every run takes (the CLI's and a rank's own).
+MAX_SEED = 2**32 - 1
+MAX_BATCH = 65536
+MAX_SEQ_LEN = 4096
+
+
+def check_range(option: str, value: int, low: int, high: int) -> int:
+    """An integer option within [low, high] (typer's own min= and max= say less: not the
+    value given)."""
+    if not is_int(value, low, high):
+        raise GradwireError(f"{option} must be from {low} to {high}, got {value}")
+    return value
+
+
 def check_int(name: str, param: str, value: object, low: int) -> int:
     """``value`` if it is an integer (not a bool) ``>= low``."""
     if not is_int(value, low):

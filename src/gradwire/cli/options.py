@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
-from gradwire.check import is_int
+from gradwire.check import MAX_BATCH, MAX_SEED, MAX_SEQ_LEN, check_range  # noqa: F401 (the CLI's)
 from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_available
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS
@@ -58,9 +58,6 @@ Epochs = Annotated[int, typer.Option(help="epochs (>= 1)")]
 # memory with it, and torch fails with a traceback instead of a line.
 # --seq-len: text models read windows of a 512 KiB corpus, whose 10 % test split holds few
 # windows longer than 4096 symbols (none past ~52 K, and profiling then divided by zero).
-MAX_SEED = 2**32 - 1
-MAX_BATCH = 65536
-MAX_SEQ_LEN = 4096
 BatchSize = Annotated[int, typer.Option(help="samples per rank per iteration (1 to 65536)")]
 Seed = Annotated[int, typer.Option(help="model initialisation and data order (0 to "
                                    "2**32 - 1)")]
@@ -118,14 +115,6 @@ def world_size(hosts: int, name: str | None) -> int:
     if not 1 <= hosts <= MAX_HOSTS:
         raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     return hosts
-
-
-def check_range(option: str, value: int, low: int, high: int) -> int:
-    """An integer option within [low, high] (typer's own min= and max= say less: not the
-    value given)."""
-    if not is_int(value, low, high):
-        raise GradwireError(f"{option} must be from {low} to {high}, got {value}")
-    return value
 
 
 def check_seed_and_batch(seed: int, batch_size: int | None) -> None:

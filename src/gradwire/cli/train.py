@@ -12,7 +12,6 @@ from rich.table import Table
 
 from gradwire.bandwidth import parse_bandwidth
 from gradwire.cli.options import (
-    MAX_SEQ_LEN,
     Bandwidth,
     BatchSize,
     Density,
@@ -24,8 +23,6 @@ from gradwire.cli.options import (
     Mtu,
     Seed,
     check_outputs,
-    check_range,
-    check_seed_and_batch,
     console,
     use_loopback,
     world_size,
@@ -97,8 +94,6 @@ def train(
     parse_bandwidth(bandwidth)
     check_timeout(timeout)
     validate(cfg, world_size(hosts, None))
-    check_seed_and_batch(seed, batch_size)
-    check_range("--seq-len", seq_len, 1, MAX_SEQ_LEN)
     check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
     note = warmup_note(cfg, "--epochs {epochs} or more, or --no-warmup, send it")
     if note:
@@ -153,7 +148,7 @@ def demo(
                                    ("mode", mode), ("batch_size", batch_size), ("lr", lr))
                  if v is not None}
     base = dataclasses.replace(DEMO, seed=seed, **overrides)
-    aggs = [a.strip() for a in agg.split(",") if a.strip()]
+    aggs = list(dict.fromkeys(a.strip() for a in agg.split(",") if a.strip()))  # each once
     if not aggs:
         raise GradwireError(f"--agg is empty: expected a comma list of {', '.join(METHODS)}")
     parse_bandwidth(bandwidth)
@@ -162,7 +157,6 @@ def demo(
     runs = [dataclasses.replace(base, agg=a) for a in aggs]
     for cfg in runs:
         validate(cfg, hosts)
-    check_seed_and_batch(seed, batch_size)
     for cfg in runs:
         note = warmup_note(cfg, "--epochs {epochs} or more send it")
         if note:

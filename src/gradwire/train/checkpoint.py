@@ -4,7 +4,8 @@ One file (loaded with `weights_only=True`: tensors, numbers, strings and contain
 holds the model, the optimizer (momentum buffers), every rank's aggregation state
 (error-feedback residuals differ per rank, so all of them are kept, in rank order), the epoch
 history, and the settings a resumed run must share (model, aggregation, density, mode, warm-up,
-world size, batch size, seed, sequence length, PowerSGD's rank). Rank 0 writes it after each
+world size, batch size, learning rate and momentum (the optimizer's state holds them), seed,
+sequence length, PowerSGD's rank). Rank 0 writes it after each
 epoch, atomically.
 """
 
@@ -21,8 +22,8 @@ from gradwire.jsonfile import written_beside
 
 FORMAT = 1
 # Settings that must match for a resumed run to continue the same run.
-MUST_MATCH = ("model", "agg", "density", "mode", "warmup", "world_size", "batch_size", "seed",
-              "seq_len", "rank")
+MUST_MATCH = ("model", "agg", "density", "mode", "warmup", "world_size", "batch_size", "lr",
+              "momentum", "seed", "seq_len", "rank")
 
 
 def save(path: str | os.PathLike, state: dict[str, Any]) -> None:
@@ -43,6 +44,13 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise GradwireError(f"--resume: {str(path)!r} is not a gradwire checkpoint "
                             f"(format {FORMAT})")
+    kinds = {"settings": dict, "epoch": int, "model": dict, "optimizer": dict,
+             "aggregation": list, "history": dict}
+    for key, kind in kinds.items():
+        if not isinstance(ck.get(key), kind) or isinstance(ck.get(key), bool):
+            raise GradwireError(f"--resume: {str(path)!r} is not a whole gradwire checkpoint: "
+                                f"its {key!r} is {type(ck.get(key)).__name__}, expected "
+                                f"{kind.__name__}")
     return ck
 
 

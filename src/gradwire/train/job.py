@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from gradwire import catalogue
-from gradwire.check import check_density
+from gradwire.check import MAX_BATCH, MAX_SEED, MAX_SEQ_LEN, check_density, check_range
 from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
@@ -90,16 +90,15 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
         raise GradwireError(f"--mode {cfg.mode!r} is not valid: expected one of "
                             f"{', '.join(MODES)}")
     check_density(cfg.density)
-    for name in ("epochs", "batch_size", "seq_len"):
-        if getattr(cfg, name) < 1:
-            raise GradwireError(f"--{name.replace('_', '-')} must be >= 1, got "
-                                f"{getattr(cfg, name)}")
+    if cfg.epochs < 1:
+        raise GradwireError(f"--epochs must be >= 1, got {cfg.epochs}")
+    check_range("--batch-size", cfg.batch_size, 1, MAX_BATCH)
+    check_range("--seq-len", cfg.seq_len, 1, MAX_SEQ_LEN)
+    check_range("--seed", cfg.seed, 0, MAX_SEED)
     if not 0 < cfg.lr < math.inf:
         raise GradwireError(f"--lr must be a finite number > 0, got {cfg.lr:g}")
     if not 0 <= cfg.momentum < 1:
         raise GradwireError(f"--momentum must be in [0, 1), got {cfg.momentum:g}")
-    if cfg.seed < 0:
-        raise GradwireError(f"--seed must be >= 0, got {cfg.seed}")
     check_rank(cfg.agg, cfg.rank)
     least = get_spec(cfg.model).min_batch
     if cfg.batch_size < least:

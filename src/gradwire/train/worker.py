@@ -13,7 +13,6 @@ import argparse
 import datetime
 import gc
 import itertools
-import json
 import os
 import sys
 import time
@@ -23,15 +22,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradwire.check import check_density
 from gradwire.data import shard_indices
 from gradwire.errors import GradwireError
 from gradwire.hooks import MODES
-from gradwire.launcher import PROGRESS
+from gradwire.jsonfile import check_writable, dumps
+from gradwire.launcher import PROGRESS, check_timeout
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
 from gradwire.train import checkpoint
-from gradwire.train.aggregate import METHODS, HookedDDP, check_rank
+from gradwire.train.aggregate import METHODS, HookedDDP
+from gradwire.train.job import TrainConfig, validate
 from gradwire.train.wire import tx_bytes
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
@@ -61,14 +61,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="rank 0 writes the result JSON here")
     p.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
     a = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "seq_len"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    if a.resume and not a.checkpoint:
-        p.error("--resume needs --checkpoint PATH")
+    # every check gradwire train makes on the host, made here too (this entry point also runs
+    # under plain torchrun): each rank refuses bad input in one line before the process group,
+    # instead of a traceback (an optimizer's, numpy's, batch norm's) or a file that cannot be
+    # written once the run is over
+    cfg = TrainConfig(model=a.model, agg=a.agg, density=a.density, mode=a.mode,
+                      warmup=a.warmup, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
+                      momentum=a.momentum, seed=a.seed, seq_len=a.seq_len, rank=a.rank,
+                      checkpoint=a.checkpoint, resume=a.resume)
     try:
-        check_density(a.density)
-        check_rank(a.agg, a.rank)
+        validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+        check_writable(a.out, "--out")
+        check_writable(a.checkpoint, "--checkpoint")
+        check_timeout(a.timeout)
     except GradwireError as e:
         p.error(str(e))
     return a
@@ -124,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     # group, are gone before it is destroyed (destroyed under them, gloo can abort at exit).
     gc.collect()
     if result is not None and args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        try:
+            with open(args.out, "w") as f:
+                f.write(dumps(result, indent=1))  # strict JSON: a NaN loss is null
+        except OSError as e:  # checked before the run; a disk can still fill
+            raise GradwireError(f"cannot write --out {args.out!r}: {e.strerror or e}") from None
     dist.destroy_process_group()
     return 0
 
@@ -195,11 +203,19 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg
     """Every rank hands its aggregation state to rank 0, which writes the file."""
     states: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(agg.state_dict(), states, dst=0)
+    failed = torch.zeros(1)
     if dist.get_rank() == 0:
-        checkpoint.save(path, {"epoch": epoch, "settings": run_settings,
-                               "model": model.state_dict(), "optimizer": opt.state_dict(),
-                               "aggregation": states, "history": history})
-    dist.barrier()
+        try:
+            checkpoint.save(path, {"epoch": epoch, "settings": run_settings,
+                                   "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                   "aggregation": states, "history": history})
+        except (OSError, RuntimeError) as e:  # torch.save says RuntimeError for a lost folder
+            print(f"gradwire train: error: cannot write checkpoint {path!r} after epoch "
+                  f"{epoch}: {e}", file=sys.stderr, flush=True)
+            failed += 1
+    dist.all_reduce(failed)  # every rank stops, none waits on a peer that has gone
+    if failed.item():
+        raise SystemExit(1)
 
 
 def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.Module,
