@@ -94,3 +94,9 @@ def test_a_transport_or_group_of_the_wrong_kind_is_one_line(call, kw, says):
     with pytest.raises(GradwireError) as e:
         getattr(gc, call)(*args, **kw)
     assert says in str(e.value) and call in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_api_keeps_c10d_semantics():
+    """tests/scripts/api_check.py: calls in flight at once run in issue order, subgroup roots
+    are global ranks, non-members do nothing, parameters are written in place; P = 3."""
+    run_checks("api_check.py", 3, timeout=300)

@@ -76,6 +76,10 @@ def parse_spec(collective: str, text: str) -> AlgoSpec:
     elif rest:
         raise GradwireError(f"algorithm {text!r}: the builtin baseline takes no parameters")
     params = parse_params(rest, f"algorithm {text.strip()!r}: parameter")
+    set_by_bench = [k for k in params if k in registry.COMMON]
+    if set_by_bench:  # the run's --op and --dtype, which a spec must not contradict
+        raise GradwireError(f"algorithm {text.strip()!r}: {set_by_bench[0]} is bench's own "
+                            f"(--op, --dtype), not an algorithm's parameter")
     if a is not None:
         try:
             registry.check_params(a, params)

@@ -8,14 +8,18 @@ Example::
 
 Every call accepts ``transport=`` (a :class:`~gradwire.transport.Transport`) to read byte
 counters afterwards, and ``async_op=True`` (the collective then runs on a helper thread and the
-returned handle's ``wait()`` joins it).
+returned handle's ``wait()`` joins it). As in c10d, a group's calls run in the order they were
+issued, async or not, roots (``src``, ``dst``) are global ranks, and a rank outside ``group``
+does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -30,6 +34,71 @@ from gradwire.transport import Transport, resolve
 # what a reduction sums in; int8 wraps on overflow, which its one user (the int8 method of
 # gradwire.catalogue) rules out by the levels it sends
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8)
+
+
+class _Turns:
+    """The order of one process group's calls: each takes a ticket when it is issued (on the
+    caller's thread, so in program order) and runs when the calls before it are done. Every
+    rank issues a group's calls in the same order, so every rank runs them in that order too,
+    however their threads are scheduled: two calls in flight at once would otherwise post
+    their messages on the same pairs of ranks in an order that differs between ranks. A call
+    issued from inside one of the group's calls (on the thread running it) runs inside it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._issued = self._serving = 0
+        self._owner: int | None = None
+
+    def take(self) -> int | None:
+        if self._owner == threading.get_ident():
+            return None
+        with self._cond:
+            self._issued += 1
+            return self._issued - 1
+
+    @contextlib.contextmanager
+    def turn(self, ticket: int | None) -> Iterator[None]:
+        if ticket is None:
+            yield
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: self._serving == ticket)
+            self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._owner = None
+                self._serving += 1
+                self._cond.notify_all()
+
+
+_TURNS: dict[object, _Turns] = {}
+_TURNS_LOCK = threading.Lock()
+
+
+def _turns(group: dist.ProcessGroup | None) -> _Turns:
+    key = None if group is None or group is dist.group.WORLD else group  # one default group
+    with _TURNS_LOCK:
+        return _TURNS.setdefault(key, _Turns())
+
+
+def _outside(group: object) -> bool:
+    """Whether this rank is not in ``group`` (``dist.new_group`` gives it no group): c10d's
+    collectives do nothing there, and so do these."""
+    return group is dist.GroupMember.NON_GROUP_MEMBER
+
+
+def _root(t: Transport, rank: object, what: str) -> object:
+    """A root given as c10d takes it, a global rank, as ``t``'s group numbers it (the
+    registry refuses what is not a rank)."""
+    if t.group is None or t.group is dist.group.WORLD or not isinstance(rank, int):
+        return rank
+    members = dist.get_process_group_ranks(t.group)
+    if rank not in members:
+        raise GradwireError(f"{what}={rank} is not in the group: {what} is a global rank, as "
+                            f"in torch.distributed, and the group's are {members}")
+    return members.index(rank)
 
 
 class Handle:
@@ -49,7 +118,9 @@ class Handle:
     def is_completed(self) -> bool:
         return not self._thread.is_alive()
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
+        if isinstance(timeout, datetime.timedelta):  # as c10d's Work.wait takes it
+            timeout = timeout.total_seconds()
         self._thread.join(timeout)
         if self._error is not None:
             raise self._error
@@ -80,7 +151,8 @@ def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Te
                             f"{', '.join(str(d) for d in DTYPES)}")
     if not tensor.is_contiguous():
         raise GradwireError(f"{what} must be contiguous: call .contiguous() first")
-    return tensor.view(-1)
+    # detached, as c10d writes into a parameter that requires grad
+    return tensor.detach().view(-1)
 
 
 # reduce_scatter_tensor reduces out of its input into a work buffer. A fresh buffer per call
@@ -126,7 +198,14 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
             if after is not None:
                 after(work)
 
-    go = in_place if whole is None else functools.partial(out_of_place, *whole)
+    body = in_place if whole is None else functools.partial(out_of_place, *whole)
+    turns = _turns(t.group)
+    ticket = turns.take()
+
+    def go() -> None:
+        with turns.turn(ticket):
+            body()
+
     if async_op:
         return Handle(go)
     go()
@@ -137,6 +216,8 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
                async_op: bool = False, algo: str | None = None,
                transport: Transport | None = None, **params: object) -> Handle | None:
     """Every rank ends with the sum (or average) of ``tensor`` over ranks, in place."""
+    if _outside(group):
+        return None
     buf = _flat(tensor, "tensor")
     how = _op(op, buf)
     t = resolve(transport, group, "all_reduce")
@@ -149,9 +230,12 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
            algo: str | None = None, transport: Transport | None = None,
            **params: object) -> Handle | None:
     """Rank ``dst`` ends with the sum (or average); other ranks' buffers are scratch."""
+    if _outside(group):
+        return None
     buf = _flat(tensor, "tensor")
     how = _op(op, buf)
     t = resolve(transport, group, "reduce")
+    dst = _root(t, dst, "dst")  # type: ignore[assignment]
     after = (lambda b: b.div_(t.world_size)) if how == "avg" and t.rank == dst else None
     return _run("reduce", algo, buf, dst, group, t, async_op, after, params)
 
@@ -160,8 +244,12 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | Non
               async_op: bool = False, algo: str | None = None,
               transport: Transport | None = None, **params: object) -> Handle | None:
     """Every rank ends with rank ``src``'s ``tensor``."""
-    return _run("broadcast", algo, _flat(tensor, "tensor", moved_only=True), src, group,
-                transport, async_op, None, params)
+    if _outside(group):
+        return None
+    buf = _flat(tensor, "tensor", moved_only=True)
+    t = resolve(transport, group, "broadcast")
+    return _run("broadcast", algo, buf, _root(t, src, "src"), group, t,  # type: ignore[arg-type]
+                async_op, None, params)
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
@@ -169,6 +257,8 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
                            algo: str | None = None, transport: Transport | None = None,
                            **params: object) -> Handle | None:
     """``output`` (P × input elements) ends with every rank's ``input``, in rank order."""
+    if _outside(group):
+        return None
     out, inp = _flat(output, "output", True), _flat(input, "input", True)
     t = resolve(transport, group, "all_gather_into_tensor")
     if out.numel() != t.world_size * inp.numel() or out.dtype != inp.dtype:
@@ -186,6 +276,8 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
     """``output`` ends with this rank's block of the sum of every rank's ``input``, which is
     left as it was. The sum is formed out of place (no copy of the input) in a work buffer
     that WORK_BUFFERS lends for the call."""
+    if _outside(group):
+        return None
     out, inp = _flat(output, "output"), _flat(input, "input")
     how = _op(op, inp)
     t = resolve(transport, group, "reduce_scatter_tensor")
