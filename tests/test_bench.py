@@ -95,6 +95,8 @@ def test_algo_specs():
     assert [(s.label, s.name, s.params) for s in specs] == [
         ("ring", "ring", {}), ("ring:pipeline=4", "ring", {"pipeline": 4}),
         ("builtin", "builtin", {})]
+    # a spec given twice is run once (its rows would merge under one label)
+    assert [s.label for s in parse_specs("allreduce", "ring, rhd,ring,rhd ")] == ["ring", "rhd"]
     assert parse_params(["alpha=1e-4", "sharding=even"]) == {"alpha": 1e-4, "sharding": "even"}
     for bad, msg in [("ring:pipeline", "KEY=VALUE"), ("builtin:x=1", "no parameters"),
                      (",", "names no algorithm")]:
@@ -389,3 +391,22 @@ def test_a_benchmark_records_the_command_as_typed_from_the_repository_root():
     assert script_command(["/abs/benchmarks/ddp_hooks.py", "--hooks", "a b"]) == (
         "python benchmarks/ddp_hooks.py --hooks 'a b'")
     assert script_command(["topk_select.py"]) == "python benchmarks/topk_select.py"
+
+
+def test_builtin_listed_in_algo_runs_once_where_it_is_listed(monkeypatch, tmp_path):
+    """`--algo ring,builtin` failed on the host ("unknown allreduce algorithm 'builtin'")
+    and, with the default baseline on, would have run torch.distributed's twice."""
+    from rich.console import Console
+
+    from gradwire.bench import run as bench_run
+    from gradwire.cluster import loopback_cluster
+
+    monkeypatch.setenv("GRADWIRE_HOME", str(tmp_path))  # no calibration of this machine's
+    sent = []
+    monkeypatch.setattr(bench_run, "run_ranks", lambda c, mod, args, *a, **k: sent.append(
+        json.loads(args[args.index("--algos") + 1])) or [])
+    specs = parse_specs("allreduce", "ring,builtin")
+    bench_run.run_bench(loopback_cluster(2), "allreduce", specs, [1024], "float32", 1, 0, {},
+                        True, 60, Console(file=open(tmp_path / "out.txt", "w")))
+    assert [(r["label"], r["params"]) for r in sent[0]][1] == ("builtin", {})
+    assert [r["label"] for r in sent[0]] == ["ring", "builtin"]

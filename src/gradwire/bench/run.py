@@ -43,10 +43,13 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
                    **params}
 
     def taken(s: AlgoSpec) -> dict:
+        if s.name == BUILTIN:  # torch.distributed's own: no parameters
+            return {}
         known = registry.parameters(registry.get(collective, s.name))
         return {**{k: v for k, v in algo_params.items() if k in known}, **s.params}
 
-    runs = ([AlgoSpec(BUILTIN, BUILTIN)] if builtin else []) + [
+    listed = any(s.name == BUILTIN for s in specs)  # --algo ...,builtin: where it was put
+    runs = ([AlgoSpec(BUILTIN, BUILTIN)] if builtin and not listed else []) + [
         AlgoSpec(s.label, s.name, taken(s)) for s in specs]
     args = ["--collective", collective, "--algos", json.dumps([r.to_json() for r in runs]),
             "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),

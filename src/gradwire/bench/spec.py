@@ -89,11 +89,14 @@ def parse_spec(collective: str, text: str) -> AlgoSpec:
 
 
 def parse_specs(collective: str, text: str | None) -> list[AlgoSpec]:
-    """A comma list of specs; every algorithm of ``collective`` when ``text`` is None."""
+    """A comma list of specs, each once; every algorithm of ``collective`` when ``text`` is
+    None."""
     registry.get(collective)
     if text is None:
         return [AlgoSpec(a.name, a.name) for a in registry.algorithms(collective)]
-    specs = [parse_spec(collective, t) for t in text.split(",") if t.strip()]
+    # a spec given twice is run once: its rows and averages would merge under one label
+    labels = dict.fromkeys(t.strip() for t in text.split(",") if t.strip())
+    specs = [parse_spec(collective, t) for t in labels]
     if not specs:
         raise GradwireError(f"--algo {text!r} names no algorithm: expected a comma list such as "
                             "ring,lp:block=65536")

@@ -186,8 +186,9 @@ def write_timeline(results: Sequence[SimResult], workers: int, path: Path) -> Pa
     """Chrome-trace JSON (open in ui.perfetto.dev): one process per host per mechanism,
     compute on thread 0, flows it sends on thread 1. Host ``h`` of the ``k``-th result is
     process ``k * span + h``, ``span`` the smallest power of ten from 1000 above every host
-    id of the run (1000 up to 1000 hosts, ids 0-999: process 2003 is the third mechanism's host 3), so
-    that no two mechanisms' hosts share a process, however many hosts there are."""
+    id of the run (1000 up to 1000 hosts, ids 0-999: process 2003 is the third mechanism's
+    host 3), so that no two mechanisms' hosts share a process, however many hosts there
+    are."""
     top = max((e["pid"] for r in results for e in r.timeline), default=0)
     span = 1000
     while span <= top:
