@@ -100,8 +100,8 @@ def test_api_builds_with_the_buffers_itemsize(monkeypatch):
         return real(*args, **params)
 
     monkeypatch.setattr(api.registry, "schedule", spy)
-    class Alone(Transport):  # one rank: nothing is sent
-        rank, world_size, backend = 0, 1, "gloo"
+    class Alone(Transport):  # one rank of the default group: nothing is sent
+        rank, world_size, backend, group = 0, 1, "gloo", None
 
         def __init__(self) -> None:
             pass
