@@ -46,6 +46,11 @@ def _wire(tensor: torch.Tensor) -> torch.Tensor:
 _UPSTREAM: list[weakref.ref] = []
 
 
+def is_default_group(group: object) -> bool:
+    """Whether ``group`` is the default (world) group: None or ``dist.group.WORLD``."""
+    return group is None or group is dist.group.WORLD
+
+
 def _upstream_group(group: dist.ProcessGroup | None, backend: str) -> dist.ProcessGroup | None:
     """A second gloo group over the world, so each direction of a pair has its own connection.
 
@@ -55,7 +60,7 @@ def _upstream_group(group: dist.ProcessGroup | None, backend: str) -> dist.Proce
     (every rank reaches it at the same point, as with any collective). NCCL and subgroups keep
     one connection per pair.
     """
-    if group not in (None, dist.group.WORLD) or backend != "gloo":
+    if not is_default_group(group) or backend != "gloo":
         return None
     world = dist.group.WORLD
     twin = _UPSTREAM[1]() if _UPSTREAM and _UPSTREAM[0]() is world else None

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
-from gradwire.check import MAX_BATCH, MAX_SEED, MAX_SEQ_LEN, check_range  # noqa: F401 (the CLI's)
+from gradwire.check import MAX_BATCH, MAX_SEED, check_range
 from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_available
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS

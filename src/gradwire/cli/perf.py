@@ -8,11 +8,9 @@ from typing import Annotated
 
 import typer
 
+from gradwire.check import MAX_BATCH, MAX_SEQ_LEN, check_range
 from gradwire.cli.options import (
-    MAX_BATCH,
-    MAX_SEQ_LEN,
     check_outputs,
-    check_range,
     command_line,
     console,
     write_json,

@@ -19,6 +19,7 @@ import contextlib
 import datetime
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 
 import torch
@@ -29,7 +30,7 @@ from gradwire.collectives.executor import execute
 from gradwire.collectives.pool import BufferPool
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
-from gradwire.transport import Transport, resolve
+from gradwire.transport import Transport, is_default_group, resolve
 
 # what a reduction sums in; int8 wraps on overflow, which its one user (the int8 method of
 # gradwire.catalogue) rules out by the levels it sends
@@ -73,14 +74,18 @@ class _Turns:
                 self._cond.notify_all()
 
 
-_TURNS: dict[object, _Turns] = {}
+# Subgroups' turns are held weakly: a strong reference to a process group would outlive
+# destroy_process_group (see gradwire.transport._UPSTREAM).
+_DEFAULT_TURNS = _Turns()
+_GROUP_TURNS: weakref.WeakKeyDictionary[dist.ProcessGroup, _Turns] = weakref.WeakKeyDictionary()
 _TURNS_LOCK = threading.Lock()
 
 
 def _turns(group: dist.ProcessGroup | None) -> _Turns:
-    key = None if group is None or group is dist.group.WORLD else group  # one default group
+    if is_default_group(group):
+        return _DEFAULT_TURNS
     with _TURNS_LOCK:
-        return _TURNS.setdefault(key, _Turns())
+        return _GROUP_TURNS.setdefault(group, _Turns())  # type: ignore[arg-type]
 
 
 def _outside(group: object) -> bool:
@@ -92,7 +97,7 @@ def _outside(group: object) -> bool:
 def _root(t: Transport, rank: object, what: str) -> object:
     """A root given as c10d takes it, a global rank, as ``t``'s group numbers it (the
     registry refuses what is not a rank)."""
-    if t.group is None or t.group is dist.group.WORLD or not isinstance(rank, int):
+    if is_default_group(t.group) or not isinstance(rank, int):
         return rank
     members = dist.get_process_group_ranks(t.group)
     if rank not in members:

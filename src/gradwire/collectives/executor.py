@@ -253,23 +253,21 @@ class _Dataflow:
         # One port: sends of earlier steps to other peers finish first (a binomial root
         # feeds its first child at full rate instead of all children at a fraction).
         dst = t.dst
-        if any(x[3] < step and x[2] != dst for x in self.sending):
-            self.wait_sends(lambda x: x[3] < step and x[2] != dst)
+        self.wait_sends([x for x in self.sending if x[3] < step and x[2] != dst])
         self.sending.append((t.start, t.start + t.count, t.dst, step,
                              self.transport.isend(self.outgoing(t), t.dst)))
         self.post_receives(0)
 
-    def wait_sends(self, which: Callable[[tuple[int, int, int, int, Any]], bool]) -> None:
-        """Wait for the outstanding sends ``which`` picks, in the order they were issued, and
-        forget them. The list can hold many sends (gloo marks one done only once waited for),
-        so callers first look for one inline, which costs a fraction of calling ``which``."""
-        keep = []
-        for x in self.sending:
-            if which(x):
-                x[4].wait()
-            else:
-                keep.append(x)
-        self.sending = keep
+    def wait_sends(self, picked: list[tuple[int, int, int, int, Any]]) -> None:
+        """Wait for ``picked``, outstanding sends in the order they were issued, and forget
+        them. The list can hold many sends (gloo marks one done only once waited for), so
+        callers pick with inline comparisons, and it is rebuilt only when one was picked."""
+        if not picked:
+            return
+        for x in picked:
+            x[4].wait()
+        gone = {id(x) for x in picked}
+        self.sending = [x for x in self.sending if id(x) not in gone]
 
     def outgoing(self, t: Transfer) -> torch.Tensor:
         """The bytes a send reads: the source while none of its range is written yet."""
@@ -335,8 +333,7 @@ class _Dataflow:
         late = [x for x in self.sending if x[0] < stop and start < x[1]]
         if any(x[3] >= now for x in late):
             return False
-        if late:
-            self.wait_sends(lambda x: x[0] < stop and start < x[1])
+        self.wait_sends(late)
         return True
 
     def apply_through(self, last: int) -> None:
@@ -372,8 +369,7 @@ class _Dataflow:
     def finish_sends_overlapping(self, t: Transfer) -> None:
         """Wait for this rank's sends that read any of ``t``'s range (write after read)."""
         start, stop = t.start, t.start + t.count
-        if any(x[0] < stop and start < x[1] for x in self.sending):
-            self.wait_sends(lambda x: x[0] < stop and start < x[1])
+        self.wait_sends([x for x in self.sending if x[0] < stop and start < x[1]])
 
 
 def _apply(s: Schedule, ops: dict[str, Combine], view: torch.Tensor, t: Transfer,

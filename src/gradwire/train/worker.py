@@ -10,6 +10,7 @@ epoch, and ``--resume`` goes on from it as if the run had not stopped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import itertools
@@ -65,10 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # under plain torchrun): each rank refuses bad input in one line before the process group,
     # instead of a traceback (an optimizer's, numpy's, batch norm's) or a file that cannot be
     # written once the run is over
-    cfg = TrainConfig(model=a.model, agg=a.agg, density=a.density, mode=a.mode,
-                      warmup=a.warmup, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
-                      momentum=a.momentum, seed=a.seed, seq_len=a.seq_len, rank=a.rank,
-                      checkpoint=a.checkpoint, resume=a.resume)
+    cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig)})
     try:
         validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
         check_writable(a.out, "--out")
