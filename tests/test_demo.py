@@ -69,3 +69,34 @@ def test_a_method_given_twice_is_trained_once(monkeypatch, capsys, tmp_path):
                                                  str(tmp_path / "d.png")])
     assert code == 0, err
     assert ran == [["dense", "topk"]]
+
+
+def test_a_method_that_fails_costs_only_its_own_row(monkeypatch, capsys, tmp_path):
+    """A run that fails (a rank dies, the timeout passes) must not lose the methods trained
+    before it nor stop those after it: their rows reach the table, --json and the figure, and
+    then the demo exits non-zero with one line naming the failure."""
+    import gradwire.demo
+    from gradwire.errors import GradwireError
+
+    def train_on(cluster, cfg, label, timeout, console):
+        if label == "topk":
+            raise GradwireError("topk failed: rank 1 exited with code 1")
+        return {"agg": label, "density": cfg.density, "model": "mlp-small", "parameters": 1000,
+                "world_size": 2, "samples_per_s": 100.0, "wire_tx_bytes_per_iter_per_rank": None,
+                "payload_bytes_per_iter_per_rank": 4000, "wall_s": 1.0, "loss": [2.0, 1.0],
+                "test_accuracy": [0.5, 0.7], "epoch_wall_s": [0.5, 1.0],
+                "seconds_per_iter": dict.fromkeys(("compute", "compress", "communicate",
+                                                   "step"), 0.01)}
+
+    monkeypatch.setattr(gradwire.demo, "train_on", train_on)
+    out, png = tmp_path / "r.json", tmp_path / "d.png"
+    code, stdout, err = run_cli(monkeypatch, capsys, [
+        "demo", "--loopback", "--hosts", "2", "--agg", "dense,topk,gtopk", "--json", str(out),
+        "--plot", str(png)])
+    assert code == 2, stdout + err
+    assert "topk failed: rank 1 exited with code 1; the other methods go on" in stdout
+    assert [r["agg"] for r in json.loads(out.read_text())] == ["dense", "gtopk"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "1 of 3 methods failed (topk failed: rank 1 exited with code 1); the table and its " \
+           "files hold the 2 that finished" in " ".join(err.split())
+    assert "Traceback" not in err

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gradwire.cluster import Cluster
+from gradwire.errors import GradwireError
 from gradwire.models import get_spec
 from gradwire.report import TABLE_NOTE, plot_curves, results_table
 from gradwire.train.job import TrainConfig, train_on
@@ -35,15 +36,26 @@ def run_demo(cluster: Cluster, aggs: Sequence[str], base: TrainConfig, timeout: 
              keep: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Train ``base`` once per method in ``aggs``; print one table, write one figure.
     ``keep`` gets the results before the figure is drawn: a figure that cannot be written
-    must not lose them."""
+    must not lose them. A method whose run fails does not cost the others theirs: the rest
+    train, the table, ``keep`` and the figure show those that finished, and then one
+    GradwireError names the methods that failed."""
     warmup = "with the gTop-k warm-up" if base.warmup else "no warm-up"
     console.print(f"[bold]gradwire demo[/]: {base.model} on {get_spec(base.model).data}, "
                   f"{len(cluster.hosts)} ranks, {cluster.label}; {', '.join(aggs)}; density "
                   f"{base.density:g} {warmup}, mode {base.mode}; {base.epochs} epochs, batch "
                   f"{base.batch_size}/rank, lr {base.lr:g}, momentum {base.momentum:g}, "
                   f"seed {base.seed}")
-    results = [train_on(cluster, dataclasses.replace(base, agg=a), a, timeout, console)
-               for a in aggs]
+    results, failed = [], []
+    for a in aggs:
+        try:
+            results.append(train_on(cluster, dataclasses.replace(base, agg=a), a, timeout,
+                                    console))
+        except GradwireError as e:
+            failed.append(str(e))
+            console.print(f"{e}" + ("; the other methods go on" if a != aggs[-1] else ""),
+                          style="red", markup=False)
+    if not results:
+        raise GradwireError("; ".join(failed))
     r0 = results[0]
     title = (f"{r0['model']} ({r0['parameters'] / 1e6:.2f} M params), {r0['world_size']} ranks, "
              f"{cluster.label}, mode {base.mode}")
@@ -54,4 +66,7 @@ def run_demo(cluster: Cluster, aggs: Sequence[str], base: TrainConfig, timeout: 
     if plot is not None:
         plot_curves(results, plot, title)
         console.print(f"wrote {plot}")
+    if failed:
+        raise GradwireError(f"{len(failed)} of {len(aggs)} methods failed ({'; '.join(failed)});"
+                            f" the table and its files hold the {len(results)} that finished")
     return results
