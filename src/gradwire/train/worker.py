@@ -145,9 +145,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     opt = optimizer(model.parameters(), args.lr, args.momentum)
     n_local = len(task.train) // world
     iters = n_local // args.batch_size
-    if iters == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} is larger than a rank's share "
-                         f"({n_local} samples at {world} ranks)")
+    assert iters > 0, "parse_args' validate() refuses a batch larger than a rank's share"
     agg = HookedDDP(args.agg, args.density, args.mode, args.warmup, args.seed, iters,
                     {} if args.rank is None else {"rank": args.rank})
     fwd = agg.start(model)
