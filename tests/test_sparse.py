@@ -1,6 +1,7 @@
 """gradwire.sparse in one process: the ⊤ merge, the wire format, Table I against the cost model,
 and, for P = 1…17 with all ranks simulated, conservation of gradient mass under error feedback
 and equality with the long-hand reference (tests/sparse_reference.py)."""
+import contextlib
 import math
 import warnings
 
@@ -334,6 +335,7 @@ def test_error_feedback_over_iterations_applies_everything_eventually(algo):
     ({"residual": torch.zeros(4, dtype=torch.float64)}, "residual must match x"),
     ({"method": "gtopk", "algo": "ring"}, "gtopk runs on the butterfly"),
     ({"method": "topk", "algo": "nope"}, "unknown allgather algorithm"),
+    ({"residual": torch.zeros(1).expand(4)}, "residual is written in place, so its elements"),
 ])
 def test_bad_arguments_say_what_is_allowed(kw, match):
     args = {"x": torch.zeros(4), "residual": torch.zeros(4), "k": 2, "method": "gtopk", **kw}
@@ -416,3 +418,88 @@ def test_the_overflow_policy_conserves_mass_near_the_fp16_limit(one_rank, pairs,
     assert residual.isfinite().all() and got.isfinite().all()
     assert torch.equal(residual.double() + got.double(), before.double() + x.double())
     assert [str(w.message).count("overflows float16") for w in caught] == [1] * overflows
+
+
+# edge cases ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["topk", "gtopk"])
+def test_short_lists_on_the_device_path_give_no_padding_in_the_result(one_rank, method):
+    """topk_allreduce and gtopk_allreduce on a GPU (here: device_paths) once returned the wire's
+    padding (index −1) among the result's indices: mask() then marked the last element, and
+    total() wrote the padding's 0 there as well as the real value (on CUDA either may win)."""
+    from gradwire.sparse import gtopk_allreduce, topk_allreduce
+    from gradwire.syncfree import device_paths
+
+    values, indices = torch.tensor([1.0, 2.0]), torch.tensor([0, 2])
+    with device_paths():
+        if method == "topk":
+            got = topk_allreduce(values, indices, 5, k=4)
+        else:
+            got = gtopk_allreduce(values, indices, 5, torch.zeros(5), k=4)
+    assert got.indices.tolist() == [0, 2]
+    assert got.mask().tolist() == [True, False, True, False, False]
+    assert got.total().tolist() == [1.0, 0.0, 2.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+@pytest.mark.parametrize("method", ["topk", "gtopk"])
+def test_a_gradient_that_requires_grad_is_aggregated_as_data(one_rank, method, device_path):
+    """x.requires_grad once stopped the host's selection with torch's "Can't call numpy() on
+    Tensor that requires grad", and on the device path tied the residual to autograd's graph
+    (a graph kept from step to step). Now the call reads the data, as a dense allreduce does."""
+    from gradwire.syncfree import device_paths
+
+    data = torch.tensor([1.0, -3.0, 2.0, 0.5])
+    want_res = torch.zeros(4)
+    want = sparse_allreduce(data.clone(), want_res, 2, method)
+    x, residual = data.clone().requires_grad_(), torch.zeros(4)
+    with device_paths() if device_path else contextlib.nullcontext():
+        got = sparse_allreduce(x, residual, 2, method)
+        assert sparse_allreduce(x, torch.zeros(4), 2, method, out=x) is x  # written over x
+    assert torch.equal(got, want) and torch.equal(residual, want_res)
+    assert residual.grad_fn is None and not residual.requires_grad
+    residual = torch.zeros(4)
+    results = simulate([data.clone().requires_grad_()], [residual], 2, method)
+    assert torch.equal(results[0].average(), want) and residual.grad_fn is None
+
+
+def test_device_paths_blocks_may_overlap_across_threads():
+    """A thread leaving its device_paths() block once switched the host path back on for every
+    other thread still inside a block of its own."""
+    import threading
+
+    from gradwire.syncfree import device_paths, on_host
+
+    t, seen = torch.zeros(1), []
+    entered, left = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with device_paths():
+            entered.set()
+            left.wait(10)
+            seen.append(on_host(t))
+
+    with device_paths():
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert entered.wait(10)
+    left.set()
+    thread.join(10)
+    assert seen == [False] and on_host(t)
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"k": 2.5}, "k (entries per rank) must be an integer >= 0, got 2.5"),
+    ({"k": None}, "k (entries per rank) must be an integer >= 0, got None"),
+    ({"k": -1}, "k (entries per rank) must be an integer >= 0, got -1"),
+    ({"numel": -5}, "numel must be an integer >= 0, got -5"),
+    ({"dtype": torch.int32}, "dtype must be a float torch.dtype, got torch.int32"),
+])
+@pytest.mark.parametrize("method", ["topk", "gtopk"])
+def test_schedule_arguments_are_checked(kw, says, method):
+    """k = 2.5 once costed 2.5 entries (20 bytes and a status byte), k = -1 failed as "element
+    count must be >= 0, got -7", k = None with a TypeError."""
+    args = {"numel": 100, "k": 3, "dtype": torch.float32, **kw}
+    with pytest.raises(GradwireError) as e:
+        estimate(method, 4, args["numel"], args["k"], TABLE1, args["dtype"])
+    assert says in str(e.value) and "\n" not in str(e.value)

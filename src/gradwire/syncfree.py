@@ -24,6 +24,8 @@ from collections.abc import Iterator
 import torch
 
 _forced = threading.Event()
+_blocks = 0  # device_paths() blocks open, in every thread (under _lock)
+_lock = threading.Lock()
 
 
 def on_host(t: torch.Tensor) -> bool:
@@ -33,11 +35,16 @@ def on_host(t: torch.Tensor) -> bool:
 
 @contextlib.contextmanager
 def device_paths() -> Iterator[None]:
-    """Within the block, every thread runs the device path on CPU tensors as well."""
-    was = _forced.is_set()
-    _forced.set()
+    """Within the block, every thread runs the device path on CPU tensors as well. Blocks may
+    nest and overlap across threads: the host path returns when the last open block closes."""
+    global _blocks
+    with _lock:
+        _blocks += 1
+        _forced.set()
     try:
         yield
     finally:
-        if not was:
-            _forced.clear()
+        with _lock:
+            _blocks -= 1
+            if _blocks == 0:
+                _forced.clear()

@@ -96,8 +96,9 @@ class SparseResult:
 class Plan:
     """One rank's part: run ``schedule`` on ``buffer`` with ``combine``; then ``worst()``, the
     worst status byte of any rank (a 0-d uint8 tensor, read by nobody here), and, when that is
-    OK, ``finish()`` (the result; on the host path) or ``average(out)`` (its dense average, on
-    either path). Both first add what this rank's merges dropped to its residual."""
+    OK, ``finish()`` (the result, its padding dropped: on the device path that reads the host)
+    or ``average(out)`` (its dense average, on either path, with no host read). Both first add
+    what this rank's merges dropped to its residual."""
 
     schedule: Schedule
     buffer: torch.Tensor
@@ -125,6 +126,13 @@ def spec(method: str, world_size: int, numel: int, k: int, dtype: torch.dtype = 
     fewer than the tree's) or "tree"
     (the paper's: binomial reduce to rank 0, binomial broadcast).
     """
+    if not is_int(numel, 0):
+        raise GradwireError(f"sparse schedule: numel must be an integer >= 0, got {numel!r}")
+    if not is_int(k, 0):
+        raise GradwireError(f"sparse schedule: k (entries per rank) must be an integer >= 0, "
+                            f"got {k!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise GradwireError(f"sparse schedule: dtype must be a float torch.dtype, got {dtype!r}")
     nbytes = min(k, numel) * entry_bytes(numel, dtype) + STATUS_BYTES
     if method == "topk":
         return "allgather", algo or topk_algo(world_size), world_size * nbytes, {"itemsize": 1}
@@ -173,7 +181,7 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
         return merging.average_into(lists(), numel, world_size, out)
 
     def finish() -> SparseResult:
-        got_lists = lists()
+        got_lists = [_real(got) for got in lists()]
         where, slot = torch.unique(torch.cat([got.indices for got in got_lists]), sorted=True,
                                    return_inverse=True)
         sums = torch.zeros(where.numel(), dtype=acc_dtype(dtype), device=buf.device)
@@ -256,7 +264,7 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
 
     def finish() -> SparseResult:
         keep_drops()
-        got = unpack(buf[:end], k, numel, dtype)
+        got = _real(unpack(buf[:end], k, numel, dtype))
         i = got.indices
         if i.numel() < 2 or bool((i[1:] > i[:-1]).all()):  # a merge's output: ascending
             return SparseResult(got, numel, world_size, s)
@@ -264,6 +272,16 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
         return SparseResult(Entries(got.values[order], i[order]), numel, world_size, s)
 
     return Plan(s, buf, {GTOPK_OP: merge}, finish, average, lambda: buf[end])
+
+
+def _real(e: Entries) -> Entries:
+    """``e`` without its padding entries: on the device path a masked selection (a host read;
+    the result's size depends on the data), on the host path ``e`` itself (unpack dropped
+    them)."""
+    if on_host(e.indices):
+        return e
+    real = e.indices >= 0
+    return Entries(e.values[real], e.indices[real])
 
 
 def _found(indices: torch.Tensor, kept: torch.Tensor, numel: int) -> torch.Tensor:
@@ -404,6 +422,11 @@ def check_args(x: object, residual: object, k: object, method: object, selector:
                    else type(t).__name__)
             raise GradwireError(f"sparse_allreduce: {name} must match x ({tuple(x.shape)} "
                                 f"{x.dtype} on {x.device}), got {got}")
+    for name, t in (("residual", residual), ("out", out)):
+        if isinstance(t, torch.Tensor) and t.numel() > 1 and t.stride(0) == 0:
+            raise GradwireError(f"sparse_allreduce: {name} is written in place, so its elements "
+                                f"must not share memory (stride 0: an expand()ed tensor); pass "
+                                f"{name}.clone()")
     # The residual is state that outlives the call: nothing may be written over it, and x must
     # not be it (residual += x would double the gradient).
     if isinstance(residual, torch.Tensor) and residual.numel() and any(
@@ -523,6 +546,9 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     existing one 5 ms, against ~12 ms predicted for gTopKAllReduce's whole communication at P=8
     on 1 Gbit/s.
 
+    ``x``, ``residual`` and ``out`` are read and written as data, as a dense allreduce does:
+    autograd does not record the call, whether or not they require grad.
+
     ``timings``: if given, receives ``"select"``, the seconds of step 1 (error feedback and
     selection, this rank's work alone; the rest is communication and merging).
 
@@ -534,6 +560,11 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     t = resolve(transport, group, "sparse_allreduce")
     n = x.numel()
     _agree(t, "sparse_allreduce", method, _shown(method, algo), n, x.dtype, k, selector)
+    # Data, not part of autograd's graph (as in a dense allreduce): a tensor that requires
+    # grad would stop the host's numpy selection, and tie the residual to the graph.
+    given = out
+    x, residual = x.detach(), residual.detach()
     ex = exchange(x, residual, k, method, selector, t, algo, timings)
-    return ex.finish(int(ex.worst), out,
-                     lambda y: gc.all_reduce(y, op="avg", transport=t) or y)
+    got = ex.finish(int(ex.worst), None if out is None else out.detach(),
+                    lambda y: gc.all_reduce(y, op="avg", transport=t) or y)
+    return got if given is None else given

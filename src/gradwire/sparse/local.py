@@ -19,7 +19,10 @@ def simulate(xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor], k: i
              method: str = "gtopk", *, selector: str = "exact",
              algo: str | None = None) -> list[SparseResult]:
     """What ``sparse_allreduce(xs[r], residuals[r], k, method)`` does on each rank r of
-    len(xs) ranks. Residuals are updated in place; one result per rank."""
+    len(xs) ranks, without its NaN/Inf policy: every rank sends its status as OK, so NaN or
+    Inf in x, or x + residual overflowing x's dtype, is selected and applied (or kept in the
+    residual) as it is, where sparse_allreduce would aggregate dense. Residuals are updated
+    in place; one result per rank."""
     if not xs or len(xs) != len(residuals):
         raise GradwireError(f"simulate needs one x and one residual per rank, got {len(xs)} "
                             f"and {len(residuals)}")
@@ -30,7 +33,7 @@ def simulate(xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor], k: i
         if x.numel() != n or x.dtype != xs[0].dtype:
             raise GradwireError(f"rank {r}: x is {x.numel()} {x.dtype}, rank 0's is {n} "
                                 f"{xs[0].dtype}")
-        e = feed(x, res, k, selector)
-        plans.append(plan(method, e, min(k, n), n, res, r, p, algo))
+        e = feed(x.detach(), res.detach(), k, selector)  # data, as in sparse_allreduce
+        plans.append(plan(method, e, min(k, n), n, res.detach(), r, p, algo))
     execute_local(plans[0].schedule, [q.buffer for q in plans], [q.combine for q in plans])
     return [q.finish() for q in plans]
