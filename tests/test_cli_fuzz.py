@@ -160,3 +160,10 @@ def test_the_command_list_has_one_line_per_command():
     commands = typer.main.get_command(cli.app).commands  # type: ignore[attr-defined]
     assert sorted(names) == sorted(commands), out
     assert set(cli.SHORT_HELP) == set(commands) - {"cluster"}
+
+
+def test_version_prints_one_line_and_exits_zero(monkeypatch, capsys):
+    import gradwire
+
+    code, out, err = run_cli(monkeypatch, capsys, ["--version"])
+    assert (code, out, err) == (0, f"gradwire {gradwire.__version__}\n", "")

@@ -51,6 +51,15 @@ def test_the_wheel_holds_every_file_of_the_package(wheel):
     assert any(n.endswith(".json") for n in source)  # the data files are there to check
 
 
+def test_the_wheel_has_the_version_gradwire_prints(wheel):
+    """One version, gradwire.__version__: the wheel's name and metadata carry it."""
+    import gradwire
+
+    assert wheel.name.startswith(f"gradwire-{gradwire.__version__}-"), wheel.name
+    meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("dist-info/METADATA"))
+    assert f"\nVersion: {gradwire.__version__}\n" in zipfile.ZipFile(wheel).read(meta).decode()
+
+
 _LOADS = """
 import gradwire
 from gradwire import profiles

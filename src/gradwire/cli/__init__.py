@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import errno
 import sys
+from typing import Annotated
 
 import typer
 
+import gradwire
 from gradwire.cli import bench, cluster, perf, sim, train
 from gradwire.errors import GradwireError
 from gradwire.interrupts import Interrupted, on_signals
@@ -36,6 +38,21 @@ SHORT_HELP = {
     "whatif": "Predict iteration time over workers and bandwidths, and the compression needed.",
     "advise": "Rank every aggregation scheme by predicted iteration time; say why it wins.",
 }
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"gradwire {gradwire.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print gradwire's version and exit.")] = False) -> None:
+    """gradwire: gradient aggregation on bandwidth-limited networks."""
+
+
 app.add_typer(cluster_app, name="cluster")
 cluster_app.command("up")(cluster.up)
 cluster_app.command("down")(cluster.down)
