@@ -114,6 +114,9 @@ CLI = [
      "algorithm 'ring' with --param pipeline=-1: pipeline must be an int >= 1"),
     (["bench", "--algo", "lp", "--param", "alpha=nan"], "parameter alpha='nan': expected a finite"),
     (["bench", "--algo", "ps:servers=9"], "servers must be an int in 1..4"),
+    # fine at the smallest size, too many blocks at the largest
+    (["bench", "--collective", "broadcast", "--algo", "lp:block=1", "--sizes", "1K,1M"],
+     "algorithm 'lp:block=1': block=1 cuts 262144 elements into 262144 blocks"),
     (["bench", "--sizes", "1024G"], "--sizes: 1024G is too large for 4 ranks on this machine"),
     (["bench", "--sizes", "0"], "size '0' is out of range: expected 1 or more"),
     (["bench", "--sizes", "1K,0"], "size '0' is out of range"),

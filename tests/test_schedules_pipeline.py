@@ -91,6 +91,22 @@ def test_lp_rejects_bad_block():
         lp.broadcast(4, 100, beta=0)
 
 
+def test_pipelines_cut_at_most_max_blocks():
+    """A block that would cut the buffer into more than MAX_BLOCKS messages per link is refused
+    in one line when given, and b* is raised to the smallest block within it when chosen."""
+    n = lp.MAX_BLOCKS * 3 + 1
+    with pytest.raises(GradwireError, match=f"block=3 cuts {n} elements into "
+                       f"{lp.MAX_BLOCKS + 1} blocks, .* so block >= 4 here"):
+        lp.broadcast(4, n, block=3)
+    with pytest.raises(GradwireError, match="block >= 4 here"):
+        dbtree.allreduce(4, 2 * n, block=3)
+    assert lp.broadcast(4, n, block=4).params["block"] == 4
+    # α tiny against β: b* would be a block of 1, a message per element
+    for build in (lp.broadcast, lp.reduce, lp.allreduce):
+        assert build(8, n, alpha=1e-12, beta=B).params["block"] == 4
+    assert dbtree.allreduce(8, 2 * n, alpha=1e-12, beta=B).params["block"] == 4
+
+
 def test_api_builds_with_the_buffers_itemsize(monkeypatch):
     seen = []
     real = registry.schedule

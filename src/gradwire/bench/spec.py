@@ -132,11 +132,12 @@ def check_device(device: str) -> None:
                             "and this machine has none: use --device cpu")
 
 
-def check_schedules(collective: str, specs: list[AlgoSpec], params: dict, p: int, count: int,
-                    itemsize: int) -> None:
-    """Build every algorithm's schedule for ``p`` ranks and ``count`` elements with the
-    parameters the ranks will give it (the ``--param`` values it takes, then its own), so
-    that a value it refuses (``ring:pipeline=abc``, ``--param pipeline=-1``) is one line
+def check_schedules(collective: str, specs: list[AlgoSpec], params: dict, p: int,
+                    counts: list[int], itemsize: int) -> None:
+    """Build every algorithm's schedule for ``p`` ranks at the smallest and the largest of
+    ``counts`` (elements) with the parameters the ranks will give it (the ``--param`` values it
+    takes, then its own), so that a value it refuses (``ring:pipeline=abc``, ``--param
+    pipeline=-1``, ``lp:block=1`` at a size it would cut into too many blocks) is one line
     before any rank starts, instead of a traceback on every rank."""
     for s in specs:
         if s.name == BUILTIN:
@@ -144,8 +145,9 @@ def check_schedules(collective: str, specs: list[AlgoSpec], params: dict, p: int
         known = registry.parameters(registry.get(collective, s.name))
         shared = {k: v for k, v in params.items() if k in known and k not in s.params}
         try:
-            registry.table(collective, s.name, p, count, cached=False, itemsize=itemsize,
-                           **shared, **s.params)
+            for count in dict.fromkeys((min(counts), max(counts))):
+                registry.table(collective, s.name, p, count, cached=False, itemsize=itemsize,
+                               **shared, **s.params)
         except GradwireError as e:
             given = "".join(f" with --param {k}={v}" for k, v in shared.items())
             raise GradwireError(f"algorithm {s.label!r}{given}: {e}") from None

@@ -106,7 +106,7 @@ def bench(
     p = world_size(hosts, cluster)
     check_sizes(size_list, dtype, p, device, collective in ("allgather", "reducescatter"))
     size_list = measured_sizes(size_list, dtype, p, collective)
-    check_schedules(collective, specs, params, p, size_list[0] // ITEMSIZE[dtype],
+    check_schedules(collective, specs, params, p, [n // ITEMSIZE[dtype] for n in size_list],
                     ITEMSIZE[dtype])
     with cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,

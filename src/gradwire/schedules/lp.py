@@ -44,12 +44,17 @@ from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, build, merge_steps
 
 ALPHA, BETA = DEFAULT_ALPHA_S, 8 / 1e9  # gradwire's default α, 1 Gbit/s
+# Blocks per pipeline, each a message on every link. b* cuts k* = √(n·d·β/α) (n bytes): 9 400
+# for 1 GiB over 1022 hops at 100 Gbit/s with α = 1 µs, a few hundred on Ethernet; more blocks
+# than this take seconds to build and a message per few elements to run.
+MAX_BLOCKS = 16384
 
 
 def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: float,
                itemsize: int, sndbuf: int | None = None) -> int:
     """Elements per block: ``block`` if given, else b* = √(nα/(depth·β)), at most ``sndbuf``
-    bytes when that is given (the most a socket may queue); within [1, count]."""
+    bytes when that is given (the most a socket may queue); within [1, count], and cutting
+    ``count`` into at most :data:`MAX_BLOCKS` (a given ``block`` that cuts more is refused)."""
     if sndbuf is not None and not is_int(sndbuf, 1):
         raise GradwireError(f"sndbuf must be an int >= 1 (bytes a socket may queue), got "
                             f"{sndbuf!r}")
@@ -65,7 +70,11 @@ def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: 
                 block = min(block, sndbuf // itemsize)
     elif not is_int(block, 1):
         raise GradwireError(f"block must be an int >= 1 (elements per block), got {block!r}")
-    return max(1, min(count, block))
+    elif count > block * MAX_BLOCKS:
+        raise GradwireError(f"block={block} cuts {count} elements into {-(-count // block)} "
+                            f"blocks, a message each on every link: at most {MAX_BLOCKS}, so "
+                            f"block >= {-(-count // MAX_BLOCKS)} here")
+    return max(1, -(-count // MAX_BLOCKS), min(count, block))
 
 
 def pieces(count: int, block: int, start: int = 0) -> list[tuple[int, int]]:
