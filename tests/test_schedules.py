@@ -114,6 +114,33 @@ def test_unknown_algorithm_suggests():
         registry.get("alltoall", "ring")
 
 
+@pytest.mark.parametrize("p,count,match", [
+    (4, 10.5, "element count must be an integer >= 0, got 10.5"),
+    (4, "10", "element count must be an integer >= 0, got '10'"),
+    (4, -1, "element count must be an integer >= 0, got -1"),
+    (4.0, 10, "world size must be from 1 to 4096, got 4.0"),
+    (True, 10, "world size must be from 1 to 4096, got True"),
+])
+def test_world_and_count_must_be_integers(p, count, match):
+    """A float count cut blocks past the buffer's end (10.5 over 4 ranks made 11 elements),
+    a float world size was a TypeError: both are one line, from schedule() and table()."""
+    for make in (registry.schedule, registry.table):
+        with pytest.raises(GradwireError, match=match) as e:
+            make("allreduce", "ring", p, count)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("algo", [("allreduce", "ring"), ("broadcast", "lp"),
+                                  ("allreduce", "dbtree"), ("allgather", "bruck")])
+@pytest.mark.parametrize("itemsize", ["4", 0, -4, 2.0, True, None])
+def test_itemsize_must_be_a_positive_integer(algo, itemsize):
+    """Every builder is given ``itemsize`` (the API passes the tensor's, which a caller may
+    override): a string was a TypeError inside the builder, 0 went unnoticed."""
+    with pytest.raises(GradwireError, match=f"parameter itemsize={itemsize!r}: expected an "
+                                            "integer >= 1"):
+        registry.schedule(*algo, 4, 100, itemsize=itemsize)
+
+
 def test_ring_cuts_large_chunks_into_sub_chunks_unless_told():
     from gradwire.schedules.ring import MAX_PIPELINE, SUBCHUNK_BYTES
 

@@ -5,6 +5,7 @@ non-default parameters checked on tokens, and the claims the docstrings make abo
 and large-message behaviour."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,6 +106,17 @@ def test_pipelines_cut_at_most_max_blocks():
     for build in (lp.broadcast, lp.reduce, lp.allreduce):
         assert build(8, n, alpha=1e-12, beta=B).params["block"] == 4
     assert dbtree.allreduce(8, 2 * n, alpha=1e-12, beta=B).params["block"] == 4
+
+
+@pytest.mark.parametrize("alpha,beta", [(1e303, B), (A, 1e-320), (1.0, 5e-324)])
+def test_a_block_past_any_float_is_one_block(alpha, beta):
+    """b* = √(nα/(dβ)) overflowed to inf for a huge α or a tiny β (an OverflowError from
+    round()): it is then the whole buffer, as b* is at any finite α/β that large."""
+    for collective, algo in (("broadcast", "lp"), ("reduce", "lp"), ("allreduce", "lp"),
+                             ("allreduce", "dbtree")):
+        s = registry.schedule(collective, algo, 5, 1000, alpha=alpha, beta=beta)
+        assert s.params["block"] == (500 if algo == "dbtree" else 1000)
+        check(s)
 
 
 def test_api_builds_with_the_buffers_itemsize(monkeypatch):
@@ -250,6 +262,11 @@ def test_ps_roundrobin_places_whole_tensors():
     # sizes as a list (what a user has at hand) give the same schedule
     assert registry.schedule("allreduce", "ps", 5, 10, servers=2, sharding="roundrobin",
                              tensor_sizes=[3, 4, 2, 1]) is s
+    # and so do numpy's integers, which the registry takes as integers (ps refused them,
+    # saying they were not element counts)
+    # (built afresh: the registry's cache holds them equal to the ints above)
+    assert ps.allreduce(5, 10, servers=2, sharding="roundrobin",
+                        tensor_sizes=[np.int64(n) for n in (3, 4, 2, 1)]).steps == s.steps
 
 
 @pytest.mark.parametrize("p", range(1, 18))

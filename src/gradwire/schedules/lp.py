@@ -62,12 +62,12 @@ def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: 
         if not (alpha >= 0 and beta > 0 and itemsize > 0):
             raise GradwireError(f"choosing a block needs alpha >= 0, beta > 0, itemsize > 0; "
                                 f"got alpha={alpha}, beta={beta}, itemsize={itemsize}")
-        if depth <= 0:
-            block = count
-        else:
-            block = round(math.sqrt(count * itemsize * alpha / (depth * beta)) / itemsize)
-            if sndbuf is not None:
-                block = min(block, sndbuf // itemsize)
+        den = depth * beta  # may underflow to 0 for a tiny beta
+        best = math.sqrt(count * itemsize * alpha / den) / itemsize if den > 0 else math.inf
+        # b* beyond any float (a huge alpha or a tiny beta) is one block, as with no fill
+        block = round(best) if depth > 0 and math.isfinite(best) else count
+        if sndbuf is not None and depth > 0:
+            block = min(block, sndbuf // itemsize)
     elif not is_int(block, 1):
         raise GradwireError(f"block must be an int >= 1 (elements per block), got {block!r}")
     elif count > block * MAX_BLOCKS:

@@ -47,9 +47,10 @@ def shards(count: int, servers: int, sharding: str = "even",
             raise GradwireError("tensor_sizes is used only with sharding='roundrobin'")
         return [(s, start, size) for s, (start, size) in enumerate(blocks(count, servers))]
     sizes = list(tensor_sizes or ())
-    if not all(isinstance(n, int) and n >= 0 for n in sizes) or sum(sizes) != count:
+    if not all(is_int(n, 0) for n in sizes) or sum(sizes) != count:
         raise GradwireError(f"tensor_sizes must be element counts >= 0 that sum to the buffer's "
                             f"{count} elements, got {tensor_sizes!r}")
+    sizes = [int(n) for n in sizes]  # numpy's integers too, as the registry accepts them
     starts = accumulate(sizes, initial=0)  # one more than sizes: the end
     return [(i % servers, start, size)
             for i, (start, size) in enumerate(zip(starts, sizes, strict=False))]

@@ -66,16 +66,23 @@ def _cached(collective: str, name: str, p: int, count: int, root: int,
 def schedule(collective: str, name: str | None, p: int, count: int, root: int = 0,
              **params: object) -> Schedule:
     """Build (or reuse) the schedule of ``name`` for ``p`` ranks and ``count`` elements."""
-    if not 1 <= p <= MAX_WORLD:
-        raise GradwireError(f"world size must be from 1 to {MAX_WORLD}, got {p}")
-    if count < 0:
-        raise GradwireError(f"element count must be >= 0, got {count}")
+    p, count = _world_and_count(p, count)
     if not is_int(root, 0, p - 1):
         raise GradwireError(f"root must be a rank in 0..{p - 1}, got {root!r}")
     root = int(root)
     a = get(collective, name)
     check_params(a, params)
     return _cached(collective, a.name, p, count, root, _key(params))
+
+
+def _world_and_count(p: object, count: object) -> tuple[int, int]:
+    """``p`` and ``count`` as ints, or a one-line error: a float count would cut blocks that
+    run past the buffer's end (10.5 elements over 4 ranks made 11)."""
+    if not is_int(p, 1, MAX_WORLD):
+        raise GradwireError(f"world size must be from 1 to {MAX_WORLD}, got {p!r}")
+    if not is_int(count, 0):
+        raise GradwireError(f"element count must be an integer >= 0, got {count!r}")
+    return int(p), int(count)  # type: ignore[call-overload]
 
 
 COMMON = ("itemsize", "op")  # given to every builder; those that do not need them ignore them
@@ -94,9 +101,15 @@ def check_params(a: Algorithm, params: dict[str, object]) -> None:
     """A parameter ``a`` does not take is a one-line error (a typo would otherwise be
     silently ignored), and so is a value of the wrong kind for the builder's annotation
     (``pipeline='abc'``, ``alpha=nan``): the builders check ranges (``pipeline >= 1``),
-    this checks kinds, so that ``gradwire bench`` can refuse both before any rank starts."""
+    this checks kinds, so that ``gradwire bench`` can refuse both before any rank starts.
+    ``itemsize``, which every builder is given, must be an integer >= 1 (a string reached
+    the builders' arithmetic as a TypeError; 0 chose the ring's sub-chunks as if for 0 bytes)."""
     known = parameters(a)
     kinds = _kinds(a)
+    if "itemsize" in params and not is_int(params["itemsize"], 1):
+        raise GradwireError(f"{a.collective} {a.name}: parameter itemsize="
+                            f"{params['itemsize']!r}: expected an integer >= 1 (bytes per "
+                            "element)")
     for k, v in params.items():
         if k not in known and k not in COMMON:
             raise GradwireError(f"{a.collective} {a.name} has no parameter {k!r}"
@@ -172,9 +185,7 @@ def table(collective: str, name: str | None, p: int, count: int, *, cached: bool
     without Transfer objects when the algorithm has a table builder (the ring: 2 M transfers
     at P = 1024). ``cached=False``: built afresh and not kept (for callers that keep what
     they derive from it instead)."""
-    if not 1 <= p <= MAX_WORLD or count < 0:
-        raise GradwireError(f"a table needs p from 1 to {MAX_WORLD} and count >= 0, got p={p}, "
-                            f"count={count}")
+    p, count = _world_and_count(p, count)
     a = get(collective, name)
     check_params(a, params)
     build = _cached_table if cached else _cached_table.__wrapped__
