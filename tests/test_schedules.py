@@ -240,3 +240,14 @@ def test_a_bucket_hides_the_linear_pipelines_fill_and_latency():
     # with a full bucket at the start, one block passes before the first α is paid
     one = registry.schedule("broadcast", "lp", 2, 1000, block=1000)
     assert cost(one, CostParams(a, b, burst=4000, start_credit=4000), 4) == pytest.approx(a)
+
+
+
+def test_an_uncached_table_keeps_no_schedule():
+    """table(cached=False) is built afresh and not kept, whether or not the algorithm has a
+    table builder of its own (lp has none: its schedule is built, then dropped)."""
+    before = registry._cached.cache_info()
+    registry.table("broadcast", "lp", 5, 4321, cached=False, block=7)
+    assert registry._cached.cache_info() == before
+    registry.table("broadcast", "lp", 5, 4321, block=7)  # cached: the schedule is kept
+    assert registry._cached.cache_info().misses == before.misses + 1

@@ -170,13 +170,19 @@ def _key(params: dict[str, object]) -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=64)
-def _cached_table(collective: str, name: str, p: int, count: int,
-                  params: tuple[tuple[str, object], ...]) -> Table:
+def _table(collective: str, name: str, p: int, count: int,
+           params: tuple[tuple[str, object], ...], cached: bool = False) -> Table:
     a = get(collective, name)
     if a.table is not None:
         return a.table(p, count, **dict(params))
-    return Table.of(_cached(collective, name, p, count, 0, params))
+    build = _cached if cached else _cached.__wrapped__
+    return Table.of(build(collective, name, p, count, 0, params))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_table(collective: str, name: str, p: int, count: int,
+                  params: tuple[tuple[str, object], ...]) -> Table:
+    return _table(collective, name, p, count, params, cached=True)
 
 
 def table(collective: str, name: str | None, p: int, count: int, *, cached: bool = True,
@@ -188,8 +194,9 @@ def table(collective: str, name: str | None, p: int, count: int, *, cached: bool
     p, count = _world_and_count(p, count)
     a = get(collective, name)
     check_params(a, params)
-    build = _cached_table if cached else _cached_table.__wrapped__
-    return build(collective, a.name, p, count, _key(params))
+    if cached:
+        return _cached_table(collective, a.name, p, count, _key(params))
+    return _table(collective, a.name, p, count, _key(params))
 
 
 def parse_value(text: str) -> object:
