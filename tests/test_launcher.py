@@ -78,7 +78,7 @@ def test_timeout_stops_everything():
 
 @pytest.mark.parametrize("cmd,timeout,msg", [([], None, "no command given"),
                                              ("train.py", None, "not one string"),
-                                             (["true"], 0, "--timeout must be a positive number"),
+                                             (["true"], 0, "--timeout must be a number of seconds"),
                                              (["/no/such/binary"], None, "cannot start")])
 def test_bad_launch_input(cmd, timeout, msg):
     with pytest.raises(GradwireError, match=msg):
@@ -147,8 +147,8 @@ def test_run_refuses_a_timeout_that_is_not_a_positive_number(monkeypatch, capsys
     code, err = cli_error(monkeypatch, capsys, "run", "--loopback", "--timeout", value, "--",
                           "true")
     shown = {"1e400": "inf", "0": "0.0", "-1": "-1.0"}.get(value, value)
-    assert code == 2 and err == (f"gradwire: error: --timeout must be a positive number of "
-                                 f"seconds up to 2e+06, got {shown}\n")
+    assert code == 2 and err == (f"gradwire: error: --timeout must be a number of seconds "
+                                 f"from 0.001 to 2e+06, got {shown}\n")
 
 
 @pytest.mark.parametrize("blank", ["", "  ", "\t"])

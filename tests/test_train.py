@@ -225,7 +225,7 @@ def test_a_run_that_ends_in_its_warm_up_is_told_and_labelled(agg, density, warmu
     (["--out", "/nonexistent-gw/x.json"], "--out '/nonexistent-gw/x.json'"),
     (["--checkpoint", "/nonexistent-gw/ck.pt"], "--checkpoint '/nonexistent-gw/ck.pt'"),
     (["--resume"], "--resume needs --checkpoint PATH"),
-    (["--timeout", "0"], "--timeout must be a positive number"),
+    (["--timeout", "0"], "--timeout must be a number of seconds from 0.001"),
 ])
 def test_the_worker_refuses_what_gradwire_train_refuses(monkeypatch, capsys, args, msg):
     """Under plain torchrun nothing checks the worker's arguments first: each rank refuses

@@ -4,7 +4,7 @@
 |---|---|---|
 | GRADWIRE_HOME | ~/.cache/gradwire | calibrations and other saved state |
 | GRADWIRE_STATE_DIR | /run/gradwire | live emulated clusters (one JSON file each) |
-| GRADWIRE_TIMEOUT | 60 | seconds one send or receive may wait before it fails naming the peer |
+| GRADWIRE_TIMEOUT | 60 | seconds (0.001 to 2e6) one send or receive may wait before it fails |
 | GRADWIRE_CHECK_CALLS | 1 | 0: skip the header exchange that catches mismatched calls |
 
 A variable that is empty or only whitespace counts as unset: its default applies.
@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from gradwire.check import parse_number
 from gradwire.errors import GradwireError
 
 
@@ -40,27 +41,35 @@ def state_dir() -> Path:
 # this one.
 DEFAULT_ALPHA_S = 50e-6
 
-# c10d takes a wait's limit in milliseconds as a C int: 2**31 ms is 24.8 days.
+# c10d takes a wait's limit in milliseconds as a C int: 2**31 ms is 24.8 days. It truncates a
+# shorter limit to whole milliseconds, and 0 ms is its "no timeout": a wait under 1 ms would
+# wait for ever.
 MAX_TIMEOUT_S = 2_000_000.0
+MIN_TIMEOUT_S = 0.001
 
 
 def valid_timeout(value: object) -> bool:
-    """Whether ``value`` can bound a wait: a number of seconds in (0, MAX_TIMEOUT_S]."""
+    """Whether ``value`` can bound a wait: a number of seconds in [MIN_TIMEOUT_S,
+    MAX_TIMEOUT_S]."""
     return (isinstance(value, int | float) and not isinstance(value, bool)
-            and 0 < value <= MAX_TIMEOUT_S)
+            and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S)
+
+
+def refuse_timeout(name: str, got: object) -> None:
+    """Raise the one-line error for a limit ``name`` given as ``got`` (which
+    :func:`valid_timeout` refused)."""
+    raise GradwireError(f"{name} must be a number of seconds from {MIN_TIMEOUT_S:g} to "
+                        f"{MAX_TIMEOUT_S:g}, got {got!r}")
 
 
 def timeout(environ: Mapping[str, str] | None = None) -> float:
     """Seconds one point-to-point operation may take before the peer counts as lost
     (``environ``: the environment to read, e.g. the one a launcher gives its ranks)."""
     raw = _read("GRADWIRE_TIMEOUT", "60", environ)
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not valid_timeout(value):
-        raise GradwireError(f"GRADWIRE_TIMEOUT must be a positive number of seconds up to "
-                            f"{MAX_TIMEOUT_S:g}, got {raw!r}")
+    value = parse_number(raw.strip())  # ASCII digits: not "1_0", "١٠", "nan" or "inf"
+    if value is None or not valid_timeout(value):
+        refuse_timeout("GRADWIRE_TIMEOUT", raw)
+    assert value is not None
     return value
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import stat
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,14 +25,37 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """One JSON object as a dict, refused where a key repeats (``json`` keeps the last
+    silently: a profile that gives ``forward_s`` twice would be read as only one of them)."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return doc
+
+
 def parse_object(text: str, where: str) -> dict:
     """The JSON object in ``text``; ``where`` names it in the error (a file, a built-in)."""
     where = shown(where)
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise GradwireError(f"{where}: line {e.lineno}, column {e.colno}: not valid JSON: "
                             f"{e.msg}") from None
+    except _DuplicateKey as e:
+        raise GradwireError(f"{where}: key {shown(e.key)!r} appears twice in one object: which "
+                            "value is meant is not clear") from None
+    except ValueError:  # an integer of more than 4300 digits, which int() refuses
+        raise GradwireError(f"{where}: not valid JSON here: a number too long") from None
     except RecursionError:
         raise GradwireError(f"{where}: not valid JSON here: nested too deep") from None
     if not isinstance(doc, dict):
@@ -113,12 +137,30 @@ def _check_writable(p: Path, where: str) -> Path:
     return p
 
 
+# The longest file name most file systems take (NAME_MAX: 255 bytes on ext4, xfs, btrfs, tmpfs).
+NAME_MAX = 255
+
+
+def _temporary_name(name: str) -> str:
+    """``.NAME.PID.tmp``, with NAME cut short (and a checksum of the whole added) where the
+    whole would be longer than :data:`NAME_MAX` bytes: a name that
+    :func:`check_writable` allowed must not fail only at the end of the work for its
+    temporary's sake."""
+    suffix = f".{os.getpid()}.tmp"
+    raw = os.fsencode(name)
+    if 1 + len(raw) + len(suffix) <= NAME_MAX:
+        return f".{name}{suffix}"
+    room = NAME_MAX - 1 - len(suffix) - 9  # 9: "#" and 8 hex digits of the checksum
+    # fsdecode keeps the bytes of a character cut in two as they are: still at most room
+    return f".{os.fsdecode(raw[:room])}#{zlib.crc32(raw):08x}{suffix}"
+
+
 @contextlib.contextmanager
 def written_beside(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` for the block to write; renamed over ``path`` when the
     block ends, so a file that was there stays whole until the new one is, and removed when
     the block fails, so nothing half written passes for the result."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(_temporary_name(path.name))
     try:
         yield tmp
         os.replace(tmp, path)

@@ -146,8 +146,7 @@ def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
 def check_timeout(timeout: float | None) -> None:
     """Refuse a ``--timeout`` that cannot bound a run (nan, inf, 0, negative) in one line."""
     if timeout is not None and not config.valid_timeout(timeout):
-        raise GradwireError(f"--timeout must be a positive number of seconds up to "
-                            f"{config.MAX_TIMEOUT_S:g}, got {timeout!r}")
+        config.refuse_timeout("--timeout", timeout)
 
 
 def _print_line(line: str) -> None:

@@ -152,8 +152,7 @@ class Transport:
         self.world_size = dist.get_world_size(group)
         self.backend = dist.get_backend(group)
         if timeout is not None and not config.valid_timeout(timeout):
-            raise GradwireError(f"timeout must be a positive number of seconds up to "
-                                f"{config.MAX_TIMEOUT_S:g}, got {timeout!r}")
+            config.refuse_timeout("timeout", timeout)
         self.timeout = float(timeout) if timeout is not None else config.timeout()
         self.check_calls = config.check_calls() if check_calls is None else bool(check_calls)
         self._upstream = _upstream_group(group, self.backend)

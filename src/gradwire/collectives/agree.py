@@ -45,10 +45,14 @@ class MismatchError(GradwireError):
 
 def _text(value: object) -> str:
     s = value if isinstance(value, str) else str(value).removeprefix("torch.")
-    if len(s.encode()) <= FIELD_BYTES:
+    b = s.encode()
+    if len(b) <= FIELD_BYTES:
         return s
-    # Long values (parameter lists) keep a readable head and a checksum of the whole.
-    return f"{s[:FIELD_BYTES - 9]}#{zlib.crc32(s.encode()):08x}"
+    # Long values (parameter lists) keep a readable head and a checksum of the whole: the head
+    # cut in bytes, not characters (15 characters other than ASCII are more than 15 bytes, and
+    # would run into the next field, over the checksum), and at a character's start.
+    head = b[:FIELD_BYTES - 9].decode(errors="ignore")
+    return f"{head}#{zlib.crc32(b):08x}"
 
 
 def encode(call: Call, status: int = 0) -> torch.Tensor:

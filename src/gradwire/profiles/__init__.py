@@ -11,7 +11,8 @@ their own and pass its path wherever a model name is accepted). Fields:
   tensor's shape, ``[name, elements, [d0, d1, ...]]`` (dims >= 1 whose product is elements;
   ``[]`` for a 0-d tensor); PowerSGD's cost needs it. Rows with and without shapes may mix.
 - ``forward_s``, ``backward_s``: seconds for one mini-batch, or null; ``step_s``: the optimizer
-  step (default 0).
+  step (default 0). Every time is at most 1e6 s, and the parameters hold at most 2**50 bytes
+  (a trace's limits, ``gradwire.sim.trace``), so that the model's sums stay finite.
 - ``backward_layer_s`` (optional): backward compute of each tensor of ``params`` (same length,
   summing to ``backward_s`` within 0.1 %; with ``backward_s`` null, their sum is backward's);
   without it, backward time is spread in proportion to elements.
@@ -35,6 +36,7 @@ from pathlib import Path
 from gradwire.check import is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import parse_object, read_text
+from gradwire.sim.trace import MAX_BYTES, MAX_SECONDS  # a trace's bounds: sums stay finite
 
 FORMAT = 1
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -127,9 +129,13 @@ def builtin_names() -> list[str]:
 def load(name_or_path: str) -> Profile:
     """The built-in profile ``name_or_path``, or the profile file at that path."""
     path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            why = "is not a regular file" if path.exists() else "not found"
+    try:  # a name too long to be a path, a loop of links: no file is there
+        exists, is_file = path.exists(), path.is_file()
+    except OSError:
+        exists = is_file = False
+    if path.suffix == ".json" or exists:
+        if not is_file:
+            why = "is not a regular file" if exists else "not found"
             raise GradwireError(f"profile file {name_or_path!r} {why}")
         return parse(read_text(path, str(path)), str(path))
     names = builtin_names()
@@ -169,6 +175,8 @@ def parse(text: str, where: str) -> Profile:
         if not is_real(v, 0):
             raise bad(name, "a finite number of seconds >= 0" + (" or null" if optional else ""),
                       v)
+        if v > MAX_SECONDS:
+            raise bad(name, f"at most {MAX_SECONDS:g} seconds", v)
         return float(v)
 
     model = doc.get("model")
@@ -190,9 +198,10 @@ def parse(text: str, where: str) -> Profile:
     layers = doc.get("backward_layer_s")
     if layers is not None:
         if (not isinstance(layers, list) or len(layers) != len(tensors)
-                or not all(is_real(t, 0) for t in layers)):
-            raise bad("backward_layer_s", f"a list of {len(tensors)} finite numbers >= 0 (one per "
-                      "tensor of params)", layers if not isinstance(layers, list)
+                or not all(is_real(t, 0, MAX_SECONDS) for t in layers)):
+            raise bad("backward_layer_s", f"a list of {len(tensors)} finite numbers >= 0 and "
+                      f"<= {MAX_SECONDS:g} (one per tensor of params)",
+                      layers if not isinstance(layers, list)
                       else f"{len(layers)} entries")
         layers = tuple(float(t) for t in layers)
         total = math.fsum(layers)
@@ -210,6 +219,10 @@ def parse(text: str, where: str) -> Profile:
     dtype = doc.get("dtype", "float32")
     if dtype not in DTYPES:
         raise bad("dtype", f"one of {', '.join(DTYPES)}", dtype)
+    total = sum(n for _, n in tensors) * DTYPES[dtype]
+    if total > MAX_BYTES:
+        raise GradwireError(f"{where}: field 'params' must hold at most 2**50 bytes in all, got "
+                            f"{total} bytes of {dtype}")
     sources = doc.get("sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         raise bad("sources", "an object of text", sources)
