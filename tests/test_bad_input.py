@@ -471,6 +471,40 @@ def test_a_write_that_fails_leaves_the_file_that_was_there(monkeypatch, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.parametrize("name", ["curves.png", "curves.svg"])
+def test_a_figure_that_fails_half_way_leaves_the_one_that_was_there(monkeypatch, tmp_path,
+                                                                     name):
+    """Figures (train, demo, whatif, simulate --plot) are replaced whole as results are: drawn
+    beside the file in the format its extension names, so a write that fails half way leaves
+    the earlier figure, and nothing beside it."""
+    import errno
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from gradwire.jsonfile import save_figure
+
+    path = tmp_path / name
+    fig = plt.figure()
+    fig.gca().plot([1, 2])
+    save_figure(fig, path, dpi=50)
+    first = path.read_bytes()
+    assert first.startswith(b"\x89PNG") if name.endswith(".png") else b"<svg" in first
+
+    def half(self, fname, **kwargs):
+        __import__("pathlib").Path(fname).write_bytes(b"half a figure")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", half)
+    with pytest.raises(OSError, match="No space left"):
+        save_figure(plt.figure(), path, dpi=50)
+    assert path.read_bytes() == first
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
 @given(st.recursive(st.floats() | st.integers() | st.text() | st.none(),
                      lambda kids: st.lists(kids) | st.dictionaries(st.text(), kids),
                      max_leaves=20))

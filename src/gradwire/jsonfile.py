@@ -1,7 +1,7 @@
 """The files a user hands to gradwire (model profiles, codec tables, calibrations), read with
 one-line errors that name the file and what is wrong with it, never a traceback; and the
 output paths of every command, checked before the work starts (:func:`check_writable`) and
-replaced whole (:func:`written_beside`)."""
+replaced whole (:func:`written_to`; figures: :func:`save_figure`)."""
 
 from __future__ import annotations
 
@@ -168,6 +168,34 @@ def written_beside(path: Path) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def written_to(path: Path) -> Iterator[Path]:
+    """Where to write ``path`` so that it is replaced whole: beside it, then renamed over it
+    (:func:`written_beside`); a link or a device node (/dev/stdout, /dev/full) is written where
+    it is."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        yield path
+    else:
+        with written_beside(path) as tmp:
+            yield tmp
+
+
+def save_figure(fig: object, path: str | Path, dpi: int) -> Path:
+    """Write the matplotlib figure ``fig`` to ``path`` in the format its extension names,
+    replaced whole (:func:`written_to`: a disk that fills mid-write leaves the figure that was
+    there), and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    try:
+        with written_to(path) as target:
+            fig.savefig(target, dpi=dpi,  # type: ignore[attr-defined]
+                        format=path.suffix[1:].lower() or None)
+    finally:
+        plt.close(fig)  # type: ignore[arg-type]
+    return path
 
 
 def finite(doc: object) -> object:

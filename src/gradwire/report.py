@@ -12,6 +12,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
+from gradwire.jsonfile import save_figure
 from gradwire.models.task import perplexity
 
 SPARSIFIERS = ("topk", "gtopk", "randomk", "dgc")
@@ -103,6 +104,5 @@ def plot_curves(results: Sequence[dict], path: Path, title: str) -> Path:
     axes[0][0].legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path

@@ -20,7 +20,7 @@ from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_ava
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import check_writable, dumps, written_beside
+from gradwire.jsonfile import check_writable, dumps, written_to
 
 # Piped output (CI logs, files) gets tables 120 columns wide (wide ones wrap their text
 # cells) instead of 80 truncated columns, or $COLUMNS where it is set; a terminal's own
@@ -167,11 +167,8 @@ def write_text(path: Path, text: str) -> None:
     result goes to a new file (:func:`save_elsewhere`) and the command fails with one line,
     "could not write PATH (why); result saved to OTHER". A file that was there stays as it
     was: a regular file is written beside it and then renamed over it."""
-    # a device node (/dev/stdout, /dev/full) or a link is written where it is
-    direct = path.is_symlink() or (path.exists() and not path.is_file())
     try:
-        with contextlib.nullcontext(path) if direct else written_beside(path) as target, \
-                open(target, "w") as f:
+        with written_to(path) as target, open(target, "w") as f:
             f.write(text)
     except OSError as e:
         raise GradwireError(f"could not write {path} ({e.strerror or e}); "

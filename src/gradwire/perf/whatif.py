@@ -29,7 +29,7 @@ import numpy as np
 from gradwire.bandwidth import format_bandwidth
 from gradwire.check import check_real, parse_number
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import read_object
+from gradwire.jsonfile import read_object, save_figure
 from gradwire.perf import calibration, comm
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import (
@@ -279,6 +279,5 @@ def plot(result: dict, path: Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path

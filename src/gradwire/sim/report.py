@@ -10,7 +10,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
-from gradwire.jsonfile import dumps
+from gradwire.jsonfile import dumps, save_figure
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster, SimResult
 from gradwire.sim.trace import Trace, add_layers, scale_compute
@@ -174,8 +174,7 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> Path:
     b.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 

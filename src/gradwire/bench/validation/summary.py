@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gradwire.jsonfile import save_figure
+
 BASELINES = ("dense", "fp16", "topk")  # "always this method"
 WITHIN = 0.05  # a pick within 5 % of the fastest measured counts as a good pick
 
@@ -165,5 +167,4 @@ def plot(doc: dict, path: Path) -> None:
                  + " (hollow: contended)", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
