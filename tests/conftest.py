@@ -141,3 +141,22 @@ def link_names() -> set[str]:
 def gradwire_leftovers(name: str) -> list[str]:
     """Namespaces and links that still carry the cluster's name."""
     return sorted(n for n in netns_names() | link_names() if n.startswith(name))
+
+
+def host_pair(c, serve: str, send: str, timeout: float = 60) -> tuple[str, str]:
+    """Run the Python code ``serve`` in host 1's namespace of cluster ``c`` until it prints
+    its first line ("1": it listens), then ``send`` in host 0's; (what ``send`` printed, what
+    ``serve`` printed after its first line)."""
+    server = subprocess.Popen(["ip", "netns", "exec", c.hosts[1].netns, sys.executable, "-c",
+                               serve], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "1"
+        sent = subprocess.run(["ip", "netns", "exec", c.hosts[0].netns, sys.executable, "-c",
+                               send], capture_output=True, text=True, timeout=timeout,
+                              check=True).stdout
+        rest, _ = server.communicate(timeout=timeout)
+        return sent, rest
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

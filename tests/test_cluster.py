@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-from conftest import cli_error, gradwire_leftovers, needs_netns, netns_names
+from conftest import cli_error, gradwire_leftovers, host_pair, needs_netns, netns_names
 
 from gradwire.cluster import cluster_down, cluster_up, list_clusters, load_cluster
 from gradwire.errors import GradwireError
@@ -63,17 +63,9 @@ def _tcp_mss(c):
     addr = c.hosts[1].addr
     serve = (f"import socket; s = socket.create_server(('{addr}', 45123)); "
              "print(1, flush=True); s.accept()[0].recv(1)")
-    server = subprocess.Popen(["ip", "netns", "exec", c.hosts[1].netns, sys.executable, "-c",
-                               serve], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout.readline().strip() == "1"
-        ask = (f"import socket; s = socket.create_connection(('{addr}', 45123), timeout=10); "
-               "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)); s.send(b'x')")
-        out = subprocess.run(["ip", "netns", "exec", c.hosts[0].netns, sys.executable, "-c",
-                              ask], capture_output=True, text=True, timeout=30, check=True)
-        return int(out.stdout)
-    finally:
-        server.wait(timeout=30)
+    ask = (f"import socket; s = socket.create_connection(('{addr}', 45123), timeout=10); "
+           "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)); s.send(b'x')")
+    return int(host_pair(c, serve, ask, timeout=30)[0])
 
 
 def test_mtu_reaches_the_bridge_and_both_ends_of_every_link():

@@ -1,5 +1,7 @@
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -37,7 +39,20 @@ def test_torchrun_environment_on_loopback():
         assert e["RANK"] == str(r) and e["WORLD_SIZE"] == "3"
         assert e["LOCAL_RANK"] == "0" and e["LOCAL_WORLD_SIZE"] == "1"
         assert e["MASTER_ADDR"] == "127.0.0.1" and e["GLOO_SOCKET_IFNAME"] == "lo"
+        # torchrun's other names for them, one worker a node; the launcher serves the store
+        assert _torchrun_names(e, r, 3) and e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
     assert len({e["MASTER_PORT"] for e in envs.values()}) == 1
+
+
+def _torchrun_names(e: dict, rank: int, world: int) -> bool:
+    """Whether ``e`` has what torchrun gives every worker besides RANK and WORLD_SIZE, with
+    one worker a node, one role, no restarts and the default run id."""
+    return {k: e[k] for k in ("GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                              "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
+                              "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID")} == {
+        "GROUP_RANK": str(rank), "GROUP_WORLD_SIZE": str(world), "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none"}
 
 
 @pytest.mark.parametrize("given", [None, "", "glibc.malloc.arena_max=2"])
@@ -96,13 +111,18 @@ def test_sigkilled_rank_on_the_emulated_cluster_leaves_nothing_behind():
 
 
 @needs_netns
-def test_environment_inside_namespaces():
+def test_environment_inside_namespaces(monkeypatch):
+    # gradwire started from a torchrun worker: its store flag must not reach the ranks, which
+    # would all be clients of a store nobody serves (rank 0 serves it here)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     with ephemeral_cluster(2, "1gbit") as c:
         res, lines = _collect(c, script("echo_env.py"), timeout=60)
         envs = _envs(lines)
         assert res.returncode == 0
         assert envs[1]["MASTER_ADDR"] == c.hosts[0].addr
         assert envs[1]["GLOO_SOCKET_IFNAME"] == "eth0"
+        for r, e in envs.items():
+            assert _torchrun_names(e, r, 2) and e["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 
 LINES = ("import os, sys\n"
@@ -188,3 +208,58 @@ def test_a_rank_that_every_failed_rank_lost_is_named_as_stalled():
     res, lines = _collect(loopback_cluster(3), [sys.executable, "-c", RAISES], timeout=60)
     assert res.message == "rank 1 stalled (ranks 0, 2 lost it); stopped the other ranks", lines
     assert res.returncode == 1 and time.monotonic() - t0 < 10
+
+
+PID_REUSE = """
+import re, subprocess, threading, time
+from gradwire.cluster import loopback_cluster
+from gradwire.launcher import launch
+
+lines, res = [], {}
+cmd = ["sh", "-c", 'if [ "$RANK" = 0 ]; then echo PID $$; exit 0; fi; sleep 3']
+run = threading.Thread(target=lambda: res.setdefault(
+    "r", launch(loopback_cluster(2), cmd, sink=lines.append)))
+run.start()
+while not any("PID" in x for x in lines):
+    time.sleep(0.01)
+pid = int(re.search(r"PID (\\d+)", next(x for x in lines if "PID" in x))[1])
+time.sleep(1)  # rank 0 has exited; rank 1 runs on
+# The next process made in this pid namespace gets rank 0's number, if that number is free.
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    f.write(str(pid - 1))
+other = subprocess.Popen(["sleep", "30"], start_new_session=True)  # another job's group
+run.join()
+time.sleep(0.2)
+print("RUN", res["r"].returncode, "OTHER", other.poll())
+other.kill()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare (a pid namespace of its own)")
+def test_a_rank_that_exits_early_gives_the_end_of_run_sweep_no_stranger_to_kill(tmp_path):
+    """A rank that exited while others ran was reaped at once, its pid (its process group's
+    number) free; a process group that took the number was SIGKILLed by the launcher's sweep
+    at the end of the run, though the run succeeded. Run in a pid namespace of its own, where
+    the test can hand the number on."""
+    script = tmp_path / "pid_reuse.py"
+    script.write_text(PID_REUSE)
+    p = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                        str(script)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[-4:] == ["RUN", "0", "OTHER", "None"], p.stdout + p.stderr
+
+
+def test_output_stdout_cannot_encode_is_escaped_and_the_rank_lives_on():
+    """A stdout that cannot encode a rank's character (here ASCII; the U+FFFD that stands
+    for bytes that are not UTF-8 too): the reader died, and the rank with SIGPIPE."""
+    rank = ('printf "caf\\303\\251 \\377\\n"; i=0; while [ $i -lt 3000 ]; do '
+            'echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done; echo END')
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "gradwire", "run", "--loopback", "--hosts", "1",
+                        "--timeout", "60", "--", "sh", "-c", rank], capture_output=True,
+                       text=True, timeout=90, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "[rank 0] caf\\xe9 \\ufffd" and lines[-1] == "[rank 0] END"
+    assert len(lines) == 3002 and time.monotonic() - t0 < 60

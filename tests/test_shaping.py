@@ -3,9 +3,10 @@ much faster. Bounds are loose on purpose: this checks the mechanism, the benchma
 import re
 import sys
 
-from conftest import BENCH_RANKS, needs_netns
+from conftest import BENCH_RANKS, gradwire_leftovers, host_pair, needs_netns
 
-from gradwire.cluster import ephemeral_cluster
+from gradwire.cluster import cluster_down, cluster_up, ephemeral_cluster
+from gradwire.cluster.shaping import tcp_send_buffer
 from gradwire.launcher import launch
 
 
@@ -68,3 +69,34 @@ def test_a_cluster_state_with_a_bad_send_buffer_is_refused():
     for bad in (0, -1, "500000", 1.5, True):
         with pytest.raises(ValueError, match="send buffer that is not bytes > 0"):
             Cluster.from_json(json.dumps({**good, "sndbuf": bad}))
+
+
+def test_a_send_buffer_holds_two_packets_of_the_mtu():
+    assert tcp_send_buffer(100e6, 65535) == 2 * 65535
+    assert tcp_send_buffer(100e6, 9000) == tcp_send_buffer(100e6) == 65_536
+    assert tcp_send_buffer(1e9, 65535) == 500_000
+
+def _payload_mbit(c, megabytes: int) -> float:
+    """Mbit/s of payload one TCP transfer of ``megabytes`` MB from host 0 to host 1 got."""
+    addr = c.hosts[1].addr
+    serve = (f"import socket, time; s = socket.create_server(('{addr}', 45127)); "
+             "print(1, flush=True); c = s.accept()[0]; n, t0 = 0, None\n"
+             "while b := c.recv(1 << 20):\n"
+             "    t0 = t0 or time.monotonic(); n += len(b)\n"
+             "print(n * 8 / (time.monotonic() - t0) / 1e6)")
+    send = (f"import socket; s = socket.create_connection(('{addr}', 45127), timeout=30); "
+            f"s.sendall(b'x' * {megabytes * 1_000_000}); s.close()")
+    return float(host_pair(c, serve, send)[1])
+
+
+@needs_netns
+def test_a_jumbo_mtu_on_a_slow_link_keeps_its_rate():
+    """MTU 65535 at 100mbit: with a 64 KiB send buffer one segment filled it, and the link
+    carried 13.7 Mbit/s (the receiver's delayed ACK paced it); two packets' worth, about 100."""
+    c = cluster_up(2, "100mbit", mtu=65535)
+    try:
+        assert c.sndbuf == 2 * 65535
+        assert _payload_mbit(c, 6) > 60
+    finally:
+        cluster_down(c.name)
+    assert gradwire_leftovers(c.name) == []

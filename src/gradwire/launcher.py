@@ -118,12 +118,26 @@ def free_port() -> int:
 def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
     """The environment torchrun would give ``rank`` on this cluster."""
     host = cluster.hosts[rank]
+    world = str(len(cluster.hosts))
     return {
         "RANK": str(rank),
-        "WORLD_SIZE": str(len(cluster.hosts)),
+        "WORLD_SIZE": world,
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
+        # torchrun's other names for the same: every host is a node (a group) of one worker, in
+        # torchrun's one role, started once (no restarts), under its default run id.
         "GROUP_RANK": str(rank),
+        "GROUP_WORLD_SIZE": world,
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": world,
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "none",
+        # Rank 0 serves the store, unless the launcher does (loopback: launch() sets "True").
+        # Always set, as torchrun does: one inherited from a caller run under torchrun made
+        # every rank a client of a store that nobody served.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "MASTER_ADDR": cluster.hosts[0].addr,
         "MASTER_PORT": str(port),
         "GLOO_SOCKET_IFNAME": host.ifname,
@@ -150,7 +164,15 @@ def check_timeout(timeout: float | None) -> None:
 
 
 def _print_line(line: str) -> None:
-    sys.stdout.write(line + "\n")  # one write: a print() writes the newline apart
+    text = line + "\n"  # one write: a print() writes the newline apart
+    try:
+        sys.stdout.write(text)
+    except UnicodeEncodeError:
+        # A stdout that cannot encode a character (PYTHONIOENCODING=ascii, a Latin-1 locale;
+        # the U+FFFD that replaces a rank's bytes that are not UTF-8): escaped, not fatal. An
+        # error here had ended the reader, closed the rank's pipe and killed it by SIGPIPE.
+        encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+        sys.stdout.write(text.encode(encoding, "backslashreplace").decode(encoding))
     sys.stdout.flush()
 
 
@@ -287,7 +309,7 @@ def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
     first, linger_end, stop_at = None, 0.0, 0.0
     while not received:
         now = time.monotonic()
-        codes = [p.poll() for p in procs]
+        codes = [_exit_status(p) for p in procs]
         exits = [RankExit(i, c) for i, c in enumerate(codes)]
         failed = [e for e in exits if e.returncode not in (None, 0)]
         for e in failed:
@@ -347,20 +369,39 @@ def _failure(first: RankExit, stalled: list[int] | None, exits: list[RankExit]) 
                      "stopped the other ranks", exits)
 
 
+def _exit_status(p: subprocess.Popen) -> int | None:
+    """``p``'s exit status as :attr:`Popen.returncode` gives it, None while it runs, read
+    without reaping it: until :func:`_stop` has swept its process group, an exited rank stays a
+    zombie that holds its pid, so the number, which is the group's, cannot pass to another
+    process. (Reaped at once, as ``Popen.poll`` does, a rank that exited early left its number
+    free, and the sweep at the end of the run killed whatever process group took it next.)"""
+    if p.returncode is not None:
+        return p.returncode
+    try:
+        info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return p.poll()
+    if info is None or info.si_pid == 0:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
 def _stop(procs: list[subprocess.Popen]) -> int:
-    """SIGTERM every rank's process group, then SIGKILL what is left after a grace period.
+    """SIGTERM every rank's process group, then SIGKILL what is left after a grace period;
+    the ranks are reaped only then (:func:`_exit_status`).
 
     Returns how many ranks were still running.
     """
-    live = [p for p in procs if p.poll() is None]
+    live = [p for p in procs if _exit_status(p) is None]
     for p in live:
         _signal_group(p, signal.SIGTERM)
         _signal_group(p, signal.SIGCONT)  # a stopped (stalled) rank acts on it only then
     end = time.monotonic() + KILL_GRACE_S
-    while time.monotonic() < end and any(p.poll() is None for p in live):
+    while time.monotonic() < end and any(_exit_status(p) is None for p in live):
         time.sleep(0.05)
     for p in procs:
-        # The group may outlive its leader (a rank's own children): always sweep it.
+        # The group may outlive its leader (a rank's own children): always sweep it. Its
+        # leader is not reaped yet, so the group is still the rank's.
         _signal_group(p, signal.SIGKILL)
         try:
             p.wait(timeout=5)

@@ -38,7 +38,7 @@ def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
 def down(name: Annotated[str | None, typer.Argument(help="the cluster (gw + 6 hex digits); "
                                                     "default: the only live one")] = None,
          all_: Annotated[bool, typer.Option("--all", help="every gradwire cluster on "
-                                            "this machine, orphans and other GRADWIRE_HOMEs' "
+                                            "this machine, orphans and other GRADWIRE_STATE_DIRs' "
                                             "included")] = False) -> None:
     """Remove a cluster: its namespaces (and their processes), veth pairs and bridge."""
     removed = cluster_down(name, all_)

@@ -14,7 +14,8 @@ counts each frame's headers against the rate, so TCP's payload rate is at most
 (mtu − 52)/(mtu + 14) of it, 95.6 % at 1500 and 99.3 % at 9000 (IP and TCP headers with
 timestamps, 52 bytes; Ethernet's, 14). Hosts run TCP ``CONGESTION_CONTROL``
 (cubic, Linux's default) whatever this machine's default is, and a shaped host's TCP send
-buffer holds at most 4 ms of its link's traffic (:func:`tcp_send_buffer`), never more than this
+buffer holds at most 4 ms of its link's traffic (at least 64 KiB and two packets;
+:func:`tcp_send_buffer`), never more than this
 machine's own ceiling (:func:`machine_send_buffer`). State lives in
 ``/run/gradwire/<name>.json`` so ``cluster down`` works from another process.
 
@@ -125,11 +126,12 @@ def machine_send_buffer() -> int:
     return int(TCP_WMEM.read_text().split()[2])
 
 
-def host_send_buffer(bps: float) -> int:
-    """The ceiling cluster up gives a host on a link of ``bps``: :func:`tcp_send_buffer`, but
-    never above the machine's own (a cap, not a raise: from about 8.4 Gbit/s up, 4 ms of the
-    link is more than Linux's default 4 MiB, which the hosts then keep)."""
-    return min(tcp_send_buffer(bps), machine_send_buffer())
+def host_send_buffer(bps: float, mtu: int = MTU) -> int:
+    """The ceiling cluster up gives a host on a link of ``bps`` carrying packets of ``mtu``
+    bytes: :func:`tcp_send_buffer`, but never above the machine's own (a cap, not a raise: from
+    about 8.4 Gbit/s up, 4 ms of the link is more than Linux's default 4 MiB, which the hosts
+    then keep)."""
+    return min(tcp_send_buffer(bps, mtu), machine_send_buffer())
 
 
 def cap_send_buffer(ns: str, ceiling: int) -> bool:
@@ -274,7 +276,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
         took_all, capped_all = True, True
-        ceiling = host_send_buffer(bps) if bps is not None else None
+        ceiling = host_send_buffer(bps, mtu) if bps is not None else None
         for i in range(hosts):
             host = Host(i, f"{name}-h{i}", f"{SUBNET_PREFIX}.{cluster.subnet}.{i + 1}", "eth0")
             took, capped = _add_host(cluster, host, bps, ceiling)

@@ -20,18 +20,27 @@ def tbf_burst(bps: float) -> int:
 SEND_BUFFER_S = 4e-3  # of the link's traffic that a host's TCP send buffer may hold
 
 
-def tcp_send_buffer(bps: float) -> int:
+MIN_SEGMENTS = 2  # full-sized TCP segments a host's send buffer holds at the least
+
+
+def tcp_send_buffer(bps: float, mtu: int = 1500) -> int:
     """Bytes a shaped host's TCP send buffer may hold: 4 ms of traffic at the link's rate, at
-    least 64 KiB (500 kB at 1 Gbit/s). A gloo send completes once its bytes are in the kernel;
-    with Linux's default ceiling (4 MiB) a rank that sends to one peer and then another had
-    megabytes of the first send still queued behind it, the two sharing its link, so the first
-    peer (which a tree then forwards from) got the rest at half the rate. Neither smaller nor
+    least 64 KiB (500 kB at 1 Gbit/s), and at least two packets of ``mtu`` bytes. Where one
+    packet fills the buffer (an MTU near 64 KiB on a slow link), a sender has one segment in
+    flight and the receiver acknowledges it only when its delayed-ACK timer fires: the link
+    carries a small fraction of its rate (test_shaping holds a 100 Mbit/s link at MTU 65535
+    to most of its rate).
+
+    A gloo send completes once its bytes are in the kernel; with Linux's default ceiling
+    (4 MiB) a rank that sends to one peer and then another had megabytes of the first send
+    still queued behind it, the two sharing its link, so the first peer (which a tree then
+    forwards from) got the rest at half the rate. Neither smaller nor
     larger is better: at 2 ms the double binary tree, whose ranks feed several sockets at once,
     lost 8 % at 64 MiB in a probe; at 8 ms (1 MB) Rabenseifner's allreduce of 64 MiB at P = 8
     took 1.29 s against 1.02 s with 4 ms (1.42 s with the default), while the double tree at
     P = 4 gained 4 % (benchmarks/results/tcp_sndbuf/: latest.json,
     ceilings_default_500k_1m.json; docs/cluster.md)."""
-    return max(64 * 1024, int(bps / 8 * SEND_BUFFER_S))
+    return max(64 * 1024, MIN_SEGMENTS * int(mtu), int(bps / 8 * SEND_BUFFER_S))
 
 
 # With BBR (some machines' default, this one's included) a flow that keeps a queue at a shaped
