@@ -454,3 +454,16 @@ def test_a_cluster_still_being_built_is_refused_to_runs(monkeypatch, capsys, tmp
     assert load_cluster("gw0bb0c1").ready is False
     save_cluster(Cluster("gw0bb0c1", 1e9, [host], subnet=9))
     assert load_cluster("gw0bb0c1").ready is True  # once built
+
+
+def test_a_stale_cluster_is_refused_to_runs(monkeypatch, capsys, tmp_path):
+    """A run's cluster whose run died is removed by the next cluster made on the machine: a
+    run given it with --cluster would lose its hosts mid-run."""
+    from gradwire.cluster.state import Cluster, Host, save_cluster
+
+    monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path))
+    host = Host(0, "gw0bb0c2-h0", "10.213.9.1", "eth0")
+    save_cluster(Cluster("gw0bb0c2", 1e9, [host], subnet=9, owner=[os.getpid(), 1]))
+    assert load_cluster("gw0bb0c2").stale  # this process did not start at tick 1
+    code, err = cli_error(monkeypatch, capsys, "run", "--cluster", "gw0bb0c2", "--", "true")
+    assert code == 2 and "cluster gw0bb0c2 is stale (the run that made it is gone)" in err, err
