@@ -153,6 +153,17 @@ class Worker:
     def submit(self, task: Task, futures: Futures) -> None:
         self._jobs.put((task, futures))
 
+    def drain(self) -> None:
+        """Wait until every task submitted so far has run."""
+        done = threading.Event()
+
+        def mark() -> list[torch.Tensor]:
+            done.set()
+            return []
+
+        self._jobs.put((mark, []))
+        done.wait()
+
 
 @dataclasses.dataclass(frozen=True)
 class InFlight:

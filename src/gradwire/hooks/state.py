@@ -31,7 +31,14 @@ from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback
 from gradwire.compress.feedback import MALFORMED, Status
 from gradwire.errors import GradwireError
 from gradwire.hooks import layout
-from gradwire.hooks.comm import Comm, Deferred, Worker, before_ddp_finishes, complete
+from gradwire.hooks.comm import (
+    Comm,
+    Deferred,
+    Worker,
+    after_backward,
+    before_ddp_finishes,
+    complete,
+)
 from gradwire.hooks.warmup import Warmup, parse
 from gradwire.schedules import registry
 from gradwire.syncfree import on_host
@@ -177,12 +184,17 @@ class HookState:
         # (_issue), and those buckets, which _settle waits for.
         self._direct_step = False
         self._flights: list[_Flight] = []
+        self._models: set[int] = set()  # ids of the parameters of the models registered on
+        # Error feedback: this backward's buckets, for _reclaim at its end
+        self._slots: list[tuple[torch.Tensor, layout.Layout, list[torch.Tensor]]] = []
         self.reset_stats()
 
     # --- what a user calls ---------------------------------------------------------------
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
         """``ddp_model.register_comm_hook(self, self.hook)``, once it is known to be a
-        DistributedDataParallel whose gradients are dense."""
+        DistributedDataParallel whose gradients are dense and that has no hook yet, and that
+        this state runs no other model's hook (a new DDP of the same model is fine). The
+        hook averages over DDP's process group where ``make`` was given no ``group``."""
         if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
             raise GradwireError("hooks: register() needs a model wrapped in torch.nn.parallel."
                                 "DistributedDataParallel, got "
@@ -192,7 +204,38 @@ class HookState:
                 where = f"module {name!r}" if name else "the model"
                 raise GradwireError(f"hooks: {where} ({type(module).__name__}) makes sparse "
                                     f"gradients; {DENSE_ONLY}")
-        ddp_model.register_comm_hook(self, self.hook)
+        if getattr(ddp_model, "_comm_hooks", None):
+            raise GradwireError("hooks: this DistributedDataParallel has a communication hook "
+                                "already (DDP takes one): register a state once per model")
+        params = {id(p) for p in ddp_model.parameters()}
+        if self._models and params and not params & self._models:
+            raise GradwireError("hooks: this state already runs the hook of another model; its "
+                                "step count (warm-up, dense_steps), residuals and buckets are "
+                                "one model's: make one state per model with "
+                                "gradwire.hooks.make(...)")
+        self._adopt_group(getattr(ddp_model, "process_group", None))
+        try:
+            ddp_model.register_comm_hook(self, self.hook)
+        except RuntimeError as e:  # c10d's "... can only be called once."
+            raise GradwireError(f"hooks: DDP refused the hook: {str(e).splitlines()[0]}") from None
+        self._models |= params
+
+    def _adopt_group(self, ddp_group: dist.ProcessGroup | None) -> None:
+        """Average over the group DDP replicates the model on: DDP's own when ``make`` was
+        given none (as DDP averages without a hook), and a ``group=`` over other ranks than
+        DDP's is refused (its average would mix the wrong replicas)."""
+        if ddp_group is None or not dist.is_initialized():
+            return
+        mine = self.config.group
+        ranks = dist.get_process_group_ranks
+        if ranks(ddp_group) == ranks(mine if mine is not None else dist.group.WORLD):
+            return
+        if mine is not None or self._comm is not None:
+            raise GradwireError(f"hooks: the state averages over ranks "
+                                f"{ranks(mine if mine is not None else dist.group.WORLD)}, the "
+                                f"model's DistributedDataParallel over {ranks(ddp_group)}: "
+                                "pass make(..., group=) the group DDP was given, or none")
+        self.config = replace(self.config, group=ddp_group)
 
     def set_epoch(self, epoch: int) -> None:
         """Move the warm-up to ``epoch`` from the next iteration on (the hook counts epochs
@@ -336,6 +379,11 @@ class HookState:
             self._flights = []
             self._direct_step = (self._worker is not None and self._errors.armed
                                  and not self._density_moves)
+            self._slots = []
+            if self.ef is not None:
+                after_backward(self._reclaim)
+        if self.ef is not None:
+            self._slots.append((buf, key, list(bucket.parameters())))
         if self.config.mode == "bucket":
             direct = self._issue(buf, key, call, index, last, fut)
             if direct is not None:
@@ -371,6 +419,26 @@ class HookState:
                            [b for b, *_ in pending], last)
         return fut
 
+    def _reclaim(self) -> None:
+        """At the end of a backward, once DDP has written the averages into the gradients:
+        DDP leaves the gradient of a parameter that no rank used in this backward
+        (``find_unused_parameters=True``, ``static_graph=True``) as it was, None, so what the
+        average credited it goes back into the residual (each rank adds the average: summed
+        over ranks, the P times the average the residuals gave up); no mass is lost."""
+        slots, self._slots = self._slots, []
+        if self.ef is None or not any(p.grad is None for _, _, ps in slots for p in ps):
+            return
+        numels, residuals = self.positions.numels, self.ef.residuals
+        found = layout.where(residuals, numels)
+        for buf, key, params in slots:
+            offset = 0
+            for pos, p in zip(key, params, strict=True):
+                n = numels[pos]
+                if p.grad is None and pos in found:
+                    held, at = found[pos]
+                    residuals[held][at : at + n].add_(buf[offset : offset + n])
+                offset += n
+
     def _setup(self) -> Comm:
         if self._comm is None:
             if not dist.is_initialized():
@@ -399,10 +467,17 @@ class HookState:
             finally:
                 self.stats["cpu"] += time.thread_time() - c0
 
-        if self._worker is not None:
-            self._worker.submit(timed, futures)
-        else:
+        if self._worker is None:
             complete(timed, futures)
+            return
+        self._worker.submit(timed, futures)
+        if last:
+            # DDP issues collectives of its own on the group once the last bucket's hook has
+            # returned (with find_unused_parameters=True, an allreduce of which parameters
+            # were used); issued while the comm thread still issues the step's, they would
+            # reach the ranks in different orders (gloo: "Received data size doesn't match",
+            # or a hang). DDP waits for every bucket's future next, so this costs nothing.
+            self._worker.drain()
 
     # --- issued from the hook -----------------------------------------------------------
     def _issue(self, buf: torch.Tensor, key: layout.Layout, call: AggregationCall,

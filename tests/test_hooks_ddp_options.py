@@ -1,0 +1,123 @@
+"""The hook as users register it on DDP models that are not the plain case: parameters that no
+rank uses in an iteration (``find_unused_parameters=True``), a DDP over a process subgroup,
+one state registered twice or on two models."""
+import json
+import os
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradwire.hooks as gh
+from gradwire.errors import GradwireError
+from gradwire.launcher import free_port
+
+
+class Branchy(nn.Module):
+    """``c`` is used only where asked: in the other iterations no rank uses it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(6, 8), nn.Linear(8, 3), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, use_c: bool) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        return self.b(h) + self.c(h) if use_c else self.b(h)
+
+
+def _flat(params, tensors) -> torch.Tensor:
+    return torch.cat([(t if t is not None else torch.zeros_like(p)).reshape(-1)
+                      for p, t in zip(params, tensors, strict=True)])
+
+
+@pytest.mark.parametrize("method, mode", [("topk", "bucket"), ("gtopk", "model"),
+                                          ("int8", "bucket"), ("efsignsgd", "bucket")])
+def test_a_parameter_no_rank_used_keeps_its_mass_in_the_residual(one_rank, method, mode):
+    """DDP leaves the gradient of a globally unused parameter as it was (None), so what the
+    hook's average credited it was lost from the residual and never applied."""
+    torch.manual_seed(0)
+    net = Branchy()
+    ddp = DDP(net, bucket_cap_mb=0.0001, find_unused_parameters=True)
+    state = gh.make(method, density=0.1, mode=mode)
+    state.register(ddp)
+    params = list(net.parameters())
+
+    def residuals() -> torch.Tensor:
+        saved = state.state_dict()["residuals"]
+        return _flat(params, [saved.get(state.positions.position(p)) for p in params])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DDP's notes on a world of one
+        for step in range(5):
+            use_c = step < 2
+            x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))
+            before = residuals() if step else torch.zeros(sum(p.numel() for p in params))
+            local = torch.autograd.grad(net(x, use_c).square().mean(), params,
+                                        allow_unused=True)
+            ddp.zero_grad()
+            ddp(x, use_c).square().mean().backward()
+            applied = _flat(params, [p.grad for p in params])
+            gap = (residuals() + applied - before - _flat(params, local)).abs().max()
+            assert gap < 1e-5, (step, float(gap))
+
+
+def _subgroup_rank(rank: int, world: int, init: str, out: str) -> None:
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    groups = [dist.new_group([r]) for r in range(world)]
+    got = {}
+    # find_unused_parameters: DDP allreduces which parameters were used right after the last
+    # bucket's hook, on its group, while the comm thread still issues the step's collectives
+    for name, method, kw in (("own", "dense", {"process_group": groups[rank]}),
+                             ("qsgd", "qsgd", {"find_unused_parameters": True}),
+                             ("powersgd", "powersgd", {"find_unused_parameters": True})):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+        ddp = DDP(net, bucket_cap_mb=0.001, **kw)
+        gh.make(method).register(ddp)
+        x = torch.randn(2, 16, generator=torch.Generator().manual_seed(rank))
+        own = torch.autograd.grad(net(x).sum(), net[0].weight)[0]  # this rank's alone
+        for _ in range(8):
+            ddp.zero_grad()
+            ddp(x).sum().backward()
+        got[name] = torch.equal(net[0].weight.grad, own)
+    try:  # a group= over other ranks than DDP's
+        gh.make("dense", group=groups[rank]).register(DDP(nn.Linear(2, 2)))
+    except GradwireError as e:
+        got["refused"] = str(e)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(got, f)
+    dist.destroy_process_group()
+
+
+def test_the_hook_averages_over_ddps_group_and_keeps_its_collectives_in_order(tmp_path):
+    """A DDP over a subgroup of one rank: the hook averaged over the world instead (each rank
+    got the mean of both). With find_unused_parameters=True, DDP's allreduce of the used
+    parameters raced the comm thread's collectives: gloo aborted ("Received data size doesn't
+    match") or hung."""
+    out = os.fspath(tmp_path / "out")
+    mp.start_processes(_subgroup_rank, args=(2, f"tcp://127.0.0.1:{free_port()}", out),
+                       nprocs=2, start_method="spawn")
+    for rank in range(2):
+        got = json.loads(open(f"{out}.{rank}").read())
+        assert got["own"]  # a group of one: the average is this rank's own gradient
+        assert "group DDP was given" in got["refused"]
+
+
+def test_one_state_runs_one_models_hook(one_rank):
+    """A second model made the state count two steps an iteration (warm-up and dense_steps
+    ran twice as fast); a second registration on one model was DDP's RuntimeError."""
+    state = gh.make("topk", density=0.5, warmup=[0.9, 0.8], steps_per_epoch=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first, other = DDP(nn.Linear(4, 3)), DDP(nn.Linear(5, 2))
+        state.register(first)
+        with pytest.raises(GradwireError, match="another model"):
+            state.register(other)
+        with pytest.raises(GradwireError, match="has a communication hook already"):
+            state.register(first)
+        state.register(DDP(first.module))  # the same model wrapped anew is the same model
