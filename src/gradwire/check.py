@@ -9,6 +9,13 @@ import re
 
 from gradwire.errors import GradwireError
 
+# Bounds of the model sizes and times users hand in (profiles, traces): 2**50 bytes (1 PiB) for a
+# whole model, 250 times a trillion-parameter model in fp32 (the simulator's byte and element
+# counts, float64 and int64, stay exact far below it; 10**30 overflowed them); 1e6 s (11 days)
+# per time, so that sums of them stay finite.
+MAX_BYTES = 2**50
+MAX_SECONDS = 1e6
+
 # Numbers as a person types them: ASCII digits only. Python's int() and float() also take other
 # scripts' digits ("١"), underscores ("1_0"), "nan" and "inf"; none of those is a value a
 # gradwire option means, so every parser of typed numbers goes through these two.

@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from gradwire.check import is_int, is_real
+from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import parse_object, read_text
-from gradwire.sim.trace import MAX_BYTES, MAX_SECONDS  # a trace's bounds: sums stay finite
 
 FORMAT = 1
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -23,7 +23,7 @@ def make_trace(model: str | None, source: Path | None, *, iterations: int = 3,
     ``seed``) or the one in ``source`` (exactly one of them), with every compute time divided
     by ``compute_speedup``, ``add_layers`` layers of ``layer`` = (bytes, forward s, backward
     s) inserted before the last parameter, and each ``NAME=BYTES`` of ``resize`` applied.
-    Every setting is checked against the trace limits (:data:`gradwire.sim.trace.MAX_BYTES`
+    Every setting is checked against the trace limits (:data:`gradwire.check.MAX_BYTES`
     and the others) before anything is recorded."""
     if (model is None) == (source is None):
         raise GradwireError("give exactly one of --model (record) and --from (edit)")

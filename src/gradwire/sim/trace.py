@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gradwire.check import is_int, is_real
+from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps as strict_dumps
 from gradwire.jsonfile import read_text, shown
@@ -36,16 +36,11 @@ from gradwire.jsonfile import read_text, shown
 FORMAT = "gradwire-trace"
 VERSION = 1
 
-# Limits of a trace, read or made. Bytes: 2**50 (1 PiB) for the whole model, 250 times a
-# trillion-parameter model in fp32; the simulator's byte and element counts (float64, int64)
-# stay exact far below it, and 10**30 overflowed them. Parameters: 100,000, a hundred times a
-# 175 B-parameter transformer's ~1,000 tensors; every one is an event per worker and iteration,
-# and an unbounded --add-layers ran out of memory. Times: up to 1e6 s (11 days) each, so that
-# sums of them stay finite. Speed-up: 1e-6 to 1e6, so that scaled times stay finite and above
-# zero.
-MAX_BYTES = 2**50
+# Limits of a trace, read or made: bytes and times as gradwire.check's MAX_BYTES and
+# MAX_SECONDS. Parameters: 100,000, a hundred times a 175 B-parameter transformer's ~1,000
+# tensors; every one is an event per worker and iteration, and an unbounded --add-layers ran out
+# of memory. Speed-up: 1e-6 to 1e6, so that scaled times stay finite and above zero.
 MAX_PARAMS = 100_000
-MAX_SECONDS = 1e6
 SPEEDUP_RANGE = (1e-6, 1e6)
 
 

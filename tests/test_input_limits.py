@@ -1,5 +1,6 @@
-"""Defects found in review of the utility modules (jsonfile, config, profiles, agree): each
-test failed before its fix."""
+"""The edges of what users hand in: JSON files with repeated keys or numbers too long, output
+names near the file system's limit, GRADWIRE_TIMEOUT's range and digits, profiles past a
+trace's bounds, and call-header fields holding text that is not ASCII."""
 
 import json
 import os
