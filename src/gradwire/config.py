@@ -55,22 +55,21 @@ def valid_timeout(value: object) -> bool:
             and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S)
 
 
-def refuse_timeout(name: str, got: object) -> None:
-    """Raise the one-line error for a limit ``name`` given as ``got`` (which
-    :func:`valid_timeout` refused)."""
-    raise GradwireError(f"{name} must be a number of seconds from {MIN_TIMEOUT_S:g} to "
-                        f"{MAX_TIMEOUT_S:g}, got {got!r}")
+def check_timeout(name: str, value: object, given: object = None) -> float:
+    """``value`` as seconds where :func:`valid_timeout` takes it, else the one-line error for
+    the limit ``name``, showing ``given`` (what the user typed; default ``value``)."""
+    if not valid_timeout(value):
+        raise GradwireError(f"{name} must be a number of seconds from {MIN_TIMEOUT_S:g} to "
+                            f"{MAX_TIMEOUT_S:g}, got {value if given is None else given!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def timeout(environ: Mapping[str, str] | None = None) -> float:
     """Seconds one point-to-point operation may take before the peer counts as lost
     (``environ``: the environment to read, e.g. the one a launcher gives its ranks)."""
     raw = _read("GRADWIRE_TIMEOUT", "60", environ)
-    value = parse_number(raw.strip())  # ASCII digits: not "1_0", "١٠", "nan" or "inf"
-    if value is None or not valid_timeout(value):
-        refuse_timeout("GRADWIRE_TIMEOUT", raw)
-    assert value is not None
-    return value
+    # ASCII digits: not "1_0", "١٠", "nan" or "inf"
+    return check_timeout("GRADWIRE_TIMEOUT", parse_number(raw.strip()), raw)
 
 
 def check_calls() -> bool:

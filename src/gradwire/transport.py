@@ -151,9 +151,8 @@ class Transport:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.backend = dist.get_backend(group)
-        if timeout is not None and not config.valid_timeout(timeout):
-            config.refuse_timeout("timeout", timeout)
-        self.timeout = float(timeout) if timeout is not None else config.timeout()
+        self.timeout = (config.check_timeout("timeout", timeout) if timeout is not None
+                        else config.timeout())
         self.check_calls = config.check_calls() if check_calls is None else bool(check_calls)
         self._upstream = _upstream_group(group, self.backend)
         self.reset_counters()

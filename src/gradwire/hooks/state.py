@@ -228,13 +228,13 @@ class HookState:
             return
         mine = self.config.group
         ranks = dist.get_process_group_ranks
-        if ranks(ddp_group) == ranks(mine if mine is not None else dist.group.WORLD):
+        have = ranks(mine if mine is not None else dist.group.WORLD)
+        if ranks(ddp_group) == have:
             return
         if mine is not None or self._comm is not None:
-            raise GradwireError(f"hooks: the state averages over ranks "
-                                f"{ranks(mine if mine is not None else dist.group.WORLD)}, the "
-                                f"model's DistributedDataParallel over {ranks(ddp_group)}: "
-                                "pass make(..., group=) the group DDP was given, or none")
+            raise GradwireError(f"hooks: the state averages over ranks {have}, the model's "
+                                f"DistributedDataParallel over {ranks(ddp_group)}: pass "
+                                "make(..., group=) the group DDP was given, or none")
         self.config = replace(self.config, group=ddp_group)
 
     def set_epoch(self, epoch: int) -> None:

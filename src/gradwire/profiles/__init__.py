@@ -12,7 +12,7 @@ their own and pass its path wherever a model name is accepted). Fields:
   ``[]`` for a 0-d tensor); PowerSGD's cost needs it. Rows with and without shapes may mix.
 - ``forward_s``, ``backward_s``: seconds for one mini-batch, or null; ``step_s``: the optimizer
   step (default 0). Every time is at most 1e6 s, and the parameters hold at most 2**50 bytes
-  (a trace's limits, ``gradwire.sim.trace``), so that the model's sums stay finite.
+  (``gradwire.check``'s bounds, a trace's too), so that the model's sums stay finite.
 - ``backward_layer_s`` (optional): backward compute of each tensor of ``params`` (same length,
   summing to ``backward_s`` within 0.1 %; with ``backward_s`` null, their sum is backward's);
   without it, backward time is spread in proportion to elements.
