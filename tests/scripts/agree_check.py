@@ -142,6 +142,15 @@ for method, opts, words in (("qsgd", {"s": 100 if odd else 255}, ["qsgd s=255", 
               and all(w in str(e) for w in words),
               f"hook {method} options: message lacks {words}: {str(e)[:300]}")
 
+# A default spelled out on one rank and left out on another is the same call.
+torch.manual_seed(0)
+net = DDP(nn.Linear(50, 20))
+gh.make("qsgd", warmup=False, overlap=False, **({"s": 255} if odd else {})).register(net)
+try:
+    net(torch.randn(4, 50)).sum().backward()
+except Exception as e:  # noqa: BLE001 - any failure is the defect checked for
+    check(False, f"hook qsgd s=255 against the default: {str(e)[:300]}")
+
 # DDP hooks in steady state: once a step has agreed on the buckets, steps without a density
 # warm-up exchange no header at all.
 torch.manual_seed(0)

@@ -836,9 +836,12 @@ def _call_name(config: HookConfig, compressor: Compressor | None) -> str:
     made with different options fail naming them instead of averaging different things or
     sending messages of different lengths."""
     m = config.method
-    shown = {k: v for k, v in config.options.items() if k != "selector"}
-    if (m.path.sums_payloads and m.compressor is not None
-            and "seed" in inspect.signature(COMPRESSORS[m.compressor]).parameters):
+    params = inspect.signature(COMPRESSORS[m.compressor]).parameters if m.compressor else {}
+    # every option at the value the compressor runs with, so that a rank that spells out a
+    # default agrees with one that leaves it out
+    shown = {k: config.options.get(k, params[k].default) for k in m.options
+             if k != "selector" and k in params}
+    if m.path.sums_payloads and "seed" in params:
         # the payloads are summed element by element, so the seed that draws random-k's
         # indices or PowerSGD's first Q must be the same everywhere (a top-k's sample of its
         # own gradient need not)
