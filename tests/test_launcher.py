@@ -55,18 +55,24 @@ def _torchrun_names(e: dict, rank: int, world: int) -> bool:
         "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none"}
 
 
-@pytest.mark.parametrize("given", [None, "", "glibc.malloc.arena_max=2"])
-def test_ranks_get_the_allocator_setting_unless_the_caller_chose_one(monkeypatch, given):
+@pytest.mark.parametrize("name,default,given", [
+    ("GLIBC_TUNABLES", MALLOC_TUNABLES, None), ("GLIBC_TUNABLES", MALLOC_TUNABLES, ""),
+    ("GLIBC_TUNABLES", MALLOC_TUNABLES, "glibc.malloc.arena_max=2"),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", None),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "3")])
+def test_ranks_get_a_default_setting_unless_the_caller_chose_one(monkeypatch, name, default,
+                                                                 given):
     """GLIBC_TUNABLES: gradwire's (huge pages, no unmapping of freed buffers) by default;
-    whatever the caller set, an empty value (glibc's defaults) included, otherwise."""
+    TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun's 1 (a failed NCCL call ends the rank instead of
+    leaving it hung). Whatever the caller set, an empty value included, otherwise."""
     if given is None:
-        monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+        monkeypatch.delenv(name, raising=False)
     else:
-        monkeypatch.setenv("GLIBC_TUNABLES", given)
+        monkeypatch.setenv(name, given)
     res, lines = _collect(loopback_cluster(2), script("echo_env.py"), timeout=60)
     assert res.returncode == 0, lines
-    want = MALLOC_TUNABLES if given is None else given
-    assert [e["GLIBC_TUNABLES"] for e in _envs(lines).values()] == [want, want]
+    want = default if given is None else given
+    assert [e[name] for e in _envs(lines).values()] == [want, want]
 
 
 @pytest.mark.parametrize("code,expect", [("3", "rank 1 exited with status 3"),

@@ -52,3 +52,26 @@ def test_the_same_script_runs_unchanged_under_torchrun():
                            **os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.count("COUNTERS ") == 2
+
+
+def test_a_failed_nccl_batch_post_is_a_peer_error(monkeypatch):
+    """NCCL raises from batch_isend_irecv itself once a peer has failed (its communicator
+    aborted): the rank gets a PeerError naming the peer, as from a failed wait."""
+    import torch
+    import torch.distributed as dist
+
+    from gradwire.errors import PeerError
+    from gradwire.transport import P2P, Transport
+
+    def aborted(ops):
+        raise RuntimeError("NCCL communicator was aborted on rank 0. Original reason: "
+                           "Connection closed by remote peer")
+
+    monkeypatch.setattr(dist, "batch_isend_irecv", aborted)
+    monkeypatch.setattr(dist, "P2POp", lambda *op: op)  # its checks need a process group
+    t = Transport.__new__(Transport)  # a rank of two under NCCL, without a GPU
+    t.group, t.rank, t.world_size, t.backend, t.timeout = None, 0, 2, "nccl", 5.0
+    t.reset_counters()
+    with pytest.raises(PeerError, match=r"^rank 0: send of 40 bytes to rank 1 failed: the "
+                                        r"connection closed \(rank 1 exited"):
+        t.batch([P2P("send", torch.zeros(10), 1), P2P("recv", torch.zeros(10), 1)])

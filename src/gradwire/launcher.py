@@ -148,6 +148,10 @@ def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
         # between hosts.
         "NCCL_SOCKET_IFNAME": host.ifname,
         "NCCL_HOSTID": f"gradwire-{cluster.name}-host{rank}",
+        # torchrun's: a failed or timed-out NCCL call aborts the communicator and ends the
+        # rank, which the launcher then reports, instead of leaving it hung.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                          "1"),
         "GRADWIRE_NETWORK": cluster.label,
         "GRADWIRE_IFNAME": host.ifname,
         "PYTHONUNBUFFERED": "1",

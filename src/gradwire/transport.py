@@ -255,7 +255,12 @@ class Transport:
                 fn = dist.isend if o.op == "send" else dist.irecv
                 p2p.append(dist.P2POp(fn, _wire(o.tensor), g, self.group))
             # One work per op, or a single coalesced one (then named after the first op).
-            works = dist.batch_isend_irecv(p2p)
+            try:
+                works = dist.batch_isend_irecv(p2p)
+            except RuntimeError as e:  # NCCL raises here once its communicator is aborted
+                first = live[0]
+                raise _peer_error(self.rank, first.op, first.peer, _wire(first.tensor).numel(),
+                                  str(e), self.timeout) from None
             return [self._pending(w, o.op, o.peer, _wire(o.tensor).numel())
                     for w, o in zip(works, live, strict=False)]
         works = [self.isend(o.tensor, o.peer) if o.op == "send" else self.irecv(o.tensor, o.peer)
