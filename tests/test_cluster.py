@@ -8,7 +8,13 @@ import time
 import pytest
 from conftest import cli_error, gradwire_leftovers, host_pair, needs_netns, netns_names
 
-from gradwire.cluster import cluster_down, cluster_up, list_clusters, load_cluster
+from gradwire.cluster import (
+    cluster_down,
+    cluster_up,
+    ephemeral_cluster,
+    list_clusters,
+    load_cluster,
+)
 from gradwire.errors import GradwireError
 
 pytestmark = needs_netns
@@ -467,3 +473,19 @@ def test_a_stale_cluster_is_refused_to_runs(monkeypatch, capsys, tmp_path):
     assert load_cluster("gw0bb0c2").stale  # this process did not start at tick 1
     code, err = cli_error(monkeypatch, capsys, "run", "--cluster", "gw0bb0c2", "--", "true")
     assert code == 2 and "cluster gw0bb0c2 is stale (the run that made it is gone)" in err, err
+
+
+@needs_netns
+def test_call_in_runs_in_the_hosts_namespace_and_leaves_this_one_alone():
+    from gradwire.cluster.netns import call_in
+
+    here = os.readlink("/proc/thread-self/ns/net")
+    with ephemeral_cluster(2, "1gbit") as c:
+        there = call_in(c.hosts[0].netns, lambda: os.readlink("/proc/thread-self/ns/net"))
+        inside = subprocess.run(["ip", "netns", "exec", c.hosts[0].netns, "readlink",
+                                 "/proc/self/ns/net"], capture_output=True, text=True)
+        assert there == inside.stdout.strip() != here
+        assert os.readlink("/proc/thread-self/ns/net") == here
+        assert call_in(None, lambda: 7) == 7
+        with pytest.raises(ZeroDivisionError):  # raised on the caller's thread
+            call_in(c.hosts[1].netns, lambda: 1 / 0)

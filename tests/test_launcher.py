@@ -131,6 +131,22 @@ def test_environment_inside_namespaces(monkeypatch):
             assert _torchrun_names(e, r, 2) and e["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 
+@needs_netns
+def test_two_runs_on_one_cluster_at_once():
+    """Each run's rendezvous gets a port of its own in rank 0's namespace, so two jobs can
+    share a cluster (`gradwire run --cluster`), each with its own ranks."""
+    with ephemeral_cluster(2, "1gbit") as c:
+        runs = [subprocess.Popen([sys.executable, "-m", "gradwire", "run", "--cluster", c.name,
+                                  "--timeout", "120", "--", *script("p2p_exchange.py")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env={**os.environ, "SEED": str(i), "MODE": "batch"})
+                for i in range(2)]
+        outs = [p.communicate(timeout=180)[0] for p in runs]
+    for p, out in zip(runs, outs, strict=True):
+        assert p.returncode == 0, out[-2000:]
+        assert out.count("COUNTERS ") == 2
+
+
 LINES = ("import os, sys\n"
          "r, n = os.environ['RANK'], int(sys.argv[1])\n"
          "for i in range(n - 1):\n"

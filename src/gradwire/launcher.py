@@ -28,10 +28,10 @@ from typing import IO
 
 from gradwire import config
 from gradwire.cluster import Cluster
+from gradwire.cluster.netns import call_in
 from gradwire.errors import GradwireError
 from gradwire.interrupts import Interrupted, on_signals
 
-MASTER_PORT = 29500
 # glibc's allocator, for every rank unless GLIBC_TUNABLES is set (an empty value keeps glibc's
 # defaults): buffers of more than 32 MiB come from mmap, page-faulted afresh at every
 # allocation, so a rank that allocates a gradient-sized tensor per call pays 25 000 faults
@@ -106,12 +106,12 @@ def _loopback_store() -> Iterator[tuple[int, dict[str, str]]]:
         del store
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that no socket holds now (the system's pick), for a rendezvous
-    on loopback (``tcp://127.0.0.1:PORT``, MASTER_PORT). Another process may take it before
-    it is used: where that matters, bind and keep the socket, as the launcher's store does."""
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A TCP port on ``addr`` that no socket holds now (the system's pick), for a rendezvous
+    (``tcp://127.0.0.1:PORT``, MASTER_PORT). Another process may take it before it is used:
+    where that matters, bind and keep the socket, as the launcher's store does."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((addr, 0))
         return s.getsockname()[1]
 
 
@@ -257,8 +257,12 @@ def launch(
         settle = config.timeout({**os.environ, **extra_env})
     except GradwireError:
         settle = 0.0  # the ranks fail on it themselves, naming it
-    store = (_loopback_store() if cluster.hosts[0].netns is None
-             else contextlib.nullcontext((MASTER_PORT, {})))
+    first = cluster.hosts[0]
+    # In a namespace rank 0 serves the store, where the cluster's hosts files name its
+    # clients, on a port free there now (the system's pick, as torchrun's --standalone picks
+    # one), so runs on one cluster at the same time do not share a port.
+    store = (_loopback_store() if first.netns is None else contextlib.nullcontext(
+        (call_in(first.netns, lambda: free_port(first.addr)), {})))
     with store as (port, store_env):
         return _start(cluster, cmd, timeout, sink or _print_line, {**store_env, **extra_env},
                       max(linger, 0.0), settle, port)

@@ -27,6 +27,7 @@ them too, for the callers that import them from here.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import re
@@ -35,9 +36,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from gradwire import config
 from gradwire.bandwidth import parse_bandwidth
@@ -119,6 +122,36 @@ def netns_available() -> tuple[bool, str]:
 
 
 TCP_WMEM = Path("/proc/sys/net/ipv4/tcp_wmem")
+
+
+_CLONE_NEWNET = 0x40000000  # setns(2)'s flag for a network namespace
+T = TypeVar("T")
+
+
+def call_in(netns: str | None, fn: Callable[[], T]) -> T:
+    """``fn()``, run in network namespace ``netns`` (None: this process's own), on a thread of
+    its own: setns moves only the thread that calls it. Sockets ``fn`` makes stay in that
+    namespace, and so do threads it starts, whoever uses them later."""
+    if netns is None:
+        return fn()
+    done: list[tuple[bool, object]] = []
+
+    def run() -> None:
+        try:
+            with open(f"/run/netns/{netns}", "rb") as f:
+                if ctypes.CDLL(None, use_errno=True).setns(f.fileno(), _CLONE_NEWNET):
+                    raise OSError(ctypes.get_errno(), f"setns into {netns} failed")
+            done.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            done.append((False, e))
+
+    t = threading.Thread(target=run, name=f"in {netns}")
+    t.start()
+    t.join()
+    ok, value = done[0]
+    if not ok:
+        raise value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
 
 
 def machine_send_buffer() -> int:
