@@ -128,6 +128,9 @@ class Compressor(ABC):
     def combine(self, payloads: list[Payload], numel: int) -> torch.Tensor:
         """The average over ranks of what ``payloads`` (one per rank) stand for: each
         decompressed, summed in fp32 (fp64 for fp64), divided by the number of ranks."""
+        if not payloads:
+            raise GradwireError(f"{self.name}: expected at least one payload to combine, got "
+                                f"none")
         dtype = payloads[0].dtype
         total = torch.zeros(numel, dtype=acc_dtype(dtype), device=payloads[0].tensors()[0].device)
         for p in payloads:
@@ -160,6 +163,9 @@ class Compressor(ABC):
 def check_input(name: str, x: torch.Tensor) -> torch.Tensor:
     """``x`` checked as a compressor's input, detached: a gradient that requires grad itself
     (under ``create_graph``) is compressed as its values, as DDP's hooks see it."""
+    if not isinstance(x, torch.Tensor):
+        raise GradwireError(f"{name}: expected a 1-D float tensor (fp16, bf16, fp32, fp64), got "
+                            f"{type(x).__name__}")
     if x.dim() != 1 or x.dtype not in FLOATS:
         raise GradwireError(f"{name}: expected a 1-D float tensor (fp16, bf16, fp32, fp64), got "
                             f"shape {tuple(x.shape)} {x.dtype}")

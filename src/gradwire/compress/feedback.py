@@ -253,15 +253,21 @@ class ErrorFeedback:
 
     def correct(self, key: Hashable, g: torch.Tensor) -> torch.Tensor:
         """g + residual of ``key``, as a new tensor (g is never modified)."""
-        e = self.residuals.get(key)
+        e = self._get(key, g)
         if e is None:
             return g.clone()
-        if e.shape != g.shape or e.dtype != g.dtype:
+        return g + e.to(g.device)
+
+    def _get(self, key: Hashable, g: torch.Tensor) -> torch.Tensor | None:
+        """The residual of ``key`` (None: none yet), refused where it is not of ``g``'s shape
+        and dtype: a stale one would broadcast into g, or round away its mass."""
+        e = self.residuals.get(key)
+        if e is not None and (e.shape != g.shape or e.dtype != g.dtype):
             raise GradwireError(
                 f"error feedback key {key!r}: residual is {tuple(e.shape)} {e.dtype} but the "
                 f"gradient is {tuple(g.shape)} {g.dtype}; buckets changed (DDP rebuilds them "
                 f"after the first iterations): call reset() when they do")
-        return g + e.to(g.device)
+        return e
 
     def update(self, key: Hashable, corrected: torch.Tensor, applied: torch.Tensor) -> None:
         """residual of ``key`` = corrected − applied, computed in place in ``corrected``."""
@@ -277,7 +283,7 @@ class ErrorFeedback:
     def residual(self, key: Hashable, like: torch.Tensor) -> torch.Tensor:
         """The residual of ``key``, zeros like ``like`` the first time (kept, and updated in
         place by :func:`feed`)."""
-        e = self.residuals.get(key)
+        e = self._get(key, like)
         if e is None:
             e = self.residuals[key] = torch.zeros_like(like)
         return e
@@ -287,7 +293,7 @@ class ErrorFeedback:
         kept, zeroed, not forgotten: a key that names a new bucket layout carried its
         residual over from the old layout's, which would otherwise still hold it and hand
         it over again (gradient mass made at every step after DDP rebuilt its buckets)."""
-        e = self.residuals.get(key)
+        e = self._get(key, x)
         out = flush(e, x)
         if e is not None:
             e.zero_()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gradwire.check import check_int
+from gradwire.check import check_int, is_int
 from gradwire.compress import blocks
 from gradwire.compress.base import Compressor, Payload, check_input, expect
 from gradwire.compress.bits import code_width, decode_codes, pack_bits, packed_bytes
@@ -105,6 +105,13 @@ def majority_vote(signs: Sequence[Payload] | torch.Tensor, numel: int | None = N
     if not signs or numel is None:
         raise GradwireError("majority_vote: give at least one sign payload and numel")
     payloads = [expect("majority_vote", p, SignPayload) for p in signs]
+    if not is_int(numel, 0):
+        raise GradwireError(f"majority_vote: numel must be an integer >= 0, got {numel!r}")
+    want = packed_bytes(numel, 1)
+    for p in payloads:  # as decompress refuses a numel the payload was not made from
+        if p.bits.numel() != want:
+            raise GradwireError(f"majority_vote: expected payloads of {numel} signs ({want} "
+                                f"bytes), got one of {p.bits.numel()} bytes")
     # Count the ranks whose bit is 1 at every element, one bit position of every byte at a
     # time over all ranks' bytes at once: contiguous shifts and sums, in bytes while P < 256.
     # 4.4–9.8× faster than unpacking each rank to ±1 and adding them up (P = 2…16, 25.6 M
@@ -183,7 +190,11 @@ class QSGD(Compressor):
         acc = acc_dtype(x.dtype)
         a = x.to(acc).abs()
         # squares summed in fp64: in fp32 they overflow from a norm of about 1.8e19 on
-        norm = torch.linalg.vector_norm(a, dtype=torch.float64).reshape(1).to(acc)
+        norm = torch.linalg.vector_norm(a, dtype=torch.float64).reshape(1)
+        # A finite norm beyond x's dtype (an fp16 bucket's above 65504) would decompress its
+        # top levels to inf, or overflow the fp32 norm itself (then every element is 0·inf):
+        # any norm' ≥ max|x| keeps the rounding unbiased, and x's largest finite value is one.
+        norm = torch.where(norm.isinf(), norm, norm.clamp(max=torch.finfo(x.dtype).max)).to(acc)
         # floor(r + u), u ~ U[0, 1), rounds r up with probability r − ⌊r⌋: unbiased in one op.
         r = a.mul_(self.s / norm.clamp_min(torch.finfo(acc).tiny))
         u = torch.rand(x.numel(), generator=self._generator(x.device), dtype=acc,
@@ -200,11 +211,13 @@ class QSGD(Compressor):
         # level ℓ is worth ℓ·(norm/s) in the norm's precision, rounded to x's dtype; the
         # sign (bit 1 = negative) then multiplies exactly
         unit = p.norm / self.s
+        # s·(norm/s) may round above the norm: never past the dtype's largest value
+        top = torch.finfo(p.dtype).max
         if isinstance(w, int):  # look the products up, one table entry per level
             levels = torch.arange(1 << w, dtype=p.norm.dtype, device=p.norm.device) * unit
-            mag = decode_codes(p.levels, w, numel, levels.to(p.dtype))
+            mag = decode_codes(p.levels, w, numel, levels.clamp_(max=top).to(p.dtype))
         else:
-            mag = (p.levels.to(p.norm.dtype) * unit).to(p.dtype)
+            mag = (p.levels.to(p.norm.dtype) * unit).clamp_(max=top).to(p.dtype)
         sign = torch.tensor([1.0, -1.0], dtype=p.dtype, device=mag.device)
         return mag.mul_(decode_codes(p.signs, 1, numel, sign))
 

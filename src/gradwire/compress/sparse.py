@@ -217,7 +217,9 @@ class DGC(Compressor):
         return {**size, "passes": self.passes, "slack": self.slack}
 
     def capacity(self, numel: int) -> int:
-        return min(numel, math.ceil(self.slack * select_count(numel, self.density, self.k)))
+        # round() first, as select_count does: 1.1 * 10 is 11.000000000000002, 11 pairs
+        return min(numel, math.ceil(round(self.slack * select_count(numel, self.density,
+                                                                    self.k), 6)))
 
     def compress(self, x: torch.Tensor) -> CountedPayload:
         x = check_input(self.name, x)
