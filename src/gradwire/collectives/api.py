@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from gradwire.check import is_int
 from gradwire.collectives.agree import agree
 from gradwire.collectives.executor import execute
 from gradwire.collectives.pool import BufferPool
@@ -96,8 +97,9 @@ def _outside(group: object) -> bool:
 
 def _root(t: Transport, rank: object, what: str) -> object:
     """A root given as c10d takes it, a global rank, as ``t``'s group numbers it (the
-    registry refuses what is not a rank)."""
-    if is_default_group(t.group) or not isinstance(rank, int):
+    registry refuses what is not a rank, a bool too, which ``in`` and ``index`` would take
+    for rank 0 or 1; numpy's integers are ranks here as there)."""
+    if is_default_group(t.group) or not is_int(rank):
         return rank
     members = dist.get_process_group_ranks(t.group)
     if rank not in members:
@@ -133,6 +135,8 @@ class Handle:
 
 
 def _op(op: object, buf: torch.Tensor) -> str:
+    if isinstance(op, dist.ReduceOp):  # an instance, dist.ReduceOp(dist.ReduceOp.SUM): its type
+        op = op.op
     names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", "sum": "sum", "avg": "avg"}
     try:
         how = names[op]  # type: ignore[index]
@@ -171,8 +175,11 @@ WORK_BUFFERS = BufferPool(WORK_KEEP_BYTES)
 def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
          group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
          after: Callable[[torch.Tensor], None] | None, params: dict,
-         whole: tuple[int, int] | None = None) -> Handle | None:
-    """Agree on the call, run the schedule on ``buf``, then ``after(buf)``.
+         whole: tuple[int, int] | None = None,
+         before: Callable[[], None] | None = None) -> Handle | None:
+    """Agree on the call, ``before()``, run the schedule on ``buf``, then ``after(buf)``: all
+    in the call's turn, so a call issued after an async one that writes its input reads it
+    written.
 
     With ``whole`` = (start, stop), run out of place instead: ``buf`` is the input, left as it
     is (the executor's ``source``). The schedule runs on a work buffer lent by WORK_BUFFERS;
@@ -190,6 +197,8 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
 
     def in_place() -> None:
         agree(t, call)
+        if before is not None:
+            before()
         execute(s, buf, t)
         if after is not None:
             after(buf)
@@ -212,7 +221,15 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
             body()
 
     if async_op:
-        return Handle(go)
+        # inference mode is the calling thread's: the helper thread writes the caller's
+        # tensors (inference tensors, in it) in the same mode
+        inference = torch.is_inference_mode_enabled()
+
+        def go_in_mode() -> None:
+            with torch.inference_mode(inference):
+                go()
+
+        return Handle(go_in_mode)
     go()
     return None
 
@@ -270,8 +287,9 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
         raise GradwireError(f"output must have world_size × input = {t.world_size} × "
                             f"{inp.numel()} elements of {inp.dtype}, got {out.numel()} of "
                             f"{out.dtype}")
-    out[t.rank * inp.numel() : (t.rank + 1) * inp.numel()].copy_(inp)
-    return _run("allgather", algo, out, 0, group, t, async_op, None, params)
+    mine = out[t.rank * inp.numel() : (t.rank + 1) * inp.numel()]
+    return _run("allgather", algo, out, 0, group, t, async_op, None, params,
+                before=lambda: mine.copy_(inp))
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object = "sum",

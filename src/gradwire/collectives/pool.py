@@ -36,14 +36,16 @@ class BufferPool:
 
     def take(self, count: int, like: torch.Tensor) -> torch.Tensor:
         """A buffer of ``count`` elements of ``like``'s dtype and device: a spare if one is
-        free, else a new one. Its contents are whatever was there."""
+        free, else a new one. Its contents are whatever was there. A new one is a normal tensor
+        even in inference mode: a later call outside it writes into the buffer in place."""
         with self._lock:
             spares = self._free.get((like.dtype, like.device, count))
             if spares:
                 tmp = spares.pop()
                 self._bytes -= tmp.numel() * tmp.element_size()
                 return tmp
-        return torch.empty(count, dtype=like.dtype, device=like.device)
+        with torch.inference_mode(False):
+            return torch.empty(count, dtype=like.dtype, device=like.device)
 
     def give(self, tmp: torch.Tensor) -> None:
         """Keep ``tmp`` for a later ``take``; the caller keeps no reference to it."""
