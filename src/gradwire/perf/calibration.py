@@ -83,7 +83,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradwire.check import is_int, is_real
+from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps, read_object, shown
 from gradwire.perf.codecs import CodecTable, check_methods
@@ -299,13 +299,20 @@ class _Reader:
         return float(v)
 
     def seconds(self, key: str, *, above: bool = False, null: bool = False) -> float | None:
-        return self.number(key, f"a number of seconds {'>' if above else '>='} 0", 0.0,
-                           above=above, null=null)
+        # at most MAX_SECONDS, as a profile's and a trace's times, so the model's sums stay
+        # finite (the bound is named where it is the one a value breaks)
+        over = is_real(self.doc.get(key), MAX_SECONDS, above=True)
+        return self.number(key, f"a number of seconds {'>' if above else '>='} 0"
+                           + (f" and <= {MAX_SECONDS:g}" if over else ""), 0.0, above=above,
+                           high=MAX_SECONDS, null=null)
 
     def integer(self, key: str, low: int) -> int:
+        # counts (bytes, elements, ranks, cores) up to MAX_BYTES, which a float holds exactly
         v = self.doc.get(key)
-        if not is_int(v, low):
-            raise self.bad(key, f"an integer >= {low}")
+        if not is_int(v, low, MAX_BYTES):
+            over = is_int(v, MAX_BYTES + 1)
+            raise self.bad(key, f"an integer >= {low}"
+                           + (f" and <= {MAX_BYTES} (2**50)" if over else ""))
         return int(v)
 
     def text(self, key: str, *, null: bool = False) -> str | None:

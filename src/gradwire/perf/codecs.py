@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gradwire import catalogue
 from gradwire.catalogue.paths import GATHERED
-from gradwire.check import is_int, is_real
+from gradwire.check import MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import parse_object, read_object
 
@@ -99,7 +99,8 @@ def load(name_or_path: str) -> CodecTable:
 
 def check_methods(methods: dict, where: str, field: str = "") -> None:
     """Each method of a codec table's ``methods``: an object of ``encode_s``, ``decode_s`` and,
-    optionally, ``decode_fixed_s``, ``decode_rank_s`` and ``merge_s``, seconds >= 0; else a
+    optionally, ``decode_fixed_s``, ``decode_rank_s`` and ``merge_s``, seconds from 0 to
+    :data:`gradwire.check.MAX_SECONDS`; else a
     one-line error naming ``where`` and the field (``field``: the table's place in its file,
     e.g. "codecs." in a calibration)."""
     def name(path: str) -> str:
@@ -111,6 +112,7 @@ def check_methods(methods: dict, where: str, field: str = "") -> None:
                                 f"encode_s and decode_s, got {m!r}")
         for key in ("encode_s", "decode_s", *OPTIONAL):
             v = m.get(key, 0.0 if key in OPTIONAL else None)
-            if not is_real(v, 0):
+            if not is_real(v, 0, MAX_SECONDS):  # as every time a file gives the model
+                over = f" and <= {MAX_SECONDS:g}" if is_real(v, MAX_SECONDS, above=True) else ""
                 raise GradwireError(f"{where}: {name(f'methods.{method}.{key}')} must be a "
-                                    f"number of seconds >= 0, got {v!r}")
+                                    f"number of seconds >= 0{over}, got {v!r}")

@@ -85,7 +85,7 @@ Every time is an array over the cluster's (α, β, γ), so a sweep over bandwidt
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -399,6 +399,10 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     method = catalogue.get(agg.method)
     in_band = method.path.in_band(method)
     alpha_d = alpha_t if method.path.on_transport else alpha
+    # inside a node as between nodes, a message takes the α of what sends it (point 9)
+    node_d, node_t = ((None, None) if cluster.node is None
+                      else (replace(cluster.node, alpha=alpha_d),
+                            replace(cluster.node, alpha=alpha_t)))
     for i, (numel, ready, shapes) in enumerate(bs):
         data, sent, dtypes = operations(agg, numel, p, profile.dtype, shapes)
         gammas = [cluster.gamma_of(d) for d in dtypes]
@@ -413,14 +417,14 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
                     else np.maximum(kappa * ready * unit - end, 0.0) + last_dec)
             credit = np.minimum(cluster.burst, (idle + enc) / beta)
             last_dec = dec
-        t = sum(comm.seconds(c, a, p, n, e, alpha_d, beta, g, node=cluster.node, **prm)
+        t = sum(comm.seconds(c, a, p, n, e, alpha_d, beta, g, node=node_d, **prm)
                 - (_credit_saved(c, a, p, n, e, prm, beta, credit) if credited else 0.0)
                 for (c, a, n, e, prm), g in zip(data, gammas, strict=True))
         ops = data
         if cluster.check_calls and p > 1 and not in_band:
             c, a, n, prm = header_spec(p)
             ops, gammas = [(c, a, n, 1, prm), *data], [gamma, *gammas]
-            h = comm.seconds(c, a, p, n, 1, alpha_t, beta, gamma, node=cluster.node, **prm)
+            h = comm.seconds(c, a, p, n, 1, alpha_t, beta, gamma, node=node_t, **prm)
             header, t = header + h, t + h
         calls += len(ops) if p > 1 else 0
         if shared:

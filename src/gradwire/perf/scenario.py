@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gradwire import profiles
+from gradwire.bandwidth import format_bandwidth
 from gradwire.catalogue import METHODS
 from gradwire.check import check_powersgd_rank, check_real
 from gradwire.errors import GradwireError
@@ -189,8 +190,9 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     check_terms(s)
     cal = read_calibration(s)
     prof, aggs, table = inputs(s, cal)
-    # a value given twice (1gbit,1000mbit is one rate) is one column, row or table
-    rates = distinct([parse_link(b) for b in bandwidth.split(",")])
+    # a value given twice (1gbit,1000mbit is one rate) is one column, row or table; so are
+    # rates that print alike, as the tables and the JSON name them by what they print
+    rates = distinct([parse_link(b) for b in bandwidth.split(",")], key=format_bandwidth)
     speedups = distinct(w.parse_numbers("--compute-speedup", compute_speedup))
     terms, where = setting(s, cal)
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, terms)

@@ -203,8 +203,8 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
                                  "communicate_s": float(r.communicate[i]),
                                  "exposed_s": float(r.exposed[i]), "coding_s": r.coding,
                                  "wire_bytes": r.wire_bytes})
-            if dense is None:
-                dense = predict(profile, cluster, Aggregation("dense"), codecs, x,
+            if dense is None:  # bucketed as asked (--mode, --bucket-mb), not DDP's default
+                dense = predict(profile, cluster, replace(aggs[0], method="dense"), codecs, x,
                                 setting.overlap_slowdown)
             ratio = required_compression(profile, cluster, x, setting.overlap_slowdown)
             for i, bps in enumerate(rates):

@@ -4,6 +4,7 @@ and a Perfetto / chrome://tracing timeline."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,9 +23,12 @@ def host_costs(c: SimCluster) -> str:
 
 
 def speedups(results: Sequence[SimResult]) -> dict[str, float]:
-    """Iteration-time speed-up of each result over the baseline PS (the first when absent)."""
+    """Iteration-time speed-up of each result over the baseline PS (the first when absent).
+    An iteration of 0 s (one worker, a trace without compute: nothing to wait for) is as fast
+    as another of 0 s and infinitely faster than one that takes time."""
     base = next((r for r in results if r.mechanism == mechanisms.BASELINE), results[0])
-    return {r.mechanism: base.iteration_s / r.iteration_s for r in results}
+    return {r.mechanism: (base.iteration_s / r.iteration_s if r.iteration_s > 0
+                          else 1.0 if base.iteration_s == 0 else math.inf) for r in results}
 
 
 def results_table(results: Sequence[SimResult], title: str) -> Table:
