@@ -472,7 +472,28 @@ def test_a_stale_cluster_is_refused_to_runs(monkeypatch, capsys, tmp_path):
     save_cluster(Cluster("gw0bb0c2", 1e9, [host], subnet=9, owner=[os.getpid(), 1]))
     assert load_cluster("gw0bb0c2").stale  # this process did not start at tick 1
     code, err = cli_error(monkeypatch, capsys, "run", "--cluster", "gw0bb0c2", "--", "true")
-    assert code == 2 and "cluster gw0bb0c2 is stale (the run that made it is gone)" in err, err
+    assert code == 2 and f"cluster gw0bb0c2 is stale (run {os.getpid()} exited without " in err, err
+
+
+@needs_netns
+def test_a_cluster_whose_namespaces_are_gone_is_stale(monkeypatch, capsys, tmp_path):
+    """A state folder that outlived its namespaces (a reboot, with GRADWIRE_STATE_DIR on a
+    disk): `cluster up`'s cluster too is stale, shown so, refused to runs, and removed by
+    the next cluster made."""
+    from gradwire.cluster.netns import reap_stale
+    from gradwire.cluster.state import Cluster, Host, save_cluster
+
+    monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path))
+    host = Host(0, "gw0bb0c3-h0", "10.213.9.1", "eth0")
+    save_cluster(Cluster("gw0bb0c3", 1e9, [host], subnet=9))  # no owner: made by cluster up
+    assert load_cluster("gw0bb0c3").why_stale == "its namespace gw0bb0c3-h0 is gone"
+    assert not Cluster("gw0bb0c3", 1e9, [host], subnet=9, ready=False).stale  # being built
+    code, err = cli_error(monkeypatch, capsys, "run", "--cluster", "gw0bb0c3", "--", "true")
+    assert code == 2 and "is stale (its namespace gw0bb0c3-h0 is gone)" in err, err
+    out = subprocess.run([sys.executable, "-m", "gradwire.cli", "cluster", "status"],
+                         capture_output=True, text=True).stdout
+    assert "stale: its namespace gw0bb0c3-h0 is gone" in " ".join(out.split()), out
+    assert reap_stale() == ["gw0bb0c3"] and list_clusters() == []
 
 
 @needs_netns

@@ -55,9 +55,9 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print the clust
     if not live:
         console.print("no gradwire clusters are up")
     for c in live:
-        note = (f" [yellow](stale: run {c.owner[0]} exited without removing it; the next "
-                f"cluster made here removes it, or `gradwire cluster down {c.name}`)[/]"
-                if c.stale else "")
+        why = c.why_stale
+        note = (f" [yellow](stale: {why}; the next cluster made here removes it, or "
+                f"`gradwire cluster down {c.name}`)[/]" if why else "")
         console.print(f"[bold]{c.name}[/]: {c.label}{note}")
         if c.shaped:
             buf = (f"{c.send_buffer_bytes / 1e3:.0f} kB" if c.send_buffer_bytes

@@ -99,15 +99,16 @@ def cluster_for(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None
 def live_cluster(name: str) -> Cluster:
     """The live cluster ``name``, refused while ``cluster up`` is still making its hosts (a run
     would get fewer ranks than it was made for, or none), and refused when it is stale (a run's
-    ephemeral cluster whose run died: the next cluster made on the machine removes it, under
-    whatever runs on it then)."""
+    ephemeral cluster whose run died, or one whose namespaces are gone: the next cluster made
+    on the machine removes it, under whatever runs on it then)."""
     c = load_cluster(name)
     if not c.ready:
         raise GradwireError(f"cluster {name} is still being built, or its build stopped half "
                             f"way: wait for `gradwire cluster up`, or `gradwire cluster down "
                             f"{name}`")
-    if c.stale:
-        raise GradwireError(f"cluster {name} is stale (the run that made it is gone) and the next "
+    why = c.why_stale
+    if why:
+        raise GradwireError(f"cluster {name} is stale ({why}) and the next "
                             f"cluster made will remove it: `gradwire cluster down {name}`, then "
                             f"`gradwire cluster up` one to keep")
     return c

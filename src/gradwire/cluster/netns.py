@@ -60,6 +60,7 @@ from gradwire.cluster.state import (
     MAX_HOSTS,
     MTU,
     NAME_RE,
+    NETNS_DIR,
     Cluster,
     Host,
     check_mtu,
@@ -138,7 +139,7 @@ def call_in(netns: str | None, fn: Callable[[], T]) -> T:
 
     def run() -> None:
         try:
-            with open(f"/run/netns/{netns}", "rb") as f:
+            with open(NETNS_DIR / netns, "rb") as f:
                 if ctypes.CDLL(None, use_errno=True).setns(f.fileno(), _CLONE_NEWNET):
                     raise OSError(ctypes.get_errno(), f"setns into {netns} failed")
             done.append((True, fn()))

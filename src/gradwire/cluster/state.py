@@ -23,6 +23,7 @@ MTU = 1500  # Ethernet's default
 MTU_RANGE = (576, 65535)  # IPv4's smallest datagram every host must take; veth's largest
 LOOPBACK = "loopback"
 LOOPBACK_LABEL = "loopback, links not shaped"
+NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps a namespace, by its name
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,20 @@ class Cluster:
 
     @property
     def stale(self) -> bool:
-        """A run's cluster whose run has exited without removing it (SIGKILL, a crash of the
-        machine's session): nothing can use it any more."""
-        return self.owner is not None and process_start_ticks(self.owner[0]) != self.owner[1]
+        """Whether nothing can use this cluster any more (:attr:`why_stale`)."""
+        return self.why_stale is not None
+
+    @property
+    def why_stale(self) -> str | None:
+        """Why nothing can use this cluster any more, None while it can: a run's cluster whose
+        run exited without removing it (SIGKILL, a crash of the machine's session), or a built
+        cluster whose namespaces are gone (a reboot, under a state folder that outlived it)."""
+        if self.owner is not None and process_start_ticks(self.owner[0]) != self.owner[1]:
+            return f"run {self.owner[0]} exited without removing it"
+        first = self.hosts[0].netns if self.hosts else None
+        if self.ready and first is not None and not (NETNS_DIR / first).exists():
+            return f"its namespace {first} is gone"
+        return None
 
     @property
     def shaped(self) -> bool:
