@@ -71,7 +71,39 @@ def test_a_failed_nccl_batch_post_is_a_peer_error(monkeypatch):
     monkeypatch.setattr(dist, "P2POp", lambda *op: op)  # its checks need a process group
     t = Transport.__new__(Transport)  # a rank of two under NCCL, without a GPU
     t.group, t.rank, t.world_size, t.backend, t.timeout = None, 0, 2, "nccl", 5.0
+    t._device_type = None  # host tensors taken, as NCCL's would be GPU ones
     t.reset_counters()
     with pytest.raises(PeerError, match=r"^rank 0: send of 40 bytes to rank 1 failed: the "
                                         r"connection closed \(rank 1 exited"):
         t.batch([P2P("send", torch.zeros(10), 1), P2P("recv", torch.zeros(10), 1)])
+
+
+@pytest.mark.parametrize("backend,device", [("gloo", "meta"), ("nccl", "cpu")])
+def test_a_tensor_the_backend_cannot_send_is_refused_before_anything_is_posted(
+        monkeypatch, backend, device):
+    """gloo reads a GPU tensor's memory as host memory; NCCL fails on a host tensor without
+    naming why: both are refused, naming the device the backend takes."""
+    import torch
+    import torch.distributed as dist
+
+    from gradwire.errors import GradwireError
+    from gradwire.transport import P2P, Transport
+
+    def posted(*args, **kwargs):
+        raise AssertionError("posted")
+
+    for name in ("isend", "irecv", "batch_isend_irecv"):
+        monkeypatch.setattr(dist, name, posted)
+    t = Transport.__new__(Transport)  # a rank of two, without a process group
+    t.group, t.rank, t.world_size, t.backend, t.timeout = None, 0, 2, backend, 5.0
+    t._device_type = {"gloo": "cpu", "nccl": "cuda"}[backend]
+    monkeypatch.setattr(Transport, "device", property(lambda self: torch.device(
+        self._device_type)))
+    t.reset_counters()
+    x = torch.zeros(4, device=device)
+    want = rf"^rank 0: {backend} sends {t._device_type} tensors, got one on {device}"
+    for call in (lambda: t.isend(x, 1), lambda: t.irecv(x, 1),
+                 lambda: t.batch([P2P("send", x, 1)])):
+        with pytest.raises(GradwireError, match=want):
+            call()
+    assert t.bytes_sent == [0, 0] and t.bytes_received == [0, 0]

@@ -155,6 +155,8 @@ class Transport:
                         else config.timeout())
         self.check_calls = config.check_calls() if check_calls is None else bool(check_calls)
         self._upstream = _upstream_group(group, self.backend)
+        # where this backend's point-to-point calls read and write (other backends: unchecked)
+        self._device_type = {"gloo": "cpu", "nccl": "cuda"}.get(self.backend)
         self.reset_counters()
 
     @property
@@ -205,6 +207,15 @@ class Transport:
                                 f"rank in 0..{self.world_size - 1}")
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
+    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as bytes, refused where this backend cannot send it: gloo would read a
+        GPU tensor's memory as host memory, and NCCL fails on a host tensor naming no cause."""
+        if self._device_type is not None and tensor.device.type != self._device_type:
+            raise GradwireError(f"rank {self.rank}: {self.backend} sends {self._device_type} "
+                                f"tensors, got one on {tensor.device}: move it with "
+                                f".to({self.device.type!r}) first")
+        return _wire(tensor)
+
     def _pending(self, work: dist.Work, op: str, peer: int, nbytes: int) -> Pending:
         return Pending(work, op, peer, nbytes, self.rank, self.timeout)
 
@@ -223,7 +234,7 @@ class Transport:
     def isend(self, tensor: torch.Tensor, dst: int) -> Pending | None:
         """Post a send; returns its handle (None for an empty tensor, which sends nothing)."""
         self._check_peer(dst)
-        buf = _wire(tensor)
+        buf = self._wire(tensor)
         if buf.numel() == 0:
             return None
         self._count("send", buf.numel(), dst)
@@ -232,7 +243,7 @@ class Transport:
     def irecv(self, tensor: torch.Tensor, src: int) -> Pending | None:
         """Post a receive into ``tensor`` (None for an empty tensor)."""
         self._check_peer(src)
-        buf = _wire(tensor)
+        buf = self._wire(tensor)
         if buf.numel() == 0:
             return None
         self._count("recv", buf.numel(), src)
@@ -246,7 +257,7 @@ class Transport:
 
     def batch(self, ops: Sequence[P2P]) -> list[Pending]:
         """Post several sends and receives at once (one NCCL group; gloo posts them in order)."""
-        live = [o for o in ops if _wire(o.tensor).numel() > 0]
+        live = [o for o in ops if self._wire(o.tensor).numel() > 0]
         if self.backend == "nccl" and live:
             p2p = []
             for o in live:
