@@ -132,3 +132,40 @@ def test_reduce_op_objects_are_taken_as_c10d_takes_them(one_rank, op, want):
     with pytest.raises(GradwireError, match="reduction op .*MAX.* is not supported") as e:
         gc.all_reduce(x, op=dist.ReduceOp(dist.ReduceOp.MAX))
     assert "object at 0x" not in str(e.value)
+
+
+def test_a_call_interrupted_while_waiting_for_its_turn_does_not_hold_up_later_ones(monkeypatch):
+    """Ctrl-C on a call that waits behind another one of its group: its turn is dropped, and
+    the calls issued after it run once the one before it ends, instead of waiting forever."""
+    import threading
+
+    turns = api._Turns()
+    first, interrupted, later = turns.take(), turns.take(), turns.take()
+    wait_for = turns._cond.wait_for
+
+    def ctrl_c(predicate, timeout=None):
+        monkeypatch.setattr(turns._cond, "wait_for", wait_for)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(turns._cond, "wait_for", ctrl_c)
+    with pytest.raises(KeyboardInterrupt), turns.turn(interrupted):
+        pass
+    ran = threading.Event()
+
+    def run_later() -> None:
+        with turns.turn(later):
+            ran.set()
+
+    t = threading.Thread(target=run_later, daemon=True)
+    t.start()
+    assert not ran.wait(0.2)  # the first call still holds the group
+    with turns.turn(first):
+        pass
+    assert ran.wait(5), "the call after the interrupted one never ran"
+    t.join(5)
+
+
+def test_a_list_and_a_tuple_of_the_same_sizes_make_the_same_call():
+    """The registry takes either for a parameter of integers; ranks that pass one each agree."""
+    assert api.shown_params({"sizes": [3, 4], "itemsize": 4}) == api.shown_params(
+        {"itemsize": 4, "sizes": (3, 4)}) == "itemsize=4,sizes=(3, 4)"

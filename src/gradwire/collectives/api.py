@@ -50,6 +50,7 @@ class _Turns:
         self._cond = threading.Condition()
         self._issued = self._serving = 0
         self._owner: int | None = None
+        self._dropped: set[int] = set()  # tickets whose caller stopped waiting (Ctrl-C)
 
     def take(self) -> int | None:
         if self._owner == threading.get_ident():
@@ -64,15 +65,29 @@ class _Turns:
             yield
             return
         with self._cond:
-            self._cond.wait_for(lambda: self._serving == ticket)
+            try:
+                self._cond.wait_for(lambda: self._serving == ticket)
+            except BaseException:
+                # interrupted while waiting (KeyboardInterrupt): its turn is skipped, or every
+                # later call of the group would wait for it forever
+                self._dropped.add(ticket)
+                self._next(0)
+                raise
             self._owner = threading.get_ident()
         try:
             yield
         finally:
             with self._cond:
                 self._owner = None
-                self._serving += 1
-                self._cond.notify_all()
+                self._next(1)
+
+    def _next(self, done: int) -> None:
+        """Serve the next ticket (``done``: the one served now ended), past dropped ones."""
+        self._serving += done
+        while self._serving in self._dropped:
+            self._dropped.discard(self._serving)
+            self._serving += 1
+        self._cond.notify_all()
 
 
 # Subgroups' turns are held weakly: a strong reference to a process group would outlive
@@ -172,6 +187,13 @@ WORK_KEEP_BYTES = 256 * 2**20
 WORK_BUFFERS = BufferPool(WORK_KEEP_BYTES)
 
 
+def shown_params(params: dict) -> str:
+    """A call's schedule parameters as its header names them: a list and a tuple of the same
+    numbers are the same parameter (the registry takes either), so they read alike."""
+    return ",".join(f"{k}={tuple(v) if isinstance(v, list) else v}"
+                    for k, v in sorted(params.items()))
+
+
 def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
          group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
          after: Callable[[torch.Tensor], None] | None, params: dict,
@@ -192,8 +214,7 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
     params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
     call = [("call", collective), ("algo", s.algo), ("elements", buf.numel()),
-            ("dtype", buf.dtype), ("root", root),
-            ("params", ",".join(f"{k}={v}" for k, v in sorted(params.items())))]
+            ("dtype", buf.dtype), ("root", root), ("params", shown_params(params))]
 
     def in_place() -> None:
         agree(t, call)
