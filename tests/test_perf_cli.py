@@ -174,6 +174,8 @@ def test_bad_options_are_one_line(args, message, monkeypatch, capsys) -> None:
      "methods.dense.encode_s must be a number of seconds >= 0, got -1"),
     ('{"codecs": {"numel": 5, "methods": {"dense": {"encode_s": 0, "decode_s": 0, '
      '"decode_fixed_s": "x"}}}}', "methods.dense.decode_fixed_s must be a"),
+    ('{"codecs": {"numel": 5, "methods": {"topkk": {"encode_s": 0, "decode_s": 0}}}}',
+     "methods.topkk: unknown method 'topkk' (did you mean 'topk'?)"),
     ('{"codecs": 5}', "field 'codecs' must be an object (a codec table: numel, methods), got 5"),
     ('{"codecs": null}', "field 'codecs' must be an object"),
     ('{"codecs": [1]}', "field 'codecs' must be an object"),

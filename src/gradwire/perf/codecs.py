@@ -107,6 +107,10 @@ def check_methods(methods: dict, where: str, field: str = "") -> None:
         return f"field '{field}{path}'" if field else path
 
     for method, m in methods.items():
+        if method not in catalogue.METHODS:  # a misspelt one would leave its method unpriced
+            raise GradwireError(f"{where}: {name(f'methods.{method}')}: unknown method "
+                                f"{method!r}{did_you_mean(method, catalogue.METHODS)}: "
+                                f"expected one of {', '.join(catalogue.METHODS)}")
         if not isinstance(m, dict):
             raise GradwireError(f"{where}: {name(f'methods.{method}')} must be an object with "
                                 f"encode_s and decode_s, got {m!r}")
