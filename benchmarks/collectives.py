@@ -41,6 +41,8 @@ import tempfile
 from pathlib import Path
 
 from gradwire.bench import calibrate, provenance
+from gradwire.cli.options import write_json
+from gradwire.jsonfile import save_figure
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, back_to_back
 
@@ -202,7 +204,7 @@ def plot(model: dict, path: Path) -> None:
                  f"max {100 * model['max_abs_error']:.1f} %")
     bx.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def command() -> str:
@@ -244,7 +246,7 @@ def main() -> None:
                       f"ways; up to 8 ranks on this machine's {cores} cores"
                       + (" (CPU contention at P=8)" if cores < 8 else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out, result)
     if "model" in result:
         plot(result["model"], out.with_suffix(".png"))
     print(summary(result))

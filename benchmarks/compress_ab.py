@@ -24,6 +24,7 @@ from pathlib import Path
 from ab import earlier_src, revision, this_code
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 
 HERE = Path(__file__).parent
 
@@ -81,7 +82,7 @@ def main() -> None:
         this = "this checkout (no git here)"
     doc = {**provenance.stamp(provenance.script_command(), args.device), "earlier": earlier,
            "this": this, "rounds": args.rounds, "size": args.size, "rows": table}
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc)
     for key, t in table.items():
         print(f"{key:45s} encode ×{t['encode_ratio']:.3f}  decode ×{t['decode_ratio']}")
 

@@ -38,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.compress import SignSGD, get, majority_vote, threshold_topk
 from gradwire.compress.base import generator
 from gradwire.compress.bits import unpack_bits
@@ -203,7 +204,7 @@ def main() -> None:
         result["decode"] = {**stamp,
                             "rows": decode_table(args.size, args.repeats, args.device)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
 
     console = Console(width=max(130, shutil.get_terminal_size().columns))
     if "a" in parts:

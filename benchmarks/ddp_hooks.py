@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.cluster import ephemeral_cluster
 from gradwire.launcher import launch
 
@@ -177,8 +178,7 @@ def main() -> None:
         result["profiles"] = profiles
     if failed:  # what ran before the failure, kept, and the failure beside it
         result["failed"] = failed.splitlines()
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_json(out, result)
     if failed:
         sys.exit(failed)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from ab import ROOT, earlier_src, this_code
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "executor_ab" / "latest.json"
@@ -80,7 +81,7 @@ def main() -> None:
               "note": f"{a.hosts} emulated hosts at 1gbit on one machine: {a.hosts} ranks "
                       "share its cores; old and new alternate within each round",
               "runs": runs}
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(a.out, result)
     for x in runs:
         extra = (f", {x['ratio_to_builtin']:.3f}x built-in" if x["ratio_to_builtin"] else "")
         print(f"round {x['round']} {x['version']:3} {x['case']:15} {x['time_s']:.3f} s{extra}")

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -17,6 +16,7 @@ import sys
 from pathlib import Path
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "foundation" / "latest.json"
@@ -54,10 +54,9 @@ def main() -> None:
         "rows": rows,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(a.out, result)
     for r in rows:
         print(r)
-    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

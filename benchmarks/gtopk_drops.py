@@ -20,13 +20,13 @@ Writes results/gtopk_drops/latest.json with the machine, command, commit and dat
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.compress.base import select_count
 from gradwire.data import shard_indices
 from gradwire.hooks.warmup import DEFAULT_DENSITIES, Warmup
@@ -112,8 +112,7 @@ def main() -> None:
                                    "residual_norms": r["curve"][-1]["residual_norms"]}
                        for r in rows}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":

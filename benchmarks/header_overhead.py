@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.cluster import ephemeral_cluster
 from gradwire.launcher import launch
 
@@ -41,8 +42,7 @@ def main() -> None:
         print(f"{r['case']:<40} {r['checked_ms']:9.3f} ms {r['unchecked_ms']:9.3f} ms {pct}")
     result = {**provenance.stamp(provenance.script_command()), "network": label,
               "hosts": args.hosts, "rows": rows}
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

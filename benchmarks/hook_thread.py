@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.launcher import MALLOC_TUNABLES, free_port
 
 HERE = Path(__file__).parent
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
            "rounds": a.rounds, "modes": {k: f"overlap={v}" for k, v in MODES.items()},
            "rows": rows}
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(a.out, doc)
     for r in rows:
         t, i = r["thread"], r["inline"]
         print(f"{r['method']:9s} thread {t['iteration_ms']:.2f} ms (idle {t['idle_ms']:.2f}, "

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.launcher import MALLOC_TUNABLES
 
 HERE = Path(__file__).parent
@@ -107,7 +108,7 @@ def main() -> None:
                                 zip(runs["glibc defaults"], runs["gradwire's"], strict=True)],
             "same_accuracy": len({r["test_accuracy"] for v in runs.values() for r in v}) == 1}
     doc["load_average_after"] = os.getloadavg()
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(a.out, doc)
     for name, ms in doc["micro"].items():
         print(name, {k: round(statistics.median(m[k]["median"] for m in ms), 1) for k in ms[0]})
     for agg, d in doc["train"].items():

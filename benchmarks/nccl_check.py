@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.cluster import loopback_cluster, netns_available
 from gradwire.launcher import launch
 
@@ -137,7 +138,7 @@ def main() -> None:
 
     def save() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
 
     if "b" in parts:
         result["host_ids"] = {**stamp, "rows": host_ids(args.timeout)}

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster
 from gradwire.sim.paper import (
@@ -140,9 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     out["conditions"]["loadavg_end"] = os.getloadavg()
     out["conditions"]["wall_s"] = time.perf_counter() - t0
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(a.out, out)
     report(out)
-    print(f"wrote {a.out}", file=sys.stderr)
 
 
 def report(out: dict) -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.cluster import loopback_cluster
 from gradwire.launcher import launch
 
@@ -51,8 +52,7 @@ def main() -> None:
            "model": "mlp", "data": "digits",
            "epochs": args.epochs, "batch_per_rank": 32, "lr": 0.1, "momentum": 0.9,
            "torch_start_powerSGD_iter": 2, "rows": rows}
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":

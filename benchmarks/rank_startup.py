@@ -12,7 +12,6 @@ start. One untimed run of each side first, so that both find their bytecode cach
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.launcher import free_port
 
 HERE = Path(__file__).parent
@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"this checkout starts a rank {out['saved_s']:.2f} s sooner "
               f"({out['baseline_over_this']:.2f}x)")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    write_json(a.out, out)
 
 
 if __name__ == "__main__":

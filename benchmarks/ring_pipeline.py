@@ -11,7 +11,6 @@ Run it on an otherwise idle machine: 8 ranks share 2 cores.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ab import this_code
 from collectives import bench
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.schedules.ring import SUBCHUNK_BYTES, pick_pipeline
 
 HERE = Path(__file__).parent
@@ -52,8 +52,7 @@ def main() -> None:
     result = {**provenance.stamp(provenance.script_command()),
               "code": this_code(), "subchunk_bytes": SUBCHUNK_BYTES,
               "network": runs[0]["network"] if runs else None, "ratios": table, "runs": runs}
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {a.out}")
+    write_json(a.out, result)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,13 @@ Hosts pay the simulator's default α and latency (``gradwire simulate``'s) unles
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
 from rich.console import Console
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.sim import mechanisms, report
 from gradwire.sim.cluster import DEFAULT_ALPHA_S, DEFAULT_LATENCY_S, SimCluster
 from gradwire.sim.paper import PAPER_SPEEDUPS, TABLE3, paper_trace
@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> None:
             console.print(f"wrote {png}")
         out["sweeps"] = sweeps
     out["conditions"]["loadavg_end"] = os.getloadavg()
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
-    console.print(f"wrote {a.out}")
+    write_json(a.out, out)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from rich.table import Table
 
 from gradwire import profiles
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.schedules import registry
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster
@@ -134,8 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     out = {**provenance.stamp(provenance.script_command()),
            "conditions": "each row in a fresh process (cold caches), one after another; load "
                          "average per row", "rows": rows}
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
-    console.print(f"wrote {a.out}")
+    write_json(a.out, out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ machine's TCP send buffer. P = 8 (+ 2 servers: 10 ranks) contends for this machi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from pathlib import Path
@@ -24,8 +23,10 @@ from pathlib import Path
 from rich.console import Console
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.cluster import ephemeral_cluster
 from gradwire.jobs import run_ranks
+from gradwire.jsonfile import save_figure
 from gradwire.sim import emulate, report
 from gradwire.sim import mechanisms as mech
 from gradwire.sim.record import record
@@ -65,7 +66,7 @@ def plot(doc: dict, path: Path) -> None:
                  f"max {doc['summary']['max_abs_error']:.1%}")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> int:
@@ -102,7 +103,7 @@ def main() -> int:
                       "bytes_equal": all(r["simulated_link_bytes"] == r["measured_link_bytes"]
                                          for r in doc["rows"])}
     doc["conditions"]["load_average_end"] = os.getloadavg()
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(a.out, doc)
     plot(doc, a.out.with_suffix(".png"))
     console.print(f"median |error| {doc['summary']['median_abs_error']:.1%}, max "
                   f"{doc['summary']['max_abs_error']:.1%} over {len(errs)} runs; wrote {a.out}")

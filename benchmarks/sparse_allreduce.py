@@ -33,6 +33,7 @@ from pathlib import Path
 from ab import earlier_src, revision, this_code
 
 from gradwire.bench import calibrate, provenance
+from gradwire.cli.options import write_json
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost, traffic
 from gradwire.sparse import schedule
@@ -196,9 +197,8 @@ def main() -> None:
         "by_world_size": by_size,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(summary(result))
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

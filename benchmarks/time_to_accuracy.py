@@ -309,6 +309,8 @@ def plot(doc: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gradwire.jsonfile import save_figure
+
     merged = merge_seeds(doc["rows"])
     models = list(dict.fromkeys(r["model"] for r in merged))
     hooks = list(dict.fromkeys(r["hook"] for r in merged))
@@ -338,8 +340,7 @@ def plot(doc: dict, path: Path) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8)
     fig.suptitle(f"Time to accuracy, {doc['network']}, {doc['hosts']} ranks")
     fig.tight_layout(rect=(0, 0.04 + 0.025 * math.ceil(len(labels) / 6), 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)  # and closes it
 
 
 def render(doc: dict, out: Path) -> None:
@@ -412,6 +413,7 @@ def main() -> None:
 
 def run(args: argparse.Namespace, plan: dict, settings: dict) -> None:
     from gradwire.bench import provenance
+    from gradwire.cli.options import write_json
     from gradwire.cluster import ephemeral_cluster
     from gradwire.launcher import launch
 
@@ -461,10 +463,9 @@ def run(args: argparse.Namespace, plan: dict, settings: dict) -> None:
     doc["summary"] = summarize(rows, {m: t["accuracy"] for m, t in doc["targets"].items()})
     if res.returncode != 0:
         partial = args.out.with_suffix(".partial.json")
-        partial.write_text(json.dumps({**doc, "incomplete": res.message}, indent=1) + "\n")
+        write_json(partial, {**doc, "incomplete": res.message})
         sys.exit("\n".join(lines[-30:] + [res.message, f"rows so far: {partial}"]))
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, doc)
     render(doc, args.out)
 
 

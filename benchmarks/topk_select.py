@@ -18,6 +18,7 @@ import torch
 
 from gradwire.bench import provenance
 from gradwire.bench.codec_probe import sync
+from gradwire.cli.options import write_json
 from gradwire.compress import select
 from gradwire.compress.base import generator
 
@@ -78,7 +79,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     doc = {**provenance.stamp(provenance.script_command(), args.device),
            "size": args.size, "ms": rows}
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":

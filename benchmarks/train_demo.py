@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 from contextlib import ExitStack
@@ -38,6 +37,7 @@ from ab import earlier_src, revision, this_code
 from rich.console import Console
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 from gradwire.cluster.netns import cap_send_buffer, ephemeral_cluster, machine_send_buffer
 from gradwire.demo import DEMO, run_demo
 from gradwire.profiles.measure import measure
@@ -172,8 +172,7 @@ def main() -> None:
            "settings": dataclasses.asdict(base) | {"checkpoint": None}, "checks": checks,
            "rounds": rounds, "results": results, **({"baseline": baseline} if baseline else {})}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    console.print(f"wrote {args.out}")
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ interleaved with this one, so the ratio is measured in one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -26,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gradwire.bench import provenance
+from gradwire.cli.options import write_json
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "whatif_speed" / "latest.json"
@@ -95,8 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['loadavg']:.2f}")
     console.print(t)
     out = {**provenance.stamp(provenance.script_command()), "rows": rows}
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
-    console.print(f"wrote {a.out}")
+    write_json(a.out, out)
 
 
 if __name__ == "__main__":
