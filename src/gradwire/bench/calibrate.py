@@ -139,7 +139,7 @@ def run(out: Path, prof: Profile, model: str, density: float, rank: int, device:
             raise SystemExit("gradwire calibrate needs at least 2 ranks, got 1")
         cal = measure(prof, model, density, rank, dev, command)
         if cal is not None:
-            cal.save(out)
+            save(cal, out)
         return cal
     finally:
         dist.destroy_process_group()
@@ -439,8 +439,26 @@ def calibrate(open_cluster: Callable[[], AbstractContextManager[Cluster]], out: 
     doc |= {"network": label, "bandwidth": key, "burst_bytes": bucket, "command": command}
     cal = calibration.parse(doc, "gradwire calibrate's ranks' result")
     path = out if out is not None else calibration_path(key)
-    cal.save(path)
+    save(cal, path)
     return cal, path
+
+
+class Unsaved(GradwireError):
+    """A calibration measured but not saved at ``path``: ``cal`` holds it, for the caller to
+    keep elsewhere."""
+
+    def __init__(self, cal: Calibration, path: Path, e: OSError) -> None:
+        super().__init__(f"could not write {path} ({e.strerror or e})")
+        self.cal, self.path = cal, Path(path)
+
+
+def save(cal: Calibration, path: Path) -> None:
+    """Save ``cal`` at ``path`` (:meth:`Calibration.save`: replaced whole); :class:`Unsaved`
+    where it fails, holding what was measured."""
+    try:
+        cal.save(path)
+    except OSError as e:
+        raise Unsaved(cal, path, e) from None
 
 
 if __name__ == "__main__":

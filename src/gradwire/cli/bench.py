@@ -3,6 +3,8 @@ cost model needs."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,6 +22,7 @@ from gradwire.cli.options import (
     cluster_for,
     command_line,
     console,
+    save_elsewhere,
     world_size,
     write_json,
 )
@@ -162,7 +165,8 @@ def calibrate(
     first = not launched or os.environ["RANK"] == "0"
     prof = cal.check_args(model, density, rank, device, out if first else None)
     if launched:
-        done = cal.run(out, prof, model, density, rank, device, command_line())
+        with _kept_if_unsaved():
+            done = cal.run(out, prof, model, density, rank, device, command_line())
         if done is not None:
             _show_calibration(done, out)
         return
@@ -171,13 +175,28 @@ def calibrate(
     check_mtu(mtu)
     if cluster is None and hosts < 2:
         raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
-    world_size(hosts, cluster)
+    p = world_size(hosts, cluster)  # a live cluster's hosts, not --hosts
+    if p < 2:
+        raise GradwireError(f"calibrate needs 2 or more hosts: cluster {cluster} has {p}")
     args = ["--model", model, "--density", repr(density), "--rank", str(rank),
             "--device", device]
-    done, path = cal.calibrate(lambda: cluster_for(ctx, hosts, bandwidth, cluster, loopback,
-                                                   mtu),
-                               out, args, command_line(), timeout, console)
+    with _kept_if_unsaved():
+        done, path = cal.calibrate(lambda: cluster_for(ctx, hosts, bandwidth, cluster,
+                                                       loopback, mtu),
+                                   out, args, command_line(), timeout, console)
     _show_calibration(done, path)
+
+
+@contextlib.contextmanager
+def _kept_if_unsaved() -> Iterator[None]:
+    """A calibration that could not be saved (a disk that filled during the run) goes to a new
+    file instead (:func:`save_elsewhere`), and the command fails with one line saying where."""
+    from gradwire.bench.calibrate import Unsaved
+
+    try:
+        yield
+    except Unsaved as e:
+        raise GradwireError(f"{e}; {save_elsewhere(e.path, e.cal.dumps())}") from None
 
 
 def _show_calibration(c: Calibration, path: Path) -> None:

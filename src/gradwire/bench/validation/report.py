@@ -12,11 +12,15 @@ from gradwire.bench.validation.predict import repredict
 from gradwire.bench.validation.runs import Plan, run
 from gradwire.bench.validation.summary import lines, plot, summarise
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import dumps, read_object
+from gradwire.jsonfile import dumps, read_object, written_to
 
 
 def dump(doc: dict, out: Path) -> None:
-    out.write_text(dumps(doc, indent=1) + "\n")
+    """Write ``doc`` to ``out``, replaced whole (:func:`gradwire.jsonfile.written_to`): a write
+    that fails half way leaves the result that was there."""
+    text = dumps(doc, indent=1) + "\n"
+    with written_to(out) as target:
+        target.write_text(text)
 
 
 def load_result(path: Path) -> dict:

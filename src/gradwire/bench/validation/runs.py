@@ -24,6 +24,7 @@ from gradwire.bench.calibrate import calibrate
 from gradwire.bench.validation.predict import predict_configuration, rows
 from gradwire.catalogue import METHODS
 from gradwire.cluster import ephemeral_cluster, netns_available
+from gradwire.cluster.state import MAX_HOSTS
 from gradwire.data import digits
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.perf.model import Prediction, parse_link
@@ -73,6 +74,9 @@ class Plan:
             if p < 2:
                 raise GradwireError(f"--workers: each P must be >= 2 (calibrate needs two "
                                     f"ranks), got {p}")
+            if p > MAX_HOSTS:  # refused here, not when its cluster is made after the others
+                raise GradwireError(f"--workers: each P must be at most {MAX_HOSTS} (the hosts "
+                                    f"an emulated cluster holds), got {p}")
         for agg in self.aggs:
             if agg not in METHODS:
                 raise GradwireError(f"--aggs: unknown method {agg!r}"
