@@ -381,6 +381,11 @@ def test_a_results_commit_is_marked_changed_by_code_not_by_results_or_docs(tmp_p
     assert commit(here) == head
     (tmp_path / "src/m.py").write_text("1\n")
     assert commit(here) == head + "+changes"
+    # a package installed in an untracked folder of this checkout (a virtual environment in
+    # a project's repository) is not that commit's code
+    (tmp_path / "venv/site-packages/pkg").mkdir(parents=True)
+    (tmp_path / "venv/site-packages/pkg/__init__.py").write_text("")
+    assert commit(tmp_path / "venv/site-packages/pkg") == "unknown"
 
 
 def test_a_benchmark_records_the_command_as_typed_from_the_repository_root():

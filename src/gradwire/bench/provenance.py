@@ -54,10 +54,15 @@ NOT_INPUTS = ("benchmarks/results", "docs", "README.md")
 def commit(src: Path | None = None) -> str:
     """The git commit of the checkout at ``src`` (default: the one this package is imported
     from), with "+changes" when its tracked files differ from it, those of NOT_INPUTS aside;
-    "unknown" outside git."""
+    "unknown" outside git, and where git does not track ``src`` (a package installed in a
+    virtual environment inside another project's checkout: that commit is not this code's)."""
     git = ["git", "-C", str(src or Path(__file__).resolve().parent)]
     inputs = [":/", *(f":(top,exclude){p}" for p in NOT_INPUTS)]
     try:
+        tracked = subprocess.run([*git, "ls-files", "--", "."], capture_output=True,
+                                 text=True).stdout.strip()
+        if not tracked:
+            return "unknown"
         head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip()
         dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--",
