@@ -50,8 +50,8 @@ class TrainConfig:
                 "--seed", str(self.seed), "--seq-len", str(self.seq_len)]
         if self.rank is not None:
             args += ["--rank", str(self.rank)]
-        if self.checkpoint is not None:
-            args += ["--checkpoint", str(self.checkpoint)]
+        if self.checkpoint is not None:  # one word: a name such as "-ck.pt" stays a value
+            args.append(f"--checkpoint={self.checkpoint}")
         if self.resume:
             args.append("--resume")
         return args

@@ -1,0 +1,55 @@
+"""Edges of a training run's plumbing: the worker's arguments as `gradwire train` hands them
+over, and the files the worker writes."""
+
+import errno
+import io
+from pathlib import Path
+
+import pytest
+
+from gradwire.train.job import TrainConfig
+
+
+def test_a_checkpoint_named_like_an_option_reaches_the_worker(monkeypatch, tmp_path):
+    """`gradwire train --checkpoint -ck.pt` is accepted on the host; the ranks' argparse must
+    take the same name as the value of --checkpoint, not refuse it as an unknown option once
+    the cluster is up."""
+    from gradwire.train import worker
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = TrainConfig(model="mlp-small", batch_size=64, checkpoint=Path("-ck.pt"))
+    assert worker.parse_args(cfg.worker_args()).checkpoint == "-ck.pt"
+
+
+def test_the_worker_s_out_is_replaced_whole(monkeypatch, tmp_path, capsys):
+    """A write of --out that fails half way (a disk that fills) leaves the file that was
+    there, as every other gradwire output does, instead of a truncated result."""
+    import builtins
+
+    from gradwire.train import worker
+
+    monkeypatch.setattr(worker.dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(worker.dist, "destroy_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(worker, "train", lambda args: {"loss": [1.0] * 1000})
+    out = tmp_path / "w.json"
+    out.write_text('{"old": 1}\n')
+    real_open = builtins.open
+
+    class Full(io.TextIOWrapper):
+        def write(self, s):
+            super().write(s[: len(s) // 2])
+            self.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_open(file, mode="r", *args, **kwargs):
+        if "w" in mode and Path(file).parent == tmp_path:
+            return Full(real_open(file, "wb"))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    with pytest.raises(worker.GradwireError, match="cannot write --out"):
+        worker.main(["--model", "mlp-small", "--out", str(out)])
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert out.read_text() == '{"old": 1}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["w.json"]  # no temporary file left
