@@ -53,3 +53,23 @@ def test_the_worker_s_out_is_replaced_whole(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(builtins, "open", real_open)
     assert out.read_text() == '{"old": 1}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["w.json"]  # no temporary file left
+
+
+def test_a_diverged_run_is_reported_not_a_traceback(tmp_path):
+    """A loss that went NaN reaches the report as None (result files are strict JSON): the
+    table shows nan, and the figure leaves a gap, instead of failing after the whole run."""
+    from rich.console import Console
+
+    from gradwire.report import plot_curves, results_table
+
+    result = {"agg": "dense", "data": "text", "samples_per_s": 100.0,
+              "seconds_per_iter": {"compute": 0.01, "compress": 0.0, "communicate": 0.02,
+                                   "step": 0.001},
+              "wire_tx_bytes_per_iter_per_rank": None, "payload_bytes_per_iter_per_rank": 1e6,
+              "wall_s": 3.0, "loss": [2.0, None], "test_loss": [2.1, None],
+              "test_accuracy": [0.5, 0.1], "epoch_wall_s": [1.0, 2.0]}
+    console = Console(record=True, width=160)
+    console.print(results_table([result], "diverged"))
+    row = console.export_text().splitlines()[-2].split()
+    assert row[-4:] == ["nan", "nan", "10.0", "%"], row
+    assert plot_curves([result], tmp_path / "c.png", "diverged").stat().st_size > 0

@@ -6,7 +6,8 @@ a list of several compares methods row by row and curve by curve.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich import box
@@ -38,6 +39,17 @@ def _mb(x: float | None) -> str:
     return f"{x / 1e6:.3f}" if x >= 1e4 else f"{x / 1e6:.5f}"
 
 
+def _fixed(x: float | None, digits: int, f: Callable[[float], float] = float) -> str:
+    """``f(x)`` to ``digits`` decimals; "nan" for a value that was not finite (a diverged
+    run's loss: result files hold strict JSON, which has no NaN, so it reads None)."""
+    return "nan" if x is None else f"{f(x):.{digits}f}"
+
+
+def _curve(xs: Sequence[float | None]) -> list[float]:
+    """A curve to plot, a lost value (None) a gap."""
+    return [math.nan if x is None else x for x in xs]
+
+
 def results_table(results: Sequence[dict], title: str) -> Table:
     """samples/s (and the speed-up over the first row), bytes per iteration on the wire and as
     payload, the per-iteration time breakdown, the training time, and the final training loss
@@ -55,15 +67,15 @@ def results_table(results: Sequence[dict], title: str) -> Table:
     base = results[0]["samples_per_s"]
     for r in results:
         s = r["seconds_per_iter"]
-        ppl = [f"{perplexity(r['test_loss'][-1]):.3f}"] if text else []
+        ppl = [_fixed(r["test_loss"][-1], 3, perplexity)] if text else []
         table.add_row(method_label(r), f"{r['samples_per_s']:.0f}",
                       f"{r['samples_per_s'] / base:.2f}×",
                       _mb(r["wire_tx_bytes_per_iter_per_rank"]),
                       _mb(r["payload_bytes_per_iter_per_rank"]),
                       *(f"{s[k] * 1e3:.1f}" for k in ("compute", "compress", "communicate",
                                                       "step")),
-                      f"{r['wall_s']:.1f}", f"{r['loss'][-1]:.4f}", *ppl,
-                      f"{r['test_accuracy'][-1] * 100:.1f} %")
+                      f"{r['wall_s']:.1f}", _fixed(r["loss"][-1], 4), *ppl,
+                      _fixed(r["test_accuracy"][-1], 1, lambda a: a * 100) + " %")
     return table
 
 
@@ -91,8 +103,9 @@ def plot_curves(results: Sequence[dict], path: Path, title: str) -> Path:
         epochs = range(1, len(r["loss"]) + 1)
         label = method_label(r)
         for col, xs in enumerate((epochs, r["epoch_wall_s"])):
-            axes[0][col].plot(xs, [a * 100 for a in r["test_accuracy"]], marker=".", label=label)
-            axes[1][col].plot(xs, r["loss"], marker=".", label=label)
+            axes[0][col].plot(xs, [a * 100 for a in _curve(r["test_accuracy"])], marker=".",
+                              label=label)
+            axes[1][col].plot(xs, _curve(r["loss"]), marker=".", label=label)
     for col, xlabel in enumerate(("epoch", "training wall time (s)")):
         axes[1][col].set_xlabel(xlabel)
         for row in range(2):

@@ -103,10 +103,10 @@ def train(
         label = c.label
     title = (f"{model} ({result['parameters'] / 1e6:.2f} M params), {hosts} ranks, {label}, "
              f"{result['epochs']} epochs, mode {mode}")
+    if json_out:  # first: the run's result is kept whatever the report does
+        write_json(json_out, result)
     console.print(results_table([result], title))
     console.print(TABLE_NOTE)
-    if json_out:
-        write_json(json_out, result)
     if plot:
         console.print(f"wrote {plot_curves([result], plot, title)}")
 
