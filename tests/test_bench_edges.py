@@ -177,3 +177,24 @@ def test_a_calibration_that_cannot_be_saved_is_one_line_and_kept_elsewhere(monke
     kept = Path(err.split("result saved to ")[1].strip())
     assert kept.parent == tmp_path and not out.exists()
     assert calibration.load(kept).to_json()["alpha_s"] == calibration_doc.doc()["alpha_s"]
+
+
+def test_bench_prices_with_a_calibration_of_its_own_kind_of_device(monkeypatch, tmp_path):
+    """A GPU's calibration ran over NCCL, whose α and γ are not gloo's on the CPU: `bench
+    --device cpu` on the same links prices with nominal terms and says why, and a GPU bench
+    uses it."""
+    from gradwire.bench import calibrate
+    from gradwire.bench.run import model_params
+    from gradwire.cluster.state import Cluster, Host
+
+    monkeypatch.setenv("GRADWIRE_HOME", str(tmp_path))
+    path = calibrate.calibration_path("1gbit")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(calibration_doc.doc(device="NVIDIA H200", backend="nccl",
+                                                   alpha_s=7e-6)))
+    cluster = Cluster("gw0bb0c4", 1e9, [Host(0, "gw0bb0c4-h0", "10.213.9.1", "eth0")])
+    params, source = model_params(cluster, "cpu")
+    assert params.alpha != 7e-6
+    assert source.startswith("nominal") and "taken on NVIDIA H200" in source
+    params, source = model_params(cluster, "cuda")
+    assert params.alpha == 7e-6 and source.startswith("calibrated")

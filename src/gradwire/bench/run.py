@@ -18,15 +18,21 @@ from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams
 
 
-def model_params(cluster: Cluster) -> tuple[CostParams, str]:
-    """Calibrated α, β, γ for this cluster's links, or nominal ones (and which it was)."""
+def model_params(cluster: Cluster, device: str = "cpu") -> tuple[CostParams, str]:
+    """Calibrated α, β, γ for this cluster's links and ``device``'s kind (a GPU's calibration
+    ran over NCCL, whose α and γ are not gloo's on the CPU), or nominal ones (and which it
+    was)."""
     key = cluster.link_key
     found = calibrate.load(key)
+    path = calibrate.calibration_path(key)
+    why = "run gradwire calibrate"
+    if found and (found[1]["device"] == "cpu") == (device == "cpu"):
+        return found[0], f"calibrated {found[1]['date']} ({path})"
     if found:
-        return found[0], f"calibrated {found[1]['date']} ({calibrate.calibration_path(key)})"
+        why = f"the calibration at {path} was taken on {found[1]['device']}"
     bps = cluster.bandwidth_bps or 10e9
     return (CostParams.for_link(bps, DEFAULT_ALPHA_S),
-            f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, link rate, γ=0 (run gradwire calibrate)")
+            f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, link rate, γ=0 ({why})")
 
 
 def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],
@@ -34,7 +40,7 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
               console: Console, interleave: bool = False, op: str = "sum",
               device: str = "cpu", batch: int = 1) -> dict:
     """Time ``specs`` (plus the built-in baseline) at every size; rows with the prediction."""
-    cost_params, source = model_params(cluster)
+    cost_params, source = model_params(cluster, device)
     # LP and the double tree choose their block from α and β: give them the calibrated ones,
     # and the double tree the hosts' TCP send-buffer ceiling, which caps its block.
     # --param values go to every algorithm that takes them (check_shared refused the others).
