@@ -209,6 +209,7 @@ def script():
     (["--workers", "2,x"], "--workers '2,x': expected a comma list of whole numbers"),
     (["--rates", "fast"], "--rates: "),
     (["--rates", "1gbit,1gbit"], "--rates lists a value twice"),
+    (["--rates", "1gbit,1000mbit"], "--rates lists one link rate twice"),
     (["--aggs", "dense,topkk"], "--aggs: unknown method 'topkk'"),
     (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["--fast-repeats", "0"], "--fast-repeats must be >= 1, got 0"),

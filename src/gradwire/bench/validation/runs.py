@@ -65,11 +65,14 @@ class Plan:
                 raise GradwireError(f"{option} needs at least one value")
             if len(set(items)) != len(items):
                 raise GradwireError(f"{option} lists a value twice: {items}")
+        links = []
         for rate in self.rates:
             try:
-                parse_link(rate)
+                links.append(parse_link(rate))
             except GradwireError as e:
                 raise GradwireError(f"--rates: {e}") from None
+        if len(set(links)) != len(links):  # 1gbit and 1000mbit are one cluster, run twice
+            raise GradwireError(f"--rates lists one link rate twice: {self.rates}")
         for p in self.workers:
             if p < 2:
                 raise GradwireError(f"--workers: each P must be >= 2 (calibrate needs two "
