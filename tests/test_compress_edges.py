@@ -110,3 +110,13 @@ def test_dgc_capacity_is_the_ceiling_of_slack_times_k_not_of_its_rounding_error(
     c = DGC(k=10, slack=1.1)
     p = c.compress(torch.randn(1000))
     assert p.indices.numel() == 11 and p.nbytes == c.wire_bytes(1000, torch.float32) == 92
+
+
+def test_a_powersgd_state_that_lacks_a_field_leaves_the_compressor_as_it_was():
+    from gradwire.compress import get
+
+    c = get("powersgd", rank=1)
+    before = c.state_dict()
+    with pytest.raises(KeyError):
+        c.load_state_dict({"step": 7})
+    assert c.state_dict() == before

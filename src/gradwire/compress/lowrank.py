@@ -298,8 +298,10 @@ class PowerSGD:
         return {"step": self.step, "memory": dict(self.memory)}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.step = int(state["step"])  # type: ignore[arg-type]
-        self.memory = dict(state["memory"])  # type: ignore[call-overload]
+        """Both fields read before either is set: a state that lacks one leaves this one as
+        it was, not half loaded."""
+        step, memory = int(state["step"]), dict(state["memory"])  # type: ignore[arg-type, call-overload]
+        self.step, self.memory = step, memory
 
 
 @dataclass(frozen=True, kw_only=True)
