@@ -62,7 +62,7 @@ GOOD = tr.dumps(tr.synthetic("m", [8, 16], 1.0, 2.0)).splitlines()
     ([*GOOD[:3], GOOD[3].replace('"backward": [', '"backward": [1.0, ')], r":4: field 'backward'"),
     ([*GOOD[:3], GOOD[3].replace('"forward": [0.0, ', '"forward": [0.9, ')],
      r":4: field 'forward\[1\]'"),
-    ([*GOOD[:3], GOOD[3][:-1]], r":4: not JSON"),
+    ([*GOOD[:3], GOOD[3][:-1]], r":4: line 1, column \d+: not valid JSON"),
     ([*GOOD, GOOD[3]], r":5: field 'iteration'"),
     ([GOOD[0], GOOD[3]], r"no parameter lines"),
     ([GOOD[0], GOOD[1].replace("}", ', "shape": [3]}'), *GOOD[2:]],

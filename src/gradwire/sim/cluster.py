@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradwire.check import is_int
+from gradwire.check import is_int, is_real
 from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 from gradwire.sim.engine import Engine
@@ -61,8 +59,7 @@ class SimCluster:
 
     def __post_init__(self) -> None:
         whole = (self.workers, self.servers, self.iterations)
-        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-                   for v in whole):
+        if not all(is_int(v, 1) for v in whole):
             raise GradwireError(f"workers, servers and iterations must be whole numbers >= 1, "
                                 f"got {self.workers}, {self.servers}, {self.iterations}")
         if self.iterations > MAX_ITERATIONS:
@@ -76,13 +73,12 @@ class SimCluster:
         if not is_int(self.seed, 0):
             raise GradwireError(f"seed must be a whole number >= 0, got {self.seed!r}")
         # a NaN or infinite number would make the event loop spin for ever or return NaN
-        if not (isinstance(self.bandwidth_bps, numbers.Real)
-                and 0 < self.bandwidth_bps < math.inf):
+        if not is_real(self.bandwidth_bps, 0, above=True):  # a bool is no rate either
             raise GradwireError(f"bandwidth must be a finite rate > 0 bits/s, got "
                                 f"{self.bandwidth_bps}")
         for name in ("latency", "alpha", "gamma", "send_buffer"):
             v = getattr(self, name)
-            if not (isinstance(v, numbers.Real) and 0 <= v < math.inf):
+            if not is_real(v, 0):
                 unit = "bytes" if name == "send_buffer" else "seconds"
                 raise GradwireError(f"{name} must be a finite number of {unit} >= 0, got {v}")
 

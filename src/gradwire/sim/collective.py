@@ -285,12 +285,11 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
 
     def done(ci: int, r: int, t: float) -> None:
         scattered[ci, r] = True
-        if p > 1:
-            links = (net.up(r), *(net.down(x) for x in range(p) if x != r))
-            lat = float(net.latency[r] + net.latency.max())
-            eng.send(links, block[ci % nb][r], lambda t: multicast_in(ci, r),
-                     f"multicast {ci % nb} iter {ci // nb}", lat + c.alpha)
+        if p > 1:  # the rank's next message, on its send port (α there, as every send)
+            replay.multicast(ci, r, [x for x in range(p) if x != r], block[ci % nb][r],
+                             lambda t: multicast_in(ci, r), f"multicast {ci % nb} iter {ci // nb}")
         check(ci, r)
 
-    end = loop.run(Replay(eng, list(range(p)), 1, c.alpha, c.gamma, done), scheds, items, name)
+    replay = Replay(eng, list(range(p)), 1, c.alpha, c.gamma, done)
+    end = loop.run(replay, scheds, items, name)
     return finish(name, loop.ends, _mean_compute(trace, pick), eng, p, end, loop.timeline or [])

@@ -276,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
 def run(trace_path: Path, c: SimCluster, mechanisms: list[Mechanism], bandwidth: str,
         console: Console, loopback: bool = False, timeout: float | None = None) -> list[dict]:
     """Each mechanism for real on its own emulated cluster of ``bandwidth`` links; per
-    mechanism the measured steady iteration time, iteration ends and bytes per link kind."""
+    mechanism the measured steady iteration time, iteration ends and bytes per link kind, and
+    ``send_buffer``: the hosts' ceiling on a TCP send buffer there (cluster up caps a shaped
+    host's at 4 ms of its link; unshaped, the machine's own)."""
     from gradwire.cluster import ephemeral_cluster
+    from gradwire.cluster.netns import machine_send_buffer
     from gradwire.jobs import run_ranks
 
     for m in mechanisms:
@@ -288,18 +291,10 @@ def run(trace_path: Path, c: SimCluster, mechanisms: list[Mechanism], bandwidth:
                 str(c.workers), "--servers", str(c.servers), "--iterations",
                 str(c.iterations), "--seed", str(c.seed)]
         with ephemeral_cluster(hosts(m, c), bandwidth, loopback) as cl:
-            out.append(run_ranks(cl, "gradwire.sim.emulate", args, f"emulate {m.label}",
-                                 timeout, console))
+            out.append({**run_ranks(cl, "gradwire.sim.emulate", args, f"emulate {m.label}",
+                                    timeout, console),
+                        "send_buffer": cl.send_buffer_bytes or machine_send_buffer()})
     return out
-
-
-def send_buffer() -> int:
-    """This machine's TCP send-buffer limit (``net.ipv4.tcp_wmem`` max, 4 MiB by default): the
-    bytes of a message that may still be on the wire while its sender moves on."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
-    except (OSError, ValueError, IndexError):
-        return 4 * 2**20
 
 
 def validate(trace_path: Path, workers: int, servers: int, bandwidth: str,
@@ -310,14 +305,17 @@ def validate(trace_path: Path, workers: int, servers: int, bandwidth: str,
 
     The simulated cluster takes what was measured, never the results it is compared with:
     the link rate (β) and reduction speed (γ) from ``gradwire calibrate`` on two hosts of
-    ``bandwidth``, each mechanism's α from its own run (:func:`_alpha`), and this machine's
-    TCP send buffer. ``calibration``: a result of ``gradwire.bench.calibrate`` to use instead
-    of measuring one."""
+    ``bandwidth``, each mechanism's α from its own run (:func:`_alpha`), and the TCP send
+    buffer its hosts had there (:func:`run`). ``calibration``: a result of
+    ``gradwire.bench.calibrate`` to use instead of measuring one."""
     from gradwire.cluster import ephemeral_cluster
     from gradwire.jobs import run_ranks
 
     trace = load_trace(trace_path)
     c = SimCluster(workers, 1.0, servers, iterations=iterations, seed=seed)
+    if iterations < 2:  # the measured time is the interval between iteration ends
+        raise GradwireError(f"--emulate measures the time between iteration ends: it needs "
+                            f"--iterations >= 2, got {iterations}")
     for m in mechanisms:
         check_trace(trace, m, c)
     cal = calibration
@@ -328,16 +326,19 @@ def validate(trace_path: Path, workers: int, servers: int, bandwidth: str,
                             console)
     # latency 0: each mechanism's measured α already holds the emulated links' delay
     c = SimCluster(workers, 8 / cal["beta_s_per_byte"], servers, latency=0.0,
-                   gamma=cal["gamma_s_per_byte"], iterations=iterations, seed=seed,
-                   send_buffer=send_buffer())
+                   gamma=cal["gamma_s_per_byte"], iterations=iterations, seed=seed)
     rows = []
     for m, real in zip(mechanisms, run(trace_path, c, mechanisms, bandwidth, console, loopback),
                        strict=True):
+        # the bytes of a message that may still be on the wire while its sender moves on: the
+        # send buffer its hosts had
+        c = dataclasses.replace(c, send_buffer=real["send_buffer"])
         sim = m.run(trace, dataclasses.replace(c, alpha=real["alpha_s"]), False)
         rows.append({
             "mechanism": m.label, "workers": workers,
             "servers": servers if isinstance(m.options, PSOptions) else 0,
-            "alpha_s": real["alpha_s"], "simulated_s": sim.iteration_s,
+            "alpha_s": real["alpha_s"], "send_buffer": c.send_buffer,
+            "simulated_s": sim.iteration_s,
             "measured_s": real["iteration_s"], "error": sim.iteration_s / real["iteration_s"] - 1,
             "simulated_ends": sim.ends, "measured_ends": real["ends"],
             "simulated_link_bytes": sim.link_bytes, "measured_link_bytes": real["link_bytes"]})

@@ -139,7 +139,9 @@ class Engine:
     def send(self, links: Sequence[int], nbytes: float, done: Callable[[float], None],
              label: str = "", latency: float = 0.0) -> None:
         """Start a flow of ``nbytes`` over ``links`` after ``latency``; ``done(t)`` when the
-        last byte arrives."""
+        last byte arrives — never inside this call: a flow of no bytes and no latency is done
+        at this time, but as an event of its own (called back from here, a chain of them
+        recursed once per message)."""
         def start() -> None:
             self._seq += 1
             f = Flow(tuple(links), float(nbytes), done, self._seq, label, self.now, float(nbytes))
@@ -148,8 +150,8 @@ class Engine:
             else:
                 self._new.append(f)
 
-        if latency > 0:
-            self.at(self.now + latency, start)
+        if latency > 0 or nbytes <= 0:
+            self.at(self.now + max(latency, 0.0), start)
         else:
             start()
 

@@ -84,6 +84,15 @@ class Replay:
         self._check_done(c, rank)
         self._pump(rank)
 
+    def multicast(self, c: int, r: int, dsts: Sequence[int], nbytes: int,
+                  done: Callable[[float], None], label: str = "") -> None:
+        """Rank ``r`` multicasts ``nbytes`` of collective ``c`` to ranks ``dsts`` as its next
+        message (ahead of its later collectives' sends): like any send it waits for the port,
+        pays α on it and holds it until the last byte is in; one flow over its up link and
+        their down links, paying the farthest receiver's latency. ``done(t)`` then."""
+        self.sends[r].appendleft((c, -1, tuple(dsts), nbytes, (done, label)))
+        self._pump(r)
+
     def _advance(self, c: int, r: int) -> None:
         need, got, upto = self.need[c], self.got[c], self.upto[c]
         while upto[r] < need.shape[1] - 1 and got[r, upto[r]] >= need[r, upto[r]]:
@@ -105,8 +114,20 @@ class Replay:
         self.busy[r] = True
 
         def transmit() -> None:
+            if k < 0:  # a multicast (:meth:`multicast`)
+                net, src = self.eng.net, self.hosts[r]
+                to = [self.hosts[d] for d in dst]
+                links = (net.up(src), *(net.down(h) for h in to))
+                lat = float(net.latency[src] + max(net.latency[h] for h in to))
+                self.eng.send(links, nbytes, multicast_in, red[1], lat)
+                return
             self.eng.unicast(self.hosts[r], self.hosts[dst], nbytes, arrived,
                              f"{self.labels[c]} {r}->{dst}")
+
+        def multicast_in(t: float) -> None:
+            self.busy[r] = False
+            red[0](t)
+            self._pump(r)
 
         def arrived(t: float) -> None:
             self.busy[r] = False

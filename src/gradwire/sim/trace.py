@@ -21,7 +21,6 @@ bytes must be a whole multiple of its element count.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from pathlib import Path
 from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps as strict_dumps
-from gradwire.jsonfile import read_text, shown
+from gradwire.jsonfile import parse_object, read_text, shown
 
 FORMAT = "gradwire-trace"
 VERSION = 1
@@ -202,14 +201,9 @@ def loads(text: str, where: str = "<trace>") -> Trace:
     for n, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise GradwireError(f"{where}:{n}: not JSON: {e.msg} at column {e.colno}") from None
-        except RecursionError:
-            raise GradwireError(f"{where}:{n}: JSON nested too deep") from None
-        if not isinstance(rec, dict):
-            raise GradwireError(f"{where}:{n}: expected a JSON object, got {type(rec).__name__}")
+        # one object a line, each read as every JSON file gradwire reads (a key given twice,
+        # a number too long and nesting too deep refused)
+        rec = parse_object(raw, f"{where}:{n}")
         _strict(where, n, rec)
         records.append((n, rec))
     if not records:
@@ -217,7 +211,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
     n, head = records[0]
     if head.get("format") != FORMAT:
         raise _bad(where, n, "format", f"expected {FORMAT!r}, got {head.get('format')!r}")
-    if head.get("version") != VERSION:
+    if not is_int(head.get("version"), VERSION, VERSION):  # not true, which == 1
         raise _bad(where, n, "version", f"expected {VERSION} (this gradwire reads version "
                    f"{VERSION}), got {head.get('version')!r}")
     model = head.get("model")
