@@ -246,6 +246,8 @@ class Summed(Path):
              shapes=None):
         assert compressor is not None
         wire, item = compressor.wire_bytes(numel, dtype), compressor.wire_itemsize(dtype)
+        if wire >= numel * dtype.itemsize:  # a 16-bit bucket cast to a 16-bit wire
+            return dense(numel, dtype, algo)  # no smaller than the bucket as it is
         name, params = allreduce_algo(algo)
         return BucketPlan((CollectiveCall("allreduce", name, wire // item, item, "payload",
                                           params, compressor.summed_dtype(dtype)),), wire)
@@ -359,6 +361,9 @@ class LowRank(InBand):
         name, params = allreduce_algo(algo)
         # the first carries one more element: the ranks' NaN/Inf statuses, summed (start)
         first = lay.plain_count + lay.p_count + 1
+        if (first + lay.q_count) * item >= numel * dtype.itemsize:
+            # no smaller than the bucket as it is (a 16-bit bucket, summed in fp32)
+            return dense(numel, dtype, algo)
         return BucketPlan((CollectiveCall("allreduce", name, first, item, "P", params, acc),
                            CollectiveCall("allreduce", name, lay.q_count, item, "Q", params,
                                           acc)),

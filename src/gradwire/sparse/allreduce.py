@@ -177,10 +177,16 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
 
     def average(out: torch.Tensor) -> torch.Tensor:
         if on_host(buf):
-            return finish().average(out)
+            # from the sums in acc_dtype, as average_into: an fp16 sum of ranks' 60 000s is
+            # inf, their mean is not (merging.mean)
+            where, sums = summed()
+            result = SparseResult(Entries(merging.mean(sums, dtype, world_size), where), numel,
+                                  world_size, s)
+            return result.total(out)
         return merging.average_into(lists(), numel, world_size, out)
 
-    def finish() -> SparseResult:
+    def summed() -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices any rank sent, ascending; Σ over ranks there, in acc_dtype)."""
         got_lists = [_real(got) for got in lists()]
         where, slot = torch.unique(torch.cat([got.indices for got in got_lists]), sorted=True,
                                    return_inverse=True)
@@ -189,6 +195,10 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
         for got in got_lists:  # rank by rank (a list's indices are distinct): a fixed order
             sums.index_add_(0, slot[start : start + len(got)], got.values.to(sums.dtype))
             start += len(got)
+        return where, sums
+
+    def finish() -> SparseResult:
+        where, sums = summed()
         return SparseResult(Entries(sums.to(dtype), where), numel, world_size, s)
 
     return Plan(s, buf, {}, finish, average, lambda: buf.view(world_size, b)[:, -1].max())

@@ -123,6 +123,16 @@ def _put(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None
                    torch.where(real, values, torch.where(has, anchor, 0)))
 
 
+def mean(sums: torch.Tensor, dtype: torch.dtype, world_size: int) -> torch.Tensor:
+    """``sums`` (:func:`gradwire.dtypes.acc_dtype`) / ``world_size`` in ``dtype``: the sum
+    cast to ``dtype``, then divided, except where that cast overflows a finite sum (two fp16
+    ranks sending 60 000): there the division comes first, as a dense allreduce's does, so a
+    mean that ``dtype`` holds is not turned into inf. No host sync."""
+    cast = sums.to(dtype)
+    return torch.where(cast.isinf() & sums.isfinite(), (sums / world_size).to(dtype),
+                       cast / world_size)
+
+
 def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: torch.Tensor,
                  *, summed: bool = False) -> torch.Tensor:
     """The dense average of what the ranks sent, in ``out`` (overwritten; returned), with no
@@ -131,11 +141,11 @@ def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: tor
 
     ``lists``: TopKAllReduce's P lists, in rank order (padding allowed; indices distinct within
     a list). At every index any rank sent: (Σ over ranks, rank by rank, in
-    :func:`gradwire.dtypes.acc_dtype`, then cast to the lists' dtype) / ``world_size``; 0
-    elsewhere. ``summed=True``: ``lists`` is gTopKAllReduce's one list, already the sum:
-    values / ``world_size`` at its indices (no round trip through the sum's dtype, which would
-    turn −0.0 into +0.0). ``out``: 1-D, ``numel`` elements of the lists' dtype; it may share
-    memory with the lists' values, which are read before it is zeroed.
+    :func:`gradwire.dtypes.acc_dtype`, then cast to the lists' dtype) / ``world_size``
+    (:func:`mean`); 0 elsewhere. ``summed=True``: ``lists`` is gTopKAllReduce's one list,
+    already the sum: values / ``world_size`` at its indices (no round trip through the sum's
+    dtype, which would turn −0.0 into +0.0). ``out``: 1-D, ``numel`` elements of the lists'
+    dtype; it may share memory with the lists' values, which are read before it is zeroed.
 
     The union comes from one sort of the P·k indices (no torch.unique, whose size depends on
     the data); the sums live in P·k slots, not in a dense scratch: O(P·k log P·k) on the
@@ -164,7 +174,7 @@ def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: tor
     for e in lists:  # rank by rank (a list's indices are distinct): the host's order
         sums.index_add_(0, slot[start : start + len(e)], e.values.to(sums.dtype))
         start += len(e)
-    average = sums.to(dtype) / world_size
+    average = mean(sums, dtype, world_size)
     out.zero_()
     _put(out, torch.where(ordered != _LAST, ordered, PAD), average[slot_of_sorted])
     return out
