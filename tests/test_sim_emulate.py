@@ -4,7 +4,7 @@ import pytest
 from conftest import cli_error, needs_netns
 from rich.console import Console
 
-from gradwire.cluster.netns import host_send_buffer, machine_send_buffer
+from gradwire.cluster.netns import machine_send_buffer
 from gradwire.errors import GradwireError
 from gradwire.sim import emulate
 from gradwire.sim import mechanisms as mech
@@ -33,10 +33,8 @@ def test_emulated_runs_move_the_simulated_bytes(tmp_path):
         assert 0.33 < r["simulated_s"] / r["measured_s"] < 3, r
     ps = rows[0]["measured_link_bytes"]
     assert ps["worker up"] == ps["server down"] == 3 * 3 * t.total_bytes  # P·iterations·model
-    # the simulated hosts may keep as much unsent as the emulated ones could: cluster up caps
-    # a shaped host's TCP send buffer at 4 ms of its link
-    assert [r["send_buffer"] for r in rows] == [host_send_buffer(1e9)] * 4
-    assert cal["send_buffer"] == host_send_buffer(1e9) < machine_send_buffer()
+    assert [r["send_buffer"] for r in rows] == [machine_send_buffer()] * 4
+    assert cal["send_buffer"] == machine_send_buffer() > 0
 
 
 @pytest.mark.parametrize("label,what", [
