@@ -182,6 +182,13 @@ def written_to(path: Path) -> Iterator[Path]:
             yield tmp
 
 
+def replace_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path``, replaced whole (:func:`written_to`): a write that fails half
+    way (a full disk, a signal) leaves the file that was there."""
+    with written_to(Path(path)) as target, open(target, "w") as f:
+        f.write(text)
+
+
 def save_figure(fig: object, path: str | Path, dpi: int) -> Path:
     """Write the matplotlib figure ``fig`` to ``path`` in the format its extension names,
     replaced whole (:func:`written_to`: a disk that fills mid-write leaves the figure that was

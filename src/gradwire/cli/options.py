@@ -20,7 +20,7 @@ from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_ava
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import check_writable, dumps, written_to
+from gradwire.jsonfile import check_writable, dumps, replace_text
 
 # Piped output (CI logs, files) gets tables 120 columns wide (wide ones wrap their text
 # cells) instead of 80 truncated columns, or $COLUMNS where it is set; a terminal's own
@@ -175,8 +175,7 @@ def write_text(path: Path, text: str) -> None:
     "could not write PATH (why); result saved to OTHER". A file that was there stays as it
     was: a regular file is written beside it and then renamed over it."""
     try:
-        with written_to(path) as target, open(target, "w") as f:
-            f.write(text)
+        replace_text(path, text)
     except OSError as e:
         raise GradwireError(f"could not write {path} ({e.strerror or e}); "
                             f"{save_elsewhere(path, text)}") from None

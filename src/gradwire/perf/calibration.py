@@ -85,7 +85,7 @@ from pathlib import Path
 
 from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
-from gradwire.jsonfile import dumps, read_object, shown, written_to
+from gradwire.jsonfile import dumps, read_object, replace_text, shown
 from gradwire.perf.codecs import CodecTable, check_methods
 
 FORMAT = 2
@@ -214,12 +214,9 @@ class Calibration:
         return dumps(self.to_json(), indent=1) + "\n"
 
     def save(self, path: str | Path) -> None:
-        """Write the calibration to ``path``, replaced whole (:func:`written_to`): a save that
-        fails half way (a full disk, a signal) leaves the calibration that was there, which
-        bench and advise read, instead of half a file."""
-        text = self.dumps()
-        with written_to(Path(path)) as target:
-            target.write_text(text)
+        """Write the calibration to ``path``, replaced whole (:func:`replace_text`): a save that
+        fails half way leaves the calibration that was there, which bench and advise read."""
+        replace_text(path, self.dumps())
 
 
 def load(path: str | Path) -> Calibration:

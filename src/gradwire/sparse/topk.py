@@ -128,6 +128,8 @@ def mean(sums: torch.Tensor, dtype: torch.dtype, world_size: int) -> torch.Tenso
     cast to ``dtype``, then divided, except where that cast overflows a finite sum (two fp16
     ranks sending 60 000): there the division comes first, as a dense allreduce's does, so a
     mean that ``dtype`` holds is not turned into inf. No host sync."""
+    if sums.dtype == dtype:  # fp32, fp64: no cast, nothing to overflow
+        return sums / world_size
     cast = sums.to(dtype)
     return torch.where(cast.isinf() & sums.isfinite(), (sums / world_size).to(dtype),
                        cast / world_size)

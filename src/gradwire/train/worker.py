@@ -17,7 +17,6 @@ import itertools
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from torch import nn
 from gradwire.data import shard_indices
 from gradwire.errors import GradwireError
 from gradwire.hooks import MODES
-from gradwire.jsonfile import check_writable, dumps, written_to
+from gradwire.jsonfile import check_writable, dumps, replace_text
 from gradwire.launcher import PROGRESS, check_timeout
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
@@ -129,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     if result is not None and args.out:
         try:
-            with written_to(Path(args.out)) as target, open(target, "w") as f:
-                f.write(dumps(result, indent=1))  # strict JSON: a NaN loss is null
+            replace_text(args.out, dumps(result, indent=1))  # strict JSON: a NaN loss is null
         except OSError as e:  # checked before the run; a disk can still fill
             raise GradwireError(f"cannot write --out {args.out!r}: {e.strerror or e}") from None
     dist.destroy_process_group()

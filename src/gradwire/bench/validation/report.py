@@ -12,15 +12,12 @@ from gradwire.bench.validation.predict import repredict
 from gradwire.bench.validation.runs import Plan, run
 from gradwire.bench.validation.summary import lines, plot, summarise
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import dumps, read_object, written_to
+from gradwire.jsonfile import dumps, read_object, replace_text
 
 
 def dump(doc: dict, out: Path) -> None:
-    """Write ``doc`` to ``out``, replaced whole (:func:`gradwire.jsonfile.written_to`): a write
-    that fails half way leaves the result that was there."""
-    text = dumps(doc, indent=1) + "\n"
-    with written_to(out) as target:
-        target.write_text(text)
+    """Write ``doc`` to ``out``, replaced whole (:func:`gradwire.jsonfile.replace_text`)."""
+    replace_text(out, dumps(doc, indent=1) + "\n")
 
 
 def load_result(path: Path) -> dict:
