@@ -95,6 +95,30 @@ def test_compressor_semantics_live_on_the_compressor():
     assert catalogue.get("topk").plan(100, 4, density=1.0).dense
 
 
+@pytest.mark.parametrize(("name", "dtype", "density", "dense"), [
+    ("topk", torch.float32, 0.5, True),  # 50 pairs of 8 bytes: 400, the bucket's size
+    ("topk", torch.float32, 0.49, False),
+    ("gtopk", torch.float16, 0.34, True),  # 34 pairs of 6 bytes: 204 against 200
+    ("gtopk", torch.float16, 0.33, False),
+    ("dgc", torch.float32, 0.6, True),
+])
+def test_a_sparse_payload_no_smaller_than_the_bucket_goes_dense(name, dtype, density, dense):
+    """Pairs cost value and index: at density 0.5 of an fp32 bucket Top-k sent as many bytes
+    as the bucket (and more above it) while dropping half of it into the residual; the
+    plan went dense only at k = n. Now it goes dense wherever the pairs are no smaller."""
+    plan = catalogue.get(name).plan(100, 4, dtype, density=density)
+    assert plan.dense is dense
+    assert plan.sent <= 100 * dtype.itemsize
+
+
+def test_a_one_element_scaled_sign_goes_dense():
+    """EF-signSGD of one element sent its packed sign and a 4-byte scale, QSGD its level and
+    norm: more than the fp32 element itself."""
+    for name in ("efsignsgd", "qsgd", "terngrad"):
+        assert catalogue.get(name).plan(1, 4).dense
+        assert not catalogue.get(name).plan(1000, 4).dense
+
+
 # ------------------------------------------------------------------ real hooks over gloo
 # A linear layer of each size in SIZES: its weight (a matrix PowerSGD compresses) and bias
 # (which it sends as it is).

@@ -200,7 +200,7 @@ def test_a_group_of_the_wrong_kind_is_one_line(one_rank):
 # --- the NaN/Inf policy in the hook -----------------------------------------------------------
 
 def one_parameter(values: list[float], dtype: torch.dtype, method: str = "topk",
-                  density: float = 0.5) -> tuple[DDP, nn.Parameter, gh.HookState]:
+                  density: float = 0.25) -> tuple[DDP, nn.Parameter, gh.HookState]:
     p = nn.Parameter(torch.zeros(len(values), dtype=dtype))
     module = nn.Module()
     module.p = p
@@ -226,17 +226,17 @@ def residual_of(state: gh.HookState, p: nn.Parameter) -> torch.Tensor:
 
 
 def test_finite_values_whose_sum_overflows_are_compressed_by_the_hook(one_rank):
-    net, p, state = one_parameter([0, 0], torch.float32)
-    caught = step(net, p, [3e38, 3e38])
+    net, p, state = one_parameter([0] * 4, torch.float32)
+    caught = step(net, p, [3e38, 3e38, 0, 0])
     big = torch.tensor(3e38).item()
-    assert not caught and p.grad.tolist() == [big, 0.0]  # k = 1 of 2: compressed, not dense
-    assert residual_of(state, p).tolist() == [0.0, big]
+    assert not caught and p.grad.tolist() == [big, 0, 0, 0]  # k = 1 of 4: compressed
+    assert residual_of(state, p).tolist() == [0, big, 0, 0]
 
 
 def test_fp16_overflow_in_the_hook_keeps_the_residual_and_conserves_mass(one_rank):
-    net, p, state = one_parameter([0, 0], torch.float16)
-    grads = [[60000.0, 60000.0], [0.0, 10000.0], [0.0, 0.0]]
-    applied = torch.zeros(2, dtype=torch.float64)
+    net, p, state = one_parameter([0] * 4, torch.float16)
+    grads = [[60000.0, 60000.0, 0, 0], [0, 10000.0, 0, 0], [0.0] * 4]
+    applied = torch.zeros(4, dtype=torch.float64)
     messages = []
     for g in grads:
         messages.append([str(w.message) for w in step(net, p, g)])

@@ -586,3 +586,15 @@ def test_the_executor_s_alpha_prices_what_runs_on_gradwire_s_transport(method,
     assert float(same.communicate) == pytest.approx(float(predict(TOY, base, agg,
                                                                   TABLE).communicate))
     assert (float(slow.communicate) > float(same.communicate)) == on_transport
+
+
+@pytest.mark.parametrize("method", ["topk", "gtopk", "dgc"])
+def test_a_bucket_that_goes_dense_is_priced_as_dense(method) -> None:
+    """At a density whose pairs are no smaller than the bucket the hook sends it dense, over
+    torch.distributed, encoding nothing; the model charged the method's encode and decode
+    and the executor's α all the same."""
+    base = ClusterModel(4, 1e9, 307e-6, beta=8.36e-9, alpha_transport=3e-3, check_calls=False)
+    got = predict(TOY, base, Aggregation(method, density=0.6, mode="model"), TABLE)
+    want = predict(TOY, base, Aggregation("dense", mode="model"), TABLE)
+    assert float(got.coding) == 0.0
+    assert float(got.communicate) == pytest.approx(float(want.communicate))

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gradwire.catalogue.calls import BucketPlan, dense
+from gradwire.catalogue.calls import BucketPlan
 from gradwire.catalogue.paths import (
     DENSE,
     GATHERED,
@@ -25,7 +25,6 @@ from gradwire.catalogue.paths import (
 )
 from gradwire.compress import COMPRESSORS, Compressor, feedback
 from gradwire.compress import get as get_compressor
-from gradwire.compress.base import select_count
 from gradwire.errors import GradwireError, lookup
 
 MODES = ("bucket", "model")
@@ -90,9 +89,6 @@ class Method:
         it (default: with ``density`` and default options); ``algo`` as the hook's;
         ``shapes``: the shapes of the bucket's tensors in order (None: one flat tensor), which
         PowerSGD compresses one matrix each."""
-        if self.takes_density and select_count(numel, density, None) == numel:
-            # Nothing would be dropped: the dense allreduce sends 4n bytes where pairs send 8n.
-            return dense(numel, dtype, algo)
         if compressor is None:
             compressor = self.make_compressor(density)
         return self.path.plan(self, numel, world, dtype, compressor, density, algo, shapes)

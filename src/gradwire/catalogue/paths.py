@@ -6,6 +6,9 @@ Input of ``run``: x, this rank's local gradient (DDP's buckets are not divided b
 the average over ranks of what each rank's compressed x stands for (signSGD: the majority
 vote) and the bytes of this rank's payload. With error feedback the residual of the bucket is
 added first and keeps what was not applied, so Σ_ranks e_after + P·avg = Σ_ranks (e_before + x).
+A bucket whose payload would be no smaller than the bucket itself (a small one, a high
+density, a 16-bit bucket cast to 16 bits) goes dense, residual and all, as PowerSGD's hook
+sends a matrix too small to compress as it is.
 
 | path     | methods                         | collectives per bucket                      |
 |----------|---------------------------------|---------------------------------------------|
@@ -281,6 +284,8 @@ class Gathered(Path):
              shapes=None):
         assert compressor is not None
         wire = compressor.wire_bytes(numel, dtype)
+        if wire >= numel * dtype.itemsize:
+            return dense(numel, dtype, algo)  # no smaller than the bucket as it is
         name, params = allgather_algo(algo)
         return BucketPlan((CollectiveCall("allgather", name, world * wire, 1, "payload",
                                           params),), wire)
@@ -319,6 +324,8 @@ class Sparse(InBand):
     def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
              shapes=None):
         k = select_count(numel, density, None)
+        if k * entry_bytes(numel, dtype) >= numel * dtype.itemsize:
+            return dense(numel, dtype, algo)  # pairs no smaller than the bucket as it is
         coll, name, count, params = sparse_spec(m.name, world, numel, k, dtype,
                                                 sparse_algo(m.name, algo))
         return BucketPlan((CollectiveCall(coll, name, count, 1, "entries", params),),

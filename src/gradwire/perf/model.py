@@ -343,11 +343,12 @@ def operations(agg: Aggregation, numel: int, world: int, dtype: str = "float32",
                ) -> tuple[list[tuple[str, str, int, int, dict]], int, list[torch.dtype | None]]:
     """The collectives one bucket of ``numel`` elements (tensors of ``shapes``, None: one flat
     tensor) runs, as (collective, algorithm, count, bytes per element, params), this rank's
-    payload bytes, and the dtype each call reduces in: the catalogue's plan for the hooks'
-    defaults (torch.distributed's own collectives)."""
+    payload bytes, the dtype each call reduces in, and whether the bucket goes dense (no
+    coding; torch.distributed's allreduce): the catalogue's plan for the hooks' defaults
+    (torch.distributed's own collectives)."""
     plan = agg.plan(numel, world, DTYPES[dtype], shapes)
     return ([(c.collective, c.algo, c.count, c.itemsize, c.params) for c in plan.calls],
-            plan.sent, [c.dtype for c in plan.calls])
+            plan.sent, [c.dtype for c in plan.calls], plan.dense)
 
 
 def bytes_sent(agg: Aggregation, numel: int, world: int, dtype: str = "float32") -> np.ndarray:
@@ -398,15 +399,19 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     # NaN/Inf status cannot travel with its data: then one before every bucket.
     method = catalogue.get(agg.method)
     in_band = method.path.in_band(method)
-    alpha_d = alpha_t if method.path.on_transport else alpha
     # inside a node as between nodes, a message takes the α of what sends it (point 9)
-    node_d, node_t = ((None, None) if cluster.node is None
-                      else (replace(cluster.node, alpha=alpha_d),
+    node_a, node_t = ((None, None) if cluster.node is None
+                      else (replace(cluster.node, alpha=alpha),
                             replace(cluster.node, alpha=alpha_t)))
     for i, (numel, ready, shapes) in enumerate(bs):
-        data, sent, dtypes = operations(agg, numel, p, profile.dtype, shapes)
+        data, sent, dtypes, dense = operations(agg, numel, p, profile.dtype, shapes)
+        # a bucket the method would not make smaller goes dense: torch.distributed's
+        # allreduce, nothing encoded
+        on_transport = method.path.on_transport and not dense
+        alpha_d, node_d = (alpha_t, node_t) if on_transport else (alpha, node_a)
         gammas = [cluster.gamma_of(d) for d in dtypes]
-        enc, dec = codecs.seconds(agg.method, numel, p) if p > 1 else (0.0, 0.0)
+        enc, dec = (codecs.seconds(agg.method, numel, p) if p > 1 and not dense
+                    else (0.0, 0.0))
         enc, dec = enc / compute_speedup, dec / compute_speedup
         if credited:
             # what the link earned idle before this bucket's data (point 7): the first bucket,
@@ -431,7 +436,7 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
             steps += sum(comm.steps(c, a, p, n, **prm) for c, a, n, _, prm in ops)
             # the backend's own data calls cost cpu_call each, their steps included; the
             # executor's (headers first, sparse schedules) cpu_step per step
-            per_call = not method.path.on_transport and cluster.cpu_call > 0
+            per_call = not on_transport and cluster.cpu_call > 0
             headers = len(ops) - len(data)
             cpu_comm += sum(comm.cpu_seconds(c, a, p, n, e,
                                              0.0 if per_call and j >= headers
