@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gradwire import catalogue
-from gradwire.catalogue import AggregationCall
+from gradwire.catalogue import AggregationCall, methods
+from gradwire.collectives.agree import encode
 from gradwire.collectives.local import execute_local
 from gradwire.compress import ErrorFeedback
 from gradwire.hooks.comm import Comm
@@ -86,3 +87,14 @@ def test_a_cast_to_a_16_bit_wire_of_a_16_bit_bucket_goes_dense(one_rank, name, d
     assert catalogue.issuer(c, x, 0) is catalogue.paths.DENSE
     got = catalogue.start(c, x, 0).result()
     assert torch.equal(got, want)  # world 1: the average is the gradient, bit for bit
+
+
+def test_densities_that_differ_past_six_digits_make_different_headers(one_rank):
+    """The call header wrote the density to 6 significant digits, so ranks whose densities
+    differed further (and so whose k differed on a large bucket: 0.001 and 0.0010000004 of
+    10⁹ elements are 1 000 000 and 1 000 001 entries) agreed, and then exchanged lists of
+    different lengths. Now the header carries the density exactly."""
+    a, b = (encode(methods.header(_call("topk", d), 10**9, torch.float32))
+            for d in (0.001, 0.0010000004))
+    assert not torch.equal(a, b)
+    assert torch.equal(a, encode(methods.header(_call("topk", 0.001), 10**9, torch.float32)))

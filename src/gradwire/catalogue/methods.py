@@ -159,7 +159,7 @@ def issuer(c: AggregationCall, x: torch.Tensor, key: object) -> Path | None:
 def header(c: AggregationCall, numel: int, dtype: torch.dtype) -> list[tuple[str, object]]:
     """The call header of one aggregation (:mod:`gradwire.collectives.agree`)."""
     return [("call", c.caller), ("method", c.name), ("dense", c.dense), ("elements", numel),
-            ("dtype", dtype), ("density", f"{c.density:.6g}")]
+            ("dtype", dtype), ("density", float(c.density))]
 
 
 def _agreed_first(c: AggregationCall, x: torch.Tensor, key: object

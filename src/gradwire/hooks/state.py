@@ -656,7 +656,7 @@ class HookState:
         """The per-step header: what every rank's aggregations of this step must share."""
         buckets = ",".join(f"{n}:{d}" for n, d in self._layouts or ())
         return [("call", "hook step"), ("method", call.name), ("mode", self.config.mode),
-                ("dense", call.dense), ("density", f"{call.density:.6g}"),
+                ("dense", call.dense), ("density", float(call.density)),
                 ("buckets", buckets)]
 
     def _finish(self, x: torch.Tensor, started: Started, worst: int) -> None:
