@@ -124,11 +124,15 @@ class Deferred:
 def _serve(jobs: queue.SimpleQueue) -> None:
     while (job := jobs.get()) is not None:
         complete(*job)
+        # not held while waiting for the next: a task holds its hook state (residuals, the
+        # buckets), which would outlive its model, and the state holds this thread's Worker
+        del job
 
 
 def _stop(jobs: queue.SimpleQueue, thread: threading.Thread) -> None:
     jobs.put(None)
-    thread.join(timeout=10)
+    if thread is not threading.current_thread():  # collected there, by its last task: it ends
+        thread.join(timeout=10)
 
 
 class Worker:
@@ -204,12 +208,15 @@ class Comm:
     def _bounded(self, work: dist.Work, what: str) -> None:
         """Wait for a torch.distributed collective within GRADWIRE_TIMEOUT, not the process
         group's timeout (30 min by default for gloo); a failure names this rank and the call
-        (c10d does not say which peer)."""
+        (c10d does not say which peer). A wait that returns False (the work did not complete
+        in time) fails too, as :class:`~gradwire.transport.Pending` does."""
         timeout = self.transport.timeout if self.transport is not None else config.timeout()
         try:
-            work.wait(datetime.timedelta(seconds=timeout))
+            done = work.wait(datetime.timedelta(seconds=timeout))
+            why = "not completed" if done is False else None
         except RuntimeError as e:
-            why = str(e).splitlines()[0][-200:]
+            why = (str(e).splitlines() or [type(e).__name__])[0][-200:]
+        if why is not None:
             raise GradwireError(f"rank {self.rank}: torch.distributed {what} failed or timed "
                                 f"out after {timeout:g} s (a rank died, stalled or skipped "
                                 f"this call; GRADWIRE_TIMEOUT sets the limit): {why}") from None

@@ -30,15 +30,19 @@ class Positions:
         self.shapes: dict[int, tuple[int, ...]] = {}
 
     def layout(self, params: Iterable[torch.Tensor]) -> Layout:
+        """The positions of ``params``, a bucket's parameters in buffer order. A parameter's
+        elements and shape are those it takes in DDP's bucket: a complex one's real view
+        (twice the elements, a trailing 2)."""
         key = []
         for p in params:
             # id(): the bucket hands back the model's own Parameter objects, which live as long
             # as the model; data_ptr() would change under `p.data = ...`.
             pos = self._by_id.setdefault(id(p), len(self._by_id))
-            known = self.numels.setdefault(pos, p.numel())
-            self.shapes.setdefault(pos, tuple(p.shape))
-            if known != p.numel():
-                raise GradwireError(f"parameter at position {pos} has {p.numel()} elements, "
+            held = torch.view_as_real(p.detach()) if p.is_complex() else p
+            known = self.numels.setdefault(pos, held.numel())
+            self.shapes.setdefault(pos, tuple(held.shape))
+            if known != held.numel():
+                raise GradwireError(f"parameter at position {pos} has {held.numel()} elements, "
                                     f"the hook's state has {known} for it (a state_dict of "
                                     "another model?)")
             key.append(pos)
