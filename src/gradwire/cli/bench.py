@@ -163,6 +163,8 @@ def calibrate(
         raise GradwireError("gradwire calibrate under a launcher (RANK, WORLD_SIZE and "
                             "MASTER_ADDR are set) needs --out FILE")
     first = not launched or os.environ["RANK"] == "0"
+    if first:  # the one that writes --out: not over the profile it reads
+        check_outputs(("--out", out), inputs=(("--model", model),))
     prof = cal.check_args(model, density, rank, device, out if first else None)
     if launched:
         with _kept_if_unsaved():

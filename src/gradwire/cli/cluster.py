@@ -49,15 +49,19 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print the clust
                                                   "JSON")] = False) -> None:
     """List live clusters and their hosts."""
     live = list_clusters()
-    if as_json:
-        print(json.dumps([json.loads(c.to_json()) for c in live], indent=1))
+    if as_json:  # each with what the table says of it: why it is stale (null: it is not)
+        print(json.dumps([{**json.loads(c.to_json()), "stale": c.why_stale} for c in live],
+                         indent=1))
         return
     if not live:
         console.print("no gradwire clusters are up")
     for c in live:
         why = c.why_stale
         note = (f" [yellow](stale: {why}; the next cluster made here removes it, or "
-                f"`gradwire cluster down {c.name}`)[/]" if why else "")
+                f"`gradwire cluster down {c.name}`)[/]" if why else
+                "" if c.ready else
+                " [yellow](still being built, or its build stopped half way: runs refuse it "
+                f"until `gradwire cluster up` is done; else `gradwire cluster down {c.name}`)[/]")
         console.print(f"[bold]{c.name}[/]: {c.label}{note}")
         if c.shaped:
             buf = (f"{c.send_buffer_bytes / 1e3:.0f} kB" if c.send_buffer_bytes

@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
 
@@ -86,14 +87,19 @@ def cluster_for(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None
         c = live_cluster(name)
         for key, given, have in (("hosts", hosts, len(c.hosts)), ("mtu", mtu, c.mtu),
                                  ("bandwidth", parse_bandwidth(bandwidth), c.bandwidth_bps)):
-            typed = getattr(ctx.get_parameter_source(key), "name", None) == "COMMANDLINE"
-            if typed and given != have:
+            if typed(ctx, key) and given != have:
                 shown = (f"{have} hosts" if key == "hosts" else f"MTU {have}" if key == "mtu"
                          else f"{format_bandwidth(have)} links")  # type: ignore[arg-type]
                 raise GradwireError(f"--{key} {ctx.params[key]} does not match cluster "
                                     f"{c.name} ({shown}): leave --{key} out with --cluster")
         return contextlib.nullcontext(c)
     return ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu)
+
+
+def typed(ctx: typer.Context, name: str) -> bool:
+    """Whether the option of parameter ``name`` was typed on the command line (not left to
+    its default)."""
+    return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
 
 
 def live_cluster(name: str) -> Cluster:
@@ -131,9 +137,13 @@ def check_seed_and_batch(seed: int, batch_size: int | None) -> None:
         check_range("--batch-size", batch_size, 1, MAX_BATCH)
 
 
-def check_outputs(*options: tuple[str, Path | None]) -> None:
+def check_outputs(*options: tuple[str, Path | None],
+                  inputs: Iterable[tuple[str, str | Path | None]] = ()) -> None:
     """Refuse, before any work, output paths that cannot be written, a figure whose name
-    gives no format matplotlib writes, and one file named by two options (one line each)."""
+    gives no format matplotlib writes, one file named by two options, and an output that is
+    a file the command reads (``inputs``: each option with its path, or with a name that is
+    no file here, such as a built-in profile's), which the result would replace (one line
+    each)."""
     seen: dict[Path, str] = {}
     for option, path in options:
         check_writable(path, option)
@@ -145,6 +155,21 @@ def check_outputs(*options: tuple[str, Path | None]) -> None:
         if same != option:
             raise GradwireError(f"{same} and {option} name the same file, {str(path)!r}: one "
                                 "would overwrite the other")
+    for source, read in inputs:
+        if read is None or not os.path.isfile(read):
+            continue
+        for option, path in options:
+            if path is not None and _same_file(path, read):
+                raise GradwireError(f"{option} {str(path)!r} is the file {source} reads: the "
+                                    "result would replace it; write it elsewhere")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` are one existing file (links and other spellings included)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # either is not there (an output not yet written)
+        return False
 
 
 def check_figure(path: Path) -> None:

@@ -13,6 +13,7 @@ from gradwire.cli.options import (
     check_outputs,
     command_line,
     console,
+    typed,
     write_json,
     write_text,
 )
@@ -57,6 +58,7 @@ PerfCalibration = Annotated[Path | None, typer.Option(
 
 
 def profile(
+    ctx: typer.Context,
     model: Annotated[str | None, typer.Option(help="a model from `gradwire models` to measure "
                                               "on this machine")] = None,
     batch_size: Annotated[int, typer.Option(help="samples per iteration of the one process "
@@ -78,6 +80,13 @@ def profile(
     if model is None:
         if out is not None:  # listing the built-in profiles writes nothing: say so, not exit 0
             raise GradwireError("--out writes a measured profile: give --model too")
+        # nor does it measure: an option that says how would be ignored, its value unchecked
+        given = [f"--{k.replace('_', '-')}" for k in ("batch_size", "iters", "warmup", "seq_len")
+                 if typed(ctx, k)]
+        if given:
+            raise GradwireError(f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} how "
+                                "a model is measured: give --model too (without it, profile "
+                                "lists the built-in profiles)")
         console.print(report.profiles_table())
         return
     from gradwire.profiles.measure import measure
@@ -130,7 +139,8 @@ def whatif(
     from gradwire.perf import report, scenario
     from gradwire.perf.whatif import plot as plot_whatif
 
-    check_outputs(("--plot", plot), ("--json", json_out))
+    check_outputs(("--plot", plot), ("--json", json_out), inputs=(
+        ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
@@ -179,7 +189,8 @@ def advise(
     from gradwire.perf import report, scenario
     from gradwire.perf.advise import explain
 
-    check_outputs(("--json", json_out))
+    check_outputs(("--json", json_out), inputs=(
+        ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,

@@ -120,7 +120,8 @@ def simulate(
     from gradwire.bench.provenance import stamp
     from gradwire.sim.simulate import prepare, run_simulation
 
-    check_outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out))
+    check_outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out),
+                  inputs=[*(("--trace", t) for t in trace), ("--calibration", calibration)])
     gamma = 0.0
     if calibration is not None and (alpha_us is not None or latency_us is not None):
         raise GradwireError("--calibration gives α (the links' latency in it): not with "
