@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gradwire.check import is_int
 from gradwire.schedules.ir import Schedule, blocks
 
 
@@ -18,16 +19,26 @@ class ScheduleError(AssertionError):
     pass
 
 
+def _root(s: Schedule) -> int:
+    """The root of a broadcast or reduce, if it is a rank of ``s``; else a one-line error
+    (None was a TypeError, p an IndexError, and -1 was checked as if rank p − 1 were it)."""
+    if not is_int(s.root, 0, s.world_size - 1):
+        raise ScheduleError(f"{s.algo} {s.collective} p={s.world_size}: root must be a rank "
+                            f"in 0..{s.world_size - 1}, got {s.root!r}")
+    return int(s.root)  # type: ignore[arg-type]
+
+
 def initial_state(s: Schedule) -> np.ndarray:
     p, n = s.world_size, s.count
     state = np.zeros((p, n, p + 1), dtype=np.int64)
+    root = _root(s) if s.collective in ("broadcast", "reduce") else None
     if s.collective in ("allreduce", "reduce", "reducescatter"):
         for r in range(p):
             state[r, :, r] = 1
     elif s.collective == "broadcast":
         state[:, :, p] = 1
-        state[s.root, :, :] = 0
-        state[s.root, :, s.root] = 1
+        state[root, :, :] = 0
+        state[root, :, root] = 1
     elif s.collective == "allgather":
         state[:, :, p] = 1
         for r, (start, size) in enumerate(blocks(n, p)):
@@ -47,9 +58,9 @@ def expected_state(s: Schedule) -> list[tuple[int, slice, np.ndarray]]:
     if s.collective == "allreduce":
         return [(r, slice(0, n), every) for r in range(p)]
     if s.collective == "reduce":
-        return [(s.root, slice(0, n), every)]
+        return [(_root(s), slice(0, n), every)]
     if s.collective == "broadcast":
-        return [(r, slice(0, n), one[s.root]) for r in range(p)]
+        return [(r, slice(0, n), one[_root(s)]) for r in range(p)]
     if s.collective == "allgather":
         return [(r, slice(b0, b0 + bn), one[b]) for r in range(p)
                 for b, (b0, bn) in enumerate(blocks(n, p))]
@@ -74,6 +85,8 @@ def run_symbolic(s: Schedule) -> np.ndarray:
         for t in step.transfers:
             if not (0 <= t.src < p and 0 <= t.dst < p) or t.src == t.dst:
                 raise ScheduleError(f"{s.algo}: step {i} transfer {t} names a bad rank pair")
+            if t.count < 0:  # its stop below its start: the range check below passed it
+                raise ScheduleError(f"{s.algo}: step {i} transfer {t} has a negative count")
             if t.start < 0 or t.stop > s.count:
                 raise ScheduleError(f"{s.algo}: step {i} transfer {t} is outside 0..{s.count}")
         snapshot = state.copy()  # every send of a step reads the state before the step

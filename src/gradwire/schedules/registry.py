@@ -8,7 +8,7 @@ import inspect
 import typing
 from collections.abc import Sequence
 
-from gradwire.check import is_int, is_real, parse_int, parse_number
+from gradwire.check import MAX_BYTES, is_int, is_real, parse_int, parse_number
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import (
     binomial,
@@ -46,7 +46,8 @@ def get(collective: str, name: str | None = None) -> Algorithm:
     if collective not in COLLECTIVES:
         raise GradwireError(f"unknown collective {collective!r}: expected one of "
                             f"{', '.join(COLLECTIVES)}")
-    name = name or DEFAULTS.get(collective)
+    if name is None:  # only None: "" named no algorithm, yet ran the default
+        name = DEFAULTS.get(collective)
     known = [a.name for a in algorithms(collective)]
     for a in algorithms(collective):
         if a.name == name:
@@ -82,10 +83,16 @@ def _world_and_count(p: object, count: object) -> tuple[int, int]:
         raise GradwireError(f"world size must be from 1 to {MAX_WORLD}, got {p!r}")
     if not is_int(count, 0):
         raise GradwireError(f"element count must be an integer >= 0, got {count!r}")
+    if count > MAX_BYTES:  # type: ignore[operator]
+        # a buffer past what gradwire models anywhere (2**50 bytes): 10**30 elements was an
+        # OverflowError from numpy, and 2**62 wrapped around int64 once counted in bytes
+        raise GradwireError(f"element count must be at most {MAX_BYTES} (2**50), got {count}")
     return int(p), int(count)  # type: ignore[call-overload]
 
 
-COMMON = ("itemsize", "op")  # given to every builder; those that do not need them ignore them
+# Given to every builder; those that do not need them ignore them, but an op other than "sum"
+# is refused by a builder that does not take op (check_params): it would sum instead.
+COMMON = ("itemsize", "op")
 
 
 @functools.cache
@@ -97,15 +104,30 @@ def parameters(a: Algorithm) -> tuple[str, ...]:
                  and x.name not in ("p", "count", "root", *COMMON))
 
 
+@functools.cache
+def takes_op(a: Algorithm) -> bool:
+    """Whether ``a``'s builder takes ``op`` (a combine other than the sum, e.g. gTop-k's
+    merge); the others ignore it and sum."""
+    return "op" in inspect.signature(a.build).parameters
+
+
 def check_params(a: Algorithm, params: dict[str, object]) -> None:
     """A parameter ``a`` does not take is a one-line error (a typo would otherwise be
     silently ignored), and so is a value of the wrong kind for the builder's annotation
     (``pipeline='abc'``, ``alpha=nan``): the builders check ranges (``pipeline >= 1``),
     this checks kinds, so that ``gradwire bench`` can refuse both before any rank starts.
     ``itemsize``, which every builder is given, must be an integer >= 1 (a string reached
-    the builders' arithmetic as a TypeError; 0 chose the ring's sub-chunks as if for 0 bytes)."""
+    the builders' arithmetic as a TypeError; 0 chose the ring's sub-chunks as if for 0 bytes).
+    ``op`` other than "sum" needs a builder that takes it (:func:`takes_op`): the others sum,
+    and ran gTop-k's merge on the ring as a sum of its packed bytes."""
     known = parameters(a)
     kinds = _kinds(a)
+    op = params.get("op", "sum")
+    if not takes_op(a) and not (isinstance(op, str) and op == "sum"):  # it would sum anyway
+        takers = [b.name for b in algorithms(a.collective) if takes_op(b)]
+        raise GradwireError(f"{a.collective} {a.name} combines by sum only: op={op!r} needs "
+                            f"an algorithm that takes op: "
+                            f"{', '.join(takers) or f'no {a.collective} algorithm does'}")
     if "itemsize" in params and not is_int(params["itemsize"], 1):
         raise GradwireError(f"{a.collective} {a.name}: parameter itemsize="
                             f"{params['itemsize']!r}: expected an integer >= 1 (bytes per "
