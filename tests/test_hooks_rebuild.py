@@ -59,7 +59,8 @@ def _rank(rank: int, world: int, init: str, out: str, poison: str | None) -> Non
         module.params = params
         ddp = DistributedDataParallel(module, bucket_cap_mb=1e-5)
         opts = {"rank": 1} if name == "powersgd" else {}
-        state = gh.make(name, density=0.3, warmup=False, **opts)
+        # 0.2: low enough that dgc still compresses the fp16 parameter (0.3 sent it dense)
+        state = gh.make(name, density=0.2, warmup=False, **opts)
         state.register(ddp)
         injected = [torch.zeros(s, dtype=torch.float64) for s, _ in shapes]
         applied = [torch.zeros(s, dtype=torch.float64) for s, _ in shapes]

@@ -531,7 +531,7 @@ def test_cli_simulate_takes_alpha_and_gamma_from_a_calibration(tmp_path):
     runs = {}
     for name, extra in (("calibrated", ["--calibration", str(cal)]), ("default", []),
                         ("slow_sum", ["--calibration", str(slow_sum)])):
-        out = tmp_path / f"{name}.json"
+        out = tmp_path / f"{name}.result.json"  # not the calibration it reads
         r = gradwire_cli("simulate", "--trace", str(path), "--workers", "4", "--bandwidth",
                          "10gbit", "--mechanism", "ring", "--json", str(out), *extra)
         assert r.returncode == 0, r.stderr
