@@ -74,12 +74,17 @@ class Deferred:
     """The first error of one backward's aggregations, raised from ``backward()`` unchanged.
 
     DDP reads a hook's future as a Tensor: one completed with ``set_exception`` reaches the
-    user as ``RuntimeError: Unable to cast <message> to Tensor`` (torch 2.13), its type lost,
-    and DDP is left mid-reduction. So inside a backward a failing task completes its futures
-    with the buckets as they are and keeps its error, which is raised once DDP has finished
-    the backward: the user catches the GradwireError itself (a MismatchError, a PeerError),
-    and the gradients of that backward are not averaged. Outside a backward (a hook called
-    directly) the error goes to the futures, as :func:`complete` does.
+    user as ``RuntimeError: Unable to cast <message> to Tensor`` (torch 2.13), its type lost;
+    an error raised by the hook itself leaves DDP mid-reduction, and every later backward
+    fails with PyTorch's ``INTERNAL ASSERT ... unmarked_param_indices``. So inside a backward
+    a failing task completes its futures with the buckets as they are and keeps its error
+    (:meth:`keep`), which is raised once DDP has finished the backward: the user catches the
+    GradwireError itself (a MismatchError, a PeerError), the gradients of that backward are
+    not averaged, and the next backward runs. Outside a backward (a hook called directly)
+    the error goes to the futures, as :func:`complete` does.
+
+    ``unaveraged``: the buckets of this backward completed as they were (not averaged), whose
+    values must not be taken for averages (the hook's end-of-backward bookkeeping).
 
     Example::
 
@@ -89,13 +94,25 @@ class Deferred:
     """
 
     def __init__(self) -> None:
-        self.error: Exception | None = None
+        self.error: BaseException | None = None
         self.armed = False
+        self.failed = False  # whether the backward begun last failed (its error kept)
+        self.unaveraged: list[torch.Tensor] = []
+        self._lock = threading.Lock()
 
     def begin(self) -> None:
         """A backward starts: forget what an unfinished one left, raise at its end."""
-        self.error = None
+        self.error, self.failed, self.unaveraged = None, False, []
         self.armed = after_backward(self._raise)
+
+    def keep(self, error: BaseException, buffers: list[torch.Tensor]) -> None:
+        """``error`` kept for the end of the backward (the backward's first one is raised;
+        from any thread), and ``buffers`` completed as they are."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
+            self.failed = True
+            self.unaveraged.extend(buffers)
 
     def guard(self, task: Task, fallback: list[torch.Tensor]) -> Task:
         """``task``, returning ``fallback`` instead of raising while armed; once one task of
@@ -103,14 +120,14 @@ class Deferred:
         would otherwise wait out its own timeout on a lost peer)."""
         def guarded() -> list[torch.Tensor]:
             if self.armed and self.error is not None:
+                self.unaveraged.extend(fallback)
                 return fallback  # after a failure, the backward's later buckets do not wait
             try:
                 return task()
             except Exception as e:
                 if not self.armed:
                     raise
-                if self.error is None:
-                    self.error = e
+                self.keep(e, fallback)
                 return fallback
 
         return guarded

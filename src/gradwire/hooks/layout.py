@@ -28,25 +28,52 @@ class Positions:
         self._by_id: dict[int, int] = {}
         self.numels: dict[int, int] = {}
         self.shapes: dict[int, tuple[int, ...]] = {}
+        # where a parameter has another element count than its position's (a state_dict's):
+        # the parameter's
+        self._contradicted: dict[int, int] = {}
 
     def layout(self, params: Iterable[torch.Tensor]) -> Layout:
         """The positions of ``params``, a bucket's parameters in buffer order. A parameter's
         elements and shape are those it takes in DDP's bucket: a complex one's real view
-        (twice the elements, a trailing 2)."""
-        key = []
-        for p in params:
-            # id(): the bucket hands back the model's own Parameter objects, which live as long
-            # as the model; data_ptr() would change under `p.data = ...`.
-            pos = self._by_id.setdefault(id(p), len(self._by_id))
-            held = torch.view_as_real(p.detach()) if p.is_complex() else p
-            known = self.numels.setdefault(pos, held.numel())
-            self.shapes.setdefault(pos, tuple(held.shape))
-            if known != held.numel():
-                raise GradwireError(f"parameter at position {pos} has {held.numel()} elements, "
+        (twice the elements, a trailing 2). Every parameter is given its position, but a
+        parameter whose element count is not the one known for its position (a state_dict's)
+        fails the bucket, recording no count or shape of it but that parameter's count, which
+        the next state_dict loaded is checked against (:meth:`take_parameters_counts`)."""
+        params = list(params)
+        held = [torch.view_as_real(p.detach()) if p.is_complex() else p for p in params]
+        # id(): the bucket hands back the model's own Parameter objects, which live as long as
+        # the model; data_ptr() would change under `p.data = ...`. Named even where the bucket
+        # fails, so that the names stay those of the first step's buckets.
+        key = tuple(self._by_id.setdefault(id(p), len(self._by_id)) for p in params)
+        for pos, h in zip(key, held, strict=True):
+            known = self.numels.get(pos, h.numel())
+            if known != h.numel():
+                self._contradicted[pos] = h.numel()
+                raise GradwireError(f"parameter at position {pos} has {h.numel()} elements, "
                                     f"the hook's state has {known} for it (a state_dict of "
                                     "another model?)")
-            key.append(pos)
-        return tuple(key)
+        for pos, h in zip(key, held, strict=True):
+            self.numels.setdefault(pos, h.numel())
+            self.shapes.setdefault(pos, tuple(h.shape))
+        return key
+
+    def take_parameters_counts(self) -> None:
+        """Where a parameter's element count contradicted the one a state_dict gave for its
+        position (:meth:`layout` failed), the parameter's from now on: a state_dict loaded
+        next is checked against the model, not against the mistaken one (whose tensors it
+        replaces)."""
+        self.numels.update(self._contradicted)
+        self._contradicted = {}
+
+    def counts(self) -> tuple[dict[int, int], dict[int, int]]:
+        """The element counts, and those parameters contradicted (for :meth:`restore`)."""
+        return dict(self.numels), dict(self._contradicted)
+
+    def restore(self, counts: tuple[dict[int, int], dict[int, int]]) -> None:
+        """The element counts as :meth:`counts` returned them."""
+        self.numels.clear()
+        self.numels.update(counts[0])
+        self._contradicted = dict(counts[1])
 
     def position(self, p: torch.Tensor) -> int:
         """The position of ``p``, as the keys of ``HookState.state_dict()['residuals']``."""

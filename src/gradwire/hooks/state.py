@@ -137,9 +137,12 @@ class HookState:
     thread at a time (the training thread's first, then the comm thread's).
 
     Errors: what goes wrong while aggregating (a :class:`~gradwire.errors.GradwireError` such
-    as a MismatchError or PeerError) is raised by ``backward()`` itself, unchanged, once DDP
-    has finished that backward, whose gradients are then not averaged
-    (:class:`~gradwire.hooks.comm.Deferred`).
+    as a MismatchError or PeerError, a bucket the hook refuses, c10d's RuntimeError, a
+    KeyboardInterrupt while the hook waits) is raised by ``backward()`` itself, unchanged,
+    once DDP has finished that backward, whose gradients are then not averaged
+    (:class:`~gradwire.hooks.comm.Deferred`); the next backward agrees on its buckets afresh
+    and runs. Error feedback takes the buckets averaged before the failure as sent, as in any
+    step, and leaves the residuals of those after it untouched.
     """
 
     hook = staticmethod(hook)
@@ -288,7 +291,7 @@ class HookState:
         """Restore what :meth:`state_dict` saved. All or nothing: a state that is refused
         (another method, a residual of the wrong size, a missing or malformed field) leaves
         this hook's counters, residuals and compressor memory as they were."""
-        saved = (self._epoch_at, self.step, self._resume_order, dict(self.positions.numels),
+        saved = (self._epoch_at, self.step, self._resume_order, self.positions.counts(),
                  dict(self.ef.residuals) if self.ef is not None else None,
                  self.compressor.state_dict() if self.compressor is not None else None,
                  dict(self.velocities))
@@ -296,8 +299,7 @@ class HookState:
             self._load_state_dict(state)
         except (GradwireError, *MALFORMED) as e:
             self._epoch_at, self.step, self._resume_order = saved[:3]
-            self.positions.numels.clear()
-            self.positions.numels.update(saved[3])
+            self.positions.restore(saved[3])
             if self.ef is not None:
                 self.ef.residuals = saved[4]  # type: ignore[assignment]
             if self.compressor is not None:
@@ -323,6 +325,7 @@ class HookState:
             raise GradwireError(f"hook state_dict: step {step}, epoch {epoch} from step {began}: "
                                 "expected counts >= 0, the epoch begun at or before the step")
         self.step, self._epoch_at = step, (epoch, began)
+        self.positions.take_parameters_counts()  # this state's residuals replace the last's
         order = state.get("order")
         self._resume_order = tuple(int(p) for p in order) if order else None
         if self.ef is not None:
@@ -353,9 +356,60 @@ class HookState:
 
     # --- the hook ------------------------------------------------------------------------
     def on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        """What :func:`hook` does with one bucket (see the class docstring)."""
+        """What :func:`hook` does with one bucket (see the class docstring). Inside a backward
+        an error raised here is kept for ``backward()`` to raise once DDP has finished it
+        (:meth:`_refuse`): raised here, it left DDP mid-reduction and broke every later
+        backward."""
+        buf, index, last = bucket.buffer(), bucket.index(), bucket.is_last()
+        if index == 0:  # a backward starts
+            self._begin()
+        fut: torch.futures.Future = torch.futures.Future()
+        try:
+            return self._take(bucket, buf, index, last, fut)
+        except BaseException as e:  # a KeyboardInterrupt too: DDP must finish the backward
+            if not self._errors.armed:
+                raise
+            return self._refuse(e, buf, last, fut)
+
+    def _begin(self) -> None:
+        """A backward starts: forget what one that did not finish left."""
+        self._pending = []  # model mode: left over from a backward that did not finish
+        self._held = []
+        if self._step_open or self._errors.failed:  # agree on the buckets afresh
+            self._layouts = None
+        self._step_open = False  # the comm thread is done with every earlier step
+        self._flights = []
+        self._slots = []
+        if self.ef is not None:  # before the deferred error is raised, which ends the backward
+            after_backward(self._reclaim)
+        self._errors.begin()
+        self._direct_step = self._errors.armed and not self._density_moves
+
+    def _refuse(self, error: BaseException, buf: torch.Tensor, last: bool,
+                fut: torch.futures.Future) -> torch.futures.Future:
+        """``fut``, completed with the bucket as it is, where the hook itself failed on it;
+        ``error`` is raised by ``backward()`` once DDP has finished it. Handed to the comm
+        thread in bucket order, so the buckets handed over before it are aggregated as ever
+        and those after it are not (no rank then issues a collective another skips); at the
+        step's last bucket, with every bucket still waiting for it."""
+        self._direct_step = False  # the step's later buckets go to the guard, which skips them
+        futures, buffers = [fut], [buf]
+        if last:
+            waiting = [(b, f) for b, _, f in self._pending] + self._held
+            self._pending, self._held = [], []
+            futures += [f for _, f in waiting if f is not fut]
+            buffers += [b for b, f in waiting if f is not fut]
+
+        def refused() -> list[torch.Tensor]:
+            self._errors.keep(error, buffers)
+            return buffers
+
+        self._dispatch(refused, futures, buffers, last)
+        return fut
+
+    def _take(self, bucket: dist.GradBucket, buf: torch.Tensor, index: int, last: bool,
+              fut: torch.futures.Future) -> torch.futures.Future:
         comm = self._setup()
-        buf = bucket.buffer()
         if buf.layout != torch.strided:
             raise GradwireError(f"hooks: bucket {bucket.index()} holds sparse gradients; "
                                 f"{DENSE_ONLY}")
@@ -367,21 +421,6 @@ class HookState:
         call = AggregationCall(self.config.method, comm, self.compressor, self.ef, self.density,
                                dense=self.config.warmup.dense(self.step), name=self.call_name,
                                shapes=self.positions.shapes_of(key), caller=self.caller)
-        last, index = bucket.is_last(), bucket.index()
-        fut: torch.futures.Future = torch.futures.Future()
-        if index == 0:  # a backward starts
-            self._pending = []  # model mode: left over from a backward that did not finish
-            self._held = []
-            if self._step_open:  # the last step failed: agree on its buckets afresh
-                self._layouts = None
-            self._step_open = False  # the comm thread is done with every earlier step
-            self._errors.begin()
-            self._flights = []
-            self._direct_step = (self._worker is not None and self._errors.armed
-                                 and not self._density_moves)
-            self._slots = []
-            if self.ef is not None:
-                after_backward(self._reclaim)
         if self.ef is not None:
             self._slots.append((buf, key, list(bucket.parameters())))
         if self.config.mode == "bucket":
@@ -424,13 +463,18 @@ class HookState:
         DDP leaves the gradient of a parameter that no rank used in this backward
         (``find_unused_parameters=True``, ``static_graph=True``) as it was, None, so what the
         average credited it goes back into the residual (each rank adds the average: summed
-        over ranks, the P times the average the residuals gave up); no mass is lost."""
+        over ranks, the P times the average the residuals gave up); no mass is lost. In a
+        step that failed too (it runs before the error is raised), for the buckets that were
+        averaged: a bucket completed as it was holds no average."""
         slots, self._slots = self._slots, []
         if self.ef is None or not any(p.grad is None for _, _, ps in slots for p in ps):
             return
         numels, residuals = self.positions.numels, self.ef.residuals
         found = layout.where(residuals, numels)
+        unaveraged = {id(b) for b in self._errors.unaveraged}
         for buf, key, params in slots:
+            if id(buf) in unaveraged:
+                continue
             offset = 0
             for pos, p in zip(key, params, strict=True):
                 n = numels[pos]
@@ -477,7 +521,12 @@ class HookState:
             # were used); issued while the comm thread still issues the step's, they would
             # reach the ranks in different orders (gloo: "Received data size doesn't match",
             # or a hang). DDP waits for every bucket's future next, so this costs nothing.
-            self._worker.drain()
+            try:
+                self._worker.drain()
+            except BaseException as e:  # a KeyboardInterrupt: the futures are the task's now
+                if not self._errors.armed:
+                    raise
+                self._errors.keep(e, [])
 
     # --- issued from the hook -----------------------------------------------------------
     def _issue(self, buf: torch.Tensor, key: layout.Layout, call: AggregationCall,
@@ -499,7 +548,8 @@ class HookState:
         A status that needs the policy's dense fallback, another allreduce, has it issued from
         the comm thread, in bucket order, after the step's other collectives."""
         shape, trusted = self._agreed(buf, index)
-        path = issuer(call, buf, key) if self._direct_step and trusted else None
+        direct = self._direct_step and self._worker is not None and trusted
+        path = issuer(call, buf, key) if direct else None
         if path is None:
             self._direct_step = False
             return None
@@ -550,16 +600,16 @@ class HookState:
                     worsts = torch.stack([f.issued.worst() for f in unread]).tolist()  # type: ignore[misc]
                     for f, worst in zip(unread, worsts, strict=True):
                         f.finish(worst)
-        except GradwireError as e:
-            errors.error = e
+        except BaseException as e:  # c10d's RuntimeError, a KeyboardInterrupt: DDP must finish
+            errors.keep(e, [])
         fallbacks = []
         for f in held:
-            if f.error is not None and errors.error is None:
-                errors.error = f.error
+            if f.error is not None:
+                errors.keep(f.error, [f.buf])
             if f.fallback and errors.error is None:
                 fallbacks.append(f)
-            else:
-                f.complete(f.buf)  # nothing if it is complete already
+            elif f.complete(f.buf):  # nothing if it is complete already
+                errors.unaveraged.append(f.buf)
         for f in flights:
             self.stats["compress"] += f.finishing
             self.stats["communicate"] += max(f.landed_at - f.issued_at, 0.0)
@@ -811,13 +861,14 @@ class _Flight:
             self.buf.copy_(avg)
         return [self.buf]
 
-    def complete(self, value: torch.Tensor) -> None:
-        """Set the future to ``value`` unless it is set already."""
+    def complete(self, value: torch.Tensor) -> bool:
+        """Set the future to ``value`` unless it is set already; whether it was set here."""
         with self._lock:
             if self._done or self.fut is None:
-                return
+                return False
             self._done = True
         self.fut.set_result(value)
+        return True
 
 
 def _caller(config: HookConfig) -> str:
