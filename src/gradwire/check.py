@@ -6,8 +6,12 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 from gradwire.errors import GradwireError
+
+T = TypeVar("T")
 
 # Bounds of the model sizes and times users hand in (profiles, traces): 2**50 bytes (1 PiB) for a
 # whole model, 250 times a trillion-parameter model in fp32 (the simulator's byte and element
@@ -110,3 +114,24 @@ def parse_number(text: str) -> float | None:
     back as inf, for the caller's range check to refuse."""
     t = text.strip(" \t")
     return float(t) if _FLOAT.fullmatch(t) else None
+
+
+def number_text(text: str, whole: bool = False) -> bool:
+    """Whether ``text`` is a number as a person types it (:func:`parse_int`'s when ``whole``,
+    else :func:`parse_number`'s or "inf" and "nan" spelled out, which the option's own range
+    check then refuses naming its range): for the command line's number options, which
+    int() and float() alone would also read from "1_0" or other scripts' digits."""
+    if whole:
+        return parse_int(text) is not None
+    return (parse_number(text) is not None
+            or text.strip(" \t").lower().lstrip("+-") in ("inf", "infinity", "nan"))
+
+
+def distinct(values: list[T], key: Callable[[T], Hashable] | None = None) -> list[T]:
+    """``values`` without repeats (by ``key``, default the value itself), first seen first:
+    a list option's value named twice is one (one run, one row or column of a table, one
+    key of the JSON), as every command takes its lists."""
+    seen: dict[object, T] = {}
+    for v in values:
+        seen.setdefault(v if key is None else key(v), v)
+    return list(seen.values())

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gradwire.check import check_int
+
 
 @dataclass
 class Split:
@@ -90,6 +92,8 @@ def text(seq_len: int = 64, budget: int = 512 * 1024,
     windows do not overlap. Returns (train, test, vocabulary). The data involves no randomness;
     training order is drawn from the seed by :func:`shard_indices`.
     """
+    check_int("text", "seq_len", seq_len, 1)
+    check_int("text", "budget", budget, 1)
     raw = stdlib_source(budget)
     vocab = bytes(sorted(set(raw)))
     lookup = torch.zeros(256, dtype=torch.int64)

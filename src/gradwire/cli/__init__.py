@@ -17,6 +17,7 @@ import typer
 
 import gradwire
 from gradwire.cli import bench, cluster, perf, sim, train
+from gradwire.cli.options import StrictCommand
 from gradwire.errors import GradwireError
 from gradwire.interrupts import Interrupted, on_signals
 
@@ -54,17 +55,18 @@ def _options(version: Annotated[bool, typer.Option(
 
 
 app.add_typer(cluster_app, name="cluster")
-cluster_app.command("up")(cluster.up)
-cluster_app.command("down")(cluster.down)
-cluster_app.command("status")(cluster.status)
-app.command(short_help=SHORT_HELP["run"],
+# every command reads its number options as gradwire.check does (StrictCommand)
+cluster_app.command("up", cls=StrictCommand)(cluster.up)
+cluster_app.command("down", cls=StrictCommand)(cluster.down)
+cluster_app.command("status", cls=StrictCommand)(cluster.status)
+app.command(short_help=SHORT_HELP["run"], cls=StrictCommand,
             context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
             )(cluster.run)
 for name, fn in (("models", train.models), ("train", train.train), ("demo", train.demo),
                  ("bench", bench.bench), ("calibrate", bench.calibrate),
                  ("trace", sim.trace_cmd), ("simulate", sim.simulate),
                  ("profile", perf.profile), ("whatif", perf.whatif), ("advise", perf.advise)):
-    app.command(name, short_help=SHORT_HELP[name])(fn)
+    app.command(name, short_help=SHORT_HELP[name], cls=StrictCommand)(fn)
 
 
 def _one_line(message: str) -> str:

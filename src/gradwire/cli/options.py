@@ -14,9 +14,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
-from gradwire.check import MAX_BATCH, MAX_SEED, check_range
+from gradwire.check import MAX_BATCH, MAX_SEED, check_range, number_text
 from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_available
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS
@@ -63,6 +64,30 @@ BatchSize = Annotated[int, typer.Option(help="samples per rank per iteration (1 
 Seed = Annotated[int, typer.Option(help="model initialisation and data order (0 to "
                                    "2**32 - 1)")]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="write the result JSON here")]
+
+
+class StrictCommand(TyperCommand):
+    """A command whose number options take numbers as :mod:`gradwire.check` reads them:
+    ASCII digits, no underscores. typer (pydantic) reads an int or float option's text as
+    Python does, so ``--workers 1_0`` ran with 10 workers and ``--density 0_5`` meant 5; here
+    such a value is a usage error, one line, before typer converts it (and checks its min=
+    and max=, with its own messages). "inf" and "nan" still reach the command, whose range
+    check names the range. Every command is registered with this class (:mod:`gradwire.cli`)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:
+            opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))  # reads, sets nothing
+            for param in self.params:
+                kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+                given = opts.get(param.name) if kind in (int, float) else None
+                for text in given if isinstance(given, (list, tuple)) else [given]:
+                    if isinstance(text, str) and not number_text(text, whole=kind is int):
+                        what = "a whole number" if kind is int else "a number"
+                        text = text if len(text) <= 40 else text[:37] + "..."
+                        raise typer.BadParameter(f"{text!r} is not {what} (ASCII "
+                                                 "digits, no underscores)", ctx=ctx,
+                                                 param=param)
+        return super().parse_args(ctx, args)
 
 
 def use_loopback(requested: bool) -> bool:

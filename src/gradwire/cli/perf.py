@@ -25,16 +25,16 @@ PerfAgg = Annotated[str, typer.Option("--agg", help="comma list of methods (dens
                                       "gtopk, powersgd, signsgd, ...)")]
 PerfDensity = Annotated[float, typer.Option(help="sparsifiers' kept fraction")]
 PerfRank = Annotated[int, typer.Option(help="PowerSGD rank")]
-PerfSlowdown = Annotated[float | None, typer.Option(help="factor (>= 1) by which backward slows "
-                                                    "while communication runs beside it "
+PerfSlowdown = Annotated[float | None, typer.Option(help="factor (1 to 100) by which backward "
+                                                    "slows while communication runs beside it "
                                                     "(default: the calibration's or the "
                                                     "reference setting's)")]
-PerfAlpha = Annotated[float | None, typer.Option("--alpha-us", help="α: µs per schedule step "
-                                                 "(default: the calibration's or the reference "
-                                                 "setting's)")]
-PerfGamma = Annotated[float | None, typer.Option("--gamma-ns", help="reduction, ns per byte "
-                                                 "(default: the calibration's or the reference "
-                                                 "setting's)")]
+PerfAlpha = Annotated[float | None, typer.Option("--alpha-us", help="α: µs per schedule step, "
+                                                 "0 to 1e6 (default: the calibration's or the "
+                                                 "reference setting's)")]
+PerfGamma = Annotated[float | None, typer.Option("--gamma-ns", help="reduction, ns per byte, "
+                                                 "0 to 1000 (default: the calibration's or the "
+                                                 "reference setting's)")]
 PerfCodecs = Annotated[str | None, typer.Option(help="encode/decode times: v100 "
                                                 "(compression-utility Table 2), h100 (measured "
                                                 "on an H100) or a JSON codec table (default: "
@@ -63,8 +63,9 @@ def profile(
                                               "on this machine")] = None,
     batch_size: Annotated[int, typer.Option(help="samples per iteration of the one process "
                                             "profiled (1 to 65536)")] = 32,
-    iters: Annotated[int, typer.Option(min=1, help="timed iterations")] = 10,
-    warmup: Annotated[int, typer.Option(min=0, help="untimed iterations first")] = 3,
+    iters: Annotated[int, typer.Option(min=1, help="timed iterations (at most 1000)")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="untimed iterations first (at most "
+                                        "1000)")] = 3,
     seq_len: Annotated[int, typer.Option(min=1, help="text models: symbols per sample (at "
                                          "most 4096)")] = 64,
     out: Annotated[Path | None, typer.Option(help="write the profile (JSON) here, for "
@@ -90,11 +91,14 @@ def profile(
         console.print(report.profiles_table())
         return
     from gradwire.profiles.measure import measure
+    from gradwire.sim.edit import MAX_RECORDED
 
     if batch_size < 1:
         raise GradwireError(f"--batch-size must be >= 1, got {batch_size}")
     check_range("--batch-size", batch_size, 1, MAX_BATCH)
     check_range("--seq-len", seq_len, 1, MAX_SEQ_LEN)
+    check_range("--iters", iters, 1, MAX_RECORDED)  # as many as `gradwire trace` records
+    check_range("--warmup", warmup, 0, MAX_RECORDED)
     check_outputs(("--out", out))
     p = measure(model, batch_size, iters, warmup, seq_len)
     console.print(report.profile_table(model, p))
@@ -111,7 +115,7 @@ def whatif(
     agg: PerfAgg = "dense,fp16,topk,gtopk,powersgd,signsgd",
     compute_speedup: Annotated[str, typer.Option(help="comma list of factors dividing compute "
                                                  "and encode/decode times (a faster "
-                                                 "device)")] = "1",
+                                                 "device), 1e-6 to 1e6")] = "1",
     density: PerfDensity = 0.001,
     rank: PerfRank = 4,
     mode: PerfMode = "bucket",
@@ -169,7 +173,8 @@ def advise(
     mode: PerfMode = "bucket",
     bucket_mb: PerfBucket = 25.0,
     compute_speedup: Annotated[float, typer.Option(help="divide compute and encode/decode "
-                                                   "times by this (a faster device)")] = 1.0,
+                                                   "times by this (a faster device), 1e-6 to "
+                                                   "1e6")] = 1.0,
     overlap_slowdown: PerfSlowdown = None,
     alpha_us: PerfAlpha = None,
     gamma_ns: PerfGamma = None,

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from gradwire.bandwidth import parse_bandwidth
+from gradwire.check import distinct
 from gradwire.cli.options import (
     Bandwidth,
     BatchSize,
@@ -148,7 +149,7 @@ def demo(
                                    ("mode", mode), ("batch_size", batch_size), ("lr", lr))
                  if v is not None}
     base = dataclasses.replace(DEMO, seed=seed, **overrides)
-    aggs = list(dict.fromkeys(a.strip() for a in agg.split(",") if a.strip()))  # each once
+    aggs = distinct([a.strip() for a in agg.split(",") if a.strip()])  # each once
     if not aggs:
         raise GradwireError(f"--agg is empty: expected a comma list of {', '.join(METHODS)}")
     parse_bandwidth(bandwidth)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gradwire.errors import lookup
+from gradwire.check import check_int
+from gradwire.errors import GradwireError, lookup
 from gradwire.models.lstm import lstm
 from gradwire.models.mlp import mlp
 from gradwire.models.resnet import resnet20, resnet50
@@ -67,13 +68,30 @@ def get_spec(name: str) -> ModelSpec:
 def build_model(name: str, seed: int = 0, classes: int = 10) -> nn.Module:
     """Build a registered model with parameters drawn from ``seed`` (identical on every rank)."""
     spec = get_spec(name)
+    check_int("build_model", "classes", classes, 1)
     torch.manual_seed(seed)
     return spec.build(classes)
+
+
+def check_batch(name: str, batch_size: int, what: str = "--batch-size") -> None:
+    """A one-line error where ``batch_size`` samples (of option ``what``) are fewer than
+    model ``name``'s batch norm needs (:attr:`ModelSpec.min_batch`)."""
+    least = get_spec(name).min_batch
+    if batch_size < least:
+        raise GradwireError(f"{what} {batch_size} is too small for {name}: its batch norm sees "
+                            f"a 1×1 map on 8×8 digits, so a rank's batch needs {least} samples "
+                            "or more")
+
+
+def trained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``model``'s named parameters that get a gradient to send: those that require one and
+    hold at least one element (a frozen or empty tensor has nothing to time or to send)."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.numel() > 0]
 
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MODELS", "ModelSpec", "build_model", "get_spec", "lstm", "mlp", "num_parameters",
-           "resnet20", "resnet50", "vgg16"]
+__all__ = ["MODELS", "ModelSpec", "build_model", "check_batch", "get_spec", "lstm", "mlp",
+           "num_parameters", "resnet20", "resnet50", "trained_parameters", "vgg16"]

@@ -5,15 +5,13 @@ nodes), then the sweep or the ranking made from them. Errors name the option at 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
 
 from gradwire import profiles
 from gradwire.bandwidth import format_bandwidth
 from gradwire.catalogue import METHODS
-from gradwire.check import check_powersgd_rank, check_real
+from gradwire.check import MAX_SECONDS, check_powersgd_rank, check_real, distinct
 from gradwire.errors import GradwireError
 from gradwire.perf import advise as adv
 from gradwire.perf import codecs as codec_tables
@@ -23,8 +21,20 @@ from gradwire.perf.calibration import Calibration
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, ClusterModel, check_workers, parse_link
 from gradwire.profiles import Profile
+from gradwire.sim.trace import SPEEDUP_RANGE
 
-T = TypeVar("T")
+# Bounds of the cluster's terms given on the command line, each far beyond any real cluster and
+# low enough that every predicted time stays a finite, printable number of seconds (1e308 µs of
+# α made iterations of 1e304 s, and 1e308 ns/B of γ or κ "inf ms"):
+# - α, per schedule step: 1 s (a message around the world and back takes 0.3 s; a cluster's
+#   network 5 to 100 µs);
+# - γ, per byte reduced: 1 µs, a sum at 1 MB/s (a CPU core sums at GB/s, a GPU hundreds);
+# - κ, backward's slowdown beside communication: 100 (measured ones are below 2);
+# - compute speed-up: a trace's range (gradwire.sim.trace.SPEEDUP_RANGE), and compute times
+#   (--compute-ms, sped up) within gradwire.check.MAX_SECONDS, as a profile's.
+MAX_ALPHA_US = 1e6
+MAX_GAMMA_NS = 1e3
+MAX_OVERLAP_SLOWDOWN = 100.0
 
 
 @dataclass(frozen=True)
@@ -80,27 +90,39 @@ class Advice:
     note: str
 
 
-def distinct(values: list[T], key: Callable[[T], Hashable] | None = None) -> list[T]:
-    """``values`` without repeats (by ``key``, default the value itself), first seen first:
-    the tables and the JSON have one row or column per distinct value asked for."""
-    seen: dict[object, T] = {}
-    for v in values:
-        seen.setdefault(v if key is None else key(v), v)
-    return list(seen.values())
-
-
 def check_terms(s: Scenario) -> None:
-    """The model's terms are finite: NaN would pass every range check below (they compare)
-    and come out as NaN times. Their ranges are checked where they are used."""
+    """The model's terms given on the command line are finite (NaN would pass every range
+    check below, as they compare, and come out as NaN times) and within their bounds (the
+    MAX_ constants above); the other ranges are checked where they are used."""
     for option, value in (("--bucket-mb", s.bucket_mb), ("--overlap-slowdown",
                           s.overlap_slowdown), ("--alpha-us", s.alpha_us),
                           ("--gamma-ns", s.gamma_ns)):
         if value is not None and not math.isfinite(value):
             raise GradwireError(f"{option} must be a finite number, got {value}")
-    for option, value, low in (("--alpha-us", s.alpha_us, 0.0), ("--gamma-ns", s.gamma_ns, 0.0),
-                               ("--overlap-slowdown", s.overlap_slowdown, 1.0)):
+    for option, value, low, high, why in (
+            ("--alpha-us", s.alpha_us, 0.0, MAX_ALPHA_US, "1 s per step: slower than any "
+             "network"),
+            ("--gamma-ns", s.gamma_ns, 0.0, MAX_GAMMA_NS, "1 µs per byte reduced: slower than "
+             "any processor"),
+            ("--overlap-slowdown", s.overlap_slowdown, 1.0, MAX_OVERLAP_SLOWDOWN,
+             f"backward {MAX_OVERLAP_SLOWDOWN:g} times slower: more than any device")):
         if value is not None and value < low:
             raise GradwireError(f"{option} must be >= {low:g}, got {value:g}")
+        if value is not None and value > high:
+            raise GradwireError(f"{option} must be at most {high:g} ({why}), got {value:g}")
+
+
+def check_speedups(prof: Profile, speedups: list[float]) -> None:
+    """Compute speed-ups in a trace's range that keep the profile's passes within
+    :data:`~gradwire.check.MAX_SECONDS` (a speed-up below 1 slows them)."""
+    lo, hi = SPEEDUP_RANGE
+    for x in speedups:
+        if not lo <= x <= hi:
+            raise GradwireError(f"--compute-speedup must be from {lo:g} to {hi:g}, got {x:g}")
+        longest = max(prof.forward_s or 0.0, prof.backward_s or 0.0) / x
+        if longest > MAX_SECONDS:
+            raise GradwireError(f"--compute-speedup {x:g} would make a pass of {prof.model} "
+                                f"take {longest:g} s: compute times go up to {MAX_SECONDS:g} s")
 
 
 def read_calibration(s: Scenario) -> Calibration | None:
@@ -119,6 +141,9 @@ def inputs(s: Scenario, cal: Calibration | None = None
         if len(times) != 2:
             raise GradwireError(f"--compute-ms {s.compute_ms!r}: expected FORWARD,BACKWARD in "
                                 "ms")
+        if max(times) > MAX_SECONDS * 1e3:  # a profile's times go up to MAX_SECONDS
+            raise GradwireError(f"--compute-ms {s.compute_ms!r}: each time must be at most "
+                                f"{MAX_SECONDS * 1e3:g} ms, got {max(times):g}")
         prof = prof.with_compute(times[0] / 1e3, times[1] / 1e3, "--compute-ms")
     if s.bucket_mb <= 0:
         raise GradwireError(f"--bucket-mb must be > 0, got {s.bucket_mb}")
@@ -194,6 +219,7 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     # rates that print alike, as the tables and the JSON name them by what they print
     rates = distinct([parse_link(b) for b in bandwidth.split(",")], key=format_bandwidth)
     speedups = distinct(w.parse_numbers("--compute-speedup", compute_speedup))
+    check_speedups(prof, speedups)
     terms, where = setting(s, cal)
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, terms)
     per_node = (f"{s.ranks_per_node} ranks per node ({s.intra_bandwidth} inside); "
@@ -212,6 +238,7 @@ def advise(s: Scenario, workers: int, bandwidth: str, compute_speedup: float) ->
         s = replace(s, agg=",".join(METHODS))
     cal = read_calibration(s)
     prof, aggs, table = inputs(s, cal)
+    check_speedups(prof, [compute_speedup])
     try:
         check_workers(workers)
     except GradwireError as e:

@@ -205,6 +205,9 @@ def parse(text: str, where: str) -> Profile:
         layers = tuple(float(t) for t in layers)
         total = math.fsum(layers)
         if backward_s is None:
+            if total > MAX_SECONDS:  # backward_s is this sum: bounded as a given one is
+                raise bad("backward_layer_s", f"a list summing to at most {MAX_SECONDS:g} "
+                          "seconds (backward_s is null: the sum is backward's)", f"{total:g} s")
             backward_s = total
         elif not math.isclose(total, backward_s, rel_tol=LAYER_SUM_TOLERANCE, abs_tol=1e-9):
             # the buckets' ready times come from the layers and backward's end from

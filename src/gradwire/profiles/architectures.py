@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gradwire.errors import lookup
 from gradwire.profiles import parse
 
 Shape = tuple[int, ...]
@@ -183,15 +184,20 @@ ARCHITECTURES: dict[str, Callable[[], Tensors]] = {
 }
 
 
+def _backward(name: str) -> Tensors:
+    """The tensors of ``name`` in backward order; an unknown name is a one-line error."""
+    return lookup(ARCHITECTURES, name, "architecture")()[::-1]
+
+
 def backward_order(name: str) -> list[tuple[str, int]]:
     """The parameter tensors of ``name`` as (name, elements), in the order backward produces
     their gradients."""
-    return [(n, math.prod(shape)) for n, shape in ARCHITECTURES[name]()[::-1]]
+    return [(n, math.prod(shape)) for n, shape in _backward(name)]
 
 
 def backward_shapes(name: str) -> list[Shape]:
     """The shapes of the tensors of :func:`backward_order`, in the same order."""
-    return [shape for _, shape in ARCHITECTURES[name]()[::-1]]
+    return [shape for _, shape in _backward(name)]
 
 
 def main(directory: Path) -> None:

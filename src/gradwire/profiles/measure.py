@@ -15,10 +15,12 @@ import time
 
 import torch
 
-from gradwire.check import check_int
-from gradwire.models import build_model, get_spec
+from gradwire.check import check_int, check_range
+from gradwire.errors import GradwireError
+from gradwire.models import build_model, check_batch, get_spec, trained_parameters
 from gradwire.models.task import load_task, loss_fn, optimizer
 from gradwire.profiles import Profile
+from gradwire.sim.edit import MAX_RECORDED
 
 
 def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
@@ -26,11 +28,21 @@ def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
     for param, value, low in (("batch_size", batch_size, 1), ("iters", iters, 1),
                               ("warmup", warmup, 0), ("seq_len", seq_len, 1)):
         check_int("profile", param, value, low)
+    # each iteration is a forward and backward pass run here: at most as many as a trace
+    # records (a limitless count ran for ever)
+    for param, value, low in (("iters", iters, 1), ("warmup", warmup, 0)):
+        check_range(f"profile: {param}", value, low, MAX_RECORDED)
     spec = get_spec(model)
+    check_batch(model, batch_size, "profile: --batch-size")
     task = load_task(spec, seed, seq_len)
     net = build_model(model, seed, task.classes)
     opt = optimizer(net.parameters(), 0.01, 0.9)
-    names = {p: n for n, p in net.named_parameters()}
+    # A frozen or empty tensor has no gradient to time or send (and a profile row holds >= 1
+    # element).
+    names = {p: n for n, p in trained_parameters(net)}
+    if not names:
+        raise GradwireError(f"profile: model {model!r} has no parameter to train (every one is "
+                            f"frozen or empty), so there is no backward to measure")
     stamps: list[tuple[float, torch.nn.Parameter]] = []
     for p in names:
         p.register_post_accumulate_grad_hook(lambda q: stamps.append((time.perf_counter(), q)))

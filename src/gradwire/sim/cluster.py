@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradwire.check import is_int, is_real
+from gradwire.check import MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 from gradwire.sim.engine import Engine
@@ -81,6 +81,12 @@ class SimCluster:
             if not is_real(v, 0):
                 unit = "bytes" if name == "send_buffer" else "seconds"
                 raise GradwireError(f"{name} must be a finite number of {unit} >= 0, got {v}")
+        # a time per message, as every time a trace or a profile gives (MAX_SECONDS): 1e308 s
+        # overflowed the event loop's sums into inf and printed rows of 300-digit numbers
+        for name in ("latency", "alpha"):
+            v = getattr(self, name)
+            if v > MAX_SECONDS:
+                raise GradwireError(f"{name} must be at most {MAX_SECONDS:g} seconds, got {v:g}")
 
     @property
     def bytes_per_s(self) -> float:

@@ -3,7 +3,8 @@
 Forward: a pre-hook on every module that owns parameters stamps when the forward pass first
 uses them. Backward: a post-accumulate-grad hook on every parameter stamps when its gradient
 is ready. Times are relative to the start of each pass; the first ``warmup`` iterations are
-run but not kept (allocator and kernel warm-up).
+run but not kept (allocator and kernel warm-up). A frozen (``requires_grad=False``) or empty
+parameter sends no gradient, so the trace leaves it out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from gradwire.errors import GradwireError
-from gradwire.models import build_model, get_spec
+from gradwire.models import build_model, check_batch, get_spec, trained_parameters
 from gradwire.models.task import load_task, loss_fn
 from gradwire.sim.trace import Iteration, Param, Trace
 
@@ -27,9 +28,13 @@ def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: i
         raise GradwireError(f"trace needs iterations >= 1, batch size >= 1 and warmup >= 0, got "
                             f"{iterations}, {batch_size}, {warmup}")
     spec = get_spec(model_name)
+    check_batch(model_name, batch_size, "trace: --batch-size")
     task = load_task(spec, seed)
     model = build_model(model_name, seed, task.classes)
-    names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+    names = {id(p): n for n, p in trained_parameters(model)}
+    if not names:
+        raise GradwireError(f"trace: model {model_name!r} has no parameter to train (every one "
+                            f"is frozen or empty), so there is no gradient to record")
     stamps: dict[int, float] = {}
     first_use: dict[int, float] = {}
     handles = []
@@ -42,10 +47,9 @@ def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: i
     for m in model.modules():
         if any(True for _ in m.parameters(recurse=False)):
             handles.append(m.register_forward_pre_hook(pre))
-    for p in model.parameters():
-        if p.requires_grad:
-            handles.append(p.register_post_accumulate_grad_hook(
-                lambda q: stamps.__setitem__(id(q), time.perf_counter())))
+    for _, p in trained_parameters(model):
+        handles.append(p.register_post_accumulate_grad_hook(
+            lambda q: stamps.__setitem__(id(q), time.perf_counter())))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(seed)
     order: list[int] = []
@@ -63,7 +67,7 @@ def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: i
             loss.backward()
             opt.step()
             if not order:
-                order = sorted(first_use, key=first_use.__getitem__)
+                order = sorted((i for i in first_use if i in names), key=first_use.__getitem__)
                 order += [i for i in names if i not in first_use]
             if step >= warmup:
                 kept.append((t0, dict(first_use), t1, dict(stamps)))

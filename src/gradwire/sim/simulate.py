@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
-from gradwire.check import parse_number
+from gradwire.check import MAX_SECONDS, check_real, distinct, parse_number
 from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from gradwire.sim.cluster import SimCluster
+    from gradwire.sim.mechanisms import Mechanism
     from gradwire.sim.trace import Trace
 
 SIM_MECHANISMS = "ps,multicast,ina,multicast+ina,ring,ring+multicast,butterfly"
@@ -59,7 +60,8 @@ def parse_sweep(text: str, axes: tuple[str, ...]) -> tuple[str, list[float]]:
     if axis not in axes or not sep:
         raise GradwireError(f"--sweep {text!r}: expected AXIS=V1,V2 with AXIS one of "
                             f"{', '.join(axes)}")
-    vals = [sweep_value(axis, v.strip()) for v in values.split(",") if v.strip()]
+    # a value given twice (2,2; 1gbit,1000mbit) is one point: one run, one row, one key
+    vals = distinct([sweep_value(axis, v.strip()) for v in values.split(",") if v.strip()])
     if not vals:
         raise GradwireError(f"--sweep {text!r}: no values: expected {axis}=V1,V2,..")
     return axis, vals
@@ -92,7 +94,6 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     non-blocking switch of ``bandwidth`` links (``latency_us`` one way per host, ``alpha_us``
     per message; 0 and 0 for an ideal network; ``gamma`` seconds per byte reduced).
     Everything :func:`run_simulation` will be asked is checked here, before it starts."""
-    from gradwire.sim import mechanisms as mech
     from gradwire.sim import report
     from gradwire.sim.cluster import SimCluster
     from gradwire.sim.trace import load
@@ -112,9 +113,11 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
         raise GradwireError(f"{len(paths)} --trace files: only --table takes several (the "
                             "paper's tables compare models); give one")
     axis, values = parse_sweep(sweep, report.AXES) if sweep is not None else ("", [])
-    mech.parse_list(mechanism)
+    mechanisms(mechanism)
     bps = parse_bandwidth(bandwidth, unshaped=False)
     assert bps is not None
+    for option, us in (("--latency-us", latency_us), ("--alpha-us", alpha_us)):
+        check_real(option, us, high=MAX_SECONDS * 1e6)  # SimCluster's bound, named as typed
     traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,
                          gamma=gamma, iterations=iterations, seed=seed)
@@ -125,6 +128,14 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
             raise GradwireError(f"--sweep {axis}={v:g}: {e}") from None
     return Simulation(paths, traces, cluster, bandwidth, mechanism, table, sweep, emulate, plot,
                       timeline)
+
+
+def mechanisms(text: str) -> list[Mechanism]:
+    """``--mechanism``'s comma list, each once: one named twice is one run and one row (the
+    sweep's JSON keys them by name)."""
+    from gradwire.sim.mechanisms import parse_list
+
+    return distinct(parse_list(text), key=lambda m: m.label)
 
 
 def run_simulation(s: Simulation, console: Console) -> dict:
@@ -156,13 +167,13 @@ def run_simulation(s: Simulation, console: Console) -> dict:
         # the default names fabric mechanisms it cannot run
         mechanism = EMULATED_MECHANISMS if s.mechanism == SIM_MECHANISMS else s.mechanism
         rows, cal = emu.validate(s.paths[0], c.workers, c.servers, s.bandwidth,
-                                 mech.parse_list(mechanism), console, c.iterations, c.seed)
+                                 mechanisms(mechanism), console, c.iterations, c.seed)
         console.print(report.validation_table(rows, f"{first.model}: {c.workers} workers, "
                                               f"{s.bandwidth} emulated, {c.servers} server(s)"))
         return {"calibration": cal, "rows": rows}
     lines = plain_progress(console, "simulate")
     with console.status("simulating") as status:
-        results = mech.run(first, c, mech.parse_list(s.mechanism), s.timeline is not None,
+        results = mech.run(first, c, mechanisms(s.mechanism), s.timeline is not None,
                            on_start=status.update if lines is None else lines.say)
     console.print(report.results_table(results, f"{first.model}: {c.workers} workers, "
                                        f"{format_bandwidth(c.bandwidth_bps)}, {c.servers} "
@@ -175,12 +186,11 @@ def run_simulation(s: Simulation, console: Console) -> dict:
 def _sweep(trace: Trace, cluster: SimCluster, mechanism: str, sweep: str, plot: Path | None,
            console: Console) -> list[dict]:
     """Point 2 of :func:`run_simulation`: one line per value, then the plot."""
-    from gradwire.sim import mechanisms as mech
     from gradwire.sim import report
 
     axis, vals = parse_sweep(sweep, report.AXES)
     with console.status("simulating") as status:
-        rows = report.sweep(trace, cluster, mech.parse_list(mechanism), axis, vals,
+        rows = report.sweep(trace, cluster, mechanisms(mechanism), axis, vals,
                             on_start=status.update)
     for r in rows:
         console.print(f"{axis}={r['value']:g}: " + ", ".join(

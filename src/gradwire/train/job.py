@@ -18,7 +18,7 @@ from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
 from gradwire.hooks.warmup import Warmup
 from gradwire.jobs import run_ranks
-from gradwire.models import MODELS, get_spec
+from gradwire.models import MODELS, check_batch, get_spec
 from gradwire.train.aggregate import METHODS, check_rank
 
 
@@ -100,11 +100,7 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
     if not 0 <= cfg.momentum < 1:
         raise GradwireError(f"--momentum must be in [0, 1), got {cfg.momentum:g}")
     check_rank(cfg.agg, cfg.rank)
-    least = get_spec(cfg.model).min_batch
-    if cfg.batch_size < least:
-        raise GradwireError(f"--batch-size {cfg.batch_size} is too small for {cfg.model}: its "
-                            f"batch norm sees a 1×1 map on 8×8 digits, so a rank's batch needs "
-                            f"{least} samples or more")
+    check_batch(cfg.model, cfg.batch_size)
     share = _train_samples(cfg) // hosts
     if cfg.batch_size > share:
         raise GradwireError(f"--batch-size {cfg.batch_size} is larger than a rank's share of "
