@@ -36,12 +36,16 @@ def _flat(params, tensors) -> torch.Tensor:
 
 @pytest.mark.parametrize("method, mode", [("topk", "bucket"), ("gtopk", "model"),
                                           ("int8", "bucket"), ("efsignsgd", "bucket")])
-def test_a_parameter_no_rank_used_keeps_its_mass_in_the_residual(one_rank, method, mode):
-    """DDP leaves the gradient of a globally unused parameter as it was (None), so what the
+@pytest.mark.parametrize("set_to_none, view", [(True, False), (False, False), (False, True)])
+def test_a_parameter_no_rank_used_keeps_its_mass_in_the_residual(one_rank, method, mode,
+                                                                 set_to_none, view):
+    """DDP leaves the gradient of a globally unused parameter as it was (None, or the zeros
+    of ``zero_grad(set_to_none=False)`` where it is no view of the bucket), so what the
     hook's average credited it was lost from the residual and never applied."""
     torch.manual_seed(0)
     net = Branchy()
-    ddp = DDP(net, bucket_cap_mb=0.0001, find_unused_parameters=True)
+    ddp = DDP(net, bucket_cap_mb=0.0001, find_unused_parameters=True,
+              gradient_as_bucket_view=view)
     state = gh.make(method, density=0.1, mode=mode)
     state.register(ddp)
     params = list(net.parameters())
@@ -58,7 +62,7 @@ def test_a_parameter_no_rank_used_keeps_its_mass_in_the_residual(one_rank, metho
             before = residuals() if step else torch.zeros(sum(p.numel() for p in params))
             local = torch.autograd.grad(net(x, use_c).square().mean(), params,
                                         allow_unused=True)
-            ddp.zero_grad()
+            ddp.zero_grad(set_to_none=set_to_none)
             ddp(x, use_c).square().mean().backward()
             applied = _flat(params, [p.grad for p in params])
             gap = (residuals() + applied - before - _flat(params, local)).abs().max()

@@ -190,6 +190,9 @@ class HookState:
         self._models: set[int] = set()  # ids of the parameters of the models registered on
         # Error feedback: this backward's buckets, for _reclaim at its end
         self._slots: list[tuple[torch.Tensor, layout.Layout, list[torch.Tensor]]] = []
+        # whether a registered DDP may leave an unused parameter's gradient as it was where
+        # one is there already (zero_grad(set_to_none=False)) and is no view of the bucket
+        self._stale_unused = False
         self.reset_stats()
 
     # --- what a user calls ---------------------------------------------------------------
@@ -222,6 +225,9 @@ class HookState:
         except RuntimeError as e:  # c10d's "... can only be called once."
             raise GradwireError(f"hooks: DDP refused the hook: {str(e).splitlines()[0]}") from None
         self._models |= params
+        self._stale_unused |= (bool(getattr(ddp_model, "find_unused_parameters", False)
+                                    or getattr(ddp_model, "static_graph", False))
+                               and not getattr(ddp_model, "gradient_as_bucket_view", False))
 
     def _adopt_group(self, ddp_group: dist.ProcessGroup | None) -> None:
         """Average over the group DDP replicates the model on: DDP's own when ``make`` was
@@ -463,11 +469,15 @@ class HookState:
         DDP leaves the gradient of a parameter that no rank used in this backward
         (``find_unused_parameters=True``, ``static_graph=True``) as it was, None, so what the
         average credited it goes back into the residual (each rank adds the average: summed
-        over ranks, the P times the average the residuals gave up); no mass is lost. In a
+        over ranks, the P times the average the residuals gave up); no mass is lost. A
+        gradient already there (``zero_grad(set_to_none=False)``) that is no view of the
+        bucket is left as it was too: where it does not hold the average, the average goes
+        back (element-wise, no host read; DDP copied it into every used one). In a
         step that failed too (it runs before the error is raised), for the buckets that were
         averaged: a bucket completed as it was holds no average."""
         slots, self._slots = self._slots, []
-        if self.ef is None or not any(p.grad is None for _, _, ps in slots for p in ps):
+        if self.ef is None or not (self._stale_unused
+                                   or any(p.grad is None for _, _, ps in slots for p in ps)):
             return
         numels, residuals = self.positions.numels, self.ef.residuals
         found = layout.where(residuals, numels)
@@ -478,9 +488,14 @@ class HookState:
             offset = 0
             for pos, p in zip(key, params, strict=True):
                 n = numels[pos]
-                if p.grad is None and pos in found:
+                if pos in found and (p.grad is None or self._stale_unused):
                     held, at = found[pos]
-                    residuals[held][at : at + n].add_(buf[offset : offset + n])
+                    avg = buf[offset : offset + n]
+                    if p.grad is not None:  # only where DDP did not copy the average in
+                        g = (torch.view_as_real(p.grad) if p.grad.is_complex()
+                             else p.grad).reshape(-1)
+                        avg = avg.where(g.ne(avg) & ~(g.isnan() & avg.isnan()), 0)
+                    residuals[held][at : at + n].add_(avg)
                 offset += n
 
     def _setup(self) -> Comm:
