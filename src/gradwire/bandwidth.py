@@ -6,7 +6,10 @@ import re
 
 from gradwire.errors import GradwireError
 
-_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+# Each unit's power of ten: the rate is read as one decimal number ("0.534e9"), rounded once,
+# so that a rate is the same float in every unit it is written in (0.534 * 1e9, rounded twice,
+# was not 534mbit's).
+_UNITS = {"kbit": 3, "mbit": 6, "gbit": 9}
 # ASCII only: \d and str.lower() would also take other scripts' digits ("١gbit") and the
 # Kelvin sign ("1\u212abit"), which tc and every reader of a result file would not.
 _PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)", re.ASCII)
@@ -28,7 +31,7 @@ def parse_bandwidth(text: str, unshaped: bool = True) -> float | None:
     if not m:
         raise GradwireError(f"bandwidth {text!r} is not valid: expected "
                             f"{ALLOWED if unshaped else RATES}")
-    bps = float(m.group(1)) * _UNITS[m.group(2)]
+    bps = float(f"{m.group(1)}e{_UNITS[m.group(2)]}")
     if not 1e5 <= bps <= 4e11:
         raise GradwireError(f"bandwidth {text!r} is out of range: expected 100kbit to 400gbit")
     return bps

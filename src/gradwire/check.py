@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import re
@@ -36,10 +37,15 @@ def is_int(value: object, low: float = -math.inf, high: float = math.inf) -> boo
 def is_real(value: object, low: float = -math.inf, high: float = math.inf, *,
             above: bool = False) -> bool:
     """Whether ``value`` is a finite real number (not a bool) ``>= low`` (``> low`` when
-    ``above``) and ``<= high``."""
-    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(value) and (value > low if above else value >= low)
-            and value <= high)
+    ``above``) and ``<= high``; an integer too large for a float (JSON reads ``1e400`` as inf
+    but 1 and 400 zeros as an int) is none, as its float would be inf."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:
+        return False
+    return finite and (value > low if above else value >= low) and value <= high
 
 
 # Bounds of the options every run takes (the CLI's and a rank's own).
@@ -80,8 +86,11 @@ def check_fraction(what: str, value: object) -> float:
     one-line error naming ``what`` and echoing the value as typed ("got 2", not "got 2.0")."""
     if not is_real(value, 0, 1, above=True):
         number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        raise GradwireError(f"{what} must be in (0, 1], got "
-                            f"{format(value, 'g') if number else repr(value)}")
+        got = repr(value)
+        if number:
+            with contextlib.suppress(OverflowError):  # an int too large for "g"'s float
+                got = format(value, "g")
+        raise GradwireError(f"{what} must be in (0, 1], got {got}")
     return float(value)  # type: ignore[arg-type]
 
 

@@ -65,14 +65,15 @@ def parse_object(text: str, where: str) -> dict:
 
 
 def read_text(path: str | Path, where: str) -> str:
-    """The text of the file at ``path``; a file that cannot be read is a one-line error, and
-    so is a path that is not a regular file (a device such as /dev/zero would be read for
-    ever, a pipe would wait for a writer)."""
+    """The text of the file at ``path``, read as UTF-8 whatever the locale (JSON's encoding:
+    an ASCII or Latin-1 locale refused or garbled a profile naming its model "résumé"); a
+    file that cannot be read is a one-line error, and so is a path that is not a regular file
+    (a device such as /dev/zero would be read for ever, a pipe would wait for a writer)."""
     where = shown(where)
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise GradwireError(f"{where}: not a regular file")
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise GradwireError(f"{where}: {e.strerror or e}") from None
     except UnicodeDecodeError:
@@ -158,11 +159,14 @@ def _temporary_name(name: str) -> str:
 @contextlib.contextmanager
 def written_beside(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` for the block to write; renamed over ``path`` when the
-    block ends, so a file that was there stays whole until the new one is, and removed when
-    the block fails, so nothing half written passes for the result."""
+    block ends, so a file that was there stays whole until the new one is, and keeps its mode
+    (a calibration kept 0600 stays 0600); removed when the block fails, so nothing half written
+    passes for the result."""
     tmp = path.with_name(_temporary_name(path.name))
     try:
         yield tmp
+        with contextlib.suppress(FileNotFoundError):  # no file there yet: the umask's mode
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -173,8 +177,15 @@ def written_beside(path: Path) -> Iterator[Path]:
 @contextlib.contextmanager
 def written_to(path: Path) -> Iterator[Path]:
     """Where to write ``path`` so that it is replaced whole: beside it, then renamed over it
-    (:func:`written_beside`); a link or a device node (/dev/stdout, /dev/full) is written where
-    it is."""
+    (:func:`written_beside`). A link to a regular file stays a link: the file it points to is
+    replaced whole, beside itself (written through the link, in place, only where that file's
+    folder may not be written); a device node (/dev/stdout, /dev/full) or a link to anything
+    else is written where it is."""
+    if path.is_symlink():
+        real = Path(os.path.realpath(path))
+        if (real.is_file() and not real.is_symlink()
+                and os.access(real.parent, os.W_OK | os.X_OK)):
+            path = real
     if path.is_symlink() or (path.exists() and not path.is_file()):
         yield path
     else:
@@ -183,9 +194,10 @@ def written_to(path: Path) -> Iterator[Path]:
 
 
 def replace_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path``, replaced whole (:func:`written_to`): a write that fails half
-    way (a full disk, a signal) leaves the file that was there."""
-    with written_to(Path(path)) as target, open(target, "w") as f:
+    """Write ``text`` to ``path`` in UTF-8 (as :func:`read_text` reads it, whatever the
+    locale), replaced whole (:func:`written_to`): a write that fails half way (a full disk, a
+    signal) leaves the file that was there."""
+    with written_to(Path(path)) as target, open(target, "w", encoding="utf-8") as f:
         f.write(text)
 
 
