@@ -20,6 +20,11 @@ T = TypeVar("T")
 # per time, so that sums of them stay finite.
 MAX_BYTES = 2**50
 MAX_SECONDS = 1e6
+# Compute speed-ups (traces, whatif, advise): scaled times stay finite and above zero.
+SPEEDUP_RANGE = (1e-6, 1e6)
+# Iterations a measurement times here (a trace's recording, a profile): each is a forward and
+# backward pass, and a simulation replays a few (the paper's steady state shows after two).
+MAX_RECORDED = 1000
 
 # Numbers as a person types them: ASCII digits only. Python's int() and float() also take other
 # scripts' digits ("١"), underscores ("1_0"), "nan" and "inf"; none of those is a value a

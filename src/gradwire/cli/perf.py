@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gradwire.check import MAX_BATCH, MAX_SEQ_LEN, check_range
+from gradwire.check import MAX_BATCH, MAX_RECORDED, MAX_SEQ_LEN, check_range
 from gradwire.cli.options import (
     check_outputs,
     command_line,
@@ -91,7 +91,6 @@ def profile(
         console.print(report.profiles_table())
         return
     from gradwire.profiles.measure import measure
-    from gradwire.sim.edit import MAX_RECORDED
 
     if batch_size < 1:
         raise GradwireError(f"--batch-size must be >= 1, got {batch_size}")

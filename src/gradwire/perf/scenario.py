@@ -11,7 +11,13 @@ from pathlib import Path
 from gradwire import profiles
 from gradwire.bandwidth import format_bandwidth
 from gradwire.catalogue import METHODS
-from gradwire.check import MAX_SECONDS, check_powersgd_rank, check_real, distinct
+from gradwire.check import (
+    MAX_SECONDS,
+    SPEEDUP_RANGE,
+    check_powersgd_rank,
+    check_real,
+    distinct,
+)
 from gradwire.errors import GradwireError
 from gradwire.perf import advise as adv
 from gradwire.perf import codecs as codec_tables
@@ -21,7 +27,6 @@ from gradwire.perf.calibration import Calibration
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, ClusterModel, check_workers, parse_link
 from gradwire.profiles import Profile
-from gradwire.sim.trace import SPEEDUP_RANGE
 
 # Bounds of the cluster's terms given on the command line, each far beyond any real cluster and
 # low enough that every predicted time stays a finite, printable number of seconds (1e308 µs of
@@ -30,7 +35,7 @@ from gradwire.sim.trace import SPEEDUP_RANGE
 #   network 5 to 100 µs);
 # - γ, per byte reduced: 1 µs, a sum at 1 MB/s (a CPU core sums at GB/s, a GPU hundreds);
 # - κ, backward's slowdown beside communication: 100 (measured ones are below 2);
-# - compute speed-up: a trace's range (gradwire.sim.trace.SPEEDUP_RANGE), and compute times
+# - compute speed-up: a trace's range (gradwire.check.SPEEDUP_RANGE), and compute times
 #   (--compute-ms, sped up) within gradwire.check.MAX_SECONDS, as a profile's.
 MAX_ALPHA_US = 1e6
 MAX_GAMMA_NS = 1e3

@@ -15,12 +15,11 @@ import time
 
 import torch
 
-from gradwire.check import check_int, check_range
+from gradwire.check import MAX_RECORDED, check_int, check_range
 from gradwire.errors import GradwireError
 from gradwire.models import build_model, check_batch, get_spec, trained_parameters
 from gradwire.models.task import load_task, loss_fn, optimizer
 from gradwire.profiles import Profile
-from gradwire.sim.edit import MAX_RECORDED
 
 
 def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,

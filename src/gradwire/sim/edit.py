@@ -6,13 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradwire.check import is_int, is_real, parse_int
+from gradwire.check import MAX_RECORDED, SPEEDUP_RANGE, is_int, is_real, parse_int
 from gradwire.errors import GradwireError
 from gradwire.sim import trace as tr
-
-# Iterations a recording keeps: each is a forward and backward pass timed here, and a
-# simulation replays a few (the paper's steady state shows after two).
-MAX_RECORDED = 1000
 
 
 def make_trace(model: str | None, source: Path | None, *, iterations: int = 3,
@@ -48,7 +44,7 @@ def _check_edits(iterations: int, speedup: float, add_layers: int,
     """One-line errors for settings no trace could take; ``resize`` as (name, bytes)."""
     if not is_int(iterations, 1, MAX_RECORDED):
         raise GradwireError(f"--iterations must be from 1 to {MAX_RECORDED}, got {iterations}")
-    lo, hi = tr.SPEEDUP_RANGE
+    lo, hi = SPEEDUP_RANGE
     if not is_real(speedup, lo, hi):
         raise GradwireError(f"--compute-speedup must be a number from {lo:g} to {hi:g}, got "
                             f"{speedup}")

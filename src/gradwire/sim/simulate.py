@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
-from gradwire.check import MAX_SECONDS, check_real, distinct, parse_number
+from gradwire.check import MAX_SECONDS, SPEEDUP_RANGE, check_real, distinct, parse_number
 from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 
@@ -35,7 +35,7 @@ def sweep_value(axis: str, text: str) -> float:
     """One value of ``--sweep AXIS=..``: a link rate, or a number (whole for workers, up to
     the simulator's most, and layers, up to the most a trace holds; speedup in the trace's
     range)."""
-    from gradwire.sim.trace import MAX_PARAMS, SPEEDUP_RANGE
+    from gradwire.sim.trace import MAX_PARAMS
 
     if axis == "bandwidth":
         return parse_bandwidth(text, unshaped=False)  # type: ignore[return-value]

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real
+from gradwire.check import MAX_BYTES, MAX_SECONDS, SPEEDUP_RANGE, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps as strict_dumps
 from gradwire.jsonfile import parse_object, read_text, shown
@@ -38,9 +38,8 @@ VERSION = 1
 # Limits of a trace, read or made: bytes and times as gradwire.check's MAX_BYTES and
 # MAX_SECONDS. Parameters: 100,000, a hundred times a 175 B-parameter transformer's ~1,000
 # tensors; every one is an event per worker and iteration, and an unbounded --add-layers ran out
-# of memory. Speed-up: 1e-6 to 1e6, so that scaled times stay finite and above zero.
+# of memory. Speed-up: gradwire.check's SPEEDUP_RANGE.
 MAX_PARAMS = 100_000
-SPEEDUP_RANGE = (1e-6, 1e6)
 
 
 @dataclass(frozen=True)
@@ -325,7 +324,7 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
 
 def scale_compute(t: Trace, speedup: float) -> Trace:
     """Every compute time divided by ``speedup`` (the paper's "faster GPUs", §8.6), which
-    must lie in :data:`SPEEDUP_RANGE`."""
+    must lie in :data:`~gradwire.check.SPEEDUP_RANGE`."""
     lo, hi = SPEEDUP_RANGE
     if not is_real(speedup, lo, hi):
         raise GradwireError(f"compute speed-up must be a number from {lo:g} to {hi:g}, got "
