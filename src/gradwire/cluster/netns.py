@@ -53,6 +53,7 @@ from gradwire.cluster.shaping import (
     CC_NAME_RE,
     CONGESTION_CONTROL,
     tbf_burst,
+    tbf_limit,
     tcp_send_buffer,
 )
 from gradwire.cluster.state import (
@@ -222,9 +223,8 @@ def set_congestion_control(ns: str, algo: str = CONGESTION_CONTROL) -> bool:
 
 
 def _tbf(dev: str, bps: float, netns: str | None) -> None:
-    burst = tbf_burst(bps)
     _tc("qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{int(bps)}bit",
-        "burst", str(burst), "latency", "100ms", netns=netns)
+        "burst", str(tbf_burst(bps)), "limit", str(tbf_limit(bps)), netns=netns)
 
 
 def reap_stale() -> list[str]:
@@ -300,7 +300,8 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     ok, why = netns_available()
     if not ok:
         raise GradwireError(f"{why}; without it use the loopback fallback ({LOOPBACK_LABEL})")
-    name = name or f"gw{secrets.token_hex(3)}"
+    if name is None:  # an empty name is a name, and refused below
+        name = f"gw{secrets.token_hex(3)}"
     if not NAME_RE.match(name):
         raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
     reap_stale()
@@ -372,7 +373,8 @@ def _cleanup_on_failure(cluster: Cluster) -> Iterator[None]:
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into :class:`~gradwire.interrupts.Interrupted` (SIGINT is
-    KeyboardInterrupt already) so that `finally` blocks run and the CLI can say which."""
+    KeyboardInterrupt already) so that `finally` blocks run and the CLI can say which. A signal
+    set to be ignored stays ignored (``nohup``'s SIGHUP), as :func:`on_signals` keeps it."""
 
     def handler(signum: int, frame: object) -> None:
         raise Interrupted(signum)
@@ -380,14 +382,15 @@ def _signals_raise() -> Iterator[None]:
     old = {}
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            old[sig] = signal.signal(sig, handler)
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                old[sig] = signal.signal(sig, handler)
     except ValueError:  # not the main thread: signals stay as they are
         pass
     try:
         yield
     finally:
         for sig, h in old.items():
-            signal.signal(sig, h)
+            signal.signal(sig, signal.SIG_DFL if h is None else h)  # None: set outside Python
 
 
 @contextlib.contextmanager

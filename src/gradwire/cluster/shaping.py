@@ -17,6 +17,18 @@ def tbf_burst(bps: float) -> int:
     return max(256 * 1024, int(bps / 8 / 250))
 
 
+TBF_LATENCY_S = 0.1  # of the link's traffic a tbf queue holds beyond its bucket
+TBF_MAX_LIMIT = 2**32 - 1  # tbf's queue limit is a 32-bit count of bytes
+
+
+def tbf_limit(bps: float) -> int:
+    """Bytes a tbf shaping a link of ``bps`` may queue: 100 ms of traffic at the rate beyond its
+    bucket (what tc makes of ``latency 100ms``), at most what tbf can hold. tc itself does not
+    cap the sum: from about 330 Gbit/s up it wrapped past 2**32, and a 400gbit link got 14 ms
+    of queue, one at 330.4gbit less than its own bucket."""
+    return min(int(bps / 8 * TBF_LATENCY_S) + tbf_burst(bps), TBF_MAX_LIMIT)
+
+
 SEND_BUFFER_S = 4e-3  # of the link's traffic that a host's TCP send buffer may hold
 
 

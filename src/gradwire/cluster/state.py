@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from gradwire.cluster.shaping import CC_NAME_RE, tbf_burst
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import written_beside
 
-NAME_RE = re.compile(r"^gw[0-9a-f]{6}$")
+NAME_RE = re.compile(r"^gw[0-9a-f]{6}\Z")  # \Z: "$" would take a name ending in a line break
 MAX_HOSTS = 250
 MTU = 1500  # Ethernet's default
 MTU_RANGE = (576, 65535)  # IPv4's smallest datagram every host must take; veth's largest
@@ -125,12 +126,15 @@ class Cluster:
         d = json.loads(text)
         d["hosts"] = [Host(**h) for h in d["hosts"]]
         c = Cluster(**d)
-        ns = re.compile(rf"^{re.escape(c.name)}-h\d+$")
+        ns = re.compile(rf"{re.escape(c.name)}-h\d+")
         if c.owner is not None and not (isinstance(c.owner, list) and len(c.owner) == 2 and all(
                 isinstance(x, int) for x in c.owner)):
             raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
         if c.tcp is not None and not (isinstance(c.tcp, str) and CC_NAME_RE.fullmatch(c.tcp)):
             raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
+        if c.bandwidth_bps is not None and not (
+                type(c.bandwidth_bps) in (int, float) and 0 < c.bandwidth_bps < math.inf):
+            raise ValueError(f"cluster state {c.name!r} has a bandwidth that is not bit/s > 0")
         if c.sndbuf is not None and not (type(c.sndbuf) is int and c.sndbuf > 0):
             raise ValueError(f"cluster state {c.name!r} has a send buffer that is not bytes > 0")
         if not isinstance(c.ready, bool):
@@ -138,8 +142,9 @@ class Cluster:
         if not _mtu_ok(c.mtu):
             raise ValueError(f"cluster state {c.name!r} has an MTU outside {MTU_RANGE}")
         if not NAME_RE.match(c.name) or any(
-                h.netns is None or not ns.match(h.netns) or not re.match(r"^[\w.]+$", h.addr)
-                or not re.match(r"^\w+$", h.ifname) for h in c.hosts):
+                h.netns is None or not ns.fullmatch(h.netns)
+                or not re.fullmatch(r"[\w.]+", h.addr) or not re.fullmatch(r"\w+", h.ifname)
+                for h in c.hosts):
             raise ValueError(f"cluster state {c.name!r} holds names gradwire does not make")
         return c
 
