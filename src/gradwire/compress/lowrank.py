@@ -7,7 +7,8 @@ bucket whose tensors' shapes are not known (a flat tensor) is one almost square 
 matrix (:func:`matrix_shape`, zero-padded). One step, per bucket:
 
 1. P = M·Q per matrix, with Q (cols×r) the previous step's Q (warm start) or random at the
-   first; allreduce every P with the uncompressed tensors, in one allreduce.
+   first, each column scaled so that |P| stays within max|M| (step 2 undoes the scale);
+   allreduce every P with the uncompressed tensors, in one allreduce.
 2. Orthogonalise each P (QR: a zero column comes out a unit vector, so M̂ below is still M's
    projection onto P's columns: no NaN, and error feedback keeps the rest).
 3. Q = Mᵀ·P; allreduce every Q, in a second allreduce.
@@ -62,8 +63,20 @@ def to_matrix(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor
 
 
 def from_matrix(m: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """The first ``numel`` elements of ``m`` as a 1-D tensor of ``dtype``."""
-    return m.reshape(-1)[:numel].to(dtype)
+    """The first ``numel`` elements of ``m`` as a 1-D tensor of ``dtype``, within its range
+    (:func:`_bounded`)."""
+    return _bounded(m.reshape(-1)[:numel], dtype).to(dtype)
+
+
+def _bounded(t: torch.Tensor, dtype: torch.dtype, inplace: bool = False) -> torch.Tensor:
+    """``t`` (fp32 or fp64) clamped to ± the largest value of ``dtype``, where that is smaller
+    than ``t``'s own (a 16-bit bucket): a rank-r approximation can overshoot max|x|, and the
+    cast would make inf of a finite gradient (as QSGD's top level, never past the largest
+    value; error feedback keeps the rest). NaN stays NaN. In place when ``inplace``."""
+    top = torch.finfo(dtype).max
+    if top >= torch.finfo(t.dtype).max:
+        return t
+    return t.clamp_(-top, top) if inplace else t.clamp(-top, top)
 
 
 @dataclass(frozen=True)
@@ -129,7 +142,8 @@ class Batch:
         if v is not None:
             torch.matmul(p, q.mT, out=v)
         else:
-            self.scatter(torch.matmul(p, q.mT, out=scratch), out)
+            self.scatter(_bounded(torch.matmul(p, q.mT, out=scratch), out.dtype, inplace=True),
+                         out)
 
 
 @dataclass(frozen=True)
@@ -202,6 +216,11 @@ def _layout(numel: int, shapes: tuple[tuple[int, ...], ...] | None, rank: int) -
     return Layout(numel, batches, tuple(plain))
 
 
+def _half_log2(n: int) -> int:
+    """The smallest s with 2^s ≥ √n."""
+    return ((n - 1).bit_length() + 1) // 2
+
+
 SPARE_STEP = -1  # the generator step of the spare columns (every real step is >= 0)
 
 
@@ -265,10 +284,22 @@ class PowerSGD:
         if q is None or q.shape != shape:
             q = self._random(shape, m, step)
             self._spare(shape, m)  # drawn now too: no later step draws on the host
-        else:
-            # A zero column (after an all-zero gradient) would stay zero forever: redraw it.
-            q = torch.where(q.norm(dim=-2, keepdim=True) > 0, q.to(m), self._spare(shape, m))
-        return m @ q
+        elif q.numel():
+            # A zero column (after an all-zero gradient) would stay zero forever, a non-finite
+            # one make every P NaN: redraw it.
+            q = q.to(m)
+            top = q.abs().amax(dim=-2, keepdim=True)
+            q = torch.where((top > 0) & top.isfinite(), q, self._spare(shape, m))
+        if not q.numel():
+            return m @ q
+        # Each column of Q scaled to a 1-norm of at most 1/(2√rows), so that a column of P
+        # has a norm of at most max|M|/2 (QR's Householder sums, up to twice a column's norm,
+        # stay within max|M|): a warm start (Mᵀ·P, of M's scale) made P of M's scale squared,
+        # which overflowed from |M| ≈ 1e19 and underflowed below 1e-19. Orthogonalising P
+        # undoes any positive column scale.
+        top = q.abs().amax(dim=-2, keepdim=True)
+        shift = (cols - 1).bit_length() + _half_log2(rows) + 1
+        return m @ (q / top / 2.0**shift)
 
     def q(self, m: torch.Tensor, p: torch.Tensor, key: Hashable | None = None) -> torch.Tensor:
         """Steps 2–3: orthogonalise ``p`` (the reduced P) in place, return Q = Mᵀ·P (cols×r).

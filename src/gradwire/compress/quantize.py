@@ -54,6 +54,21 @@ def _signs(x: torch.Tensor) -> torch.Tensor:
     return pack_bits((x >= 0).to(torch.uint8), 1)
 
 
+def _power_of_two_at_most(t: torch.Tensor) -> torch.Tensor:
+    """2^e with 2^e ≤ t < 2^(e+1) (``t`` a 0-d tensor, > 0 and finite), else 1: values of
+    magnitude up to t divided by it are below 2, exactly (a power of two), so their squares and
+    sums cannot overflow, and scaling the result back gives the same bits where the direct
+    sum did not overflow."""
+    one = torch.ones_like(t)
+    return torch.where((t > 0) & t.isfinite(), torch.ldexp(one, torch.frexp(t).exponent - 1),
+                       one)
+
+
+def _largest(a: torch.Tensor) -> torch.Tensor:
+    """max(a) of 1-D ``a`` (0-d; 0 when ``a`` is empty)."""
+    return a.amax() if a.numel() else a.new_zeros(())
+
+
 def _signed(bits: torch.Tensor, numel: int, scale: torch.Tensor | float,
             dtype: torch.dtype) -> torch.Tensor:
     """±scale in ``dtype`` from packed bits (1: +, as :func:`_signs` packs x ≥ 0). The two
@@ -140,8 +155,14 @@ class EFSignSGD(Compressor):
         x = check_input(self.name, x)
         acc = acc_dtype(x.dtype)
         # summed in fp64: a sum of finite values can overflow fp32 (3e38 + 3e38) where their
-        # mean, at most the largest, cannot
-        scale = (x.abs().sum(dtype=torch.float64).reshape(1) / max(x.numel(), 1)).to(acc)
+        # mean, at most the largest, cannot; an fp64 sum can overflow fp64 itself (1e308 +
+        # 1e308), so fp64 input is summed in units of a power of two at most max|x|
+        a, n = x.abs(), max(x.numel(), 1)
+        if x.dtype == torch.float64:
+            unit = _power_of_two_at_most(_largest(a))
+            scale = ((a / unit).sum().reshape(1) / n * unit).to(acc)
+        else:
+            scale = (a.sum(dtype=torch.float64).reshape(1) / n).to(acc)
         return ScaledSignPayload(dtype=x.dtype, bits=_signs(x), scale=scale)
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
@@ -189,12 +210,22 @@ class QSGD(Compressor):
         x = check_input(self.name, x)
         acc = acc_dtype(x.dtype)
         a = x.to(acc).abs()
-        # squares summed in fp64: in fp32 they overflow from a norm of about 1.8e19 on
-        norm = torch.linalg.vector_norm(a, dtype=torch.float64).reshape(1)
+        if x.dtype == torch.float64:
+            # fp64 squares overflow fp64 itself from |x| ≈ 1.3e154 (then every element was
+            # 0·inf): summed in units of a power of two at most max|x|
+            largest = _largest(a)
+            unit = _power_of_two_at_most(largest)
+            norm = (torch.linalg.vector_norm(a / unit) * unit).reshape(1)
+            nonfinite = ~largest.isfinite()
+        else:
+            # squares summed in fp64: in fp32 they overflow from a norm of about 1.8e19 on
+            norm = torch.linalg.vector_norm(a, dtype=torch.float64).reshape(1)
+            nonfinite = norm.isinf()  # only Inf in x makes an fp64 sum of these inf
         # A finite norm beyond x's dtype (an fp16 bucket's above 65504) would decompress its
         # top levels to inf, or overflow the fp32 norm itself (then every element is 0·inf):
         # any norm' ≥ max|x| keeps the rounding unbiased, and x's largest finite value is one.
-        norm = torch.where(norm.isinf(), norm, norm.clamp(max=torch.finfo(x.dtype).max)).to(acc)
+        # Inf or NaN in x goes through as it is.
+        norm = torch.where(nonfinite, norm, norm.clamp(max=torch.finfo(x.dtype).max)).to(acc)
         # floor(r + u), u ~ U[0, 1), rounds r up with probability r − ⌊r⌋: unbiased in one op.
         r = a.mul_(self.s / norm.clamp_min(torch.finfo(acc).tiny))
         u = torch.rand(x.numel(), generator=self._generator(x.device), dtype=acc,
@@ -368,7 +399,11 @@ def int8_inverse(bound: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.
     inv = levels / safe
     ok &= inv.isfinite()
     zero = torch.zeros_like(bound)
-    return torch.where(ok, inv, zero), torch.where(ok, safe / levels, zero)
+    scale = torch.where(ok, safe / levels, zero)
+    # a bound within a rounding of the dtype's largest value: levels·scale rounded up to inf
+    # (the top level decoded to inf); one step down it is at most the bound
+    scale = torch.where((scale * levels).isfinite(), scale, scale.nextafter(zero))
+    return torch.where(ok, inv, zero), scale
 
 
 class Int8(Compressor):
