@@ -248,7 +248,10 @@ class QSGD(Compressor):
             levels = torch.arange(1 << w, dtype=p.norm.dtype, device=p.norm.device) * unit
             mag = decode_codes(p.levels, w, numel, levels.clamp_(max=top).to(p.dtype))
         else:
-            mag = (p.levels.to(p.norm.dtype) * unit).clamp_(max=top).to(p.dtype)
+            mag = p.levels.to(p.norm.dtype) * unit
+            if p.dtype == p.norm.dtype:  # a 16-bit cast rounds 1e-7 past its largest to it
+                mag.clamp_(max=top)
+            mag = mag.to(p.dtype)
         sign = torch.tensor([1.0, -1.0], dtype=p.dtype, device=mag.device)
         return mag.mul_(decode_codes(p.signs, 1, numel, sign))
 
