@@ -57,6 +57,8 @@ def is_real(value: object, low: float = -math.inf, high: float = math.inf, *,
 MAX_SEED = 2**32 - 1
 MAX_BATCH = 65536
 MAX_SEQ_LEN = 4096
+# an mlp epoch on digits takes a second or more: 10,000 are days of training, more a typo
+MAX_EPOCHS = 10_000
 
 
 def check_range(option: str, value: int, low: int, high: int) -> int:

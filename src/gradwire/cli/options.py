@@ -53,7 +53,7 @@ ClusterName = Annotated[str | None, typer.Option(
 
 Model = Annotated[str, typer.Option(help="a model from `gradwire models`")]
 Density = Annotated[float, typer.Option(help="fraction of gradient elements a sparsifier sends")]
-Epochs = Annotated[int, typer.Option(help="epochs (>= 1)")]
+Epochs = Annotated[int, typer.Option(help="epochs (1 to 10000)")]
 # Bounds of two options many commands share. A seed goes to torch and numpy generators, and the
 # data order seeds torch with seed × 1,000,003 + epoch, which must stay below 2**63. A batch of
 # more than 65,536 samples per rank is a typo: the project's models would not fit a machine's

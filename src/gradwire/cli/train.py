@@ -115,7 +115,7 @@ def train(
 def demo(
     hosts: Hosts = 4,
     bandwidth: Bandwidth = "1gbit",
-    epochs: Annotated[int | None, typer.Option(help="epochs (>= 1)",
+    epochs: Annotated[int | None, typer.Option(help="epochs (1 to 10000)",
                                                show_default="20")] = None,
     model: Annotated[str | None, typer.Option(help="a model from `gradwire models`",
                                               show_default="mlp")] = None,

@@ -5,39 +5,67 @@ holds the model, the optimizer (momentum buffers), every rank's aggregation stat
 (error-feedback residuals differ per rank, so all of them are kept, in rank order), the epoch
 history, and the settings a resumed run must share (model, aggregation, density, mode, warm-up,
 world size, batch size, learning rate and momentum (the optimizer's state holds them), seed,
-sequence length, PowerSGD's rank). Rank 0 writes it after each
-epoch, atomically.
+sequence length, PowerSGD's rank) and the data it trained on (:func:`data_settings`: the text
+models read this Python's own standard library, which another Python version has other bytes
+of). Rank 0 writes it after each epoch, atomically.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
+import stat
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import written_beside
+from gradwire.jsonfile import written_to
+from gradwire.models.task import Task
 
 FORMAT = 1
 # Settings that must match for a resumed run to continue the same run.
 MUST_MATCH = ("model", "agg", "density", "mode", "warmup", "world_size", "batch_size", "lr",
               "momentum", "seed", "seq_len", "rank")
+# The data's (data_settings), which must match too; a checkpoint written before they were kept
+# has none, and the shapes of its model's tensors are checked instead (check_state).
+DATA_KEYS = ("classes", "data")
+
+
+def data_settings(task: Task) -> dict[str, Any]:
+    """What a resumed run's data must share with the checkpoint's: the classes (the text's
+    vocabulary size) and a digest of every sample; and the Python that read them, which the
+    error names (the text is that Python's standard library source)."""
+    digest = hashlib.sha256()
+    for split in (task.train, task.test):
+        for t in (split.x, split.y):
+            digest.update(t.contiguous().numpy().tobytes())
+    return {"classes": task.classes, "data": f"{task.kind} sha256:{digest.hexdigest()[:16]}",
+            "python": platform.python_version()}
 
 
 def save(path: str | os.PathLike, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` through a temporary file, so a crash leaves the old one."""
-    with written_beside(Path(path)) as tmp:
+    """Write ``state`` to ``path`` through a temporary file, so a crash leaves the old one; a
+    link to a file stays a link, its file replaced (:func:`~gradwire.jsonfile.written_to`)."""
+    with written_to(Path(path)) as tmp:
         torch.save({"format": FORMAT, **state}, tmp)
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """A checkpoint written by :func:`save`; anything else is a one-line GradwireError."""
     try:
+        # a pipe would be waited on for ever, a device read without end
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise GradwireError(f"--resume: {str(path)!r} is not a regular file (a directory, "
+                                "a pipe or a device): give the checkpoint file")
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as e:
         raise GradwireError(f"--resume: checkpoint {str(path)!r} does not exist") from e
+    except GradwireError:
+        raise
     except Exception as e:  # torch raises many kinds of error for a file that is not one
         raise GradwireError(f"--resume: {str(path)!r} is not a gradwire checkpoint "
                             f"({type(e).__name__})") from e
@@ -55,11 +83,47 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_compatible(ck: dict[str, Any], settings: dict[str, Any], epochs: int) -> None:
-    """Refuse to resume into a run whose settings differ, or that has no epoch left."""
-    for key in MUST_MATCH:
-        if ck["settings"].get(key) != settings.get(key):
+    """Refuse to resume into a run whose settings or data differ, or that has no epoch left."""
+    saved = ck["settings"]
+    for key in (*MUST_MATCH, *DATA_KEYS):
+        if key in DATA_KEYS and key not in saved:
+            continue
+        if saved.get(key) != settings.get(key):
+            why = ""
+            if key in DATA_KEYS:
+                made, runs = saved.get("python"), settings.get("python")
+                why = (f" (its data were read under Python {made}, this run's under {runs}: "
+                       f"the text models read the standard library of the Python they run "
+                       f"under; resume under Python {made})" if made != runs else
+                       " (its data differ from this run's)")
             raise GradwireError(f"--resume: the checkpoint was made with {key}="
-                                f"{ck['settings'].get(key)!r}, this run has {settings.get(key)!r}")
+                                f"{saved.get(key)!r}, this run has {settings.get(key)!r}{why}")
     if ck["epoch"] >= epochs:
         raise GradwireError(f"--resume: the checkpoint already holds {ck['epoch']} epochs; "
                             f"expected --epochs > {ck['epoch']}, got {epochs}")
+
+
+def check_state(ck: dict[str, Any], model: nn.Module) -> None:
+    """Refuse a checkpoint whose state cannot go into this run: a model tensor missing or of
+    another shape (made on other data: an older checkpoint keeps no digest of them), or not
+    one aggregation state per rank."""
+    have = model.state_dict()
+    for name, t in have.items():
+        got = ck["model"].get(name)
+        if got is None:
+            raise GradwireError(f"--resume: the checkpoint's model has no {name!r}, which this "
+                                "run's model has (a checkpoint of another model)")
+        if not isinstance(got, torch.Tensor) or got.shape != t.shape:
+            shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise GradwireError(f"--resume: the checkpoint's {name!r} is {shape}, this run's "
+                                f"model has {list(t.shape)} (a checkpoint of other data or of "
+                                "another model)")
+    extra = sorted(set(ck["model"]) - set(have))
+    if extra:
+        raise GradwireError(f"--resume: the checkpoint's model has {extra[0]!r}, which this "
+                            "run's model has not (a checkpoint of another model)")
+    world = ck["settings"].get("world_size")
+    if len(ck["aggregation"]) != world:
+        raise GradwireError(f"--resume: the checkpoint is not whole: it holds "
+                            f"{len(ck['aggregation'])} ranks' aggregation states, expected "
+                            f"{world} (its world_size)")

@@ -12,13 +12,21 @@ from typing import Any
 from rich.console import Console
 
 from gradwire import catalogue
-from gradwire.check import MAX_BATCH, MAX_SEED, MAX_SEQ_LEN, check_density, check_range
+from gradwire.check import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_SEED,
+    MAX_SEQ_LEN,
+    check_density,
+    check_range,
+)
 from gradwire.cluster import Cluster
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import MODES
 from gradwire.hooks.warmup import Warmup
 from gradwire.jobs import run_ranks
-from gradwire.models import MODELS, check_batch, get_spec
+from gradwire.models import MODELS, build_model, check_batch, get_spec
+from gradwire.models.task import Task, load_task
 from gradwire.train.aggregate import METHODS, check_rank
 
 
@@ -92,6 +100,8 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
     check_density(cfg.density)
     if cfg.epochs < 1:
         raise GradwireError(f"--epochs must be >= 1, got {cfg.epochs}")
+    if cfg.epochs > MAX_EPOCHS:
+        raise GradwireError(f"--epochs must be at most {MAX_EPOCHS}, got {cfg.epochs}")
     check_range("--batch-size", cfg.batch_size, 1, MAX_BATCH)
     check_range("--seq-len", cfg.seq_len, 1, MAX_SEQ_LEN)
     check_range("--seed", cfg.seed, 0, MAX_SEED)
@@ -101,32 +111,26 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
         raise GradwireError(f"--momentum must be in [0, 1), got {cfg.momentum:g}")
     check_rank(cfg.agg, cfg.rank)
     check_batch(cfg.model, cfg.batch_size)
-    share = _train_samples(cfg) // hosts
+    task = load_task(get_spec(cfg.model), cfg.seed, cfg.seq_len)
+    share = len(task.train) // hosts
     if cfg.batch_size > share:
         raise GradwireError(f"--batch-size {cfg.batch_size} is larger than a rank's share of "
                             f"{cfg.model}'s training data ({share} samples at {hosts} hosts)")
     if cfg.resume:
-        _check_resume(cfg, hosts)
+        _check_resume(cfg, hosts, task)
 
 
-def _train_samples(cfg: TrainConfig) -> int:
-    if get_spec(cfg.model).data == "text":
-        from gradwire.data import text
-
-        return len(text(cfg.seq_len)[0])
-    from gradwire.data import digits
-
-    return len(digits(cfg.seed)[0])
-
-
-def _check_resume(cfg: TrainConfig, hosts: int) -> None:
+def _check_resume(cfg: TrainConfig, hosts: int, task: Task) -> None:
+    """The checkpoint's settings, data and state are this run's: checked here, before any rank
+    starts (a model of another vocabulary failed in every rank's load_state_dict)."""
     from gradwire.train import checkpoint
 
     if cfg.checkpoint is None:
         raise GradwireError("--resume needs --checkpoint PATH (the file to go on from)")
     ck = checkpoint.load(cfg.checkpoint)
-    settings = asdict(cfg) | {"world_size": hosts}
+    settings = asdict(cfg) | {"world_size": hosts} | checkpoint.data_settings(task)
     checkpoint.check_compatible(ck, settings, cfg.epochs)
+    checkpoint.check_state(ck, build_model(cfg.model, cfg.seed, task.classes))
 
 
 def train_on(cluster: Cluster, cfg: TrainConfig, label: str, timeout: float | None,

@@ -149,12 +149,15 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
                     {} if args.rank is None else {"rank": args.rank})
     fwd = agg.start(model)
     run_settings = settings(args, world)
+    # what a checkpoint keeps and a resume must match: the settings and the data trained on
+    kept = run_settings | checkpoint.data_settings(task) if args.checkpoint else run_settings
     history: dict[str, list[float]] = {k: [] for k in (
         *SUMMED, "seconds", "train_loss", "test_loss", "test_accuracy", "iterations", "density")}
     first = 0
     if args.resume:
         ck = checkpoint.load(args.checkpoint)
-        checkpoint.check_compatible(ck, run_settings, args.epochs)
+        checkpoint.check_compatible(ck, kept, args.epochs)
+        checkpoint.check_state(ck, model)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         agg.load_state_dict(ck["aggregation"][rank])
@@ -189,7 +192,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
         history["test_loss"].append(test_loss)
         history["test_accuracy"].append(test_acc)
         if args.checkpoint:
-            save_checkpoint(args.checkpoint, model, opt, agg, history, epoch + 1, run_settings)
+            save_checkpoint(args.checkpoint, model, opt, agg, history, epoch + 1, kept)
     return summarize(args, run_settings, model, task, history) if rank == 0 else None
 
 
