@@ -125,9 +125,38 @@ def test_files_are_utf_8_whatever_the_locale(tmp_path):
               "from gradwire.jsonfile import read_object, replace_text\n"
               "assert sys.flags.utf8_mode == 0\n"
               "assert read_object(sys.argv[1], 'p.json') == {'model': 'r\\xe9sum\\xe9'}\n"
-              "replace_text(sys.argv[2], '\\u03c1=0.01')\n")
+              "replace_text(sys.argv[2], '\\u03c1=0.01')\n"
+              # a result saved elsewhere, its path having failed late
+              "import os, pathlib\n"
+              "from gradwire.cli.options import save_elsewhere\n"
+              "os.chdir(pathlib.Path(sys.argv[2]).parent)\n"
+              "print(save_elsewhere(pathlib.Path('x.txt'), '\\u03c1'))\n")
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
     done = subprocess.run([sys.executable, "-c", script, str(given), str(out)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-300:]
     assert out.read_bytes() == "ρ=0.01".encode()
+    saved, = tmp_path.glob("gradwire-x-*.txt")
+    assert saved.read_bytes() == "ρ".encode() and str(saved) in done.stdout
+
+
+def test_a_trace_and_a_timeline_are_replaced_whole_through_a_link(tmp_path):
+    """trace.save and simulate's --timeline wrote with Path.write_text: in place (half a file
+    on a full disk) and took the umask's mode; they go through replace_text now."""
+    from gradwire.sim import report
+    from gradwire.sim import trace as tr
+
+    store = tmp_path / "store"
+    store.mkdir()
+    trace = tr.synthetic("s", [1000, 2000], 0.05, 0.1, 0.01)
+    for name, write in (("t.jsonl", lambda p: tr.save(trace, p)),
+                        ("tl.json", lambda p: report.write_timeline([], 2, p))):
+        real, link = store / name, tmp_path / name
+        real.write_text("old")
+        real.chmod(0o600)
+        link.symlink_to(real)
+        before = real.stat().st_ino
+        write(link)
+        assert link.is_symlink() and real.read_text() != "old"
+        assert real.stat().st_ino != before  # a new file renamed over the old, not rewritten
+        assert stat.S_IMODE(real.stat().st_mode) == 0o600  # replaced whole: mode kept

@@ -27,7 +27,7 @@ from gradwire.launcher import check_timeout, launch
 
 
 def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
-       name: Annotated[str | None, typer.Option(help="gw + 6 hex digits")] = None,
+       name: Annotated[str | None, typer.Option(help="gw + 6 lowercase hex digits")] = None,
        mtu: Mtu = MTU) -> None:
     """Create an emulated cluster that stays up until `gradwire cluster down`."""
     c = cluster_up(hosts, bandwidth, name, mtu=mtu)
@@ -35,8 +35,8 @@ def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
     console.print(hosts_table(c))
 
 
-def down(name: Annotated[str | None, typer.Argument(help="the cluster (gw + 6 hex digits); "
-                                                    "default: the only live one")] = None,
+def down(name: Annotated[str | None, typer.Argument(help="the cluster (gw + 6 lowercase hex "
+                                                    "digits); default: the only live one")] = None,
          all_: Annotated[bool, typer.Option("--all", help="every gradwire cluster on "
                                             "this machine, orphans and other GRADWIRE_STATE_DIRs' "
                                             "included")] = False) -> None:

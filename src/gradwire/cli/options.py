@@ -243,7 +243,7 @@ def save_elsewhere(path: Path, text: str) -> str:
         except OSError:
             continue
         try:
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:  # as every file gradwire writes
                 f.write(text)
             return f"result saved to {name}"
         except OSError:

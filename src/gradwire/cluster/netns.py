@@ -303,7 +303,8 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     if name is None:  # an empty name is a name, and refused below
         name = f"gw{secrets.token_hex(3)}"
     if not NAME_RE.match(name):
-        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
+        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 lowercase "
+                            "hex digits")
     reap_stale()
     owner = [os.getpid(), process_start_ticks(os.getpid()) or 0] if owned else None
     cluster = Cluster(name=name, bandwidth_bps=bps, owner=owner, mtu=mtu, ready=False)

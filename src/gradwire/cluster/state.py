@@ -181,7 +181,8 @@ def save_cluster(cluster: Cluster) -> None:
 def load_cluster(name: str) -> Cluster:
     """The live cluster called ``name``."""
     if not NAME_RE.match(name):
-        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 hex digits")
+        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 lowercase "
+                            "hex digits")
     path = config.state_dir() / f"{name}.json"
     if not path.exists():
         known = ", ".join(c.name for c in list_clusters()) or "none"

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich import box
 from rich.table import Table
 
-from gradwire.jsonfile import dumps, save_figure
+from gradwire.jsonfile import dumps, replace_text, save_figure
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster, SimResult
 from gradwire.sim.trace import Trace, add_layers, scale_compute
@@ -205,5 +205,5 @@ def write_timeline(results: Sequence[SimResult], workers: int, path: Path) -> Pa
             events.append({"name": "process_name", "ph": "M", "pid": base + h,
                            "args": {"name": f"{r.mechanism}: {who}"}})
         events += [{**e, "pid": base + e["pid"]} for e in r.timeline]
-    path.write_text(dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    replace_text(path, dumps({"traceEvents": events, "displayTimeUnit": "ms"}))  # whole
     return path

@@ -30,7 +30,7 @@ from pathlib import Path
 from gradwire.check import MAX_BYTES, MAX_SECONDS, SPEEDUP_RANGE, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps as strict_dumps
-from gradwire.jsonfile import parse_object, read_text, shown
+from gradwire.jsonfile import parse_object, read_text, replace_text, shown
 
 FORMAT = "gradwire-trace"
 VERSION = 1
@@ -123,7 +123,8 @@ def dumps(t: Trace) -> str:
 
 
 def save(t: Trace, path: Path) -> Path:
-    path.write_text(dumps(t))
+    """Write ``t`` to ``path``, replaced whole (:func:`gradwire.jsonfile.replace_text`)."""
+    replace_text(path, dumps(t))
     return path
 
 
