@@ -44,6 +44,7 @@ from gradwire.interrupts import Interrupted, on_signals
 MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 PROGRESS = "GW_PROGRESS"  # rank programs print "GW_PROGRESS done total" for a progress bar
 KILL_GRACE_S = 3.0
+OUTPUT_MAX_S = 60.0  # how long the ranks' output may still flow once they are all gone
 # A PeerError's message (made by gradwire.transport): the rank that failed, then the peer it
 # lost. tests/test_launcher.py holds this pattern against the message itself.
 PEER_LOST = re.compile(r"\brank (\d+)\b.*?: (?:send of \d+ bytes to|receive of \d+ bytes from) "
@@ -196,8 +197,10 @@ class _Output:
         self.lost: dict[int, int] = {}
         self.threads: dict[int, threading.Thread] = {}
         self.drained: set[int] = set()
+        self.handed: dict[int, int] = {}  # lines handed to ``sink``, per rank
 
     def follow(self, rank: int, pipe: IO[str]) -> None:
+        self.handed[rank] = 0
         t = threading.Thread(target=self._read, args=(rank, pipe), daemon=True)
         t.start()
         self.threads[rank] = t
@@ -215,6 +218,7 @@ class _Output:
                         self.sink(prefix + text)
                     except BrokenPipeError:  # gradwire's reader went away (`| head`): the
                         return  # rank's pipe closes too, as if it had written there itself
+                    self.handed[rank] += 1
 
     def drain(self, rank: int) -> None:
         """Wait (once, briefly) for the rest of an exited rank's output."""
@@ -223,8 +227,17 @@ class _Output:
             self.threads[rank].join(timeout=1)
 
     def close(self) -> None:
-        for t in self.threads.values():
-            t.join(timeout=2)
+        """Wait for the rest of every rank's output (the ranks are gone: their pipes end) while
+        it keeps coming, for at most OUTPUT_MAX_S in all: a reader that hands on no line for
+        2 s is given up (its sink blocks, or a process that left the rank's group holds the
+        pipe). A fixed 2 s lost the tail of the output of ranks that wrote faster than
+        ``sink`` took it (the last 5333 of 8001 lines, at 1 ms a line)."""
+        end = time.monotonic() + OUTPUT_MAX_S
+        for rank, t in self.threads.items():
+            seen = -1
+            while t.is_alive() and self.handed[rank] != seen and time.monotonic() < end:
+                seen = self.handed[rank]
+                t.join(timeout=min(2.0, max(end - time.monotonic(), 0.0)))
 
 
 def launch(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import operator
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -36,9 +37,27 @@ class P2P:
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise GradwireError(f"transport sends and receives torch tensors, got "
+                            f"{type(tensor).__name__}")
+    if tensor.is_quantized:  # its bytes lack its scale: c10d failed on it, named as the peer's
+        raise GradwireError("transport sends plain tensors, got a quantized one: send its "
+                            ".int_repr() (and scale and zero point) instead")
     if not tensor.is_contiguous():
         raise GradwireError("transport needs contiguous tensors: call .contiguous() first")
-    return tensor.reshape(-1).view(torch.uint8)
+    # A conjugate or negative view (x.conj(), x.conj().imag) holds bytes that are not its
+    # values: torch's dtype view refuses it with a traceback.
+    for lazy, what, resolve in ((tensor.is_conj(), "conjugate", "resolve_conj"),
+                                (tensor.is_neg(), "negative", "resolve_neg")):
+        if lazy:
+            raise GradwireError(f"transport needs tensors whose bytes are their values, got a "
+                                f"{what} view: call .{resolve}() first")
+    flat = tensor.reshape(-1)
+    if flat.numel() <= 1 and flat.stride(0) != 1:
+        # One element, or none, is contiguous whatever its stride (x[:, 0] of an x of one row
+        # or none), and keeps it when flattened: the dtype view refused it with a traceback.
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8)
 
 
 # Weak references (the world it was made in, the twin): c10d's registry owns both groups, and
@@ -201,20 +220,34 @@ class Transport:
             self.messages_received[peer] += 1
 
     # operations -----------------------------------------------------------------------------
-    def _check_peer(self, peer: int) -> int:
-        if not 0 <= peer < self.world_size or peer == self.rank:
-            raise GradwireError(f"rank {self.rank}: peer {peer} is not valid: expected another "
+    def _peer(self, peer: object) -> int:
+        """``peer`` as an int, another rank of this group; a one-line error for anything else
+        (a float or a string went on to index the counters, or to c10d, with a traceback)."""
+        try:
+            p = operator.index(peer)  # type: ignore[arg-type]  # int, numpy's integers
+        except TypeError:
+            p = None
+        if p is None or isinstance(peer, bool) or not 0 <= p < self.world_size or p == self.rank:
+            shown = repr(peer)
+            shown = shown if len(shown) <= 40 and "\n" not in shown else type(peer).__name__
+            raise GradwireError(f"rank {self.rank}: peer {shown} is not valid: expected another "
                                 f"rank in 0..{self.world_size - 1}")
-        return peer if self.group is None else dist.get_global_rank(self.group, peer)
+        return p
+
+    def _check_peer(self, peer: int) -> int:
+        """``peer``, checked (:meth:`_peer`), as the world's rank that c10d takes."""
+        p = self._peer(peer)
+        return p if self.group is None else dist.get_global_rank(self.group, p)
 
     def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as bytes, refused where this backend cannot send it: gloo would read a
         GPU tensor's memory as host memory, and NCCL fails on a host tensor naming no cause."""
+        buf = _wire(tensor)
         if self._device_type is not None and tensor.device.type != self._device_type:
             raise GradwireError(f"rank {self.rank}: {self.backend} sends {self._device_type} "
                                 f"tensors, got one on {tensor.device}: move it with "
                                 f".to({self.device.type!r}) first")
-        return _wire(tensor)
+        return buf
 
     def _pending(self, work: dist.Work, op: str, peer: int, nbytes: int) -> Pending:
         return Pending(work, op, peer, nbytes, self.rank, self.timeout)
@@ -231,23 +264,21 @@ class Transport:
             raise _peer_error(self.rank, op, peer, buf.numel(), str(e), self.timeout) from None
         return self._pending(work, op, peer, buf.numel())
 
-    def isend(self, tensor: torch.Tensor, dst: int) -> Pending | None:
-        """Post a send; returns its handle (None for an empty tensor, which sends nothing)."""
-        self._check_peer(dst)
+    def _start(self, op: str, tensor: torch.Tensor, peer: int) -> Pending | None:
+        peer = self._peer(peer)
         buf = self._wire(tensor)
         if buf.numel() == 0:
             return None
-        self._count("send", buf.numel(), dst)
-        return self._post("send", buf, dst)
+        self._count(op, buf.numel(), peer)
+        return self._post(op, buf, peer)
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> Pending | None:
+        """Post a send; returns its handle (None for an empty tensor, which sends nothing)."""
+        return self._start("send", tensor, dst)
 
     def irecv(self, tensor: torch.Tensor, src: int) -> Pending | None:
         """Post a receive into ``tensor`` (None for an empty tensor)."""
-        self._check_peer(src)
-        buf = self._wire(tensor)
-        if buf.numel() == 0:
-            return None
-        self._count("recv", buf.numel(), src)
-        return self._post("recv", buf, src)
+        return self._start("recv", tensor, src)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         wait_all([self.isend(tensor, dst)])
@@ -255,28 +286,41 @@ class Transport:
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         wait_all([self.irecv(tensor, src)])
 
+    def _checked(self, o: object) -> tuple[str, torch.Tensor, int]:
+        """(op, bytes, peer) of one operation of a batch, or its one-line error."""
+        if not isinstance(o, P2P) or o.op not in ("send", "recv"):
+            got = repr(o.op) if isinstance(o, P2P) else type(o).__name__
+            raise GradwireError(f"rank {self.rank}: a batch takes P2P operations, each 'send' "
+                                f"or 'recv', got {got}")
+        return o.op, self._wire(o.tensor), self._peer(o.peer)
+
     def batch(self, ops: Sequence[P2P]) -> list[Pending]:
-        """Post several sends and receives at once (one NCCL group; gloo posts them in order)."""
-        live = [o for o in ops if self._wire(o.tensor).numel() > 0]
+        """Post several sends and receives at once (one NCCL group; gloo posts them in order).
+
+        Every operation is checked before any is counted or posted: one that is not valid
+        (an op other than 'send' or 'recv', which was taken for a receive; a bad peer) left
+        the operations before it posted under gloo, or counted under NCCL.
+        """
+        live = [c for c in map(self._checked, ops) if c[1].numel() > 0]
         if self.backend == "nccl" and live:
-            p2p = []
-            for o in live:
-                g = self._check_peer(o.peer)
-                self._count(o.op, _wire(o.tensor).numel(), o.peer)
-                fn = dist.isend if o.op == "send" else dist.irecv
-                p2p.append(dist.P2POp(fn, _wire(o.tensor), g, self.group))
+            p2p = [dist.P2POp(dist.isend if op == "send" else dist.irecv, buf,
+                              self._check_peer(peer), self.group) for op, buf, peer in live]
             # One work per op, or a single coalesced one (then named after the first op).
             try:
                 works = dist.batch_isend_irecv(p2p)
             except RuntimeError as e:  # NCCL raises here once its communicator is aborted
-                first = live[0]
-                raise _peer_error(self.rank, first.op, first.peer, _wire(first.tensor).numel(),
-                                  str(e), self.timeout) from None
-            return [self._pending(w, o.op, o.peer, _wire(o.tensor).numel())
-                    for w, o in zip(works, live, strict=False)]
-        works = [self.isend(o.tensor, o.peer) if o.op == "send" else self.irecv(o.tensor, o.peer)
-                 for o in live]
-        return [w for w in works if w is not None]
+                op, buf, peer = live[0]
+                raise _peer_error(self.rank, op, peer, buf.numel(), str(e),
+                                  self.timeout) from None
+            for op, buf, peer in live:
+                self._count(op, buf.numel(), peer)
+            return [self._pending(w, op, peer, buf.numel())
+                    for w, (op, buf, peer) in zip(works, live, strict=False)]
+        posted = []
+        for op, buf, peer in live:
+            self._count(op, buf.numel(), peer)
+            posted.append(self._post(op, buf, peer))
+        return posted
 
 
 def resolve(transport: object, group: object, where: str) -> Transport:
