@@ -1,6 +1,6 @@
-"""SIGINT, SIGTERM or SIGHUP to `gradwire run`: every rank is stopped (they run in sessions of
-their own, out of reach of the terminal's signals), the emulated cluster is removed, one line
-on stderr says so, and the exit status is 128 + the signal's number."""
+"""SIGINT, SIGTERM, SIGHUP or SIGQUIT to `gradwire run`: every rank is stopped (they run in
+sessions of their own, out of reach of the terminal's signals), the emulated cluster is
+removed, one line on stderr says so, and the exit status is 128 + the signal's number."""
 import contextlib
 import os
 import re
@@ -17,7 +17,7 @@ from gradwire.errors import GradwireError
 
 RANK = ("import os, time; print('PID', os.getpid(), os.environ['NCCL_HOSTID'], flush=True); "
         "time.sleep(60)")
-SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
 
 
 def _default_signals() -> None:

@@ -1,4 +1,5 @@
-"""SIGINT, SIGTERM and SIGHUP: gradwire stops what it started, cleans up, and says so.
+"""SIGINT, SIGTERM, SIGHUP and SIGQUIT (as torchrun takes them): gradwire stops what it
+started, cleans up, and says so.
 
 The CLI turns each into :class:`Interrupted` (one line, exit status 128 + the signal's
 number); a launch records them instead while its ranks run, stops every rank (they run in
@@ -12,11 +13,12 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGQUIT (Ctrl-\\) too: its default, a core dump, left every rank running in its own session
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 class Interrupted(BaseException):
-    """SIGINT, SIGTERM or SIGHUP reached gradwire (during a launch: raised once every rank has
+    """One of :data:`STOP_SIGNALS` reached gradwire (during a launch: raised once every rank has
     been stopped).
 
     A BaseException, as KeyboardInterrupt is, so that ``finally`` blocks (an emulated
@@ -40,7 +42,7 @@ class Interrupted(BaseException):
 
 @contextlib.contextmanager
 def on_signals(handler: Callable[[int], None]) -> Iterator[None]:
-    """Call ``handler(signum)`` on SIGINT, SIGTERM and SIGHUP within the block, then restore.
+    """Call ``handler(signum)`` on :data:`STOP_SIGNALS` within the block, then restore.
 
     A signal set to be ignored stays ignored (``nohup``'s SIGHUP, SIGINT in a background job
     of a script); outside the main thread, where Python takes no handlers, nothing changes.

@@ -256,7 +256,7 @@ def launch(
     (GRADWIRE_TIMEOUT) to fail in turn, so that the stalled rank can be named. ``linger``:
     seconds the others get first to fail on their own in any case (their errors then name
     the peer they lost); the fault tests use it to prove that no rank hangs. ``timeout``
-    bounds the whole run. SIGINT, SIGTERM or SIGHUP stops every rank, then raises
+    bounds the whole run. SIGINT, SIGTERM, SIGHUP or SIGQUIT stops every rank, then raises
     :class:`Interrupted`.
     """
     if isinstance(cmd, (str, bytes)):

@@ -80,9 +80,9 @@ def _interrupt(signum: int) -> None:
 
 def main() -> None:
     try:
-        # SIGINT, SIGTERM and SIGHUP raise Interrupted, which typer lets through (it turns a
-        # KeyboardInterrupt into a silent exit 130), so that cleanup runs and the line below
-        # says so; a launch handles them itself while its ranks run.
+        # SIGINT, SIGTERM, SIGHUP and SIGQUIT raise Interrupted, which typer lets through (it
+        # turns a KeyboardInterrupt into a silent exit 130), so that cleanup runs and the line
+        # below says so; a launch handles them itself while its ranks run.
         with on_signals(_interrupt):
             rc = app(standalone_mode=False)
     except Interrupted as e:

@@ -93,7 +93,8 @@ def run(
 ) -> None:
     """Run CMD once per host with torchrun's environment; stop all if one fails.
 
-    SIGINT, SIGTERM or SIGHUP stops every rank and removes the cluster before gradwire exits.
+    SIGINT, SIGTERM, SIGHUP or SIGQUIT stops every rank and removes the cluster before
+    gradwire exits.
 
     Example: gradwire run --hosts 4 --bandwidth 1gbit -- python train.py
     """

@@ -73,7 +73,7 @@ from gradwire.cluster.state import (
     state_files,
 )
 from gradwire.errors import GradwireError
-from gradwire.interrupts import Interrupted, on_signals
+from gradwire.interrupts import STOP_SIGNALS, Interrupted, on_signals
 
 SUBNET_PREFIX = "10.213"  # 10.213.S.0/24, one S per live cluster; reserved for gradwire
 
@@ -373,7 +373,7 @@ def _cleanup_on_failure(cluster: Cluster) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into :class:`~gradwire.interrupts.Interrupted` (SIGINT is
+    """Turn SIGTERM, SIGHUP and SIGQUIT into :class:`~gradwire.interrupts.Interrupted` (SIGINT is
     KeyboardInterrupt already) so that `finally` blocks run and the CLI can say which. A signal
     set to be ignored stays ignored (``nohup``'s SIGHUP), as :func:`on_signals` keeps it."""
 
@@ -382,7 +382,7 @@ def _signals_raise() -> Iterator[None]:
 
     old = {}
     try:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in (s for s in STOP_SIGNALS if s != signal.SIGINT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 old[sig] = signal.signal(sig, handler)
     except ValueError:  # not the main thread: signals stay as they are
@@ -396,8 +396,8 @@ def _signals_raise() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (a teardown that a second Ctrl-C
-    would leave half done), then deliver the first one that came."""
+    """Hold the stop signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT) until the block ends (a
+    teardown that a second Ctrl-C would leave half done), then deliver the first that came."""
     came: list[int] = []
     with on_signals(came.append):
         yield
