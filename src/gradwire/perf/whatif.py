@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from gradwire.bandwidth import format_bandwidth
-from gradwire.check import check_real, parse_number
+from gradwire.check import check_real, number_text, parse_number
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object, save_figure
 from gradwire.perf import calibration, comm
@@ -67,9 +67,9 @@ def parse_workers(text: str) -> list[int]:
 def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
     out = []
     for part in text.split(","):
-        v = parse_number(part)
-        if v is None and part.strip().lower().lstrip("+-") not in ("inf", "infinity", "nan"):
+        if not number_text(part):
             raise GradwireError(f"{option} {text!r}: {part!r} is not a number (ASCII digits)")
+        v = parse_number(part)
         if v is None or not low < v < math.inf:
             raise GradwireError(f"{option} {text!r}: each value must be a finite number > "
                                 f"{low:g}, got {part.strip()}")
