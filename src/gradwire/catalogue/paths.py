@@ -168,6 +168,12 @@ class Issued:
         return Started(self.sent, None if self.worst is None else self.worst(), self.finish)
 
 
+def no_smaller(payload: int, numel: int, dtype: torch.dtype) -> bool:
+    """Whether a payload of ``payload`` bytes is no smaller than the bucket of ``numel``
+    elements of ``dtype`` as it is: then the bucket goes dense (module docstring)."""
+    return payload >= numel * dtype.itemsize
+
+
 class Path:
     """How a method's payloads travel and combine."""
 
@@ -249,8 +255,8 @@ class Summed(Path):
              shapes=None):
         assert compressor is not None
         wire, item = compressor.wire_bytes(numel, dtype), compressor.wire_itemsize(dtype)
-        if wire >= numel * dtype.itemsize:  # a 16-bit bucket cast to a 16-bit wire
-            return dense(numel, dtype, algo)  # no smaller than the bucket as it is
+        if no_smaller(wire, numel, dtype):  # a 16-bit bucket cast to a 16-bit wire
+            return dense(numel, dtype, algo)
         name, params = allreduce_algo(algo)
         return BucketPlan((CollectiveCall("allreduce", name, wire // item, item, "payload",
                                           params, compressor.summed_dtype(dtype)),), wire)
@@ -284,8 +290,8 @@ class Gathered(Path):
              shapes=None):
         assert compressor is not None
         wire = compressor.wire_bytes(numel, dtype)
-        if wire >= numel * dtype.itemsize:
-            return dense(numel, dtype, algo)  # no smaller than the bucket as it is
+        if no_smaller(wire, numel, dtype):
+            return dense(numel, dtype, algo)
         name, params = allgather_algo(algo)
         return BucketPlan((CollectiveCall("allgather", name, world * wire, 1, "payload",
                                           params),), wire)
@@ -324,8 +330,8 @@ class Sparse(InBand):
     def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
              shapes=None):
         k = select_count(numel, density, None)
-        if k * entry_bytes(numel, dtype) >= numel * dtype.itemsize:
-            return dense(numel, dtype, algo)  # pairs no smaller than the bucket as it is
+        if no_smaller(k * entry_bytes(numel, dtype), numel, dtype):
+            return dense(numel, dtype, algo)
         coll, name, count, params = sparse_spec(m.name, world, numel, k, dtype,
                                                 sparse_algo(m.name, algo))
         return BucketPlan((CollectiveCall(coll, name, count, 1, "entries", params),),
@@ -368,7 +374,7 @@ class LowRank(InBand):
         name, params = allreduce_algo(algo)
         # the first carries one more element: the ranks' NaN/Inf statuses, summed (start)
         first = lay.plain_count + lay.p_count + 1
-        if (first + lay.q_count) * item >= numel * dtype.itemsize:
+        if no_smaller((first + lay.q_count) * item, numel, dtype):
             # no smaller than the bucket as it is (a 16-bit bucket, summed in fp32)
             return dense(numel, dtype, algo)
         return BucketPlan((CollectiveCall("allreduce", name, first, item, "P", params, acc),
@@ -465,8 +471,8 @@ class Scaled(InBand):
     def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
              shapes=None):
         wire = int8_wire(numel)
-        if wire >= numel * dtype.itemsize:
-            return dense(numel, dtype, algo)  # no smaller than the bucket as it is
+        if no_smaller(wire, numel, dtype):
+            return dense(numel, dtype, algo)
         int8_budget(world)  # a world it cannot serve is an error here, before anything runs
         name, params = allreduce_algo(algo)
         return BucketPlan((CollectiveCall("allreduce", name, wire, 1, "payload", params,

@@ -69,8 +69,8 @@ JsonOut = Annotated[Path | None, typer.Option("--json", help="write the result J
 class StrictCommand(TyperCommand):
     """A command whose number options take numbers as :mod:`gradwire.check` reads them:
     ASCII digits, no underscores. typer (pydantic) reads an int or float option's text as
-    Python does, so ``--workers 1_0`` ran with 10 workers and ``--density 0_5`` meant 5; here
-    such a value is a usage error, one line, before typer converts it (and checks its min=
+    Python does (``1_0`` is 10, ``0_5`` is 5); here such a value is a usage error, one line,
+    before typer converts it (and checks its min=
     and max=, with its own messages). "inf" and "nan" still reach the command, whose range
     check names the range. Every command is registered with this class (:mod:`gradwire.cli`)."""
 

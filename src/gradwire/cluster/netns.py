@@ -65,6 +65,7 @@ from gradwire.cluster.state import (
     Cluster,
     Host,
     check_mtu,
+    check_name,
     list_clusters,
     load_cluster,
     loopback_cluster,
@@ -302,9 +303,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         raise GradwireError(f"{why}; without it use the loopback fallback ({LOOPBACK_LABEL})")
     if name is None:  # an empty name is a name, and refused below
         name = f"gw{secrets.token_hex(3)}"
-    if not NAME_RE.match(name):
-        raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 lowercase "
-                            "hex digits")
+    check_name(name)
     reap_stale()
     owner = [os.getpid(), process_start_ticks(os.getpid()) or 0] if owned else None
     cluster = Cluster(name=name, bandwidth_bps=bps, owner=owner, mtu=mtu, ready=False)
@@ -377,21 +376,11 @@ def _signals_raise() -> Iterator[None]:
     KeyboardInterrupt already) so that `finally` blocks run and the CLI can say which. A signal
     set to be ignored stays ignored (``nohup``'s SIGHUP), as :func:`on_signals` keeps it."""
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int) -> None:
         raise Interrupted(signum)
 
-    old = {}
-    try:
-        for sig in (s for s in STOP_SIGNALS if s != signal.SIGINT):
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                old[sig] = signal.signal(sig, handler)
-    except ValueError:  # not the main thread: signals stay as they are
-        pass
-    try:
+    with on_signals(handler, tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)):
         yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, signal.SIG_DFL if h is None else h)  # None: set outside Python
 
 
 @contextlib.contextmanager

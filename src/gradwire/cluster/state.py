@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gradwire import config
 from gradwire.bandwidth import format_bandwidth
+from gradwire.check import is_real
 from gradwire.cluster.shaping import CC_NAME_RE, tbf_burst
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import written_beside
@@ -132,9 +132,9 @@ class Cluster:
             raise ValueError(f"cluster state {c.name!r} has an owner that is not [pid, start]")
         if c.tcp is not None and not (isinstance(c.tcp, str) and CC_NAME_RE.fullmatch(c.tcp)):
             raise ValueError(f"cluster state {c.name!r} names no TCP congestion control")
-        if c.bandwidth_bps is not None and not (
-                type(c.bandwidth_bps) in (int, float) and 0 < c.bandwidth_bps < math.inf):
-            raise ValueError(f"cluster state {c.name!r} has a bandwidth that is not bit/s > 0")
+        if c.bandwidth_bps is not None and not is_real(c.bandwidth_bps, 0, above=True):
+            raise ValueError(f"cluster state {c.name!r} has a bandwidth that is not bit/s > 0, "
+                             f"got {c.bandwidth_bps!r:.40}")
         if c.sndbuf is not None and not (type(c.sndbuf) is int and c.sndbuf > 0):
             raise ValueError(f"cluster state {c.name!r} has a send buffer that is not bytes > 0")
         if not isinstance(c.ready, bool):
@@ -178,11 +178,16 @@ def save_cluster(cluster: Cluster) -> None:
         tmp.write_text(cluster.to_json())
 
 
-def load_cluster(name: str) -> Cluster:
-    """The live cluster called ``name``."""
+def check_name(name: str) -> None:
+    """A one-line error where ``name`` is not a name gradwire gives a cluster."""
     if not NAME_RE.match(name):
         raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 lowercase "
                             "hex digits")
+
+
+def load_cluster(name: str) -> Cluster:
+    """The live cluster called ``name``."""
+    check_name(name)
     path = config.state_dir() / f"{name}.json"
     if not path.exists():
         known = ", ".join(c.name for c in list_clusters()) or "none"

@@ -294,9 +294,9 @@ class PowerSGD:
             return m @ q
         # Each column of Q scaled to a 1-norm of at most 1/(2√rows), so that a column of P
         # has a norm of at most max|M|/2 (QR's Householder sums, up to twice a column's norm,
-        # stay within max|M|): a warm start (Mᵀ·P, of M's scale) made P of M's scale squared,
-        # which overflowed from |M| ≈ 1e19 and underflowed below 1e-19. Orthogonalising P
-        # undoes any positive column scale.
+        # stay within max|M|) whatever Q's own scale: a warm start (Mᵀ·P) is of M's scale, and
+        # P would be of its square (overflow from |M| ≈ 1e19, underflow below 1e-19).
+        # Orthogonalising P undoes any positive column scale.
         top = q.abs().amax(dim=-2, keepdim=True)
         shift = (cols - 1).bit_length() + _half_log2(rows) + 1
         return m @ (q / top / 2.0**shift)

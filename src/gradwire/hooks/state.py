@@ -364,8 +364,8 @@ class HookState:
     def on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """What :func:`hook` does with one bucket (see the class docstring). Inside a backward
         an error raised here is kept for ``backward()`` to raise once DDP has finished it
-        (:meth:`_refuse`): raised here, it left DDP mid-reduction and broke every later
-        backward."""
+        (:meth:`_refuse`): raised from a hook, an error leaves DDP mid-reduction, and every
+        later backward fails."""
         buf, index, last = bucket.buffer(), bucket.index(), bucket.is_last()
         if index == 0:  # a backward starts
             self._begin()
@@ -472,7 +472,9 @@ class HookState:
         over ranks, the P times the average the residuals gave up); no mass is lost. A
         gradient already there (``zero_grad(set_to_none=False)``) that is no view of the
         bucket is left as it was too: where it does not hold the average, the average goes
-        back (element-wise, no host read; DDP copied it into every used one). In a
+        back (element-wise, no host read; DDP copied it into every used one): one pass over
+        the step's gradients, only for a DDP with ``find_unused_parameters`` or
+        ``static_graph`` and without ``gradient_as_bucket_view``, which needs none. In a
         step that failed too (it runs before the error is raised), for the buckets that were
         averaged: a bucket completed as it was holds no average."""
         slots, self._slots = self._slots, []

@@ -83,10 +83,15 @@ def check_batch(name: str, batch_size: int, what: str = "--batch-size") -> None:
                             "or more")
 
 
-def trained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+def trained_parameters(model: nn.Module, name: str, what: str) -> list[tuple[str, nn.Parameter]]:
     """``model``'s named parameters that get a gradient to send: those that require one and
-    hold at least one element (a frozen or empty tensor has nothing to time or to send)."""
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.numel() > 0]
+    hold at least one element (a frozen or empty tensor has nothing to time or to send). None
+    is a one-line error naming model ``name`` and the command ``what``."""
+    found = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.numel() > 0]
+    if not found:
+        raise GradwireError(f"{what}: model {name!r} has no parameter to train (every one is "
+                            "frozen or empty), so there is no gradient to time")
+    return found
 
 
 def num_parameters(model: nn.Module) -> int:

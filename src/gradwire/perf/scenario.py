@@ -29,8 +29,7 @@ from gradwire.perf.model import Aggregation, ClusterModel, check_workers, parse_
 from gradwire.profiles import Profile
 
 # Bounds of the cluster's terms given on the command line, each far beyond any real cluster and
-# low enough that every predicted time stays a finite, printable number of seconds (1e308 µs of
-# α made iterations of 1e304 s, and 1e308 ns/B of γ or κ "inf ms"):
+# low enough that every predicted time stays a finite, printable number of seconds:
 # - α, per schedule step: 1 s (a message around the world and back takes 0.3 s; a cluster's
 #   network 5 to 100 µs);
 # - γ, per byte reduced: 1 µs, a sum at 1 MB/s (a CPU core sums at GB/s, a GPU hundreds);

@@ -16,7 +16,6 @@ import time
 import torch
 
 from gradwire.check import MAX_RECORDED, check_int, check_range
-from gradwire.errors import GradwireError
 from gradwire.models import build_model, check_batch, get_spec, trained_parameters
 from gradwire.models.task import load_task, loss_fn, optimizer
 from gradwire.profiles import Profile
@@ -27,8 +26,8 @@ def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
     for param, value, low in (("batch_size", batch_size, 1), ("iters", iters, 1),
                               ("warmup", warmup, 0), ("seq_len", seq_len, 1)):
         check_int("profile", param, value, low)
-    # each iteration is a forward and backward pass run here: at most as many as a trace
-    # records (a limitless count ran for ever)
+    # each iteration is a forward and backward pass timed here: at most as many as a trace
+    # records
     for param, value, low in (("iters", iters, 1), ("warmup", warmup, 0)):
         check_range(f"profile: {param}", value, low, MAX_RECORDED)
     spec = get_spec(model)
@@ -38,10 +37,7 @@ def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
     opt = optimizer(net.parameters(), 0.01, 0.9)
     # A frozen or empty tensor has no gradient to time or send (and a profile row holds >= 1
     # element).
-    names = {p: n for n, p in trained_parameters(net)}
-    if not names:
-        raise GradwireError(f"profile: model {model!r} has no parameter to train (every one is "
-                            f"frozen or empty), so there is no backward to measure")
+    names = {p: n for n, p in trained_parameters(net, model, "profile")}
     stamps: list[tuple[float, torch.nn.Parameter]] = []
     for p in names:
         p.register_post_accumulate_grad_hook(lambda q: stamps.append((time.perf_counter(), q)))

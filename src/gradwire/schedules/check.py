@@ -20,8 +20,8 @@ class ScheduleError(AssertionError):
 
 
 def _root(s: Schedule) -> int:
-    """The root of a broadcast or reduce, if it is a rank of ``s``; else a one-line error
-    (None was a TypeError, p an IndexError, and -1 was checked as if rank p − 1 were it)."""
+    """The root of a broadcast or reduce, if it is a rank of ``s`` (0..p − 1: not None, not
+    p, not −1 read as p − 1); else a one-line error."""
     if not is_int(s.root, 0, s.world_size - 1):
         raise ScheduleError(f"{s.algo} {s.collective} p={s.world_size}: root must be a rank "
                             f"in 0..{s.world_size - 1}, got {s.root!r}")

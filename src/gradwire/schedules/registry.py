@@ -46,7 +46,7 @@ def get(collective: str, name: str | None = None) -> Algorithm:
     if collective not in COLLECTIVES:
         raise GradwireError(f"unknown collective {collective!r}: expected one of "
                             f"{', '.join(COLLECTIVES)}")
-    if name is None:  # only None: "" named no algorithm, yet ran the default
+    if name is None:  # only None means the default: "" names no algorithm
         name = DEFAULTS.get(collective)
     known = [a.name for a in algorithms(collective)]
     for a in algorithms(collective):
@@ -84,8 +84,8 @@ def _world_and_count(p: object, count: object) -> tuple[int, int]:
     if not is_int(count, 0):
         raise GradwireError(f"element count must be an integer >= 0, got {count!r}")
     if count > MAX_BYTES:  # type: ignore[operator]
-        # a buffer past what gradwire models anywhere (2**50 bytes): 10**30 elements was an
-        # OverflowError from numpy, and 2**62 wrapped around int64 once counted in bytes
+        # a buffer past what gradwire models anywhere (2**50 bytes), so that counts in bytes
+        # stay within int64 and numpy's arithmetic
         raise GradwireError(f"element count must be at most {MAX_BYTES} (2**50), got {count}")
     return int(p), int(count)  # type: ignore[call-overload]
 
@@ -116,10 +116,9 @@ def check_params(a: Algorithm, params: dict[str, object]) -> None:
     silently ignored), and so is a value of the wrong kind for the builder's annotation
     (``pipeline='abc'``, ``alpha=nan``): the builders check ranges (``pipeline >= 1``),
     this checks kinds, so that ``gradwire bench`` can refuse both before any rank starts.
-    ``itemsize``, which every builder is given, must be an integer >= 1 (a string reached
-    the builders' arithmetic as a TypeError; 0 chose the ring's sub-chunks as if for 0 bytes).
-    ``op`` other than "sum" needs a builder that takes it (:func:`takes_op`): the others sum,
-    and ran gTop-k's merge on the ring as a sum of its packed bytes."""
+    ``itemsize``, which every builder is given, must be an integer >= 1 (the ring picks its
+    sub-chunks by bytes). ``op`` other than "sum" needs a builder that takes it
+    (:func:`takes_op`): the others sum, which is no merge of gTop-k's packed bytes."""
     known = parameters(a)
     kinds = _kinds(a)
     op = params.get("op", "sum")

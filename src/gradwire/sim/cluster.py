@@ -81,8 +81,8 @@ class SimCluster:
             if not is_real(v, 0):
                 unit = "bytes" if name == "send_buffer" else "seconds"
                 raise GradwireError(f"{name} must be a finite number of {unit} >= 0, got {v}")
-        # a time per message, as every time a trace or a profile gives (MAX_SECONDS): 1e308 s
-        # overflowed the event loop's sums into inf and printed rows of 300-digit numbers
+        # a time per message, as every time a trace or a profile gives (MAX_SECONDS), so that
+        # the event loop's sums stay finite
         for name in ("latency", "alpha"):
             v = getattr(self, name)
             if v > MAX_SECONDS:

@@ -31,10 +31,8 @@ def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: i
     check_batch(model_name, batch_size, "trace: --batch-size")
     task = load_task(spec, seed)
     model = build_model(model_name, seed, task.classes)
-    names = {id(p): n for n, p in trained_parameters(model)}
-    if not names:
-        raise GradwireError(f"trace: model {model_name!r} has no parameter to train (every one "
-                            f"is frozen or empty), so there is no gradient to record")
+    trained = trained_parameters(model, model_name, "trace")
+    names = {id(p): n for n, p in trained}
     stamps: dict[int, float] = {}
     first_use: dict[int, float] = {}
     handles = []
@@ -47,7 +45,7 @@ def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: i
     for m in model.modules():
         if any(True for _ in m.parameters(recurse=False)):
             handles.append(m.register_forward_pre_hook(pre))
-    for _, p in trained_parameters(model):
+    for _, p in trained:
         handles.append(p.register_post_accumulate_grad_hook(
             lambda q: stamps.__setitem__(id(q), time.perf_counter())))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

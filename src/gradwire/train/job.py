@@ -122,7 +122,7 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
 
 def _check_resume(cfg: TrainConfig, hosts: int, task: Task) -> None:
     """The checkpoint's settings, data and state are this run's: checked here, before any rank
-    starts (a model of another vocabulary failed in every rank's load_state_dict)."""
+    starts (a model of another vocabulary would fail in every rank's load_state_dict)."""
     from gradwire.train import checkpoint
 
     if cfg.checkpoint is None:
