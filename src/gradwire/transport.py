@@ -234,10 +234,9 @@ class Transport:
                                 f"rank in 0..{self.world_size - 1}")
         return p
 
-    def _check_peer(self, peer: int) -> int:
-        """``peer``, checked (:meth:`_peer`), as the world's rank that c10d takes."""
-        p = self._peer(peer)
-        return p if self.group is None else dist.get_global_rank(self.group, p)
+    def _global(self, peer: int) -> int:
+        """``peer``, already checked (:meth:`_peer`), as the world's rank that c10d takes."""
+        return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
     def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as bytes, refused where this backend cannot send it: gloo would read a
@@ -253,8 +252,9 @@ class Transport:
         return Pending(work, op, peer, nbytes, self.rank, self.timeout)
 
     def _post(self, op: str, buf: torch.Tensor, peer: int) -> Pending:
-        """isend or irecv; gloo raises at once if the peer's connection is already closed."""
-        g = self._check_peer(peer)
+        """isend or irecv to ``peer``, already checked; gloo raises at once if the peer's
+        connection is already closed."""
+        g = self._global(peer)
         try:
             if op == "send":
                 work = dist.isend(buf, dst=g, group=self._group_for(self.rank, peer))
@@ -304,7 +304,7 @@ class Transport:
         live = [c for c in map(self._checked, ops) if c[1].numel() > 0]
         if self.backend == "nccl" and live:
             p2p = [dist.P2POp(dist.isend if op == "send" else dist.irecv, buf,
-                              self._check_peer(peer), self.group) for op, buf, peer in live]
+                              self._global(peer), self.group) for op, buf, peer in live]
             # One work per op, or a single coalesced one (then named after the first op).
             try:
                 works = dist.batch_isend_irecv(p2p)

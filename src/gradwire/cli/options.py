@@ -70,9 +70,9 @@ class StrictCommand(TyperCommand):
     """A command whose number options take numbers as :mod:`gradwire.check` reads them:
     ASCII digits, no underscores. typer (pydantic) reads an int or float option's text as
     Python does (``1_0`` is 10, ``0_5`` is 5); here such a value is a usage error, one line,
-    before typer converts it (and checks its min=
-    and max=, with its own messages). "inf" and "nan" still reach the command, whose range
-    check names the range. Every command is registered with this class (:mod:`gradwire.cli`)."""
+    before typer converts it (and checks its min= and max=, with its own messages). "inf" and
+    "nan" still reach the command, whose range check names the range. Every command is
+    registered with this class (:mod:`gradwire.cli`)."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if not ctx.resilient_parsing:

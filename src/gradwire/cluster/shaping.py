@@ -23,9 +23,9 @@ TBF_MAX_LIMIT = 2**32 - 1  # tbf's queue limit is a 32-bit count of bytes
 
 def tbf_limit(bps: float) -> int:
     """Bytes a tbf shaping a link of ``bps`` may queue: 100 ms of traffic at the rate beyond its
-    bucket (what tc makes of ``latency 100ms``), at most what tbf can hold. tc itself does not
-    cap the sum: from about 330 Gbit/s up it wrapped past 2**32, and a 400gbit link got 14 ms
-    of queue, one at 330.4gbit less than its own bucket."""
+    bucket (what tc makes of ``latency 100ms``), at most what tbf can hold. tc does not cap
+    that sum itself: from about 330 Gbit/s up it wraps past 2**32 (a 400gbit link would get
+    14 ms of queue)."""
     return min(int(bps / 8 * TBF_LATENCY_S) + tbf_burst(bps), TBF_MAX_LIMIT)
 
 

@@ -120,7 +120,7 @@ class Deferred:
         would otherwise wait out its own timeout on a lost peer)."""
         def guarded() -> list[torch.Tensor]:
             if self.armed and self.error is not None:
-                self.unaveraged.extend(fallback)
+                self.keep(self.error, fallback)
                 return fallback  # after a failure, the backward's later buckets do not wait
             try:
                 return task()
