@@ -303,5 +303,18 @@ r.step += 1
 r.train(2)
 check(bool(r.params().isfinite().all()), "momentum: parameters not finite after a NaN step")
 
+# PowerSGD divides before summing, as DDP does: fp32 gradients equal on every rank whose sum
+# over the ranks overflows average to themselves, in its matrices and its 1-D tensors.
+for mode in gh.MODES:
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8).to(DEV)
+    big = DDP(lin, bucket_cap_mb=ONE_BUCKET)
+    gh.make("powersgd", rank=1, mode=mode).register(big)
+    (big(torch.ones(1, 8, device=DEV)).sum() * 1e38).backward()
+    for name, q in lin.named_parameters():
+        check(bool(torch.allclose(q.grad, torch.full_like(q.grad, 1e38), rtol=1e-3)),
+              f"powersgd mode={mode}: {name}'s average of 1e38 on every rank is "
+              f"{q.grad.reshape(-1)[:2].tolist()}")
+
 done()
 dist.destroy_process_group()

@@ -358,7 +358,8 @@ class Sparse(InBand):
 class LowRank(InBand):
     """PowerSGD in PyTorch's layout (:func:`gradwire.compress.lowrank.layout`): the tensors
     sent as they are and every P = M·Q summed in one allreduce, each P orthogonalised, every
-    Q = Mᵀ·P summed in a second; avg = P·Qᵀ/P_ranks per matrix, the rest as summed/P_ranks."""
+    Q = Mᵀ·P summed in a second, each divided by P_ranks before it is summed; avg = P·Qᵀ per
+    matrix, the rest as summed."""
 
     name = "lowrank"
     sums_payloads = True
@@ -397,6 +398,10 @@ class LowRank(InBand):
         ps_ = [ps.p(mat, k) for mat, k in zip(ms, keys, strict=True)]
         wire = torch.cat([lay.gather_plain(acc, dtype), *(p.reshape(-1) for p in ps_),
                           status_code(mine, world, dtype, x.device)])
+        # Divided before summing, as DDP does, so that a sum of P ranks' values cannot
+        # overflow where each is finite; the statuses (last) are counted, not averaged. P's
+        # scale does not matter: q() orthogonalises it.
+        wire[:-1].div_(world)
         c.comm.all_reduce(wire)
         worst = worst_of(wire[-1], world)
         at = lay.plain_count
@@ -405,9 +410,8 @@ class LowRank(InBand):
             at += p.numel()
         # each q() orthogonalises its summed p in place
         qs = [ps.q(mat, p, k) for mat, p, k in zip(ms, ps_, keys, strict=True)]
-        q_wire = torch.cat([q.reshape(-1) for q in qs])
+        q_wire = torch.cat([q.reshape(-1) for q in qs]).div_(world)
         c.comm.all_reduce(q_wire)
-        q_wire.div_(world)
         at = 0
         for q, k in zip(qs, keys, strict=True):  # every rank keeps the same warm start
             ps.keep(q_wire[at : at + q.numel()].view_as(q), k)
@@ -418,7 +422,7 @@ class LowRank(InBand):
                 # The average over x (no longer needed): the uncompressed tensors as summed,
                 # each matrix P·Qᵀ. Residual = acc − avg (as PyTorch's hook): Σ over ranks is
                 # Σ (e + x) − P·avg.
-                lay.scatter_plain(wire[: lay.plain_count].div_(world), x)
+                lay.scatter_plain(wire[: lay.plain_count], x)
                 for b, p, k, buf in zip(lay.batches, ps_, keys, scratch, strict=True):
                     b.product_into(p, ps.memory[k], x, buf)
                 acc.sub_(x)
