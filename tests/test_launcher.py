@@ -285,3 +285,29 @@ def test_output_stdout_cannot_encode_is_escaped_and_the_rank_lives_on():
     lines = p.stdout.splitlines()
     assert lines[0] == "[rank 0] caf\\xe9 \\ufffd" and lines[-1] == "[rank 0] END"
     assert len(lines) == 3002 and time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), ValueError("bad")])
+def test_a_sink_that_fails_stops_the_run_in_one_line_without_a_thread_traceback(error):
+    """A sink that raises (a full disk under stdout, a caller's sink with a bug): its reader
+    thread died with a traceback, and the run went on unseen until the timeout."""
+    import threading
+
+    traces: list[object] = []
+    old, threading.excepthook = threading.excepthook, traces.append
+    calls = []
+
+    def sink(line: str) -> None:
+        calls.append(line)
+        if len(calls) == 2:
+            raise error
+
+    rank = "i=0; while [ $i -lt 5 ]; do echo line$i; i=$((i+1)); done; sleep 30"
+    t0 = time.monotonic()
+    try:
+        res = launch(loopback_cluster(2), ["sh", "-c", rank], sink=sink, timeout=60)
+    finally:
+        threading.excepthook = old
+    assert time.monotonic() - t0 < 20 and not traces
+    assert res.returncode == 1 and "the ranks' output could not be handed on" in res.message
+    assert type(error).__name__ in res.message

@@ -198,6 +198,7 @@ class _Output:
         self.threads: dict[int, threading.Thread] = {}
         self.drained: set[int] = set()
         self.handed: dict[int, int] = {}  # lines handed to ``sink``, per rank
+        self.error: Exception | None = None  # the first that ``sink`` raised (not a closed pipe)
 
     def follow(self, rank: int, pipe: IO[str]) -> None:
         self.handed[rank] = 0
@@ -218,6 +219,10 @@ class _Output:
                         self.sink(prefix + text)
                     except BrokenPipeError:  # gradwire's reader went away (`| head`): the
                         return  # rank's pipe closes too, as if it had written there itself
+                    except Exception as e:  # a full disk, a sink of the caller's that fails:
+                        if self.error is None:  # the run stops with it (_wait), not the
+                            self.error = e  # thread with a traceback and the rank unseen
+                        return
                     self.handed[rank] += 1
 
     def drain(self, rank: int) -> None:
@@ -256,8 +261,9 @@ def launch(
     (GRADWIRE_TIMEOUT) to fail in turn, so that the stalled rank can be named. ``linger``:
     seconds the others get first to fail on their own in any case (their errors then name
     the peer they lost); the fault tests use it to prove that no rank hangs. ``timeout``
-    bounds the whole run. SIGINT, SIGTERM, SIGHUP or SIGQUIT stops every rank, then raises
-    :class:`Interrupted`.
+    bounds the whole run. A ``sink`` that raises (other than BrokenPipeError, which closes
+    that rank's output as a closed stdout would) stops every rank, and the result says why.
+    SIGINT, SIGTERM, SIGHUP or SIGQUIT stops every rank, then raises :class:`Interrupted`.
     """
     if isinstance(cmd, (str, bytes)):
         raise GradwireError(f"the command must be a list of arguments, not one string: "
@@ -332,6 +338,10 @@ def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
         now = time.monotonic()
         codes = [_exit_status(p) for p in procs]
         exits = [RankExit(i, c) for i, c in enumerate(codes)]
+        if output.error is not None:
+            return RunResult(1, f"the ranks' output could not be handed on "
+                             f"({type(output.error).__name__}: {output.error}); stopped the "
+                             "ranks", exits)
         failed = [e for e in exits if e.returncode not in (None, 0)]
         for e in failed:
             output.drain(e.rank)
