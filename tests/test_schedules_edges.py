@@ -8,7 +8,7 @@ from gradwire.check import MAX_BYTES
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
 from gradwire.schedules.check import ScheduleError, check, expected_state, run_symbolic
-from gradwire.schedules.cost import traffic
+from gradwire.schedules.cost import CostParams, traffic
 from gradwire.schedules.ir import Schedule, Step, Transfer, build
 
 # the algorithms whose builders take a combine op (the others sum): gTop-k's merge runs on
@@ -105,3 +105,9 @@ def test_checker_refuses_a_transfer_of_negative_count():
     with pytest.raises(ScheduleError, match=r"x: step 4 transfer .*count=-3.* has a negative "
                                             "count"):
         check(bad)
+
+
+@pytest.mark.parametrize("bps", [0, -1e9, float("nan"), float("inf")])
+def test_cost_params_for_a_link_without_bandwidth_is_one_line(bps):
+    with pytest.raises(GradwireError, match="bandwidth"):
+        CostParams.for_link(bps)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gradwire.check import check_real
 from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.schedules.ir import Schedule
 
@@ -44,7 +45,8 @@ class CostParams:
     @staticmethod
     def for_link(bits_per_s: float, alpha: float = DEFAULT_ALPHA_S,
                  gamma: float = 0.0) -> CostParams:
-        return CostParams(alpha, 8.0 / bits_per_s, gamma)
+        bits = check_real("a link's bandwidth (bits/s)", bits_per_s, above=True)
+        return CostParams(check_real("α (s)", alpha), 8.0 / bits, check_real("γ (s/B)", gamma))
 
 
 @dataclass(frozen=True)
