@@ -160,3 +160,16 @@ def test_a_trace_and_a_timeline_are_replaced_whole_through_a_link(tmp_path):
         assert link.is_symlink() and real.read_text() != "old"
         assert real.stat().st_ino != before  # a new file renamed over the old, not rewritten
         assert stat.S_IMODE(real.stat().st_mode) == 0o600  # replaced whole: mode kept
+
+
+def test_a_replaced_file_is_on_the_disk_before_its_name_moves(monkeypatch, tmp_path):
+    """Renamed before its data was synced, a crash could leave an empty file in place of the
+    whole one that was there."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"),
+                                                     real_replace(a, b))[1])
+    target = tmp_path / "f.json"
+    replace_text(target, "{}")
+    assert events == ["fsync", "replace"] and target.read_text() == "{}"

@@ -167,6 +167,10 @@ def written_beside(path: Path) -> Iterator[Path]:
         yield tmp
         with contextlib.suppress(FileNotFoundError):  # no file there yet: the umask's mode
             os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+        # On the disk before the name points at it: after a crash (power, kernel) the rename
+        # may be there without the data, an empty file in place of the one that was whole.
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
