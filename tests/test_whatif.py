@@ -92,3 +92,21 @@ def test_the_worker_counts_the_error_offers_as_examples_are_accepted() -> None:
         assert f" {example}" in w.WORKER_FORMS
         assert w.parse_workers(example)
     assert w.parse_workers("4:4K:4") == [4, 16, 64, 256, 1024, 4096]
+
+
+def test_a_given_gamma_moves_the_half_precision_gammas_with_it(tmp_path) -> None:
+    """--gamma-ns replaced γ but left fp16's and bf16's at the calibration's, so a γ given
+    above theirs priced fp16 sums as cheaper than fp32's. Each keeps its measured extra."""
+    from test_calibrate import _good
+
+    from gradwire.perf import calibration, scenario
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**_good(), "world": 4, "reduce": {
+        "nbytes": 2**20, "float32_s": 1e-3, "float16_s": 4e-3, "bfloat16_s": 0.5e-3}}))
+    measured = calibration.load(path)
+    extra = measured.gamma_dtype()["float16"] - measured.gamma_s_per_byte
+    terms, where = scenario.setting(scenario.Scenario(calibration=str(path), gamma_ns=50.0))
+    assert terms.gamma == pytest.approx(50e-9) and "γ 50 ns/B" in where
+    assert dict(terms.gamma_dtype) == pytest.approx({"float16": 50e-9 + extra,
+                                                     "bfloat16": 50e-9})

@@ -170,7 +170,8 @@ def inputs(s: Scenario, cal: Calibration | None = None
 def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str]:
     """The cluster's terms, and a line saying where they came from: ``s.calibration`` (with
     its shared-CPU terms where it has them) or the reference setting ``s.reference``, with
-    ``s.alpha_us``, ``s.gamma_ns`` and ``s.overlap_slowdown`` replacing theirs where given.
+    ``s.alpha_us``, ``s.gamma_ns`` and ``s.overlap_slowdown`` replacing theirs where given
+    (a given γ moves every dtype's γ with it: each keeps its measured extra over fp32's).
     ``cal``: ``s.calibration`` already read (:func:`read_calibration`); read here if None."""
     if s.calibration is None:
         ref = reference_settings.get(s.reference)
@@ -204,9 +205,11 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
         intra = parse_link(s.intra_bandwidth)
     except GradwireError as e:
         raise GradwireError(f"--intra-bandwidth: {e}") from None
+    gamma = base.gamma if s.gamma_ns is None else s.gamma_ns * 1e-9
     return replace(
-        base, alpha=base.alpha if s.alpha_us is None else s.alpha_us * 1e-6,
-        gamma=base.gamma if s.gamma_ns is None else s.gamma_ns * 1e-9,
+        base, alpha=base.alpha if s.alpha_us is None else s.alpha_us * 1e-6, gamma=gamma,
+        # a half-precision sum keeps what it was measured to take over fp32's per byte
+        gamma_dtype=tuple((d, gamma + g - base.gamma) for d, g in base.gamma_dtype),
         overlap_slowdown=(base.overlap_slowdown if s.overlap_slowdown is None
                           else s.overlap_slowdown),
         ranks_per_node=s.ranks_per_node, intra_bps=intra), where
