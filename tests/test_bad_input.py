@@ -77,7 +77,7 @@ CLI = [
     (["train", "--lr", "inf"], "--lr must be a finite number > 0"),
     (["train", "--momentum", "-0.1"], "--momentum must be in [0, 1)"),
     (["train", "--seq-len", "0"], "--seq-len must be from 1 to 4096, got 0"),
-    (["train", "--batch-size", "0"], "--batch-size must be from 1 to 65536, got 0"),
+    (["train", "--batch-size", "0"], "must be from 1 to 65536, got 0"),
     (["train", "--model", "vgg16", "--batch-size", "1"], "--batch-size 1 is too small for vgg16"),
     (["demo", "--model", "resnet50", "--batch-size", "1"],
      "--batch-size 1 is too small for resnet50"),
@@ -211,8 +211,8 @@ CLI = [
     (["trace", "--model", "mlp", "-o", "t.jsonl", "--seed", "-1"], "--seed must be from 0 to"),
     (["trace", "--model", "mlp", "-o", "t.jsonl", "--batch-size", "0"], "--batch-size must be"),
     # gradwire profile
-    (["profile", "--model", "mlp", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
-    (["profile", "--model", "mlp", "--batch-size", "-1"], "--batch-size must be >= 1, got -1"),
+    (["profile", "--model", "mlp", "--batch-size", "0"], "must be from 1 to 65536, got 0"),
+    (["profile", "--model", "mlp", "--batch-size", "-1"], "must be from 1 to 65536, got -1"),
     (["profile", "--model", "mlpp"], "did you mean 'mlp'"),
 ]
 
@@ -302,7 +302,7 @@ API = [
     (lambda: SimCluster(10**5, 1e9), "workers must be at most 4096"),  # it ran for hours
     (lambda: registry.schedule("allreduce", "ring", 10**5, 8), "world size must be from 1 to"),
     (lambda: SimCluster(2, 1e9, seed=-1), "seed must be a whole number >= 0"),
-    (lambda: measure("mlp", warmup=-1), "warmup must be an integer >= 0, got -1"),
+    (lambda: measure("mlp", warmup=-1), "profile: warmup must be from 0 to 1000, got -1"),
     (lambda: gc.all_reduce(x8, algo="ring", blok=5),
      "allreduce ring has no parameter 'blok': it takes pipeline"),
     (lambda: gc.broadcast(x8, algo="lp", blok=5), "did you mean 'block'"),

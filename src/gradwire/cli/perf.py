@@ -92,8 +92,6 @@ def profile(
         return
     from gradwire.profiles.measure import measure
 
-    if batch_size < 1:
-        raise GradwireError(f"--batch-size must be >= 1, got {batch_size}")
     check_range("--batch-size", batch_size, 1, MAX_BATCH)
     check_range("--seq-len", seq_len, 1, MAX_SEQ_LEN)
     check_range("--iters", iters, 1, MAX_RECORDED)  # as many as `gradwire trace` records
