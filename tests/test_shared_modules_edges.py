@@ -128,7 +128,7 @@ def test_files_are_utf_8_whatever_the_locale(tmp_path):
               "replace_text(sys.argv[2], '\\u03c1=0.01')\n"
               # a result saved elsewhere, its path having failed late
               "import os, pathlib\n"
-              "from gradwire.cli.options import save_elsewhere\n"
+              "from gradwire.jsonfile import save_elsewhere\n"
               "os.chdir(pathlib.Path(sys.argv[2]).parent)\n"
               "print(save_elsewhere(pathlib.Path('x.txt'), '\\u03c1'))\n")
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}

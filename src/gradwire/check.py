@@ -22,6 +22,16 @@ MAX_BYTES = 2**50
 MAX_SECONDS = 1e6
 # Compute speed-ups (traces, whatif, advise): scaled times stay finite and above zero.
 SPEEDUP_RANGE = (1e-6, 1e6)
+# Bounds of a cluster's terms (given on the command line, read from a calibration), each far
+# beyond any real cluster and low enough that every predicted time stays a finite, printable
+# number of seconds:
+# - α, per schedule step or message: 1 s (a message around the world and back takes 0.3 s; a
+#   cluster's network 5 to 100 µs);
+# - γ, per byte reduced: 1 µs, a sum at 1 MB/s (a CPU core sums at GB/s, a GPU hundreds);
+# - κ, backward's slowdown beside communication: 100 (measured ones are below 2).
+MAX_ALPHA_US = 1e6
+MAX_GAMMA_NS = 1e3
+MAX_OVERLAP_SLOWDOWN = 100.0
 # Iterations a measurement times here (a trace's recording, a profile): each is a forward and
 # backward pass, and a simulation replays a few (the paper's steady state shows after two).
 MAX_RECORDED = 1000

@@ -10,6 +10,8 @@ import json
 import math
 import os
 import stat
+import sys
+import tempfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,3 +239,25 @@ def finite(doc: object) -> object:
 def dumps(doc: object, **kwargs: object) -> str:
     """``doc`` as strict JSON (:func:`finite`): what every file gradwire writes holds."""
     return json.dumps(finite(doc), allow_nan=False, **kwargs)  # type: ignore[arg-type]
+
+
+def save_elsewhere(path: Path, text: str) -> str:
+    """Save ``text``, which could not go to ``path``, as a new file named after it in the
+    current folder or else the temporary one; say where. Where neither takes it, print it on
+    stdout (the run's result is never only lost)."""
+    for folder in (Path.cwd(), Path(tempfile.gettempdir())):
+        try:
+            fd, name = tempfile.mkstemp(prefix=f"gradwire-{path.stem}-", suffix=path.suffix,
+                                        dir=folder)
+        except OSError:
+            continue
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:  # as every file gradwire writes
+                f.write(text)
+            return f"result saved to {name}"
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return "nowhere else to save it either: the result is printed above, on stdout"

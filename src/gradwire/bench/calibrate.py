@@ -55,7 +55,7 @@ from gradwire.bench.overlap_probe import (
 )
 from gradwire.check import check_density, check_powersgd_rank
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import check_writable
+from gradwire.jsonfile import check_writable, save_elsewhere
 from gradwire.perf import calibration
 from gradwire.perf.calibration import Calibration, Compute, Reduce
 from gradwire.perf.codecs import CodecTable
@@ -117,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     command = "python -m gradwire.bench.calibrate " + shlex.join(
         argv if argv is not None else sys.argv[1:])
-    cal = run(a.out, prof, a.model, a.density, a.rank, a.device, command)
+    try:
+        cal = run(a.out, prof, a.model, a.density, a.rank, a.device, command)
+    except Unsaved as e:  # minutes of measurement are not lost to a full disk
+        raise SystemExit(f"{ap.prog}: error: {e}; {save_elsewhere(e.path, e.cal.dumps())}"
+                         ) from None
+    except GradwireError as e:
+        raise SystemExit(f"{ap.prog}: error: {e}") from None
     if cal is not None:
         print(f"wrote {a.out}: {summary(cal)}", flush=True)
     return 0

@@ -22,13 +22,13 @@ from gradwire.cli.options import (
     cluster_for,
     command_line,
     console,
-    save_elsewhere,
     world_size,
     write_json,
 )
 from gradwire.cluster.netns import MTU
 from gradwire.cluster.state import check_mtu
 from gradwire.errors import GradwireError
+from gradwire.jsonfile import save_elsewhere
 from gradwire.launcher import check_timeout
 
 if TYPE_CHECKING:

@@ -7,7 +7,6 @@ import contextlib
 import os
 import shlex
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated
@@ -22,7 +21,7 @@ from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_ava
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import check_writable, dumps, replace_text
+from gradwire.jsonfile import check_writable, dumps, replace_text, save_elsewhere
 
 # Piped output (CI logs, files) gets tables 120 columns wide (wide ones wrap their text
 # cells) instead of 80 truncated columns, or $COLUMNS where it is set; a terminal's own
@@ -230,25 +229,3 @@ def write_text(path: Path, text: str) -> None:
         raise GradwireError(f"could not write {path} ({e.strerror or e}); "
                             f"{save_elsewhere(path, text)}") from None
     console.print(f"wrote {path}")
-
-
-def save_elsewhere(path: Path, text: str) -> str:
-    """Save ``text``, which could not go to ``path``, as a new file named after it in the
-    current folder or else the temporary one; say where. Where neither takes it, print it on
-    stdout (the run's result is never only lost)."""
-    for folder in (Path.cwd(), Path(tempfile.gettempdir())):
-        try:
-            fd, name = tempfile.mkstemp(prefix=f"gradwire-{path.stem}-", suffix=path.suffix,
-                                        dir=folder)
-        except OSError:
-            continue
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:  # as every file gradwire writes
-                f.write(text)
-            return f"result saved to {name}"
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-    sys.stdout.write(text)
-    sys.stdout.flush()
-    return "nowhere else to save it either: the result is printed above, on stdout"

@@ -38,27 +38,29 @@ Device (rank 0's, the other ranks waiting, unless said otherwise):
   communication, on one DDP bucket of random fp32 (25 MiB, or the whole ``model`` where it is
   smaller), the median of a few, each call after a write over twice the device's last-level
   cache (a hook finds its bucket in memory).
-- ``overlap_slowdown``: κ (>= 1), how much longer backward takes while a large allreduce
-  runs beside it, every rank at once; ``overlap``: ``model`` (the stand-in model that ran
-  backward), ``backward_s`` (alone), ``with_comm_s`` (beside the allreduce), ``comm_bytes``
-  (the allreduce's size), each the median over ranks of the median of 5.
+- ``overlap_slowdown``: κ (from 1 to 100, as ``--overlap-slowdown``), how much longer
+  backward takes while a large allreduce runs beside it, every rank at once; ``overlap``:
+  ``model`` (the stand-in model that ran backward), ``backward_s`` (alone),
+  ``with_comm_s`` (beside the allreduce), ``comm_bytes`` (the allreduce's size), each the
+  median over ranks of the median of 5.
 - ``coding_slowdown``: t / (b + e): backward (b) and a Top-k encode of one bucket (e) run at
   the same time (a second thread, on CUDA a second stream) take t; above 1, overlapping
-  them is slower than running them in turn (compression-utility paper, §3.1). ``coding``:
-  ``method``, ``numel``, ``backward_s``, ``encode_s``, ``together_s``, medians of 5.
+  them is slower than running them in turn (compression-utility paper, §3.1); at most 100,
+  as κ. ``coding``: ``method``, ``numel``, ``backward_s``, ``encode_s``, ``together_s``,
+  medians of 5.
 - ``compute_slowdown``: how much longer a rank computes in training than its profile says
-  (>= 1): a stand-in MLP with the profile's parameter count, its batch sized so that its
-  backward takes the profile's, timed forward, backward and SGD step on rank 0 alone, bare
-  (as ``gradwire profile`` times a model), then on every rank at once under DDP with a comm
-  hook that sends nothing. ``compute``: ``model``, ``alone_s``, ``together_s`` (medians; the
-  second the median over ranks). 1 in files without it.
+  (from 1 to 10⁶, as ``cpu_slowdown``): a stand-in MLP with the profile's parameter count,
+  its batch sized so that its backward takes the profile's, timed forward, backward and SGD
+  step on rank 0 alone, bare (as ``gradwire profile`` times a model), then on every rank at
+  once under DDP with a comm hook that sends nothing. ``compute``: ``model``, ``alone_s``,
+  ``together_s`` (medians; the second the median over ranks). 1 in files without it.
 - ``cpu``: on CPU ranks, how they share the machine's cores (null on CUDA):
   ``cpu_ranks_per_machine``, ``cores_per_machine``, ``cpu_step_s`` (CPU per schedule step),
   ``cpu_call_s`` (CPU per call of the backend's own collectives, its steps included; 0 in
   files without it), ``cpu_byte_s`` (CPU per byte moved), ``cpu_share`` (share of the cores
   the ranks keep busy), ``cpu_sync_s`` and ``cpu_sync_step_s`` (wait per collective call, per
-  step), ``cpu_slowdown`` (memory-bound work from memory, every rank running / alone); see
-  :mod:`gradwire.bench.sharing`.
+  step), ``cpu_slowdown`` (memory-bound work from memory, every rank running / alone; at
+  most 10⁶); see :mod:`gradwire.bench.sharing`.
 
 Where and how:
 
@@ -83,7 +85,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real
+from gradwire.check import (
+    MAX_BYTES,
+    MAX_OVERLAP_SLOWDOWN,
+    MAX_SECONDS,
+    SPEEDUP_RANGE,
+    is_int,
+    is_real,
+)
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps, read_object, replace_text, shown
 from gradwire.perf.codecs import CodecTable, check_methods
@@ -228,6 +237,10 @@ def load(path: str | Path) -> Calibration:
 
 def parse(doc: dict, where: str) -> Calibration:
     """A :class:`Calibration` from a file's JSON object; ``where`` names it in errors."""
+    # the slowdowns multiply the profile's times: κ and the coding slowdown at most what
+    # --overlap-slowdown takes, the compute and CPU slowdowns at most the inverse of the
+    # smallest compute speed-up, so that the model's sums stay finite
+    most = MAX_OVERLAP_SLOWDOWN
     if "format" not in doc:
         raise GradwireError(f"{where} was written by an older gradwire calibrate (it has no "
                             "'format' field): run `gradwire calibrate` again")
@@ -247,9 +260,9 @@ def parse(doc: dict, where: str) -> Calibration:
         beta_between=r.choice("beta_between", BETWEEN),
         beta_intra_s_per_byte=r.seconds("beta_intra_s_per_byte", above=True, null=True),
         gamma_s_per_byte=r.seconds("gamma_s_per_byte", above=True),
-        overlap_slowdown=r.number("overlap_slowdown", "a number >= 1", 1.0),
+        overlap_slowdown=r.factor("overlap_slowdown", 1.0, most),
         overlap=_overlap(r.sub("overlap")),
-        coding_slowdown=r.number("coding_slowdown", "a number > 0", 0.0, above=True),
+        coding_slowdown=r.factor("coding_slowdown", 0.0, most, above=True),
         coding=_coding(r.sub("coding")),
         codecs=_codecs(r.sub("codecs"), where),
         cpu=None if doc.get("cpu") is None else _cpu(r.sub("cpu")),
@@ -269,7 +282,7 @@ def parse(doc: dict, where: str) -> Calibration:
         burst_bytes=r.number("burst_bytes", "a number of bytes >= 0", 0.0, default=0.0),
         alpha_transport_s=(r.seconds("alpha_transport_s", above=True)
                            if doc.get("alpha_transport_s") is not None else None),
-        compute_slowdown=r.number("compute_slowdown", "a number >= 1", 1.0, default=1.0),
+        compute_slowdown=r.factor("compute_slowdown", 1.0, SPEEDUP_RANGE[1], default=1.0),
         compute=None if doc.get("compute") is None else _compute(r.sub("compute")),
         reduce=None if doc.get("reduce") is None else _reduce(r.sub("reduce")),
     )
@@ -307,6 +320,14 @@ class _Reader:
         return self.number(key, f"a number of seconds {'>' if above else '>='} 0"
                            + (f" and <= {MAX_SECONDS:g}" if over else ""), 0.0, above=above,
                            high=MAX_SECONDS, null=null)
+
+    def factor(self, key: str, low: float, high: float, *, above: bool = False,
+               default: float | None = None) -> float:
+        """A slowdown from ``low`` to ``high`` (the bound named where it is the one broken)."""
+        over = is_real(self.doc.get(key, default), high, above=True)
+        return self.number(key, f"a number {'>' if above else '>='} {low:g}"
+                           + (f" and <= {high:g}" if over else ""), low, above=above,
+                           high=high, default=default)
 
     def integer(self, key: str, low: int) -> int:
         # counts (bytes, elements, ranks, cores) up to MAX_BYTES, which a float holds exactly
@@ -364,7 +385,7 @@ def _cpu(r: _Reader) -> CpuTerms:
         r.seconds("cpu_step_s"), r.seconds("cpu_byte_s"),
         r.number("cpu_share", "a number > 0 and <= 1", 0.0, above=True, high=1.0),
         r.seconds("cpu_sync_s"), r.seconds("cpu_sync_step_s"),
-        r.number("cpu_slowdown", "a number >= 1", 1.0),
+        r.factor("cpu_slowdown", 1.0, SPEEDUP_RANGE[1]),
         r.seconds("cpu_call_s") if "cpu_call_s" in r.doc else 0.0)
 
 

@@ -12,6 +12,9 @@ from gradwire import profiles
 from gradwire.bandwidth import format_bandwidth
 from gradwire.catalogue import METHODS
 from gradwire.check import (
+    MAX_ALPHA_US,
+    MAX_GAMMA_NS,
+    MAX_OVERLAP_SLOWDOWN,
     MAX_SECONDS,
     SPEEDUP_RANGE,
     check_powersgd_rank,
@@ -28,17 +31,8 @@ from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, ClusterModel, check_workers, parse_link
 from gradwire.profiles import Profile
 
-# Bounds of the cluster's terms given on the command line, each far beyond any real cluster and
-# low enough that every predicted time stays a finite, printable number of seconds:
-# - α, per schedule step: 1 s (a message around the world and back takes 0.3 s; a cluster's
-#   network 5 to 100 µs);
-# - γ, per byte reduced: 1 µs, a sum at 1 MB/s (a CPU core sums at GB/s, a GPU hundreds);
-# - κ, backward's slowdown beside communication: 100 (measured ones are below 2);
-# - compute speed-up: a trace's range (gradwire.check.SPEEDUP_RANGE), and compute times
-#   (--compute-ms, sped up) within gradwire.check.MAX_SECONDS, as a profile's.
-MAX_ALPHA_US = 1e6
-MAX_GAMMA_NS = 1e3
-MAX_OVERLAP_SLOWDOWN = 100.0
+# Compute speed-ups: a trace's range (gradwire.check.SPEEDUP_RANGE), and compute times
+# (--compute-ms, sped up) within gradwire.check.MAX_SECONDS, as a profile's.
 
 
 @dataclass(frozen=True)

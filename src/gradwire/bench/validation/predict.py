@@ -10,10 +10,12 @@ import json
 import tempfile
 from pathlib import Path
 
+from gradwire import profiles
 from gradwire.cluster.shaping import tbf_burst
 from gradwire.errors import GradwireError
 from gradwire.perf import advise, scenario
 from gradwire.perf.calibration import Calibration
+from gradwire.perf.calibration import parse as parse_calibration
 from gradwire.perf.model import ClusterModel, Prediction, parse_link
 
 
@@ -43,6 +45,13 @@ def predict_configuration(profile: dict, calibration: dict, rate: str, workers: 
                                       0.001, 4)
         float(preds["topk"].iteration)
     """
+    # checked first under names of their own: scenario's readers would name the temporary
+    # files that carry them there, gone by the time the error shows
+    if not isinstance(calibration, dict):
+        raise GradwireError(f"the calibration of {rate}, P = {workers} must be an object, got "
+                            f"{type(calibration).__name__}")
+    parse_calibration(calibration, f"the calibration of {rate}, P = {workers}")
+    profiles.parse(json.dumps(profile), "the validation's profile")
     with tempfile.TemporaryDirectory(prefix="gradwire-validation-") as tmp:
         prof_file, cal_file = Path(tmp, "profile.json"), Path(tmp, "calibration.json")
         prof_file.write_text(json.dumps(profile))
@@ -91,7 +100,16 @@ def rows(rate: str, workers: int, predicted: dict[str, Prediction],
 
 def repredict(doc: dict) -> list[dict]:
     """Every row of the result ``doc`` predicted again from the profile and calibrations it
-    recorded, with the model as it is now; each row keeps its measurement."""
+    recorded, with the model as it is now; each row keeps its measurement. A row whose
+    configuration has no cluster record (so no calibration to predict it from) is an error:
+    dropped, the summary would cover fewer configurations than were measured."""
+    kept = {(c["bandwidth"], c["workers"]) for c in doc["clusters"]}
+    orphans = [k for k in dict.fromkeys((r["bandwidth"], r["workers"]) for r in doc["rows"])
+               if k not in kept]
+    if orphans:
+        raise GradwireError("rows of " + ", ".join(f"{b} P = {p}" for b, p in orphans)
+                            + " have no cluster record (its calibration): they cannot be "
+                            "predicted again")
     out = []
     for c in doc["clusters"]:
         measured = {r["agg"]: r["measured"] for r in doc["rows"]

@@ -11,8 +11,9 @@ from gradwire.bench import provenance
 from gradwire.bench.validation.predict import repredict
 from gradwire.bench.validation.runs import Plan, run
 from gradwire.bench.validation.summary import lines, plot, summarise
+from gradwire.check import MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import dumps, read_object, replace_text
+from gradwire.jsonfile import dumps, read_object, replace_text, shown
 
 
 def dump(doc: dict, out: Path) -> None:
@@ -23,13 +24,55 @@ def dump(doc: dict, out: Path) -> None:
 def load_result(path: Path) -> dict:
     """A result this script wrote, for ``--repredict``; one-line errors otherwise."""
     doc = read_object(path, f"--repredict {path}")
-    missing = [k for k in ("clusters", "profile", "rows", "cores", "density", "rank")
+    missing = [k for k in ("clusters", "profile", "rows", "cores", "density", "rank", "model")
                if k not in doc]
     if missing:
         raise GradwireError(f"--repredict {path}: not a result of this validation (no "
                             f"{', '.join(missing)}; results before the calibration file's "
                             "format 2 cannot be predicted again)")
+    # what repredict, summarise and plot read, checked here: a damaged result is one line,
+    # not a traceback half way through (a measured time of 0 would divide by zero)
+    where = f"--repredict {path}"
+    for field, ok, expected in (
+            ("model", isinstance(doc["model"], str), "text"),
+            ("profile", isinstance(doc["profile"], dict), "an object"),
+            ("cores", is_int(doc["cores"], 1), "an integer >= 1"),
+            ("density", is_real(doc["density"], 0, 1, above=True), "a number > 0 and <= 1"),
+            ("rank", is_int(doc["rank"], 1), "an integer >= 1"),
+            ("clusters", isinstance(doc["clusters"], list), "a list"),
+            ("rows", isinstance(doc["rows"], list), "a list")):
+        _check(where, field, doc[field], ok, expected)
+    for i, c in enumerate(doc["clusters"]):
+        _configuration(where, f"clusters[{i}]", c)
+        _check(where, f"clusters[{i}].calibration", c.get("calibration"),
+               isinstance(c.get("calibration"), dict), "an object")
+    for i, r in enumerate(doc["rows"]):
+        _configuration(where, f"rows[{i}]", r)
+        m = r.get("measured")
+        _check(where, f"rows[{i}].agg", r.get("agg"), isinstance(r.get("agg"), str), "text")
+        _check(where, f"rows[{i}].measured", m, isinstance(m, dict), "an object")
+        t = m.get("iteration_s")
+        _check(where, f"rows[{i}].measured.iteration_s", t,
+               is_real(t, 0, MAX_SECONDS, above=True),
+               f"a number of seconds > 0 and <= {MAX_SECONDS:g}")
     return doc
+
+
+def _check(where: str, field: str, value: object, ok: bool, expected: str) -> None:
+    if not ok:
+        got = shown(repr(value))
+        raise GradwireError(f"{where}: field {field!r} must be {expected}, got "
+                            f"{got if len(got) <= 60 else got[:57] + '...'}")
+
+
+def _configuration(where: str, field: str, d: object) -> None:
+    """A cluster record's or a row's link rate and P, ``d`` an object."""
+    _check(where, field, d, isinstance(d, dict), "an object")
+    assert isinstance(d, dict)
+    _check(where, f"{field}.bandwidth", d.get("bandwidth"), isinstance(d.get("bandwidth"), str),
+           "text")
+    _check(where, f"{field}.workers", d.get("workers"), is_int(d.get("workers"), 2),
+           "an integer >= 2")
 
 
 def write_report(out: Path, console: Console, plan: Plan | None = None,
@@ -40,7 +83,11 @@ def write_report(out: Path, console: Console, plan: Plan | None = None,
     its figure beside it (``.png``), and print the report."""
     if repredict_from is not None:
         doc = load_result(repredict_from)
-        doc = {**doc, "rows": repredict(doc),
+        try:
+            again = repredict(doc)
+        except GradwireError as e:
+            raise GradwireError(f"--repredict {repredict_from}: {e}") from None
+        doc = {**doc, "rows": again,
                "repredicted": {"date": provenance.now(), "commit": provenance.commit(),
                                "command": command}}
     elif plan is not None:

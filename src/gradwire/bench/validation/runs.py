@@ -23,6 +23,7 @@ from gradwire.bench import provenance
 from gradwire.bench.calibrate import calibrate
 from gradwire.bench.validation.predict import predict_configuration, rows
 from gradwire.catalogue import METHODS
+from gradwire.check import parse_int
 from gradwire.cluster import ephemeral_cluster, netns_available
 from gradwire.cluster.state import MAX_HOSTS
 from gradwire.data import digits
@@ -93,11 +94,12 @@ class Plan:
 def parse_plan(rates: str, workers: str, aggs: str, repeats: int = 3,
                fast_repeats: int | None = None) -> Plan:
     """A :class:`Plan` from the script's comma lists; one-line errors naming the option."""
-    try:
-        ps = [int(p) for p in workers.split(",")]
-    except ValueError:
+    # ASCII digits only: int() would also read "1_6" as 16 and other scripts' digits
+    read = [parse_int(p) for p in workers.split(",")]
+    ps = [p for p in read if p is not None]
+    if len(ps) != len(read):
         raise GradwireError(f"--workers {workers!r}: expected a comma list of whole numbers "
-                            "(e.g. 2,4)") from None
+                            "(e.g. 2,4)")
     return Plan([r.strip() for r in rates.split(",") if r.strip()], ps,
                 [a.strip() for a in aggs.split(",") if a.strip()], repeats, fast_repeats)
 

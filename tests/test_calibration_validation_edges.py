@@ -1,0 +1,150 @@
+"""Calibration files and the performance validation's inputs: bounds on the slowdowns, the
+rank side's own errors and unsaved results, and results given to --repredict."""
+import copy
+import json
+
+import calibration_doc
+import pytest
+
+from gradwire.bench import calibrate
+from gradwire.bench import validation as pv
+from gradwire.catalogue import METHODS
+from gradwire.errors import GradwireError
+from gradwire.perf import calibration
+
+AGGS = ["dense", "topk"]
+# A profile file's JSON: a 2-tensor model of 101 000 parameters, 6 ms of compute.
+PROFILE = {
+    "format": 1, "model": "toy", "description": "a test's", "batch_size": 32,
+    "dtype": "float32", "forward_s": 2e-3, "backward_s": 4e-3, "step_s": 1e-3, "sources": {},
+    "backward_layer_s": [1e-3, 3e-3],
+    "params": [["fc.bias", 1000, [1000]], ["fc.weight", 100_000, [1000, 100]]]}
+
+
+@pytest.fixture(scope="module")
+def validation_result():
+    """A validation result at 1 Gbit/s, P = 2 and 4, on a 2-core machine."""
+    clusters, rows = [], []
+    for p in (2, 4):
+        cal = calibration_doc.doc(world=p, codecs=calibration_doc.codecs(tuple(AGGS), 101_000),
+                                  cpu=calibration_doc.cpu(cpu_ranks_per_machine=p))
+        clusters.append({"bandwidth": "1gbit", "workers": p, "calibration": cal})
+        preds = pv.predict_configuration(PROFILE, cal, "1gbit", p, AGGS, 0.001, 4)
+        rows += pv.rows("1gbit", p, preds, {a: {"iteration_s": 0.01 * (i + 1)}
+                                            for i, a in enumerate(AGGS)})
+    return {"model": "toy", "density": 0.001, "rank": 4, "cores": 2, "profile": PROFILE,
+            "clusters": clusters, "rows": rows}
+
+
+def _one_line_error(fn, *match: str) -> str:
+    with pytest.raises(GradwireError) as e:
+        fn()
+    text = str(e.value)
+    assert "\n" not in text, text
+    for m in match:
+        assert m in text, text
+    return text
+
+
+@pytest.mark.parametrize(("change", "field", "bound"), [
+    ({"overlap_slowdown": 1e5}, "overlap_slowdown", "<= 100"),
+    ({"coding_slowdown": 1e308}, "coding_slowdown", "<= 100"),
+    ({"compute_slowdown": 1e308}, "compute_slowdown", "<= 1e+06"),
+    ({"cpu": calibration_doc.cpu(cpu_slowdown=1e308)}, "cpu.cpu_slowdown", "<= 1e+06"),
+])
+def test_a_calibration_s_slowdowns_are_bounded_as_the_options_are(tmp_path, change, field,
+                                                                   bound):
+    """Each multiplies the profile's times: 1e308 made every prediction inf ("dense wins at
+    inf ms"), where --overlap-slowdown stops at 100 and a compute speed-up at 1e-6."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(calibration_doc.doc(**change)))
+    _one_line_error(lambda: calibration.load(path), f"field '{field}' must be a number",
+                    bound)
+    # the bounds themselves are kept
+    top = {"overlap_slowdown": 100, "coding_slowdown": 100, "compute_slowdown": 1e6,
+           "cpu": calibration_doc.cpu(cpu_slowdown=1e6)}
+    path.write_text(json.dumps(calibration_doc.doc(**top)))
+    cal = calibration.load(path)
+    assert (cal.overlap_slowdown, cal.compute_slowdown, cal.cpu.cpu_slowdown) == (100, 1e6, 1e6)
+
+
+def _rank_side(monkeypatch, tmp_path, failure: Exception) -> str:
+    """The rank side's main() (rank 0) whose run fails with ``failure``; its exit message."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RANK", raising=False)
+
+    def fail(*_args, **_kw):
+        raise failure
+
+    monkeypatch.setattr(calibrate, "run", fail)
+    with pytest.raises(SystemExit) as e:
+        calibrate.main(["--out", str(tmp_path / "cal.json"), "--model", "resnet20",
+                        "--device", "cpu"])
+    text = str(e.value.code)
+    assert text.startswith("python -m gradwire.bench.calibrate: error: ") and "\n" not in text
+    return text
+
+
+def test_the_rank_side_keeps_a_calibration_it_could_not_save(monkeypatch, tmp_path):
+    """A full disk at the end of minutes of measurement: the calibration goes to a new file
+    and the error says where, as gradwire calibrate's own does; no traceback."""
+    doc = calibration_doc.doc(codecs=calibration_doc.codecs(tuple(METHODS)))
+    cal = calibration.parse(doc, "test")
+    text = _rank_side(monkeypatch, tmp_path, calibrate.Unsaved(
+        cal, tmp_path / "cal.json", OSError(28, "No space left on device")))
+    assert "No space left on device" in text and "result saved to " in text
+    saved = text.split("result saved to ")[1]
+    assert calibration.load(saved).to_json() == cal.to_json()
+
+
+def test_the_rank_side_reports_a_failed_measurement_in_one_line(monkeypatch, tmp_path):
+    text = _rank_side(monkeypatch, tmp_path, GradwireError("rank 1 is gone"))
+    assert text.endswith("rank 1 is gone")
+
+
+def test_repredict_refuses_rows_without_a_cluster_record(validation_result):
+    """Their configuration's calibration is gone: dropped quietly, the summary would cover
+    half the configurations measured."""
+    doc = copy.deepcopy(validation_result)
+    doc["clusters"] = doc["clusters"][:1]
+    _one_line_error(lambda: pv.repredict(doc), "1gbit P = 4", "no cluster record")
+
+
+def test_a_bad_calibration_in_a_result_is_named_by_its_configuration(validation_result):
+    """Not by the temporary file that carried it to the model's reader, gone by then."""
+    doc = copy.deepcopy(validation_result)
+    del doc["clusters"][1]["calibration"]["alpha_s"]
+    text = _one_line_error(lambda: pv.repredict(doc), "the calibration of 1gbit, P = 4",
+                           "field 'alpha_s' is missing")
+    assert "gradwire-validation-" not in text
+    doc = copy.deepcopy(validation_result)
+    doc["profile"]["forward_s"] = -1
+    text = _one_line_error(lambda: pv.repredict(doc), "the validation's profile",
+                           "'forward_s'")
+    assert "gradwire-validation-" not in text
+
+
+@pytest.mark.parametrize(("damage", "field"), [
+    (lambda d: d["rows"][0].pop("measured"), "rows[0].measured"),
+    (lambda d: d["rows"][1]["measured"].update(iteration_s=0), "rows[1].measured.iteration_s"),
+    (lambda d: d["clusters"][1].update(workers="4"), "clusters[1].workers"),
+    (lambda d: d["clusters"][0].pop("calibration"), "clusters[0].calibration"),
+    (lambda d: d.update(rows={}), "rows"),
+    (lambda d: d.update(cores=0), "cores"),
+])
+def test_repredict_refuses_a_damaged_result_in_one_line(tmp_path, validation_result, damage,
+                                                        field):
+    """A KeyError or a division by zero half way through, before."""
+    doc = copy.deepcopy(validation_result)
+    damage(doc)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    _one_line_error(lambda: pv.load_result(path), f"--repredict {path}: field {field!r} must")
+
+
+@pytest.mark.parametrize("workers", ["1_6", "\u0662,4"])
+def test_workers_are_whole_numbers_in_ascii_digits(workers):
+    """int() reads "1_6" as 16 and "٢" as 2: a typo ran a cluster nobody asked for."""
+    _one_line_error(lambda: pv.parse_plan("1gbit", workers, "dense"), "--workers",
+                    "expected a comma list of whole numbers")
+    assert pv.parse_plan("1gbit", " 2, 4", "dense").workers == [2, 4]
