@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -135,7 +136,14 @@ def choices(c: SimCluster, recorded: int) -> np.ndarray:
 
 def finish(name: str, ends: list[float], compute: float, eng: Engine, workers: int, end: float,
            timeline: list[dict]) -> SimResult:
-    """Summarise a run: iteration time, bytes and utilisation per link kind, the timeline."""
+    """Summarise a run: iteration time, bytes and utilisation per link kind, the timeline.
+    An iteration end that is not finite is an error, not a result: the ring's numpy path
+    (:func:`~gradwire.sim.replay.dataflow`) carries a NaN time through to its ends."""
+    bad = next((e for e in ends if not math.isfinite(e)), None)
+    if bad is not None:
+        raise GradwireError(f"{name}: an iteration ended at {float(bad)} s: a time, size or "
+                            "rate the simulation was given is not finite or so large that the "
+                            "simulated time overflows")
     net = eng.net
     h = net.hosts
     kinds = {"worker up": range(0, workers), "worker down": range(h, h + workers),

@@ -16,10 +16,13 @@ in the order they were started.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from gradwire.errors import GradwireError
 
 # Flows whose finish times differ by less than this (relative) finish in the same event:
 # rates × times accumulate rounding, and a flow left with 1e-13 bytes must not cost an event.
@@ -77,6 +80,11 @@ def _fill(lens: np.ndarray, lid: np.ndarray, capacity: np.ndarray) -> np.ndarray
         on = active[fid]
 
 
+def _out_of_range(what: str) -> str:
+    return (f"the simulation reached {what}: a time, size or rate it was given is not finite "
+            "or so large that the simulated time overflows")
+
+
 @dataclass
 class Flow:
     links: tuple[int, ...]
@@ -132,7 +140,11 @@ class Engine:
         self.carried = np.zeros(len(net.capacity))
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
-        """Call ``fn`` at time ``t`` (no earlier than now)."""
+        """Call ``fn`` at time ``t`` (no earlier than now). A time that is not finite is an
+        error: a NaN never compares due, so the loop would wait on it for ever, and an infinite
+        one would end the run with work left undone."""
+        if not math.isfinite(t):
+            raise GradwireError(_out_of_range(f"an event at {float(t)} s"))
         self._seq += 1
         heapq.heappush(self._timers, (max(t, self.now), self._seq, fn))
 
@@ -142,6 +154,10 @@ class Engine:
         last byte arrives — never inside this call: a flow of no bytes and no latency is done
         at this time, but as an event of its own (called back from here, a chain of them
         recursed once per message)."""
+        if not (math.isfinite(nbytes) and math.isfinite(latency)):
+            raise GradwireError(_out_of_range(f"a flow of {float(nbytes)} bytes after "
+                                              f"{float(latency)} s"))
+
         def start() -> None:
             self._seq += 1
             f = Flow(tuple(links), float(nbytes), done, self._seq, label, self.now, float(nbytes))

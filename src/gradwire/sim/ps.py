@@ -11,7 +11,8 @@ Hosts 0 … W−1 are workers, W … W+S−1 dedicated servers. One iteration:
    (forward pipelined with distribution, §3.2);
 3. backward: gradient i is ready at its traced time after the forward pass ends; the worker
    queues its pieces (one per server holding part of it) on its one send port, FIFO;
-4. aggregation: a server has parameter i when all W pieces arrived; with ``ina`` the switch
+4. aggregation: a server has parameter i when all W pieces arrived and it has added each
+   to the sum (the cluster's γ per byte, one push after another); with ``ina`` the switch
    sums the W pieces (each crosses only the worker's up link) and sends one to the server.
 With ``barrier`` the next distribution starts when every server has everything (synchronous
 training, §3.3.1); without it a server forwards each parameter as soon as it is aggregated
@@ -98,7 +99,9 @@ class _PS:
         self.prepared = [0.0] * (w + s)  # when each host's CPU has readied its last message
         self.server_busy = [False] * s
         self.count: dict[tuple[int, int], int] = {}
-        self.started: dict[tuple[int, int], int] = {}
+        # per piece with ina: pushes begun, and when the latest first byte is at the switch
+        self.started: dict[tuple[int, int], tuple[int, float]] = {}
+        self.reducer_free = [0.0] * s  # when each server's sums of earlier pushes are done
         self.left: dict[int, int] = {}
         self.ends: list[float] = []
         self.compute: list[float] = []
@@ -223,26 +226,44 @@ class _PS:
 
         label = f"grad {self.pieces[k][0]} iter {it}"
         if self.o.ina:  # to the switch only
-            self.ina_started(it, k)
             links, lat = (self.net.up(w),), float(self.net.latency[w])
+            self.ina_started(it, k, self.eng.now + cpu + lat)
         else:
             links = (self.net.up(w), self.net.down(host))
             lat = float(self.net.latency[w] + self.net.latency[host])
-        self.transmit(links, nbytes, label, lat + cpu, freed, lambda: self.push_arrived(it, k))
+        landed = self.push_arrived if self.o.ina else self.combine
+        self.transmit(links, nbytes, label, lat + cpu, freed, lambda: landed(it, k))
 
     # -- aggregation
-    def ina_started(self, it: int, k: int) -> None:
+    def ina_started(self, it: int, k: int, first_byte: float) -> None:
         """The switch streams the sum to the server as the slowest contribution arrives (cut
-        through): the sum's flow on the server's down link starts when the last worker starts
-        sending the piece, and the piece is in when both that flow and every worker's are."""
+        through): the sum's flow on the server's down link starts when the last worker's first
+        byte of the piece is at the switch (``first_byte``: after that worker's α and its own
+        latency) and pays the server's latency from there, as a unicast of the piece through
+        the switch would; the piece is in when both that flow and every worker's are."""
         key = (it, k)
-        self.started[key] = self.started.get(key, 0) + 1
-        if self.started[key] < self.c.workers:
+        count, last = self.started.get(key, (0, 0.0))
+        count, last = count + 1, max(last, first_byte)
+        if count < self.c.workers:
+            self.started[key] = (count, last)
             return
-        del self.started[key]
+        self.started.pop(key, None)
         host = self.c.workers + self.pieces[k][1]
         self.eng.send((self.net.down(host),), self.pieces[k][2], lambda t: self.push_arrived(it, k),
-                      f"ina {self.pieces[k][0]}", float(self.net.latency[host]) + self.c.alpha)
+                      f"ina {self.pieces[k][0]}",
+                      last - self.eng.now + float(self.net.latency[host]))
+
+    def combine(self, it: int, k: int) -> None:
+        """A worker's push of piece k is in at its server, which adds it to the sum: γ per
+        byte on the server's one reducer, one push after another (the cluster's γ, as every
+        mechanism's receiver pays it; with ``ina`` the switch sums at line rate instead)."""
+        s = self.pieces[k][1]
+        if self.c.gamma <= 0:
+            self.push_arrived(it, k)
+            return
+        t = max(self.eng.now, self.reducer_free[s]) + self.c.gamma * self.pieces[k][2]
+        self.reducer_free[s] = t
+        self.eng.at(t, lambda: self.push_arrived(it, k))
 
     def push_arrived(self, it: int, k: int) -> None:
         """One of the W pushes of piece k (with ina: W + 1, the sum's own flow) is in."""

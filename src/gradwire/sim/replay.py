@@ -89,8 +89,16 @@ class Replay:
         """Rank ``r`` multicasts ``nbytes`` of collective ``c`` to ranks ``dsts`` as its next
         message (ahead of its later collectives' sends): like any send it waits for the port,
         pays α on it and holds it until the last byte is in; one flow over its up link and
-        their down links, paying the farthest receiver's latency. ``done(t)`` then."""
-        self.sends[r].appendleft((c, -1, tuple(dsts), nbytes, (done, label)))
+        their down links, paying the farthest receiver's latency. ``done(t)`` then.
+
+        It goes behind the multicasts of earlier collectives still queued (several
+        collectives can finish while the port sends one long message) and ahead of every
+        other queued send, so a rank's multicasts leave in the order of their collectives."""
+        q = self.sends[r]
+        i = 0
+        while i < len(q) and q[i][1] < 0 and q[i][0] < c:
+            i += 1
+        q.insert(i, (c, -1, tuple(dsts), nbytes, (done, label)))
         self._pump(r)
 
     def _advance(self, c: int, r: int) -> None:

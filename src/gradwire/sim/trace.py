@@ -146,12 +146,14 @@ def _not_finite(doc: object) -> float | None:
     return None
 
 
-def _strict(where: str, line: int, rec: dict) -> None:
+def _strict(where: str, line: int, rec: dict, header: bool = False) -> None:
     """Refuse a NaN, Infinity or -Infinity anywhere in a line's record: Python's json reads
     them, JSON has none, other readers refuse them, and a header key that held one was kept
     as metadata and written back. An iteration line's times are left to :func:`_times`,
-    which refuses them field by field (and walking them here would cost a second pass)."""
-    skip = ("forward", "backward") if "worker" in rec and "param" not in rec else ()
+    which refuses them field by field (and walking them here would cost a second pass); the
+    ``header`` line has no times, whatever its keys, so all of it is walked."""
+    iteration = not header and "worker" in rec and "param" not in rec
+    skip = ("forward", "backward") if iteration else ()
     for k, v in rec.items():
         bad = None if k in skip else _not_finite(v)
         if bad is not None:
@@ -204,7 +206,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
         # one object a line, each read as every JSON file gradwire reads (a key given twice,
         # a number too long and nesting too deep refused)
         rec = parse_object(raw, f"{where}:{n}")
-        _strict(where, n, rec)
+        _strict(where, n, rec, header=not records)
         records.append((n, rec))
     if not records:
         raise GradwireError(f"{where}: empty trace: expected a header line")
@@ -295,8 +297,19 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
     ``backward_s`` evenly over the others, ending with parameter 0. ``shapes``: the tensors'
     shapes, in the same order as ``sizes`` (None where unknown)."""
     n = len(sizes)
-    if n == 0 or any(s < 1 for s in sizes):
-        raise GradwireError("a synthetic trace needs at least one parameter, each >= 1 byte")
+    if n == 0 or any(not is_int(s, 1) for s in sizes):
+        raise GradwireError("a synthetic trace needs at least one parameter, each a whole "
+                            "number of bytes >= 1")
+    # the limits loads() holds a file to: a NaN or infinite time is an event that never comes
+    # due, and a simulation waiting on it would not end
+    if n > MAX_PARAMS or sum(sizes) > MAX_BYTES:
+        raise GradwireError(f"a synthetic trace holds at most {MAX_PARAMS} parameters and "
+                            f"2**50 bytes, got {n} parameters of {sum(sizes)} bytes")
+    for what, v in (("forward", forward_s), ("backward", backward_s),
+                    ("first backward layer", first_backward_s)):
+        if not is_real(v, 0, MAX_SECONDS):
+            raise GradwireError(f"a synthetic trace's {what} time must be from 0 to "
+                                f"{MAX_SECONDS:g} s, got {v!r}")
     if first_backward_s > backward_s:
         raise GradwireError(f"the first backward layer ({first_backward_s} s) cannot take "
                             f"longer than the whole backward pass ({backward_s} s)")
