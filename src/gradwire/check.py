@@ -127,6 +127,16 @@ def check_real(what: str, value: object, low: float = 0.0, *, above: bool = Fals
     return float(value)  # type: ignore[arg-type]
 
 
+def check_speedup(what: str, value: object) -> float:
+    """A compute speed-up within :data:`SPEEDUP_RANGE` as a float; otherwise a one-line error
+    naming ``what`` (an option, or "compute speed-up")."""
+    lo, hi = SPEEDUP_RANGE
+    if not is_real(value, lo, hi):
+        shown = f"{value:g}" if isinstance(value, float) else repr(value)
+        raise GradwireError(f"{what} must be a number from {lo:g} to {hi:g}, got {shown}")
+    return float(value)  # type: ignore[arg-type]
+
+
 def parse_int(text: str) -> int | None:
     """``text`` as an integer if it is one written in ASCII digits (an optional sign, no
     spaces inside, at most 4000 digits: int() refuses longer ones); None otherwise."""

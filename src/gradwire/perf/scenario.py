@@ -16,9 +16,9 @@ from gradwire.check import (
     MAX_GAMMA_NS,
     MAX_OVERLAP_SLOWDOWN,
     MAX_SECONDS,
-    SPEEDUP_RANGE,
     check_powersgd_rank,
     check_real,
+    check_speedup,
     distinct,
 )
 from gradwire.errors import GradwireError
@@ -113,10 +113,8 @@ def check_terms(s: Scenario) -> None:
 def check_speedups(prof: Profile, speedups: list[float]) -> None:
     """Compute speed-ups in a trace's range that keep the profile's passes within
     :data:`~gradwire.check.MAX_SECONDS` (a speed-up below 1 slows them)."""
-    lo, hi = SPEEDUP_RANGE
     for x in speedups:
-        if not lo <= x <= hi:
-            raise GradwireError(f"--compute-speedup must be from {lo:g} to {hi:g}, got {x:g}")
+        check_speedup("--compute-speedup", x)
         longest = max(prof.forward_s or 0.0, prof.backward_s or 0.0) / x
         if longest > MAX_SECONDS:
             raise GradwireError(f"--compute-speedup {x:g} would make a pass of {prof.model} "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradwire.check import MAX_RECORDED, SPEEDUP_RANGE, is_int, is_real, parse_int
+from gradwire.check import MAX_RECORDED, check_speedup, is_int, is_real, parse_int
 from gradwire.errors import GradwireError
 from gradwire.sim import trace as tr
 
@@ -44,10 +44,7 @@ def _check_edits(iterations: int, speedup: float, add_layers: int,
     """One-line errors for settings no trace could take; ``resize`` as (name, bytes)."""
     if not is_int(iterations, 1, MAX_RECORDED):
         raise GradwireError(f"--iterations must be from 1 to {MAX_RECORDED}, got {iterations}")
-    lo, hi = SPEEDUP_RANGE
-    if not is_real(speedup, lo, hi):
-        raise GradwireError(f"--compute-speedup must be a number from {lo:g} to {hi:g}, got "
-                            f"{speedup}")
+    check_speedup("--compute-speedup", speedup)
     if not is_int(add_layers, 0, tr.MAX_PARAMS):
         raise GradwireError(f"--add-layers must be from 0 to {tr.MAX_PARAMS} (the most "
                             f"parameters a trace holds), got {add_layers}")

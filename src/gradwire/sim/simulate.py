@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
-from gradwire.check import MAX_SECONDS, SPEEDUP_RANGE, check_real, distinct, parse_number
+from gradwire.check import (
+    MAX_ALPHA_US,
+    SPEEDUP_RANGE,
+    check_real,
+    distinct,
+    parse_number,
+)
 from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 
@@ -117,7 +123,7 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     bps = parse_bandwidth(bandwidth, unshaped=False)
     assert bps is not None
     for option, us in (("--latency-us", latency_us), ("--alpha-us", alpha_us)):
-        check_real(option, us, high=MAX_SECONDS * 1e6)  # SimCluster's bound, named as typed
+        check_real(option, us, high=MAX_ALPHA_US)  # as whatif's and advise's --alpha-us
     traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,
                          gamma=gamma, iterations=iterations, seed=seed)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gradwire.check import MAX_BYTES, MAX_SECONDS, SPEEDUP_RANGE, is_int, is_real
+from gradwire.check import MAX_BYTES, MAX_SECONDS, check_speedup, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps as strict_dumps
 from gradwire.jsonfile import parse_object, read_text, replace_text, shown
@@ -339,10 +339,7 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
 def scale_compute(t: Trace, speedup: float) -> Trace:
     """Every compute time divided by ``speedup`` (the paper's "faster GPUs", §8.6), which
     must lie in :data:`~gradwire.check.SPEEDUP_RANGE`."""
-    lo, hi = SPEEDUP_RANGE
-    if not is_real(speedup, lo, hi):
-        raise GradwireError(f"compute speed-up must be a number from {lo:g} to {hi:g}, got "
-                            f"{speedup!r}")
+    check_speedup("compute speed-up", speedup)
     its = tuple(replace(it, forward_s=it.forward_s / speedup,
                         forward=tuple(x / speedup for x in it.forward),
                         backward=tuple(x / speedup for x in it.backward))
