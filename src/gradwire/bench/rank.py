@@ -10,11 +10,15 @@ faster than the rate; calls back to back, as training makes them, find their lin
 single call after a barrier swung both ways around them at 1 MiB, run to run). With
 ``--interleave`` the algorithms of a size take turns, one timed run each per round, instead
 of running one after another.
-Rank r's input is filled with r+1 before every timed run and before one last untimed call,
-whose output is checked: the sum over P ranks is P(P+1)/2 and the average (P+1)/2, and
-``wrong`` counts the elements that differ on any rank. A reduction's inputs are all 1 instead
-(the sum P, the average 1) where P(P+1)/2 is past the integers the dtype holds exactly (from
-P = 23 in bfloat16, 64 in float16), so that no algorithm's order of adding rounds. (The
+Element i of rank r's input is (r+1)·w_i before every timed run and before one last untimed
+call, whose output is checked: the sum over P ranks is P(P+1)/2·w_i and the average
+(P+1)/2·w_i, and ``wrong`` counts the elements that differ on any rank. The weights w_i are 1,
+2, 4 or 8 at random, the same on every rank, so that an element or a block that lands in the
+wrong place is wrong too (with inputs equal at every position, a reduce-scatter that hands a
+rank another rank's block, or a ring step that writes a chunk at another chunk's offset, would
+pass); powers of two scale every partial sum exactly. A reduction's inputs are w_i instead
+(the sum P·w_i, the average w_i) where P(P+1)/2 is past the integers the dtype holds exactly
+(from P = 23 in bfloat16, 64 in float16), so that no algorithm's order of adding rounds. (The
 timed calls of a batch reduce what the one before left; values that grow to inf cost the
 same.)
 
@@ -41,10 +45,30 @@ import torch.distributed as dist
 
 import gradwire.collectives as gc
 from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING, elements
+from gradwire.check import parse_int
+from gradwire.errors import GradwireError
+from gradwire.schedules import registry
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
+
+
+# The check's weights (module docstring): drawn on the CPU from a fixed seed, so that every
+# rank draws the same ones whatever its device, a chunk at a time to bound the draw's memory.
+WEIGHT_SEED = 0
+WEIGHT_CHUNK = 1 << 20
+
+
+def _weights(count: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``count`` weights, each 1, 2, 4 or 8 at random (uint8), the same on every rank."""
+    g = torch.Generator().manual_seed(WEIGHT_SEED)
+    w = torch.empty(count, dtype=torch.uint8, device=device)
+    for start in range(0, count, WEIGHT_CHUNK):
+        k = torch.randint(0, 4, (min(WEIGHT_CHUNK, count - start),), generator=g,
+                          dtype=torch.uint8)
+        w[start : start + k.numel()] = 1 << k
+    return w
 
 
 def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
@@ -52,30 +76,34 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
     """(input, output, reset() to run before every call, expected output on this rank or
     None), on ``device``."""
     new = {"dtype": dtype, "device": device}
-    # every partial sum of 1..P exact in dtype (integers up to 2/eps are), or every input 1
+    # every partial sum of 1..P exact in dtype (integers up to 2/eps are), or every rank 1;
+    # the weights scale them by powers of two, which is exact, and 8 × the largest such sum
+    # (2048 in float16) stays finite
     distinct = p * (p + 1) / 2 <= 2 / torch.finfo(dtype).eps or collective in (
         "allgather", "broadcast")
     mine = rank + 1.0 if distinct else 1.0
     total = (p * (p + 1) / 2 if distinct else p) / (p if op == "avg" else 1)
+    w = _weights(count, device)
     if collective in ("allgather", "reducescatter"):
         per = count // p
         if collective == "allgather":
-            inp, out = torch.full((per,), mine, **new), torch.zeros(per * p, **new)
-            want = torch.arange(1, p + 1, **new).repeat_interleave(per)
+            want = w.to(dtype)
+            for j in range(p):  # rank j's block of the output is its input, (j+1)·w
+                want[j * per : (j + 1) * per].mul_(j + 1)
+            inp, out = want[rank * per : (rank + 1) * per].clone(), torch.zeros(count, **new)
         else:
-            inp, out = torch.full((per * p,), mine, **new), torch.zeros(per, **new)
-            want = torch.full((per,), total, **new)
+            want = w[rank * per : (rank + 1) * per].to(dtype).mul_(total)
+            inp, out = w.to(dtype).mul_(mine), torch.zeros(per, **new)
         # the output starts as NaN before every call: a part an algorithm never writes counts
         # as wrong (and is not left over from another algorithm's call, with --interleave)
         return inp, out, (lambda: out.fill_(float("nan"))), want
     buf = torch.empty(count, **new)
-    if collective == "allreduce":
-        want = torch.full((count,), total, **new)
-    elif collective == "reduce":
-        want = torch.full((count,), total, **new) if rank == 0 else None
-    else:  # broadcast from 0
-        want = torch.full((count,), 1.0, **new)
-    return buf, buf, (lambda: buf.fill_(mine)), want
+    if collective == "broadcast":  # from 0, whose input is w
+        want = w.to(dtype)
+        return buf, buf, (lambda: buf.copy_(want).mul_(mine)), want
+    want = w.to(dtype).mul_(total)  # reduce: the root's; the others' buffers are scratch
+    return buf, buf, (lambda: buf.copy_(w).mul_(mine)), (
+        want if collective == "allreduce" or rank == 0 else None)
 
 
 def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
@@ -200,8 +228,37 @@ def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: tor
             for s, t, ts, w in zip(specs, transports, times, wrong, strict=True)]
 
 
+def check_args(a: argparse.Namespace) -> tuple[list[int], list[dict]]:
+    """``--sizes`` and ``--algos`` as the ranks run them, after checking every argument that
+    argparse does not: a GradwireError, the same on every rank, instead of a traceback on each
+    (``--iters 0`` one after the first size's calls, ``--batch 0`` a division by
+    zero)."""
+    registry.get(a.collective)
+    for option, value, least in (("--iters", a.iters, 1), ("--batch", a.batch, 1),
+                                 ("--warmup", a.warmup, 0)):
+        if value < least:
+            raise GradwireError(f"{option} must be at least {least}, got {value}")
+    sizes = [parse_int(s) for s in a.sizes.split(",")]
+    if not all(s is not None and s >= 1 for s in sizes):
+        raise GradwireError(f"--sizes {a.sizes!r}: expected a comma list of bytes, each 1 or "
+                            "more")
+    try:
+        specs = json.loads(a.algos)
+    except ValueError:
+        specs = None
+    if not (isinstance(specs, list) and specs and all(
+            isinstance(s, dict) and {"label", "name", "params"} <= s.keys() for s in specs)):
+        raise GradwireError(f"--algos {a.algos!r}: expected a JSON list of {{label, name, "
+                            "params}")
+    for s in specs:
+        if s["name"] != BUILTIN:
+            registry.get(a.collective, s["name"])
+    return sizes, specs  # type: ignore[return-value]
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="rank side of gradwire bench")
+    ap = argparse.ArgumentParser(prog="python -m gradwire.bench.rank",
+                                 description="rank side of gradwire bench")
     ap.add_argument("--collective", required=True)
     ap.add_argument("--algos", required=True,
                     help="JSON list of {label, name, params}; name 'builtin' = torch.distributed")
@@ -219,16 +276,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="cuda: buffers on this rank's GPU, over NCCL")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    try:
+        sizes, specs = check_args(a)
+    except GradwireError as e:
+        ap.error(str(e))
     if a.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(BACKENDS[a.device], timeout=datetime.timedelta(seconds=300))
     dtype = DTYPES[a.dtype]
     itemsize = torch.tensor([], dtype=dtype).element_size()
     p = dist.get_world_size()
+    counts = [elements(size, itemsize, p, a.collective) for size in sizes]
+    if 0 in counts:  # every rank finds the same
+        per_rank = a.collective in ("allgather", "reducescatter")
+        ap.error(f"--sizes: {sizes[counts.index(0)]} bytes hold no {a.dtype} element"
+                 f"{f' for each of {p} ranks' if per_rank else ''}: expected sizes of at "
+                 f"least {itemsize * (p if per_rank else 1)} bytes")
     rows = []
-    for size in (int(s) for s in a.sizes.split(",")):
-        count = elements(size, itemsize, p, a.collective)
-        specs = json.loads(a.algos)
+    for count in counts:
         for group in [specs] if a.interleave else [[s] for s in specs]:
             for row in bench_interleaved(a.collective, group, count, dtype, a.iters, a.warmup,
                                          a.op, a.batch):

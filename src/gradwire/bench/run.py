@@ -35,6 +35,14 @@ def model_params(cluster: Cluster, device: str = "cpu") -> tuple[CostParams, str
             f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, link rate, γ=0 ({why})")
 
 
+def usable_cores() -> int:
+    """The cores this process (and so every rank it starts) may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],
               dtype: str, iters: int, warmup: int, params: dict, builtin: bool, timeout: float,
               console: Console, interleave: bool = False, op: str = "sum",
@@ -71,9 +79,10 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
     console.print(table(rows, title))
     for line in footer(rows):
         console.print(line, highlight=False)
-    if p > 8:
-        console.print(f"note: {p} ranks share {os.cpu_count()} cores; CPU contention affects "
-                      "these times")
+    cores = usable_cores()
+    if p > cores:  # every rank of an emulated or loopback cluster runs on this machine
+        console.print(f"note: {p} ranks share {cores} cores; CPU contention affects these "
+                      "times")
     return {
         "collective": collective, "op": op if collective in REDUCING else None,
         "world_size": p, "network": cluster.label,

@@ -21,7 +21,8 @@ OPS = ("sum", "avg")
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # --dtype: what gradwire.bench.rank runs
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 # Bytes the ranks of one run hold per byte of --sizes, all of them on this machine: each rank
-# its buffer and the expected result (2 × size), and the master algorithm's rank 0 the P − 1
+# its buffer and the expected result (2 × size, and the check's weights, a byte an element:
+# size / 4 more in float32, size / 2 in 16 bits), and the master algorithm's rank 0 the P − 1
 # buffers it receives at once, so about 3 × P × size in all.
 BUFFERS_PER_RANK = 3
 
@@ -190,4 +191,13 @@ def check_sizes(sizes: list[int], dtype: str, p: int, device: str,
             f"--sizes: {format_size(sizes[-1])} is too large for {p} ranks on this machine: "
             f"they would hold about {BUFFERS_PER_RANK * p * sizes[-1] / 2**30:.3g} GiB, and "
             f"it has {have / 2**30:.3g} GiB of {what} memory: expected sizes up to "
-            f"{most / 2**20:.0f}M")
+            f"{size_below(most)}")
+
+
+def size_below(n: int) -> str:
+    """The largest size of whole M (else K, else bytes) that is at most ``n`` bytes, as
+    --sizes takes it: a bound rounded to the nearest M could be one the check refuses."""
+    for scale in (2**20, 2**10, 1):
+        if n >= scale:
+            return format_size(n // scale * scale)
+    return "0"
