@@ -51,11 +51,15 @@ def _one_line_error(fn, *match: str) -> str:
     ({"coding_slowdown": 1e308}, "coding_slowdown", "<= 100"),
     ({"compute_slowdown": 1e308}, "compute_slowdown", "<= 1e+06"),
     ({"cpu": calibration_doc.cpu(cpu_slowdown=1e308)}, "cpu.cpu_slowdown", "<= 1e+06"),
+    ({"alpha_s": 2.0}, "alpha_s", "<= 1"),
+    ({"alpha_call_s": 2.0}, "alpha_call_s", "<= 1"),
+    ({"alpha_transport_s": 2.0}, "alpha_transport_s", "<= 1"),
+    ({"gamma_s_per_byte": 1e-3}, "gamma_s_per_byte", "<= 1e-06"),
 ])
-def test_a_calibration_s_slowdowns_are_bounded_as_the_options_are(tmp_path, change, field,
-                                                                   bound):
-    """Each multiplies the profile's times: 1e308 made every prediction inf ("dense wins at
-    inf ms"), where --overlap-slowdown stops at 100 and a compute speed-up at 1e-6."""
+def test_a_calibration_s_terms_are_bounded_as_the_options_are(tmp_path, change, field, bound):
+    """Each slowdown multiplies the profile's times: 1e308 made every prediction inf ("dense
+    wins at inf ms"), where --overlap-slowdown stops at 100 and a compute speed-up at 1e-6.
+    α and γ stop where --alpha-us and --gamma-ns do (the simulator refuses more)."""
     path = tmp_path / "c.json"
     path.write_text(json.dumps(calibration_doc.doc(**change)))
     _one_line_error(lambda: calibration.load(path), f"field '{field}' must be a number",

@@ -155,3 +155,11 @@ def test_number_options_refuse_underscores(monkeypatch, capsys, args, option, ba
     one_line_error(monkeypatch, capsys, [*args, option, bad],
                    f"Invalid value for '{option}': '{bad}' is not {what} (ASCII digits")
 
+
+
+def test_sim_cluster_bounds_gamma_as_whatif_does():
+    """γ = 1e300 s per byte ran on to a numpy overflow warning before its one-line error."""
+    SimCluster(2, 1e9, gamma=1e-6)
+    with pytest.raises(GradwireError, match=r"^gamma must be at most 1e-06 seconds per byte, "
+                                            r"got 1e\+300$"):
+        SimCluster(2, 1e9, gamma=1e300)

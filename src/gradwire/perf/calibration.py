@@ -1,5 +1,6 @@
 """A calibration file: what ``gradwire calibrate`` measured on the ranks' own devices and
-network, for the performance model. JSON, one object; times in seconds, sizes in bytes.
+network, for the performance model. JSON, one object; times in seconds, sizes in bytes. Every
+α is at most 1 s and γ at most 1 µs per byte, the bounds of ``--alpha-us`` and ``--gamma-ns``.
 
 Network (every call on the run's backend, gloo or NCCL, with tensors on the ranks' device):
 
@@ -86,7 +87,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradwire.check import (
+    MAX_ALPHA_US,
     MAX_BYTES,
+    MAX_GAMMA_NS,
     MAX_OVERLAP_SLOWDOWN,
     MAX_SECONDS,
     SPEEDUP_RANGE,
@@ -241,6 +244,7 @@ def parse(doc: dict, where: str) -> Calibration:
     # --overlap-slowdown takes, the compute and CPU slowdowns at most the inverse of the
     # smallest compute speed-up, so that the model's sums stay finite
     most = MAX_OVERLAP_SLOWDOWN
+    most_alpha = MAX_ALPHA_US * 1e-6  # α and γ as --alpha-us and --gamma-ns take them
     if "format" not in doc:
         raise GradwireError(f"{where} was written by an older gradwire calibrate (it has no "
                             "'format' field): run `gradwire calibrate` again")
@@ -254,12 +258,12 @@ def parse(doc: dict, where: str) -> Calibration:
             raise GradwireError(f"{where}: unknown field {shown(str(key))!r}"
                                 f"{did_you_mean(str(key), known)}")
     return Calibration(
-        alpha_s=r.seconds("alpha_s", above=True),
-        alpha_call_s=r.seconds("alpha_call_s", above=True),
+        alpha_s=r.seconds("alpha_s", above=True, high=most_alpha),
+        alpha_call_s=r.seconds("alpha_call_s", above=True, high=most_alpha),
         beta_s_per_byte=r.seconds("beta_s_per_byte", above=True),
         beta_between=r.choice("beta_between", BETWEEN),
         beta_intra_s_per_byte=r.seconds("beta_intra_s_per_byte", above=True, null=True),
-        gamma_s_per_byte=r.seconds("gamma_s_per_byte", above=True),
+        gamma_s_per_byte=r.seconds("gamma_s_per_byte", above=True, high=MAX_GAMMA_NS * 1e-9),
         overlap_slowdown=r.factor("overlap_slowdown", 1.0, most),
         overlap=_overlap(r.sub("overlap")),
         coding_slowdown=r.factor("coding_slowdown", 0.0, most, above=True),
@@ -280,7 +284,7 @@ def parse(doc: dict, where: str) -> Calibration:
         network=r.text("network", null=True),
         bandwidth=r.text("bandwidth", null=True),
         burst_bytes=r.number("burst_bytes", "a number of bytes >= 0", 0.0, default=0.0),
-        alpha_transport_s=(r.seconds("alpha_transport_s", above=True)
+        alpha_transport_s=(r.seconds("alpha_transport_s", above=True, high=most_alpha)
                            if doc.get("alpha_transport_s") is not None else None),
         compute_slowdown=r.factor("compute_slowdown", 1.0, SPEEDUP_RANGE[1], default=1.0),
         compute=None if doc.get("compute") is None else _compute(r.sub("compute")),
@@ -313,13 +317,15 @@ class _Reader:
             raise self.bad(key, expected + (" or null" if null else ""))
         return float(v)
 
-    def seconds(self, key: str, *, above: bool = False, null: bool = False) -> float | None:
+    def seconds(self, key: str, *, above: bool = False, null: bool = False,
+                high: float = MAX_SECONDS) -> float | None:
         # at most MAX_SECONDS, as a profile's and a trace's times, so the model's sums stay
-        # finite (the bound is named where it is the one a value breaks)
-        over = is_real(self.doc.get(key), MAX_SECONDS, above=True)
+        # finite, or the bound of the option that gives the same term (the bound is named
+        # where it is the one a value breaks)
+        over = is_real(self.doc.get(key), high, above=True)
         return self.number(key, f"a number of seconds {'>' if above else '>='} 0"
-                           + (f" and <= {MAX_SECONDS:g}" if over else ""), 0.0, above=above,
-                           high=MAX_SECONDS, null=null)
+                           + (f" and <= {high:g}" if over else ""), 0.0, above=above,
+                           high=high, null=null)
 
     def factor(self, key: str, low: float, high: float, *, above: bool = False,
                default: float | None = None) -> float:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradwire.check import MAX_SECONDS, is_int, is_real
+from gradwire.check import MAX_GAMMA_NS, MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 from gradwire.sim.engine import Engine
@@ -88,6 +88,10 @@ class SimCluster:
             v = getattr(self, name)
             if v > MAX_SECONDS:
                 raise GradwireError(f"{name} must be at most {MAX_SECONDS:g} seconds, got {v:g}")
+        # per byte, as whatif's --gamma-ns: 2**50 bytes at the bound stay finite seconds
+        if self.gamma > MAX_GAMMA_NS * 1e-9:
+            raise GradwireError(f"gamma must be at most {MAX_GAMMA_NS * 1e-9:g} seconds per "
+                                f"byte, got {self.gamma:g}")
 
     @property
     def bytes_per_s(self) -> float:
