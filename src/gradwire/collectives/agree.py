@@ -142,9 +142,12 @@ def agree_status(transport: Transport, call: Call,
         raise e.within(f"the header exchange before {what}") from None
     rows = buf.view(p, h)
     compared = len(call) * FIELD_BYTES  # the fields differences() names
-    if not bool((rows[:, :compared] == mine[:compared]).all()):  # decode only to explain
-        headers = [decode(row) for row in rows]
+    differ = (rows[:, :compared] != mine[:compared]).any().to(torch.uint8)
+    # Both answers in one host read: on a GPU each read waits for the device.
+    differs, worst = torch.stack([differ, rows[:, STATUS * FIELD_BYTES].max()]).tolist()
+    if differs:  # decode only to explain
+        headers = [decode(row) for row in rows.cpu()]
         raise MismatchError(f"rank {transport.rank}: ranks made different collective calls: "
                             f"{' | '.join(differences(call, headers))} (every rank must make "
                             "the same collective calls in the same order)")
-    return int(rows[:, STATUS * FIELD_BYTES].max()) - ord("0")
+    return worst - ord("0")

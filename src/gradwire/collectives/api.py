@@ -150,8 +150,10 @@ class Handle:
 
 
 def _op(op: object, buf: torch.Tensor) -> str:
-    if isinstance(op, dist.ReduceOp):  # an instance, dist.ReduceOp(dist.ReduceOp.SUM): its type
-        op = op.op
+    # an instance, dist.ReduceOp(dist.ReduceOp.SUM): its type. The type itself
+    # (dist.ReduceOp.SUM, c10d's usual spelling) passes isinstance too, and has no .op.
+    if isinstance(op, dist.ReduceOp):
+        op = getattr(op, "op", op)
     names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", "sum": "sum", "avg": "avg"}
     try:
         how = names[op]  # type: ignore[index]
@@ -198,7 +200,7 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
          group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
          after: Callable[[torch.Tensor], None] | None, params: dict,
          whole: tuple[int, int] | None = None,
-         before: Callable[[], None] | None = None) -> Handle | None:
+         before: Callable[[], None] | None = None, op: str | None = None) -> Handle | None:
     """Agree on the call, ``before()``, run the schedule on ``buf``, then ``after(buf)``: all
     in the call's turn, so a call issued after an async one that writes its input reads it
     written.
@@ -207,14 +209,19 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
     is (the executor's ``source``). The schedule runs on a work buffer lent by WORK_BUFFERS;
     its ``[start:stop]``, the part ``after`` reads, is made whole, then ``after(work)`` runs,
     and the work buffer goes back to the pool however the call ends.
+
+    ``op``: a reduction's op ("sum", "avg"), named in the header beside the parameters: ranks
+    that reduce with different ops exchange the same messages, and would end with different
+    results (the sum on some, the average on others) instead of failing.
     """
     if not isinstance(async_op, bool):
         raise GradwireError(f"async_op must be True or False, got {async_op!r}")
     t = resolve(transport, group, collective)
     params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
+    shown = shown_params(params if op is None else {**params, "op": op})
     call = [("call", collective), ("algo", s.algo), ("elements", buf.numel()),
-            ("dtype", buf.dtype), ("root", root), ("params", shown_params(params))]
+            ("dtype", buf.dtype), ("root", root), ("params", shown)]
 
     def in_place() -> None:
         agree(t, call)
@@ -265,7 +272,7 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
     how = _op(op, buf)
     t = resolve(transport, group, "all_reduce")
     after = (lambda b: b.div_(t.world_size)) if how == "avg" else None
-    return _run("allreduce", algo, buf, 0, group, t, async_op, after, params)
+    return _run("allreduce", algo, buf, 0, group, t, async_op, after, params, op=how)
 
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
@@ -280,7 +287,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
     t = resolve(transport, group, "reduce")
     dst = _root(t, dst, "dst")  # type: ignore[assignment]
     after = (lambda b: b.div_(t.world_size)) if how == "avg" and t.rank == dst else None
-    return _run("reduce", algo, buf, dst, group, t, async_op, after, params)
+    return _run("reduce", algo, buf, dst, group, t, async_op, after, params, op=how)
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None,
@@ -337,4 +344,4 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
             out.div_(t.world_size)
 
     return _run("reducescatter", algo, inp, 0, group, t, async_op, after, params,
-                whole=(t.rank * n, (t.rank + 1) * n))
+                whole=(t.rank * n, (t.rank + 1) * n), op=how)

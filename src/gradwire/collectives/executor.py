@@ -305,7 +305,14 @@ class _Dataflow:
             if i >= upto and self.held + nbytes > self.budget:
                 break
             tmp = STAGING.take(t.count, buffer)
-            self.pending.append((i, t, self.transport.irecv(tmp, t.src), tmp))
+            try:
+                work = self.transport.irecv(tmp, t.src)
+            except BaseException:
+                # refused at once (gloo, when the peer's connection is already closed): nothing
+                # was posted into ``tmp``, and ``run`` only gives back what is pending
+                STAGING.give(tmp)
+                raise
+            self.pending.append((i, t, work, tmp))
             self.posted += 1
             self.held += nbytes
 

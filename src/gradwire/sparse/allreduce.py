@@ -63,6 +63,10 @@ class SparseResult:
     numel: int
     world_size: int
     schedule: Schedule
+    # topk: the sums at ``entries.indices`` in acc_dtype, before their cast to the values'
+    # dtype, so that average() divides an fp16 sum that overflows before casting it (as
+    # sparse_allreduce does): two ranks' 60 000 average to 60 000, not inf
+    sums: torch.Tensor | None = None
 
     @property
     def indices(self) -> torch.Tensor:
@@ -74,6 +78,9 @@ class SparseResult:
 
     def average(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """Dense total / P, element for element (in ``out`` if given)."""
+        if self.sums is not None:
+            mean = merging.mean(self.sums, self.entries.values.dtype, self.world_size)
+            return self._dense(mean, out)
         return self._dense(self.entries.values / self.world_size, out)
 
     def mask(self) -> torch.Tensor:
@@ -178,11 +185,8 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
     def average(out: torch.Tensor) -> torch.Tensor:
         if on_host(buf):
             # from the sums in acc_dtype, as average_into: an fp16 sum of ranks' 60 000s is
-            # inf, their mean is not (merging.mean)
-            where, sums = summed()
-            result = SparseResult(Entries(merging.mean(sums, dtype, world_size), where), numel,
-                                  world_size, s)
-            return result.total(out)
+            # inf, their mean is not (merging.mean, in SparseResult.average)
+            return finish().average(out)
         return merging.average_into(lists(), numel, world_size, out)
 
     def summed() -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +203,7 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
 
     def finish() -> SparseResult:
         where, sums = summed()
-        return SparseResult(Entries(sums.to(dtype), where), numel, world_size, s)
+        return SparseResult(Entries(sums.to(dtype), where), numel, world_size, s, sums)
 
     return Plan(s, buf, {}, finish, average, lambda: buf.view(world_size, b)[:, -1].max())
 
@@ -312,12 +316,13 @@ def _run(plan: Plan, transport: Transport, method: str) -> SparseResult:
     return plan.finish()
 
 
-def _shown(method: str, algo: str | None) -> str | None:
-    """The algorithm a header names: gtopk's default butterfly is named as no algorithm, so
-    that ranks passing None and "rd" make one call."""
+def _shown(method: str, algo: str | None, world_size: int) -> str | None:
+    """The algorithm a header names: each method's default (gtopk's butterfly, topk's
+    :func:`topk_algo`) is named as no algorithm, so that ranks passing None and the default
+    spelled out make one call, as they run one schedule."""
     if method == "gtopk":
         return None if gtopk_algo(algo) == "rd" else algo
-    return algo
+    return None if algo == topk_algo(world_size) else algo
 
 
 def _agree(t: Transport, call: str, method: str, algo: str | None, numel: int,
@@ -343,7 +348,8 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     """
     e = _entries("topk_allreduce", values, indices, numel)
     t = resolve(transport, group, "topk_allreduce")
-    _agree(t, "topk_allreduce", "topk", algo, numel, values.dtype, _count(e, k))
+    _agree(t, "topk_allreduce", "topk", _shown("topk", algo, t.world_size), numel,
+           values.dtype, _count(e, k))
     return _run(topk_plan(e, _count(e, k), numel, t.rank, t.world_size, algo), t, "topk")
 
 
@@ -363,7 +369,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
         raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) {values.dtype}, "
                             f"got {got}")
     t = resolve(transport, group, "gtopk_allreduce")
-    _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo), numel, values.dtype,
+    _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo, t.world_size), numel, values.dtype,
            _count(e, k))
     return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo), t,
                 "gtopk")
@@ -389,7 +395,10 @@ def _entries(name: str, values: object, indices: object, numel: object) -> Entri
     indices = indices.long()
     unique, at = torch.unique(indices, return_inverse=True)
     if unique.numel() < indices.numel():  # an index given twice: its values are summed
-        values = values.new_zeros(unique.numel()).index_add_(0, at, values)
+        # in acc_dtype, cast once: fp16's 60000 + 60000 − 60000 summed in fp16 is inf, and a
+        # bf16 sum of small values rounds at every add
+        wide = torch.zeros(unique.numel(), dtype=acc_dtype(values.dtype), device=values.device)
+        values = wide.index_add_(0, at, values.to(wide.dtype)).to(values.dtype)
         indices = unique
     return Entries(values, indices)
 
@@ -569,7 +578,8 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     check_args(x, residual, k, method, selector, algo, out)
     t = resolve(transport, group, "sparse_allreduce")
     n = x.numel()
-    _agree(t, "sparse_allreduce", method, _shown(method, algo), n, x.dtype, k, selector)
+    _agree(t, "sparse_allreduce", method, _shown(method, algo, t.world_size), n, x.dtype, k,
+           selector)
     # Data, not part of autograd's graph (as in a dense allreduce): a tensor that requires
     # grad would stop the host's numpy selection, and tie the residual to the graph.
     given = out
