@@ -47,7 +47,11 @@ def rank(profile: Profile, cluster: ClusterModel, aggs: list[Aggregation], codec
                + codecs.lacks("it" if len(unpriced) == 1 else "them")] if unpriced else []
     if not ranked:
         raise GradwireError("no aggregation scheme could be predicted: " + skipped[0])
-    ranked.sort(key=lambda r: r.seconds)
+    # Equal times (one worker sends nothing, whatever the scheme) rank in the catalogue's
+    # order, dense first: a compressor that saves nothing must not win on the order --agg
+    # named it in, as it risks the accuracy training reaches.
+    order = {m: i for i, m in enumerate(METHODS)}
+    ranked.sort(key=lambda r: (r.seconds, order[r.agg.method], r.agg.label))
     return ranked, skipped
 
 

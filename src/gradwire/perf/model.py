@@ -57,14 +57,18 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
    bucket: since the iteration before sent its last, through the step, forward, backward
    until it is ready and its encode; a later one: while it waited to be ready, the last
    bucket's decode and its own encode), and the first that many bytes the busiest rank sends
-   or receives cost no β. Links earn nothing inside a call: α per step, calibrated here, is
-   mostly the ranks' CPU, which overlaps the wire in large transfers.
+   or receives cost no β (one credit for all of a bucket's calls: PowerSGD's Q gets what its
+   P left; and no more than the call spends on the links between nodes). Links earn nothing
+   inside a call: α per step, calibrated here, is mostly the ranks' CPU, which overlaps the
+   wire in large transfers.
 8. Coding on the training device (``ClusterModel.coding_slowdown``, κ_c ≥ 1; None: coding
    has resources of its own, as a CPU rank's hook thread on spare cores): a GPU computes
    backward and every encode and decode on the same device, and the compression-utility
    paper (§3.1, Figure 3) measured that running them side by side is no faster than one
-   after the other. So t_iter ≥ t_f + κ_c·(κ·t_b + Σ encode_b + decode_b) + t_step;
-   communication still overlaps backward.
+   after the other. So t_iter ≥ t_f + κ_c·(κ·t_b + Σ encode_b + decode_b) + c_last + t_step;
+   communication still overlaps backward, except c_last, the last bucket's (where it codes):
+   it starts after that bucket's encode, which follows all of backward and every earlier
+   bucket's coding, and its decode waits for it, so nothing on the device runs beside it.
 9. Two latencies (``ClusterModel.alpha_transport``): the backend's collectives (gloo's or
    NCCL's allreduce: dense, fp16/bf16, PowerSGD, the gathered methods) take α per step;
    what gradwire's own executor runs, point-to-point sends and receives from Python (the
@@ -288,7 +292,8 @@ class Prediction:
     calls: int = 0  # collective calls per iteration, headers included
     steps: float = 0.0  # S: schedule steps a rank takes part in per iteration (when shared)
     header: float | np.ndarray = 0.0  # seconds of the call-header exchanges (in communicate)
-    device_bound: float = 0.0  # t_f + κ_c·(κ·t_b + coding) + t_step (point 8)
+    # t_f + κ_c·(κ·t_b + coding) + c_last + t_step (point 8)
+    device_bound: float | np.ndarray = 0.0
     backward_alone: float | None = None  # t_b, without communication beside it (None: backward)
 
     @property
@@ -296,7 +301,10 @@ class Prediction:
         """(t_f + t_b)/t_iter (point 4): the slowdown κ of backward beside communication
         counts against it, as the communication it comes from does."""
         t_b = self.backward if self.backward_alone is None else self.backward_alone
-        return (self.forward + t_b) / self.iteration
+        it = np.asarray(self.iteration, dtype=float)
+        # an iteration of no time (a profile of zero compute on one worker) loses nothing
+        # to communication: 1, where 0/0 would be NaN
+        return np.divide(self.forward + t_b, it, out=np.ones_like(it), where=it > 0)
 
 
 def _groups(profile: Profile, agg: Aggregation) -> list[tuple[list[int], float]]:
@@ -389,6 +397,8 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     # point 5: on shared cores every rank codes at once
     stretch = cluster.cpu_load * cluster.cpu_slowdown / cluster.cpu_share if shared else 1.0
     header = np.zeros_like(beta)
+    zero = np.zeros_like(beta)
+    tail = zero  # point 8: what the device waits for after its last work
     unit = cluster.compute_slowdown / compute_speedup  # point 10: compute as the ranks run it
     f = profile.forward_s * unit  # type: ignore[operator]
     s = profile.step_s * unit
@@ -422,9 +432,16 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
                     else np.maximum(kappa * ready * unit - end, 0.0) + last_dec)
             credit = np.minimum(cluster.burst, (idle + enc) / beta)
             last_dec = dec
-        t = sum(comm.seconds(c, a, p, n, e, alpha_d, beta, g, node=node_d, **prm)
-                - (_credit_saved(c, a, p, n, e, prm, beta, credit) if credited else 0.0)
-                for (c, a, n, e, prm), g in zip(data, gammas, strict=True))
+        t = zero
+        for (c, a, n, e, prm), g in zip(data, gammas, strict=True):
+            call = comm.seconds(c, a, p, n, e, alpha_d, beta, g, node=node_d, **prm)
+            if credited:
+                # the credit is the links', not each call's: what one call spends, the
+                # next (PowerSGD's Q after its P) no longer has
+                saved, credit = _credit_saved(c, a, p, n, e, prm, alpha_d, beta, g, node_d,
+                                              credit, call)
+                call = call - saved
+            t = t + call
         ops = data
         if cluster.check_calls and p > 1 and not in_band:
             c, a, n, prm = header_spec(p)
@@ -447,6 +464,10 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
             cpu_comm += cluster.cpu_call * len(data) if per_call else 0.0
         end = np.maximum(end, kappa * ready * unit) + (enc + dec) * stretch + t
         total_comm, coding = total_comm + t, coding + enc + dec
+        # point 8: the last bucket's messages wait for its encode, which waits for all of
+        # backward and every earlier bucket's coding (one FIFO thread); its decode waits for
+        # them: the device idles through them, whatever it shares
+        tail = t if enc + dec > 0 else zero
         wire += sent if p > 1 else 0  # one worker sends nothing
     b = kappa * profile.backward_s * unit  # type: ignore[operator]
     done = np.maximum(end, b)
@@ -456,7 +477,7 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
     cpu = own + coding * (cluster.cpu_slowdown if shared else 1.0) + cpu_comm
     bound = (cluster.cpu_load * cpu / cluster.cpu_share + steps * cluster.cpu_sync
              if shared else 0.0)
-    device = (f + cluster.coding_slowdown * (b + coding) + s
+    device = (f + cluster.coding_slowdown * (b + coding) + tail + s
               if cluster.coding_slowdown is not None and p > 1 else 0.0)
     bound_it = np.maximum(np.maximum(it, bound), device)
     exposed = done - b + wait + (bound_it - it)
@@ -467,13 +488,21 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
 
 
 def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: int,
-                  params: dict, beta: np.ndarray, credit: np.ndarray) -> np.ndarray:
-    """Seconds a collective saves when every link starts it with ``credit`` bytes of token
-    bucket (point 7): the first ``credit`` bytes the busiest rank sends or receives pass at
-    once. Links earn nothing inside the call: α per step, as calibrated here, is mostly the
-    ranks' CPU, which overlaps the wire in large transfers."""
+                  params: dict, alpha: float, beta: np.ndarray, gamma: float,
+                  node: comm.Node | None, credit: np.ndarray, seconds: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds a collective of ``seconds`` saves when every link starts it with ``credit``
+    bytes of token bucket, the credit left after it) (point 7): the first ``credit`` bytes
+    the busiest rank sends or receives pass at once. Links earn nothing inside the call: α per
+    step, as calibrated here, is mostly the ranks' CPU, which overlaps the wire in large
+    transfers. The bucket is on the links between nodes: it saves at most what the call
+    spends on them (traffic inside a node, over its own link, gains nothing)."""
     most = comm.busiest_bytes(collective, algo, p, count, elem_bytes, **params)
-    return np.asarray(beta, dtype=float) * np.minimum(credit, most)
+    used = np.minimum(credit, most)
+    free = comm.seconds(collective, algo, p, count, elem_bytes, alpha, 0.0, gamma, node=node,
+                        **params)  # the call with the links between nodes free
+    saved = np.minimum(np.asarray(beta, dtype=float) * used, seconds - free)
+    return saved, credit - used
 
 
 def parse_link(text: str) -> float:

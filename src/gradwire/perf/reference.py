@@ -16,7 +16,9 @@ where it comes from; none is a measurement of the machine gradwire was developed
 
 "after backward": compression competes with backward for the device, so overlapping them is
 no faster than running one after the other (the compression-utility paper, §3.1, Figure 3);
-the model then charges a rank t_f + t_b + encode + decode + t_step at least.
+the model then charges a rank t_f + t_b + encode + decode + t_step at least, plus the last
+bucket's messages, which nothing on the device runs beside (point 8 of
+:mod:`gradwire.perf.model`).
 """
 
 from __future__ import annotations
