@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -161,11 +162,27 @@ def test_one_worker_runs_compute_only() -> None:
 
 
 def test_buckets_follow_ddp_caps_in_backward_order() -> None:
-    got = buckets(TOY, Aggregation("dense", bucket_mb=10))
+    got = buckets(TOY, Aggregation("dense", bucket_mb=10, first_bucket_mb=1))
     # 4 MB fills the 1 MiB first bucket; 12 MB fills a 10 MiB one; 16 MB the rest.
     assert [n for n, _ in got] == [1_000_000, 3_000_000, 4_000_000]
     assert [t for _, t in got] == pytest.approx([0.0125, 0.05, 0.1])
     assert buckets(TOY, Aggregation("dense", mode="model")) == [(8_000_000, pytest.approx(0.1))]
+
+
+@pytest.mark.parametrize("bucket_mb", [None, 10.0, 3.0, 0.5])
+def test_buckets_are_the_ones_ddp_forms_with_its_cap_given_or_not(bucket_mb) -> None:
+    """DDP closes its first bucket at 1 MiB only under its default cap; given bucket_cap_mb,
+    every bucket closes at it (the model had a 1 MiB first bucket under every cap). Checked
+    against DDP's own assignment (torch.distributed._compute_bucket_assignment_by_size, the
+    limits DDP passes it)."""
+    agg = Aggregation("dense") if bucket_mb is None else Aggregation("dense", bucket_mb=bucket_mb)
+    got = [n for n, _ in buckets(TOY, agg)]
+    cap = (25.0 if bucket_mb is None else bucket_mb) * 2**20
+    first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES if bucket_mb is None else cap
+    tensors = [torch.empty(size) for _, size in TOY.params]  # backward order, as DDP's
+    groups, _ = torch.distributed._compute_bucket_assignment_by_size(
+        tensors, [int(first), int(cap)])
+    assert got == [sum(TOY.params[i][1] for i in g) for g in groups]
 
 
 def test_single_bucket_dense_is_compute_plus_the_ring_allreduce() -> None:
@@ -181,8 +198,8 @@ def test_backward_slowed_beside_communication_counts_against_efficiency() -> Non
     """Eq. 4 of the gTop-k paper: e = (t_f + t_b)/t_iter with t_b the backward of a worker
     alone; κ·t_b − t_b is a cost of communicating, as the communication is."""
     cluster = ClusterModel(4, 100e9, 1e-6, check_calls=False)
-    alone = predict(TOY, cluster, Aggregation("dense", bucket_mb=10), TABLE)
-    slowed = predict(TOY, cluster, Aggregation("dense", bucket_mb=10), TABLE,
+    alone = predict(TOY, cluster, Aggregation("dense", bucket_mb=10, first_bucket_mb=1), TABLE)
+    slowed = predict(TOY, cluster, Aggregation("dense", bucket_mb=10, first_bucket_mb=1), TABLE,
                      overlap_slowdown=1.5)
     assert slowed.backward == pytest.approx(1.5 * alone.backward)
     assert float(slowed.efficiency) == pytest.approx(0.15 / float(slowed.iteration))
@@ -195,7 +212,7 @@ def test_backward_slowed_beside_communication_counts_against_efficiency() -> Non
 def test_the_header_exchanges_of_agree_are_charged(method, mode, calls, p) -> None:
     """In steady state none where the NaN/Inf status travels with the data (gTop-k) or there
     is none (dense), one per bucket where the ranks agree on it first (QSGD)."""
-    agg = Aggregation(method, mode=mode, bucket_mb=10)
+    agg = Aggregation(method, mode=mode, bucket_mb=10, first_bucket_mb=1)
     on, off = (predict(TOY, ClusterModel(p, 1e9, 307e-6, beta=8.36e-9, check_calls=c), agg, TABLE)
                for c in (True, False))
     # agree.py's exchange: recursive-doubling allgather of one 168-byte header per rank
@@ -504,7 +521,7 @@ def test_a_lone_bucket_starts_with_a_full_token_bucket() -> None:
 
 def test_buckets_queued_behind_a_busy_link_start_with_no_credit() -> None:
     # at 100 Mbit/s the first bucket's allreduce outlasts the backward that readies the others
-    agg, beta, burst = Aggregation("dense", bucket_mb=10), 8e-8, 256 * 1024
+    agg, beta, burst = Aggregation("dense", bucket_mb=10, first_bucket_mb=1), 8e-8, 256 * 1024
     cluster = ClusterModel(4, 1e8, 307e-6, beta=beta, check_calls=True, burst=burst)
     r = predict(TOY, cluster, agg, ZERO)
     rings = sum(cost(schedule("allreduce", "ring", 4, n, pipeline=1), CostParams(307e-6, beta), 4)

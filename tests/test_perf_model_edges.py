@@ -65,7 +65,7 @@ def test_coding_on_the_device_waits_for_the_last_buckets_messages() -> None:
     workers: 228.0 ms at 1 and at 10 Gbit/s)."""
     table = codecs.CodecTable("slow", TOY.numel, {"topk": {"encode_s": 0.4, "decode_s": 0.1}},
                               "test")
-    agg = Aggregation("topk", density=0.01, bucket_mb=10)
+    agg = Aggregation("topk", density=0.01, bucket_mb=10, first_bucket_mb=1)
     rates = np.array([1e8, 1e9])
     cluster = ClusterModel(4, rates, 307e-6, check_calls=False, coding_slowdown=1.0)
     r = predict(TOY, cluster, agg, table)
@@ -83,7 +83,7 @@ def test_coding_on_the_device_waits_for_the_last_buckets_messages() -> None:
     assert times[0] > times[1]
     # where the last bucket codes nothing, its allreduce needs nothing of the device
     free = codecs.CodecTable("t", 1, {"dense": {"encode_s": 0.0, "decode_s": 0.0}}, "test")
-    d = predict(TOY, cluster, Aggregation("dense", bucket_mb=10), free)
+    d = predict(TOY, cluster, Aggregation("dense", bucket_mb=10, first_bucket_mb=1), free)
     assert d.device_bound == pytest.approx(d.forward + d.backward + d.step)
 
 

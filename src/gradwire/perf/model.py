@@ -6,8 +6,8 @@ For a profile (tensors in backward order, compute times), a cluster (P, α, β, 
 aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
 
 1. Buckets as DDP forms them: tensors in backward order, the first bucket closed at
-   ``first_bucket_mb`` and the others at ``bucket_mb`` (mode "model": one bucket of
-   everything). Bucket b is ready when backward has produced its last tensor:
+   ``first_bucket_mb`` and the others at ``bucket_mb`` (DDP's first bucket: 1 MiB under its
+   default cap of 25, the cap under any other; mode "model": one bucket of everything). Bucket b is ready when backward has produced its last tensor:
    R_b = κ·Σ backward time of the tensors up to it, κ ≥ 1 the slowdown of compute that runs
    beside communication (only when there is something to overlap: more than one bucket).
 2. One FIFO communication thread (as the hooks run): E_b = max(R_b, E_{b−1}) + encode_b +
@@ -243,7 +243,9 @@ class Aggregation:
     rank: int = 4
     mode: str = "bucket"
     bucket_mb: float = DDP_BUCKET_MB
-    first_bucket_mb: float = DDP_FIRST_BUCKET_MB
+    # None: as DDP closes its first bucket, 1 MiB under its default cap and the cap itself
+    # under any other (DDP given bucket_cap_mb uses it for every bucket)
+    first_bucket_mb: float | None = None
 
     def __post_init__(self) -> None:
         catalogue.get(self.method)  # one line naming the known methods
@@ -252,7 +254,15 @@ class Aggregation:
             raise GradwireError(f"mode must be 'bucket' or 'model', got {self.mode!r}")
         check_int("aggregation", "PowerSGD rank", self.rank, 1)
         check_real("bucket size (MiB)", self.bucket_mb, above=True)
-        check_real("first bucket size (MiB)", self.first_bucket_mb, above=True)
+        if self.first_bucket_mb is not None:
+            check_real("first bucket size (MiB)", self.first_bucket_mb, above=True)
+
+    @property
+    def first_bucket(self) -> float:
+        """MiB at which the first bucket closes (``first_bucket_mb``, else DDP's rule)."""
+        if self.first_bucket_mb is not None:
+            return self.first_bucket_mb
+        return DDP_FIRST_BUCKET_MB if self.bucket_mb == DDP_BUCKET_MB else self.bucket_mb
 
     def plan(self, numel: int, world: int, dtype: torch.dtype = torch.float32,
              shapes: Shapes | None = None) -> BucketPlan:
@@ -316,7 +326,7 @@ def _groups(profile: Profile, agg: Aggregation) -> list[tuple[list[int], float]]
     out: list[tuple[list[int], float]] = []
     held: list[int] = []
     n, t = 0, 0.0
-    cap = agg.first_bucket_mb * 2**20
+    cap = agg.first_bucket * 2**20
     for i, ((_, size), dt) in enumerate(zip(profile.params, times, strict=True)):
         held.append(i)
         n, t = n + size, t + dt
