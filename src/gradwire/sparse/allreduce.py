@@ -362,15 +362,21 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     tree, ``algo="tree"``: 2⌈lg P⌉α + 4k⌈lg P⌉β). What a merge on this rank keeps of its drops
     is added to ``residual`` (dense, numel elements, values' dtype) in place."""
     e = _entries("gtopk_allreduce", values, indices, numel)
+    # checked before the exchange: a merge writes the residual only after it, when a rank that
+    # failed then would have lost the entries it dropped
     if (not isinstance(residual, torch.Tensor) or residual.shape != (numel,)
-            or residual.dtype != values.dtype):
-        got = (f"{tuple(residual.shape)} {residual.dtype}" if isinstance(residual, torch.Tensor)
-               else type(residual).__name__)
-        raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) {values.dtype}, "
-                            f"got {got}")
+            or residual.dtype != values.dtype or residual.device != values.device):
+        got = (f"{tuple(residual.shape)} {residual.dtype} on {residual.device}"
+               if isinstance(residual, torch.Tensor) else type(residual).__name__)
+        raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) {values.dtype} on "
+                            f"{values.device}, got {got}")
+    if residual.numel() > 1 and residual.stride(0) == 0:
+        raise GradwireError("gtopk_allreduce: residual is written in place, so its elements "
+                            "must not share memory (stride 0: an expand()ed tensor); pass "
+                            "residual.clone()")
     t = resolve(transport, group, "gtopk_allreduce")
-    _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo, t.world_size), numel, values.dtype,
-           _count(e, k))
+    _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo, t.world_size), numel,
+           values.dtype, _count(e, k))
     return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo), t,
                 "gtopk")
 
