@@ -147,3 +147,17 @@ def test_a_size_that_holds_no_element_per_rank_is_one_line_on_the_rank_side(tmp_
     assert ("--sizes: 2 bytes hold no float32 element for each of 1 ranks: expected sizes of "
             "at least 4 bytes") in p.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_one_rank_s_calls_have_no_model_error_not_minus_100_percent():
+    """With one rank the model prices nothing to send at 0 s; the table showed -100.0 %."""
+    from gradwire.bench.report import annotate
+    from gradwire.schedules.cost import CostParams
+
+    rows = [{"collective": "allreduce", "name": "ring", "params": {}, "count": 256,
+             "bytes": 1024, "time_s": 2e-6, "redop": "sum", "header": False}]
+    annotate(rows, 1, CostParams.for_link(1e9))
+    assert rows[0]["predicted_s"] == 0.0 and rows[0]["prediction_error"] is None
+    rows[0]["time_s"] = 1e-3
+    annotate(rows, 2, CostParams.for_link(1e9))
+    assert rows[0]["predicted_s"] > 0 and rows[0]["prediction_error"] is not None

@@ -64,7 +64,9 @@ def annotate(rows: list[dict], p: int, params: CostParams | None) -> None:
         r["busbw_Gbitps"] = r["busbw_GBps"] * 8
         pred = predict(r, p, params) if params else None
         r["predicted_s"] = pred
-        r["prediction_error"] = (pred - t) / t if pred is not None and t > 0 else None
+        # a call with nothing to send (one rank) is priced at 0 s: the model has no error to
+        # show for the local copy it times, not -100 %
+        r["prediction_error"] = (pred - t) / t if pred and t > 0 else None
 
 
 def table(rows: list[dict], title: str) -> Table:
