@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     command = provenance.script_command(None if argv is None else [__file__, *argv])
     try:
         check_writable(a.out, "--out")
+        if a.out.suffix.lower() == ".png":  # the figure goes to the same name, with .png
+            raise GradwireError(f"--out {a.out}: the result is JSON, and its figure would be "
+                                "written over it: give a name ending in .json")
         plan = None if a.repredict else parse_plan(a.rates, a.workers, a.aggs, a.repeats,
                                                    a.fast_repeats)
         write_report(a.out, Console(), plan, a.repredict, command)

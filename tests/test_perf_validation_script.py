@@ -226,3 +226,9 @@ def test_bad_arguments_are_one_line_errors_before_anything_runs(script, tmp_path
     assert text.startswith("perf_validation.py: error: ") and message in text
     assert "\n" not in text
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_result_named_png_is_refused_before_its_figure_overwrites_it(script, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        script(["--workers", "1", "--out", str(tmp_path / "r.PNG")])
+    assert "its figure would be written over it" in str(e.value.code)
