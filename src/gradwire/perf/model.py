@@ -7,7 +7,8 @@ aggregation (a method of :data:`gradwire.hooks.METHODS` and its parameters):
 
 1. Buckets as DDP forms them: tensors in backward order, the first bucket closed at
    ``first_bucket_mb`` and the others at ``bucket_mb`` (DDP's first bucket: 1 MiB under its
-   default cap of 25, the cap under any other; mode "model": one bucket of everything). Bucket b is ready when backward has produced its last tensor:
+   default cap of 25, the cap under any other; mode "model": one bucket of everything).
+   Bucket b is ready when backward has produced its last tensor:
    R_b = κ·Σ backward time of the tensors up to it, κ ≥ 1 the slowdown of compute that runs
    beside communication (only when there is something to overlap: more than one bucket).
 2. One FIFO communication thread (as the hooks run): E_b = max(R_b, E_{b−1}) + encode_b +
