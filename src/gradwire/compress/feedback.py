@@ -41,7 +41,10 @@ The other compressors agree on the status in the call's header exchange
 :func:`fallback`). With the header exchange off (``GRADWIRE_CHECK_CALLS=0``) those ranks
 cannot agree on a dense call, so every rank compresses as usual and NaN or Inf in x goes
 through the compressor as it is; a rank whose x + e would overflow drops its residual first
-(zeroed, with a warning: its mass is lost) and compresses x alone.
+(zeroed, with a warning: its mass is lost) and compresses x alone. Such a call leaves NaN or
+Inf in the residual (where x's were not sent, and where they were: corrected − sent is NaN),
+which no later call could apply or clear; the next call zeroes those elements of it first
+(with a warning), so the run recovers one call after its last non-finite gradient.
 """
 
 from __future__ import annotations
@@ -205,7 +208,18 @@ def fallback(worst: int | None, x: torch.Tensor, residual: torch.Tensor | None,
     ``residual`` (zeroed, in place) where the policy says so. Warns (RuntimeWarning) when it
     acts."""
     if worst is None:
-        if residual is not None and status(x, residual) is Status.OVERFLOW:
+        if residual is None:
+            return None
+        mine = status(x, residual)
+        if mine is Status.NONFINITE and not bool(residual.isfinite().all()):
+            # Left by an earlier call that compressed NaN or Inf as it was: kept, it would be
+            # added to every later gradient (NaN forever), and nothing else clears it here.
+            _warn(who, "the residual holds NaN or Inf (a gradient compressed with the header "
+                  "exchange off, GRADWIRE_CHECK_CALLS=0, held them): those elements of it "
+                  "were dropped")
+            residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+            mine = status(x, residual)
+        if mine is Status.OVERFLOW:
             _warn(who, f"gradient + residual overflows {_name(x.dtype)} on this rank and the "
                   "header exchange is off (GRADWIRE_CHECK_CALLS=0), so the ranks cannot agree "
                   "on a dense call: its residual was dropped (that mass is lost) and the "

@@ -24,8 +24,9 @@ indices in ascending order: :func:`device_exact` (the rule's set, always) and
 :func:`device_threshold` (the rule's set unless its sample misses: a few calls in 10⁵).
 Both rank elements by :func:`magnitude_keys`, integers that order like |x| under the rule.
 The host selectors depart from the rule in two corners that the device path keeps to: they
-rank NaN level with ±inf (the smaller index first), and :func:`threshold_topk` leaves out a
-NaN that its sample did not draw (|NaN| ≥ threshold is false).
+rank NaN level with ±inf (the smaller index first), and :func:`threshold_topk` and
+:func:`dgc_select` take x's NaNs as candidates only when their sample drew a NaN: otherwise
+they leave every NaN out (|NaN| ≥ threshold is false).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def _kth_largest(mag: torch.Tensor, k: int) -> torch.Tensor:
     0.45 ms at 50 000 fp32 here); torch.topk otherwise (faster here when k ≪ n)."""
     n = mag.numel()
     if mag.device.type == "cpu" and mag.dtype in NUMPY_DTYPES[:2] and 8 * k >= n:
-        top = np.partition(mag.numpy(), n - k)[n - k :]  # NaNs sort last: into the top
+        # detached: numpy refuses a tensor that requires grad (a parameter's own values)
+        top = np.partition(mag.detach().numpy(), n - k)[n - k :]  # NaNs sort last: the top
         return torch.from_numpy(top.min(keepdims=True))[0]
     return torch.topk(mag, k, sorted=False).values.min()  # min: NaN if a NaN is in the top
 
@@ -130,7 +132,7 @@ def _top_positions(mag: torch.Tensor, k: int) -> torch.Tensor:
 
 def exact_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (int64) of the min(k, n) largest |x|, ties to the smaller index."""
-    return _top_positions(x.abs(), k)
+    return _top_positions(x.detach().abs(), k)
 
 
 def _sample_abs(x: torch.Tensor, size: int, g: torch.Generator) -> torch.Tensor:
@@ -138,20 +140,32 @@ def _sample_abs(x: torch.Tensor, size: int, g: torch.Generator) -> torch.Tensor:
 
 
 def _sampled_kth(v: torch.Tensor, j: int) -> float:
-    # A Python float, not a 0-d tensor: the compares below run ~1.5x faster with a scalar
-    # (measured at 25 M fp32). The value came from x, so it is exact in x's dtype.
-    return float(torch.topk(v, j, sorted=False).values.min())
+    """The j-th largest of the sampled magnitudes ``v``, a NaN counted as +inf.
+
+    A NaN drawn ranks in the top j (NaN is the largest), but min() over them would return it,
+    and no element compares ≥ NaN: the pass would find no candidate at all (and DGC would
+    send nothing). As +inf the threshold is the host rule's (NaN level with inf); the NaNs
+    themselves come in through :func:`_candidates`. A Python float, not a 0-d tensor: the
+    compares below run ~1.5x faster with a scalar (measured at 25 M fp32). The value came
+    from x, so it is exact in x's dtype."""
+    top = torch.topk(v, j, sorted=False).values
+    return float(top.nan_to_num(nan=math.inf, posinf=math.inf).min())
 
 
-def _candidates(x: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Indices (ascending) of every |x| ≥ threshold (never a NaN). Two compares on x instead
-    of one on x.abs() (a fresh n-element tensor). On the CPU numpy does the pass: torch's
-    compares into a bool tensor and its nonzero were several times slower here
-    (benchmarks/results: compress_speed/latest.json for 25 M, train_demo/latest.json's
-    compress column at 1.13 M)."""
-    if x.device.type == "cpu" and x.dtype in NUMPY_DTYPES and not x.requires_grad:
-        a = x.numpy()
+def _candidates(x: torch.Tensor, threshold: float, nan: bool = False) -> torch.Tensor:
+    """Indices (ascending) of every |x| ≥ threshold, and of every NaN where ``nan`` (the
+    sample drew one, so the rule would take it). Two compares on x instead of one on x.abs()
+    (a fresh n-element tensor). On the CPU numpy does the pass: torch's compares into a bool
+    tensor and its nonzero were several times slower here (benchmarks/results:
+    compress_speed/latest.json for 25 M, train_demo/latest.json's compress column at
+    1.13 M)."""
+    if x.device.type == "cpu" and x.dtype in NUMPY_DTYPES:
+        a = x.detach().numpy()
+        if nan:  # a NaN compares false both ways, so it is "not below the threshold"
+            return torch.from_numpy(np.flatnonzero(~((a < threshold) & (a > -threshold))))
         return torch.from_numpy(np.flatnonzero((a >= threshold) | (a <= -threshold)))
+    if nan:
+        return torch.nonzero(~((x < threshold) & (x > -threshold))).squeeze(1)
     return torch.nonzero((x >= threshold) | (x <= -threshold)).squeeze(1)
 
 
@@ -195,17 +209,19 @@ def _threshold_passes(x: torch.Tensor, k: int, g: torch.Generator, sample: float
     j-th largest |sample| (j = ``first_j(k·s/n)``); the candidates are every |x| ≥ threshold;
     ``verdict`` accepts them or says the next j. A zero threshold means mostly zeros
     (:func:`_nonzeros_first`). After ``passes`` passes, ``give_up(last candidates)``."""
+    x = x.detach()  # indices only: no graph, and numpy refuses a tensor that requires grad
     n = x.numel()
     s = _sample_size(n, sample, min_sample)
     if k == 0 or k >= n or 2 * s >= n:  # a sample this large costs as much as torch.topk
         return exact_topk(x, k)
     v = _sample_abs(x, s, g)
+    nan = bool(torch.isnan(v).any())  # a NaN drawn: x's NaNs are candidates too
     j, cand = max(1, min(s, first_j(k * s / n))), None
     for _ in range(passes):
         threshold = _sampled_kth(v, j)
         if threshold == 0:
             return _nonzeros_first(x, k)
-        cand = _candidates(x, threshold)
+        cand = _candidates(x, threshold, nan)
         chosen, nxt = verdict(cand, j)
         if chosen is not None:
             return chosen
