@@ -25,6 +25,7 @@ sends a matrix too small to compress as it is.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +55,9 @@ from gradwire.compress.quantize import (
     Int8,
     int8_adopt,
     int8_budget,
+    int8_cap,
     int8_exponent,
+    int8_exponent_limit,
     int8_quantize,
     int8_steps,
     int8_vote,
@@ -245,6 +248,21 @@ def _payload(c: AggregationCall, x: torch.Tensor, key: object) -> Payload:
     return c.ef.compress(key, x) if c.ef is not None else comp.compress(x)
 
 
+def _at_density(compressor: Compressor, density: float) -> Compressor:
+    """``compressor`` as a call at ``density`` runs it (:func:`_payload` sets the density
+    then). One that takes a density holds its last compressed call's, and a density warm-up
+    moves the call's from epoch to epoch: a plan read from the compressor would price
+    another k than the call sends, and one that went dense (so set no density) would stay
+    dense at every lower density after it. A copy: the compressor itself may be compressing
+    another bucket on the comm thread."""
+    if not compressor.takes_density or (compressor.density == density  # type: ignore[attr-defined]
+                                        and compressor.k is None):  # type: ignore[attr-defined]
+        return compressor
+    at = copy.copy(compressor)
+    at.density, at.k = density, None  # type: ignore[attr-defined]
+    return at
+
+
 class Summed(Path):
     """Associative payloads (casts, shared-index values), each scaled by 1/P and summed."""
 
@@ -254,6 +272,7 @@ class Summed(Path):
     def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
              shapes=None):
         assert compressor is not None
+        compressor = _at_density(compressor, density)
         wire, item = compressor.wire_bytes(numel, dtype), compressor.wire_itemsize(dtype)
         if no_smaller(wire, numel, dtype):  # a 16-bit bucket cast to a 16-bit wire
             return dense(numel, dtype, algo)
@@ -268,10 +287,20 @@ class Summed(Path):
         return True  # with error feedback (randomk) the status goes first: never in band
 
     def issue(self, c, x, key):  # type: ignore[override]
-        payload = _payload(c, x, key)
+        scale = 1 / c.comm.world  # as DDP: scale before summing
+        if c.ef is None:
+            # A cast: x scaled in its own precision before it is rounded to the wire's, so
+            # that a value past the wire's range whose share of the average is not (70000 in
+            # fp32 over 2 ranks, cast to fp16) travels finite. x is the caller's to lose.
+            payload = _payload(c, x.mul_(scale), key)
+        else:
+            # random-k's values keep x's dtype: scaled after selection, with the same
+            # rounding, so the residual keeps what was not sent unscaled
+            payload = _payload(c, x, key)
+            for t in payload.tensors():
+                t.mul_(scale)
         flying = []
         for t in payload.tensors():
-            t.mul_(1 / c.comm.world)  # as DDP: scale before summing (and no fp16 overflow)
             flying += c.comm.all_reduce_start(t)
         # the average goes into x (the bucket, or the caller's): no gradient-sized tensor
         return Issued(payload.nbytes, flying,
@@ -289,7 +318,7 @@ class Gathered(Path):
     def plan(self, m, numel, world, dtype, compressor, density, algo,  # type: ignore[override]
              shapes=None):
         assert compressor is not None
-        wire = compressor.wire_bytes(numel, dtype)
+        wire = _at_density(compressor, density).wire_bytes(numel, dtype)
         if no_smaller(wire, numel, dtype):
             return dense(numel, dtype, algo)
         name, params = allgather_algo(algo)
@@ -460,10 +489,11 @@ class Scaled(InBand):
     """int8 summed on the wire in one allreduce. Each block of INT8_BLOCK elements has a step
     size 2^(E/2) that every rank knows; each rank sends its levels round((e + x)/step),
     clipped to ±⌊127/P⌋ (:func:`gradwire.compress.quantize.int8_budget`: their sum fits in
-    int8), and, in the same int8 tensor, per block its vote for the next E (the smallest of
-    INT8_MOVES after which twice its max|e + x| would not be clipped), then its NaN/Inf
-    status as two counts. avg = Σ levels·step/P; the residual keeps e + x − levels·step, the
-    clipped part included. Each block then moves E by the largest move any rank voted for.
+    int8; fewer where step·level would pass x's largest value, ``int8_cap``), and, in the
+    same int8 tensor, per block its vote for the next E (the smallest of INT8_MOVES after
+    which twice its max|e + x| would not be clipped), then its NaN/Inf status as two counts.
+    avg = Σ levels·step/P; the residual keeps e + x − levels·step, the clipped part
+    included. Each block then moves E by the largest move any rank voted for.
 
     A bucket's first step has no E yet: one allreduce of every rank's max|e + x| per block
     (and its status) comes first, and E starts where the sum S of those maxima would not be
@@ -495,7 +525,7 @@ class Scaled(InBand):
         comp = c.compressor
         assert isinstance(comp, Int8) and c.ef is not None
         world, dtype, n = c.comm.world, acc_dtype(x.dtype), x.numel()
-        budget = int8_budget(world)
+        budget, limit = int8_budget(world), int8_exponent_limit(x.dtype)
         e = c.ef.residual(key, x)  # zeros at first, then kept from step to step
         # the status and, per block, max|x| + max|e|, a bound on |e + x|, from the same passes
         mine, keep, bound = feedback.local_status_bound(x, e, INT8_BLOCK)
@@ -506,12 +536,14 @@ class Scaled(InBand):
         else:  # the bucket's first step
             head = torch.cat([bound.to(dtype), status_code(mine, world, dtype, x.device)])
             c.comm.all_reduce(head)
-            exponent, sent = int8_exponent(head[:-1], budget), head.nbytes
+            exponent, sent = int8_exponent(head[:-1], budget, limit), head.nbytes
         step, inv = int8_steps(exponent, dtype)
         levels, wire = comp.scratch(key, x, int8_wire(n))
-        int8_quantize(acc, inv, budget, (levels, wire[:n]))
+        # at most the budget, and no level whose step·level passes x's dtype: the average
+        # of a bucket at its largest values stays finite
+        int8_quantize(acc, inv, int8_cap(step, budget, x.dtype), (levels, wire[:n]))
         votes = wire[n:-2].view(-1, len(INT8_MOVES))
-        votes.copy_(int8_vote(bound, exponent, budget))
+        votes.copy_(int8_vote(bound, exponent, budget, limit))
         code = torch.as_tensor(mine, device=x.device)
         wire[-2:].copy_(torch.stack([code == feedback.Status.NONFINITE,
                                      code == feedback.Status.OVERFLOW]))
@@ -524,7 +556,7 @@ class Scaled(InBand):
             if worst == feedback.Status.OK:
                 # the residual: what this rank's levels left out, the clipped part included
                 blocks.sub_product_(acc, levels, step, INT8_BLOCK)
-                comp.exponents[key] = int8_adopt(exponent, votes)
+                comp.exponents[key] = int8_adopt(exponent, votes, limit)
                 return blocks.mul(wire[:n], step.div_(world), INT8_BLOCK, out=x)
             instead = feedback.settle(worst, x, acc, e, keep,
                                       f"gradwire hook {c.method.name}")

@@ -308,6 +308,9 @@ INT8_MOVES = (-3, -2, -1, 0, 1, 2, 4, 8)
 # clipping delays a block's largest values, which are the ones that matter most.
 INT8_HEADROOM = 2
 INT8_EXPONENT_LIMIT = 252  # |E| at most 252: every step size and its inverse is a normal fp32
+# fp64 buckets take their steps in fp64: |E| up to 2044, every step and inverse a normal fp64
+# (fp32's limit would send nothing of gradients below 2^-127 and at most 127·2^126.5 a step)
+INT8_EXPONENT_LIMIT_FP64 = 2044
 _SQRT2 = 1.4142135623730951
 
 
@@ -328,13 +331,20 @@ def int8_budget(world: int) -> int:
     return budget
 
 
-def int8_exponent(bound: torch.Tensor, budget: int) -> torch.Tensor:
+def int8_exponent_limit(dtype: torch.dtype) -> int:
+    """The largest |E| of a bucket of ``dtype``, whose steps are in its accumulation dtype."""
+    return INT8_EXPONENT_LIMIT_FP64 if acc_dtype(dtype) == torch.float64 else INT8_EXPONENT_LIMIT
+
+
+def int8_exponent(bound: torch.Tensor, budget: int, limit: int = INT8_EXPONENT_LIMIT
+                  ) -> torch.Tensor:
     """Per block (int64), the smallest E with budget·2^(E/2) ≥ ``bound``: the step size at
-    which nothing of magnitude up to the bound is clipped; within ±INT8_EXPONENT_LIMIT (a
-    bound of 0 gives the smallest step, NaN too). No host read."""
+    which nothing of magnitude up to the bound is clipped; within ±``limit``
+    (:func:`int8_exponent_limit`; a bound of 0 gives the smallest step, NaN too). No host
+    read."""
     b = torch.nan_to_num(bound.to(torch.float64), nan=0.0)
     e = torch.ceil(torch.log2(b / budget).mul_(2))
-    return e.clamp_(-INT8_EXPONENT_LIMIT, INT8_EXPONENT_LIMIT).to(torch.int64)
+    return e.clamp_(-limit, limit).to(torch.int64)
 
 
 def int8_steps(exponent: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -354,32 +364,48 @@ def _moves(device: torch.device) -> torch.Tensor:
     return torch.tensor(INT8_MOVES, dtype=torch.int64, device=device)
 
 
-def int8_vote(bound: torch.Tensor, exponent: torch.Tensor, budget: int) -> torch.Tensor:
+def int8_vote(bound: torch.Tensor, exponent: torch.Tensor, budget: int,
+              limit: int = INT8_EXPONENT_LIMIT) -> torch.Tensor:
     """This rank's votes (blocks × len(INT8_MOVES), int8, a single 1 per row): per block the
     smallest move of ``exponent`` after which nothing up to twice ``bound`` would be clipped
-    (INT8_HEADROOM; the largest move if none suffices)."""
+    (INT8_HEADROOM; the largest move if none suffices); ``limit`` as :func:`int8_exponent`."""
     moves = _moves(exponent.device)
-    need = (int8_exponent(bound, budget) + INT8_HEADROOM - exponent).contiguous()
+    need = (int8_exponent(bound, budget, limit) + INT8_HEADROOM - exponent).contiguous()
     slot = torch.searchsorted(moves, need).clamp_(max=len(INT8_MOVES) - 1)
     votes = torch.zeros(exponent.numel(), len(INT8_MOVES), dtype=torch.int8,
                         device=exponent.device)
     return votes.scatter_(1, slot[:, None], 1)
 
 
-def int8_adopt(exponent: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def int8_adopt(exponent: torch.Tensor, counts: torch.Tensor,
+               limit: int = INT8_EXPONENT_LIMIT) -> torch.Tensor:
     """The next exponents from the votes summed over ranks (blocks × len(INT8_MOVES)): each
-    block moves by the largest move any rank voted for."""
+    block moves by the largest move any rank voted for; within ±``limit``."""
     moves = _moves(exponent.device)  # ascending: the largest voted is the largest with votes
     top = torch.where(counts > 0, moves, moves[0]).amax(dim=1)
-    return (exponent + top).clamp_(-INT8_EXPONENT_LIMIT, INT8_EXPONENT_LIMIT)
+    return (exponent + top).clamp_(-limit, limit)
 
 
-def int8_quantize(x: torch.Tensor, inv: torch.Tensor, limit: int,
+def int8_cap(step: torch.Tensor, budget: int, dtype: torch.dtype) -> torch.Tensor:
+    """Per block (in ``step``'s dtype), the largest level a rank may send: ``budget``, or
+    fewer where ``budget``·step would pass the largest value of ``dtype`` (the bucket's):
+    a level rounded up past it (65504 in fp16, 3.4e38 in fp32) would make the average of
+    finite gradients inf. With every |level|·step at most that value, so is the average of
+    every rank's. The quotient
+    is shrunk by 2^-20 so that its own rounding, and the average's, cannot lift a level
+    past it. 0 where one step is already past it (nothing of the block is sent; error
+    feedback keeps it). No host read."""
+    top = torch.finfo(dtype).max
+    return torch.floor(top / step * (1 - 2.0**-20)).clamp_(max=budget)
+
+
+def int8_quantize(x: torch.Tensor, inv: torch.Tensor, limit: int | torch.Tensor,
                   out: tuple[torch.Tensor, torch.Tensor] | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the levels in x's accumulation dtype, the same as int8): x·inv, each block of
-    INT8_BLOCK elements by its own entry of ``inv``, clipped to ±``limit`` and rounded to
-    the nearest; written into ``out`` where given (:meth:`Int8.scratch`)."""
+    INT8_BLOCK elements by its own entry of ``inv``, clipped to ±``limit`` (one for all, or
+    one per block, :func:`int8_cap`) and rounded to the nearest; written into ``out`` where
+    given (:meth:`Int8.scratch`)."""
     acc = acc_dtype(x.dtype)
     if out is None:
         out = (torch.empty(x.numel(), dtype=acc, device=x.device),
@@ -388,7 +414,13 @@ def int8_quantize(x: torch.Tensor, inv: torch.Tensor, limit: int,
     if x.dtype != acc:  # multiplied in the accumulation dtype: fp16 holds levels to 1/16 only
         x = t.copy_(x)
     blocks.mul(x, inv, INT8_BLOCK, out=t)
-    t.clamp_(-limit, limit).round_()
+    if isinstance(limit, torch.Tensor):
+        for el, bl, shape in blocks.ranges(t.numel(), INT8_BLOCK):
+            v, lim = t[el].view(shape), limit[bl, None]
+            torch.clamp(v, -lim, lim, out=v)
+    else:
+        t.clamp_(-limit, limit)
+    t.round_()
     return t, q.copy_(t)
 
 
