@@ -137,3 +137,17 @@ def test_qsgd_and_efsignsgd_of_large_finite_fp64_values_are_finite(value):
     assert torch.equal(QSGD(s=4).compress(y).norm, torch.linalg.vector_norm(y).reshape(1))
     assert torch.equal(EFSignSGD().compress(y).scale, (y.abs().sum() / 1000).reshape(1))
 
+
+
+def test_powersgd_compresses_exactly_the_matrices_pytorchs_hook_does():
+    """PyTorch compresses a matrix only where (rows + cols)·r·2 < rows·cols, strictly; a
+    matrix at exactly twice (16×16 at r = 4, 4×4 at r = 1) went compressed here."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+    for rows in range(1, 40):
+        for cols in range(1, 40):
+            for rank in (1, 2, 4):
+                r = min(rank, rows, cols)
+                theirs = _should_compress(rows, cols, r, 2)[0]
+                ours = bool(layout(rows * cols, [(rows, cols)], rank).batches)
+                assert ours == theirs, (rows, cols, rank)

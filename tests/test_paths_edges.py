@@ -53,7 +53,7 @@ def test_powersgd_plan_of_a_16_bit_bucket_goes_dense_where_its_fp32_wire_is_larg
     (and so the hook) still compressed, sending more bytes than a dense allreduce, and
     losing precision too. A plan goes dense where the compressed form is no smaller
     (BucketPlan), as int8's does."""
-    shapes, numel = ((16, 16), (1000,)), 16 * 16 + 1000
+    shapes, numel = ((17, 17), (1000,)), 17 * 17 + 1000
     m = catalogue.get("powersgd")
     got = m.plan(numel, 4, dtype, shapes=shapes)
     assert got.dense and got.sent == numel * dtype.itemsize

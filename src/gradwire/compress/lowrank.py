@@ -39,7 +39,8 @@ from gradwire.compress.base import Compressor, Payload, check_input, expect, gen
 from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError
 
-# PyTorch's min_compression_rate: a matrix is compressed when rows·cols ≥ 2·(rows + cols)·r.
+# PyTorch's min_compression_rate: a matrix is compressed when rows·cols > 2·(rows + cols)·r
+# (its _should_compress: strictly, so a matrix at exactly twice goes as it is).
 MIN_COMPRESSION_RATE = 2
 
 
@@ -207,7 +208,7 @@ def _layout(numel: int, shapes: tuple[tuple[int, ...], ...] | None, rank: int) -
     plain = []
     for at, n, rows, cols in tensors:
         r = min(rank, rows, cols)
-        if rows * cols >= MIN_COMPRESSION_RATE * (rows + cols) * r:
+        if rows * cols > MIN_COMPRESSION_RATE * (rows + cols) * r:
             groups.setdefault((rows, cols), []).append((at, n))
         else:
             plain.append((at, n))
