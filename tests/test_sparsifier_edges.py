@@ -18,6 +18,7 @@ from gradwire.compress.base import generator
 from gradwire.compress.feedback import ErrorFeedback, Status, fallback, status
 from gradwire.compress.select import dgc_select, exact_topk, select, threshold_topk
 from gradwire.compress.sparse import DGC, RandomK, TopK
+from gradwire.errors import GradwireError
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 NAN, INF = float("nan"), float("inf")
@@ -170,3 +171,9 @@ def test_header_off_error_feedback_recovers_after_a_nan_step(make):
         applied = comp.decompress(ef.compress("b", x), 1000)
         if step >= 1:
             assert bool(applied.isfinite().all()) and bool(ef.residuals["b"].isfinite().all())
+
+
+def test_an_unknown_selector_is_refused_not_run_as_exact():
+    with pytest.raises(GradwireError, match="selector must be one of 'exact', 'threshold', "
+                                            "got 'treshold'"):
+        select(torch.arange(10.0), 3, "treshold")

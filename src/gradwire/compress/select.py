@@ -380,6 +380,9 @@ def select(acc: torch.Tensor, k: int, selector: str = "exact",
     On the device path (:func:`gradwire.syncfree.on_host` false): exactly min(k, n) distinct
     indices in ascending order, with no host sync (:func:`device_exact`,
     :func:`device_threshold`, whose set is exact unless its sample misses)."""
+    if selector not in SELECTORS:  # a typo must not quietly run another selector
+        raise GradwireError(f"select: selector must be one of {', '.join(map(repr, SELECTORS))}, "
+                            f"got {selector!r}")
     n = acc.numel()
     k = min(k, n)
     if k == n:
