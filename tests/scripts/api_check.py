@@ -59,5 +59,28 @@ w = torch.nn.Parameter(torch.full((10,), float(rank), device=DEV))
 gc.all_reduce(w, op="avg")
 check(bool((w.detach() == (p - 1) / 2).all()) and w.requires_grad,
       f"a parameter's average: {w.detach()[0].item()}")
+# a sparse aggregation issued while an async call is in flight on the group runs after it,
+# as the group's own calls do (their messages interleaved on the same pairs of ranks)
+from gradwire.sparse import sparse_allreduce  # noqa: E402
+
+
+def sparse_once(method: str) -> torch.Tensor:
+    x = torch.arange(1.0, 65.0, device=DEV) * (rank + 1)
+    return sparse_allreduce(x, torch.zeros(64, device=DEV), 8, method)
+
+
+for method in ("topk", "gtopk"):
+    want = sparse_once(method)
+    a = torch.full((200_000,), rank + 1.0, device=DEV)
+    try:
+        h = gc.all_reduce(a, algo="ring", async_op=True)
+        got = sparse_once(method)
+        h.wait(datetime.timedelta(seconds=60))
+        check(torch.equal(got, want) and bool((a == p * (p + 1) / 2).all()),
+              f"{method} beside an async all_reduce: {got[-8:].tolist()} != "
+              f"{want[-8:].tolist()} or {a[0].item()}")
+    except Exception as e:  # noqa: BLE001 (reported, then the rest)
+        check(False, f"{method} beside an async all_reduce: {type(e).__name__}: {e}")
+        break
 done()
 dist.destroy_process_group()

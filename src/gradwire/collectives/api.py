@@ -104,6 +104,18 @@ def _turns(group: dist.ProcessGroup | None) -> _Turns:
         return _GROUP_TURNS.setdefault(group, _Turns())  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def in_turn(group: dist.ProcessGroup | None) -> Iterator[None]:
+    """Run the block as one of ``group``'s calls: after every call issued on it before (async
+    ones included), and before every call issued after; inside the call this thread is
+    already running, if any. For aggregations built on the transport outside this module
+    (:func:`gradwire.sparse.sparse_allreduce`), whose messages would otherwise interleave with
+    an async call's in flight."""
+    turns = _turns(group)
+    with turns.turn(turns.take()):
+        yield
+
+
 def _outside(group: object) -> bool:
     """Whether this rank is not in ``group`` (``dist.new_group`` gives it no group): c10d's
     collectives do nothing there, and so do these."""

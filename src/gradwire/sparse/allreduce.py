@@ -18,6 +18,7 @@ import torch.distributed as dist
 import gradwire.collectives as gc
 from gradwire.check import is_int
 from gradwire.collectives.agree import agree_status
+from gradwire.collectives.api import in_turn
 from gradwire.collectives.executor import Combine, execute
 from gradwire.compress import feedback
 from gradwire.compress.select import SELECTORS
@@ -348,9 +349,10 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     """
     e = _entries("topk_allreduce", values, indices, numel)
     t = resolve(transport, group, "topk_allreduce")
-    _agree(t, "topk_allreduce", "topk", _shown("topk", algo, t.world_size), numel,
-           values.dtype, _count(e, k))
-    return _run(topk_plan(e, _count(e, k), numel, t.rank, t.world_size, algo), t, "topk")
+    with in_turn(t.group):
+        _agree(t, "topk_allreduce", "topk", _shown("topk", algo, t.world_size), numel,
+               values.dtype, _count(e, k))
+        return _run(topk_plan(e, _count(e, k), numel, t.rank, t.world_size, algo), t, "topk")
 
 
 def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
@@ -375,10 +377,11 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
                             "must not share memory (stride 0: an expand()ed tensor); pass "
                             "residual.clone()")
     t = resolve(transport, group, "gtopk_allreduce")
-    _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo, t.world_size), numel,
-           values.dtype, _count(e, k))
-    return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo), t,
-                "gtopk")
+    with in_turn(t.group):
+        _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo, t.world_size), numel,
+               values.dtype, _count(e, k))
+        return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo),
+                    t, "gtopk")
 
 
 def _entries(name: str, values: object, indices: object, numel: object) -> Entries:
@@ -584,13 +587,15 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     check_args(x, residual, k, method, selector, algo, out)
     t = resolve(transport, group, "sparse_allreduce")
     n = x.numel()
-    _agree(t, "sparse_allreduce", method, _shown(method, algo, t.world_size), n, x.dtype, k,
-           selector)
-    # Data, not part of autograd's graph (as in a dense allreduce): a tensor that requires
-    # grad would stop the host's numpy selection, and tie the residual to the graph.
-    given = out
-    x, residual = x.detach(), residual.detach()
-    ex = exchange(x, residual, k, method, selector, t, algo, timings)
-    got = ex.finish(int(ex.worst), None if out is None else out.detach(),
-                    lambda y: gc.all_reduce(y, op="avg", transport=t) or y)
+    with in_turn(t.group):  # in issue order with the group's other calls, async ones too
+        _agree(t, "sparse_allreduce", method, _shown(method, algo, t.world_size), n, x.dtype,
+               k, selector)
+        # Data, not part of autograd's graph (as in a dense allreduce): a tensor that
+        # requires grad would stop the host's numpy selection, and tie the residual to the
+        # graph.
+        given = out
+        x, residual = x.detach(), residual.detach()
+        ex = exchange(x, residual, k, method, selector, t, algo, timings)
+        got = ex.finish(int(ex.worst), None if out is None else out.detach(),
+                        lambda y: gc.all_reduce(y, op="avg", transport=t) or y)
     return got if given is None else given
