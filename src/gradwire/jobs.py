@@ -43,11 +43,13 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
             task = bar.add_task(label, total=total)
 
             def sink(line: str) -> None:
-                _, _, text = line.partition("] ")
-                if line.startswith("[rank 0]") and text.startswith(PROGRESS + " "):
+                head, _, text = line.partition("] ")
+                # the launcher right-aligns rank numbers to the widest: "[rank  0]" at 11 ranks
+                first = head.startswith("[rank ") and head.removeprefix("[rank ").lstrip() == "0"
+                if first and text.startswith(PROGRESS + " "):
                     done, of = map(int, text.split()[1:3])
                     bar.update(task, completed=done, total=of)
-                elif tick and line.startswith("[rank 0]") and text.startswith(tick):
+                elif tick and first and text.startswith(tick):
                     bar.advance(task)
                 else:
                     tail.append(line)
@@ -62,9 +64,14 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
                 console.print(line, markup=False, highlight=False)
             why = res.message if res.returncode != 0 else "rank 0 wrote no result"
             raise GradwireError(f"{label} failed: {why}")
+        try:
+            result = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:  # ValueError: JSON's and UTF-8's decoding errors
+            raise GradwireError(f"{label} failed: rank 0's result is not valid JSON ({e})"
+                                ) from None
         if lines is not None:
             lines.finish()
-        return json.loads(out.read_text())
+        return result
 
 
 def plain_progress(console: Console, label: str) -> _Quarters | None:

@@ -110,7 +110,9 @@ def plot_curves(results: Sequence[dict], path: Path, title: str) -> Path:
         axes[1][col].set_xlabel(xlabel)
         for row in range(2):
             axes[row][col].grid(alpha=0.3)
-    axes[1][0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    # min_n_ticks=1: with the default 2 the locator gives up whole numbers where fewer than
+    # two fit, as on one epoch's axis (ticks at 0.945, 0.960, ...)
+    axes[1][0].xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     axes[0][0].set_ylabel("test accuracy (%)")
     axes[1][0].set_ylabel("training loss")
     axes[1][0].set_yscale("log")

@@ -138,5 +138,9 @@ def train_on(cluster: Cluster, cfg: TrainConfig, label: str, timeout: float | No
     """Run the worker once per host and return rank 0's result."""
     result = run_ranks(cluster, "gradwire.train.worker", cfg.worker_args(), label, timeout,
                        console)
-    assert isinstance(result, dict)
+    if not isinstance(result, dict):
+        kind = ("null" if result is None else "array" if isinstance(result, list)
+                else "string" if isinstance(result, str) else "number or boolean")
+        raise GradwireError(f"{label} failed: rank 0's result is a JSON {kind}, expected an "
+                            "object of the run's figures")
     return result
