@@ -90,14 +90,14 @@ def test_in_network_aggregation_with_one_worker_costs_what_a_parameter_server_do
 
 
 def test_a_parameter_server_pays_gamma_for_each_push_it_sums():
-    """Two workers, one 1000-byte parameter at 1000 B/s on the ideal network: distribution
-    ends at 1 s and 2 s, the pushes at 2 s and 3 s; each costs the server γ·1000 = 0.1 s to
-    add, the second after the first, so the iteration ends at 3.1 s, not 3 s. In-network
+    """Two workers, one 1000-byte parameter at 1 MB/s on the ideal network: distribution
+    ends at 1 ms and 2 ms, the pushes at 2 ms and 3 ms; each costs the server γ·1000 = 0.1 ms
+    to add, the second after the first, so the iteration ends at 3.1 ms, not 3 ms. In-network
     aggregation sums at the switch: no γ."""
     t = tr.Trace("one", (tr.Param("p", 1000),), (tr.Iteration(0, 0, 0.0, (0.0,), (0.0,)),))
-    base = SimCluster(2, 8000.0, alpha=0.0, latency=0.0, iterations=1)
-    slow = SimCluster(2, 8000.0, alpha=0.0, latency=0.0, gamma=1e-4, iterations=1)
-    assert simulate_ps(t, base, PSOptions()).ends == pytest.approx([3.0])
-    assert simulate_ps(t, slow, PSOptions()).ends == pytest.approx([3.1])
+    base = SimCluster(2, 8e6, alpha=0.0, latency=0.0, iterations=1)
+    slow = SimCluster(2, 8e6, alpha=0.0, latency=0.0, gamma=1e-7, iterations=1)
+    assert simulate_ps(t, base, PSOptions()).ends == pytest.approx([3e-3])
+    assert simulate_ps(t, slow, PSOptions()).ends == pytest.approx([3.1e-3])
     assert (simulate_ps(t, slow, PSOptions(ina=True)).ends
             == pytest.approx(simulate_ps(t, base, PSOptions(ina=True)).ends))
