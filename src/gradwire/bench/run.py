@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 from rich.console import Console
 
 from gradwire.bench import calibrate, provenance
 from gradwire.bench.report import annotate, footer, table
+from gradwire.bench.sharing import usable_cores
 from gradwire.bench.spec import BACKENDS, BUILTIN, REDUCING, AlgoSpec
 from gradwire.cluster import Cluster
 from gradwire.cluster.netns import machine_send_buffer
@@ -33,14 +33,6 @@ def model_params(cluster: Cluster, device: str = "cpu") -> tuple[CostParams, str
     bps = cluster.bandwidth_bps or 10e9
     return (CostParams.for_link(bps, DEFAULT_ALPHA_S),
             f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, link rate, γ=0 ({why})")
-
-
-def usable_cores() -> int:
-    """The cores this process (and so every rank it starts) may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],

@@ -113,7 +113,7 @@ def cpu_sharing(t: Transport) -> dict:
     import gradwire.collectives as gc
 
     rows: list = [None] * t.world_size
-    dist.all_gather_object(rows, (socket.gethostname(), _cores()), group=t.group)
+    dist.all_gather_object(rows, (socket.gethostname(), usable_cores()), group=t.group)
     hosts: dict[str, list[int]] = {}
     for host, n in rows:
         hosts.setdefault(host, []).append(n)
@@ -199,7 +199,8 @@ def _memory_slowdown(t: Transport) -> float:
     return max(1.0, float(ratio))
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The cores this process (and so every rank it starts) may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
