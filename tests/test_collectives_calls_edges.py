@@ -1,7 +1,6 @@
 """Edges of the collectives and sparse aggregations: what ranks compare before the data moves
 (a reduction's op; topk's default allgather spelled out), sums of fp16 and bf16 values that
-must not overflow or round where the result fits, the staging pool when a receive is refused
-at once, and one host read per header exchange."""
+must not overflow or round where the result fits, and one host read per header exchange."""
 
 import contextlib
 
@@ -11,10 +10,8 @@ import torch.distributed as dist
 from sync_guard import SyncGuard
 
 import gradwire.collectives as gc
-from gradwire.collectives import agree, api, executor
-from gradwire.collectives.pool import BufferPool
-from gradwire.errors import GradwireError, PeerError
-from gradwire.schedules import registry
+from gradwire.collectives import agree, api
+from gradwire.errors import GradwireError
 from gradwire.sparse import allreduce as sparse_allreduce_module
 from gradwire.sparse import gtopk_allreduce, sparse_allreduce, topk_allreduce
 from gradwire.sparse.local import simulate
@@ -25,32 +22,29 @@ def _compared(call) -> bytes:
     return bytes(agree.encode(call)[: len(call) * agree.FIELD_BYTES].tolist())
 
 
-@pytest.fixture
-def api_calls(monkeypatch) -> list:
-    """The headers gradwire.collectives' calls exchange, in order."""
+def _recorded(monkeypatch, module, name: str) -> list:
+    """The headers passed to ``module.name`` (an exchange), in order, the exchange still made."""
     seen: list = []
-    real = api.agree
+    real = getattr(module, name)
 
     def record(t, call, *args, **kwargs):
         seen.append(list(call))
         return real(t, call, *args, **kwargs)
 
-    monkeypatch.setattr(api, "agree", record)
+    monkeypatch.setattr(module, name, record)
     return seen
+
+
+@pytest.fixture
+def api_calls(monkeypatch) -> list:
+    """The headers gradwire.collectives' calls exchange, in order."""
+    return _recorded(monkeypatch, api, "agree")
 
 
 @pytest.fixture
 def sparse_calls(monkeypatch) -> list:
     """The headers gradwire.sparse's calls exchange, in order."""
-    seen: list = []
-    real = sparse_allreduce_module.agree_status
-
-    def record(t, call, *args, **kwargs):
-        seen.append(list(call))
-        return real(t, call, *args, **kwargs)
-
-    monkeypatch.setattr(sparse_allreduce_module, "agree_status", record)
-    return seen
+    return _recorded(monkeypatch, sparse_allreduce_module, "agree_status")
 
 
 # a reduction's op is part of the call ------------------------------------------------------
@@ -138,38 +132,6 @@ def test_topk_results_average_fp16_sums_that_overflow_to_the_mean():
 
 
 # the executor's staging pool -------------------------------------------------------------
-
-class _Refused:
-    """Rank 0 of 2 whose receives are refused when posted, as gloo refuses them once the
-    peer's connection has closed; records every buffer a receive was asked for."""
-
-    rank, world_size, backend = 0, 2, "gloo"
-
-    def __init__(self) -> None:
-        self.asked: list[torch.Tensor] = []
-
-    def isend(self, tensor: torch.Tensor, dst: int) -> None:
-        return None
-
-    def irecv(self, tensor: torch.Tensor, src: int) -> None:
-        self.asked.append(tensor)
-        raise PeerError(self.rank, src, f"receive of {tensor.numel() * 4} bytes from",
-                        "failed: the connection closed (rank 1 exited or was killed)")
-
-
-def test_a_staging_buffer_comes_back_when_its_receive_is_refused_at_once(monkeypatch):
-    pool = BufferPool(keep=2**20)
-    monkeypatch.setattr(executor, "STAGING", pool)
-    s = registry.schedule("allreduce", "ring", 2, 8)
-    t, buf = _Refused(), torch.ones(8)
-    with pytest.raises(PeerError, match="connection closed"):
-        executor.execute(s, buf, t)
-    mine = buf.untyped_storage().data_ptr()
-    staged = [b for b in t.asked if b.untyped_storage().data_ptr() != mine]
-    assert staged, "the reduce-scatter's receive is staged (it sums)"
-    assert pool.held_bytes == sum(b.numel() * 4 for b in staged)
-    assert pool.take(4, torch.zeros(1)) is staged[0]
-
 
 # one host read per header exchange -------------------------------------------------------
 

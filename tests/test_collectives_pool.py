@@ -73,19 +73,48 @@ class _PeerGone:
                 for o in ops]
 
 
-@pytest.mark.parametrize("backend", ["gloo", "nccl"])  # dataflow, and step by step
-def test_staging_buffers_go_back_when_a_receive_fails(backend, monkeypatch):
+class _Refused:
+    """Rank 0 of 2 whose receives are refused when posted, as gloo refuses them once the
+    peer's connection has closed; records every buffer a receive was asked for."""
+
+    rank, world_size, backend = 0, 2, "gloo"
+
+    def __init__(self) -> None:
+        self.received_into: list[torch.Tensor] = []
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> None:
+        return None
+
+    def irecv(self, tensor: torch.Tensor, src: int) -> None:
+        self.received_into.append(tensor)
+        raise PeerError(self.rank, src, f"receive of {tensor.numel() * 4} bytes from",
+                        "failed: the connection closed (rank 1 exited or was killed)")
+
+
+def _staging_comes_back(monkeypatch, t: _PeerGone | _Refused, match: str) -> None:
+    """A ring allreduce of 8 elements on ``t`` fails with ``match``, and every staging buffer
+    its receives were given is back in the pool."""
     pool = BufferPool(keep=2**20)
     monkeypatch.setattr(executor, "STAGING", pool)
     s = registry.schedule("allreduce", "ring", 2, 8)
-    t, buf = _PeerGone(backend), torch.ones(8)
-    with pytest.raises(PeerError, match="in allreduce/ring .*receive of 4 bytes from rank 1"):
+    buf = torch.ones(8)
+    with pytest.raises(PeerError, match=match):
         executor.execute(s, buf, t)
     mine = buf.untyped_storage().data_ptr()
     staged = [b for b in t.received_into if b.untyped_storage().data_ptr() != mine]
     assert staged, "the reduce-scatter's receive is staged (it sums)"
     assert pool.held_bytes == sum(b.numel() * 4 for b in staged)
     assert pool.take(4, torch.zeros(1)) is staged[0]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])  # dataflow, and step by step
+def test_staging_buffers_go_back_when_a_receive_fails(backend, monkeypatch):
+    _staging_comes_back(monkeypatch, _PeerGone(backend),
+                        "in allreduce/ring .*receive of 4 bytes from rank 1")
+
+
+def test_a_staging_buffer_comes_back_when_its_receive_is_refused_at_once(monkeypatch):
+    _staging_comes_back(monkeypatch, _Refused(), "connection closed")
 
 
 def test_reduce_scatter_work_buffer_comes_back_when_the_call_raises(one_rank, monkeypatch):
