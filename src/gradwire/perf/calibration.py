@@ -320,20 +320,23 @@ class _Reader:
     def seconds(self, key: str, *, above: bool = False, null: bool = False,
                 high: float = MAX_SECONDS) -> float | None:
         # at most MAX_SECONDS, as a profile's and a trace's times, so the model's sums stay
-        # finite, or the bound of the option that gives the same term (the bound is named
-        # where it is the one a value breaks)
-        over = is_real(self.doc.get(key), high, above=True)
-        return self.number(key, f"a number of seconds {'>' if above else '>='} 0"
-                           + (f" and <= {high:g}" if over else ""), 0.0, above=above,
-                           high=high, null=null)
+        # finite, or the bound of the option that gives the same term
+        return self.bounded(key, 0.0, high, "a number of seconds", above=above, null=null)
 
     def factor(self, key: str, low: float, high: float, *, above: bool = False,
                default: float | None = None) -> float:
-        """A slowdown from ``low`` to ``high`` (the bound named where it is the one broken)."""
+        """A slowdown from ``low`` to ``high``."""
+        return self.bounded(key, low, high, "a number", above=above,  # type: ignore[return-value]
+                            default=default)
+
+    def bounded(self, key: str, low: float, high: float, what: str, *, above: bool = False,
+                null: bool = False, default: float | None = None) -> float | None:
+        """:meth:`number` from ``low`` to ``high``, the upper bound named in the error only
+        where it is the one the value breaks."""
         over = is_real(self.doc.get(key, default), high, above=True)
-        return self.number(key, f"a number {'>' if above else '>='} {low:g}"
+        return self.number(key, f"{what} {'>' if above else '>='} {low:g}"
                            + (f" and <= {high:g}" if over else ""), low, above=above,
-                           high=high, default=default)
+                           high=high, null=null, default=default)
 
     def integer(self, key: str, low: int) -> int:
         # counts (bytes, elements, ranks, cores) up to MAX_BYTES, which a float holds exactly
