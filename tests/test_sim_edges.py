@@ -84,3 +84,24 @@ def test_emulate_needs_two_iterations_before_any_rank_starts(tmp_path, monkeypat
                          iterations=1, calibration={"alpha_s": 1e-4, "beta_s_per_byte": 8e-9,
                                                     "gamma_s_per_byte": 0.0})
     assert "\n" not in str(e.value)
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Windows editors save UTF-8 with a leading byte-order mark; JSON allows a reader to
+    ignore it, and gradwire used to refuse the whole file at its first line."""
+    t = tr.synthetic("m", [8, 16], 1.0, 2.0)
+    path = tmp_path / "bom.trace"
+    path.write_bytes(b"\xef\xbb\xbf" + tr.dumps(t).encode())
+    assert tr.load(path) == t
+
+
+@pytest.mark.parametrize("key", ["format", "version", "model", "source"])
+def test_metadata_naming_a_header_field_is_refused_not_written_over_it(key):
+    """A metadata key ``format`` replaced the header's format, and the file written could
+    not be read back; ``model`` or ``source`` silently changed what was read."""
+    t = tr.synthetic("m", [8, 16], 1.0, 2.0)
+    bad = tr.Trace(t.model, t.params, t.iterations, t.source, {key: "x", "run": 1})
+    with pytest.raises(GradwireError, match=f"metadata key '{key}'"):
+        tr.dumps(bad)
+    ok = tr.Trace(t.model, t.params, t.iterations, t.source, {"run": 1})
+    assert tr.loads(tr.dumps(ok)).meta == {"run": 1}

@@ -68,14 +68,15 @@ def parse_object(text: str, where: str) -> dict:
 
 def read_text(path: str | Path, where: str) -> str:
     """The text of the file at ``path``, read as UTF-8 whatever the locale (JSON's encoding,
-    and what gradwire writes); a file that cannot be read is a one-line error, and so is a
+    and what gradwire writes; a leading byte-order mark, which some Windows editors write, is
+    dropped as RFC 8259 allows); a file that cannot be read is a one-line error, and so is a
     path that is not a regular file (a device such as /dev/zero would be read for ever, a
     pipe would wait for a writer)."""
     where = shown(where)
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise GradwireError(f"{where}: not a regular file")
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except OSError as e:
         raise GradwireError(f"{where}: {e.strerror or e}") from None
     except UnicodeDecodeError:

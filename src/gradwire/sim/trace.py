@@ -106,11 +106,19 @@ class Trace:
 
 # ---------------------------------------------------------------- writing and reading
 
+_HEADER = ("format", "version", "model", "source")
+
 
 def dumps(t: Trace) -> str:
     """``t`` as the JSON lines of a trace file, strict JSON (:func:`gradwire.jsonfile.dumps`):
     a metadata value that is not finite is written as null, never as NaN or Infinity, which
-    other JSON readers (and :func:`loads`) refuse."""
+    other JSON readers (and :func:`loads`) refuse. A metadata key that names a header field
+    is refused: written, it would replace the field (a ``format`` key made an unreadable
+    file) or be lost."""
+    clash = sorted(set(t.meta) & set(_HEADER))
+    if clash:
+        raise GradwireError(f"trace metadata key {clash[0]!r}: expected a key other than "
+                            f"{', '.join(_HEADER)} (the header's own fields)")
     head = {"format": FORMAT, "version": VERSION, "model": t.model, "source": t.source, **t.meta}
     lines = [strict_dumps(head)]
     lines += [strict_dumps({"param": i, "name": p.name, "bytes": p.bytes}
@@ -279,7 +287,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
         raise GradwireError(f"{where}: no parameter lines")
     if not its:
         raise GradwireError(f"{where}: no iteration lines")
-    meta = {k: v for k, v in head.items() if k not in ("format", "version", "model", "source")}
+    meta = {k: v for k, v in head.items() if k not in _HEADER}
     return Trace(model, tuple(params), tuple(its), str(head.get("source", "")), meta)
 
 
