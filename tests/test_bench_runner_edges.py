@@ -87,6 +87,17 @@ def test_the_largest_size_bench_suggests_is_one_it_takes(monkeypatch, most, boun
     spec.check_sizes([4, parse_size(bound)], "float32", p, "cpu")
 
 
+def test_the_gpu_bound_is_its_free_memory_not_its_total(monkeypatch):
+    """The check for --device cuda took GPU 0's total memory: sizes that another process's
+    tensors left no room for passed it, and every rank died of out-of-memory instead."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 80 * 2**30))
+    assert spec.available_memory("cuda") == (2**30, "GPU 0's free")
+    with pytest.raises(GradwireError, match="1 GiB of GPU 0's free memory"):
+        spec.check_sizes([4, 2**28], "float32", 4, "cuda")
+
+
 @pytest.mark.parametrize("hosts, cores, noted", [(4, 2, True), (9, 64, False), (2, 2, False)])
 def test_the_contention_note_follows_the_cores(monkeypatch, tmp_path, hosts, cores, noted):
     """The note said ranks shared the cores from 9 ranks on, whatever the machine: none for

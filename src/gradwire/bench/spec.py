@@ -156,12 +156,12 @@ def check_schedules(collective: str, specs: list[AlgoSpec], params: dict, p: int
 
 def available_memory(device: str) -> tuple[int, str]:
     """Bytes the ranks' buffers may take, and what they are: this machine's available memory
-    (Linux's MemAvailable), or with ``device`` cuda the memory of GPU 0, which the emulated
-    hosts share."""
+    (Linux's MemAvailable), or with ``device`` cuda GPU 0's free memory, which the emulated
+    hosts share (its total would count what another process already holds)."""
     if device == "cuda":
         import torch
 
-        return torch.cuda.get_device_properties(0).total_memory, "GPU 0's"
+        return torch.cuda.mem_get_info(0)[0], "GPU 0's free"
     try:
         with open("/proc/meminfo") as f:
             kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
