@@ -28,14 +28,16 @@ NETNS_ETC = Path("/etc/netns")  # iproute2's NETNS_ETC_DIR, read by `ip netns ex
 MACHINE_HOSTS = Path("/etc/hosts")
 
 
-def hosts_text(cluster: Cluster) -> str:
+def hosts_text(cluster: Cluster) -> bytes:
     """The ``hosts`` file of every host of ``cluster``: its hosts first (a reverse lookup takes
-    the first line with the address), IPv4 then IPv4-mapped, then the machine's own file."""
+    the first line with the address), IPv4 then IPv4-mapped, then the machine's own file,
+    byte for byte (one that is not UTF-8, a comment in Latin-1, had failed every cluster up
+    with a UnicodeDecodeError traceback)."""
     ours = "".join(f"{h.addr}\t{h.netns}\n" for h in cluster.hosts)
     ours += "".join(f"::ffff:{h.addr}\t{h.netns}\n" for h in cluster.hosts)
-    machine = MACHINE_HOSTS.read_text() if MACHINE_HOSTS.is_file() else ""
+    machine = MACHINE_HOSTS.read_bytes() if MACHINE_HOSTS.is_file() else b""
     return (f"# gradwire cluster {cluster.name}: its hosts, then this machine's /etc/hosts\n"
-            f"{ours}{machine}")
+            f"{ours}").encode() + machine
 
 
 def write_hosts_files(cluster: Cluster) -> None:
@@ -44,7 +46,7 @@ def write_hosts_files(cluster: Cluster) -> None:
     for host in cluster.hosts:
         folder = NETNS_ETC / str(host.netns)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "hosts").write_text(text)
+        (folder / "hosts").write_bytes(text)
 
 
 def remove_hosts_files(name: str) -> None:

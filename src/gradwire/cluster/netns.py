@@ -58,12 +58,12 @@ from gradwire.cluster.shaping import (
 )
 from gradwire.cluster.state import (
     LOOPBACK_LABEL,
-    MAX_HOSTS,
     MTU,
     NAME_RE,
     NETNS_DIR,
     Cluster,
     Host,
+    check_hosts,
     check_mtu,
     check_name,
     list_clusters,
@@ -178,11 +178,14 @@ def cap_send_buffer(ns: str, ceiling: int) -> bool:
     machine = TCP_WMEM.read_text()
     p = _sh(["ip", "netns", "exec", ns, "cat", path], check=False)
     sizes = p.stdout.split()
-    if p.returncode == 0 and len(sizes) != 3:
+    if p.returncode == 0 and (len(sizes) != 3 or not all(x.isdigit() for x in sizes)):
         p = subprocess.CompletedProcess(p.args, 1, "", f"{path} reads {p.stdout!r}")
-    if p.returncode == 0:  # keep the smallest and the initial size
+    if p.returncode == 0:  # keep the smallest and the initial size, neither above the ceiling
+        # A TCP socket starts with the initial size and autotuning only grows it: a machine
+        # tuned to start larger (87380, 1 MiB) had its hosts' buffers start above the ceiling.
+        low, initial = (min(int(s), int(ceiling)) for s in sizes[:2])
         p = _sh(["ip", "netns", "exec", ns, "sh", "-c",
-                 f"echo '{sizes[0]} {sizes[1]} {int(ceiling)}' > {path}"], check=False)
+                 f"echo '{low} {initial} {int(ceiling)}' > {path}"], check=False)
     if TCP_WMEM.read_text() != machine:  # not per namespace: put the machine's back
         TCP_WMEM.write_text(machine)
         p = subprocess.CompletedProcess(p.args, 1, "", "tcp_wmem is not per namespace")
@@ -294,8 +297,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     ``owned``: the cluster belongs to this process (``ephemeral_cluster``); should the process
     die without removing it, the next cluster made on this machine removes it first. Stale
     clusters of other runs are removed here in any case."""
-    if not 1 <= hosts <= MAX_HOSTS:
-        raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
+    check_hosts(hosts)
     bps = parse_bandwidth(bandwidth)
     check_mtu(mtu)
     ok, why = netns_available()

@@ -13,13 +13,14 @@ from pathlib import Path
 
 from gradwire import config
 from gradwire.bandwidth import format_bandwidth
-from gradwire.check import is_real
+from gradwire.check import is_int, is_real
 from gradwire.cluster.shaping import CC_NAME_RE, tbf_burst
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import written_beside
 
 NAME_RE = re.compile(r"^gw[0-9a-f]{6}\Z")  # \Z: "$" would take a name ending in a line break
 MAX_HOSTS = 250
+MAX_SUBNET = 254  # 10.213.S.0/24, S from 1 (0: not claimed yet)
 MTU = 1500  # Ethernet's default
 MTU_RANGE = (576, 65535)  # IPv4's smallest datagram every host must take; veth's largest
 LOOPBACK = "loopback"
@@ -141,6 +142,14 @@ class Cluster:
             raise ValueError(f"cluster state {c.name!r} has a ready flag that is not a bool")
         if not _mtu_ok(c.mtu):
             raise ValueError(f"cluster state {c.name!r} has an MTU outside {MTU_RANGE}")
+        # a subnet that is no number (a list) failed every later cluster up with a traceback;
+        # ranks out of place started two rank 0s, or none
+        if not is_int(c.subnet, 0, MAX_SUBNET):
+            raise ValueError(f"cluster state {c.name!r} has a subnet that is not an integer "
+                             f"from 0 to {MAX_SUBNET}")
+        if [h.rank for h in c.hosts] != list(range(len(c.hosts))):
+            raise ValueError(f"cluster state {c.name!r} has hosts whose ranks are not 0, 1, .. "
+                             "in order")
         if not NAME_RE.match(c.name) or any(
                 h.netns is None or not ns.fullmatch(h.netns)
                 or not re.fullmatch(r"[\w.]+", h.addr) or not re.fullmatch(r"\w+", h.ifname)
@@ -179,8 +188,9 @@ def save_cluster(cluster: Cluster) -> None:
 
 
 def check_name(name: str) -> None:
-    """A one-line error where ``name`` is not a name gradwire gives a cluster."""
-    if not NAME_RE.match(name):
+    """A one-line error where ``name`` is not a name gradwire gives a cluster (a name that is
+    no string among them: not a TypeError traceback)."""
+    if not (isinstance(name, str) and NAME_RE.match(name)):
         raise GradwireError(f"cluster name {name!r} is not valid: expected 'gw' + 6 lowercase "
                             "hex digits")
 
@@ -193,10 +203,20 @@ def load_cluster(name: str) -> Cluster:
         known = ", ".join(c.name for c in list_clusters()) or "none"
         raise GradwireError(f"no cluster named {name} (live clusters: {known})")
     try:
-        return Cluster.from_json(path.read_text())
+        return _read(path)
     except (ValueError, TypeError, KeyError) as e:
         raise GradwireError(f"cluster state file {path} is unreadable ({e}): remove the "
                             f"cluster with `gradwire cluster down {name}`") from None
+
+
+def _read(path: Path) -> Cluster:
+    """The cluster of state file ``path``; ValueError where it names another cluster than its
+    file does (a copied file: its stale run's cleanup removed the live cluster it named, and
+    left the file to do so again at every cluster up)."""
+    c = Cluster.from_json(path.read_text())
+    if c.name != path.stem:
+        raise ValueError(f"it holds cluster {c.name!r}")
+    return c
 
 
 def state_files() -> list[Path]:
@@ -214,12 +234,20 @@ def list_clusters() -> list[Cluster]:
     out = []
     for _, p in sorted(dated):
         with contextlib.suppress(ValueError, TypeError, KeyError, FileNotFoundError):
-            out.append(Cluster.from_json(p.read_text()))
+            out.append(_read(p))
     return out
+
+
+def check_hosts(hosts: int) -> int:
+    """``hosts`` if a cluster may have that many, else the one-line error: a count that is no
+    whole number (2.5, "4", True) had passed the range check, then failed with a traceback
+    once the name and the bridge were made (or made one host)."""
+    if not is_int(hosts, 1, MAX_HOSTS):
+        raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts!r}")
+    return hosts
 
 
 def loopback_cluster(hosts: int) -> Cluster:
     """The fallback without namespaces: every rank on 127.0.0.1, links not shaped."""
-    if not 1 <= hosts <= MAX_HOSTS:
-        raise GradwireError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
+    check_hosts(hosts)
     return Cluster(LOOPBACK, None, [Host(i, None, "127.0.0.1", "lo") for i in range(hosts)])

@@ -86,15 +86,31 @@ def calls(trace: Trace, m: Mechanism, p: int) -> list[tuple[list[int], str, int,
 
 
 def check_trace(trace: Trace, m: Mechanism, c: SimCluster) -> None:
-    """:func:`check`, and a collective's buckets must be whole float32s: before any rank
+    """:func:`check`, the hosts it needs must fit one emulated cluster
+    (:func:`check_hosts`), and a collective's buckets must be whole float32s: before any rank
     starts."""
     check(m)
+    check_hosts(m, c)
     if not isinstance(m.options, PSOptions):
         calls(trace, m, c.workers)
 
 
 def hosts(m: Mechanism, c: SimCluster) -> int:
     return c.workers + (c.servers if isinstance(m.options, PSOptions) else 0)
+
+
+def check_hosts(m: Mechanism, c: SimCluster) -> None:
+    """Refuse, in one line, a mechanism whose workers (and servers) one emulated cluster cannot
+    hold: before the calibration and the mechanisms before it have run, and naming what the
+    user gave (the cluster's own error names a --hosts they never typed)."""
+    from gradwire.cluster.state import MAX_HOSTS
+
+    n = hosts(m, c)
+    if n > MAX_HOSTS:
+        servers = (f" and {c.servers} server{'' if c.servers == 1 else 's'}"
+                   if isinstance(m.options, PSOptions) else "")
+        raise GradwireError(f"{m.label} with {c.workers} workers{servers} needs {n} emulated "
+                            f"hosts: an emulated cluster holds at most {MAX_HOSTS}")
 
 
 # ------------------------------------------------------------------------------ rank side
@@ -282,6 +298,7 @@ def run(trace_path: Path, c: SimCluster, mechanisms: list[Mechanism], bandwidth:
 
     for m in mechanisms:
         check(m)
+        check_hosts(m, c)
     out = []
     for m in mechanisms:
         args = ["--trace", str(trace_path), "--mechanism", m.label, "--workers",
