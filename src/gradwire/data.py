@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gradwire.check import check_int
+from gradwire.check import check_int, is_int, is_real
+from gradwire.errors import GradwireError
 
 
 @dataclass
@@ -29,11 +30,16 @@ def digits(seed: int = 0, test_fraction: float = 0.2) -> tuple[Split, Split]:
 
     Pixels are scaled to [0, 1]; the train/test split is a fixed permutation of ``seed``.
     """
+    check_int("digits", "seed", seed, 0)
+    _check_test_fraction("digits", test_fraction)
     pixels, labels = digits_arrays()
     x = torch.tensor(pixels, dtype=torch.float32) / 16.0
     y = torch.tensor(labels, dtype=torch.int64)
     perm = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
     n_test = int(len(y) * test_fraction)
+    if n_test == 0:
+        raise GradwireError(f"digits: test_fraction {test_fraction:g} of {len(y)} samples leaves "
+                            f"the test split empty: expected at least {1 / len(y):.3g}")
     test, train = perm[:n_test], perm[n_test:]
     return Split(x[train], y[train]), Split(x[test], y[test])
 
@@ -94,13 +100,29 @@ def text(seq_len: int = 64, budget: int = 512 * 1024,
     """
     check_int("text", "seq_len", seq_len, 1)
     check_int("text", "budget", budget, 1)
+    _check_test_fraction("text", test_fraction)
     raw = stdlib_source(budget)
     vocab = bytes(sorted(set(raw)))
     lookup = torch.zeros(256, dtype=torch.int64)
     lookup[torch.tensor(list(vocab))] = torch.arange(len(vocab))
     ids = lookup[torch.frombuffer(bytearray(raw), dtype=torch.uint8).long()]
     cut = int(len(ids) * (1 - test_fraction))
-    return _windows(ids[:cut], seq_len), _windows(ids[cut:], seq_len), vocab
+    train, test = ids[:cut], ids[cut:]
+    for name, part, more in (("training", train, "smaller"), ("test", test, "larger")):
+        # a window needs seq_len symbols and the one after its last
+        if len(part) <= seq_len:
+            raise GradwireError(f"text: the {name} split's {len(part)} symbols hold no window "
+                                f"of seq_len {seq_len}: expected a larger budget (got "
+                                f"{budget}), a {more} test_fraction (got {test_fraction:g}) "
+                                "or a shorter seq_len")
+    return _windows(train, seq_len), _windows(test, seq_len), vocab
+
+
+def _check_test_fraction(what: str, fraction: object) -> None:
+    """A test fraction in (0, 1): 0 or 1 leaves a split empty; outside, the cut index goes
+    negative or past the end and the splits come out of the wrong sizes without a word."""
+    if not is_real(fraction, 0, 1, above=True) or fraction == 1:
+        raise GradwireError(f"{what}: test_fraction must be a number in (0, 1), got {fraction!r}")
 
 
 def _windows(ids: torch.Tensor, seq_len: int) -> Split:
@@ -116,6 +138,14 @@ def shard_indices(n: int, rank: int, world: int, epoch: int, seed: int) -> torch
     Every rank gets the same number of samples (the tail that does not divide is dropped), so
     all ranks run the same number of iterations and no collective waits on a missing peer.
     """
+    check_int("shard_indices", "n", n, 0)
+    check_int("shard_indices", "world", world, 1)
+    check_int("shard_indices", "epoch", epoch, 0)
+    check_int("shard_indices", "seed", seed, 0)
+    # a rank past the world would be dealt another rank's samples, a negative one a single one
+    if not is_int(rank, 0, world - 1):
+        raise GradwireError(f"shard_indices: rank must be an integer from 0 to {world - 1} "
+                            f"(world {world}), got {rank!r}")
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = torch.randperm(n, generator=g)
     per_rank = n // world

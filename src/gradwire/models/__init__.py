@@ -69,8 +69,11 @@ def build_model(name: str, seed: int = 0, classes: int = 10) -> nn.Module:
     """Build a registered model with parameters drawn from ``seed`` (identical on every rank)."""
     spec = get_spec(name)
     check_int("build_model", "classes", classes, 1)
-    torch.manual_seed(seed)
-    return spec.build(classes)
+    # Draw from the CPU generator seeded, then put back: seeding it for good would reset the
+    # caller's random stream, so whatever it drew after building a model would repeat.
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        return spec.build(classes)
 
 
 def check_batch(name: str, batch_size: int, what: str = "--batch-size") -> None:

@@ -24,7 +24,7 @@ from torch import nn
 
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import written_to
-from gradwire.models.task import Task
+from gradwire.models.task import Task, optimizer
 
 FORMAT = 1
 # Settings that must match for a resumed run to continue the same run.
@@ -33,6 +33,9 @@ MUST_MATCH = ("model", "agg", "density", "mode", "warmup", "world_size", "batch_
 # The data's (data_settings), which must match too; a checkpoint written before they were kept
 # has none, and the shapes of its model's tensors are checked instead (check_state).
 DATA_KEYS = ("classes", "data")
+# The history's curves, one entry per epoch, that every checkpoint holds; the worker's per-epoch
+# sums (its SUMMED) may be missing from one written before they were kept.
+CURVES = ("seconds", "train_loss", "test_loss", "test_accuracy", "iterations", "density")
 
 
 def data_settings(task: Task) -> dict[str, Any]:
@@ -79,6 +82,9 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
             raise GradwireError(f"--resume: {str(path)!r} is not a whole gradwire checkpoint: "
                                 f"its {key!r} is {type(ck.get(key)).__name__}, expected "
                                 f"{kind.__name__}")
+    if ck["epoch"] < 1:  # save() is called after an epoch, never before the first
+        raise GradwireError(f"--resume: {str(path)!r} is not a whole gradwire checkpoint: its "
+                            f"epoch is {ck['epoch']}, expected >= 1")
     return ck
 
 
@@ -105,8 +111,9 @@ def check_compatible(ck: dict[str, Any], settings: dict[str, Any], epochs: int) 
 
 def check_state(ck: dict[str, Any], model: nn.Module) -> None:
     """Refuse a checkpoint whose state cannot go into this run: a model tensor missing or of
-    another shape (made on other data: an older checkpoint keeps no digest of them), or not
-    one aggregation state per rank."""
+    another shape (made on other data: an older checkpoint keeps no digest of them), not one
+    aggregation state per rank, an optimizer state that does not fit the model, or a history
+    without one entry per epoch."""
     have = model.state_dict()
     for name, t in have.items():
         got = ck["model"].get(name)
@@ -127,3 +134,51 @@ def check_state(ck: dict[str, Any], model: nn.Module) -> None:
         raise GradwireError(f"--resume: the checkpoint is not whole: it holds "
                             f"{len(ck['aggregation'])} ranks' aggregation states, expected "
                             f"{world} (its world_size)")
+    _check_optimizer(ck["optimizer"], model)
+    _check_history(ck["history"], ck["epoch"])
+
+
+def _check_optimizer(state: dict[str, Any], model: nn.Module) -> None:
+    """``state`` loads into this run's optimizer and steps it: every rank would otherwise
+    fail with torch's traceback, at the load or at the first step (a momentum buffer of
+    another shape, a parameter group short of a hyperparameter)."""
+    opt = optimizer(model.parameters(), 1.0, 0.0)  # a throwaway: lr and momentum come from state
+    wanted = set(opt.param_groups[0])
+    try:
+        opt.load_state_dict(state)
+    except (AttributeError, IndexError, KeyError, RuntimeError, TypeError, ValueError) as e:
+        why = " ".join(str(e).split())
+        raise GradwireError(f"--resume: the checkpoint's optimizer state does not fit this run's "
+                            f"model ({type(e).__name__}: {why})") from None
+    for group in opt.param_groups:
+        missing = sorted(wanted - set(group))
+        if missing:
+            raise GradwireError(f"--resume: the checkpoint's optimizer state has a parameter "
+                                f"group without {missing[0]!r}")
+    for i, p in enumerate(model.parameters()):
+        for name, value in opt.state.get(p, {}).items():
+            if value is None:  # no buffer yet: SGD starts one at the next step
+                continue
+            if not isinstance(value, torch.Tensor) or value.shape != p.shape:
+                shape = (list(value.shape) if isinstance(value, torch.Tensor)
+                         else type(value).__name__)
+                raise GradwireError(f"--resume: the checkpoint's optimizer {name} of parameter "
+                                    f"{i} is {shape}, this run's parameter has {list(p.shape)}")
+
+
+def _check_history(history: dict[str, Any], epoch: int) -> None:
+    """One number per epoch in each of the history's curves: the run appends its own epochs to
+    them, and its result reads them side by side."""
+    for key in CURVES:
+        if key not in history:
+            raise GradwireError(f"--resume: the checkpoint's history has no {key!r}")
+    for key, values in history.items():
+        if not isinstance(values, list) or len(values) != epoch:
+            got = (f"{len(values)} entries" if isinstance(values, list)
+                   else type(values).__name__)
+            raise GradwireError(f"--resume: the checkpoint's history {key!r} holds {got}, "
+                                f"expected one per epoch ({epoch})")
+        for v in values:
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+                raise GradwireError(f"--resume: the checkpoint's history {key!r} holds a "
+                                    f"{type(v).__name__}, expected numbers")

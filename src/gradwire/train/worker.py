@@ -151,8 +151,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     run_settings = settings(args, world)
     # what a checkpoint keeps and a resume must match: the settings and the data trained on
     kept = run_settings | checkpoint.data_settings(task) if args.checkpoint else run_settings
-    history: dict[str, list[float]] = {k: [] for k in (
-        *SUMMED, "seconds", "train_loss", "test_loss", "test_accuracy", "iterations", "density")}
+    history: dict[str, list[float]] = {k: [] for k in (*SUMMED, *checkpoint.CURVES)}
     first = 0
     if args.resume:
         ck = checkpoint.load(args.checkpoint)
