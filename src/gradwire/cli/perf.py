@@ -47,7 +47,8 @@ PerfReference = Annotated[str, typer.Option(help="the reference setting assumed 
 PerfCompute = Annotated[str | None, typer.Option("--compute-ms", help="FORWARD,BACKWARD ms "
                                                  "to use instead of the profile's")]
 PerfMode = Annotated[str, typer.Option(help="bucket: DDP buckets; model: one bucket")]
-PerfBucket = Annotated[float, typer.Option("--bucket-mb", help="DDP bucket cap, MiB")]
+PerfBucket = Annotated[float, typer.Option("--bucket-mb", help="DDP bucket cap, MiB (--mode "
+                                           "bucket)")]
 PerfPerNode = Annotated[int, typer.Option(help="consecutive ranks per node: they share the "
                                           "node's link to other nodes")]
 PerfIntra = Annotated[str, typer.Option(help="link between the ranks of one node (with "
@@ -55,6 +56,15 @@ PerfIntra = Annotated[str, typer.Option(help="link between the ranks of one node
 PerfCalibration = Annotated[Path | None, typer.Option(
     "--calibration", help="a `gradwire calibrate` file, measured on your cluster: its α, γ, "
     "codec times, slowdowns and shared-CPU terms replace the reference setting's")]
+
+
+def _check_bucket(ctx: typer.Context, mode: str) -> None:
+    """A --bucket-mb typed with --mode model is refused: model mode aggregates the whole
+    gradient as one bucket, and the prediction would not read it."""
+    if mode == "model" and typed(ctx, "bucket_mb"):
+        raise GradwireError(f"--bucket-mb {ctx.params['bucket_mb']:g} is the DDP bucket cap of "
+                            "--mode bucket: --mode model aggregates the whole gradient as one "
+                            "bucket; leave --bucket-mb out")
 
 
 def profile(
@@ -104,6 +114,7 @@ def profile(
 
 
 def whatif(
+    ctx: typer.Context,
     model: PerfModel = "resnet50",
     workers: Annotated[str, typer.Option(help="4:128 (doubling), 4:128:4 or a comma list")] =
     "4:128",
@@ -142,6 +153,7 @@ def whatif(
 
     check_outputs(("--plot", plot), ("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
+    _check_bucket(ctx, mode)
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
@@ -160,6 +172,7 @@ def whatif(
 
 
 def advise(
+    ctx: typer.Context,
     model: PerfModel = "resnet50",
     workers: Annotated[int, typer.Option(min=1, help="number of workers")] = 32,
     bandwidth: Annotated[str, typer.Option(help="link rate, e.g. 1gbit")] = "1gbit",
@@ -193,6 +206,7 @@ def advise(
 
     check_outputs(("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
+    _check_bucket(ctx, mode)
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,

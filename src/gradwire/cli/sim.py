@@ -14,6 +14,7 @@ from gradwire.cli.options import (
     check_seed_and_batch,
     command_line,
     console,
+    typed,
     write_json,
     write_text,
 )
@@ -22,6 +23,7 @@ from gradwire.sim.simulate import ALPHA_US, LATENCY_US, SIM_MECHANISMS
 
 
 def trace_cmd(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("-o", "--out", help="write the trace (JSON lines) here")],
     model: Annotated[str | None, typer.Option(help="record this model (`gradwire models`)")] = None,
     source: Annotated[Path | None, typer.Option("--from", help="edit this trace instead")] = None,
@@ -51,13 +53,20 @@ def trace_cmd(
     Example: gradwire trace --model resnet50 -o resnet50.trace.jsonl
     """
     from gradwire.sim import trace as tr
+    from gradwire.sim.edit import _check_edits as check_edits
     from gradwire.sim.edit import make_trace
 
-    check_outputs(("--out", out))
+    check_outputs(("--out", out), inputs=(("--from", source),))
     check_seed_and_batch(seed, batch_size)
+    layer = (layer_bytes, layer_forward_ms / 1e3, layer_backward_ms / 1e3)
+    check_edits(iterations, compute_speedup, add_layers, layer, resize or [])  # values first
+    _check_unused(ctx, ("iterations", "batch_size", "seed"), source is not None and model is None,
+                  "how --model is recorded: not with --from (an edit keeps the trace's own "
+                  "iterations)")
+    _check_unused(ctx, ("layer_bytes", "layer_forward_ms", "layer_backward_ms"), not add_layers,
+                  "the layers --add-layers inserts: give --add-layers N too")
     t = make_trace(model, source, iterations=iterations, batch_size=batch_size, seed=seed,
-                   compute_speedup=compute_speedup, add_layers=add_layers,
-                   layer=(layer_bytes, layer_forward_ms / 1e3, layer_backward_ms / 1e3),
+                   compute_speedup=compute_speedup, add_layers=add_layers, layer=layer,
                    resize=resize or [])
     write_text(out, tr.dumps(t))
     it = t.iterations[0]
@@ -66,7 +75,32 @@ def trace_cmd(
                   f"{it.forward_s * 1e3:.1f} ms, backward {it.backward_s * 1e3:.1f} ms")
 
 
+def _check_unused(ctx: typer.Context, names: tuple[str, ...], unused: bool, what: str) -> None:
+    """Where ``unused``, refuse the options of ``names`` typed on the command line: they set
+    ``what``, and the run would not read them (one line naming them)."""
+    given = [f"--{k.replace('_', '-')}" for k in names if unused and typed(ctx, k)]
+    if given:
+        raise GradwireError(f"{', '.join(given)} {'sets' if len(given) == 1 else 'set'} {what}")
+
+
+def _check_overridden(ctx: typer.Context, table: int | None, sweep: str | None) -> None:
+    """Refuse an option typed on the command line that ``--table`` or ``--sweep`` sets itself
+    (the run would go on with its own value, and the result say nothing of the one typed)."""
+    # which of the paper's tables fix which option (gradwire.sim.report.PAPER_TABLES)
+    fixed = {"mechanism": "its own mechanisms", "servers": "8 servers" if table == 8 else None,
+             "bandwidth": "10 and 100 Gbit/s links" if table == 10 else None}
+    for name, what in fixed.items():
+        if table is not None and what is not None and typed(ctx, name):
+            raise GradwireError(f"--{name} is not used with --table {table}, which runs {what}: "
+                                f"leave --{name} out")
+    axis = sweep.partition("=")[0] if sweep is not None else None
+    if axis in ("workers", "bandwidth") and typed(ctx, axis):
+        raise GradwireError(f"--{axis} is not used with --sweep {axis}=..., which sets it at each "
+                            f"point: leave --{axis} out")
+
+
 def simulate(
+    ctx: typer.Context,
     trace: Annotated[list[Path], typer.Option(help="a trace from `gradwire trace` "
                                               "(repeatable with --table)")],
     workers: Annotated[int, typer.Option(min=1, help="at most 4096")] = 32,
@@ -96,9 +130,10 @@ def simulate(
                                               "speedup or layers")] = None,
     plot: Annotated[Path | None, typer.Option(help="the sweep's PNG")] = None,
     table: Annotated[int | None, typer.Option(help="one of the paper's tables: 4, 6, 8, 9, "
-                                              "10, each with its own mechanisms (--mechanism "
-                                              "is not used; table 8 runs 8 servers, table 10 "
-                                              "10 and 100 Gbit/s links)")] = None,
+                                              "10, each with its own mechanisms (not with "
+                                              "--mechanism; table 8 runs 8 servers, table 10 "
+                                              "10 and 100 Gbit/s links: not with --servers, "
+                                              "--bandwidth)")] = None,
     emulate: Annotated[bool, typer.Option(help="also run each mechanism for real on an "
                                           "emulated cluster of --bandwidth links (root) and "
                                           "compare; default mechanisms ps,ring,butterfly")
@@ -126,6 +161,7 @@ def simulate(
     if calibration is not None and (alpha_us is not None or latency_us is not None):
         raise GradwireError("--calibration gives α (the links' latency in it): not with "
                             "--alpha-us or --latency-us")
+    _check_overridden(ctx, table, sweep)
     alpha_us = ALPHA_US if alpha_us is None else alpha_us
     latency_us = LATENCY_US if latency_us is None else latency_us
     if calibration is not None:

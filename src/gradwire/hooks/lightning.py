@@ -27,6 +27,8 @@ from gradwire.errors import GradwireError
 from gradwire.hooks.state import HookState
 
 OWN = ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper")
+# DDPStrategy start methods that pickle the strategy into every process they start
+PICKLED = ("spawn", "forkserver")
 
 
 def launch_args(devices: int = 1) -> dict[str, int]:
@@ -65,6 +67,15 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
     if given:
         raise GradwireError(f"strategy: {', '.join(given)} is set by gradwire from the state; "
                             "leave it out")
+    start = ddp_kwargs.get("start_method", "popen")
+    if start in PICKLED:
+        # Lightning pickles the strategy, and with it the state, into each process it starts
+        # this way; the strategy's class is made here and the state holds locks, so fit()
+        # failed with "Can't pickle local object" after the Trainer had taken it
+        raise GradwireError(f"strategy: start_method={start!r} sends the strategy to each "
+                            "process by pickling it, and a hook state cannot be sent: use "
+                            "'popen' (the default: Lightning runs the script once per device) "
+                            "or 'fork'")
     try:
         from lightning.pytorch.strategies import DDPStrategy
     except ImportError as e:
