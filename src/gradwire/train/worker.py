@@ -38,6 +38,9 @@ from gradwire.train.wire import tx_bytes
 # Per-epoch sums kept in the history, in the order they are all-reduced.
 SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "step", "sent",
           "wire", "cpu", "cpu_main", "cpu_hook")
+# 1 for an epoch that a process began with (the run's first, and a resume's), else 0: each pays
+# the one-time costs that the throughput figures leave out
+STARTED = "started"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -151,7 +154,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     run_settings = settings(args, world)
     # what a checkpoint keeps and a resume must match: the settings and the data trained on
     kept = run_settings | checkpoint.data_settings(task) if args.checkpoint else run_settings
-    history: dict[str, list[float]] = {k: [] for k in (*SUMMED, *checkpoint.CURVES)}
+    history: dict[str, list[float]] = {k: [] for k in (*SUMMED, *checkpoint.CURVES, STARTED)}
     first = 0
     if args.resume:
         ck = checkpoint.load(args.checkpoint)
@@ -163,6 +166,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
         history, first = ck["history"], ck["epoch"]
         for k in SUMMED:  # a checkpoint written before a counter existed: 0 for its epochs
             history.setdefault(k, [0.0] * first)
+        history.setdefault(STARTED, [1.0] + [0.0] * (first - 1))  # written before it was kept
     total = iters * (args.epochs - first)
     dist.barrier()
     for epoch in range(first, args.epochs):
@@ -185,6 +189,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
         for k, v in zip(SUMMED, (sums / world).tolist(), strict=True):
             history[k].append(v if k != "wire" or wire_ok.item() else None)
         history["seconds"].append(seconds.item())
+        history[STARTED].append(float(epoch == first))
         history["iterations"].append(iters)
         history["density"].append(density)
         history["train_loss"].append(sums[0].item() / (world * iters))
@@ -220,14 +225,14 @@ def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.
     """The result file: settings, the per-epoch curves, and throughput, bytes and time per
     iteration over the *steady* epochs, those at the final density (all of them for methods
     that do not sparsify; after the warm-up for those that do, whose first epochs send up to
-    250 times more), less the run's first epoch when others remain: it pays one-time costs
-    (connections, first allocations, DDP's bucket rebuild; an mlp run at P = 2 took 16.8 ms
-    per iteration in it, 13.5 in the next). ``wall_s`` and ``samples_per_s_overall`` cover
-    every epoch."""
+    250 times more), less each epoch a process began with (the run's first, and a resumed
+    run's first) when others remain: it pays one-time costs (connections, first allocations,
+    DDP's bucket rebuild; an mlp run at P = 2 took 16.8 ms per iteration in it, 13.5 in the
+    next). ``wall_s`` and ``samples_per_s_overall`` cover every epoch."""
     world = run_settings["world_size"]
     steady = [i for i, d in enumerate(history["density"]) if d == history["density"][-1]]
-    if len(steady) > 1 and steady[0] == 0:
-        steady = steady[1:]
+    warm = [i for i in steady if not history[STARTED][i]]
+    steady = warm or steady
 
     def total(key: str, epochs: list[int]) -> float:
         return sum(history[key][i] for i in epochs)
