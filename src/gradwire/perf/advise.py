@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gradwire import catalogue
 from gradwire.catalogue import METHODS
+from gradwire.catalogue.paths import DENSE
 from gradwire.errors import GradwireError
 from gradwire.perf.codecs import CodecTable
 from gradwire.perf.model import Aggregation, ClusterModel, Prediction, predict
@@ -38,7 +40,9 @@ def rank(profile: Profile, cluster: ClusterModel, aggs: list[Aggregation], codec
     """Schemes fastest first, and the methods left out (with why)."""
     ranked, unpriced = [], []
     for agg in aggs:
-        if agg.method not in codecs.methods:
+        # dense encodes nothing (predict never asks the table for it): a table of the
+        # compressors alone still prices the baseline every compressor is measured against
+        if agg.method not in codecs.methods and catalogue.get(agg.method).path is not DENSE:
             unpriced.append(agg.label)
             continue
         ranked.append(Ranked(agg, predict(profile, cluster, agg, codecs, compute_speedup,

@@ -57,7 +57,10 @@ def summarise(s: Schedule | Table, ranks_per_node: int = 1) -> Summary:
     r for G = ``ranks_per_node`` (as torchrun places them). Read from the schedule's arrays
     (:class:`~gradwire.schedules.ir.Table`), a block of steps at a time."""
     t = s if isinstance(s, Table) else Table.of(s)
-    p, g = t.world_size, ranks_per_node
+    # a node of more ranks than there are is one node of them all (its rows would be padded to
+    # the ranks it names: gigabytes for a mistyped count)
+    p = t.world_size
+    g = max(1, min(ranks_per_node, p))
     node = np.arange(p) // g
     n_steps = int(t.step[-1]) + 1 if len(t.step) else 0
     block = max(1, _BLOCK_ROWS // max(p, 1))  # steps per block: bounds the [step, rank] arrays
@@ -144,7 +147,8 @@ def seconds(collective: str, algo: str, p: int, count: int, elem_bytes: float,
     between nodes, and traffic inside a node takes the node's own α and β."""
     if p == 1 or count == 0:
         return np.zeros(np.broadcast(alpha, beta, gamma).shape)
-    g = node.ranks if node is not None and node.ranks > 1 else 1
+    # no node holds more ranks than the cluster has: one of more is one of them all
+    g = min(node.ranks, p) if node is not None and node.ranks > 1 else 1
     s = summary(collective, algo, p, count, g, **params)
     scale = elem_bytes * count / s.count
     a, b, y = (np.asarray(v, dtype=float)[..., None] for v in (alpha, beta, gamma))

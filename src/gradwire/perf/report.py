@@ -42,7 +42,7 @@ def whatif_tables(wi: WhatIf) -> list[Table]:
     tables = []
     for x in wi.speedups:
         t = Table("aggregation", "workers", *(f"{b}: ms (eff.)" for b in bws),
-                  title=f"{prof.model} ({prof.numel / 1e6:.2f} M params), compute ×{x:g}: "
+                  title=f"{prof.model} ({_params(prof.numel)}), compute ×{x:g}: "
                         "predicted iteration time and scaling efficiency")
         rows = [r for r in result["rows"] if r["compute_speedup"] == x]
         for key in dict.fromkeys((r["agg"], r["workers"]) for r in rows):
@@ -60,6 +60,14 @@ def whatif_tables(wi: WhatIf) -> list[Table]:
                                 for r in ans if r["workers"] == p))
         tables += [t, a]
     return tables
+
+
+def _params(numel: int) -> str:
+    """A parameter count for a title: in millions from a million on, else as it is (a small
+    model's 1,031 is not "0.00 M")."""
+    if numel >= 1_000_000:
+        return f"{numel / 1e6:.2f} M params"
+    return f"{numel:,} param{'' if numel == 1 else 's'}"
 
 
 def _ratio(need: float | None) -> str:

@@ -28,7 +28,13 @@ from gradwire.perf import reference as reference_settings
 from gradwire.perf import whatif as w
 from gradwire.perf.calibration import Calibration
 from gradwire.perf.codecs import CodecTable
-from gradwire.perf.model import Aggregation, ClusterModel, check_workers, parse_link
+from gradwire.perf.model import (
+    MAX_WORKERS,
+    Aggregation,
+    ClusterModel,
+    check_workers,
+    parse_link,
+)
 from gradwire.profiles import Profile
 
 # Compute speed-ups: a trace's range (gradwire.check.SPEEDUP_RANGE), and compute times
@@ -193,6 +199,9 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
         where += "; given: " + ", ".join(given)
     if s.ranks_per_node < 1:
         raise GradwireError(f"--ranks-per-node must be >= 1, got {s.ranks_per_node}")
+    if s.ranks_per_node > MAX_WORKERS:  # a node of more ranks than a cluster the model prices
+        raise GradwireError(f"--ranks-per-node must be at most {MAX_WORKERS} (the most "
+                            f"workers the model prices), got {s.ranks_per_node}")
     try:
         intra = parse_link(s.intra_bandwidth)
     except GradwireError as e:
@@ -223,8 +232,9 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, terms)
     per_node = (f"{s.ranks_per_node} ranks per node ({s.intra_bandwidth} inside); "
                 if s.ranks_per_node > 1 else "")
-    note = (f"{where}; {per_node}compute: {result['compute_source']}; encode/decode: "
-            f"{table.source}")
+    # a profile file that names no source for its times has none to print (as advise says)
+    compute = (f"compute: {result['compute_source']}; " if result["compute_source"] else "")
+    note = f"{where}; {per_node}{compute}encode/decode: {table.source}"
     return WhatIf(prof, result, speedups, note)
 
 

@@ -132,7 +132,10 @@ def load(name_or_path: str) -> Profile:
         exists, is_file = path.exists(), path.is_file()
     except OSError:
         exists = is_file = False
-    if path.suffix == ".json" or exists:
+    # a directory is never a profile: one named as a built-in profile (a run's output folder
+    # "resnet50" in the working directory) leaves that name to the built-in one
+    shadowed = exists and not is_file and path.suffix != ".json" and name_or_path in builtin_names()
+    if (path.suffix == ".json" or exists) and not shadowed:
         if not is_file:
             why = "is not a regular file" if exists else "not found"
             raise GradwireError(f"profile file {name_or_path!r} {why}")
@@ -219,17 +222,21 @@ def parse(text: str, where: str) -> Profile:
     if batch is not None and not is_int(batch, 1):
         raise bad("batch_size", "an integer >= 1 or null", batch)
     dtype = doc.get("dtype", "float32")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:  # a list or object is no key of DTYPES
         raise bad("dtype", f"one of {', '.join(DTYPES)}", dtype)
     total = sum(n for _, n in tensors) * DTYPES[dtype]
     if total > MAX_BYTES:
         raise GradwireError(f"{where}: field 'params' must hold at most 2**50 bytes in all, got "
                             f"{total} bytes of {dtype}")
+    description = doc.get("description")
+    description = "" if description is None else description
+    if not isinstance(description, str):  # one line of text: the tables print it as it is
+        raise bad("description", "a string or null", description)
     sources = doc.get("sources", {})
     if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
         raise bad("sources", "an object of text", sources)
     return Profile(model, tuple(tensors), forward_s, backward_s, step_s or 0.0, layers, batch,
-                   dtype, str(doc.get("description", "")), dict(sources), tuple(shapes))
+                   dtype, description, dict(sources), tuple(shapes))
 
 
 def _shape(shape: object, elements: int, where: str) -> tuple[int, ...]:
