@@ -110,3 +110,24 @@ def test_a_given_gamma_moves_the_half_precision_gammas_with_it(tmp_path) -> None
     assert terms.gamma == pytest.approx(50e-9) and "γ 50 ns/B" in where
     assert dict(terms.gamma_dtype) == pytest.approx({"float16": 50e-9 + extra,
                                                      "bfloat16": 50e-9})
+
+
+@pytest.mark.parametrize("alpha_us", [2000.0, 0.0])
+def test_a_given_alpha_moves_the_executor_s_alpha_with_it(tmp_path, alpha_us) -> None:
+    """--alpha-us replaced the backend's α but left gradwire's executor at the calibration's,
+    so a what-if at a higher latency priced Top-k and gTop-k (the executor's schedules) as if
+    their steps had not slowed: it favoured them. The executor keeps its measured extra (never
+    below 0 s)."""
+    from test_calibrate import _good
+
+    from gradwire.perf import calibration, scenario
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**_good(), "alpha_transport_s": 4e-4}))
+    measured = calibration.load(path)
+    extra = measured.alpha_transport_s - measured.alpha_s
+    terms, _ = scenario.setting(scenario.Scenario(calibration=str(path), alpha_us=alpha_us))
+    assert terms.alpha == pytest.approx(alpha_us * 1e-6)
+    assert terms.alpha_transport == pytest.approx(max(0.0, alpha_us * 1e-6 + extra))
+    assert scenario.setting(scenario.Scenario(calibration=str(path)))[0].alpha_transport == (
+        pytest.approx(4e-4))

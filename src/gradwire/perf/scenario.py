@@ -169,7 +169,9 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
     """The cluster's terms, and a line saying where they came from: ``s.calibration`` (with
     its shared-CPU terms where it has them) or the reference setting ``s.reference``, with
     ``s.alpha_us``, ``s.gamma_ns`` and ``s.overlap_slowdown`` replacing theirs where given
-    (a given γ moves every dtype's γ with it: each keeps its measured extra over fp32's).
+    (a given γ moves every dtype's γ with it: each keeps its measured extra over fp32's; a
+    given α moves gradwire's executor's α with it, which keeps its measured extra over the
+    backend's).
     ``cal``: ``s.calibration`` already read (:func:`read_calibration`); read here if None."""
     if s.calibration is None:
         ref = reference_settings.get(s.reference)
@@ -207,8 +209,12 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
     except GradwireError as e:
         raise GradwireError(f"--intra-bandwidth: {e}") from None
     gamma = base.gamma if s.gamma_ns is None else s.gamma_ns * 1e-9
+    alpha = base.alpha if s.alpha_us is None else s.alpha_us * 1e-6
+    # the executor's steps cross the same links as the backend's, with its own software on top
+    alpha_t = (None if base.alpha_transport is None
+               else max(0.0, alpha + base.alpha_transport - base.alpha))
     return replace(
-        base, alpha=base.alpha if s.alpha_us is None else s.alpha_us * 1e-6, gamma=gamma,
+        base, alpha=alpha, alpha_transport=alpha_t, gamma=gamma,
         # a half-precision sum keeps what it was measured to take over fp32's per byte
         gamma_dtype=tuple((d, gamma + g - base.gamma) for d, g in base.gamma_dtype),
         overlap_slowdown=(base.overlap_slowdown if s.overlap_slowdown is None
