@@ -393,7 +393,7 @@ def test_environment_overrides_are_checked(monkeypatch, one_rank):
     ("layers", "100001", "(up to 100000)"), ("speedup", "inf", "numbers > 0"),
     ("speedup", "0", "numbers > 0"), ("speedup", "nan", "numbers > 0"),
     ("bandwidth", "none", "is not valid: expected a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, "
-     r"25gbit \(units kbit, mbit, gbit\)$"), ("bandwidth", "fast", "is not valid")])
+     r"25gbit \(units kbit, mbit, gbit, tbit\)$"), ("bandwidth", "fast", "is not valid")])
 def test_bad_sweep_values_are_one_line(axis, text, msg):
     from gradwire.sim.simulate import sweep_value as _sweep_value
 

@@ -122,8 +122,8 @@ def test_the_inputs_line_names_the_codec_table_that_priced_the_run(command, monk
     (["whatif", "--workers", "8:2"], "--workers '8:2'"),
     (["whatif", "--bandwidth", "1gbt"], "bandwidth '1gbt' is not valid"),
     (["whatif", "--bandwidth", "none"], "bandwidth 'none' is not valid: expected a rate like "
-     "100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit)\n"),
-    (["advise", "--bandwidth", "1gbt"], "(units kbit, mbit, gbit)\n"),
+     "100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit, tbit)\n"),
+    (["advise", "--bandwidth", "1gbt"], "(units kbit, mbit, gbit, tbit)\n"),
     (["whatif", "--agg", "dense,topkk"], "did you mean 'topk'"),
     (["whatif", "--compute-speedup", "2,x"], "'x' is not a number"),
     (["whatif", "--density", "2"], "density must be in (0, 1]"),

@@ -131,3 +131,19 @@ def test_a_given_alpha_moves_the_executor_s_alpha_with_it(tmp_path, alpha_us) ->
     assert terms.alpha_transport == pytest.approx(max(0.0, alpha_us * 1e-6 + extra))
     assert scenario.setting(scenario.Scenario(calibration=str(path)))[0].alpha_transport == (
         pytest.approx(4e-4))
+
+
+def test_a_node_s_nvlink_is_a_rate_the_model_takes() -> None:
+    """The model's rates stopped at 400gbit, tc's limit: an H100 node's NVLink (3.6 Tbit/s)
+    could not be given to --intra-bandwidth. The emulated cluster still stops at tc's."""
+    from gradwire.bandwidth import format_bandwidth, parse_bandwidth
+    from gradwire.perf import scenario
+    from gradwire.perf.model import parse_link
+
+    assert parse_link("3.6tbit") == 3.6e12 and format_bandwidth(3.6e12) == "3.6tbit"
+    terms, _ = scenario.setting(scenario.Scenario(ranks_per_node=8, intra_bandwidth="3.6tbit"))
+    assert terms.intra_bps == 3.6e12
+    with pytest.raises(GradwireError, match="out of range: expected 100kbit to 400gbit"):
+        parse_bandwidth("3.6tbit")
+    with pytest.raises(GradwireError, match="out of range: expected 100kbit to 100tbit"):
+        parse_link("200tbit")

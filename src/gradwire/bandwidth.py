@@ -9,17 +9,22 @@ from gradwire.errors import GradwireError
 # Each unit's power of ten: the rate is read as one decimal number ("0.534e9"), rounded once,
 # so that a rate is the same float in every unit it is written in (0.534 * 1e9, rounded twice,
 # is not 534mbit's float).
-_UNITS = {"kbit": 3, "mbit": 6, "gbit": 9}
+_UNITS = {"kbit": 3, "mbit": 6, "gbit": 9, "tbit": 12}
 # ASCII only: \d and str.lower() would also take other scripts' digits ("١gbit") and the
 # Kelvin sign ("1\u212abit"), which tc and every reader of a result file would not.
-_PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)", re.ASCII)
-RATES = "a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit)"
+_PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit|tbit)", re.ASCII)
+RATES = "a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit, tbit)"
+# What tc shapes and an emulated host can carry; a model prices links inside a GPU node too
+# (NVLink: 3.6 Tbit/s on an H100, 14.4 on a B200), up to MODEL_MOST.
+TC_MOST = 4e11
+MODEL_MOST = 1e14
 ALLOWED = f"{RATES}, or none"
 
 
-def parse_bandwidth(text: str, unshaped: bool = True) -> float | None:
+def parse_bandwidth(text: str, unshaped: bool = True, most: float = TC_MOST) -> float | None:
     """Return the rate in bits per second, or None for an unshaped link (``none``), which
-    ``unshaped=False`` (a model or simulator that needs a rate) does not offer.
+    ``unshaped=False`` (a model or simulator that needs a rate) does not offer; ``most``: the
+    fastest rate taken (what tc shapes, unless a model passes :data:`MODEL_MOST`).
 
     >>> parse_bandwidth("1gbit")
     1000000000.0
@@ -32,8 +37,9 @@ def parse_bandwidth(text: str, unshaped: bool = True) -> float | None:
         raise GradwireError(f"bandwidth {text!r} is not valid: expected "
                             f"{ALLOWED if unshaped else RATES}")
     bps = float(f"{m.group(1)}e{_UNITS[m.group(2)]}")
-    if not 1e5 <= bps <= 4e11:
-        raise GradwireError(f"bandwidth {text!r} is out of range: expected 100kbit to 400gbit")
+    if not 1e5 <= bps <= most:
+        raise GradwireError(f"bandwidth {text!r} is out of range: expected 100kbit to "
+                            f"{format_bandwidth(most)}")
     return bps
 
 
@@ -41,7 +47,7 @@ def format_bandwidth(bps: float | None) -> str:
     """Inverse of :func:`parse_bandwidth` for display: 1e9 -> '1gbit', None -> 'none'."""
     if bps is None:
         return "none"
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+    for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
         if bps >= scale:
             value = bps / scale
             return f"{value:g}{unit}"

@@ -52,7 +52,8 @@ PerfBucket = Annotated[float, typer.Option("--bucket-mb", help="DDP bucket cap, 
 PerfPerNode = Annotated[int, typer.Option(help="consecutive ranks per node: they share the "
                                           "node's link to other nodes")]
 PerfIntra = Annotated[str, typer.Option(help="link between the ranks of one node (with "
-                                        "--ranks-per-node > 1)")]
+                                        "--ranks-per-node > 1), up to 100tbit: e.g. 3.6tbit "
+                                        "for an H100's NVLink")]
 PerfCalibration = Annotated[Path | None, typer.Option(
     "--calibration", help="a `gradwire calibrate` file, measured on your cluster: its α, γ, "
     "codec times, slowdowns and shared-CPU terms replace the reference setting's")]

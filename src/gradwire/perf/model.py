@@ -96,7 +96,7 @@ import numpy as np
 import torch
 
 from gradwire import catalogue, config
-from gradwire.bandwidth import parse_bandwidth
+from gradwire.bandwidth import MODEL_MOST, parse_bandwidth
 from gradwire.catalogue import MODES, BucketPlan, Shapes
 from gradwire.check import check_density, check_fraction, check_int, check_real, is_int
 from gradwire.collectives.agree import header_spec
@@ -517,5 +517,6 @@ def _credit_saved(collective: str, algo: str, p: int, count: int, elem_bytes: in
 
 
 def parse_link(text: str) -> float:
-    """A link rate like "10gbit" in bits per second (``none`` is not a rate here)."""
-    return float(parse_bandwidth(text, unshaped=False))  # type: ignore[arg-type]
+    """A link rate like "10gbit" in bits per second (``none`` is not a rate here), up to
+    :data:`~gradwire.bandwidth.MODEL_MOST`: a node's NVLink is past what tc shapes."""
+    return float(parse_bandwidth(text, unshaped=False, most=MODEL_MOST))  # type: ignore[arg-type]
