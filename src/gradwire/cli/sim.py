@@ -53,8 +53,7 @@ def trace_cmd(
     Example: gradwire trace --model resnet50 -o resnet50.trace.jsonl
     """
     from gradwire.sim import trace as tr
-    from gradwire.sim.edit import _check_edits as check_edits
-    from gradwire.sim.edit import make_trace
+    from gradwire.sim.edit import check_edits, make_trace
 
     check_outputs(("--out", out), inputs=(("--from", source),))
     check_seed_and_batch(seed, batch_size)

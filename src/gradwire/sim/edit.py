@@ -23,7 +23,7 @@ def make_trace(model: str | None, source: Path | None, *, iterations: int = 3,
     and the others) before anything is recorded."""
     if (model is None) == (source is None):
         raise GradwireError("give exactly one of --model (record) and --from (edit)")
-    sizes = _check_edits(iterations, compute_speedup, add_layers, layer, resize)
+    sizes = check_edits(iterations, compute_speedup, add_layers, layer, resize)
     if model is not None:
         from gradwire.sim.record import record  # torch: only to record
 
@@ -39,8 +39,8 @@ def make_trace(model: str | None, source: Path | None, *, iterations: int = 3,
     return t
 
 
-def _check_edits(iterations: int, speedup: float, add_layers: int,
-                 layer: tuple[int, float, float], resize: Sequence[str]) -> list[tuple[str, int]]:
+def check_edits(iterations: int, speedup: float, add_layers: int,
+                layer: tuple[int, float, float], resize: Sequence[str]) -> list[tuple[str, int]]:
     """One-line errors for settings no trace could take; ``resize`` as (name, bytes)."""
     if not is_int(iterations, 1, MAX_RECORDED):
         raise GradwireError(f"--iterations must be from 1 to {MAX_RECORDED}, got {iterations}")
@@ -56,12 +56,27 @@ def _check_edits(iterations: int, speedup: float, add_layers: int,
         if not is_real(seconds, 0, tr.MAX_SECONDS):
             raise GradwireError(f"{option} must be a number from 0 to "
                                 f"{tr.MAX_SECONDS * 1e3:g}, got {seconds * 1e3:g}")
-    out = []
+    # What the layers come to in all, past any trace's limits whatever it holds: refused now,
+    # not after a recording of minutes (trace.add_layers checks the rest against the trace).
+    if add_layers * nbytes > tr.MAX_BYTES:
+        raise GradwireError(f"--add-layers {add_layers} of --layer-bytes {nbytes} come to "
+                            f"{add_layers * nbytes} bytes: a trace holds at most 2**50")
+    for option, seconds in (("--layer-forward-ms", forward_s),
+                            ("--layer-backward-ms", backward_s)):
+        if add_layers * seconds > tr.MAX_SECONDS:
+            raise GradwireError(f"--add-layers {add_layers} of {option} {seconds * 1e3:g} "
+                                f"come to {add_layers * seconds:g} s of compute: a trace's "
+                                f"times go up to {tr.MAX_SECONDS:g} s")
+    out: list[tuple[str, int]] = []
     for item in resize:
         name, sep, value = item.rpartition("=")
         size = parse_int(value) if sep and name else None
         if size is None or not 1 <= size <= tr.MAX_BYTES:
             raise GradwireError(f"--resize {item!r}: expected NAME=BYTES, BYTES a whole number "
                                 "from 1 to 2**50")
+        earlier = next((b for n, b in out if n == name), None)
+        if earlier is not None:  # which size was meant cannot be told
+            raise GradwireError(f"--resize {item!r}: {name} is already resized to {earlier} "
+                                "bytes: give each parameter once")
         out.append((name, size))
     return out

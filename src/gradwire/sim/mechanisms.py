@@ -57,8 +57,27 @@ def _flag(label: str, key: str, v: object) -> bool:
 
 def parse(text: str) -> Mechanism:
     """``ps:order=block`` → a runnable mechanism; unknown names and options say what is
-    allowed."""
+    allowed, each error naming the mechanism (a ``--mechanism`` list has several)."""
     label = text.strip()
+    try:
+        return _parse(label)
+    except GradwireError as e:
+        msg = str(e)
+        if msg.startswith(f"mechanism {label!r}") or msg.startswith("unknown mechanism"):
+            raise
+        raise GradwireError(f"mechanism {label!r}: {msg}") from None
+
+
+def _no_itemsize(label: str, params: dict) -> None:
+    """Refuse ``itemsize=``: the simulator counts each bucket in float32 elements (bytes where
+    the bucket is no whole number of them) and would replace the value given, silently."""
+    if "itemsize" in params:
+        raise GradwireError(f"mechanism {label!r}: option 'itemsize' is not taken: the "
+                            "simulator counts a bucket in 4-byte elements (bytes where its size "
+                            f"is no multiple of 4), got itemsize={params['itemsize']!r}")
+
+
+def _parse(label: str) -> Mechanism:
     name, *rest = label.split(":")
     params = parse_params(rest, f"mechanism {label!r}: option")
     if name in PS_FAMILY:
@@ -66,6 +85,12 @@ def parse(text: str) -> Mechanism:
         for key, v in params.items():
             if key == "barrier":
                 kw["barrier"] = _flag(label, key, v)
+            elif key == "order" and kw.get("multicast"):
+                # ps.distribution: one multicast per parameter, whatever the order
+                raise GradwireError(f"mechanism {label!r}: order={v} is not taken: order is "
+                                    "the unicast distribution's (each parameter to worker 0, "
+                                    "1, ... or each worker everything in turn), and "
+                                    f"{name} sends each parameter once to every worker")
             elif key in ("order", "sharding"):
                 kw[key] = v
             else:
@@ -83,6 +108,7 @@ def parse(text: str) -> Mechanism:
         raise GradwireError(f"unknown mechanism {name!r}{did_you_mean(name, names)}: expected "
                             f"one of {', '.join(names)}")
     bucket = _bucket(label, params)
+    _no_itemsize(label, params)
     comp = params.pop("compress", None)
     if comp is not None:
         from gradwire.catalogue import METHODS
@@ -111,6 +137,7 @@ def _bucket(label: str, params: dict) -> int:
 
 def _ring_multicast(label: str, params: dict) -> Mechanism:
     bucket = _bucket(label, params)
+    _no_itemsize(label, params)
     if "compress" in params:
         raise GradwireError(f"mechanism {label!r}: ring+multicast takes no compressor "
                             "(bucket= and pipeline= only)")

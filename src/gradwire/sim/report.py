@@ -18,36 +18,46 @@ from gradwire.sim.trace import Trace, add_layers, scale_compute
 
 
 def host_costs(c: SimCluster) -> str:
-    """``α 10 µs, latency 1.5 µs/host``: the cluster's per-message costs, for titles."""
-    return f"α {c.alpha * 1e6:g} µs, latency {c.latency * 1e6:g} µs/host"
+    """``α 10 µs, latency 1.5 µs/host``: the cluster's per-message costs, for titles, and its
+    γ per byte reduced where it is not 0 (``--calibration``'s)."""
+    gamma = f", γ {c.gamma * 1e9:.3g} ns/B" if c.gamma > 0 else ""
+    return f"α {c.alpha * 1e6:g} µs, latency {c.latency * 1e6:g} µs/host{gamma}"
 
 
 def speedups(results: Sequence[SimResult]) -> dict[str, float]:
     """Iteration-time speed-up of each result over the baseline PS (the first when absent).
     An iteration of 0 s (one worker, a trace without compute: nothing to wait for) is as fast
     as another of 0 s and infinitely faster than one that takes time."""
-    base = next((r for r in results if r.mechanism == mechanisms.BASELINE), results[0])
+    name = baseline(results)
+    base = next(r for r in results if r.mechanism == name)
     return {r.mechanism: (base.iteration_s / r.iteration_s if r.iteration_s > 0
                           else 1.0 if base.iteration_s == 0 else math.inf) for r in results}
 
 
+def baseline(results: Sequence[SimResult]) -> str:
+    """The mechanism :func:`speedups` are over: ``ps`` where it ran, else the first."""
+    return next((r.mechanism for r in results if r.mechanism == mechanisms.BASELINE),
+                results[0].mechanism)
+
+
 def results_table(results: Sequence[SimResult], title: str) -> Table:
     sp = speedups(results)
-    base = next((r.mechanism for r in results if r.mechanism == mechanisms.BASELINE),
-                results[0].mechanism)
+    base = baseline(results)
     # headers on two lines, one space between columns: fits 120 columns; a mechanism's name
     # is never cut (narrower, the headers are)
     t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     t.add_column("mechanism", no_wrap=True)
+    # every link kind's utilisation: a server's up link is where multicast saves (the
+    # distribution), its down link where in-network aggregation does
+    kinds = ("worker up", "worker down", "server up", "server down")
     for col in ("iteration\ns", f"speed-up\nvs {base}", "compute\ns", "exposed\ncomm s",
-                "worker\nup", "worker\ndown", "server\ndown", "sim wall\ns"):
+                *(k.replace(" ", "\n") for k in kinds), "sim wall\ns"):
         t.add_column(col, justify="right")
     for r in results:
         u = r.utilisation
         t.add_row(r.mechanism, f"{r.iteration_s:.4f}", f"{sp[r.mechanism]:.2f}x",
-                  f"{r.compute_s:.4f}", f"{r.exposed_s:.4f}", f"{u.get('worker up', 0):.0%}",
-                  f"{u.get('worker down', 0):.0%}",
-                  f"{u['server down']:.0%}" if "server down" in u else "-", f"{r.wall_s:.2f}")
+                  f"{r.compute_s:.4f}", f"{r.exposed_s:.4f}",
+                  *(f"{u[k]:.0%}" if k in u else "-" for k in kinds), f"{r.wall_s:.2f}")
     return t
 
 
@@ -150,7 +160,7 @@ def sweep(trace: Trace, cluster: SimCluster, mechs: list[mechanisms.Mechanism], 
         res = mechanisms.run(t, c, mechs, on_start=told)
         rows.append({"axis": axis, "value": v,
                      "iteration_s": {r.mechanism: r.iteration_s for r in res},
-                     "speedup": speedups(res)})
+                     "speedup": speedups(res), "baseline": baseline(res)})
     return rows
 
 
@@ -168,7 +178,9 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> Path:
         b.plot(xs, [r["speedup"][m] for r in rows], marker="o", label=m)
     label = {"bandwidth": "bandwidth (Gbit/s)", "workers": "workers",
              "speedup": "compute speed-up", "layers": "added layers"}[axis]
-    for ax, y in ((a, "iteration time (s)"), (b, "speed-up over PS")):
+    # the speed-ups are over ps where it ran, else over the first mechanism (:func:`speedups`)
+    base = rows[0].get("baseline", mechanisms.BASELINE)
+    for ax, y in ((a, "iteration time (s)"), (b, f"speed-up over {base}")):
         ax.set_xlabel(label)
         ax.set_ylabel(y)
         ax.grid(alpha=0.3)

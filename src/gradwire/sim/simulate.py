@@ -104,6 +104,8 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     from gradwire.sim.cluster import SimCluster
     from gradwire.sim.trace import load
 
+    if not paths:  # every run reads the first trace
+        raise GradwireError("no --trace given: expected a trace file from `gradwire trace`")
     if plot is not None and sweep is None:
         raise GradwireError("--plot draws a --sweep: give --sweep AXIS=V1,V2,.. too")
     if table is not None and table not in report.PAPER_TABLES:
@@ -119,7 +121,13 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
         raise GradwireError(f"{len(paths)} --trace files: only --table takes several (the "
                             "paper's tables compare models); give one")
     axis, values = parse_sweep(sweep, report.AXES) if sweep is not None else ("", [])
-    mechanisms(mechanism)
+    mechs = mechanisms(EMULATED_MECHANISMS if emulate and mechanism == SIM_MECHANISMS
+                       else mechanism)
+    if table is None and servers != 1 and not any(_serves(m) for m in mechs):
+        # the run would say "N server(s)" of a run that had none
+        raise GradwireError(f"--servers {servers} is for the parameter-server mechanisms (ps, "
+                            f"multicast, ina, multicast+ina), and --mechanism {mechanism!r} "
+                            "names none: leave --servers out or add one")
     bps = parse_bandwidth(bandwidth, unshaped=False)
     assert bps is not None
     for option, us in (("--latency-us", latency_us), ("--alpha-us", alpha_us)):
@@ -134,6 +142,13 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
             raise GradwireError(f"--sweep {axis}={v:g}: {e}") from None
     return Simulation(paths, traces, cluster, bandwidth, mechanism, table, sweep, emulate, plot,
                       timeline)
+
+
+def _serves(m: Mechanism) -> bool:
+    """Whether ``m`` runs on parameter servers (takes ``--servers``)."""
+    from gradwire.sim.ps import PSOptions
+
+    return isinstance(m.options, PSOptions)
 
 
 def mechanisms(text: str) -> list[Mechanism]:
@@ -199,7 +214,9 @@ def _sweep(trace: Trace, cluster: SimCluster, mechanism: str, sweep: str, plot: 
         rows = report.sweep(trace, cluster, mechanisms(mechanism), axis, vals,
                             on_start=status.update)
     for r in rows:
-        console.print(f"{axis}={r['value']:g}: " + ", ".join(
+        # a rate as it was typed (1gbit), not bits/s (1e+09)
+        value = format_bandwidth(r["value"]) if axis == "bandwidth" else f"{r['value']:g}"
+        console.print(f"{axis}={value}: " + ", ".join(
             f"{m} {s:.4f} s" for m, s in r["iteration_s"].items()))
     if plot:
         console.print(f"wrote {report.plot_sweep(rows, plot, trace.model)}")
