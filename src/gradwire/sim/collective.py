@@ -1,14 +1,16 @@
 """Host-based aggregation: any library collective (ring-reduce, butterfly mixing, …) and any
-compressor, with DDP-style bucketing — replayed from the schedules, never re-implemented.
+compressor, with gradients fused into buckets — replayed from the schedules, never re-implemented.
 
 Each worker, each iteration (§3.2: no pipelining of the forward pass with distribution):
 1. forward: starts when the worker holds the whole model (its last collective of the previous
    iteration is done) and lasts its traced ``forward_s``;
 2. backward: gradient i is ready at its traced time after the forward pass;
 3. buckets: gradients are packed in the order they become ready into buckets of at most
-   ``bucket_bytes`` (0: one bucket per parameter, the paper's ring-reduce "with messaging",
-   every parameter split evenly over the workers by the schedule); a bucket's collective starts
-   on a rank when its last gradient is ready, FIFO on the rank's one send port.
+   ``bucket_bytes``, as Horovod's tensor fusion packs them (DDP instead closes a bucket once
+   it reaches its cap, as :mod:`gradwire.perf.model` prices it); 0: one bucket per parameter,
+   the paper's ring-reduce "with messaging", every parameter split evenly over the workers by
+   the schedule. A bucket's collective starts on a rank when its last gradient is ready, FIFO
+   on the rank's one send port.
 Dense buckets use the allreduce schedule of ``algo`` on the bucket's bytes; a compressed one
 runs what :mod:`gradwire.catalogue` says its method sends (PowerSGD: two allreduces, each
 weight its own matrix where the trace gives every shape in the bucket; top-k:

@@ -12,9 +12,10 @@
 | any allreduce algorithm of the registry (rhd, lp, dbtree, tree, master, …) | per parameter |
 
 Options: ps family ``order=roundrobin|block``, ``barrier=on|off``, ``sharding=tensor|even``;
-collectives ``bucket=BYTES`` (DDP-style buckets; 0 = per parameter), ``compress=NAME`` with the
-compressor's own parameters (``compress=topk:density=0.01``), and the schedule's parameters
-(``pipeline=4``). Example: ``ps:order=block``, ``ring:bucket=25000000:compress=fp16``.
+collectives ``bucket=BYTES`` (fused buckets of at most BYTES; 0 = per parameter),
+``compress=NAME`` with the compressor's own parameters (``compress=topk:density=0.01``), and
+the schedule's parameters (``pipeline=4``). Example:
+``ps:order=block``, ``ring:bucket=25000000:compress=fp16``.
 """
 
 from __future__ import annotations
