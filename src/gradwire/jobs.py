@@ -46,8 +46,9 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
                 head, _, text = line.partition("] ")
                 # the launcher right-aligns rank numbers to the widest: "[rank  0]" at 11 ranks
                 first = head.startswith("[rank ") and head.removeprefix("[rank ").lstrip() == "0"
-                if first and text.startswith(PROGRESS + " "):
-                    done, of = map(int, text.split()[1:3])
+                counts = _progress(text) if first else None
+                if counts is not None:
+                    done, of = counts
                     bar.update(task, completed=done, total=of)
                 elif tick and first and text.startswith(tick):
                     bar.advance(task)
@@ -72,6 +73,20 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
         if lines is not None:
             lines.finish()
         return result
+
+
+def _progress(text: str) -> tuple[int, int] | None:
+    """(done, total) of a ``GW_PROGRESS done total`` line; None for any other line, one that
+    only looks like it included (``GW_PROGRESS 3/10``, or a line another thread of the rank
+    wrote into it): such a line is the rank's output, shown as such, where it had stopped
+    the whole run with the ValueError of its parsing."""
+    words = text.split()
+    if len(words) != 3 or words[0] != PROGRESS:
+        return None
+    if not (words[1].isascii() and words[1].isdigit() and words[2].isascii()
+            and words[2].isdigit()):
+        return None
+    return int(words[1]), int(words[2])
 
 
 def plain_progress(console: Console, label: str) -> _Quarters | None:

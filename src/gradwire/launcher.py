@@ -13,7 +13,9 @@ through ranks that lost it in turn, the final line names that rank as stalled.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -49,6 +51,23 @@ OUTPUT_MAX_S = 60.0  # how long the ranks' output may still flow once they are a
 # lost. tests/test_launcher.py holds this pattern against the message itself.
 PEER_LOST = re.compile(r"\brank (\d+)\b.*?: (?:send of \d+ bytes to|receive of \d+ bytes from) "
                        r"rank (\d+) (?:timed out|failed)")
+# PEER_LOST's tail, on its own: PEER_LOST searched a whole line tries every "rank N" in it and
+# scans the rest of the line from each, which took 2.1 s for a 64 kB line that named "rank 1"
+# 8000 times (a rank's per-rank table on one line) and grew with the square of the length.
+_PEER_OP = re.compile(r": (?:send of \d+ bytes to|receive of \d+ bytes from) rank \d+ "
+                      r"(?:timed out|failed)")
+
+
+def peer_lost(line: str) -> tuple[int, int] | None:
+    """(the rank that failed, the peer it lost) where ``line`` holds a PeerError's message,
+    as PEER_LOST finds them, in time linear in the line's length."""
+    last = collections.deque(_PEER_OP.finditer(line), maxlen=1)
+    if not last:
+        return None
+    # Every "rank N" that can start a match lies before the end of the last PeerError's tail,
+    # and from each the lazy scan stops at the first tail after it: the search ends there.
+    m = PEER_LOST.search(line, 0, last[0].end())
+    return None if m is None else (int(m[1]), int(m[2]))
 
 
 @dataclass
@@ -139,6 +158,11 @@ def rank_env(cluster: Cluster, rank: int, port: int) -> dict[str, str]:
         # Always set, as torchrun does: one inherited from a caller run under torchrun made
         # every rank a client of a store that nobody served.
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        # Where torchrun's @record writes a rank's error for its agent; empty, as torchrun sets
+        # it where it keeps no log files: the launcher reads the ranks' output instead. One
+        # inherited from a caller run under torchrun had every rank overwrite that caller's
+        # own error file with its error, which torchrun then reported as the caller's.
+        "TORCHELASTIC_ERROR_FILE": "",
         "MASTER_ADDR": cluster.hosts[0].addr,
         "MASTER_PORT": str(port),
         "GLOO_SOCKET_IFNAME": host.ifname,
@@ -211,9 +235,9 @@ class _Output:
         with pipe:
             for line in pipe:
                 text = line.removesuffix("\n")
-                m = PEER_LOST.search(text)
-                if m and int(m[1]) == rank:
-                    self.lost[rank] = int(m[2])
+                lost = peer_lost(text)
+                if lost and lost[0] == rank:
+                    self.lost[rank] = lost[1]
                 with self.lock:
                     try:
                         self.sink(prefix + text)
@@ -294,6 +318,7 @@ def _start(cluster: Cluster, cmd: Sequence[str], timeout: float | None,
     output = _Output(sink, len(cluster.hosts))
     received: list[int] = []  # signals to the launcher, acted on between polls
     stopped, result = 0, None
+    arm = _die_with_launcher()
     with on_signals(received.append):
         try:
             for host in cluster.hosts:
@@ -310,7 +335,8 @@ def _start(cluster: Cluster, cmd: Sequence[str], timeout: float | None,
                     # would leave its rank blocked on a full pipe.
                     p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, encoding="utf-8",
-                                         errors="replace", start_new_session=True)
+                                         errors="replace", start_new_session=True,
+                                         preexec_fn=arm)
                 except OSError as e:
                     raise GradwireError(f"cannot start {cmd[0]!r} for rank {host.rank}: "
                                         f"{e}") from e
@@ -325,6 +351,31 @@ def _start(cluster: Cluster, cmd: Sequence[str], timeout: float | None,
         raise Interrupted(received[0], stopped)
     assert result is not None  # _wait returns None only on a signal
     return result
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_launcher() -> Callable[[], None] | None:
+    """What a rank runs between fork and exec so that the kernel SIGKILLs it should the
+    launcher die first (SIGKILL, the OOM killer, a CI job's hard stop), where no ``finally``
+    stops the ranks: in sessions of their own, they ran on for good (and on an emulated
+    cluster kept its namespaces busy). Linux only (prctl); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    except (OSError, AttributeError):
+        return None
+    launcher, option, sig = os.getpid(), ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(
+        signal.SIGKILL.value)
+
+    def arm() -> None:
+        prctl(option, sig)
+        if os.getppid() != launcher:  # the launcher died before the line above
+            os._exit(128 + signal.SIGKILL.value)
+
+    return arm
 
 
 def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,

@@ -29,6 +29,15 @@ def execute_local(s: Schedule, buffers: Sequence[torch.Tensor],
         if b.dim() != 1 or b.numel() != s.count:
             raise GradwireError(f"rank {r}: buffer has shape {tuple(b.shape)}, the schedule "
                                 f"expects ({s.count},)")
+    first = buffers[0]
+    for r, b in enumerate(buffers):
+        if (b.dtype, b.device) != (first.dtype, first.device):
+            raise GradwireError(f"rank {r}: buffer is {b.dtype} on {b.device}, rank 0's is "
+                                f"{first.dtype} on {first.device}; every rank's must match")
+    _check_apart(buffers)
+    if combine is not None and len(combine) != p:
+        raise GradwireError(f"combine must have one entry per rank, {p} for this schedule, "
+                            f"got {len(combine)}")
     ops = [{**COMBINE, **(combine[r] if combine else {})} for r in range(p)]
     for step in s.steps:
         sent = [(t, buffers[t.src][t.start : t.stop].clone()) for t in step.transfers]
@@ -41,3 +50,26 @@ def execute_local(s: Schedule, buffers: Sequence[torch.Tensor],
             else:
                 raise GradwireError(f"schedule {s.algo} uses combine op {t.op!r}; known on rank "
                                     f"{t.dst}: {', '.join(['copy', *ops[t.dst]])}")
+
+
+def _check_apart(buffers: Sequence[torch.Tensor]) -> None:
+    """Refuse buffers that share memory (``[buf] * p``): every rank's writes landed in the
+    others' buffers, and an allreduce of ones gave 8 where it is 4, silently. Buffers of one
+    storage whose elements interleave without touching (``x[0::2]``, ``x[1::2]``) pass. The
+    buffers are 1-D of one dtype (checked before)."""
+    spans = []
+    for r, b in enumerate(buffers):
+        if b.numel():
+            lo, size, step = b.data_ptr(), b.element_size(), b.stride(0)
+            spans.append((lo, lo + ((b.numel() - 1) * step + 1) * size, r, step, size))
+    spans.sort()
+    for i, (lo, hi, r, step, size) in enumerate(spans):
+        for lo2, _, r2, step2, _ in spans[i + 1:]:
+            if lo2 >= hi:
+                break
+            apart = (lo2 - lo) % (step * size) if step == step2 and step > 1 else 0
+            if size <= apart <= (step - 1) * size:
+                continue  # one stride, elements that never meet
+            raise GradwireError(f"the buffers of ranks {min(r, r2)} and {max(r, r2)} share "
+                                "memory: each rank needs a buffer of its own (e.g. not "
+                                "[buf] * world_size)")
