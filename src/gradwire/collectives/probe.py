@@ -30,7 +30,8 @@ def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float,
     steps = len(registry.schedule("allreduce", "ring" if algo == "builtin" else algo, p, p,
                                   **params).steps)
     run = {k: v for k, v in params.items() if k != "itemsize"}
-    buf = torch.ones(p)
+    dev = t.device  # NCCL takes tensors on its device only
+    buf = torch.ones(p, device=dev)
 
     def call() -> None:
         if algo == "builtin":
@@ -46,12 +47,14 @@ def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float,
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(40):
             call()
+        if dev.type == "cuda":  # the calls' kernels are done, not only launched
+            torch.cuda.synchronize(dev)
         runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
         cpus.append((time.process_time() - c0) / 40 / max(steps, 1))
-    per = torch.tensor([statistics.median(runs)], dtype=torch.float64)
+    per = torch.tensor([statistics.median(runs)], dtype=torch.float64, device=dev)
     first = 0 if t.group is None else dist.get_global_rank(t.group, 0)
     dist.broadcast(per, first, group=t.group)
-    cpu = torch.tensor([statistics.median(cpus) / p], dtype=torch.float64)
+    cpu = torch.tensor([statistics.median(cpus) / p], dtype=torch.float64, device=dev)
     dist.all_reduce(cpu, group=t.group)
     t.reset_counters()
     return float(per), float(cpu)
