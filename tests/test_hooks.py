@@ -358,6 +358,21 @@ def test_lightning_strategy_refuses_a_second_hook(kwargs, says):
         strategy("topk")
 
 
+def test_a_lightning_checkpoint_of_another_world_size_is_refused_whole():
+    """Each rank takes its own entry of a checkpoint's hook states: one saved by 4 ranks and
+    resumed on 2 would hand two ranks' residuals out and lose the others'. Without states (a
+    checkpoint of Lightning's own DDP) the hook starts afresh."""
+    from gradwire.hooks.lightning import load_hook_state
+
+    saved = gh.make("topk").state_dict()
+    fresh = gh.make("topk")
+    with pytest.raises(GradwireError, match="holds 4 ranks' hook states, this run has 2 ranks"):
+        load_hook_state(fresh, [saved] * 4, 0, 2, "ck.ckpt")
+    load_hook_state(fresh, None, 0, 2, "ck.ckpt")
+    load_hook_state(fresh, [saved, saved], 1, 2, "ck.ckpt")
+    assert fresh.step == saved["step"]
+
+
 def test_the_training_worker_runs_unchanged_under_plain_torchrun(tmp_path):
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -12,8 +12,10 @@ itself, after Lightning has wrapped the module in DistributedDataParallel::
                       strategy=strategy(state, process_group_backend="gloo"))
 
 :func:`launch_args` makes one script run unchanged under torchrun, ``gradwire run`` and
-Lightning's own launcher. Lightning is not a gradwire dependency; this module imports it when
-called.
+Lightning's own launcher. A checkpoint the Trainer saves holds every rank's hook state
+(residuals, the warm-up's position, compressor memory), and a fit resumed from it with
+``ckpt_path=`` restores this rank's: error feedback and the warm-up go on where they were.
+Lightning is not a gradwire dependency; this module imports it when called.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from gradwire.errors import GradwireError
 from gradwire.hooks.state import HookState
 
 OWN = ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper")
+# Where a checkpoint keeps every rank's hook state (residuals, warm-up position), rank order
+CHECKPOINT_KEY = "gradwire_hook_states"
 # DDPStrategy start methods that pickle the strategy into every process they start
 PICKLED = ("spawn", "forkserver")
 
@@ -87,4 +91,33 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
             super().configure_ddp()
             state.register(self.model)
 
+        def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any,
+                            storage_options: Any = None) -> None:
+            # every rank runs this (Trainer.save_checkpoint); each rank's residuals are its own
+            states: list[Any] | None = [None] * self.world_size if self.is_global_zero else None
+            dist.gather_object(state.state_dict(), states, dst=0)
+            if self.is_global_zero:
+                checkpoint = {**checkpoint, CHECKPOINT_KEY: states}
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+
+        def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any
+                            ) -> dict[str, Any]:
+            checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+            load_hook_state(state, checkpoint.get(CHECKPOINT_KEY), self.global_rank,
+                            self.world_size, str(checkpoint_path))
+            return checkpoint
+
     return GradwireDDPStrategy(**ddp_kwargs)
+
+
+def load_hook_state(state: HookState, states: Any, rank: int, world: int, where: str) -> None:
+    """This rank's entry of a checkpoint's hook states into ``state``. A checkpoint without
+    them (Lightning's own DDP wrote it) starts the hook afresh: no residual, warm-up from its
+    start."""
+    if states is None:
+        return
+    if not isinstance(states, list) or len(states) != world:
+        got = f"{len(states)} ranks'" if isinstance(states, list) else repr(type(states))
+        raise GradwireError(f"{where}: the checkpoint holds {got} hook states, this run has "
+                            f"{world} ranks: resume at the world size it was saved at")
+    state.load_state_dict(states[rank])
