@@ -1,16 +1,20 @@
-"""Calibration files and the performance validation's inputs: bounds on the slowdowns, the
-rank side's own errors and unsaved results, and results given to --repredict."""
+"""Calibration files and the performance validation's inputs and summary: bounds on the
+slowdowns, the rank side's own errors and unsaved results, results given to --repredict, codec
+tables of another dtype, the advisor's pick among equal predictions, the cores contended
+configurations are counted against, and the figure's rows."""
 import copy
 import json
+import os
 
 import calibration_doc
 import pytest
 
 from gradwire.bench import calibrate
 from gradwire.bench import validation as pv
+from gradwire.bench.validation import runs
 from gradwire.catalogue import METHODS
 from gradwire.errors import GradwireError
-from gradwire.perf import calibration
+from gradwire.perf import calibration, codecs
 
 AGGS = ["dense", "topk"]
 # A profile file's JSON: a 2-tensor model of 101 000 parameters, 6 ms of compute.
@@ -152,3 +156,111 @@ def test_workers_are_whole_numbers_in_ascii_digits(workers):
     _one_line_error(lambda: pv.parse_plan("1gbit", workers, "dense"), "--workers",
                     "expected a comma list of whole numbers")
     assert pv.parse_plan("1gbit", " 2, 4", "dense").workers == [2, 4]
+
+
+def row(p: int, agg: str, measured_s: float, predicted_s: float, rate: str = "1gbit") -> dict:
+    return {"bandwidth": rate, "workers": p, "agg": agg, "measured_s": measured_s,
+            "predicted_s": predicted_s, "error": predicted_s / measured_s - 1}
+
+
+def test_equal_predictions_advise_what_advise_ranks_first_not_the_first_measured():
+    """advise ranks equal predictions in the catalogue's order, dense first; the summary
+    took the first row of the configuration, so the same prediction scored the advisor by
+    whichever method --aggs listed first."""
+    for aggs in (["topk", "dense"], ["dense", "topk"]):
+        times = {"dense": 0.020, "topk": 0.030}
+        rows = [row(2, a, times[a], 0.02) for a in aggs]
+        s = pv.summarise({"rows": rows, "cores": 2})
+        assert s["picks"][0]["advised"] == "dense", aggs
+        assert s["advisor"] == pytest.approx({"within_5pct": 1.0, "mean_ratio": 1.0})
+    # a strictly faster prediction still wins whatever the catalogue's order
+    rows = [row(2, "dense", 0.020, 0.021), row(2, "topk", 0.030, 0.02)]
+    assert pv.summarise({"rows": rows, "cores": 2})["picks"][0]["advised"] == "topk"
+
+
+def test_a_result_counts_the_cores_its_ranks_may_run_on(monkeypatch):
+    """The summary's contended configurations are P > cores. The ranks inherit this
+    process's affinity, as gradwire bench counts them (usable_cores); os.cpu_count() counts
+    the machine's, so 4 ranks confined to 2 cores were summarised as uncontended."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(runs, "netns_available", lambda: (True, ""))
+
+    class Prof:
+        def to_json(self) -> dict:
+            return PROFILE
+
+        def to_text(self) -> str:
+            return json.dumps(PROFILE)
+
+    monkeypatch.setattr(runs, "profile", lambda batch: Prof())
+    monkeypatch.setattr(runs, "one_cluster", lambda *a, **k: (
+        {"bandwidth": "1gbit", "workers": 4}, {}, {}))
+    doc = runs.run(pv.Plan(["1gbit"], [4], ["dense"], repeats=1), console=None)
+    assert doc["cores"] == 2
+    assert pv.summarise({"rows": [row(4, "dense", 0.1, 0.1)], "cores": doc["cores"]})[
+        "contended"]["rows"] == 1
+
+
+def test_repredict_refuses_a_configuration_recorded_twice(validation_result):
+    """Two cluster records of one (rate, P) predicted its rows twice: every row of it
+    counted twice in the median errors and the advisor's score."""
+    doc = copy.deepcopy(validation_result)
+    doc["clusters"].append(copy.deepcopy(doc["clusters"][0]))
+    _one_line_error(lambda: pv.repredict(doc), "1gbit P = 2", "two cluster records")
+    assert len(pv.repredict(validation_result)) == len(validation_result["rows"])
+
+
+def test_repredict_refuses_a_method_measured_twice_in_one_configuration(validation_result):
+    """One of the two rows was dropped without a word (a dict keyed by method)."""
+    doc = copy.deepcopy(validation_result)
+    twin = copy.deepcopy(doc["rows"][1])
+    twin["measured"] = {"iteration_s": 0.5}
+    doc["rows"].append(twin)
+    _one_line_error(lambda: pv.repredict(doc), f"P = {twin['workers']}",
+                    f"two rows of {twin['agg']}")
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("dtype", "float16", "field 'dtype' must be 'float32'"),
+    ("source", 7, "field 'source' must be text"),
+])
+def test_a_codec_table_of_other_elements_is_refused_in_one_line(tmp_path, field, value,
+                                                                message):
+    """Its times are per fp32 element: a table measured on fp16 elements was read as if
+    fp32 (a calibration's reader refuses it), and a source that is no text was made one."""
+    table = calibration_doc.codecs(("dense", "topk"))
+    path = tmp_path / "codecs.json"
+    path.write_text(json.dumps(table | {field: value}))
+    _one_line_error(lambda: codecs.load(str(path)), message)
+    path.write_text(json.dumps({"codecs": table | {field: value}}))  # in a calibration file
+    _one_line_error(lambda: codecs.load(str(path)), message)
+    path.write_text(json.dumps(table))
+    assert codecs.load(str(path)).source == "a test's"
+    for name in codecs.BUILTIN:
+        assert codecs.load(name).numel > 0
+
+
+def test_the_figure_shows_every_rate_s_rows(monkeypatch, tmp_path):
+    """One marker per link rate from five: the rows of a sixth rate were left out of the
+    figure without a word (zip stopped at the last marker)."""
+    from gradwire.bench.validation import summary
+
+    figures = []
+
+    def keep(fig, path, dpi):
+        figures.append(fig)
+
+    monkeypatch.setattr(summary, "save_figure", keep)
+    rates = ["100gbit", "10gbit", "1gbit", "500mbit", "100mbit", "10mbit"]
+    rows = [row(2, "dense", 0.01 * (i + 1), 0.012 * (i + 1), r) for i, r in enumerate(rates)]
+    doc = {"rows": rows, "cores": 2, "model": "toy"}
+    doc["summary"] = pv.summarise(doc)
+    pv.plot(doc, tmp_path / "f.png")
+    (ax,) = figures[0].axes
+    from matplotlib.collections import PathCollection
+
+    shown = sum(len(c.get_offsets()) for c in ax.collections if isinstance(c, PathCollection))
+    assert shown == len(rows)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "dense, 10mbit" in labels

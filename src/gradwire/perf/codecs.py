@@ -94,7 +94,16 @@ def load(name_or_path: str) -> CodecTable:
         raise GradwireError(f"{where}: field 'methods' must be an object of methods, got "
                             f"{methods!r}")
     check_methods(methods, where)
-    return CodecTable(name_or_path, numel, dict(methods), str(doc.get("source", "")))
+    # the times are per fp32 element (a calibration's reader refuses any other dtype too):
+    # a table measured on half-precision elements would price fp32 buckets at half the time
+    dtype = doc.get("dtype", "float32")
+    if dtype != "float32":
+        raise GradwireError(f"{where}: field 'dtype' must be 'float32' (the model prices "
+                            f"codecs per fp32 element), got {dtype!r}")
+    source = doc.get("source", "")
+    if not isinstance(source, str):
+        raise GradwireError(f"{where}: field 'source' must be text, got {source!r}")
+    return CodecTable(name_or_path, numel, dict(methods), source)
 
 
 def check_methods(methods: dict, where: str, field: str = "") -> None:

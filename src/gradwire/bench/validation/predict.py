@@ -103,6 +103,22 @@ def repredict(doc: dict) -> list[dict]:
     recorded, with the model as it is now; each row keeps its measurement. A row whose
     configuration has no cluster record (so no calibration to predict it from) is an error:
     dropped, the summary would cover fewer configurations than were measured."""
+    # a configuration recorded twice, or a method measured twice in one, is a damaged result:
+    # its rows would be predicted and summarised twice, or one measurement dropped unseen
+    seen: set[tuple] = set()
+    for c in doc["clusters"]:
+        key = (c["bandwidth"], c["workers"])
+        if key in seen:
+            raise GradwireError(f"{key[0]} P = {key[1]} has two cluster records (one "
+                                "calibration each): which predicts its rows is unclear")
+        seen.add(key)
+    seen = set()
+    for r in doc["rows"]:
+        key = (r["bandwidth"], r["workers"], r["agg"])
+        if key in seen:
+            raise GradwireError(f"{key[0]} P = {key[1]} has two rows of {key[2]}: a method is "
+                                "measured once per configuration (its median run)")
+        seen.add(key)
     kept = {(c["bandwidth"], c["workers"]) for c in doc["clusters"]}
     orphans = [k for k in dict.fromkeys((r["bandwidth"], r["workers"]) for r in doc["rows"])
                if k not in kept]

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from gradwire.bench import provenance
 from gradwire.bench.calibrate import calibrate
+from gradwire.bench.sharing import usable_cores
 from gradwire.bench.validation.predict import predict_configuration, rows
 from gradwire.catalogue import METHODS
 from gradwire.check import parse_int
@@ -195,7 +196,9 @@ def run(plan: Plan, console: Console, command: str | None = None,
     doc = {**provenance.stamp(command), "model": MODEL,
            "batch_size": plan.batch, "density": DENSITY, "rank": RANK, "aggs": plan.aggs,
            "repeats": plan.repeats, "fast_repeats": plan.fast_repeats,
-           "cores": os.cpu_count(), "profile_threads": 1, "profile": prof.to_json(),
+           # the cores the ranks may run on (they inherit this process's affinity), as
+           # gradwire bench counts them: the summary's contended configurations are P > cores
+           "cores": usable_cores(), "profile_threads": 1, "profile": prof.to_json(),
            "clusters": [], "rows": [],
            "conditions": {"load_average_start": os.getloadavg()}}
     with tempfile.TemporaryDirectory(prefix="gradwire-validation-") as tmp:

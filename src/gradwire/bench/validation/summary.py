@@ -3,12 +3,14 @@ advisor's picks scored against naive baselines, the printed table and the figure
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from gradwire.catalogue import METHODS
 from gradwire.jsonfile import save_figure
 
 BASELINES = ("dense", "fp16", "topk")  # "always this method"
@@ -58,8 +60,13 @@ def advisor(rows: list[dict]) -> dict:
     mean ratio is strictly lower than every scored baseline's (a tie is not better)."""
     groups = list(configurations(rows).values())
 
+    order = {m: i for i, m in enumerate(METHODS)}
+
     def advised(g: list[dict]) -> dict:
-        return min(g, key=lambda r: r["predicted_s"])
+        # equal predictions rank as advise ranks them (gradwire.perf.advise.rank): in the
+        # catalogue's order, dense first, not in the order the methods were measured
+        return min(g, key=lambda r: (r["predicted_s"], order.get(r["agg"], len(order)),
+                                     r["agg"]))
 
     def always(method: str) -> Callable[[list[dict]], dict | None]:
         return lambda g: next((r for r in g if r["agg"] == method), None)
@@ -137,7 +144,9 @@ def plot(doc: dict, path: Path) -> None:
     aggs = list(dict.fromkeys(r["agg"] for r in rows))
     rates = list(dict.fromkeys(r["bandwidth"] for r in rows))
     for i, agg in enumerate(aggs):
-        for rate, marker in zip(rates, "os^Dv", strict=False):
+        # markers repeat past the fifth rate (its label tells them apart): zip stopped there
+        # and left every row of a sixth rate out of the figure
+        for rate, marker in zip(rates, itertools.cycle("os^Dv"), strict=False):
             for hot in (False, True):
                 pts = [(r["measured_s"] * 1e3, r["predicted_s"] * 1e3) for r in rows
                        if r["agg"] == agg and r["bandwidth"] == rate
