@@ -23,8 +23,10 @@ from gradwire.catalogue.paths import (
     Started,
     dense_average,
 )
+from gradwire.check import check_fraction, is_int
 from gradwire.compress import COMPRESSORS, Compressor, feedback
 from gradwire.compress import get as get_compressor
+from gradwire.dtypes import FLOATS
 from gradwire.errors import GradwireError, lookup
 
 MODES = ("bucket", "model")
@@ -64,6 +66,9 @@ class Method:
                         **options: Any) -> Compressor | None:
         """The compressor as this method runs it, from the user's options (checked)."""
         if self.compressor is None:
+            if options:  # a typo, or another method's option, would be silently ignored
+                raise GradwireError(f"{self.name}: unknown parameter {next(iter(options))!r}: "
+                                    f"expected no parameters (it sends the bucket as it is)")
             return None
         params: dict[str, Any] = dict(options)
         if self.takes_density:
@@ -88,7 +93,23 @@ class Method:
         order and this rank's payload bytes. ``compressor`` as :meth:`make_compressor` builds
         it (default: with ``density`` and default options); ``algo`` as the hook's;
         ``shapes``: the shapes of the bucket's tensors in order (None: one flat tensor), which
-        PowerSGD compresses one matrix each."""
+        PowerSGD compresses one matrix each.
+
+        ``numel`` and ``world`` must be integers (>= 0 and >= 1), ``dtype`` a gradient's float
+        dtype, and ``density`` a fraction in (0, 1] for a method that takes one; anything
+        else is a one-line error (a negative numel planned negative bytes, world=0 an empty
+        allgather, a string a TypeError)."""
+        if not is_int(numel, 0):
+            raise GradwireError(f"{self.name}: numel (elements in the bucket) must be an "
+                                f"integer >= 0, got {numel!r}")
+        if not is_int(world, 1):
+            raise GradwireError(f"{self.name}: world (ranks) must be an integer >= 1, got "
+                                f"{world!r}")
+        if dtype not in FLOATS:
+            raise GradwireError(f"{self.name}: dtype must be a gradient's float dtype "
+                                f"({', '.join(str(d) for d in FLOATS)}), got {dtype!r}")
+        if self.takes_density:
+            density = check_fraction(f"{self.name}: density", density)
         if compressor is None:
             compressor = self.make_compressor(density)
         return self.path.plan(self, numel, world, dtype, compressor, density, algo, shapes)

@@ -21,12 +21,14 @@ pipeline runs at n·β, not at (n/b + P − 2)(α + b·β).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from gradwire.check import check_real
 from gradwire.config import DEFAULT_ALPHA_S
+from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Schedule
 
 
@@ -46,7 +48,11 @@ class CostParams:
     def for_link(bits_per_s: float, alpha: float = DEFAULT_ALPHA_S,
                  gamma: float = 0.0) -> CostParams:
         bits = check_real("a link's bandwidth (bits/s)", bits_per_s, above=True)
-        return CostParams(check_real("α (s)", alpha), 8.0 / bits, check_real("γ (s/B)", gamma))
+        beta = 8.0 / bits
+        if not math.isfinite(beta):  # a subnormal rate: β = inf, and every cost NaN (inf·0)
+            raise GradwireError(f"a link's bandwidth (bits/s) must be large enough that a byte "
+                                f"takes a finite time (8/bandwidth seconds), got {bits_per_s!r}")
+        return CostParams(check_real("α (s)", alpha), beta, check_real("γ (s/B)", gamma))
 
 
 @dataclass(frozen=True)

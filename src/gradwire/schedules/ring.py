@@ -34,21 +34,37 @@ from gradwire.schedules.ir import (
     build,
     split,
 )
+from gradwire.schedules.lp import MAX_BLOCKS
 
 SUBCHUNK_BYTES = 4 * 2**20
 MAX_PIPELINE = 8
 
 
+def max_pipeline(p: int) -> int:
+    """The most sub-chunks per chunk a given ``pipeline`` may cut: the buffer in at most
+    ``MAX_BLOCKS`` sub-chunks (lp.py's bound on a pipeline's blocks), or ``MAX_PIPELINE`` per
+    chunk where p chunks already pass that. Every sub-chunk is a message on every link at
+    each of the 2(p − 1) steps: pipeline=10**7 of 10**9 elements at P = 4 made 240 M
+    transfers, and building them ran out of memory instead of failing."""
+    return max(MAX_PIPELINE, MAX_BLOCKS // max(p, 1))
+
+
 def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> int:
     """Sub-chunks per chunk: ``pipeline`` if given, else chunk bytes / SUBCHUNK_BYTES in
-    [1, MAX_PIPELINE]; never more than a chunk's elements (more sub-chunks would be empty)."""
+    [1, MAX_PIPELINE]; never more than a chunk's elements (more sub-chunks would be empty).
+    A given ``pipeline`` that cuts more than :func:`max_pipeline` is refused."""
     elements = max(1, -(-count // max(p, 1)))
     if pipeline is None:
         return max(1, min(MAX_PIPELINE, elements * itemsize // SUBCHUNK_BYTES))
     if not is_int(pipeline, 1):
         raise GradwireError(f"pipeline must be an int >= 1 (sub-chunks per chunk), "
                             f"got {pipeline!r}")
-    return min(pipeline, elements)
+    cut, most = min(int(pipeline), elements), max_pipeline(p)
+    if cut > most:
+        raise GradwireError(f"pipeline={pipeline} cuts each of {p} chunks into {cut} "
+                            f"sub-chunks, a message each on every link at every step: at most "
+                            f"{most} at p={p}")
+    return cut
 
 
 # A phase is (first, reduces): at its step i rank r sends chunk (r + first − i) mod p to r+1,
