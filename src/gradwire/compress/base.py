@@ -197,5 +197,7 @@ def select_count(numel: int, density: float | None, k: int | None) -> int:
 def generator(seed: int, step: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator seeded from (seed, step): the same pair gives the same stream on every rank."""
     g = torch.Generator(device=device)
-    g.manual_seed((seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) % 2**63)
+    # int(): a numpy integer (which the parameter checks accept) overflowed int64 in the
+    # product and raised OverflowError at the first compress
+    g.manual_seed((int(seed) * 0x9E3779B97F4A7C15 + int(step) * 0xBF58476D1CE4E5B9) % 2**63)
     return g

@@ -35,20 +35,34 @@ class Cast(Compressor):
         return CastPayload(dtype=x.dtype, values=x.to(self.wire_dtype, copy=True))
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
-        return expect(self.name, payload, CastPayload).values.to(payload.dtype)
+        values = expect(self.name, payload, CastPayload).values
+        return _within(values, values.to(payload.dtype))
 
     def decompress_into(self, payload: Payload, out: torch.Tensor) -> torch.Tensor:
         values = expect(self.name, payload, CastPayload).values
         if values.numel() != out.numel():
             raise GradwireError(f"{self.name}: this payload holds {values.numel()} elements, "
                                 f"not the {out.numel()} asked for")
-        return out.copy_(values)  # the cast back, in the one pass the copy makes anyway
+        # the cast back, in the one pass the copy makes anyway
+        return _within(values, out.copy_(values))
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
         return numel * self.wire_dtype.itemsize
 
     def summed_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.wire_dtype
+
+
+def _within(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out``, the wire's ``values`` cast back, with the finite ones that the cast made
+    ±inf set to ± the largest value of ``out``'s dtype, in place; an inf on the wire stays
+    inf. Only a wire of a wider range than the bucket's (bf16 for an fp16 bucket) can do
+    that: bf16 rounds fp16's largest value, 65504, up to 65536, which came back as inf (a
+    finite gradient, and an average of finite gradients, applied as inf). No host read."""
+    top = torch.finfo(out.dtype).max
+    if torch.finfo(values.dtype).max <= top:
+        return out
+    return out.copy_(torch.where(values.isinf(), out, out.clamp(-top, top)))
 
 
 class FP16(Cast):

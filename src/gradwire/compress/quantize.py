@@ -226,8 +226,13 @@ class QSGD(Compressor):
         # any norm' ≥ max|x| keeps the rounding unbiased, and x's largest finite value is one.
         # Inf or NaN in x goes through as it is.
         norm = torch.where(nonfinite, norm, norm.clamp(max=torch.finfo(x.dtype).max)).to(acc)
+        # r = |x| / unit with unit = norm/s, the very value decompress multiplies level ℓ by,
+        # so E[ℓ]·unit = |x| whatever unit's own rounding. Not |x|·(s/norm): below a norm of
+        # s·2^-128 (7.5e-37 at s = 255 in fp32) s/norm overflowed to inf and every nonzero
+        # element came back as ±norm. A zero unit (a zero bucket) divides by 1: r stays 0.
+        unit = norm / self.s
+        r = a.div_(torch.where(unit > 0, unit, torch.ones_like(unit)))
         # floor(r + u), u ~ U[0, 1), rounds r up with probability r − ⌊r⌋: unbiased in one op.
-        r = a.mul_(self.s / norm.clamp_min(torch.finfo(acc).tiny))
         u = torch.rand(x.numel(), generator=self._generator(x.device), dtype=acc,
                        device=x.device)
         lev = r.add_(u).floor_().clamp_max_(self.s)
