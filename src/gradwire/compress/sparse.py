@@ -154,6 +154,7 @@ class RandomK(Compressor):
         super().__init__(seed)
         self.density, self.k = _sparse_params(self.name, density, k)
         self._cache: tuple[int, int, torch.Tensor] | None = None
+        self._on_device: tuple[tuple[int, int, torch.device], torch.Tensor] | None = None
 
     @property
     def params(self) -> dict[str, object]:
@@ -169,16 +170,28 @@ class RandomK(Compressor):
             self._cache = (numel, step, idx)
         return self._cache[2]
 
+    def _indices_on(self, numel: int, step: int, device: torch.device) -> torch.Tensor:
+        """:meth:`indices` on ``device``: drawn on the CPU (the same stream whatever the
+        device), copied from pinned memory without waiting (a pageable copy waits for the
+        device's queue, a host sync per call), once for compress and decompress."""
+        idx = self.indices(numel, step)
+        if device.type == "cpu":
+            return idx
+        key = (numel, step, device)
+        if self._on_device is None or self._on_device[0] != key:
+            self._on_device = (key, idx.pin_memory().to(device, non_blocking=True))
+        return self._on_device[1]
+
     def compress(self, x: torch.Tensor) -> SharedIndexPayload:
         x = check_input(self.name, x)
         step = self.step
         self.step += 1
-        idx = self.indices(x.numel(), step).to(x.device)
+        idx = self._indices_on(x.numel(), step, x.device)
         return SharedIndexPayload(dtype=x.dtype, values=x[idx], step=step)
 
     def decompress(self, payload: Payload, numel: int) -> torch.Tensor:
         p = expect(self.name, payload, SharedIndexPayload)
-        idx = self.indices(numel, p.step).to(p.values.device)
+        idx = self._indices_on(numel, p.step, p.values.device)
         return _sparse_decompress(idx, p.values, numel, p.dtype)
 
     def wire_bytes(self, numel: int, dtype: torch.dtype) -> int:
