@@ -21,16 +21,29 @@ SPARSIFIERS = ("topk", "gtopk", "randomk", "dgc")
 
 def method_label(r: dict) -> str:
     """``gtopk ρ=0.001`` for a sparsifier (``gtopk ρ=0.25 warm-up`` where the run ended in its
-    warm-up: the row's figures are its last epochs'), ``powersgd r=1`` for a PowerSGD given its
-    rank; the method's name alone for the rest."""
+    warm-up: the row's figures are its last epochs'), ``powersgd r=1`` for a PowerSGD (the
+    rank it ran at: the hook's default, 4, where none was given); the method's name alone for
+    the rest."""
     if r["agg"] in SPARSIFIERS:
         last = (r.get("density_per_epoch") or [r["density"]])[-1]
         if last != r["density"]:
             return f"{r['agg']} ρ={last:g} warm-up"
         return f"{r['agg']} ρ={r['density']:g}"
-    if r.get("rank") is not None:
-        return f"{r['agg']} r={r['rank']}"
+    rank = r.get("rank")
+    if rank is None and r["agg"] == "powersgd":
+        rank = _default_powersgd_rank()
+    if rank is not None:
+        return f"{r['agg']} r={rank}"
     return r["agg"]
+
+
+def _default_powersgd_rank() -> int:
+    """The rank a PowerSGD run without ``--rank`` sends at: its compressor's default."""
+    import inspect
+
+    from gradwire.compress import COMPRESSORS
+
+    return inspect.signature(COMPRESSORS["powersgd"]).parameters["rank"].default
 
 
 def _mb(x: float | None) -> str:

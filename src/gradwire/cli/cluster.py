@@ -8,6 +8,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gradwire.bandwidth import format_bandwidth
@@ -20,8 +21,10 @@ from gradwire.cli.options import (
     cluster_for,
     console,
 )
-from gradwire.cluster import Cluster, cluster_down, cluster_up, list_clusters
+from gradwire.cluster import Cluster, cluster_down, cluster_up, list_clusters, load_cluster
 from gradwire.cluster.netns import MTU
+from gradwire.cluster.state import NAME_RE, state_files
+from gradwire.errors import GradwireError
 from gradwire.interrupts import Interrupted
 from gradwire.launcher import check_timeout, launch
 
@@ -47,14 +50,20 @@ def down(name: Annotated[str | None, typer.Argument(help="the cluster (gw + 6 lo
 
 def status(as_json: Annotated[bool, typer.Option("--json", help="print the clusters as "
                                                   "JSON")] = False) -> None:
-    """List live clusters and their hosts."""
+    """List live clusters and their hosts, and the clusters whose state file does not read
+    (what is left of them stays until `gradwire cluster down NAME`)."""
     live = list_clusters()
+    broken = unreadable_clusters({c.name for c in live})
     if as_json:  # each with what the table says of it: why it is stale (null: it is not)
         print(json.dumps([{**json.loads(c.to_json()), "stale": c.why_stale} for c in live],
                          indent=1))
+        for why in broken.values():  # not in the list, whose entries are whole clusters
+            print(f"gradwire: {why}", file=sys.stderr)
         return
-    if not live:
+    if not live and not broken:
         console.print("no gradwire clusters are up")
+    for name, why in broken.items():
+        console.print(f"[bold]{name}[/]: [yellow]{escape(why)}[/]", highlight=False)
     for c in live:
         why = c.why_stale
         note = (f" [yellow](stale: {why}; the next cluster made here removes it, or "
@@ -70,6 +79,22 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print the clust
                           f"bucket {c.burst_bytes / 1e3:.0f} kB; hosts' TCP send buffer at "
                           f"most {buf}")
         console.print(hosts_table(c))
+
+
+def unreadable_clusters(live: set[str]) -> dict[str, str]:
+    """The clusters (by name) that have a state file that :func:`list_clusters` could not read,
+    each with the one line saying why: `cluster status` had left them out, and said "no
+    gradwire clusters are up" while `gradwire run --cluster NAME` refused the one it named."""
+    out = {}
+    for path in state_files():
+        if path.stem in live or not NAME_RE.match(path.stem):
+            continue
+        try:
+            load_cluster(path.stem)
+        except GradwireError as e:
+            if path.exists():  # not one that a run removed just now
+                out[path.stem] = str(e)
+    return out
 
 
 def hosts_table(c: Cluster) -> Table:

@@ -31,6 +31,7 @@ from gradwire.cli.options import (
 )
 from gradwire.cluster import ephemeral_cluster
 from gradwire.cluster.netns import MTU
+from gradwire.cluster.state import check_mtu
 from gradwire.errors import GradwireError
 from gradwire.launcher import check_timeout
 
@@ -93,6 +94,7 @@ def train(
                       epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
                       seq_len=seq_len, rank=rank, checkpoint=checkpoint, resume=resume)
     parse_bandwidth(bandwidth)
+    check_mtu(mtu)  # here, not when the cluster is made: after the notes below, and a fallback
     check_timeout(timeout)
     validate(cfg, world_size(hosts, None))
     check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
@@ -153,6 +155,7 @@ def demo(
     if not aggs:
         raise GradwireError(f"--agg is empty: expected a comma list of {', '.join(METHODS)}")
     parse_bandwidth(bandwidth)
+    check_mtu(mtu)  # here, not when the cluster is made: after the notes below, and a fallback
     check_timeout(timeout)
     world_size(hosts, None)
     runs = [dataclasses.replace(base, agg=a) for a in aggs]
