@@ -211,6 +211,19 @@ def command() -> str:
     return provenance.script_command()
 
 
+PARTS = ("calibrate", "ring", "lp", "crossover", "model")
+WORLD_SIZES = (2, 4, 8)  # calibrate: 2 hosts; ring: 4 and 8; lp, crossover: 8; model: 4
+
+
+def note(cores: int) -> str:
+    """What the cluster is, and which of its world sizes have more ranks than cores."""
+    contended = [p for p in WORLD_SIZES if p > cores]
+    return ("emulated cluster: network namespaces on one bridge, tc tbf 1gbit both ways; up to "
+            f"8 ranks on this machine's {cores} cores"
+            + (f" (CPU contention at {', '.join(f'P={p}' for p in contended)}: more ranks "
+               "than cores)" if contended else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="calibrate,ring,lp,crossover,model",
@@ -220,6 +233,9 @@ def main() -> None:
                          "as .png when the model part is there)")
     a = ap.parse_args()
     parts = a.parts.split(",")
+    if not parts or not set(parts) <= set(PARTS):
+        # a misspelt part would run nothing and still restamp the file with this command
+        ap.error(f"--parts: expected a comma list of {', '.join(PARTS)}, got {a.parts!r}")
     out = a.out
     result = json.loads(out.read_text()) if out.exists() else {}
     home = tempfile.mkdtemp(prefix="gradwire-bench-")
@@ -236,15 +252,14 @@ def main() -> None:
         if name in steps:
             load = os.getloadavg()
             result[name] = steps[name]()
-            # parts are rerun alone: each keeps when, how, on which code and under what load
+            # parts are rerun alone: each keeps when, how, where, on which code and under what
+            # load (the file's own machine is the last run's, not every part's)
             result[name].update(date=provenance.now(), command=command(),
-                                commit=provenance.commit(), load_average_before=load)
+                                commit=provenance.commit(), machine=provenance.machine(),
+                                load_average_before=load)
     result["command"] = command()
     result["machine"] = provenance.machine()
-    cores = os.cpu_count() or 1
-    result["note"] = ("emulated cluster: network namespaces on one bridge, tc tbf 1gbit both "
-                      f"ways; up to 8 ranks on this machine's {cores} cores"
-                      + (" (CPU contention at P=8)" if cores < 8 else ""))
+    result["note"] = note(os.cpu_count() or 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result)
     if "model" in result:

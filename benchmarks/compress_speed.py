@@ -191,11 +191,16 @@ def main() -> None:
         "a", "b", "c", "d"} else {}
     stamp = {**provenance.stamp(provenance.script_command(), args.device),
              "threads": torch.get_num_threads()}
-    if "a" in parts or "b" in parts:
+    # The file's own stamp is table (b)'s; (a) keeps its own in topk_selection, so that a run
+    # of one of them does not restamp the other, kept from an earlier run, with this command.
+    sel = result.get("topk_selection")
+    if "b" in parts and "a" not in parts and isinstance(sel, dict) and "date" not in sel:
+        sel.update({k: result[k] for k in stamp if k in result})  # (a) from before: its stamp
+    if "b" in parts:
         result.update(stamp)
     if "a" in parts:
-        result["topk_selection"] = topk_selection(args.topk_size, args.density, args.repeats,
-                                                  args.device)
+        result["topk_selection"] = {**topk_selection(args.topk_size, args.density, args.repeats,
+                                                     args.device), **stamp}
     if "b" in parts:
         result["rows"] = encode_decode(args.size, args.repeats, args.device)
     if "c" in parts:

@@ -33,7 +33,10 @@ mkdir -p "$results/topk_select" "$results/ddp_hooks" "$results/bench" \
 
 # step N LIMIT FILE CMD...: step N (skipped unless STEPS names it): run CMD under LIMIT seconds
 # (less if the budget has less left; skip it if under half of LIMIT is left), then copy FILE (if
-# any) to $OUT under its path's last two parts
+# any, and only if this step wrote it) to $OUT under its path's last two parts. A FILE there
+# before (the committed result of an earlier run) is set aside during the step and put back if
+# the step wrote none: a step that failed or ran out of time must not send back the old result
+# as if it were this run's.
 step() {
     n=$1; want=$2; file=$3; shift 3
     case " $steps " in *" $n "*) ;; *) echo "=== step $n not in STEPS"; return ;; esac
@@ -44,9 +47,17 @@ step() {
         echo "=== SKIPPED (${left}s left): $*"; return
     fi
     echo "=== $(($(date +%s) - start))s: $* (limit ${limit}s)"
+    [ -n "$file" ] && [ -f "$file" ] && mv "$file" "$file.before-step"
     timeout -k 10 "$limit" "$@"
     echo "=== exit $? after $(($(date +%s) - start))s"
-    [ -n "$file" ] && [ -f "$file" ] && cp "$file" "$out/$(basename "$(dirname "$file")")_$(basename "$file")"
+    [ -n "$file" ] || return 0
+    if [ -f "$file" ]; then
+        rm -f "$file.before-step"
+        cp "$file" "$out/$(basename "$(dirname "$file")")_$(basename "$file")"
+    else
+        echo "=== $file not written by this step: nothing copied"
+        [ -f "$file.before-step" ] && mv "$file.before-step" "$file"
+    fi
     return 0
 }
 

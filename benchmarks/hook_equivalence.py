@@ -99,14 +99,18 @@ def main() -> int:
     args = ap.parse_args()
     from gradwire.bench import provenance
 
-    runs = fingerprint(args)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({**provenance.stamp(" ".join(sys.argv)),
-                       "world": args.world, "steps": args.steps, "runs": runs}, f, indent=1)
+    # read before this run writes --out: with --out and --compare naming one file, the run
+    # would otherwise be compared with itself (and always be bit-identical)
+    before = None
     if args.compare:
         with open(args.compare) as f:
             before = json.load(f)["runs"]
+    runs = fingerprint(args)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({**provenance.stamp(provenance.script_command()),
+                       "world": args.world, "steps": args.steps, "runs": runs}, f, indent=1)
+    if before is not None:
         same = [k for k in runs if before.get(k, {}).get("sha256") == runs[k]["sha256"]]
         for k in runs:
             if k not in same:
@@ -114,8 +118,12 @@ def main() -> int:
                                                       before.get(k, {}).get("losses", []),
                                                       strict=False)) if k in before else None
                 print(f"DIFFERS {k}: largest loss difference {diff}")
-        print(f"{len(same)} of {len(runs)} runs bit-identical")
-        return 0 if len(same) == len(runs) else 1
+        missing = [k for k in before if k not in runs]  # a run the earlier file has, not this
+        for k in missing:
+            print(f"MISSING {k}: in {args.compare}, not run here")
+        print(f"{len(same)} of {len(runs)} runs bit-identical"
+              + (f"; {len(missing)} of {args.compare}'s not run" if missing else ""))
+        return 0 if len(same) == len(runs) and not missing else 1
     return 0
 
 

@@ -26,6 +26,7 @@ from gradwire.bench import provenance
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "staging" / "latest.json"
 RANK = HERE / "ranks" / "staging.py"
+WORLDS = (4, 8)
 
 
 def run(p: int, pool: bool, args: argparse.Namespace) -> dict:
@@ -52,12 +53,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    runs = [run(p, pool, args) for _ in range(args.rounds) for p in (4, 8)
+    runs = [run(p, pool, args) for _ in range(args.rounds) for p in WORLDS
             for pool in (False, True)]
+    cores = os.cpu_count() or 1
     args.out.write_text(json.dumps({
         **provenance.stamp(provenance.script_command()),
         "code": this_code(), "network": "loopback, links not shaped",
-        "note": "P ranks share the machine's 2 cores; pool off and on alternate in each round",
+        "note": f"P ranks share the machine's {cores} cores"
+                + (f" (CPU contention at P={', '.join(str(p) for p in WORLDS if p > cores)})"
+                   if any(p > cores for p in WORLDS) else ", no CPU contention")
+                + "; pool off and on alternate in each round",
         "runs": runs}, indent=1) + "\n")
     for r in runs:
         print(f"P={r['world_size']} pool={'on ' if r['pool'] else 'off'} "

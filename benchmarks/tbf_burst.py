@@ -104,11 +104,14 @@ def main() -> None:
             rows.append(row)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     command = provenance.script_command()
+    cores = os.cpu_count() or 1
     a.out.write_text(json.dumps({**provenance.stamp(command),
                                  "network": "emulated 4 hosts, 1gbit links (tbf re-shaped per "
                                             "row)",
-                                 "note": "4 ranks share the machine's 2 cores; median of 5 "
-                                         "streams, median of 3 bench iterations",
+                                 "note": f"4 ranks share the machine's {cores} cores"
+                                         + (" (CPU contention)" if cores < 4 else "")
+                                         + "; median of 5 streams, median of 3 bench "
+                                           "iterations",
                                  "rows": rows}, indent=1) + "\n")
     print(f"wrote {a.out}")
 

@@ -26,6 +26,15 @@ from gradwire.cluster.netns import set_congestion_control
 OUT = Path(__file__).parent / "results" / "tcp_cc" / "latest.json"
 ALGOS = ("bbr", "cubic")
 ITERS = 10
+HOSTS = (4, 8)
+
+
+def contention(cores: int) -> str:
+    """The cluster sizes with more ranks than this machine's cores (none: said so)."""
+    over = [p for p in HOSTS if p > cores]
+    return (f"up to {max(HOSTS)} ranks on the machine's {cores} cores"
+            + (f" (CPU contention at P={', '.join(map(str, over))})" if over
+               else ", no CPU contention"))
 
 
 def retransmitted(c) -> int:
@@ -52,7 +61,7 @@ def bench(c, home: str) -> dict:
 def run(home: str) -> list[dict]:
     """One row per (cluster size, congestion control), each on a cluster of its own."""
     rows = []
-    for hosts in (4, 8):
+    for hosts in HOSTS:
         for algo in ALGOS:
             with ephemeral_cluster(hosts, "1gbit") as c:
                 if not all(set_congestion_control(h.netns, algo) for h in c.hosts):
@@ -81,8 +90,8 @@ def main() -> None:
     a.out.write_text(json.dumps({**provenance.stamp(command),
                                  "machine_default_congestion_control": default,
                                  "network": "emulated hosts, 1gbit links",
-                                 "note": f"{ITERS} iterations per algorithm; 8 ranks share "
-                                         "the machine's 2 cores (CPU contention at P=8)",
+                                 "note": f"{ITERS} iterations per algorithm; "
+                                         + contention(os.cpu_count() or 1),
                                  "rows": rows}, indent=1) + "\n")
     print(f"wrote {a.out}")
 

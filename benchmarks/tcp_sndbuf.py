@@ -101,6 +101,8 @@ def main() -> None:
                                          for k, v in t.items()}
                                      for s, t in times.items() if s != str(default)}}
     command = provenance.script_command()
+    cores = os.cpu_count() or 1
+    over = [p for p in hosts_list if p > cores]
     out_path.write_text(json.dumps({
         **provenance.stamp(command),
         "network": f"emulated hosts, {a.bandwidth} links, TCP cubic",
@@ -108,7 +110,9 @@ def main() -> None:
                      "cluster_ceiling_bytes": capped, "ceilings_bytes": ceilings},
         "note": f"each time the median of {ITERS} timed calls, each after a lead-in call (the "
                 f"algorithms in turn), per round; {a.rounds} rounds with the settings in turn; "
-                "8 ranks share the machine's 2 cores (CPU contention at P=8)",
+                f"up to {max(hosts_list)} ranks share the machine's {cores} cores"
+                + (f" (CPU contention at P={', '.join(map(str, over))})" if over
+                   else ", no CPU contention"),
         "by_hosts": by_hosts}, indent=1) + "\n")
     print(f"wrote {out_path}")
 

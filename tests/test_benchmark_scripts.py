@@ -71,13 +71,15 @@ def test_a_missing_name_is_caught():
 def test_ddp_hooks_runs_and_our_dense_hook_trains_as_ddp_does(tmp_path):
     """benchmarks/ddp_hooks.py end to end on loopback (2 ranks, a tiny model): every hook is
     timed and trained, and gradwire's dense hook reaches the loss of DDP's own allreduce; with
-    --profile, each hook's extra profiled step is kept and leaves the losses as they were."""
+    --profile, each hook's extra profiled step is kept, under its own name (a variant's,
+    "<hook>/nocheck", had been filed under the plain hook's), and leaves the losses as they
+    were."""
     import json
     import subprocess
     import sys
 
     out = tmp_path / "ddp_hooks.json"
-    hooks = "torch:allreduce,gradwire:dense,torch:fp16,gradwire:topk-0.1"
+    hooks = "torch:allreduce,gradwire:dense,gradwire:dense/nocheck,torch:fp16,gradwire:topk-0.1"
     subprocess.run([sys.executable, str(BENCHMARKS / "ddp_hooks.py"), "--loopback", "--hosts",
                     "2", "--model", "mlp-tiny", "--rounds", "2", "--warmup", "1", "--iters", "2",
                     "--hooks", hooks, "--profile", "3", "--out", str(out)], check=True,
@@ -85,6 +87,7 @@ def test_ddp_hooks_runs_and_our_dense_hook_trains_as_ddp_does(tmp_path):
     doc = json.loads(out.read_text())
     summary = doc["summary"]
     assert set(summary) == set(hooks.split(",")) and {"date", "machine", "commit"} <= set(doc)
+    assert set(doc["profiles"]) == set(hooks.split(","))
     assert summary["gradwire:dense"]["loss"] == summary["torch:allreduce"]["loss"]
     assert all(r["median_s"] > 0 and len(r["slowest_s"]) == 2 for r in doc["rows"])
     assert "gradwire:dense vs torch:allreduce" in doc["speed_ratios"]

@@ -85,6 +85,7 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
     # "<hook>/one": the whole model in one DDP bucket (PyTorch's PowerSGD hook over gloo);
     # "<hook>/thread": every bucket handed to the hook's comm thread, none issued from the hook
     # (HookState._issue), for what issuing from the hook saves
+    hook = name  # the full name ("<hook>/nocheck" too): what the profile is filed under
     name, _, variant = name.partition("/")
     ddp = DDP(net.to(DEVICE), bucket_cap_mb=2**20 if variant == "one" else None)
     os.environ["GRADWIRE_CHECK_CALLS"] = "0" if variant == "nocheck" else CHECK_CALLS
@@ -115,7 +116,7 @@ def run(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[list[float], float
     header = keep.stats["header"] / ITERS if isinstance(keep, gh.HookState) else 0.0
     if PROFILE:  # one more step on every rank, untimed; rank 0 profiles its own
         dist.barrier()
-        profile(name, step)
+        profile(hook, step)
     return times, loss, header
 
 
