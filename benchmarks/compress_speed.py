@@ -1,18 +1,19 @@
 """Compression speed: how long compressing costs, next to what it saves on the wire.
 
 (a) Top-k selection, 25 M fp32, density 0.001 (the gTop-k paper's m and ρ): torch.topk on |x|
-    against gradwire's sampled-threshold selector, in the same process, median of --repeats;
-    speed ratio and recall of the exact top-k.
+    against gradwire's sampled-threshold selector, in the same process, taking turns, median of
+    --repeats; speed ratio and recall of the exact top-k.
 (b) Encode and decode time of every registered compressor on a 25.6 M-element fp32 gradient
     (ResNet-50 sized), shaped like Table 2 of the compression-utility paper (Agarwal et al.
     2021): method, params, encode ms, decode ms, wire bytes, compression ratio.
 (c) signSGD's majority vote over P = 2, 4, 8, 16 ranks' sign payloads of that many elements:
     gradwire's ``majority_vote`` against the plain way (unpack each rank's bits to ±1, add
-    them up, take the sign) in the same process; the results must be equal.
+    them up, take the sign) in the same process, taking turns; the results must be equal.
 (d) The quantizers' decode (signSGD, EF-signSGD, QSGD s = 255 and 15, TernGrad) on that many
     elements of fp32 and fp16: through the byte table (``bits.decode_codes``, what decompress
     does) against unpacking every code to a byte first and converting and scaling it after
-    (what decompress did before), in the same process; the results must be equal, element for
+    (what decompress did before), in the same process, taking turns; the results must be
+    equal, element for
     element (NaN's sign aside: none here).
 
     python benchmarks/compress_speed.py            # writes results/compress_speed/latest.json
@@ -60,29 +61,42 @@ METHODS: list[tuple[str, dict[str, object]]] = [
 ]
 
 
+def _timed(fn: Callable[[], object], device: str) -> tuple[float, object]:
+    """Seconds of one call of ``fn`` (its kernels finished), and its result."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
 def median_ms(fn: Callable[[], object], repeats: int, device: str) -> tuple[float, object]:
     """Median wall time of ``fn`` over ``repeats`` runs after one warm-up, and its last result."""
-    out = fn()
-    times = []
+    return paired_ms([fn], repeats, device)[0]
+
+
+def paired_ms(fns: list[Callable[[], object]], repeats: int, device: str
+              ) -> list[tuple[float, object]]:
+    """(median ms, last result) of each of ``fns``, one warm-up each, then taking turns run by
+    run: a ratio of two of them is of calls made under the same conditions."""
+    outs = [fn() for fn in fns]
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, out
+        for i, fn in enumerate(fns):
+            t, outs[i] = _timed(fn, device)
+            times[i].append(t)
+    return [(statistics.median(t) * 1e3, o) for t, o in zip(times, outs, strict=True)]
 
 
 def topk_selection(size: int, density: float, repeats: int, device: str) -> dict[str, object]:
     x = torch.randn(size, generator=torch.Generator().manual_seed(0)).to(device)
     k = max(1, round(density * size))
-    ref_ms, ref = median_ms(lambda: torch.topk(x.abs(), k, sorted=False).indices, repeats,
-                            device)
     calls = iter(range(10**9))
-    ours_ms, ours = median_ms(lambda: threshold_topk(x, k, generator(0, next(calls), device)),
-                              repeats, device)
+    (ref_ms, ref), (ours_ms, ours) = paired_ms(
+        [lambda: torch.topk(x.abs(), k, sorted=False).indices,
+         lambda: threshold_topk(x, k, generator(0, next(calls), device))], repeats, device)
     recall = torch.isin(ours, ref).double().mean().item()  # type: ignore[arg-type]
     return {"numel": size, "dtype": "float32", "density": density, "k": k,
             "torch_topk_ms": round(ref_ms, 2), "threshold_ms": round(ours_ms, 2),
@@ -144,9 +158,9 @@ def decode_table(size: int, repeats: int, device: str) -> list[dict[str, object]
         for name, params in DECODED:
             c = get(name, **params)
             p = c.compress(x)
-            plain_ms, want = median_ms(lambda c=c, p=p: unpacked_decode(c, p, size), repeats,
-                                       device)
-            ours_ms, got = median_ms(lambda c=c, p=p: c.decompress(p, size), repeats, device)
+            (plain_ms, want), (ours_ms, got) = paired_ms(
+                [lambda c=c, p=p: unpacked_decode(c, p, size),
+                 lambda c=c, p=p: c.decompress(p, size)], repeats, device)
             rows.append({"method": name, "params": c.params, "dtype": str(dtype)[6:],
                          "numel": size, "unpacked_ms": round(plain_ms, 2),
                          "table_ms": round(ours_ms, 2), "speedup": round(plain_ms / ours_ms, 2),
@@ -161,8 +175,9 @@ def vote(size: int, repeats: int, device: str) -> list[dict[str, object]]:
         g = torch.Generator().manual_seed(ranks)
         payloads = [SignSGD().compress(torch.randn(size, generator=g).to(device))
                     for _ in range(ranks)]
-        plain_ms, want = median_ms(lambda p=payloads: plain_vote(p, size), repeats, device)
-        ours_ms, got = median_ms(lambda p=payloads: majority_vote(p, size), repeats, device)
+        (plain_ms, want), (ours_ms, got) = paired_ms(
+            [lambda p=payloads: plain_vote(p, size), lambda p=payloads: majority_vote(p, size)],
+            repeats, device)
         rows.append({"ranks": ranks, "numel": size, "plain_ms": round(plain_ms, 2),
                      "majority_vote_ms": round(ours_ms, 2),
                      "speedup": round(plain_ms / ours_ms, 2),
