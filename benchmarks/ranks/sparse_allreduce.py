@@ -1,7 +1,9 @@
 """Rank side of benchmarks/sparse_allreduce.py: time gTopKAllReduce, TopKAllReduce and dense
 allreduce of M fp32 gradient elements at density DENSITY; rank 0 writes JSON to OUT.
 
-Each method: WARMUP + ITERS runs, each between barriers; a run's time is the slowest rank's.
+WARMUP + ITERS rounds; each round runs every method once, in turn (so that their ratios are
+of calls made under the same conditions), each call between barriers; a call's time is the
+slowest rank's.
 The sparse aggregations start from entries selected beforehand (what Table I prices); the
 end-to-end row adds error feedback, selection and the dense average (sparse_allreduce);
 gtopk_unchecked is gtopk without the call header (``check_calls=False``).
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.bench.rank import slowest_rank_times
+from gradwire.bench.rank import taking_turns
 from gradwire.sparse import gtopk_allreduce, select, sparse_allreduce, topk_allreduce
 from gradwire.transport import Transport
 
@@ -37,21 +39,6 @@ picked = select(grad, k)
 values = grad[picked]
 
 
-def timed(fn: Callable[[], object], t: Transport | None = None) -> dict:
-    def before(i: int) -> None:
-        if t is not None and i == warmup:
-            t.reset_counters()
-
-    times = slowest_rank_times(fn, iters, warmup, before)
-    row = {"time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
-           "times_s": times}
-    if t is not None:
-        sent = torch.tensor([sum(t.bytes_sent) / iters], dtype=torch.float64)
-        dist.all_reduce(sent, op=dist.ReduceOp.MAX)
-        row["max_bytes_sent_per_rank"] = sent.item()
-    return row
-
-
 def same_everywhere(x: torch.Tensor) -> bool:
     s = torch.tensor([float(x.double().sum()), float(x.double().abs().sum())],
                      dtype=torch.float64)
@@ -61,23 +48,21 @@ def same_everywhere(x: torch.Tensor) -> bool:
     return bool(torch.equal(lo, hi))
 
 
-rows: dict[str, dict] = {}
+methods: dict[str, tuple[Callable[[], object], Transport | None]] = {}
 scratch = torch.zeros(m)  # gtopk's drops land here; the timing does not depend on it
 t = Transport()
-rows["gtopk"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch, transport=t), t)
-rows["gtopk"]["identical_on_all_ranks"] = same_everywhere(
-    gtopk_allreduce(values, picked, m, scratch).total())
+methods["gtopk"] = (lambda tr=t: gtopk_allreduce(values, picked, m, scratch, transport=tr), t)
 if "gtopk_unchecked" not in skip:  # the same call without the header exchange before it
     t = Transport(check_calls=False)
-    rows["gtopk_unchecked"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch,
-                                                            transport=t), t)
+    methods["gtopk_unchecked"] = (lambda tr=t: gtopk_allreduce(values, picked, m, scratch,
+                                                               transport=tr), t)
 t = Transport()
-rows["gtopk_rd"] = timed(lambda: gtopk_allreduce(values, picked, m, scratch, algo="rd",
-                                                 transport=t), t)
+methods["gtopk_rd"] = (lambda tr=t: gtopk_allreduce(values, picked, m, scratch, algo="rd",
+                                                    transport=tr), t)
 for algo in ("rd", "ring"):
     t = Transport()
-    rows[f"topk_{algo}"] = timed(lambda a=algo, tr=t: topk_allreduce(values, picked, m, algo=a,
-                                                                       transport=tr), t)
+    methods[f"topk_{algo}"] = (lambda a=algo, tr=t: topk_allreduce(values, picked, m, algo=a,
+                                                                     transport=tr), t)
 residual, work = torch.zeros(m), torch.empty(m)
 for sel in ("threshold", "exact"):
     if f"gtopk_end_to_end_{sel}" in skip:
@@ -88,13 +73,36 @@ for sel in ("threshold", "exact"):
         work.copy_(grad)  # a fresh gradient each step; the average is written over it
         sparse_allreduce(work, residual, k, "gtopk", selector=s, transport=tr, out=work)
 
-    rows[f"gtopk_end_to_end_{sel}"] = timed(step, t)
+    methods[f"gtopk_end_to_end_{sel}"] = (step, t)
 dense = torch.ones(m)
 if "dense_ring" not in skip:
     t = Transport()
-    rows["dense_ring"] = timed(lambda: gc.all_reduce(dense, algo="ring", transport=t), t)
+    methods["dense_ring"] = (lambda tr=t: gc.all_reduce(dense, algo="ring", transport=tr), t)
 if "dense_builtin" not in skip:
-    rows["dense_builtin"] = timed(lambda: dist.all_reduce(dense))
+    methods["dense_builtin"] = (lambda: dist.all_reduce(dense), None)
+
+
+def reset(i: int) -> None:
+    """Each transport's counters from the first timed round on: bytes per timed call."""
+    if i == warmup:
+        for _, tr in methods.values():
+            if tr is not None:
+                tr.reset_counters()
+
+
+rows: dict[str, dict] = {}
+# every method once a round, in turn: the ratios between them are of calls made alike
+for (name, (_, tr)), times in zip(methods.items(), taking_turns(
+        [fn for fn, _ in methods.values()], iters, warmup, reset), strict=True):
+    row = {"time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
+           "times_s": times}
+    if tr is not None:
+        sent = torch.tensor([sum(tr.bytes_sent) / iters], dtype=torch.float64)
+        dist.all_reduce(sent, op=dist.ReduceOp.MAX)
+        row["max_bytes_sent_per_rank"] = sent.item()
+    rows[name] = row
+rows["gtopk"]["identical_on_all_ranks"] = same_everywhere(
+    gtopk_allreduce(values, picked, m, scratch).total())
 if rank == 0:
     with open(os.environ["OUT"], "w") as f:
         json.dump({"world_size": p, "m": m, "density": density, "k": k, "iters": iters,

@@ -38,7 +38,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -163,13 +163,22 @@ def slowest_rank_times(run: Callable[[], object], iters: int, warmup: int,
     alone after a barrier: a call lasts as long as its slowest rank. ``before(i)`` runs ahead
     of call i, outside the timing. (The benchmarks' rank scripts time single calls this way;
     ``gradwire bench`` times batches after a lead-in call, :func:`bench_interleaved`.)"""
-    times = []
+    return taking_turns([run], iters, warmup, before)[0]
+
+
+def taking_turns(runs: Sequence[Callable[[], object]], iters: int, warmup: int,
+                 before: Callable[[int], object] | None = None) -> list[list[float]]:
+    """:func:`slowest_rank_times` of each of ``runs``, the runs taking turns: round i makes one
+    call of each, so that a ratio of two of them is of calls made under the same conditions
+    (the link's state, the other ranks' load, the machine's)."""
+    times: list[list[float]] = [[] for _ in runs]
     for i in range(warmup + iters):
         if before is not None:
             before(i)
-        dt = _timed(run)
-        if i >= warmup:
-            times.append(dt)
+        for j, run in enumerate(runs):
+            dt = _timed(run)
+            if i >= warmup:
+                times[j].append(dt)
     return times
 
 
