@@ -1,7 +1,8 @@
 """Sparse aggregation on the emulated 1 Gbit/s cluster, next to Table I of the gTop-k paper.
 
 For m = 25·10⁶ fp32 elements, density ρ = 0.001 (k = 25 000), P = 4 and 8: measured time of
-gTopKAllReduce (on the paper's binomial tree, and on the butterfly: ``gtopk_rd``),
+gTopKAllReduce (its default, the butterfly: ``gtopk`` and ``gtopk_rd``; the paper's binomial
+tree: ``gtopk_tree``),
 TopKAllReduce (rd and ring allgather), dense allreduce (gradwire's ring and
 torch.distributed's built-in), and gTop-k end to end (error feedback, selection, dense
 average), next to the predictions of
@@ -60,7 +61,8 @@ def model(p: int, m: int, k: int, params: CostParams) -> dict[str, tuple[float, 
             "topk_rd": (schedule("topk", p, m, k, algo="rd"), 1),
             "topk_ring": (schedule("topk", p, m, k, algo="ring"), 1),
             "gtopk": (schedule("gtopk", p, m, k), 1),
-            "gtopk_rd": (schedule("gtopk", p, m, k, algo="rd"), 1)}
+            "gtopk_rd": (schedule("gtopk", p, m, k, algo="rd"), 1),
+            "gtopk_tree": (schedule("gtopk", p, m, k, algo="tree"), 1)}
     return {name: (cost(s, params, size), int(traffic(s, size).bytes_sent.sum(1).max()))
             for name, (s, size) in runs.items()}
 
@@ -116,8 +118,9 @@ def one(p: int, args: argparse.Namespace, cal: CostParams, old_src: Path | None)
     ours = table_1(p, m, k, cal.alpha, 4 * cal.beta)
     predicted = model(p, m, k, cal)
     predicted["gtopk_unchecked"] = predicted["gtopk"]  # the model prices no header
-    table = {"gtopk": "gtopk", "gtopk_unchecked": "gtopk", "topk_rd": "topk", "topk_ring": "topk",
-             "dense_ring": "dense", "dense_builtin": "dense"}
+    table = {"gtopk": "gtopk", "gtopk_unchecked": "gtopk", "gtopk_tree": "gtopk",
+             "topk_rd": "topk", "topk_ring": "topk", "dense_ring": "dense",
+             "dense_builtin": "dense"}
     for name, row in rows.items():
         if name in table:
             row["table1_paper_s"] = paper[table[name]]
@@ -134,6 +137,9 @@ def one(p: int, args: argparse.Namespace, cal: CostParams, old_src: Path | None)
                        for d in ("dense_ring", "dense_builtin") if d in rows})
     if "gtopk_rd" in rows:
         ratios["gtopk_rd_over_gtopk"] = rows["gtopk_rd"]["time_s"] / g
+    if "gtopk_tree" in rows:
+        ratios.update({f"{d}_over_gtopk_tree": rows[d]["time_s"] / rows["gtopk_tree"]["time_s"]
+                       for d in ("dense_ring", "dense_builtin", "topk_rd") if d in rows})
     if before and after:
         got["baseline_time_s"] = {"before": before, "after": after}
         ratios.update({f"{n}_baseline_over_this": (before[n] + after[n]) / 2 / rows[n]["time_s"]

@@ -1,9 +1,10 @@
 """Rank side of benchmarks/sparse_allreduce.py: time gTopKAllReduce, TopKAllReduce and dense
 allreduce of M fp32 gradient elements at density DENSITY; rank 0 writes JSON to OUT.
 
-WARMUP + ITERS rounds; each round runs every method once, in turn (so that their ratios are
-of calls made under the same conditions), each call between barriers; a call's time is the
-slowest rank's.
+WARMUP + ITERS rounds; each round runs every method in turn (so that their ratios are of
+calls made under the same conditions): after a barrier, one untimed lead-in call, then the
+timed call (so that it finds the links as its own calls leave them, not as a 100 MB dense
+allreduce just left them); a call's time is the slowest rank's.
 The sparse aggregations start from entries selected beforehand (what Table I prices); the
 end-to-end row adds error feedback, selection and the dense average (sparse_allreduce);
 gtopk_unchecked is gtopk without the call header (``check_calls=False``).
@@ -59,6 +60,9 @@ if "gtopk_unchecked" not in skip:  # the same call without the header exchange b
 t = Transport()
 methods["gtopk_rd"] = (lambda tr=t: gtopk_allreduce(values, picked, m, scratch, algo="rd",
                                                     transport=tr), t)
+t = Transport()  # the paper's binomial tree: P − 1 merges in all, where the butterfly makes P·lg P
+methods["gtopk_tree"] = (lambda tr=t: gtopk_allreduce(values, picked, m, scratch, algo="tree",
+                                                      transport=tr), t)
 for algo in ("rd", "ring"):
     t = Transport()
     methods[f"topk_{algo}"] = (lambda a=algo, tr=t: topk_allreduce(values, picked, m, algo=a,
@@ -93,7 +97,7 @@ def reset(i: int) -> None:
 rows: dict[str, dict] = {}
 # every method once a round, in turn: the ratios between them are of calls made alike
 for (name, (_, tr)), times in zip(methods.items(), taking_turns(
-        [fn for fn, _ in methods.values()], iters, warmup, reset), strict=True):
+        [fn for fn, _ in methods.values()], iters, warmup, reset, lead_in=True), strict=True):
     row = {"time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
            "times_s": times}
     if tr is not None:

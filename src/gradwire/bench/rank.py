@@ -167,16 +167,19 @@ def slowest_rank_times(run: Callable[[], object], iters: int, warmup: int,
 
 
 def taking_turns(runs: Sequence[Callable[[], object]], iters: int, warmup: int,
-                 before: Callable[[int], object] | None = None) -> list[list[float]]:
+                 before: Callable[[int], object] | None = None,
+                 lead_in: bool = False) -> list[list[float]]:
     """:func:`slowest_rank_times` of each of ``runs``, the runs taking turns: round i makes one
     call of each, so that a ratio of two of them is of calls made under the same conditions
-    (the link's state, the other ranks' load, the machine's)."""
+    (the link's state, the other ranks' load, the machine's). ``lead_in``: each timed call
+    follows an untimed one of the same run, so that it finds the links as its own calls leave
+    them, not as the previous run's left them (a 100 MB allreduce before a sparse exchange)."""
     times: list[list[float]] = [[] for _ in runs]
     for i in range(warmup + iters):
         if before is not None:
             before(i)
         for j, run in enumerate(runs):
-            dt = _timed(run)
+            dt = _timed(run, lead_in=run if lead_in else None)
             if i >= warmup:
                 times[j].append(dt)
     return times
