@@ -172,3 +172,17 @@ def test_one_rank_s_calls_have_no_model_error_not_minus_100_percent():
     rows[0]["time_s"] = 1e-3
     annotate(rows, 2, CostParams.for_link(1e9))
     assert rows[0]["predicted_s"] > 0 and rows[0]["prediction_error"] is not None
+
+
+def test_runs_taking_turns_alternate_call_by_call(one_rank):
+    """The benchmarks' ratios are of calls made under the same conditions: round by round,
+    one call of each run (after its own untimed lead-in where asked), not every call of one
+    run before the next starts."""
+    from gradwire.bench.rank import taking_turns
+
+    calls: list[str] = []
+    times = taking_turns([lambda: calls.append("a"), lambda: calls.append("b")], 2, 1)
+    assert calls == ["a", "b"] * 3 and [len(t) for t in times] == [2, 2]
+    calls.clear()
+    taking_turns([lambda: calls.append("a"), lambda: calls.append("b")], 1, 0, lead_in=True)
+    assert calls == ["a", "a", "b", "b"]
