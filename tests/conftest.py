@@ -1,3 +1,4 @@
+import importlib
 import json
 import os
 import re
@@ -54,6 +55,27 @@ def run_cli(monkeypatch, capsys, args: list[str], started: tuple[type[BaseExcept
         code = 0
     out, err = capsys.readouterr()
     return code, out, err
+
+
+class Started(Exception):
+    """Raised where a command's real work would start: its checks all passed."""
+
+
+def start_here(monkeypatch, module: str, attr: str) -> None:
+    """Make ``module.attr`` (where a command's real work starts) raise :class:`Started`."""
+    def started(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(importlib.import_module(module), attr, started)
+
+
+def one_line_cli_error(code: int, err: str, *needles: str) -> None:
+    """``gradwire`` refused its input: exit 2 and one ``gradwire: error:`` line holding each
+    of ``needles``."""
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("gradwire: error: "), (code, err)
+    for needle in needles:
+        assert needle in lines[0], err
 
 
 def gradwire_cli(*args: str, env: dict | None = None, timeout: float = 600,

@@ -109,10 +109,6 @@ def test_a_calibration_is_saved_whole(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "log.txt"]
 
 
-class Started(Exception):
-    """The command went on to its work."""
-
-
 def test_calibrate_on_a_live_cluster_of_one_host_is_refused_before_it_starts(monkeypatch,
                                                                             capsys):
     """calibrate needs two ranks: with --cluster the ranks are the live cluster's hosts, not
@@ -120,7 +116,7 @@ def test_calibrate_on_a_live_cluster_of_one_host_is_refused_before_it_starts(mon
     cluster before its rank failed."""
     import types
 
-    from conftest import run_cli
+    from conftest import Started, run_cli
 
     from gradwire.bench import calibrate as cal
     from gradwire.cli import options

@@ -2,27 +2,15 @@
 output that names a file the command reads, options a command would ignore without a word, and
 ``cluster status --json`` saying what its table says. Each runs the CLI in this process, with
 the real work (a simulation, a ranking, a measurement) replaced where it would start."""
-import importlib
 import json
 from importlib import resources
 
 import pytest
-from conftest import run_cli
+from conftest import Started, one_line_cli_error, run_cli, start_here
 
 from gradwire.cluster.state import Cluster, Host, save_cluster
 from gradwire.profiles import BUILTIN_DIR
 from gradwire.sim.trace import save, synthetic
-
-
-class Started(Exception):
-    """Raised where a command's real work would start: its checks all passed."""
-
-
-def _start_here(monkeypatch, module: str, attr: str) -> None:
-    def started(*args, **kwargs):
-        raise Started
-
-    monkeypatch.setattr(importlib.import_module(module), attr, started)
 
 
 @pytest.fixture
@@ -32,13 +20,6 @@ def here(monkeypatch, tmp_path):
     (tmp_path / "state").mkdir()
     monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path / "state"))
     return tmp_path
-
-
-def _one_line_error(code: int, err: str, *needles: str) -> None:
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("gradwire: error: "), (code, err)
-    for needle in needles:
-        assert needle in lines[0], err
 
 
 # ---- an output that would overwrite the file the command reads
@@ -58,10 +39,10 @@ def test_simulate_refuses_to_write_over_its_trace(here, monkeypatch, capsys, arg
     """`simulate --trace in.jsonl --json in.jsonl` ran and replaced the trace with its result."""
     save(synthetic("tiny", [1000, 2000], 0.01, 0.02), here / "in.jsonl")
     before = (here / "in.jsonl").read_text()
-    _start_here(monkeypatch, "gradwire.sim.simulate", "run_simulation")
+    start_here(monkeypatch, "gradwire.sim.simulate", "run_simulation")
     code, _, err = run_cli(monkeypatch, capsys, ["simulate", "--trace", "in.jsonl", *args],
                            started=(Started,))
-    _one_line_error(code, err, args[0], "--trace")
+    one_line_cli_error(code, err, args[0], "--trace")
     assert (here / "in.jsonl").read_text() == before
     # only the same file is refused: a result beside the trace is taken
     code, _, err = run_cli(monkeypatch, capsys, ["simulate", "--trace", "in.jsonl", args[0],
@@ -77,20 +58,20 @@ def test_whatif_and_advise_refuse_to_write_over_their_profile(here, monkeypatch,
                                                               command, work):
     """`advise --model mine.json --json mine.json` replaced the profile with the ranking."""
     before = _profile(here / "mine.json").read_text()
-    _start_here(monkeypatch, *work)
+    start_here(monkeypatch, *work)
     code, _, err = run_cli(monkeypatch, capsys, [command, "--model", "mine.json", "--json",
                                                  str(here / "mine.json")], started=(Started,))
-    _one_line_error(code, err, "--json", "--model")
+    one_line_cli_error(code, err, "--json", "--model")
     assert (here / "mine.json").read_text() == before
 
 
 def test_calibrate_refuses_to_write_over_its_profile(here, monkeypatch, capsys):
     _profile(here / "mine.json")
-    _start_here(monkeypatch, "gradwire.jobs", "run_ranks")
+    start_here(monkeypatch, "gradwire.jobs", "run_ranks")
     code, _, err = run_cli(monkeypatch, capsys, ["calibrate", "--loopback", "--device", "cpu",
                                                  "--model", "mine.json", "--out", "mine.json"],
                            started=(Started,))
-    _one_line_error(code, err, "--out", "--model")
+    one_line_cli_error(code, err, "--out", "--model")
 
 
 # ---- options a command would ignore
@@ -105,7 +86,7 @@ def test_profile_without_a_model_refuses_measuring_options(here, monkeypatch, ca
     """Without --model, profile lists the built-in profiles: a measuring option given with it
     was ignored, a bad value too, and the command exited 0 (only --out was refused)."""
     code, out, err = run_cli(monkeypatch, capsys, ["profile", option, value])
-    _one_line_error(code, err, option, "--model")
+    one_line_cli_error(code, err, option, "--model")
     assert out == ""
     code, out, err = run_cli(monkeypatch, capsys, ["profile"])  # without them: the list
     assert code == 0 and "resnet50" in out, err

@@ -1,25 +1,13 @@
 """Options the CLI accepted and then ignored without a word or let crash later, and the hooks'
 Lightning strategy taking a setting it cannot run with. Each runs in this process, with the
 real work (a recording, a simulation, a prediction) replaced where it would start."""
-import importlib
 
 import pytest
-from conftest import run_cli
+from conftest import Started, one_line_cli_error, run_cli, start_here
 
 import gradwire.hooks as gh
 from gradwire.errors import GradwireError
 from gradwire.sim.trace import save, synthetic
-
-
-class Started(Exception):
-    """Raised where a command's real work would start: its checks all passed."""
-
-
-def _start_here(monkeypatch, module: str, attr: str) -> None:
-    def started(*args, **kwargs):
-        raise Started
-
-    monkeypatch.setattr(importlib.import_module(module), attr, started)
 
 
 @pytest.fixture
@@ -29,13 +17,6 @@ def here(monkeypatch, tmp_path):
     monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path / "state"))
     save(synthetic("tiny", [1000, 2000, 3000], 0.01, 0.02), tmp_path / "in.jsonl")
     return tmp_path
-
-
-def _one_line_error(code: int, err: str, *needles: str) -> None:
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("gradwire: error: "), (code, err)
-    for needle in needles:
-        assert needle in lines[0], err
 
 
 # ---- gradwire trace: recording options with --from, layer options without --add-layers
@@ -54,7 +35,7 @@ def test_trace_refuses_options_an_edit_would_ignore(here, monkeypatch, capsys, e
     iteration, and `--layer-bytes 8` without --add-layers added nothing: exit 0 either way."""
     code, _, err = run_cli(monkeypatch, capsys, ["trace", "--from", "in.jsonl", "-o", "out.jsonl",
                                                  *extra])
-    _one_line_error(code, err, said)
+    one_line_cli_error(code, err, said)
     assert not (here / "out.jsonl").exists()
 
 
@@ -62,7 +43,7 @@ def test_trace_still_edits_and_records_with_the_options_that_apply(here, monkeyp
     code, out, err = run_cli(monkeypatch, capsys, ["trace", "--from", "in.jsonl", "-o", "o.jsonl",
                                                    "--add-layers", "2", "--layer-bytes", "8"])
     assert code == 0 and "5 parameters" in out, err
-    _start_here(monkeypatch, "gradwire.sim.record", "record")
+    start_here(monkeypatch, "gradwire.sim.record", "record")
     code, _, err = run_cli(monkeypatch, capsys, ["trace", "--model", "mlp", "-o", "r.jsonl",
                                                  "--iterations", "2", "--seed", "1"],
                            started=(Started,))
@@ -70,7 +51,7 @@ def test_trace_still_edits_and_records_with_the_options_that_apply(here, monkeyp
     # a bad value is still named as such, before its option is found unused
     code, _, err = run_cli(monkeypatch, capsys, ["trace", "--model", "mlp", "-o", "r.jsonl",
                                                  "--layer-forward-ms", "inf"])
-    _one_line_error(code, err, "--layer-forward-ms must be a number from 0 to")
+    one_line_cli_error(code, err, "--layer-forward-ms must be a number from 0 to")
 
 
 def test_trace_refuses_to_write_over_the_trace_it_edits(here, monkeypatch, capsys):
@@ -79,7 +60,7 @@ def test_trace_refuses_to_write_over_the_trace_it_edits(here, monkeypatch, capsy
     before = (here / "in.jsonl").read_text()
     code, _, err = run_cli(monkeypatch, capsys, ["trace", "--from", "in.jsonl", "-o",
                                                  "./in.jsonl", "--compute-speedup", "2"])
-    _one_line_error(code, err, "is the file --from reads: the result would replace it")
+    one_line_cli_error(code, err, "is the file --from reads: the result would replace it")
     assert (here / "in.jsonl").read_text() == before
 
 
@@ -100,10 +81,10 @@ def test_simulate_refuses_options_a_table_or_sweep_overrides(here, monkeypatch, 
     """`simulate --table 4 --mechanism ring` ran the table's mechanisms, `--table 8 --servers 2`
     8 servers, `--sweep workers=2,4 --workers 8` 2 and 4 workers: the option typed was dropped
     without a word."""
-    _start_here(monkeypatch, "gradwire.sim.simulate", "run_simulation")
+    start_here(monkeypatch, "gradwire.sim.simulate", "run_simulation")
     code, _, err = run_cli(monkeypatch, capsys, ["simulate", "--trace", "in.jsonl", *extra],
                            started=(Started,))
-    _one_line_error(code, err, said)
+    one_line_cli_error(code, err, said)
 
 
 @pytest.mark.parametrize("extra", [
@@ -113,7 +94,7 @@ def test_simulate_refuses_options_a_table_or_sweep_overrides(here, monkeypatch, 
 ])
 def test_simulate_takes_the_options_a_table_or_sweep_reads(here, monkeypatch, capsys,
                                                            extra):
-    _start_here(monkeypatch, "gradwire.sim.simulate", "run_simulation")
+    start_here(monkeypatch, "gradwire.sim.simulate", "run_simulation")
     code, _, err = run_cli(monkeypatch, capsys, ["simulate", "--trace", "in.jsonl", *extra],
                            started=(Started,))
     assert code == 0, err
@@ -126,10 +107,10 @@ def test_simulate_takes_the_options_a_table_or_sweep_reads(here, monkeypatch, ca
                                            ("advise", ("gradwire.perf.advise", "rank"))])
 def test_bucket_cap_with_model_mode_is_refused(here, monkeypatch, capsys, command, work):
     """`--mode model --bucket-mb 5` predicted one whole-model bucket, the cap ignored."""
-    _start_here(monkeypatch, *work)
+    start_here(monkeypatch, *work)
     code, _, err = run_cli(monkeypatch, capsys, [command, "--mode", "model", "--bucket-mb", "5"],
                            started=(Started,))
-    _one_line_error(code, err, "--bucket-mb 5 is the DDP bucket cap of --mode bucket")
+    one_line_cli_error(code, err, "--bucket-mb 5 is the DDP bucket cap of --mode bucket")
     for ok in (["--mode", "model"], ["--mode", "bucket", "--bucket-mb", "5"]):
         code, _, err = run_cli(monkeypatch, capsys, [command, *ok], started=(Started,))
         assert code == 0, err

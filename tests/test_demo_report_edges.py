@@ -6,7 +6,7 @@ import errno
 import json
 
 import pytest
-from conftest import cli_error, run_cli
+from conftest import Started, cli_error, run_cli
 
 
 def _result(agg: str, samples_per_s: float = 100.0) -> dict:
@@ -29,10 +29,6 @@ def _demo_fails(monkeypatch, failing: set[str]) -> None:
         return _result(label, {"dense": 100.0, "topk": 300.0, "gtopk": 400.0}[label])
 
     monkeypatch.setattr(gradwire.demo, "train_on", train_on)
-
-
-class Started(Exception):
-    """Raised where a run's training would start: every check passed."""
 
 
 def _no_training(monkeypatch) -> None:

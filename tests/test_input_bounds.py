@@ -7,7 +7,7 @@ gradwire.check's policy says."""
 import warnings
 
 import pytest
-from conftest import cli_error, run_cli, strict_json
+from conftest import Started, cli_error, run_cli, strict_json
 
 from gradwire.errors import GradwireError
 from gradwire.sim.cluster import SimCluster
@@ -80,10 +80,6 @@ def test_sim_cluster_bounds_latency_and_alpha(field):
     with pytest.raises(GradwireError, match=rf"^{field} must be at most 1e\+06 seconds, got "
                                             r"1e\+308$"):
         SimCluster(2, 1e9, **{field: 1e308})
-
-
-class Started(Exception):
-    """Raised where a profile would start measuring: its checks all passed."""
 
 
 def _started(*args, **kwargs):
