@@ -98,7 +98,7 @@ from gradwire.check import (
 )
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps, read_object, replace_text, shown
-from gradwire.perf.codecs import CodecTable, check_methods
+from gradwire.perf.codecs import CodecTable, check_table
 
 FORMAT = 2
 BETWEEN = ("nodes", "ranks of one node")
@@ -400,10 +400,5 @@ def _cpu(r: _Reader) -> CpuTerms:
 
 def _codecs(r: _Reader, where: str) -> CodecTable:
     methods = r.sub("methods")
-    check_methods(methods.doc, where, r.prefix)
-    if r.doc.get("dtype", "float32") != "float32":
-        raise r.bad("dtype", "'float32'")
-    source = r.doc.get("source", "")
-    if not isinstance(source, str):
-        raise r.bad("source", "text")
+    source = check_table(r.doc, where, r.prefix)
     return CodecTable(where, r.integer("numel", 1), dict(methods.doc), source)

@@ -93,17 +93,23 @@ def load(name_or_path: str) -> CodecTable:
     if not isinstance(methods, dict):
         raise GradwireError(f"{where}: field 'methods' must be an object of methods, got "
                             f"{methods!r}")
-    check_methods(methods, where)
-    # the times are per fp32 element (a calibration's reader refuses any other dtype too):
-    # a table measured on half-precision elements would price fp32 buckets at half the time
+    return CodecTable(name_or_path, numel, dict(methods), check_table(doc, where))
+
+
+def check_table(doc: dict, where: str, field: str = "") -> str:
+    """A codec table's ``methods`` (:func:`check_methods`), ``dtype`` and ``source``, as a
+    table file and a calibration's ``codecs`` both hold them (``field``: the table's place in
+    its file); its source. The times are per fp32 element: a table measured on
+    half-precision elements would price fp32 buckets at half the time."""
+    check_methods(doc["methods"], where, field)
     dtype = doc.get("dtype", "float32")
     if dtype != "float32":
-        raise GradwireError(f"{where}: field 'dtype' must be 'float32' (the model prices "
-                            f"codecs per fp32 element), got {dtype!r}")
+        raise GradwireError(f"{where}: field '{field}dtype' must be 'float32' (the model "
+                            f"prices codecs per fp32 element), got {dtype!r}")
     source = doc.get("source", "")
     if not isinstance(source, str):
-        raise GradwireError(f"{where}: field 'source' must be text, got {source!r}")
-    return CodecTable(name_or_path, numel, dict(methods), source)
+        raise GradwireError(f"{where}: field '{field}source' must be text, got {source!r}")
+    return source
 
 
 def check_methods(methods: dict, where: str, field: str = "") -> None:
