@@ -23,7 +23,7 @@ from gradwire.catalogue.paths import (
     Started,
     dense_average,
 )
-from gradwire.check import check_fraction, is_int
+from gradwire.check import check_fraction, check_int
 from gradwire.compress import COMPRESSORS, Compressor, feedback
 from gradwire.compress import get as get_compressor
 from gradwire.dtypes import FLOATS
@@ -99,12 +99,8 @@ class Method:
         dtype, and ``density`` a fraction in (0, 1] for a method that takes one; anything
         else is a one-line error (a negative numel planned negative bytes, world=0 an empty
         allgather, a string a TypeError)."""
-        if not is_int(numel, 0):
-            raise GradwireError(f"{self.name}: numel (elements in the bucket) must be an "
-                                f"integer >= 0, got {numel!r}")
-        if not is_int(world, 1):
-            raise GradwireError(f"{self.name}: world (ranks) must be an integer >= 1, got "
-                                f"{world!r}")
+        check_int(self.name, "numel (elements in the bucket)", numel, 0)
+        check_int(self.name, "world (ranks)", world, 1)
         if dtype not in FLOATS:
             raise GradwireError(f"{self.name}: dtype must be a gradient's float dtype "
                                 f"({', '.join(str(d) for d in FLOATS)}), got {dtype!r}")
