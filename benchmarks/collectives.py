@@ -219,11 +219,9 @@ WORLD_SIZES = (2, 4, 8)  # calibrate: 2 hosts; ring: 4 and 8; lp, crossover: 8; 
 
 def note(cores: int) -> str:
     """What the cluster is, and which of its world sizes have more ranks than cores."""
-    contended = [p for p in WORLD_SIZES if p > cores]
     return ("emulated cluster: network namespaces on one bridge, tc tbf 1gbit both ways; up to "
             f"8 ranks on this machine's {cores} cores"
-            + (f" (CPU contention at {', '.join(f'P={p}' for p in contended)}: more ranks "
-               "than cores)" if contended else ""))
+            + provenance.contention(WORLD_SIZES, cores))
 
 
 def main() -> None:

@@ -60,8 +60,7 @@ def main() -> None:
         **provenance.stamp(provenance.script_command()),
         "code": this_code(), "network": "loopback, links not shaped",
         "note": f"P ranks share the machine's {cores} cores"
-                + (f" (CPU contention at P={', '.join(str(p) for p in WORLDS if p > cores)})"
-                   if any(p > cores for p in WORLDS) else ", no CPU contention")
+                + (provenance.contention(WORLDS, cores) or ", no CPU contention")
                 + "; pool off and on alternate in each round",
         "runs": runs}, indent=1) + "\n")
     for r in runs:

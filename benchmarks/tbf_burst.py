@@ -109,7 +109,7 @@ def main() -> None:
                                  "network": "emulated 4 hosts, 1gbit links (tbf re-shaped per "
                                             "row)",
                                  "note": f"4 ranks share the machine's {cores} cores"
-                                         + (" (CPU contention)" if cores < 4 else "")
+                                         + provenance.contention((4,), cores)
                                          + "; median of 5 streams, median of 3 bench "
                                            "iterations",
                                  "rows": rows}, indent=1) + "\n")

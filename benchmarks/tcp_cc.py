@@ -31,10 +31,8 @@ HOSTS = (4, 8)
 
 def contention(cores: int) -> str:
     """The cluster sizes with more ranks than this machine's cores (none: said so)."""
-    over = [p for p in HOSTS if p > cores]
     return (f"up to {max(HOSTS)} ranks on the machine's {cores} cores"
-            + (f" (CPU contention at P={', '.join(map(str, over))})" if over
-               else ", no CPU contention"))
+            + (provenance.contention(HOSTS, cores) or ", no CPU contention"))
 
 
 def retransmitted(c) -> int:

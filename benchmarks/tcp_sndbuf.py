@@ -102,7 +102,6 @@ def main() -> None:
                                      for s, t in times.items() if s != str(default)}}
     command = provenance.script_command()
     cores = os.cpu_count() or 1
-    over = [p for p in hosts_list if p > cores]
     out_path.write_text(json.dumps({
         **provenance.stamp(command),
         "network": f"emulated hosts, {a.bandwidth} links, TCP cubic",
@@ -111,8 +110,7 @@ def main() -> None:
         "note": f"each time the median of {ITERS} timed calls, each after a lead-in call (the "
                 f"algorithms in turn), per round; {a.rounds} rounds with the settings in turn; "
                 f"up to {max(hosts_list)} ranks share the machine's {cores} cores"
-                + (f" (CPU contention at P={', '.join(map(str, over))})" if over
-                   else ", no CPU contention"),
+                + (provenance.contention(tuple(hosts_list), cores) or ", no CPU contention"),
         "by_hosts": by_hosts}, indent=1) + "\n")
     print(f"wrote {out_path}")
 

@@ -46,6 +46,15 @@ def stamp(command: str | None = None, device: str = "cpu") -> dict[str, str]:
     return {"command": command, **d} if command is not None else d
 
 
+def contention(worlds: tuple[int, ...], cores: int) -> str:
+    """`` (CPU contention at P=4, P=8: more ranks than cores)``: the world sizes of ``worlds``
+    whose ranks outnumber ``cores``, for a result's note (such figures are reported apart from
+    those of a core per rank); "" where none does."""
+    over = [p for p in worlds if p > cores]
+    return (f" (CPU contention at {', '.join(f'P={p}' for p in over)}: more ranks than cores)"
+            if over else "")
+
+
 # What a result does not depend on: other results (a run that writes several files, or a
 # session of runs, leaves the earlier ones changed) and the prose.
 NOT_INPUTS = ("benchmarks/results", "docs", "README.md")
