@@ -4,6 +4,7 @@ where the host path departs from it), fixed shapes, and no host-device synchroni
 
 from __future__ import annotations
 
+import contextlib
 import math
 from unittest import mock
 
@@ -23,7 +24,7 @@ from gradwire.compress.select import (
 )
 from gradwire.dtypes import acc_dtype
 from gradwire.sparse.allreduce import SparseResult
-from gradwire.sparse.topk import average_into, top_merge
+from gradwire.sparse.topk import average_into, merge_following, top_merge
 from gradwire.sparse.wire import PAD, Entries, add_into, pack, unpack
 from gradwire.syncfree import device_paths
 
@@ -315,6 +316,33 @@ def test_device_merge_is_the_hosts_bit_for_bit(seed, numel, k, dtype, mode, spec
         order, want = got.argsort(), union.argsort()
         assert torch.equal(got[order], union[want])
         assert same_bits(torch.cat([kept.values, dropped.values])[order], sums[want])
+
+
+@FAST
+@given(seed=st.integers(0, 2**20), numel=st.integers(1, 60), k=st.integers(0, 40),
+       mode=st.sampled_from(["ties", "spread"]), shuffled=st.booleans(), scatter=st.booleans(),
+       on_device=st.booleans())
+def test_a_merge_says_where_each_of_its_first_lists_entries_went(seed, numel, k, mode, shuffled,
+                                                                 scatter, on_device):
+    """merge_following's third result: a's entry i is kept.entries[where[i]], or where[i] is −1
+    and its index is not kept (a padding entry: always −1); kept and dropped are top_merge's."""
+    a, b = lists(seed, numel, max(k, 1), torch.float32, mode, 0)
+    g = torch.Generator().manual_seed(seed)
+    if shuffled:
+        p = torch.randperm(len(a), generator=g)
+        a = Entries(a.values[p], a.indices[p])
+    a, b = Entries(a.values[:k], a.indices[:k]), Entries(b.values[:k], b.indices[:k])
+    with device_paths() if on_device else contextlib.nullcontext():
+        if on_device:
+            a, b = padded(a, k, g, scatter), padded(b, k, g, scatter)
+        kept, dropped, where = merge_following(a, b, k)
+        plain = top_merge(a, b, k)
+    assert torch.equal(kept.indices, plain[0].indices)
+    assert torch.equal(dropped.indices, plain[1].indices)
+    assert where.dtype == torch.int64 and where.shape == (len(a),)
+    kept_at = {int(i): j for j, i in enumerate(kept.indices.tolist()) if i >= 0}
+    for i, w in zip(a.indices.tolist(), where.tolist(), strict=True):
+        assert w == (kept_at.get(i, -1) if i >= 0 else -1)
 
 
 def test_device_merge_of_short_and_empty_lists():

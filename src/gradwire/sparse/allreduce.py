@@ -29,7 +29,7 @@ from gradwire.schedules.cost import CostParams, cost
 from gradwire.schedules.ir import Schedule
 from gradwire.sparse import topk as merging
 from gradwire.sparse import wire
-from gradwire.sparse.topk import top_merge
+from gradwire.sparse.topk import merge_following, top_merge
 from gradwire.sparse.wire import STATUS_BYTES, Entries, entry_bytes, pack, unpack
 from gradwire.syncfree import on_host
 from gradwire.transport import Transport, resolve
@@ -231,6 +231,7 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     status sends the call dense instead. The status bytes merge by max.
     """
     dtype, k = e.values.dtype, min(k, numel)
+    e = merging.ascending(e)
     s = schedule("gtopk", world_size, numel, k, dtype, algo)
     own_drops = s.algo != "tree"  # the tree: every merge is its maker's alone, drops too
     drops: list[Entries] = []
@@ -238,22 +239,25 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     ranks = butterfly.core(world_size) if own_drops else []
     folds = own_drops and rank in ranks and rank + 1 < world_size and rank + 1 not in ranks
     # The butterfly: the entries this rank answers for (its selection, or once it has folded
-    # its neighbour in, the fold's kept sums), and which of them every merge so far kept.
+    # its neighbour in, the fold's kept sums), and where each sits in the list the merges
+    # pass on: None before the first merge after they are set (they are that list's first
+    # entries, in order), −1 once a merge dropped it.
     own: Entries | None = e if own_drops and rank in ranks else None
-    alive: torch.Tensor | None = None
+    at: torch.Tensor | None = None
 
     def merge(into: torch.Tensor, received: torch.Tensor) -> None:
-        nonlocal own, alive, folds
-        kept, dropped = top_merge(unpack(into[:end], k, numel, dtype),
-                                  unpack(received[:end], k, numel, dtype), k)
-        if not own_drops:
+        nonlocal own, at, folds
+        a, b = unpack(into[:end], k, numel, dtype), unpack(received[:end], k, numel, dtype)
+        if own is not None and not folds:
+            kept, dropped, where = merge_following(a, b, k)
+            at = where[: len(own)] if at is None else torch.where(
+                at >= 0, where[at.clamp(min=0)], -1)
+        else:
+            kept, dropped = top_merge(a, b, k)
+        if not own_drops or folds:  # the tree, or the fold: this rank answers for both after
             drops.append(dropped)
-        elif folds:  # the fold: this rank answers for both from here on
-            drops.append(dropped)
-            own, alive, folds = kept, None, False
-        elif own is not None:
-            hit = _found(own.indices, kept.indices, numel)
-            alive = hit if alive is None else alive & hit
+        if folds:
+            own, at, folds = kept, None, False
         into[:end].copy_(pack(kept, k, numel))
         torch.maximum(into[end:], received[end:], out=into[end:])
 
@@ -266,8 +270,8 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
         for d in drops:
             wire.add_into(residual, d)
         drops.clear()
-        if own is not None and alive is not None:  # its entries some merge dropped
-            wire.add_into(residual, Entries(torch.where(alive, -0.0, own.values), own.indices))
+        if own is not None and at is not None:  # its entries some merge dropped
+            wire.add_into(residual, Entries(torch.where(at >= 0, -0.0, own.values), own.indices))
         own = None
 
     def average(out: torch.Tensor) -> torch.Tensor:
@@ -297,16 +301,6 @@ def _real(e: Entries) -> Entries:
         return e
     real = e.indices >= 0
     return Entries(e.values[real], e.indices[real])
-
-
-def _found(indices: torch.Tensor, kept: torch.Tensor, numel: int) -> torch.Tensor:
-    """Which of ``indices`` are among ``kept`` (a merge's output: ascending, padding last),
-    as a bool tensor; padding (index < 0) is never found. One binary search, no host read."""
-    if kept.numel() == 0:
-        return torch.zeros(indices.shape, dtype=torch.bool, device=indices.device)
-    sorted_kept = torch.where(kept >= 0, kept, numel)  # padding after every real index
-    at = torch.searchsorted(sorted_kept, indices).clamp_(max=kept.numel() - 1)
-    return sorted_kept[at] == indices
 
 
 def _run(plan: Plan, transport: Transport, method: str) -> SparseResult:

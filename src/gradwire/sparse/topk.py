@@ -24,6 +24,17 @@ from gradwire.syncfree import on_host
 _LAST = torch.iinfo(torch.int64).max  # a padding entry's index while sorting: after all others
 
 
+def ascending(e: Entries) -> Entries:
+    """``e`` in ascending index order on the host path, where a merge of two ascending lists
+    is a linear pass (~3x faster than of two in torch.topk's order at 2 × 25 000 entries);
+    ``e`` itself on the device path, whose merge sorts anyway."""
+    i = e.indices
+    if not on_host(i) or i.numel() < 2 or bool((i[1:] > i[:-1]).all()):
+        return e
+    order = torch.from_numpy(np.argsort(i.cpu().numpy())).to(i.device)
+    return Entries(e.values[order], i[order])
+
+
 def top_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
     """a ⊤ b (Definition 1 of the gTop-k paper): (kept, dropped).
 
@@ -39,8 +50,24 @@ def top_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
 
     On the device path (:func:`device_merge`): fixed lengths with padding, no host sync.
     """
+    kept, dropped, _ = _merge(a, b, k, False)
+    return kept, dropped
+
+
+def merge_following(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries, torch.Tensor]:
+    """:func:`top_merge`, and where each of a's entries went: an int64 tensor of len(a), the
+    entry's position in kept, or −1 where the merge dropped it (or it is padding). A caller
+    that merges into the same list step after step follows its own entries with it, in O(len)
+    per merge, where looking them up in kept would be a search per entry."""
+    kept, dropped, where = _merge(a, b, k, True)
+    assert where is not None
+    return kept, dropped, where
+
+
+def _merge(a: Entries, b: Entries, k: int,
+           follow: bool) -> tuple[Entries, Entries, torch.Tensor | None]:
     if not on_host(a.indices):
-        return device_merge(a, b, k)
+        return device_merge(a, b, k, follow=follow)
     dev = a.values.device
 
     def positions(x: np.ndarray) -> torch.Tensor:
@@ -55,21 +82,31 @@ def top_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
         first = np.ones(ordered.size, dtype=bool)
         first[1:] = ~dup
         union, summed = ordered[first], val.index_select(0, positions(order[first]))
+        slot = np.cumsum(first) - 1  # a sorted position's entry of the union
         at = np.flatnonzero(dup)
-        summed.index_add_(0, positions(np.cumsum(first)[at] - 1),
-                          val.index_select(0, positions(order[at + 1])))
+        summed.index_add_(0, positions(slot[at]), val.index_select(0, positions(order[at + 1])))
     else:
-        union, summed = ordered, val.index_select(0, positions(order))
+        union, summed, slot = ordered, val.index_select(0, positions(order)), None
     keep = largest(summed.abs(), k).cpu().numpy()
     kept, dropped = np.flatnonzero(keep), np.flatnonzero(~keep)
+    where = None
+    if follow:  # a's entry i: at sorted position mine[i], the union's entry u, kept's entry
+        q = np.flatnonzero(order < len(a))
+        mine = np.empty(len(a), dtype=np.int64)
+        mine[order[q]] = q
+        u = mine if slot is None else slot[mine]
+        where = positions(np.where(keep[u], np.cumsum(keep)[u] - 1, -1))
     return (Entries(summed.index_select(0, positions(kept)), positions(union[kept])),
-            Entries(summed.index_select(0, positions(dropped)), positions(union[dropped])))
+            Entries(summed.index_select(0, positions(dropped)), positions(union[dropped])),
+            where)
 
 
-def device_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
-    """a ⊤ b with no host sync and fixed shapes: (kept, dropped), k and
+def device_merge(a: Entries, b: Entries, k: int, *,
+                 follow: bool = False) -> tuple[Entries, Entries, torch.Tensor | None]:
+    """a ⊤ b with no host sync and fixed shapes: (kept, dropped, where), k and
     max(len(a) + len(b), 2k) − k entries (k each for inputs of k), each in ascending index
-    order with padding (index ``PAD``, value +0.0) at the end.
+    order with padding (index ``PAD``, value +0.0) at the end; ``where`` as
+    :func:`merge_following`'s with ``follow``, else None.
 
     Inputs may hold padding anywhere; their real indices are distinct within a list, in any
     order. The real entries are the host's :func:`top_merge`'s, bit for bit (a NaN's payload
@@ -85,7 +122,7 @@ def device_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
     val = torch.cat([a.values, b.values])
     width = max(idx.numel(), 2 * k)
     if width == 0:
-        return Entries(val, idx), Entries(val, idx)
+        return Entries(val, idx), Entries(val, idx), idx.new_empty(0) if follow else None
     if width > idx.numel():  # so that kept and dropped both come out k long
         more = width - idx.numel()
         idx = torch.cat([idx, idx.new_full((more,), PAD)])
@@ -100,13 +137,22 @@ def device_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
     keys = torch.where(live, magnitude_keys(summed).long(), -1)
     by_size = torch.sort(keys, descending=True, stable=True).indices
 
-    def ascending(pos: torch.Tensor) -> Entries:
+    def ascending(pos: torch.Tensor) -> tuple[Entries, torch.Tensor]:
+        """The entries at sorted positions ``pos``, ascending, padding last; and the sorted
+        position each came from (a padding entry: some position that is not live)."""
         at = torch.sort(torch.where(live[pos], pos, pos + width)).values  # padding last
         real = at < width
         at = torch.where(real, at, at - width)
-        return Entries(torch.where(real, summed[at], 0), torch.where(real, ordered[at], PAD))
+        return Entries(torch.where(real, summed[at], 0), torch.where(real, ordered[at], PAD)), at
 
-    return ascending(by_size[:k]), ascending(by_size[k:])
+    (kept, came), (dropped, _) = ascending(by_size[:k]), ascending(by_size[k:])
+    where = None
+    if follow:  # a's entry i sits at sorted position inv[i]: live unless it is padding
+        inv = torch.empty_like(order).scatter_(0, order, torch.arange(width, device=order.device))
+        in_kept = torch.full_like(order, -1).scatter_(0, came, torch.arange(k, device=order.device))
+        mine = inv[: len(a)]
+        where = torch.where(live[mine], in_kept[mine], -1)
+    return kept, dropped, where
 
 
 def _put(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
