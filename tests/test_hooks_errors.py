@@ -247,3 +247,25 @@ def test_fp16_overflow_in_the_hook_keeps_the_residual_and_conserves_mass(one_ran
     assert len(messages[1]) == 1 and "gradient + residual overflows float16" in messages[1][0]
     total = residual_of(state, p).double() + applied
     assert torch.equal(total, torch.tensor(grads, dtype=torch.float64).sum(0))
+
+
+# --- a corrupt state_dict is refused whole, in one line -------------------------------------
+
+@pytest.mark.parametrize("change", [
+    {"order": [float("inf")]},  # as a JSON copy of a checkpoint can hold (Infinity)
+    {"residuals": {float("inf"): torch.ones(2)}},
+    {"compressor": {"step": float("inf")}},
+])
+def test_a_state_dict_with_an_infinite_count_is_refused_and_changes_nothing(change):
+    """int(inf) raises OverflowError, which load_state_dict let through as a traceback after
+    it had set the step (and recorded counts): neither one line nor all or nothing."""
+    saved = gh.make("topk", density=0.1, mode="model")
+    saved.positions.numels.update({0: 2})
+    saved.ef.residuals[(0,)] = torch.ones(2)
+    saved.step = 7
+    s = gh.make("topk", density=0.1, mode="model")
+    s.step = 3
+    with pytest.raises(GradwireError, match=r"^hook state_dict is malformed \(OverflowError"):
+        s.load_state_dict({**saved.state_dict(), **change})
+    assert (s.step, s.epoch, s.positions.numels, s._resume_order) == (3, 0, {}, None)
+    assert s.ef.residuals == {} and s.compressor.state_dict() == {"step": 0}

@@ -54,7 +54,8 @@ class Positions:
                                     "another model?)")
         for pos, h in zip(key, held, strict=True):
             self.numels.setdefault(pos, h.numel())
-            self.shapes.setdefault(pos, tuple(h.shape))
+            if pos not in self.shapes:  # once: a step's buckets name the same parameters
+                self.shapes[pos] = _bucket_shape(h)
         return key
 
     def take_parameters_counts(self) -> None:
@@ -91,6 +92,17 @@ class Positions:
 
     def size(self, layout: Layout) -> int:
         return sum(self.numels[p] for p in layout)
+
+
+def _bucket_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s shape as its elements lie in DDP's bucket: DDP lays a dense, non-overlapping
+    parameter out in its memory order (its bucket view has the parameter's strides), so a
+    transposed matrix lies there as its transpose; any other, C-contiguously."""
+    if t.is_contiguous():
+        return tuple(t.shape)
+    dense = torch.empty_like(t, device="meta", memory_format=torch.preserve_format)
+    dims = sorted(range(t.dim()), key=lambda d: -dense.stride(d))  # stable: ties keep order
+    return tuple(t.shape[d] for d in dims)
 
 
 def where(residuals: dict[Layout, torch.Tensor],

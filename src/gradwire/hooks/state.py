@@ -303,7 +303,7 @@ class HookState:
                  dict(self.velocities))
         try:
             self._load_state_dict(state)
-        except (GradwireError, *MALFORMED) as e:
+        except Exception as e:  # an OverflowError too: int(inf) of a corrupt order or step
             self._epoch_at, self.step, self._resume_order = saved[:3]
             self.positions.restore(saved[3])
             if self.ef is not None:
@@ -311,7 +311,7 @@ class HookState:
             if self.compressor is not None:
                 self.compressor.load_state_dict(saved[5])  # type: ignore[arg-type]
             self.velocities = saved[6]  # type: ignore[assignment]
-            if isinstance(e, GradwireError):
+            if not isinstance(e, (*MALFORMED, OverflowError)):
                 raise
             raise GradwireError(f"hook state_dict is malformed ({type(e).__name__}: {e}): "
                                 "expected what state_dict() returned") from None
@@ -492,12 +492,18 @@ class HookState:
                 n = numels[pos]
                 if pos in found and (p.grad is None or self._stale_unused):
                     held, at = found[pos]
-                    avg = buf[offset : offset + n]
+                    avg, kept = buf[offset : offset + n], residuals[held][at : at + n]
                     if p.grad is not None:  # only where DDP did not copy the average in
-                        g = (torch.view_as_real(p.grad) if p.grad.is_complex()
-                             else p.grad).reshape(-1)
+                        g = torch.view_as_real(p.grad) if p.grad.is_complex() else p.grad
+                        if p.is_contiguous():
+                            g = g.reshape(-1)
+                        else:  # element by element as DDP copied them: the bucket holds a
+                            # dense parameter in its memory order (channels_last, transposed)
+                            strides = _bucket_strides(p)
+                            avg = avg.as_strided(g.shape, strides)
+                            kept = kept.as_strided(g.shape, strides)
                         avg = avg.where(g.ne(avg) & ~(g.isnan() & avg.isnan()), 0)
-                    residuals[held][at : at + n].add_(avg)
+                    kept.add_(avg)
                 offset += n
 
     def _setup(self) -> Comm:
@@ -886,6 +892,14 @@ class _Flight:
             self._done = True
         self.fut.set_result(value)
         return True
+
+
+def _bucket_strides(p: torch.Tensor) -> tuple[int, ...]:
+    """The strides of ``p``'s view of its DDP bucket (a complex one's real view): ``p``'s own
+    where it is dense and non-overlapping (DDP's bucket views match its memory layout, e.g.
+    channels_last), else contiguous ones, as DDP lays them out (``preserve_format``)."""
+    real = torch.view_as_real(p.detach()) if p.is_complex() else p.detach()
+    return torch.empty_like(real, device="meta", memory_format=torch.preserve_format).stride()
 
 
 def _caller(config: HookConfig) -> str:
