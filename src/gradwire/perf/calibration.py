@@ -257,6 +257,8 @@ def parse(doc: dict, where: str) -> Calibration:
         if key not in known:
             raise GradwireError(f"{where}: unknown field {shown(str(key))!r}"
                                 f"{did_you_mean(str(key), known)}")
+    if "cpu" not in doc:  # null on CUDA; left out, the CPU bound would go unpriced
+        raise r.bad("cpu", "an object or null")
     return Calibration(
         alpha_s=r.seconds("alpha_s", above=True, high=most_alpha),
         alpha_call_s=r.seconds("alpha_call_s", above=True, high=most_alpha),
@@ -367,28 +369,47 @@ class _Reader:
             raise self.bad(key, "an object")
         return _Reader(v, self.where, f"{self.prefix}{key}.")
 
+    def only(self, known: tuple[str, ...]) -> _Reader:
+        """This object if it has no field but ``known`` (a misspelt optional one would be left
+        out unsaid, as at the top of the file)."""
+        for key in self.doc:
+            if key not in known:
+                raise GradwireError(f"{self.where}: unknown field "
+                                    f"{shown(self.prefix + str(key))!r}"
+                                    f"{did_you_mean(str(key), known)}")
+        return self
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
 
 def _overlap(r: _Reader) -> Overlap:
+    r.only(_names(Overlap))
     return Overlap(r.text("model"), r.seconds("backward_s", above=True),
                    r.seconds("with_comm_s", above=True), r.integer("comm_bytes", 1))
 
 
 def _coding(r: _Reader) -> Coding:
+    r.only(_names(Coding))
     return Coding(r.text("method"), r.integer("numel", 1), r.seconds("backward_s", above=True),
                   r.seconds("encode_s", above=True), r.seconds("together_s", above=True))
 
 
 def _compute(r: _Reader) -> Compute:
+    r.only(_names(Compute))
     return Compute(r.text("model"), r.seconds("alone_s", above=True),
                    r.seconds("together_s", above=True))
 
 
 def _reduce(r: _Reader) -> Reduce:
+    r.only(_names(Reduce))
     return Reduce(r.integer("nbytes", 1), *(r.seconds(f"{d}_s", above=True)
                                            for d in ("float32", "float16", "bfloat16")))
 
 
 def _cpu(r: _Reader) -> CpuTerms:
+    r.only(_names(CpuTerms))
     return CpuTerms(
         r.integer("cpu_ranks_per_machine", 1), r.integer("cores_per_machine", 1),
         r.seconds("cpu_step_s"), r.seconds("cpu_byte_s"),
@@ -399,6 +420,7 @@ def _cpu(r: _Reader) -> CpuTerms:
 
 
 def _codecs(r: _Reader, where: str) -> CodecTable:
+    r.only(("numel", "dtype", "source", "methods"))
     methods = r.sub("methods")
     source = check_table(r.doc, where, r.prefix)
     return CodecTable(where, r.integer("numel", 1), dict(methods.doc), source)

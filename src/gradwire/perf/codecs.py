@@ -66,6 +66,7 @@ def merges(world_size: int) -> int:
 
 BUILTIN = ("v100", "h100")
 OPTIONAL = ("decode_fixed_s", "decode_rank_s", "merge_s")  # seconds a table may leave out
+FIELDS = ("params", "encode_s", "decode_s", *OPTIONAL)  # of each method's entry
 
 
 def load(name_or_path: str) -> CodecTable:
@@ -129,6 +130,11 @@ def check_methods(methods: dict, where: str, field: str = "") -> None:
         if not isinstance(m, dict):
             raise GradwireError(f"{where}: {name(f'methods.{method}')} must be an object with "
                                 f"encode_s and decode_s, got {m!r}")
+        for key in m:  # a misspelt optional time ("merge_S") would be priced as 0
+            if key not in FIELDS:
+                raise GradwireError(f"{where}: {name(f'methods.{method}.{key}')}: unknown "
+                                    f"field{did_you_mean(str(key), FIELDS)}: expected "
+                                    f"{', '.join(FIELDS)}")
         for key in ("encode_s", "decode_s", *OPTIONAL):
             v = m.get(key, 0.0 if key in OPTIONAL else None)
             if not is_real(v, 0, MAX_SECONDS):  # as every time a file gives the model

@@ -200,7 +200,16 @@ class ClusterModel:
         check_real("the link inside a node (bit/s)", self.intra_bps, above=True)
         if self.coding_slowdown is not None:
             check_real("coding slowdown", self.coding_slowdown, 1.0)
+        if self.alpha_transport is not None:
+            check_real("alpha of gradwire's executor (seconds per message)",
+                       self.alpha_transport)
+        check_real("compute slowdown", self.compute_slowdown, 1.0)
         for name, g in self.gamma_dtype:
+            # gamma_of looks a dtype up by its name: any other ("fp16", "half") is never used
+            dtype = getattr(torch, name, None) if isinstance(name, str) else None
+            if not isinstance(dtype, torch.dtype) or str(dtype) != f"torch.{name}":
+                raise GradwireError(f"gamma_dtype: {name!r} is not a dtype name (e.g. "
+                                    f"'float16', 'bfloat16')")
             check_real(f"gamma of {name} (seconds per byte reduced)", g)
 
     def gamma_of(self, dtype: torch.dtype | None) -> float:
@@ -441,8 +450,9 @@ def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: C
             # its own encode; no credit left over from the bucket before
             idle = (f + s + kappa * ready * unit if i == 0
                     else np.maximum(kappa * ready * unit - end, 0.0) + last_dec)
-            credit = np.minimum(cluster.burst, (idle + enc) / beta)
-            last_dec = dec
+            # encode and decode as long as they take in the timeline (point 5: shared cores)
+            credit = np.minimum(cluster.burst, (idle + enc * stretch) / beta)
+            last_dec = dec * stretch
         t = zero
         for (c, a, n, e, prm), g in zip(data, gammas, strict=True):
             call = comm.seconds(c, a, p, n, e, alpha_d, beta, g, node=node_d, **prm)

@@ -16,6 +16,7 @@ from gradwire.check import (
     MAX_GAMMA_NS,
     MAX_OVERLAP_SLOWDOWN,
     MAX_SECONDS,
+    check_density,
     check_powersgd_rank,
     check_real,
     check_speedup,
@@ -150,6 +151,7 @@ def inputs(s: Scenario, cal: Calibration | None = None
     if s.bucket_mb <= 0:
         raise GradwireError(f"--bucket-mb must be > 0, got {s.bucket_mb}")
     check_powersgd_rank(s.rank)
+    check_density(s.density)  # as every other command names it: --density
     names = [a.strip() for a in (s.agg or "").split(",") if a.strip()]
     if not names:
         raise GradwireError("--agg needs at least one method")
