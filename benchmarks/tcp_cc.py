@@ -3,8 +3,9 @@ machine's default congestion control is.
 
 For each algorithm in ALGOS (this machine's default, bbr, and cubic) a cluster is made, its
 namespaces switched to it before any rank starts, and `gradwire bench` times 64 MiB allreduces
-(built-in, ring, rhd; 10 iterations each) at P=4 and P=8. Recorded per row: every iteration's
-time, the median and the worst, and the TCP retransmissions the hosts counted.
+(built-in, ring, rhd, taking turns; 10 iterations each) at P=4 and P=8. Recorded per row:
+every iteration's time, the median and the worst, and the TCP retransmissions the hosts
+counted.
 
     python benchmarks/tcp_cc.py          # ~5 min; needs root; writes results/tcp_cc/latest.json
 """
@@ -49,7 +50,7 @@ def bench(c, home: str) -> dict:
     out = Path(home) / f"{c.name}.json"
     subprocess.run([sys.executable, "-m", "gradwire.cli", "bench", "--cluster", c.name,
                     "--collective", "allreduce", "--algo", "ring,rhd", "--sizes", "64M",
-                    "--iters", str(ITERS), "--json", str(out)], check=True,
+                    "--iters", str(ITERS), "--interleave", "--json", str(out)], check=True,
                    env={**os.environ, "GRADWIRE_HOME": home}, capture_output=True)
     return {r["algo"]: {"times_s": r["times_s"], "median_s": statistics.median(r["times_s"]),
                         "max_s": max(r["times_s"])}
@@ -88,7 +89,8 @@ def main() -> None:
     a.out.write_text(json.dumps({**provenance.stamp(command),
                                  "machine_default_congestion_control": default,
                                  "network": "emulated hosts, 1gbit links",
-                                 "note": f"{ITERS} iterations per algorithm; "
+                                 "note": f"{ITERS} iterations per algorithm, the "
+                                         "algorithms taking turns; "
                                          + contention(os.cpu_count() or 1),
                                  "rows": rows}, indent=1) + "\n")
     print(f"wrote {a.out}")

@@ -101,7 +101,8 @@ for (name, (_, tr)), times in zip(methods.items(), taking_turns(
     row = {"time_s": statistics.median(times), "mean_time_s": statistics.fmean(times),
            "times_s": times}
     if tr is not None:
-        sent = torch.tensor([sum(tr.bytes_sent) / iters], dtype=torch.float64)
+        # each round makes an untimed lead-in call and the timed one: 2·iters calls counted
+        sent = torch.tensor([sum(tr.bytes_sent) / (2 * iters)], dtype=torch.float64)
         dist.all_reduce(sent, op=dist.ReduceOp.MAX)
         row["max_bytes_sent_per_rank"] = sent.item()
     rows[name] = row
