@@ -66,8 +66,10 @@ python3 -c "import torch; print(torch.__version__, torch.cuda.is_available())"
 # 1. the selectors alone: ResNet-50's 25.6 M fp32, three densities
 step 1 90 "$results/topk_select/$tag.json" python3 benchmarks/topk_select.py --device "$device" \
     --size "$size" --repeats 20 --out "$results/topk_select/$tag.json"
-# 2. no host-device synchronisation in DDP's backward, counted by CUDA itself (1 to 3 ranks)
-step 2 120 "" python3 -m pytest -q -p no:cacheprovider tests/test_nccl.py -k syncfree
+# 2. no host-device synchronisation in DDP's backward, counted by CUDA itself (1 to 3 ranks);
+#    a Lightning checkpoint gathers the hook states from the host
+step 2 120 "" python3 -m pytest -q -p no:cacheprovider tests/test_nccl.py tests/test_hooks.py \
+    -k "syncfree or gathers_hook_states"
 # 3, 4. PyTorch's hooks beside gradwire's: ResNet-50 at 224², batch 32, P = 4 and 8 ranks sharing
 #    the GPU, each its own emulated host at 1 Gbit/s (bucket mode, the defaults)
 step 3 200 "$results/ddp_hooks/${tag}_p4.json" python3 benchmarks/ddp_hooks.py --device "$device" \

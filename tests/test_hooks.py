@@ -373,6 +373,35 @@ def test_a_lightning_checkpoint_of_another_world_size_is_refused_whole():
     assert fresh.step == saved["step"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_lightning_checkpoint_gathers_hook_states_from_the_host(monkeypatch):
+    """Gathered as they were, a GPU's residuals came back on rank 0 on the GPU they left, every
+    rank's at once; the checkpoint holds them on the host."""
+    import gradwire.hooks.lightning as lightning
+
+    state = gh.make("topk")
+    state.positions.numels[0] = 3
+    state.ef.residuals[(0,)] = torch.ones(3, device="cuda")
+    sent = []
+    monkeypatch.setattr(lightning.dist, "gather_object",
+                        lambda obj, out, dst: (sent.append(obj), out.__setitem__(0, obj)))
+    states = lightning.gather_hook_states(state, 1, True)
+    assert sent[0]["residuals"] and all(
+        t.device.type == "cpu" for t in _tensors(sent[0]))
+    assert states == sent
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _tensors(v)
+
+
 def test_the_training_worker_runs_unchanged_under_plain_torchrun(tmp_path):
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from gradwire.errors import GradwireError
@@ -94,8 +95,7 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
         def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any,
                             storage_options: Any = None) -> None:
             # every rank runs this (Trainer.save_checkpoint); each rank's residuals are its own
-            states: list[Any] | None = [None] * self.world_size if self.is_global_zero else None
-            dist.gather_object(state.state_dict(), states, dst=0)
+            states = gather_hook_states(state, self.world_size, self.is_global_zero)
             if self.is_global_zero:
                 checkpoint = {**checkpoint, CHECKPOINT_KEY: states}
             super().save_checkpoint(checkpoint, filepath, storage_options)
@@ -108,6 +108,27 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
             return checkpoint
 
     return GradwireDDPStrategy(**ddp_kwargs)
+
+
+def gather_hook_states(state: HookState, world: int, is_zero: bool) -> list[Any] | None:
+    """Every rank's ``state.state_dict()`` on rank 0 (None elsewhere), each tensor copied to
+    the host first: gathered as they are, a GPU's residuals would be rebuilt on rank 0 on the
+    GPU each came from, every rank's state on one process, where a checkpoint holds them on
+    the host anyway (Lightning loads it there)."""
+    states: list[Any] | None = [None] * world if is_zero else None
+    dist.gather_object(_on_host(state.state_dict()), states, dst=0)
+    return states
+
+
+def _on_host(obj: Any) -> Any:
+    """``obj`` with every tensor in its dicts, lists and tuples copied to the host."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _on_host(v) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return type(obj)(_on_host(v) for v in obj)
+    return obj
 
 
 def load_hook_state(state: HookState, states: Any, rank: int, world: int, where: str) -> None:
