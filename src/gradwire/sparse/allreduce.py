@@ -136,6 +136,9 @@ def spec(method: str, world_size: int, numel: int, k: int, dtype: torch.dtype = 
     """
     if not is_int(numel, 0):
         raise GradwireError(f"sparse schedule: numel must be an integer >= 0, got {numel!r}")
+    if not is_int(world_size, 1):  # topk_algo would fail on it with a TypeError
+        raise GradwireError(f"sparse schedule: world_size must be an integer >= 1, got "
+                            f"{world_size!r}")
     if not is_int(k, 0):
         raise GradwireError(f"sparse schedule: k (entries per rank) must be an integer >= 0, "
                             f"got {k!r}")
@@ -342,6 +345,7 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     (:func:`topk_algo`), or "ring" (or any registered one).
     """
     e = _entries("topk_allreduce", values, indices, numel)
+    k = len(values) if k is None else k  # as given: duplicates summed must not lower it
     t = resolve(transport, group, "topk_allreduce")
     with in_turn(t.group):
         _agree(t, "topk_allreduce", "topk", _shown("topk", algo, t.world_size), numel,
@@ -358,6 +362,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     tree, ``algo="tree"``: 2⌈lg P⌉α + 4k⌈lg P⌉β). What a merge on this rank keeps of its drops
     is added to ``residual`` (dense, numel elements, values' dtype) in place."""
     e = _entries("gtopk_allreduce", values, indices, numel)
+    k = len(values) if k is None else k  # as given: duplicates summed must not lower it
     # checked before the exchange: a merge writes the residual only after it, when a rank that
     # failed then would have lost the entries it dropped
     if (not isinstance(residual, torch.Tensor) or residual.shape != (numel,)
@@ -374,8 +379,10 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     with in_turn(t.group):
         _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo, t.world_size), numel,
                values.dtype, _count(e, k))
-        return _run(gtopk_plan(e, _count(e, k), numel, residual, t.rank, t.world_size, algo),
-                    t, "gtopk")
+        # written as data after the exchange (as sparse_allreduce's): in place on a residual
+        # that requires grad, autograd would refuse it and the merges' drops would be lost
+        return _run(gtopk_plan(e, _count(e, k), numel, residual.detach(), t.rank,
+                               t.world_size, algo), t, "gtopk")
 
 
 def _entries(name: str, values: object, indices: object, numel: object) -> Entries:
@@ -384,10 +391,9 @@ def _entries(name: str, values: object, indices: object, numel: object) -> Entri
     padding and be dropped). Values given at one index twice are summed (never dropped)."""
     if not is_int(numel, 0):
         raise GradwireError(f"{name}: numel must be an integer >= 0, got {numel!r}")
-    if not (isinstance(values, torch.Tensor) and values.dim() == 1
-            and values.dtype.is_floating_point):
-        raise GradwireError(f"{name}: values must be a 1-D float tensor, got "
-                            f"{getattr(values, 'dtype', type(values).__name__)}")
+    if not (isinstance(values, torch.Tensor) and values.dim() == 1 and values.dtype in FLOATS):
+        raise GradwireError(f"{name}: values must be a 1-D float tensor (fp16, bf16, fp32, "
+                            f"fp64), got {getattr(values, 'dtype', type(values).__name__)}")
     if not (isinstance(indices, torch.Tensor) and indices.shape == values.shape
             and not indices.dtype.is_floating_point and indices.dtype != torch.bool):
         raise GradwireError(f"{name}: indices must be an integer tensor of the values' "
@@ -452,13 +458,13 @@ def check_args(x: object, residual: object, k: object, method: object, selector:
     # The residual is state that outlives the call: nothing may be written over it, and x must
     # not be it (residual += x would double the gradient).
     if isinstance(residual, torch.Tensor) and residual.numel() and any(
-            isinstance(t, torch.Tensor) and t.numel() and _shares_memory(t, residual)
+            isinstance(t, torch.Tensor) and t.numel() and shares_memory(t, residual)
             for t in (x, out)):
         raise GradwireError("sparse_allreduce: residual must be a tensor of its own: x or out "
                             "shares its memory (out may be x, never the residual)")
 
 
-def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two 1-D tensors' bytes overlap (views of one buffer may sit side by side)."""
     def span(t: torch.Tensor) -> tuple[int, int]:
         lo = t.data_ptr()
