@@ -161,6 +161,13 @@ def _plan(s: Schedule, rank: int) -> Plan:
                 _latest_overlap(program, s.count, ("recv",)))
 
 
+@functools.lru_cache(maxsize=256)
+def _reductions(s: Schedule) -> frozenset[str]:
+    """The combine ops of every rank's receives in ``s`` ("copy" aside), kept for the next call
+    of the same schedule."""
+    return frozenset(t.op for _, t in s.transfers() if t.reduces)
+
+
 def execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
             combine: dict[str, Combine] | None = None,
             source: torch.Tensor | None = None) -> Unwritten | None:
@@ -192,7 +199,21 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
         raise GradwireError(f"rank {transport.rank}: source is {tuple(source.shape)} "
                             f"{source.dtype} on {source.device}, expected the buffer's "
                             f"{tuple(buffer.shape)} {buffer.dtype} on {buffer.device}")
+    # The transport sends and receives slices of both as their bytes: strided ones failed at
+    # the first send, after receives were posted (into staging given back to the pool while
+    # still posted), and a rank with nothing to send went on waiting for its peers.
+    for name, x in (("buffer", buffer), ("source", source)):
+        if x is not None and not x.is_contiguous():
+            raise GradwireError(f"rank {transport.rank}: {name} must be contiguous, got "
+                                f"stride {x.stride()}: call .contiguous() first")
     ops = {**COMBINE, **(combine or {})}
+    # Refused before anything is posted, on every rank (they all run the same schedule): found
+    # at its first combine, it failed only the ranks that combine, and their peers waited on
+    # them until the timeout.
+    unknown = sorted(_reductions(s) - ops.keys())
+    if unknown:
+        raise GradwireError(f"rank {transport.rank}: schedule {s.algo} uses combine op "
+                            f"{unknown[0]!r}; known: {', '.join(['copy', *ops])}")
     if transport.backend in STEPWISE:
         return _execute_steps(s, buffer, transport, ops, source)
     return _Dataflow(s, buffer, transport, ops, source).run()
