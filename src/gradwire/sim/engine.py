@@ -210,10 +210,19 @@ class Engine:
                 changed, dirty = None, False
             eta = np.inf
             if self._flows:
-                eta = float((self._rem / self._rates).min())
+                with np.errstate(divide="ignore", over="ignore"):
+                    etas = self._rem / self._rates
+                eta = float(etas.min())
             t_flow = self.now + eta
             t_timer = self._timers[0][0] if self._timers else np.inf
             t = min(t_flow, t_timer)
+            if t == np.inf and self._flows:
+                # flows left that never end (a rate of 0 from a bandwidth that underflows, or
+                # bytes / rate past the largest float): not a run that finished
+                k = int(np.argmax(etas))
+                raise GradwireError(_out_of_range(
+                    f"a flow of {self._rem[k]:g} bytes at {self._rates[k]:g} bytes/s that "
+                    "never ends"))
             if t > until or t == np.inf:
                 break
             if self._flows:

@@ -167,7 +167,14 @@ def run(trace: Trace, cluster: SimCluster, mechanisms: list[Mechanism],
             on_start(f"simulating {m.label} ({i + 1}/{len(mechanisms)}), {cluster.workers} "
                      f"workers")
         t0 = time.perf_counter()
-        r = m.run(trace, cluster, record)
+        try:
+            r = m.run(trace, cluster, record)
+        except GradwireError as e:  # one the trace brings out (pipeline= too fine for a
+            # tensor): say which mechanism of the list, as parse() does
+            msg = str(e)
+            if msg.startswith((f"{m.label}:", f"mechanism {m.label!r}")):
+                raise
+            raise GradwireError(f"mechanism {m.label!r}: {msg}") from None
         r.wall_s = time.perf_counter() - t0
         out.append(r)
     return out

@@ -58,11 +58,13 @@ class PSOptions:
 
 
 def pieces(trace: Trace, servers: int, sharding: str) -> list[tuple[int, int, int]]:
-    """(param, server, bytes) of every piece, in forward order."""
+    """(param, server, bytes) of every piece, in forward order: every parameter has at least
+    one (a parameter of no bytes one of 0 bytes on server 0, as ``tensor`` gives it; without a
+    piece its worker would wait for it for ever)."""
     if sharding == "tensor":
         return [(i, i % servers, p.bytes) for i, p in enumerate(trace.params)]
     return [(i, s, n) for i, p in enumerate(trace.params)
-            for s, (_, n) in enumerate(blocks(p.bytes, servers)) if n > 0]
+            for s, (_, n) in enumerate(blocks(p.bytes, servers)) if n > 0 or s == 0]
 
 
 def distribution(mine: list[int], workers: int, o: PSOptions) -> list[tuple[int, int | None]]:
