@@ -257,8 +257,6 @@ def parse(doc: dict, where: str) -> Calibration:
         if key not in known:
             raise GradwireError(f"{where}: unknown field {shown(str(key))!r}"
                                 f"{did_you_mean(str(key), known)}")
-    if "cpu" not in doc:  # null on CUDA; left out, the CPU bound would go unpriced
-        raise r.bad("cpu", "an object or null")
     return Calibration(
         alpha_s=r.seconds("alpha_s", above=True, high=most_alpha),
         alpha_call_s=r.seconds("alpha_call_s", above=True, high=most_alpha),
@@ -271,7 +269,7 @@ def parse(doc: dict, where: str) -> Calibration:
         coding_slowdown=r.factor("coding_slowdown", 0.0, most, above=True),
         coding=_coding(r.sub("coding")),
         codecs=_codecs(r.sub("codecs"), where),
-        cpu=None if doc.get("cpu") is None else _cpu(r.sub("cpu")),
+        cpu=_cpu_terms(r, doc),
         world=r.integer("world", 2),
         ranks_per_node=r.integer("ranks_per_node", 1),
         nodes=r.integer("nodes", 1),
@@ -292,6 +290,13 @@ def parse(doc: dict, where: str) -> Calibration:
         compute=None if doc.get("compute") is None else _compute(r.sub("compute")),
         reduce=None if doc.get("reduce") is None else _reduce(r.sub("reduce")),
     )
+
+
+def _cpu_terms(r: _Reader, doc: dict) -> CpuTerms | None:
+    """The ``cpu`` field: null on CUDA; left out, the CPU bound would go unpriced unsaid."""
+    if "cpu" not in doc:
+        raise r.bad("cpu", "an object or null")
+    return None if doc["cpu"] is None else _cpu(r.sub("cpu"))
 
 
 class _Reader:

@@ -234,7 +234,7 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     status sends the call dense instead. The status bytes merge by max.
     """
     dtype, k = e.values.dtype, min(k, numel)
-    e = merging.ascending(e)
+    e = merging.in_index_order(e)
     s = schedule("gtopk", world_size, numel, k, dtype, algo)
     own_drops = s.algo != "tree"  # the tree: every merge is its maker's alone, drops too
     drops: list[Entries] = []
