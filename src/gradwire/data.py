@@ -146,7 +146,8 @@ def shard_indices(n: int, rank: int, world: int, epoch: int, seed: int) -> torch
     if not is_int(rank, 0, world - 1):
         raise GradwireError(f"shard_indices: rank must be an integer from 0 to {world - 1} "
                             f"(world {world}), got {rank!r}")
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    # within the 64 bits manual_seed takes (a larger seed raised ValueError)
+    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % 2**64)
     perm = torch.randperm(n, generator=g)
     per_rank = n // world
     return perm[rank : per_rank * world : world]

@@ -49,11 +49,15 @@ def on_signals(handler: Callable[[int], None],
     of a script); outside the main thread, where Python takes no handlers, nothing changes.
     """
     old: dict[int, object] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in signals:
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                old[sig] = signal.signal(sig, lambda signum, _frame: handler(signum))
     try:
+        # within the try, each old handler kept before its replacement is set: a signal that
+        # comes while the rest are set (its handler may raise) leaves none of them replaced
+        if threading.current_thread() is threading.main_thread():
+            for sig in signals:
+                h = signal.getsignal(sig)
+                if h is not signal.SIG_IGN:
+                    old[sig] = h
+                    signal.signal(sig, lambda signum, _frame: handler(signum))
         yield
     finally:
         for sig, h in old.items():

@@ -217,8 +217,9 @@ def save_figure(fig: object, path: str | Path, dpi: int) -> Path:
     path = Path(path)
     try:
         with written_to(path) as target:
+            # no extension: matplotlib's default format, not one read from the temporary's
             fig.savefig(target, dpi=dpi,  # type: ignore[attr-defined]
-                        format=path.suffix[1:].lower() or None)
+                        format=path.suffix[1:].lower() or plt.rcParams["savefig.format"])
     finally:
         plt.close(fig)  # type: ignore[arg-type]
     return path
