@@ -1,12 +1,22 @@
 """Edges of the executor (gradwire.collectives.executor, .local) where a call must fail on every
 rank before anything is posted or any buffer changes, not half way through."""
 
+import datetime
+import json
+import os
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
+import gradwire.collectives as gc
+from gradwire.collectives import agree
+from gradwire.collectives.agree import MismatchError
 from gradwire.collectives.executor import execute
 from gradwire.collectives.local import execute_local
 from gradwire.errors import GradwireError
+from gradwire.launcher import free_port
 from gradwire.schedules import registry
 from gradwire.schedules.ir import Transfer, build
 from gradwire.transport import _wire
@@ -81,3 +91,77 @@ def test_a_strided_buffer_fails_every_rank_before_anything_is_posted(backend, ou
                             backend, source=strided[0])
     else:
         _every_rank_refuses(s, strided, "buffer must be contiguous", backend)
+
+
+# --- the call header compares the parameters as they run ---------------------------------------
+
+def _header_checks(rank: int, url: str, out: str) -> None:
+    """On each of 2 gloo ranks: calls whose parameters differ as given but not as they run
+    (rank 1 spells a default out, or gives an input that only chose it), then calls that
+    really differ, each then a matched call; what every rank saw, to ``out``."""
+    os.environ["GRADWIRE_TIMEOUT"] = "20"
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=30))
+    seen: dict = {}
+
+    def call(name: str, fn, x: torch.Tensor) -> None:
+        try:
+            fn(x)
+            seen[name] = x.tolist()
+        except MismatchError as e:
+            seen[name] = {"error": str(e), "buffer": x.tolist()}
+
+    one = {"pipeline": 1} if rank else {}  # ring's default at 6 elements
+    call("pipeline=1", lambda x: gc.all_reduce(x, algo="ring", **one), torch.ones(6))
+    block = {"block": 3, "alpha": 1.0} if rank else {"block": 3}  # alpha only chooses a block
+    call("lp alpha", lambda x: gc.broadcast(x, algo="lp", **block), torch.full((6,), 1.0 + rank))
+    two = {"pipeline": 2} if rank else {}  # another schedule
+    call("pipeline=2", lambda x: gc.all_reduce(x, algo="ring", **two), torch.ones(6))
+    call("after", lambda x: gc.all_reduce(x), torch.ones(6))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(seen, f)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def header_world(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("header")
+    mp.start_processes(_header_checks, args=(f"tcp://127.0.0.1:{free_port()}", str(out)),
+                       nprocs=2, start_method="spawn")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_parameters_that_differ_only_as_given_are_the_same_call(header_world):
+    """A ring allreduce with pipeline=1 on one rank and the default (which is 1 here) on the
+    other ran one schedule, but the header compared the parameters as given: a
+    MismatchError on both. So did an lp broadcast given its block on both ranks and, on one,
+    an alpha, which only chooses a block not given."""
+    for seen in header_world:
+        assert seen["pipeline=1"] == [2.0] * 6
+        assert seen["lp alpha"] == [1.0] * 6
+
+
+def test_a_parameter_that_changes_the_schedule_fails_every_rank_naming_it(header_world):
+    """pipeline=2 against the default 1 is another schedule: every rank raises before any
+    data moves, in one line naming the parameter on each side (the header held the
+    parameters cut to a checksum, ``itemsize=4,op=s#4e245fd4``), and the next call works."""
+    for rank, seen in enumerate(header_world):
+        got = seen["pipeline=2"]
+        assert isinstance(got, dict) and got["buffer"] == [1.0] * 6
+        assert got["error"].startswith(f"rank {rank}: ranks made different collective calls: "
+                                       "params: op=sum,pipeline=1 on rank 0; "
+                                       "op=sum,pipeline=2 on rank 1 (")
+        assert "\n" not in got["error"]
+        assert seen["after"] == [2.0] * 6
+
+
+def test_a_field_cut_short_in_the_header_is_named_in_full_for_this_rank():
+    """A value too long for its field travels as a head and a checksum; the message adds this
+    rank's value in full."""
+    long = "op=sum,servers=2,sharding=roundrobin"
+    call = [("call", "allreduce"), ("params", long)]
+    other = [("call", "allreduce"), ("params", long.replace("2", "3"))]
+    headers = [agree.decode(agree.encode(c)) for c in (call, other)]
+    (said,) = agree.differences(call, headers)
+    assert said.startswith("params: op=sum,servers=#")
+    assert said.endswith(f"on rank 1 (this rank's: {long})")

@@ -43,8 +43,12 @@ class MismatchError(GradwireError):
     """Ranks made different collective calls; raised on every rank with the same fields."""
 
 
+def _whole(value: object) -> str:
+    return value if isinstance(value, str) else str(value).removeprefix("torch.")
+
+
 def _text(value: object) -> str:
-    s = value if isinstance(value, str) else str(value).removeprefix("torch.")
+    s = _whole(value)
     b = s.encode()
     if len(b) <= FIELD_BYTES:
         return s
@@ -77,16 +81,19 @@ def decode(header: torch.Tensor) -> list[str]:
 
 
 def differences(call: Call, headers: list[list[str]]) -> list[str]:
-    """For each field on which ranks differ: ``name: value on ranks a, b; other on rank c``."""
+    """For each field on which ranks differ: ``name: value on ranks a, b; other on rank c``,
+    and this rank's value in full where the header holds it cut short (:func:`_text`)."""
     out = []
-    for i, (name, _) in enumerate(call):
+    for i, (name, value) in enumerate(call):
         by_value: dict[str, list[int]] = {}
         for r, h in enumerate(headers):
             by_value.setdefault(h[i], []).append(r)
         if len(by_value) > 1:
             parts = [f"{v or '?'} on rank{'s' if len(rs) > 1 else ''} "
                      f"{', '.join(map(str, rs))}" for v, rs in by_value.items()]
-            out.append(f"{name}: {'; '.join(parts)}")
+            whole = _whole(value)
+            cut = f" (this rank's: {whole})" if _text(value) != whole else ""
+            out.append(f"{name}: {'; '.join(parts)}{cut}")
     return out
 
 

@@ -208,6 +208,27 @@ def shown_params(params: dict) -> str:
                     for k, v in sorted(params.items()))
 
 
+# Inputs that only choose a parameter the schedule records (ring.pick_pipeline, lp.pick_block):
+# ranks that chose the same value run one schedule, however each chose it.
+CHOOSERS = {"pipeline": ("itemsize",), "block": ("itemsize", "alpha", "beta", "sndbuf")}
+
+
+def run_params(given: dict, recorded: dict, itemsize: int) -> dict:
+    """The parameters a call runs with, as its header compares them: the schedule's
+    ``recorded`` ones as it resolved them (ring's pipeline, lp's and dbtree's block, given or
+    chosen), then the ``given`` ones it does not record, less those that only chose a recorded
+    one and an itemsize that is the dtype's (the header names the dtype). So a default spelled
+    out on one rank and left out on another is one call, and the header has room to name
+    each parameter as it is."""
+    out = {k: v for k, v in given.items() if k not in recorded}
+    for k in recorded:
+        for c in CHOOSERS.get(k, ()):
+            out.pop(c, None)
+    if out.get("itemsize") == itemsize:
+        del out["itemsize"]
+    return {**out, **recorded}
+
+
 def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
          group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
          after: Callable[[torch.Tensor], None] | None, params: dict,
@@ -231,7 +252,8 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
     t = resolve(transport, group, collective)
     params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
-    shown = shown_params(params if op is None else {**params, "op": op})
+    ran = run_params(params, s.params, buf.element_size())
+    shown = shown_params(ran if op is None else {**ran, "op": op})
     call = [("call", collective), ("algo", s.algo), ("elements", buf.numel()),
             ("dtype", buf.dtype), ("root", root), ("params", shown)]
 
