@@ -114,6 +114,48 @@ def test_an_error_of_a_bucket_issued_from_the_hook_keeps_its_type(one_rank, monk
         assert torch.equal(got.grad, ref.grad.half().float())
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("mode", ["bucket", "model"])
+def test_a_failed_step_does_not_count_toward_dense_steps(one_rank, monkeypatch, overlap, mode):
+    """A step that failed moved the step count on all the same, and with it the warm-up and
+    ``dense_steps``: with dense_steps=1 the one dense iteration was the one that failed, and
+    the first that went through was sparse. A failed step is no iteration aggregated."""
+    net = two_layers(bucket_cap_mb=1e-5)
+    state = gh.make("topk", density=0.3, dense_steps=1, overlap=overlap, mode=mode)
+    state.register(net)
+
+    def mismatch(c, x, key, check=True):
+        raise MismatchError("rank 0: ranks made different collective calls: elements: 9 on "
+                            "rank 0; 8 on rank 1")
+
+    monkeypatch.setattr(hook_state, "start", mismatch)
+    with pytest.raises(MismatchError):
+        backward(net)
+    monkeypatch.undo()
+    assert (state.step, state.density, state.stats["steps"]) == (0, 1.0, 0)
+    backward(net)
+    assert state.stats["dense"] == state.stats["buckets"] > 0  # sent dense, as the first
+    assert (state.step, state.density, state.stats["steps"]) == (1, 0.3, 1)
+
+
+def test_a_failed_step_issued_from_the_hook_does_not_count(one_rank, monkeypatch):
+    """The same for buckets issued from the hook (fp16 in steady state), which fail in
+    _settle rather than on the comm thread."""
+    net = two_layers(bucket_cap_mb=1e-5)
+    state = gh.make("fp16")
+    state.register(net)
+    for _ in range(3):  # the first step, DDP's rebuild, one agreed step
+        backward(net)
+
+    def broken(self, flying):
+        raise GradwireError("rank 0: torch.distributed all_reduce of 8 elements failed")
+
+    monkeypatch.setattr(hook_state.Comm, "wait", broken)
+    with pytest.raises(GradwireError, match="all_reduce of 8 elements failed"):
+        backward(net)
+    assert state.step == state.stats["steps"] == 3
+
+
 def test_a_stalled_rank_fails_the_others_within_the_timeout_in_steady_state():
     """tests/scripts/hook_stall_check.py: dense and fp16 issued from the hook, one rank
     stalls 5 s, the other's backward raises GradwireError after GRADWIRE_TIMEOUT (2 s)."""

@@ -120,8 +120,8 @@ class HookState:
 
     Tuned by the user: ``config`` (:class:`HookConfig`). Internal: ``epoch`` (the warm-up's,
     counted from ``step`` with ``steps_per_epoch``; ``set_epoch`` moves it), ``step`` (iterations
-    handed over), ``positions``, ``compressor``, ``ef`` (error feedback,
-    residuals per bucket layout). Stats: ``stats`` (see :meth:`reset_stats`).
+    aggregated; a step that failed is not counted), ``positions``, ``compressor``, ``ef``
+    (error feedback, residuals per bucket layout). Stats: ``stats`` (see :meth:`reset_stats`).
 
     Example::
 
@@ -712,9 +712,10 @@ class HookState:
         s["dense"] += dense
 
     def _handed_over(self, last: bool) -> None:
-        """At the step's last bucket: one more step, and the time its result waits from."""
+        """At the step's last bucket: the time its result waits from. The step is counted
+        once it has ended (:meth:`_end_step`): a step that failed is not counted, so the
+        warm-up and ``dense_steps`` count the iterations aggregated."""
         if last:
-            self.step += 1
             self._handoff = time.perf_counter()
 
     @property
@@ -746,6 +747,7 @@ class HookState:
         return self._comm.seconds if self._comm is not None else 0.0
 
     def _end_step(self) -> None:
+        self.step += 1
         self.stats["steps"] += 1
         self.stats["tail"] += time.perf_counter() - self._handoff
         if self.compressor is not None and not self._loaded:  # what rebuilt buckets kept
