@@ -168,6 +168,14 @@ def _reductions(s: Schedule) -> frozenset[str]:
     return frozenset(t.op for _, t in s.transfers() if t.reduces)
 
 
+def unknown_op(s: Schedule, ops: dict[str, Combine]) -> str | None:
+    """The first (by name) combine op of ``s``'s receives that ``ops`` lacks, or None. Every
+    rank checks them all, before anything is posted: one that found it at its first combine
+    would fail alone, its peers waiting on it until the timeout."""
+    missing = sorted(_reductions(s) - ops.keys())
+    return missing[0] if missing else None
+
+
 def execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
             combine: dict[str, Combine] | None = None,
             source: torch.Tensor | None = None) -> Unwritten | None:
@@ -207,13 +215,10 @@ def _execute(s: Schedule, buffer: torch.Tensor, transport: Transport,
             raise GradwireError(f"rank {transport.rank}: {name} must be contiguous, got "
                                 f"stride {x.stride()}: call .contiguous() first")
     ops = {**COMBINE, **(combine or {})}
-    # Refused before anything is posted, on every rank (they all run the same schedule): found
-    # at its first combine, it failed only the ranks that combine, and their peers waited on
-    # them until the timeout.
-    unknown = sorted(_reductions(s) - ops.keys())
-    if unknown:
+    op = unknown_op(s, ops)
+    if op is not None:
         raise GradwireError(f"rank {transport.rank}: schedule {s.algo} uses combine op "
-                            f"{unknown[0]!r}; known: {', '.join(['copy', *ops])}")
+                            f"{op!r}; known: {', '.join(['copy', *ops])}")
     if transport.backend in STEPWISE:
         return _execute_steps(s, buffer, transport, ops, source)
     return _Dataflow(s, buffer, transport, ops, source).run()

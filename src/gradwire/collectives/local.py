@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gradwire.collectives.executor import COMBINE, Combine
+from gradwire.collectives.executor import COMBINE, Combine, unknown_op
 from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Schedule
 
@@ -39,10 +39,11 @@ def execute_local(s: Schedule, buffers: Sequence[torch.Tensor],
         raise GradwireError(f"combine must have one entry per rank, {p} for this schedule, "
                             f"got {len(combine)}")
     ops = [{**COMBINE, **(combine[r] if combine else {})} for r in range(p)]
-    for _, t in s.transfers():  # before any buffer changes, not half way through
-        if t.reduces and t.op not in ops[t.dst]:
-            raise GradwireError(f"schedule {s.algo} uses combine op {t.op!r}; known on rank "
-                                f"{t.dst}: {', '.join(['copy', *ops[t.dst]])}")
+    for r in range(p):  # as the executor checks them: before any buffer changes
+        op = unknown_op(s, ops[r])
+        if op is not None:
+            raise GradwireError(f"schedule {s.algo} uses combine op {op!r}; known on rank "
+                                f"{r}: {', '.join(['copy', *ops[r]])}")
     for step in s.steps:
         sent = [(t, buffers[t.src][t.start : t.stop].clone()) for t in step.transfers]
         for t, data in sent:

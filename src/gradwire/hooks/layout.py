@@ -94,14 +94,21 @@ class Positions:
         return sum(self.numels[p] for p in layout)
 
 
+def bucket_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """The strides of ``t``'s view of its DDP bucket (``t`` real: a complex parameter's
+    ``view_as_real``): DDP lays a dense, non-overlapping parameter out in its memory order
+    (its bucket view has the parameter's strides: channels_last, transposed), any other
+    C-contiguously (``preserve_format``)."""
+    return torch.empty_like(t, device="meta", memory_format=torch.preserve_format).stride()
+
+
 def _bucket_shape(t: torch.Tensor) -> tuple[int, ...]:
-    """``t``'s shape as its elements lie in DDP's bucket: DDP lays a dense, non-overlapping
-    parameter out in its memory order (its bucket view has the parameter's strides), so a
-    transposed matrix lies there as its transpose; any other, C-contiguously."""
+    """``t``'s shape as its elements lie in DDP's bucket (:func:`bucket_strides`): a
+    transposed matrix lies there as its transpose."""
     if t.is_contiguous():
         return tuple(t.shape)
-    dense = torch.empty_like(t, device="meta", memory_format=torch.preserve_format)
-    dims = sorted(range(t.dim()), key=lambda d: -dense.stride(d))  # stable: ties keep order
+    strides = bucket_strides(t)
+    dims = sorted(range(t.dim()), key=lambda d: -strides[d])  # stable: ties keep order
     return tuple(t.shape[d] for d in dims)
 
 

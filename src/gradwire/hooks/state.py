@@ -499,7 +499,8 @@ class HookState:
                             g = g.reshape(-1)
                         else:  # element by element as DDP copied them: the bucket holds a
                             # dense parameter in its memory order (channels_last, transposed)
-                            strides = _bucket_strides(p)
+                            strides = layout.bucket_strides(
+                                torch.view_as_real(p.detach()) if p.is_complex() else p)
                             avg = avg.as_strided(g.shape, strides)
                             kept = kept.as_strided(g.shape, strides)
                         avg = avg.where(g.ne(avg) & ~(g.isnan() & avg.isnan()), 0)
@@ -894,14 +895,6 @@ class _Flight:
             self._done = True
         self.fut.set_result(value)
         return True
-
-
-def _bucket_strides(p: torch.Tensor) -> tuple[int, ...]:
-    """The strides of ``p``'s view of its DDP bucket (a complex one's real view): ``p``'s own
-    where it is dense and non-overlapping (DDP's bucket views match its memory layout, e.g.
-    channels_last), else contiguous ones, as DDP lays them out (``preserve_format``)."""
-    real = torch.view_as_real(p.detach()) if p.is_complex() else p.detach()
-    return torch.empty_like(real, device="meta", memory_format=torch.preserve_format).stride()
 
 
 def _caller(config: HookConfig) -> str:

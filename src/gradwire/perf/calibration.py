@@ -251,12 +251,7 @@ def parse(doc: dict, where: str) -> Calibration:
     if doc["format"] != FORMAT:
         raise GradwireError(f"{where}: field 'format' must be {FORMAT}, got "
                             f"{doc['format']!r}: run `gradwire calibrate` again")
-    r = _Reader(doc, where)
-    known = {"format"} | {f.name for f in dataclasses.fields(Calibration)}
-    for key in doc:
-        if key not in known:
-            raise GradwireError(f"{where}: unknown field {shown(str(key))!r}"
-                                f"{did_you_mean(str(key), known)}")
+    r = _Reader(doc, where).only(("format", *_names(Calibration)))
     return Calibration(
         alpha_s=r.seconds("alpha_s", above=True, high=most_alpha),
         alpha_call_s=r.seconds("alpha_call_s", above=True, high=most_alpha),
@@ -376,7 +371,7 @@ class _Reader:
 
     def only(self, known: tuple[str, ...]) -> _Reader:
         """This object if it has no field but ``known`` (a misspelt optional one would be left
-        out unsaid, as at the top of the file)."""
+        out unsaid)."""
         for key in self.doc:
             if key not in known:
                 raise GradwireError(f"{self.where}: unknown field "
