@@ -8,6 +8,7 @@ import math
 import os
 import stat
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -436,6 +437,21 @@ def test_output_paths_are_checked_before_the_work(tmp_path):
     with pytest.raises(GradwireError, match="does not exist"):
         check_writable(tmp_path / "no" / "x.json", "--plot")
     assert not (tmp_path / "new.json").exists()  # checking writes nothing
+
+
+def test_an_existing_output_file_needs_a_folder_that_may_be_written(monkeypatch, tmp_path):
+    """The result is written beside the file and renamed over it, so the folder must take a
+    new file; the check had looked only at the file, and the write failed after the work.
+    (Root may write any folder, so the folder's refusal is simulated.)"""
+    from gradwire import jsonfile
+
+    (tmp_path / "old.json").write_text("{}")
+    real = os.access
+    monkeypatch.setattr(jsonfile.os, "access",
+                        lambda p, mode: Path(p) != tmp_path and real(p, mode))
+    with pytest.raises(GradwireError, match=r"^--json '.*old\.json': folder '.*' may not be "
+                                            r"written$"):
+        jsonfile.check_writable(tmp_path / "old.json", "--json")
 
 
 def test_a_write_that_fails_late_saves_the_result_elsewhere(monkeypatch, tmp_path, capsys):

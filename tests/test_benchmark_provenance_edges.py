@@ -208,3 +208,17 @@ def test_the_note_says_this_machines_cores_and_contention(monkeypatch, tmp_path,
     note = json.loads(out.read_text())["note"]
     assert f"{cores} cores" in note
     assert ("contention" in note and "no CPU contention" not in note) == contended
+
+
+def test_the_machine_counts_the_cores_this_process_may_use(monkeypatch):
+    """os.cpu_count() counts the machine's cores: a run confined to 2 of 16 (a container,
+    taskset) was stamped as a 16-core result."""
+    from gradwire.bench import provenance
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert ", 2 cores (of 16), Linux" in provenance.machine()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert ", 1 core (of 16), Linux" in provenance.machine()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert ", 16 cores, Linux" in provenance.machine()

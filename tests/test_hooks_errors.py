@@ -293,21 +293,31 @@ def test_fp16_overflow_in_the_hook_keeps_the_residual_and_conserves_mass(one_ran
 
 # --- a corrupt state_dict is refused whole, in one line -------------------------------------
 
-@pytest.mark.parametrize("change", [
-    {"order": [float("inf")]},  # as a JSON copy of a checkpoint can hold (Infinity)
-    {"residuals": {float("inf"): torch.ones(2)}},
-    {"compressor": {"step": float("inf")}},
+@pytest.mark.parametrize(("change", "message"), [
+    # as a JSON copy of a checkpoint can hold (Infinity)
+    ({"order": [float("inf")]}, r"order holds inf: expected each parameter position"),
+    ({"residuals": {float("inf"): torch.ones(2)}}, r"residual of parameter inf: a parameter "),
+    ({"compressor": {"step": float("inf")}}, r"is malformed \(OverflowError"),
+    # int() took these as positions 1 and 0 (True), or kept a position the order lacks
+    ({"order": [1.0, 0]}, r"order holds 1\.0"),
+    ({"order": [True]}, r"order holds True"),
+    ({"order": [0, 0]}, r"order names a position twice"),
+    ({"order": [0], "residuals": {0: torch.ones(2), 5: torch.ones(3)}},
+     r"residual of parameter 5, a position its order does not name"),
+    ({"residuals": {"0": torch.ones(2)}}, r"residual of parameter '0'"),
+    ({"residuals": {-1: torch.ones(2)}}, r"residual of parameter -1"),
 ])
-def test_a_state_dict_with_an_infinite_count_is_refused_and_changes_nothing(change):
-    """int(inf) raises OverflowError, which load_state_dict let through as a traceback after
-    it had set the step (and recorded counts): neither one line nor all or nothing."""
+def test_a_corrupt_state_dict_is_refused_in_one_line_and_changes_nothing(change, message):
+    """int(inf) raised OverflowError, which load_state_dict let through as a traceback after
+    it had set the step (and recorded counts): neither one line nor all or nothing. int() also
+    took 1.0 or True as positions, and a residual of a position the order lacks was kept."""
     saved = gh.make("topk", density=0.1, mode="model")
     saved.positions.numels.update({0: 2})
     saved.ef.residuals[(0,)] = torch.ones(2)
     saved.step = 7
     s = gh.make("topk", density=0.1, mode="model")
     s.step = 3
-    with pytest.raises(GradwireError, match=r"^hook state_dict is malformed \(OverflowError"):
+    with pytest.raises(GradwireError, match=r"^hook state_dict[: ].*" + message):
         s.load_state_dict({**saved.state_dict(), **change})
     assert (s.step, s.epoch, s.positions.numels, s._resume_order) == (3, 0, {}, None)
     assert s.ef.residuals == {} and s.compressor.state_dict() == {"step": 0}

@@ -5,6 +5,7 @@ trace's bounds, and call-header fields holding text that is not ASCII."""
 import json
 import os
 
+import numpy as np
 import pytest
 
 from gradwire import config
@@ -56,6 +57,15 @@ def test_gradwire_timeout_takes_ascii_numbers_of_a_millisecond_or_more(raw):
     with pytest.raises(GradwireError, match="GRADWIRE_TIMEOUT must be a number of seconds"):
         config.timeout({"GRADWIRE_TIMEOUT": raw})
     assert not config.valid_timeout(0.0005)
+
+
+def test_a_timeout_may_be_a_numpy_number():
+    """A limit computed with numpy (np.int64(30), np.float32(2.5)) was refused as no number;
+    numpy's bools and NaN are still none."""
+    assert config.valid_timeout(np.int64(30)) and config.valid_timeout(np.float32(2.5))
+    assert config.check_timeout("timeout", np.int64(30)) == 30.0
+    for bad in (np.bool_(True), True, np.float64("nan"), np.float64("inf"), np.int64(0)):
+        assert not config.valid_timeout(bad)
 
 
 @pytest.mark.parametrize("raw,seconds", [("0.001", 0.001), (" 5\n", 5.0), ("1e3", 1000.0),

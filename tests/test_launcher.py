@@ -193,6 +193,16 @@ def test_run_refuses_a_timeout_that_is_not_a_positive_number(monkeypatch, capsys
                                  f"from 0.001 to 2e+06, got {shown}\n")
 
 
+def test_the_state_folder_expands_a_home_folder(monkeypatch):
+    """GRADWIRE_STATE_DIR=~/gw was taken as a folder named "~" in the current one, as
+    GRADWIRE_HOME was not."""
+    from gradwire import config
+
+    monkeypatch.setenv("GRADWIRE_STATE_DIR", "~/gw-state")
+    assert config.state_dir() == Path("~/gw-state").expanduser()
+    assert "~" not in str(config.state_dir())
+
+
 @pytest.mark.parametrize("blank", ["", "  ", "\t"])
 def test_a_blank_environment_variable_means_the_default(monkeypatch, blank):
     from gradwire import config

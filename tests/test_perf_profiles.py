@@ -177,6 +177,13 @@ def test_any_params_with_shapes_round_trip(rows: list) -> None:
     assert profiles.parse(p.to_text(), "toy.json") == p
 
 
+def test_a_profile_with_a_time_that_is_not_finite_is_not_written() -> None:
+    """to_text wrote NaN, which no strict JSON reader (and not gradwire's own) takes back."""
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="not JSON compliant"):
+            profiles.Profile("toy", (("w", 4),), bad, 0.02).to_text()
+
+
 def test_invalid_json_names_the_line(tmp_path) -> None:
     path = tmp_path / "bad.json"
     path.write_text(_doc().replace('"backward_s": 0.02,', '"backward_s": 0.02,,'))

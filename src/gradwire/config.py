@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from gradwire.check import parse_number
+from gradwire.check import is_real, parse_number
 from gradwire.errors import GradwireError
 
 
@@ -32,7 +32,7 @@ def home() -> Path:
 
 
 def state_dir() -> Path:
-    return Path(_read("GRADWIRE_STATE_DIR", "/run/gradwire"))
+    return Path(_read("GRADWIRE_STATE_DIR", "/run/gradwire")).expanduser()
 
 
 # α where nothing better is known: a typical per-message latency between hosts over Ethernet
@@ -51,8 +51,7 @@ MIN_TIMEOUT_S = 0.001
 def valid_timeout(value: object) -> bool:
     """Whether ``value`` can bound a wait: a number of seconds in [MIN_TIMEOUT_S,
     MAX_TIMEOUT_S]."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S)
+    return is_real(value, MIN_TIMEOUT_S, MAX_TIMEOUT_S)
 
 
 def check_timeout(name: str, value: object, given: object = None) -> float:

@@ -97,10 +97,11 @@ def check_writable(path: str | Path | None, option: str) -> Path | None:
     """``path`` as a Path once it is clear that a file can be written there (None stays None):
     commands check their output options before the work, so that an hour of training is not
     lost to a typo in ``--json``. Refused with a one-line error: a directory; a parent folder
-    that does not exist or is not a folder, or that this process may not write into; a path
-    in /proc or /sys; an existing file that is not a regular file (a device such as
-    /dev/full, a pipe, a socket: whether a device takes the result shows only when it is
-    written, so none is taken) or that cannot be opened for writing. A write can still fail
+    that does not exist or is not a folder, or that this process may not write into (also
+    for an existing file: the result is written beside it and renamed over it); a path in
+    /proc or /sys; an existing file that is not a regular file (a device such as /dev/full, a
+    pipe, a socket: whether a device takes the result shows only when it is written, so none
+    is taken) or that cannot be opened for writing. A write can still fail
     later (a disk that fills during the run): the commands' writer then saves the result
     elsewhere and says where (:func:`gradwire.cli.options.write_text`)."""
     if path is None:
@@ -136,7 +137,7 @@ def _check_writable(p: Path, where: str) -> Path:
         except OSError as e:
             raise GradwireError(f"{where}: the file exists and may not be written "
                                 f"({e.strerror or e})") from None
-    elif not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK):
         raise GradwireError(f"{where}: folder {str(parent)!r} may not be written")
     return p
 

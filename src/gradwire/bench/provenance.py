@@ -19,10 +19,19 @@ def now() -> str:
 
 
 def machine(device: str = "cpu") -> str:
-    """Host, architecture, cores, kernel, torch version (and the GPU's name for ``cuda``)."""
+    """Host, architecture, cores, kernel, torch version (and the GPU's name for ``cuda``).
+    The cores are those this process may run on (a container's or taskset's share), with the
+    machine's count beside them where that is more."""
     where = f", GPU {torch.cuda.get_device_name()}{_nccl()}" if device == "cuda" else ""
-    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Linux "
+    return (f"{platform.node()} {platform.machine()}, {_cores()}, Linux "
             f"{platform.release()}, torch {torch.__version__}{where}")
+
+
+def _cores() -> str:
+    total = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    cores = f"{usable} core{'s' if usable != 1 else ''}"
+    return cores if usable is None or usable == total else f"{cores} (of {total})"
 
 
 def _nccl() -> str:

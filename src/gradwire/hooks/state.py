@@ -333,6 +333,14 @@ class HookState:
         self.step, self._epoch_at = step, (epoch, began)
         self.positions.take_parameters_counts()  # this state's residuals replace the last's
         order = state.get("order")
+        if order:
+            if not isinstance(order, list | tuple):
+                raise TypeError(f"order is a list of parameter positions, got {order!r}")
+            bad = next((p for p in order if not is_int(p, 0)), None)
+            if bad is not None or len(set(order)) != len(order):
+                what = f"holds {bad!r}" if bad is not None else "names a position twice"
+                raise GradwireError(f"hook state_dict: order {what}: expected each parameter "
+                                    "position (an integer >= 0) once")
         self._resume_order = tuple(int(p) for p in order) if order else None
         if self.ef is not None:
             self.ef.residuals = self._per_position(state["residuals"], "residual")
@@ -349,6 +357,12 @@ class HookState:
         against (and recording) each position's element count."""
         out = {}
         for pos, t in saved.items():
+            if not is_int(pos, 0):
+                raise GradwireError(f"hook state_dict: {what} of parameter {pos!r}: a "
+                                    "parameter position is an integer >= 0")
+            if self._resume_order is not None and pos not in self._resume_order:
+                raise GradwireError(f"hook state_dict: {what} of parameter {pos}, a position "
+                                    "its order does not name")
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
                 got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
                 raise GradwireError(f"hook state_dict: {what} of parameter {pos} must be a "

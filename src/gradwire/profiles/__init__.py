@@ -115,8 +115,11 @@ class Profile:
         """The JSON file: header fields indented, then one parameter tensor per line."""
         doc = self.to_json()
         params = doc.pop("params")
-        head = json.dumps(doc, indent=1, ensure_ascii=False)[:-2]
-        rows = ",\n".join("  " + json.dumps(p) for p in params)  # type: ignore[union-attr]
+        # allow_nan=False: a time that is not finite fails here rather than write a file that
+        # no strict JSON reader takes
+        head = json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False)[:-2]
+        rows = ",\n".join("  " + json.dumps(p, allow_nan=False)  # type: ignore[union-attr]
+                           for p in params)
         return f'{head},\n "params": [\n{rows}\n ]\n}}\n'
 
 
