@@ -34,7 +34,7 @@ def _transport(monkeypatch, backend: str = "gloo") -> tuple[Transport, list[tupl
     monkeypatch.setattr(dist, "P2POp", lambda *op: op)  # its checks need a process group
     t = Transport.__new__(Transport)
     t.group, t.rank, t.world_size, t.backend, t.timeout = None, 0, 3, backend, 5.0
-    t._device_type, t._upstream = None, None
+    t._device_type, t._upstream, t._control = None, None, False
     t.reset_counters()
     return t, posted
 

@@ -130,6 +130,7 @@ def test_api_builds_with_the_buffers_itemsize(monkeypatch):
     monkeypatch.setattr(api.registry, "schedule", spy)
     class Alone(Transport):  # one rank of the default group: nothing is sent
         rank, world_size, backend, group = 0, 1, "gloo", None
+        _device_type = "cpu"  # what gloo sends from
 
         def __init__(self) -> None:
             pass

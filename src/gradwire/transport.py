@@ -70,21 +70,32 @@ def is_default_group(group: object) -> bool:
     return group is None or group is dist.group.WORLD
 
 
-def _upstream_group(group: dist.ProcessGroup | None, backend: str) -> dist.ProcessGroup | None:
+def _upstream_group(group: dist.ProcessGroup | None, backend: str, rank: int,
+                    timeout: float) -> dist.ProcessGroup | None:
     """A second gloo group over the world, so each direction of a pair has its own connection.
 
     Gloo runs one TCP connection per pair and does not overlap a send and a receive on it: two
     ranks exchanging 64 MiB both ways at 1 Gbit/s got 0.48 Gbit/s each way on one connection,
     0.96 on two. Made once per process, on every rank's first Transport of the default group
-    (every rank reaches it at the same point, as with any collective). NCCL and subgroups keep
-    one connection per pair.
+    (every rank reaches it at the same point, as with any collective), waiting at most
+    ``timeout`` seconds for the other ranks: c10d's own limit for a new gloo group is 30
+    minutes, whatever the world's. NCCL and subgroups keep one connection per pair.
     """
     if not is_default_group(group) or backend != "gloo":
         return None
     world = dist.group.WORLD
     twin = _UPSTREAM[1]() if _UPSTREAM and _UPSTREAM[0]() is world else None
     if twin is None:
-        twin = dist.new_group(backend="gloo")
+        try:
+            twin = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:  # c10d's DistStoreError among them
+            said = str(e)
+            why = (f"timed out after {timeout:g} s: a rank failed or stalled before reaching "
+                   "it (GRADWIRE_TIMEOUT sets the limit)"
+                   if "timeout" in said.lower() or "timed out" in said.lower()
+                   else f"failed: {said.splitlines()[0][-200:] if said else 'unknown error'}")
+            raise GradwireError(f"rank {rank}: connecting to the other ranks, which every rank's "
+                                f"first Transport (or gradwire collective) does, {why}") from None
         _UPSTREAM[:] = [weakref.ref(world), weakref.ref(twin)]
     return twin
 
@@ -173,9 +184,10 @@ class Transport:
         self.timeout = (config.check_timeout("timeout", timeout) if timeout is not None
                         else config.timeout())
         self.check_calls = config.check_calls() if check_calls is None else bool(check_calls)
-        self._upstream = _upstream_group(group, self.backend)
+        self._upstream = _upstream_group(group, self.backend, self.rank, self.timeout)
         # where this backend's point-to-point calls read and write (other backends: unchecked)
         self._device_type = {"gloo": "cpu", "nccl": "cuda"}.get(self.backend)
+        self._control = False  # in a control() block; reset_counters leaves it as it is
         self.reset_counters()
 
     @property
@@ -191,23 +203,23 @@ class Transport:
     # counters -------------------------------------------------------------------------------
     def reset_counters(self) -> None:
         """Zero the per-peer counters of data, and ``control_bytes_sent`` (header exchanges,
-        kept apart so that the data counters equal a schedule's traffic exactly)."""
+        kept apart so that the data counters equal a schedule's traffic exactly). A control
+        block in flight (an async call's header exchange) goes on counting as control."""
         p = self.world_size
         self.bytes_sent = [0] * p
         self.bytes_received = [0] * p
         self.messages_sent = [0] * p
         self.messages_received = [0] * p
         self.control_bytes_sent = 0
-        self._control = False
 
     @contextlib.contextmanager
     def control(self) -> Iterator[None]:
         """Count what is sent in this block as control traffic, not data."""
-        self._control = True
+        outer, self._control = self._control, True
         try:
             yield
         finally:
-            self._control = False
+            self._control = outer
 
     def _count(self, op: str, nbytes: int, peer: int) -> None:
         if self._control:
@@ -238,14 +250,20 @@ class Transport:
         """``peer``, already checked (:meth:`_peer`), as the world's rank that c10d takes."""
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
-    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` as bytes, refused where this backend cannot send it: gloo would read a
-        GPU tensor's memory as host memory, and NCCL fails on a host tensor naming no cause."""
-        buf = _wire(tensor)
+    def check_device(self, tensor: torch.Tensor) -> None:
+        """A one-line error unless this backend can send and receive ``tensor`` where it
+        lives: gloo would read a GPU tensor's memory as host memory, and NCCL fails on a host
+        tensor naming no cause."""
         if self._device_type is not None and tensor.device.type != self._device_type:
             raise GradwireError(f"rank {self.rank}: {self.backend} sends {self._device_type} "
                                 f"tensors, got one on {tensor.device}: move it with "
                                 f".to({self.device.type!r}) first")
+
+    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` as bytes, refused where this backend cannot send it
+        (:meth:`check_device`)."""
+        buf = _wire(tensor)
+        self.check_device(tensor)
         return buf
 
     def _pending(self, work: dist.Work, op: str, peer: int, nbytes: int) -> Pending:

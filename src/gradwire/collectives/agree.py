@@ -14,6 +14,11 @@ The header also carries a one-digit status of this rank's data (0 when all is we
 worse), and every rank learns the worst, so that all take the same path when one of them holds
 NaN or Inf, or would overflow (the NaN/Inf policy, :mod:`gradwire.compress.feedback`).
 
+A rank that refuses a call's arguments (a dtype no reduction takes, a tensor of the wrong size)
+sends a header saying so in the same exchange (:func:`refuse`): the others then raise
+:class:`RefusedError` at once, naming it and its reason, instead of waiting on it until the
+timeout.
+
 Cost: one extra latency per step, lg P·α (⌊lg P⌋ + 2 at P not a power of two); the header is
 7 × 24 bytes. Measured in
 docs/reliability.md. ``Transport(check_calls=False)`` or ``GRADWIRE_CHECK_CALLS=0`` turns it off
@@ -41,6 +46,11 @@ Call = Sequence[tuple[str, object]]  # (field name, value), at most FIELDS of th
 
 class MismatchError(GradwireError):
     """Ranks made different collective calls; raised on every rank with the same fields."""
+
+
+class RefusedError(GradwireError):
+    """Another rank refused the call's arguments (:func:`refuse`); raised on the ranks that
+    did not, naming each rank that refused and its reason."""
 
 
 def _whole(value: object) -> str:
@@ -98,6 +108,33 @@ def differences(call: Call, headers: list[list[str]]) -> list[str]:
 
 
 HEADER_BYTES = (FIELDS + 1) * FIELD_BYTES
+# A refusing rank's header: this byte where the status digit goes (above every digit, so the
+# worst status read in every exchange shows a refusal), and its reason in the other bytes.
+REFUSED = ord("R")
+_MARK = STATUS * FIELD_BYTES
+
+
+def _refusal(reason: str) -> torch.Tensor:
+    """The header of a refused call: REFUSED, and ``reason``'s first line, cut to fit."""
+    text = (reason.splitlines() or [""])[0].encode()
+    if len(text) >= HEADER_BYTES:
+        text = text[: HEADER_BYTES - 4].decode(errors="ignore").encode() + b"..."
+    body = text.ljust(HEADER_BYTES - 1, b"\0")
+    return torch.frombuffer(bytearray(body[:_MARK] + bytes([REFUSED]) + body[_MARK:]),
+                            dtype=torch.uint8).clone()
+
+
+def _refusals(rows: torch.Tensor) -> str:
+    """``rank r refused it: reason`` for each refusing rank's header of ``rows``, ranks with
+    one reason together."""
+    by_reason: dict[str, list[int]] = {}
+    for r, row in enumerate(rows.cpu()):
+        raw = bytes(row.tolist())
+        if raw[_MARK] == REFUSED:
+            said = (raw[:_MARK] + raw[_MARK + 1:]).rstrip(b"\0").decode(errors="replace")
+            by_reason.setdefault(said.removeprefix(f"rank {r}: "), []).append(r)
+    return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} refused it: "
+                     f"{why}" for why, rs in by_reason.items())
 
 
 def header_spec(world_size: int) -> tuple[str, str, int, dict[str, object]]:
@@ -108,7 +145,8 @@ def header_spec(world_size: int) -> tuple[str, str, int, dict[str, object]]:
 
 def agree(transport: Transport, call: Call,
           finite: bool | Callable[[], bool] = True) -> bool | None:
-    """Raise :class:`MismatchError` on every rank unless every rank is making ``call``.
+    """Raise :class:`MismatchError` on every rank unless every rank is making ``call``
+    (:class:`RefusedError` where another rank refused it instead, :func:`refuse`).
 
     Returns whether every rank's ``finite`` was true (the same answer on every rank), or
     ``finite`` itself for one rank, or None when ``transport.check_calls`` is off (then no
@@ -136,25 +174,46 @@ def agree_status(transport: Transport, call: Call,
     if p == 1:
         return mine_status
     mine = encode(call, mine_status).to(transport.device)
-    h = mine.numel()
-    collective, algo, count, params = header_spec(p)
-    s = registry.schedule(collective, algo, p, count, **params)
-    buf = torch.zeros(p * h, dtype=torch.uint8, device=mine.device)
-    buf[transport.rank * h : (transport.rank + 1) * h] = mine
     what = f"{call[0][1]}/{call[1][1]}"  # the call and its algorithm or method
-    try:
-        with transport.control():
-            execute(s, buf, transport)
-    except PeerError as e:
-        raise e.within(f"the header exchange before {what}") from None
-    rows = buf.view(p, h)
+    rows = _exchange(transport, mine, what)
     compared = len(call) * FIELD_BYTES  # the fields differences() names
     differ = (rows[:, :compared] != mine[:compared]).any().to(torch.uint8)
     # Both answers in one host read: on a GPU each read waits for the device.
-    differs, worst = torch.stack([differ, rows[:, STATUS * FIELD_BYTES].max()]).tolist()
+    differs, worst = torch.stack([differ, rows[:, _MARK].max()]).tolist()
+    if worst == REFUSED:  # decode only to explain
+        raise RefusedError(f"rank {transport.rank}: no rank runs {what}: "
+                           f"{_refusals(rows)}")
     if differs:  # decode only to explain
         headers = [decode(row) for row in rows.cpu()]
         raise MismatchError(f"rank {transport.rank}: ranks made different collective calls: "
                             f"{' | '.join(differences(call, headers))} (every rank must make "
                             "the same collective calls in the same order)")
     return worst - ord("0")
+
+
+def refuse(transport: Transport, reason: str) -> None:
+    """This rank's side of the header exchange of a call it refused before making it (an
+    argument wrong here): its header carries ``reason``, so that every other rank raises
+    :class:`RefusedError` at once, naming this rank and ``reason``, instead of waiting on it
+    until the timeout. The caller raises its own error then; no data moves on any rank.
+
+    Nothing is exchanged at P = 1, or with ``transport.check_calls`` off: then the other ranks
+    wait on this one until the timeout (:class:`~gradwire.errors.PeerError`).
+    """
+    if transport.world_size > 1 and transport.check_calls:
+        _exchange(transport, _refusal(reason).to(transport.device), "a refused call")
+
+
+def _exchange(transport: Transport, mine: torch.Tensor, what: str) -> torch.Tensor:
+    """Every rank's header, ``mine`` among them: one row per rank (see the module's notes)."""
+    p, h = transport.world_size, mine.numel()
+    collective, algo, count, params = header_spec(p)
+    s = registry.schedule(collective, algo, p, count, **params)
+    buf = torch.zeros(p * h, dtype=torch.uint8, device=mine.device)
+    buf[transport.rank * h : (transport.rank + 1) * h] = mine
+    try:
+        with transport.control():
+            execute(s, buf, transport)
+    except PeerError as e:
+        raise e.within(f"the header exchange before {what}") from None
+    return buf.view(p, h)

@@ -10,7 +10,9 @@ Every call accepts ``transport=`` (a :class:`~gradwire.transport.Transport`) to 
 counters afterwards, and ``async_op=True`` (the collective then runs on a helper thread and the
 returned handle's ``wait()`` joins it). As in c10d, a group's calls run in the order they were
 issued, async or not, roots (``src``, ``dst``) are global ranks, and a rank outside ``group``
-does nothing.
+does nothing. A call whose arguments one rank refuses (a dtype, a size, an op) fails on every
+rank at once: the others raise :class:`~gradwire.collectives.agree.RefusedError` naming that
+rank and why (:func:`refused_together`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 from gradwire.check import is_int
-from gradwire.collectives.agree import agree
+from gradwire.collectives.agree import agree, refuse
 from gradwire.collectives.executor import execute
 from gradwire.collectives.pool import BufferPool
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import registry
 from gradwire.transport import Transport, is_default_group, resolve
 
@@ -114,6 +116,23 @@ def in_turn(group: dist.ProcessGroup | None) -> Iterator[None]:
     turns = _turns(group)
     with turns.turn(turns.take()):
         yield
+
+
+@contextlib.contextmanager
+def refused_together(t: Transport) -> Iterator[None]:
+    """Check a call's arguments in the block. One refused here raises on this rank after the
+    call's header exchange, in the call's turn, has shown the reason to the other ranks: they
+    raise at once naming this rank (:func:`~gradwire.collectives.agree.refuse`) instead of
+    waiting on it until the timeout."""
+    try:
+        yield
+    except Exception as e:
+        reason = str(e) if isinstance(e, GradwireError) else f"{type(e).__name__}: {e}"
+        turns = _turns(t.group)
+        # a peer lost meanwhile is not news: this rank's own error says what it did wrong
+        with contextlib.suppress(PeerError), turns.turn(turns.take()):
+            refuse(t, reason)
+        raise
 
 
 def _outside(group: object) -> bool:
@@ -229,19 +248,19 @@ def run_params(given: dict, recorded: dict, itemsize: int) -> dict:
     return {**out, **recorded}
 
 
-def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
-         group: dist.ProcessGroup | None, transport: Transport | None, async_op: bool,
-         after: Callable[[torch.Tensor], None] | None, params: dict,
-         whole: tuple[int, int] | None = None,
-         before: Callable[[], None] | None = None, op: str | None = None) -> Handle | None:
-    """Agree on the call, ``before()``, run the schedule on ``buf``, then ``after(buf)``: all
-    in the call's turn, so a call issued after an async one that writes its input reads it
-    written.
+def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Transport,
+          async_op: bool, after: Callable[[torch.Tensor], None] | None, params: dict,
+          whole: tuple[int, int] | None = None,
+          before: Callable[[], None] | None = None, op: str | None = None) -> Callable[[], None]:
+    """The call, checked: agree on it, ``before()``, run the schedule on ``buf``, then
+    ``after(buf)``; :func:`_issue` runs it in the call's turn, so a call issued after an async
+    one that writes its input reads it written.
 
     With ``whole`` = (start, stop), run out of place instead: ``buf`` is the input, left as it
     is (the executor's ``source``). The schedule runs on a work buffer lent by WORK_BUFFERS;
     its ``[start:stop]``, the part ``after`` reads, is made whole, then ``after(work)`` runs,
-    and the work buffer goes back to the pool however the call ends.
+    and the work buffer goes back to the pool if the call ends well (one that failed may have
+    left receives posted into it).
 
     ``op``: a reduction's op ("sum", "avg"), named in the header beside the parameters: ranks
     that reduce with different ops exchange the same messages, and would end with different
@@ -249,7 +268,7 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
     """
     if not isinstance(async_op, bool):
         raise GradwireError(f"async_op must be True or False, got {async_op!r}")
-    t = resolve(transport, group, collective)
+    t.check_device(buf)
     params = {"itemsize": buf.element_size(), **params}  # so a block chosen in bytes fits dtype
     s = registry.schedule(collective, algo, t.world_size, buf.numel(), root, **params)
     ran = run_params(params, s.params, buf.element_size())
@@ -274,7 +293,11 @@ def _run(collective: str, algo: str | None, buf: torch.Tensor, root: int,
             if after is not None:
                 after(work)
 
-    body = in_place if whole is None else functools.partial(out_of_place, *whole)
+    return in_place if whole is None else functools.partial(out_of_place, *whole)
+
+
+def _issue(t: Transport, body: Callable[[], None], async_op: bool) -> Handle | None:
+    """Run ``body`` in its turn among ``t``'s group's calls: now, or on a helper thread."""
     turns = _turns(t.group)
     ticket = turns.take()
 
@@ -302,11 +325,13 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
     """Every rank ends with the sum (or average) of ``tensor`` over ranks, in place."""
     if _outside(group):
         return None
-    buf = _flat(tensor, "tensor")
-    how = _op(op, buf)
     t = resolve(transport, group, "all_reduce")
-    after = (lambda b: b.div_(t.world_size)) if how == "avg" else None
-    return _run("allreduce", algo, buf, 0, group, t, async_op, after, params, op=how)
+    with refused_together(t):
+        buf = _flat(tensor, "tensor")
+        how = _op(op, buf)
+        after = (lambda b: b.div_(t.world_size)) if how == "avg" else None
+        body = _body("allreduce", algo, buf, 0, t, async_op, after, params, op=how)
+    return _issue(t, body, async_op)
 
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
@@ -316,12 +341,14 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
     """Rank ``dst`` ends with the sum (or average); other ranks' buffers are scratch."""
     if _outside(group):
         return None
-    buf = _flat(tensor, "tensor")
-    how = _op(op, buf)
     t = resolve(transport, group, "reduce")
-    dst = _root(t, dst, "dst")  # type: ignore[assignment]
-    after = (lambda b: b.div_(t.world_size)) if how == "avg" and t.rank == dst else None
-    return _run("reduce", algo, buf, dst, group, t, async_op, after, params, op=how)
+    with refused_together(t):
+        buf = _flat(tensor, "tensor")
+        how = _op(op, buf)
+        dst = _root(t, dst, "dst")  # type: ignore[assignment]
+        after = (lambda b: b.div_(t.world_size)) if how == "avg" and t.rank == dst else None
+        body = _body("reduce", algo, buf, dst, t, async_op, after, params, op=how)
+    return _issue(t, body, async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None,
@@ -330,10 +357,12 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | Non
     """Every rank ends with rank ``src``'s ``tensor``."""
     if _outside(group):
         return None
-    buf = _flat(tensor, "tensor", moved_only=True)
     t = resolve(transport, group, "broadcast")
-    return _run("broadcast", algo, buf, _root(t, src, "src"), group, t,  # type: ignore[arg-type]
-                async_op, None, params)
+    with refused_together(t):
+        buf = _flat(tensor, "tensor", moved_only=True)
+        body = _body("broadcast", algo, buf, _root(t, src, "src"), t,  # type: ignore[arg-type]
+                     async_op, None, params)
+    return _issue(t, body, async_op)
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
@@ -343,15 +372,17 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
     """``output`` (P × input elements) ends with every rank's ``input``, in rank order."""
     if _outside(group):
         return None
-    out, inp = _flat(output, "output", True), _flat(input, "input", True)
     t = resolve(transport, group, "all_gather_into_tensor")
-    if out.numel() != t.world_size * inp.numel() or out.dtype != inp.dtype:
-        raise GradwireError(f"output must have world_size × input = {t.world_size} × "
-                            f"{inp.numel()} elements of {inp.dtype}, got {out.numel()} of "
-                            f"{out.dtype}")
-    mine = out[t.rank * inp.numel() : (t.rank + 1) * inp.numel()]
-    return _run("allgather", algo, out, 0, group, t, async_op, None, params,
-                before=lambda: mine.copy_(inp))
+    with refused_together(t):
+        out, inp = _flat(output, "output", True), _flat(input, "input", True)
+        if out.numel() != t.world_size * inp.numel() or out.dtype != inp.dtype:
+            raise GradwireError(f"output must have world_size × input = {t.world_size} × "
+                                f"{inp.numel()} elements of {inp.dtype}, got {out.numel()} of "
+                                f"{out.dtype}")
+        mine = out[t.rank * inp.numel() : (t.rank + 1) * inp.numel()]
+        body = _body("allgather", algo, out, 0, t, async_op, None, params,
+                     before=lambda: mine.copy_(inp))
+    return _issue(t, body, async_op)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object = "sum",
@@ -363,19 +394,21 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
     that WORK_BUFFERS lends for the call."""
     if _outside(group):
         return None
-    out, inp = _flat(output, "output"), _flat(input, "input")
-    how = _op(op, inp)
     t = resolve(transport, group, "reduce_scatter_tensor")
-    if inp.numel() != t.world_size * out.numel() or out.dtype != inp.dtype:
-        raise GradwireError(f"input must have world_size × output = {t.world_size} × "
-                            f"{out.numel()} elements of {out.dtype}, got {inp.numel()} of "
-                            f"{inp.dtype}")
-    n = out.numel()
+    with refused_together(t):
+        out, inp = _flat(output, "output"), _flat(input, "input")
+        how = _op(op, inp)
+        if inp.numel() != t.world_size * out.numel() or out.dtype != inp.dtype:
+            raise GradwireError(f"input must have world_size × output = {t.world_size} × "
+                                f"{out.numel()} elements of {out.dtype}, got {inp.numel()} of "
+                                f"{inp.dtype}")
+        n = out.numel()
 
-    def after(work: torch.Tensor) -> None:
-        out.copy_(work[t.rank * n : (t.rank + 1) * n])
-        if how == "avg":
-            out.div_(t.world_size)
+        def after(work: torch.Tensor) -> None:
+            out.copy_(work[t.rank * n : (t.rank + 1) * n])
+            if how == "avg":
+                out.div_(t.world_size)
 
-    return _run("reducescatter", algo, inp, 0, group, t, async_op, after, params,
-                whole=(t.rank * n, (t.rank + 1) * n), op=how)
+        body = _body("reducescatter", algo, inp, 0, t, async_op, after, params,
+                     whole=(t.rank * n, (t.rank + 1) * n), op=how)
+    return _issue(t, body, async_op)

@@ -72,6 +72,9 @@ LOOKAHEAD_MIN_BYTES = 4 * 2**20
 # touch is a fault. A 64 MiB ring allreduce faulted 512-10 208 times per rank per call without
 # the pool, 0 with it, and took 0.41-0.45 s instead of 0.54-0.66 at P = 8 on loopback
 # (benchmarks/staging.py); on the 1 Gbit/s emulated cluster the gain is within the spread.
+# A run that fails drops the staging buffers of its pending receives instead: gloo keeps a
+# receive posted after its wait failed or timed out, and a peer's late send would land in
+# whatever a later receive had put there.
 STAGING_KEEP_BYTES = 256 * 2**20
 STAGING = BufferPool(STAGING_KEEP_BYTES)
 
@@ -251,23 +254,20 @@ class _Dataflow:
         self.cursor = 0  # program entries before this one have been issued
 
     def run(self) -> Unwritten | None:
-        """Issue the program in order, then wait for everything; the ranges never written."""
-        try:
-            self.post_receives(0)
-            for i, (step, kind, t) in enumerate(self.program):
-                self.cursor = i
-                if kind == "send":
-                    self.send(i, step, t)
-                else:
-                    self.post_receives(i + 1)
-            self.cursor = len(self.program)
-            self.apply_through(len(self.program))
-            for x in self.sending:
-                x[4].wait()
-        finally:
-            for _, _, _, tmp in self.pending:  # left only when the run raised
-                if tmp is not None:
-                    STAGING.give(tmp)
+        """Issue the program in order, then wait for everything; the ranges never written.
+        Raising, it leaves the staging buffers of its pending receives out of the pool (see
+        STAGING)."""
+        self.post_receives(0)
+        for i, (step, kind, t) in enumerate(self.program):
+            self.cursor = i
+            if kind == "send":
+                self.send(i, step, t)
+            else:
+                self.post_receives(i + 1)
+        self.cursor = len(self.program)
+        self.apply_through(len(self.program))
+        for x in self.sending:
+            x[4].wait()
         return self.fresh
 
     def send(self, i: int, step: int, t: Transfer) -> None:
@@ -335,7 +335,7 @@ class _Dataflow:
                 work = self.transport.irecv(tmp, t.src)
             except BaseException:
                 # refused at once (gloo, when the peer's connection is already closed): nothing
-                # was posted into ``tmp``, and ``run`` only gives back what is pending
+                # was posted into ``tmp``, so it may go back
                 STAGING.give(tmp)
                 raise
             self.pending.append((i, t, work, tmp))
@@ -374,7 +374,7 @@ class _Dataflow:
         pending = self.pending
         while pending and pending[0][0] <= last:
             _, t, work, tmp = pending[0]
-            work.wait()  # raising, it leaves the entry pending: ``run`` gives ``tmp`` back
+            work.wait()  # raising, the receive may still be posted: ``tmp`` is dropped
             if tmp is not None:
                 self.combine_staged(t, tmp)
             pending.popleft()
@@ -440,11 +440,9 @@ def _execute_steps(s: Schedule, buffer: torch.Tensor, transport: Transport,
             if not alone:
                 staged.append((t, into))
             posted.append(P2P("recv", into, t.src))
-        try:
-            wait_all(transport.batch(posted))
-            for t, tmp in staged:
-                _apply(s, ops, buffer[t.start : t.stop], t, tmp)
-        finally:
-            for _, tmp in staged:
-                STAGING.give(tmp)
+        # raising, the step's receives may still be posted: their staging is dropped (STAGING)
+        wait_all(transport.batch(posted))
+        for t, tmp in staged:
+            _apply(s, ops, buffer[t.start : t.stop], t, tmp)
+            STAGING.give(tmp)
     return Unwritten(0) if source is not None else None

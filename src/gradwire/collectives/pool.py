@@ -6,8 +6,12 @@ staging buffers; ``api.WORK_BUFFERS``, reduce-scatter's work buffers).
 Example::
 
     pool = BufferPool(keep=256 * 2**20)
-    with pool.lend(count, like=buffer) as tmp:   # back in the pool however the block ends
+    with pool.lend(count, like=buffer) as tmp:   # back in the pool if the block ends well
         ...
+
+A buffer that may still be the target of a posted receive is never given back: a peer's late
+send would land in whatever the next call keeps there. So a call that fails drops the buffers
+it was receiving into (a PeerError leaves the receive posted) instead of giving them back.
 """
 
 from __future__ import annotations
@@ -60,10 +64,9 @@ class BufferPool:
 
     @contextmanager
     def lend(self, count: int, like: torch.Tensor) -> Iterator[torch.Tensor]:
-        """``take`` for the ``with`` block; given back when it ends, raised or not."""
+        """``take`` for the ``with`` block; given back when it ends, dropped when it raises
+        (receives posted into it may still be pending: see the module's notes)."""
         tmp = self.take(count, like)
-        try:
-            yield tmp
-        finally:
-            self.give(tmp)
+        yield tmp
+        self.give(tmp)
 
