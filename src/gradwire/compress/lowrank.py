@@ -11,8 +11,12 @@ matrix (:func:`matrix_shape`, zero-padded). One step, per bucket:
    allreduce every P with the uncompressed tensors, in one allreduce.
 2. Orthogonalise each P (QR: a zero column comes out a unit vector, so M̂ below is still M's
    projection onto P's columns: no NaN, and error feedback keeps the rest).
-3. Q = Mᵀ·P; allreduce every Q, in a second allreduce.
-4. M̂ = P·Qᵀ.
+3. Q = Mᵀ·P / 2^t, P = P·2^t, with 2^t ≥ √rows; allreduce every Q, in a second allreduce.
+4. M̂ = P·Qᵀ, within the dtype's largest value (error feedback keeps what it clips).
+
+The power of two in step 3 keeps Q within max|M| (Mᵀ·P itself reaches max|M|·√rows, past
+fp32's largest value for gradients near it) and changes no bit of M̂: scaling by a power of two
+is exact, so every product in P·Qᵀ is the one it was unscaled.
 
 Both allreduces sum, so P and Q are associative: each rank ends with the approximation of the
 sum of the ranks' M. That needs a collective between steps 1 and 3, so :class:`PowerSGD`
@@ -70,13 +74,12 @@ def from_matrix(m: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor
 
 
 def _bounded(t: torch.Tensor, dtype: torch.dtype, inplace: bool = False) -> torch.Tensor:
-    """``t`` (fp32 or fp64) clamped to ± the largest value of ``dtype``, where that is smaller
-    than ``t``'s own (a 16-bit bucket): a rank-r approximation can overshoot max|x|, and the
-    cast would make inf of a finite gradient (as QSGD's top level, never past the largest
-    value; error feedback keeps the rest). NaN stays NaN. In place when ``inplace``."""
+    """``t`` (fp32 or fp64) clamped to ± the largest value of ``dtype``: a rank-r
+    approximation can overshoot max|x|, and the cast to a 16-bit bucket's dtype would make inf
+    of a finite gradient, or the product P·Qᵀ itself pass fp32's (as QSGD's top level, never
+    past the largest value; error feedback keeps the rest, finite wherever M̂ overshoots on
+    x's side). NaN stays NaN. In place when ``inplace``."""
     top = torch.finfo(dtype).max
-    if top >= torch.finfo(t.dtype).max:
-        return t
     return t.clamp_(-top, top) if inplace else t.clamp(-top, top)
 
 
@@ -141,7 +144,7 @@ class Batch:
         one when None)."""
         v = self.view(out) if out.dtype == p.dtype else None
         if v is not None:
-            torch.matmul(p, q.mT, out=v)
+            _bounded(torch.matmul(p, q.mT, out=v), out.dtype, inplace=True)
         else:
             self.scatter(_bounded(torch.matmul(p, q.mT, out=scratch), out.dtype, inplace=True),
                          out)
@@ -240,7 +243,7 @@ class PowerSGD:
         ps = PowerSGD(rank=4)
         m = to_matrix(x)
         p = ps.p(m, key=i);     dist.all_reduce(p)
-        q = ps.q(m, p, key=i);  dist.all_reduce(q)    # p is now orthonormal (in place)
+        q = ps.q(m, p, key=i);  dist.all_reduce(q)    # p is now orthogonal (in place)
         x_hat = from_matrix(ps.decompress(p, q, key=i), x.numel(), x.dtype) / world_size
     """
 
@@ -303,14 +306,17 @@ class PowerSGD:
         return m @ (q / top / 2.0**shift)
 
     def q(self, m: torch.Tensor, p: torch.Tensor, key: Hashable | None = None) -> torch.Tensor:
-        """Steps 2–3: orthogonalise ``p`` (the reduced P) in place, return Q = Mᵀ·P (cols×r).
-        Allreduce it. Q is also kept as the next warm start (until ``decompress`` replaces it
-        with the reduced Q)."""
+        """Steps 2–3: orthogonalise ``p`` (the reduced P) in place, its columns then of norm
+        2^t (the smallest with 2^t ≥ √rows), and return Q = Mᵀ·P / 2^(2t) (cols×r): P·Qᵀ is
+        M's projection onto P's columns, and Q stays within max|M|. Allreduce it. Q is also
+        kept as the next warm start (until ``decompress`` replaces it with the reduced Q)."""
+        shift = _half_log2(m.shape[-2])
         if p.shape[-1] > 0:
-            p.copy_(torch.linalg.qr(p).Q)
+            p.copy_(torch.linalg.qr(p).Q).div_(2.0**shift)  # exact: a power of two
         # (Pᵀ·M)ᵀ, not Mᵀ·P: the same product, but reading M row by row; on this CPU Mᵀ·P took
         # 100 ms for a 5060×5060 M at r = 4 against 20 ms (benchmarks/compress_speed.py).
         q = (p.mT @ m).mT.contiguous()
+        p.mul_(2.0 ** (2 * shift))
         self.memory[self._key(m, key)] = q
         return q
 
@@ -338,7 +344,7 @@ class PowerSGD:
 
 @dataclass(frozen=True, kw_only=True)
 class LowRankPayload(Payload):
-    p: torch.Tensor  # rows×r, orthonormal columns
+    p: torch.Tensor  # rows×r, orthogonal columns of norm 2^t (PowerSGD.q)
     q: torch.Tensor  # cols×r
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from gradwire.check import is_int
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
 from gradwire.schedules.ir import Schedule, Step, Table, blocks, chain
@@ -52,6 +53,43 @@ class CollectiveOptions:
     params: dict = field(default_factory=dict)  # the schedule's own (pipeline=, block=, ...)
     multicast: bool = False  # ring+multicast: the second ring is IP multicast
 
+    def __post_init__(self) -> None:
+        """The checks :mod:`gradwire.sim.mechanisms` makes of a mechanism's text, made of
+        options built in Python too: a one-line error here, not a TypeError in a run."""
+        if not is_int(self.bucket_bytes, 0):
+            raise GradwireError(f"bucket_bytes must be bytes >= 0 (an integer; 0: one bucket "
+                                f"per parameter), got {self.bucket_bytes!r}")
+        if not isinstance(self.multicast, bool):
+            raise GradwireError(f"multicast must be True or False, got {self.multicast!r}")
+        for name in ("compressor_params", "params"):
+            if not isinstance(getattr(self, name), dict):
+                raise GradwireError(f"{name} must be a dict of options, got "
+                                    f"{getattr(self, name)!r}")
+        if "itemsize" in self.params:  # bucket_spec would replace it, silently
+            raise GradwireError(f"option 'itemsize' is not taken: the simulator counts a "
+                                f"bucket in its own elements, got itemsize="
+                                f"{self.params['itemsize']!r}")
+        if self.multicast:
+            if self.algo != "ring" or self.compressor is not None:
+                raise GradwireError(f"multicast runs ring+multicast: algo 'ring' and no "
+                                    f"compressor, got algo={self.algo!r}, compressor="
+                                    f"{self.compressor!r}")
+            registry.schedule("reducescatter", "ring", 2, 2, **self.params)
+        elif self.compressor is None:
+            registry.schedule("allreduce", self.algo, 2, 2, **self.params)
+        else:
+            from gradwire.catalogue import METHODS
+
+            registry.get("allreduce", self.algo)  # raises naming the known ones
+            if not isinstance(self.compressor, str) or self.compressor not in METHODS:
+                raise GradwireError(f"unknown compressor {self.compressor!r}: expected an "
+                                    f"aggregation method, one of {', '.join(METHODS)}")
+            if self.params:  # a compressed bucket runs the method's calls, not these
+                raise GradwireError(f"params (the dense allreduce's) are not taken with "
+                                    f"compressor {self.compressor!r}: give its options in "
+                                    f"compressor_params, got params={self.params!r}")
+            METHODS[self.compressor].compressor_from(self.compressor_params)
+
 
 def buckets(trace: Trace, bucket_bytes: int) -> list[list[int]]:
     """Parameters in the order their gradients become ready, packed into buckets of at most
@@ -69,12 +107,29 @@ def buckets(trace: Trace, bucket_bytes: int) -> list[list[int]]:
     return out
 
 
+# Bytes per element → the float dtype a compressed bucket is priced in (torch's name).
+FLOAT_ITEMSIZES = {2: "float16", 4: "float32", 8: "float64"}
+
+
+def bucket_itemsize(trace: Trace, group: list[int]) -> int:
+    """Bytes per element of the bucket ``group``'s gradients: bytes / elements of its tensors'
+    shapes, where every one has a shape and all agree on a float's size (a DDP bucket holds
+    one dtype: 2 for an fp16 or bf16 trace); else 4 (the trace does not say: float32)."""
+    sizes = set()
+    for i in group:
+        shape = trace.params[i].shape
+        if shape is None:
+            return 4
+        sizes.add(trace.params[i].bytes // math.prod(shape))
+    return sizes.pop() if len(sizes) == 1 and sizes <= FLOAT_ITEMSIZES.keys() else 4
+
+
 def bucket_shapes(trace: Trace, group: list[int]) -> Shapes | None:
     """The shapes of the bucket ``group``'s tensors in its order, for the catalogue's plan:
-    None unless every one has a shape and 4 bytes per element (the simulator prices float32
-    buckets)."""
+    None unless every one has a shape and :func:`bucket_itemsize` bytes per element."""
+    item = bucket_itemsize(trace, group)
     shapes = [trace.params[i].shape for i in group]
-    if any(s is None or trace.params[i].bytes != 4 * math.prod(s)
+    if any(s is None or trace.params[i].bytes != item * math.prod(s)
            for i, s in zip(group, shapes, strict=True)):
         return None
     return tuple(shapes)  # type: ignore[arg-type]
@@ -88,14 +143,16 @@ def bucket_spec(nbytes: int, p: int, o: CollectiveOptions) -> tuple[str, str, in
     return "allreduce", o.algo, nbytes // item, {**o.params, "itemsize": item}
 
 
-def bucket_calls(nbytes: int, p: int, o: CollectiveOptions,
-                 shapes: Shapes | None = None) -> tuple[list, int]:
+def bucket_calls(nbytes: int, p: int, o: CollectiveOptions, shapes: Shapes | None = None,
+                 itemsize: int = 4) -> tuple[list, int]:
     """The collectives one bucket of ``nbytes`` runs, in order, and the unit the replay counts
     them in: the dense allreduce of ``o.algo``, or the catalogue's plan of method
-    ``o.compressor`` for a float32 bucket (its allreduces on ``o.algo``, as a hook with
-    ``algo=o.algo`` runs them) holding tensors of ``shapes`` (:func:`bucket_shapes`; None: one
-    flat tensor). The unit is the calls' element size, or 1 (bytes) where their element
-    sizes differ (int8's scale and levels): :func:`call_table` counts a call in it."""
+    ``o.compressor`` for a bucket of ``itemsize``-byte floats (:func:`bucket_itemsize`: the
+    plan's dtype, and ⌈nbytes / itemsize⌉ elements, so that a byte count no float divides
+    loses none) (its allreduces on ``o.algo``, as a hook with ``algo=o.algo`` runs them)
+    holding tensors of ``shapes`` (:func:`bucket_shapes`; None: one flat tensor). The unit is
+    the calls' element size, or 1 (bytes) where their element sizes differ (int8's scale and
+    levels): :func:`call_table` counts a call in it."""
     from gradwire.catalogue import CollectiveCall
 
     if o.compressor is None:
@@ -108,7 +165,12 @@ def bucket_calls(nbytes: int, p: int, o: CollectiveOptions,
 
     m = catalogue.get(o.compressor)
     compressor, density = m.compressor_from(o.compressor_params)
-    plan = m.plan(max(nbytes // 4, 1), p, torch.float32, compressor, density, o.algo, shapes)
+    if itemsize not in FLOAT_ITEMSIZES:
+        raise GradwireError(f"bucket itemsize must be one of {sorted(FLOAT_ITEMSIZES)} "
+                            f"(bytes of a float), got {itemsize!r}")
+    numel = max(-(-nbytes // itemsize), 1)
+    dtype = getattr(torch, FLOAT_ITEMSIZES[itemsize])
+    plan = m.plan(numel, p, dtype, compressor, density, o.algo, shapes)
     items = {c.itemsize for c in plan.calls}
     return plan.calls, items.pop() if len(items) == 1 else 1
 
@@ -205,8 +267,8 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     """Run ``c.iterations`` iterations of host-based aggregation ``o`` on ``c.workers`` hosts."""
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
-    specs = [bucket_calls(sum(trace.params[i].bytes for i in g), p, o, bucket_shapes(trace, g))
-             for g in groups]
+    specs = [bucket_calls(sum(trace.params[i].bytes for i in g), p, o, bucket_shapes(trace, g),
+                          bucket_itemsize(trace, g)) for g in groups]
     items = [item for _, item in specs]
     pick = choices(c, len(trace.iterations))
     net = Network.uniform(p, c.bytes_per_s, c.latency)

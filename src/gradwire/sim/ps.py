@@ -47,6 +47,12 @@ class PSOptions:
     sharding: str = "tensor"
 
     def __post_init__(self) -> None:
+        # The mechanism's text is checked in gradwire.sim.mechanisms (barrier=on|off); options
+        # built in Python are checked here: a truthy "off" would run with the barrier on.
+        for name in ("multicast", "ina", "barrier"):
+            if not isinstance(getattr(self, name), bool):
+                raise GradwireError(f"{name} must be True or False, got "
+                                    f"{getattr(self, name)!r}")
         if self.order not in ORDERS:
             raise GradwireError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.sharding not in SHARDINGS:

@@ -64,10 +64,12 @@ class SparseResult:
     numel: int
     world_size: int
     schedule: Schedule
-    # topk: the sums at ``entries.indices`` in acc_dtype, before their cast to the values'
-    # dtype, so that average() divides an fp16 sum that overflows before casting it (as
-    # sparse_allreduce does): two ranks' 60 000 average to 60 000, not inf
+    # topk, and gtopk in fp16 or bf16: the sums at ``entries.indices`` in acc_dtype, divided
+    # by ``scale`` (gtopk's wire_scale), before their cast to the values' dtype, so that
+    # average() divides an fp16 sum that overflows before casting it (as sparse_allreduce
+    # does): two ranks' 60 000 average to 60 000, not inf
     sums: torch.Tensor | None = None
+    scale: int = 1
 
     @property
     def indices(self) -> torch.Tensor:
@@ -80,7 +82,8 @@ class SparseResult:
     def average(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """Dense total / P, element for element (in ``out`` if given)."""
         if self.sums is not None:
-            mean = merging.mean(self.sums, self.entries.values.dtype, self.world_size)
+            mean = merging.mean(self.sums, self.entries.values.dtype, self.world_size,
+                                self.scale)
             return self._dense(mean, out)
         return self._dense(self.entries.values / self.world_size, out)
 
@@ -167,6 +170,9 @@ def estimate(method: str, world_size: int, numel: int, k: int, params: CostParam
     at most (2⌈lg P⌉−1)α + 2(P−1)kβ_e; gtopk on the tree 2⌈lg P⌉α + 4k⌈lg P⌉β_e (Table I of
     the gTop-k paper), on the butterfly (the default, P a power of two) lg P·α + 2k·lg P·β_e;
     each list also carries its status byte."""
+    if not isinstance(params, CostParams):  # cost() would fail on it with an AttributeError
+        raise GradwireError(f"sparse estimate: params must be a CostParams (α s, β s/byte), "
+                            f"e.g. CostParams.for_link(10e9), got {params!r}")
     return cost(schedule(method, world_size, numel, k, dtype, algo), params, itemsize=1)
 
 
@@ -232,9 +238,20 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     mass in one residual, which trains worse (docs/compression.md). The drops reach the
     residual when the result is taken (``finish``, ``average``): not at all when a rank's
     status sends the call dense instead. The status bytes merge by max.
+
+    fp16 and bf16 values travel divided by :func:`~gradwire.sparse.topk.wire_scale` (2^⌈lg P⌉),
+    so that no merge overflows where the average fits; the result and the residuals get them
+    back multiplied (fp32 and fp64 travel as they are).
     """
     dtype, k = e.values.dtype, min(k, numel)
     e = merging.in_index_order(e)
+    scale = merging.wire_scale(dtype, world_size)
+    owed: Entries | None = None  # what scaling rounded away (fp16 subnormals): this rank's
+    if scale > 1:
+        sent = e.values / scale
+        # exact, both being on e's grid; 0 where e is ±inf (simulate sends it as it is)
+        owed = Entries((e.values - sent * scale).nan_to_num(0.0), e.indices)
+        e = Entries(sent, e.indices)
     s = schedule("gtopk", world_size, numel, k, dtype, algo)
     own_drops = s.algo != "tree"  # the tree: every merge is its maker's alone, drops too
     drops: list[Entries] = []
@@ -268,13 +285,20 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
                                                     device=e.values.device)])
     buf[end] = status
 
+    def unscaled(v: torch.Tensor) -> torch.Tensor:
+        return v if scale == 1 else v * scale
+
     def keep_drops() -> None:
-        nonlocal own
+        nonlocal own, owed
         for d in drops:
-            wire.add_into(residual, d)
+            wire.add_into(residual, Entries(unscaled(d.values), d.indices))
         drops.clear()
+        if owed is not None:
+            wire.add_into(residual, owed)
+            owed = None
         if own is not None and at is not None:  # its entries some merge dropped
-            wire.add_into(residual, Entries(torch.where(at >= 0, -0.0, own.values), own.indices))
+            wire.add_into(residual, Entries(torch.where(at >= 0, -0.0, unscaled(own.values)),
+                                            own.indices))
         own = None
 
     def average(out: torch.Tensor) -> torch.Tensor:
@@ -282,16 +306,20 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
             return finish().average(out)
         keep_drops()
         return merging.average_into([unpack(buf[:end], k, numel, dtype)], numel, world_size,
-                                    out, summed=True)
+                                    out, summed=True, scale=scale)
 
     def finish() -> SparseResult:
         keep_drops()
         got = _real(unpack(buf[:end], k, numel, dtype))
         i = got.indices
-        if i.numel() < 2 or bool((i[1:] > i[:-1]).all()):  # a merge's output: ascending
+        if i.numel() > 1 and not bool((i[1:] > i[:-1]).all()):  # a merge's output: ascending
+            order = i.argsort()  # P = 1: this rank's own selection, in the caller's order
+            got = Entries(got.values[order], i[order])
+        if scale == 1:
             return SparseResult(got, numel, world_size, s)
-        order = i.argsort()  # P = 1: this rank's own selection, in the caller's order
-        return SparseResult(Entries(got.values[order], i[order]), numel, world_size, s)
+        sums = got.values.to(acc_dtype(dtype))
+        return SparseResult(Entries((sums * scale).to(dtype), got.indices), numel, world_size,
+                            s, sums, scale)
 
     return Plan(s, buf, {GTOPK_OP: merge}, finish, average, lambda: buf[end])
 

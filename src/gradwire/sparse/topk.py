@@ -169,20 +169,41 @@ def _put(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None
                    torch.where(real, values, torch.where(has, anchor, 0)))
 
 
-def mean(sums: torch.Tensor, dtype: torch.dtype, world_size: int) -> torch.Tensor:
-    """``sums`` (:func:`gradwire.dtypes.acc_dtype`) / ``world_size`` in ``dtype``: the sum
-    cast to ``dtype``, then divided, except where that cast overflows a finite sum (two fp16
-    ranks sending 60 000): there the division comes first, as a dense allreduce's does, so a
-    mean that ``dtype`` holds is not turned into inf. No host sync."""
-    if sums.dtype == dtype:  # fp32, fp64: no cast, nothing to overflow
+def mean(sums: torch.Tensor, dtype: torch.dtype, world_size: int,
+         scale: int = 1) -> torch.Tensor:
+    """``sums`` (:func:`gradwire.dtypes.acc_dtype`) · ``scale`` / ``world_size`` in ``dtype``:
+    the sum cast to ``dtype``, then divided, except where that cast overflows a finite sum
+    (two fp16 ranks sending 60 000): there the division comes first, as a dense allreduce's
+    does, so a mean that ``dtype`` holds is not turned into inf. ``scale``: gTop-k's
+    :func:`wire_scale`, by which its sums travel divided (bf16's sum · scale may pass fp32's
+    largest value too; ``sums`` · (scale / world_size) does not). No host sync."""
+    if sums.dtype == dtype and scale == 1:  # fp32, fp64: no cast, nothing to overflow
         return sums / world_size
-    cast = sums.to(dtype)
-    return torch.where(cast.isinf() & sums.isfinite(), (sums / world_size).to(dtype),
-                       cast / world_size)
+    wide = sums if scale == 1 else sums * scale
+    cast = wide.to(dtype)
+    first = wide / world_size
+    if scale != 1:
+        first = torch.where(wide.isinf(), sums * (scale / world_size), first)
+    return torch.where(cast.isinf() & sums.isfinite(), first.to(dtype), cast / world_size)
+
+
+def wire_scale(dtype: torch.dtype, world_size: int) -> int:
+    """What gTop-k divides every rank's values by before they go on the wire: 2^⌈lg P⌉ for
+    fp16 and bf16, 1 otherwise (fp32 and fp64 sum in their own dtype, as Top-k's do).
+
+    A merge adds in the wire's dtype, so unscaled an fp16 partial sum of in-range values
+    overflows (four ranks' 30 000 reach 120 000) where their average does not; scaled, no
+    partial sum of m ≤ P ranks' values exceeds the largest of them (PyTorch's fp16 hook
+    divides by P before its allreduce for the same reason). A power of two keeps every add's
+    rounding that of the unscaled sum, and the scaling exact above fp16's smallest normal
+    (2⁻¹⁴·2^⌈lg P⌉); below, what it rounds away goes back to the sender's residual."""
+    if world_size < 2 or acc_dtype(dtype) == dtype:
+        return 1
+    return 1 << (world_size - 1).bit_length()
 
 
 def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: torch.Tensor,
-                 *, summed: bool = False) -> torch.Tensor:
+                 *, summed: bool = False, scale: int = 1) -> torch.Tensor:
     """The dense average of what the ranks sent, in ``out`` (overwritten; returned), with no
     host sync: bit for bit the host's ``finish()`` then ``SparseResult.average(out)`` of
     :mod:`gradwire.sparse.allreduce`.
@@ -191,9 +212,11 @@ def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: tor
     a list). At every index any rank sent: (Σ over ranks, rank by rank, in
     :func:`gradwire.dtypes.acc_dtype`, then cast to the lists' dtype) / ``world_size``
     (:func:`mean`); 0 elsewhere. ``summed=True``: ``lists`` is gTopKAllReduce's one list,
-    already the sum: values / ``world_size`` at its indices (no round trip through the sum's
-    dtype, which would turn −0.0 into +0.0). ``out``: 1-D, ``numel`` elements of the lists'
-    dtype; it may share memory with the lists' values, which are read before it is zeroed.
+    already the sum, divided by ``scale`` (:func:`wire_scale`): values / ``world_size`` at its
+    indices (no round trip through the sum's dtype, which would turn −0.0 into +0.0), or with
+    a ``scale``, :func:`mean` of the values in acc_dtype. ``out``: 1-D, ``numel`` elements of
+    the lists' dtype; it may share memory with the lists' values, which are read before it is
+    zeroed.
 
     The union comes from one sort of the P·k indices (no torch.unique, whose size depends on
     the data); the sums live in P·k slots, not in a dense scratch: O(P·k log P·k) on the
@@ -208,8 +231,10 @@ def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: tor
     if summed:
         if len(lists) != 1:
             raise GradwireError(f"average_into: summed=True takes one list, got {len(lists)}")
-        scaled = lists[0].values / world_size
-        _put(out.zero_(), lists[0].indices, scaled)
+        values = lists[0].values
+        average = (values / world_size if scale == 1 else
+                   mean(values.to(acc_dtype(dtype)), dtype, world_size, scale))
+        _put(out.zero_(), lists[0].indices, average)
         return out
     idx = torch.cat([e.indices for e in lists])
     ordered, order = torch.sort(torch.where(idx >= 0, idx, _LAST))
