@@ -83,8 +83,8 @@ def _progress(text: str) -> tuple[int, int] | None:
     words = text.split()
     if len(words) != 3 or words[0] != PROGRESS:
         return None
-    if not (words[1].isascii() and words[1].isdigit() and words[2].isascii()
-            and words[2].isdigit()):
+    # at most 18 digits: int() refuses more than 4300, and that ValueError stopped the run
+    if not all(w.isascii() and w.isdigit() and len(w) <= 18 for w in words[1:]):
         return None
     return int(words[1]), int(words[2])
 

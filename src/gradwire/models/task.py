@@ -60,8 +60,9 @@ def evaluate(model: nn.Module, split: Split, batch: int = 256) -> tuple[float, f
 
 
 def perplexity(loss: float) -> float:
-    """exp(loss) for a loss in nats per symbol; inf where it would overflow."""
-    return math.exp(loss) if loss < 700 else math.inf
+    """exp(loss) for a loss in nats per symbol; inf where it would overflow (a NaN loss, a
+    diverged run's, stays NaN: it was inf, as if the loss had only been large)."""
+    return math.inf if loss >= 700 else math.exp(loss)
 
 
 def optimizer(params: Iterable[nn.Parameter], lr: float, momentum: float) -> torch.optim.SGD:

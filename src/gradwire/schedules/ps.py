@@ -33,6 +33,7 @@ from itertools import accumulate
 from gradwire.check import is_int
 from gradwire.errors import GradwireError
 from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build
+from gradwire.schedules.lp import MAX_BLOCKS
 
 SHARDINGS = ("even", "roundrobin")
 
@@ -47,6 +48,11 @@ def shards(count: int, servers: int, sharding: str = "even",
             raise GradwireError("tensor_sizes is used only with sharding='roundrobin'")
         return [(s, start, size) for s, (start, size) in enumerate(blocks(count, servers))]
     sizes = list(tensor_sizes or ())
+    if len(sizes) > MAX_BLOCKS:
+        # each tensor is a message from every worker and back to every worker: 10**6 of them
+        # at P = 4 took 6.5 s to build as 6 M transfers (lp.py bounds its blocks alike)
+        raise GradwireError(f"tensor_sizes names {len(sizes)} tensors, a message each from and "
+                            f"to every worker: at most {MAX_BLOCKS}")
     if not all(is_int(n, 0) for n in sizes) or sum(sizes) != count:
         raise GradwireError(f"tensor_sizes must be element counts >= 0 that sum to the buffer's "
                             f"{count} elements, got {tensor_sizes!r}")

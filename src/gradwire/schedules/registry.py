@@ -116,8 +116,8 @@ def check_params(a: Algorithm, params: dict[str, object]) -> None:
     silently ignored), and so is a value of the wrong kind for the builder's annotation
     (``pipeline='abc'``, ``alpha=nan``): the builders check ranges (``pipeline >= 1``),
     this checks kinds, so that ``gradwire bench`` can refuse both before any rank starts.
-    ``itemsize``, which every builder is given, must be an integer >= 1 (the ring picks its
-    sub-chunks by bytes). ``op`` other than "sum" needs a builder that takes it
+    ``itemsize``, which every builder is given, must be an integer from 1 to 2**50 (the ring
+    picks its sub-chunks by bytes). ``op`` other than "sum" needs a builder that takes it
     (:func:`takes_op`): the others sum, which is no merge of gTop-k's packed bytes."""
     known = parameters(a)
     kinds = _kinds(a)
@@ -127,10 +127,12 @@ def check_params(a: Algorithm, params: dict[str, object]) -> None:
         raise GradwireError(f"{a.collective} {a.name} combines by sum only: op={op!r} needs "
                             f"an algorithm that takes op: "
                             f"{', '.join(takers) or f'no {a.collective} algorithm does'}")
-    if "itemsize" in params and not is_int(params["itemsize"], 1):
+    if "itemsize" in params and not is_int(params["itemsize"], 1, MAX_BYTES):
+        # at most a buffer's bytes: LP's b* takes count·itemsize as a float, which
+        # itemsize=10**400 was not (an OverflowError)
         raise GradwireError(f"{a.collective} {a.name}: parameter itemsize="
                             f"{params['itemsize']!r}: expected an integer >= 1 (bytes per "
-                            "element)")
+                            f"element) and at most {MAX_BYTES} (2**50)")
     for k, v in params.items():
         if k not in known and k not in COMMON:
             raise GradwireError(f"{a.collective} {a.name} has no parameter {k!r}"
@@ -176,12 +178,16 @@ def _is_kind(value: object, kind: tuple[type, bool]) -> bool:
 
 
 def _key(params: dict[str, object]) -> tuple[tuple[str, object], ...]:
-    """``params`` as a cache key: lists (a natural way to pass tensor sizes) become tuples;
-    anything else that cannot be hashed is a one-line error."""
+    """``params`` as a cache key: lists (a natural way to pass tensor sizes) become tuples,
+    and numpy's integers Python's (a builder's arithmetic on an np.int32 block or an np.uint8
+    itemsize wrapped or overflowed: block=np.int32(200000) of 10**9 elements was refused as
+    too many blocks); anything else that cannot be hashed is a one-line error."""
     out = []
     for k, v in sorted(params.items()):
-        if isinstance(v, list):
-            v = tuple(v)
+        if isinstance(v, (list, tuple)):
+            v = tuple(int(x) if is_int(x) else x for x in v)
+        elif is_int(v):
+            v = int(v)  # type: ignore[call-overload]
         try:
             hash(v)
         except TypeError:

@@ -55,7 +55,7 @@ def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> in
     A given ``pipeline`` that cuts more than :func:`max_pipeline` is refused."""
     elements = max(1, -(-count // max(p, 1)))
     if pipeline is None:
-        return max(1, min(MAX_PIPELINE, elements * itemsize // SUBCHUNK_BYTES))
+        return max(1, min(MAX_PIPELINE, elements, elements * itemsize // SUBCHUNK_BYTES))
     if not is_int(pipeline, 1):
         raise GradwireError(f"pipeline must be an int >= 1 (sub-chunks per chunk), "
                             f"got {pipeline!r}")
