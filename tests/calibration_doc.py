@@ -20,10 +20,16 @@ def codecs(methods: tuple[str, ...], numel: int = 1000, encode_s: float = 1e-5,
 
 
 def doc(**fields: object) -> dict:
-    """2 emulated hosts on 2 cores, 1 Gbit/s links; ``fields`` replace the defaults."""
+    """2 emulated hosts on 2 cores, 1 Gbit/s links; ``fields`` replace the defaults. A
+    ``world`` or ``ranks_per_node`` given without ``nodes`` (or ``beta_between``) sets them
+    as calibrate does."""
+    if "world" in fields or "ranks_per_node" in fields:
+        per = fields.get("ranks_per_node", 1)
+        nodes = fields.setdefault("nodes", -(-fields.get("world", 2) // per))  # type: ignore
+        fields.setdefault("beta_between", "nodes" if nodes > 1 else "ranks of one node")
     return {
         "format": 2, "alpha_s": 2.5e-4, "alpha_call_s": 5e-4, "beta_s_per_byte": 8.4e-9,
-        "beta_between": "ranks of one node", "beta_intra_s_per_byte": None,
+        "beta_between": "nodes", "beta_intra_s_per_byte": None,
         "gamma_s_per_byte": 1.3e-10, "overlap_slowdown": 1.1,
         "overlap": {"model": "mlp", "backward_s": 0.05, "with_comm_s": 0.055,
                     "comm_bytes": 10**8},
@@ -31,7 +37,7 @@ def doc(**fields: object) -> dict:
         "coding": {"method": "topk", "numel": 1000, "backward_s": 0.05, "encode_s": 0.01,
                    "together_s": 0.059},
         "codecs": codecs(("dense", "topk", "gtopk", "fp16", "powersgd")), "cpu": cpu(),
-        "world": 2, "ranks_per_node": 1, "nodes": 1, "backend": "gloo", "device": "cpu",
+        "world": 2, "ranks_per_node": 1, "nodes": 2, "backend": "gloo", "device": "cpu",
         "model": "toy", "gradwire": "0.1.0", "commit": "abc", "machine": "test",
         "command": "test", "date": "2026-11-28", "network": "emulated 2 hosts",
         "bandwidth": "1gbit", "burst_bytes": 5e5, **fields}

@@ -249,7 +249,7 @@ def test_half_precision_reductions_cost_their_extra_time_per_byte_a_rank_reduces
     """A ring of P ranks reduces (P − 1)/P of the buffer on each; a dtype that takes longer
     than fp32 on the same bytes pays the difference there, one that takes less pays γ."""
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({**_good(), "world": 4, "reduce": {
+    path.write_text(json.dumps({**_good(), "world": 4, "nodes": 4, "reduce": {
         "nbytes": 2**20, "float32_s": 1e-3, "float16_s": 4e-3, "bfloat16_s": 0.5e-3}}))
     cal = calibration.load(path)
     assert cal.gamma_dtype() == pytest.approx({"float16": 1e-10 + 3e-3 / (0.75 * 2**20),

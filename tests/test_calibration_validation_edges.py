@@ -56,7 +56,7 @@ def _one_line_error(fn, *match: str) -> str:
     ({"compute_slowdown": 1e308}, "compute_slowdown", "<= 1e+06"),
     ({"cpu": calibration_doc.cpu(cpu_slowdown=1e308)}, "cpu.cpu_slowdown", "<= 1e+06"),
     ({"alpha_s": 2.0}, "alpha_s", "<= 1"),
-    ({"alpha_call_s": 2.0}, "alpha_call_s", "<= 1"),
+    ({"alpha_call_s": 3.0}, "alpha_call_s", "<= 2"),  # a call of 2 ranks is 2 steps
     ({"alpha_transport_s": 2.0}, "alpha_transport_s", "<= 1"),
     ({"gamma_s_per_byte": 1e-3}, "gamma_s_per_byte", "<= 1e-06"),
 ])

@@ -57,6 +57,10 @@ def test_catalogue_model_and_simulator_move_the_same_bytes(name, world):
         ours = plan.bytes_sent(world)
         agg = Aggregation(name, density=DENSITY, rank=RANK)
         assert bytes_sent(agg, numel, world).tolist() == ours.tolist(), (name, numel)
+        # a bucket of real tensors: PowerSGD sends a factor pair per matrix, not one
+        shaped = _plan(name, numel, world, "ring", _shapes(numel)).bytes_sent(world)
+        assert bytes_sent(agg, numel, world, shapes=_shapes(numel)).tolist() == \
+            shaped.tolist(), (name, numel)
         assert _simulated(name, numel, world) == int(ours.sum()), (name, numel)
         # the hooks' default (torch.distributed's collectives) is priced on the same calls
         default = _plan(name, numel, world, None)

@@ -67,6 +67,39 @@ def test_a_calibration_s_unknown_nested_field_is_one_line(change, field):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    ({"nodes": 1}, r"field 'nodes' is 1, but 2 ranks at 1 a node are 2 nodes"),
+    ({"world": 8, "ranks_per_node": 3, "nodes": 2}, r"field 'nodes' is 2, but 8 ranks at 3 a node "
+                                                    r"are 3 nodes"),
+    ({"ranks_per_node": 4, "nodes": 1}, r"field 'ranks_per_node' is 4, more than the 2 ranks "
+                                          r"of 'world'"),
+    ({"beta_between": "ranks of one node"}, r"field 'beta_between' is 'ranks of one node', but "
+                                            r"with 2 node\(s\) calibrate measures β between "
+                                            r"nodes"),
+])
+def test_a_calibration_s_world_nodes_and_link_must_agree(change, message):
+    """world, ranks_per_node, nodes and beta_between were each read alone: a hand-edited file
+    could say 8 ranks on 2 nodes of 3, or β between nodes on one node."""
+    with pytest.raises(GradwireError, match=f"^cal.json: {message}$"):
+        calibration.parse(calibration_doc.doc(**change), "cal.json")
+    one_node = calibration_doc.doc(world=4, ranks_per_node=4, nodes=1,
+                                   beta_between="ranks of one node")
+    assert calibration.parse(one_node, "cal.json").nodes == 1
+    assert calibration.parse(calibration_doc.doc(world=8, ranks_per_node=3, nodes=3),
+                             "cal.json").nodes == 3
+
+
+def test_a_call_s_alpha_may_be_its_ring_s_steps_at_the_largest_alpha():
+    """alpha_call_s is α's time for the 2(P−1) steps of one call; it was held to α's own bound
+    of 1 s, so a calibration of thousands of ranks at a slow α was refused."""
+    world = 4000
+    doc = calibration_doc.doc(world=world, nodes=world, alpha_s=0.5,
+                              alpha_call_s=0.5 * 2 * (world - 1))
+    assert calibration.parse(doc, "cal.json").alpha_call_s == 3999.0
+    with pytest.raises(GradwireError, match="alpha_call_s"):
+        calibration.parse({**doc, "alpha_call_s": 2 * (world - 1) + 1.0}, "cal.json")
+
+
 def test_a_calibration_without_its_cpu_field_is_refused():
     """``cpu`` is null on CUDA; a file that lacks it was read as if it were, and predictions
     lost the shared cores' bound."""

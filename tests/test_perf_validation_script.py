@@ -45,7 +45,7 @@ def result(tmp_path: Path | None = None) -> dict:
     """A validation result at 1 Gbit/s, P = 2 and 4, on a 2-core machine."""
     clusters, rows = [], []
     for p in (2, 4):
-        cal = CALIBRATION | {"world": p, "cpu": CALIBRATION["cpu"] | {
+        cal = CALIBRATION | {"world": p, "nodes": p, "cpu": CALIBRATION["cpu"] | {
             "cpu_ranks_per_machine": p}}
         clusters.append({"bandwidth": "1gbit", "workers": p, "calibration": cal})
         preds = pv.predict_configuration(PROFILE, cal, "1gbit", p, AGGS, 0.001, 4)

@@ -102,7 +102,7 @@ def test_a_given_gamma_moves_the_half_precision_gammas_with_it(tmp_path) -> None
     from gradwire.perf import calibration, scenario
 
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({**_good(), "world": 4, "reduce": {
+    path.write_text(json.dumps({**_good(), "world": 4, "nodes": 4, "reduce": {
         "nbytes": 2**20, "float32_s": 1e-3, "float16_s": 4e-3, "bfloat16_s": 0.5e-3}}))
     measured = calibration.load(path)
     extra = measured.gamma_dtype()["float16"] - measured.gamma_s_per_byte

@@ -252,9 +252,11 @@ def parse(doc: dict, where: str) -> Calibration:
         raise GradwireError(f"{where}: field 'format' must be {FORMAT}, got "
                             f"{doc['format']!r}: run `gradwire calibrate` again")
     r = _Reader(doc, where).only(("format", *_names(Calibration)))
-    return Calibration(
+    # a call is a ring's 2(P−1) steps of α each (P: the world, checked below where it is read)
+    steps = 2 * (doc["world"] - 1) if is_int(doc.get("world"), 2) else 1
+    cal = Calibration(
         alpha_s=r.seconds("alpha_s", above=True, high=most_alpha),
-        alpha_call_s=r.seconds("alpha_call_s", above=True, high=most_alpha),
+        alpha_call_s=r.seconds("alpha_call_s", above=True, high=most_alpha * steps),
         beta_s_per_byte=r.seconds("beta_s_per_byte", above=True),
         beta_between=r.choice("beta_between", BETWEEN),
         beta_intra_s_per_byte=r.seconds("beta_intra_s_per_byte", above=True, null=True),
@@ -285,6 +287,23 @@ def parse(doc: dict, where: str) -> Calibration:
         compute=None if doc.get("compute") is None else _compute(r.sub("compute")),
         reduce=None if doc.get("reduce") is None else _reduce(r.sub("reduce")),
     )
+    _check_layout(cal, where)
+    return cal
+
+
+def _check_layout(cal: Calibration, where: str) -> None:
+    """World, nodes and the link β was measured over agree, as calibrate writes them."""
+    w, per, n = cal.world, cal.ranks_per_node, cal.nodes
+    if per > w:
+        raise GradwireError(f"{where}: field 'ranks_per_node' is {per}, more than the "
+                            f"{w} ranks of 'world'")
+    if n != -(-w // per):
+        raise GradwireError(f"{where}: field 'nodes' is {n}, but {w} ranks at {per} a node "
+                            f"are {-(-w // per)} nodes")
+    between = BETWEEN[0] if n > 1 else BETWEEN[1]
+    if cal.beta_between != between:
+        raise GradwireError(f"{where}: field 'beta_between' is {cal.beta_between!r}, but with "
+                            f"{n} node(s) calibrate measures β between {between}")
 
 
 def _cpu_terms(r: _Reader, doc: dict) -> CpuTerms | None:

@@ -379,11 +379,13 @@ def operations(agg: Aggregation, numel: int, world: int, dtype: str = "float32",
             plan.sent, [c.dtype for c in plan.calls], plan.dense)
 
 
-def bytes_sent(agg: Aggregation, numel: int, world: int, dtype: str = "float32") -> np.ndarray:
-    """Bytes each rank sends for one bucket in the collectives the model prices
-    (:func:`operations`), the call header's exchange not included."""
+def bytes_sent(agg: Aggregation, numel: int, world: int, dtype: str = "float32",
+               shapes: Shapes | None = None) -> np.ndarray:
+    """Bytes each rank sends for one bucket (tensors of ``shapes``, None: one flat tensor) in
+    the collectives the model prices (:func:`operations`), the call header's exchange not
+    included."""
     sent = np.zeros(world, dtype=np.int64)
-    for c, a, n, e, prm in operations(agg, numel, world, dtype)[0]:
+    for c, a, n, e, prm in operations(agg, numel, world, dtype, shapes)[0]:
         sent += comm.bytes_sent(c, a, world, n, e, **prm)
     return sent
 
