@@ -35,6 +35,33 @@ def one_rank(tmp_path):
     dist.destroy_process_group()
 
 
+def run_world(checks, world: int, out: Path, *args: object) -> list[dict]:
+    """What ``checks(rank, world, *args)`` returned (a JSON-able dict) on each of ``world``
+    spawned gloo ranks, in rank order. ``checks`` is a module-level function of a test module
+    (the ranks import it); ``out``, a folder, keeps each rank's answer. Every send or receive
+    waits at most 20 s (GRADWIRE_TIMEOUT), the process group 30 s."""
+    import torch.multiprocessing as mp
+
+    from gradwire.launcher import free_port
+
+    mp.start_processes(_world_rank, args=(checks, world, f"tcp://127.0.0.1:{free_port()}",
+                                          str(out), args), nprocs=world, start_method="spawn")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _world_rank(rank: int, checks, world: int, url: str, out: str, args: tuple) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ["GRADWIRE_TIMEOUT"] = "20"
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    seen = checks(rank, world, *args)
+    Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
+    dist.destroy_process_group()
+
+
 def cli_error(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     """Run ``gradwire ARGS`` in this process; (exit code, stderr). For inputs that must fail."""
     from gradwire import cli

@@ -3,17 +3,14 @@ hook call moves over gloo (counted by the transport), the bytes the catalogue sa
 the performance model prices and the link bytes the simulator moves are equal, for every
 method, P in {2, 3, 5, 8} and two bucket sizes."""
 
-import json
-import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from conftest import run_world
 
 from gradwire import catalogue
 from gradwire.collectives.agree import header_spec
 from gradwire.compress.quantize import INT8_BLOCK, INT8_MOVES
-from gradwire.launcher import free_port
 from gradwire.perf.model import Aggregation, bytes_sent
 from gradwire.schedules import registry
 from gradwire.sim import trace as tr
@@ -134,14 +131,12 @@ def _shapes(numel: int) -> tuple:
     return ((cout,), (cout, cin))
 
 
-def _rank(rank: int, world: int, init: str, out: str) -> None:
-    import torch.distributed as dist
+def _rank(rank: int, world: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel
 
     import gradwire.hooks as gh
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     counted = {}
     for name in METHODS:
         for numel in SIZES:
@@ -161,18 +156,12 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
             before = sum(comm.agreed.bytes_sent)
             ddp(torch.randn(3, cin)).sum().backward()
             counted[f"{name} {numel}"] = (sum(comm.agreed.bytes_sent) - before, header)
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(counted, f)
-    dist.destroy_process_group()
+    return counted
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_a_real_hook_call_moves_what_the_catalogue_says(world, tmp_path):
-    port = free_port()
-    out = os.fspath(tmp_path / "counted")
-    mp.start_processes(_rank, args=(world, f"tcp://127.0.0.1:{port}", out), nprocs=world,
-                       start_method="spawn")
-    counted = [json.load(open(f"{out}.{r}")) for r in range(world)]
+    counted = run_world(_rank, world, tmp_path)
     coll, algo, count, params = header_spec(world)
     header = registry.table(coll, algo, world, count, **params)
     header_bytes = header.sent()

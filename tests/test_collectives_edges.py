@@ -3,22 +3,18 @@ once reading their inputs in issue order, roots given as numpy integers under a 
 inference mode (the caller's, on the async helper thread; and the work buffers a call in it
 leaves in the pool), and ReduceOp objects."""
 
-import datetime
-import json
-import os
 import time
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import run_world
 
 import gradwire.collectives as gc
 from gradwire.collectives import api
 from gradwire.collectives.pool import BufferPool
 from gradwire.errors import GradwireError
-from gradwire.launcher import free_port
 
 WORLD = 3
 
@@ -67,23 +63,10 @@ def _checks(rank: int, p: int) -> dict:
     return seen
 
 
-def _rank(rank: int, world: int, url: str, out: str) -> None:
-    os.environ["GRADWIRE_TIMEOUT"] = "20"
-    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=30))
-    seen = _checks(rank, world)
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(seen, f)
-    dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> list[dict]:
     """Every rank's ``_checks`` of one run of WORLD gloo ranks."""
-    out = tmp_path_factory.mktemp("edges")
-    mp.start_processes(_rank, args=(WORLD, f"tcp://127.0.0.1:{free_port()}", str(out)),
-                       nprocs=WORLD, start_method="spawn")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return run_world(_checks, WORLD, tmp_path_factory.mktemp("edges"))
 
 
 def test_an_allgather_reads_its_input_in_issue_order(world):

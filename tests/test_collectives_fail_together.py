@@ -1,14 +1,10 @@
 """Edges of the executor (gradwire.collectives.executor, .local) where a call must fail on every
 rank before anything is posted or any buffer changes, not half way through."""
 
-import datetime
-import json
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import run_world
 
 import gradwire.collectives as gc
 from gradwire.collectives import agree
@@ -16,7 +12,6 @@ from gradwire.collectives.agree import MismatchError
 from gradwire.collectives.executor import execute
 from gradwire.collectives.local import execute_local
 from gradwire.errors import GradwireError
-from gradwire.launcher import free_port
 from gradwire.schedules import registry
 from gradwire.schedules.ir import Transfer, build
 from gradwire.transport import _wire
@@ -95,13 +90,10 @@ def test_a_strided_buffer_fails_every_rank_before_anything_is_posted(backend, ou
 
 # --- the call header compares the parameters as they run ---------------------------------------
 
-def _header_checks(rank: int, url: str, out: str) -> None:
+def _header_checks(rank: int, world: int) -> dict:
     """On each of 2 gloo ranks: calls whose parameters differ as given but not as they run
     (rank 1 spells a default out, or gives an input that only chose it), then calls that
-    really differ, each then a matched call; what every rank saw, to ``out``."""
-    os.environ["GRADWIRE_TIMEOUT"] = "20"
-    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=30))
+    really differ, each then a matched call; what this rank saw."""
     seen: dict = {}
 
     def call(name: str, fn, x: torch.Tensor) -> None:
@@ -118,17 +110,12 @@ def _header_checks(rank: int, url: str, out: str) -> None:
     two = {"pipeline": 2} if rank else {}  # another schedule
     call("pipeline=2", lambda x: gc.all_reduce(x, algo="ring", **two), torch.ones(6))
     call("after", lambda x: gc.all_reduce(x), torch.ones(6))
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(seen, f)
-    dist.destroy_process_group()
+    return seen
 
 
 @pytest.fixture(scope="module")
 def header_world(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("header")
-    mp.start_processes(_header_checks, args=(f"tcp://127.0.0.1:{free_port()}", str(out)),
-                       nprocs=2, start_method="spawn")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return run_world(_header_checks, 2, tmp_path_factory.mktemp("header"))
 
 
 def test_parameters_that_differ_only_as_given_are_the_same_call(header_world):

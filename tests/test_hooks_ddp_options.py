@@ -1,20 +1,17 @@
 """The hook as users register it on DDP models that are not the plain case: parameters that no
 rank uses in an iteration (``find_unused_parameters=True``), a DDP over a process subgroup,
 one state registered twice or on two models."""
-import json
-import os
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import run_world
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
 from gradwire.errors import GradwireError
-from gradwire.launcher import free_port
 
 
 class Branchy(nn.Module):
@@ -69,9 +66,8 @@ def test_a_parameter_no_rank_used_keeps_its_mass_in_the_residual(one_rank, metho
             assert gap < 1e-5, (step, float(gap))
 
 
-def _subgroup_rank(rank: int, world: int, init: str, out: str) -> None:
+def _subgroup_rank(rank: int, world: int) -> dict:
     warnings.simplefilter("ignore")
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     groups = [dist.new_group([r]) for r in range(world)]
     got = {}
     # find_unused_parameters: DDP allreduces which parameters were used right after the last
@@ -93,9 +89,7 @@ def _subgroup_rank(rank: int, world: int, init: str, out: str) -> None:
         gh.make("dense", group=groups[rank]).register(DDP(nn.Linear(2, 2)))
     except GradwireError as e:
         got["refused"] = str(e)
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(got, f)
-    dist.destroy_process_group()
+    return got
 
 
 def test_the_hook_averages_over_ddps_group_and_keeps_its_collectives_in_order(tmp_path):
@@ -103,11 +97,7 @@ def test_the_hook_averages_over_ddps_group_and_keeps_its_collectives_in_order(tm
     got the mean of both). With find_unused_parameters=True, DDP's allreduce of the used
     parameters raced the comm thread's collectives: gloo aborted ("Received data size doesn't
     match") or hung."""
-    out = os.fspath(tmp_path / "out")
-    mp.start_processes(_subgroup_rank, args=(2, f"tcp://127.0.0.1:{free_port()}", out),
-                       nprocs=2, start_method="spawn")
-    for rank in range(2):
-        got = json.loads(open(f"{out}.{rank}").read())
+    for got in run_world(_subgroup_rank, 2, tmp_path):
         assert got["own"]  # a group of one: the average is this rank's own gradient
         assert "group DDP was given" in got["refused"]
 

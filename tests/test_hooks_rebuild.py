@@ -8,15 +8,11 @@ The layout of step 0's bucket disappears in the rebuild: a residual left under i
 over again would show as mass made at every step, and its key must be gone at the end (no
 parameter's residual under two layouts)."""
 
-import json
-import os
 import warnings
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-
-from gradwire.launcher import free_port
+from conftest import run_world
 
 EF_METHODS = ("topk", "gtopk", "randomk", "dgc", "efsignsgd", "int8", "powersgd")
 STEPS = 6
@@ -38,14 +34,13 @@ HALF_SHAPE, V = (6, 6), 44000.0
 ROUNDS_FP16 = {"efsignsgd": 128.0, "int8": 128.0, "powersgd": 128.0}
 
 
-def _rank(rank: int, world: int, init: str, out: str, poison: str | None) -> None:
+def _rank(rank: int, world: int, poison: str | None) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     import gradwire.hooks as gh
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     shapes = [(s, torch.float64) for s in SHAPES]
     if poison == "overflow":
         shapes.append((HALF_SHAPE, torch.float16))
@@ -111,10 +106,7 @@ def _rank(rank: int, world: int, init: str, out: str, poison: str | None) -> Non
         report[name] = {"gaps": gaps, "cleared": cleared, "disjoint": disjoint,
                         "overflows": overflows, "issued": state.stats["issued"],
                         "buckets": state.stats["buckets"]}
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(report, f)
-    dist.destroy_process_group()
+    return report
 
 
 @pytest.mark.parametrize(("world", "poison"), [(2, "overflow"), (3, None), (6, None),
@@ -126,11 +118,7 @@ def test_error_feedback_conserves_mass_across_the_bucket_rebuild(world, poison, 
     rank's fp16 gradient plus its residual overflows at step 2; every rank aggregates that
     bucket dense without the residuals, which stay finite, and mass is conserved
     throughout."""
-    port = free_port()
-    out = os.fspath(tmp_path / "report.json")
-    mp.start_processes(_rank, args=(world, f"tcp://127.0.0.1:{port}", out, poison),
-                       nprocs=world, start_method="spawn")
-    report = json.load(open(out))
+    report = run_world(_rank, world, tmp_path, poison)[0]  # rank 0 (gaps: of all ranks)
     for name, r in report.items():
         tol = [1e-9] * len(SHAPES) + [ROUNDS_FP16.get(name, 0.0)]
         assert all(gap <= t for gap, t in zip(r["gaps"], tol, strict=False)), (name, r)
