@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 import gradwire.collectives as gc
 from gradwire.launcher import free_port
+from gradwire.sparse import gtopk_allreduce, sparse_allreduce
 from gradwire.transport import Transport
 
 WORLD = 3
@@ -59,6 +60,10 @@ def _refusals(rank: int, seen: dict) -> None:
                                   torch.ones(6, device="meta" if rank == 1 else "cpu")),
         "async": lambda: (gc.all_reduce(torch.ones(6, dtype=torch.int64)) if rank == 1
                           else gc.all_reduce(torch.ones(6), async_op=True).wait()),
+        "sparse": lambda: sparse_allreduce(torch.ones(6), torch.zeros(6), 0 if rank == 1 else 2,
+                                           transport=t).tolist(),
+        "gtopk": lambda: gtopk_allreduce(torch.ones(2), torch.tensor([0, 1 if rank else 7]), 6,
+                                         torch.zeros(6), transport=t).indices.tolist(),
         "two": lambda: reduced(lambda x: gc.all_reduce(x, op="max" if rank == 0 else "sum"),
                                torch.ones(6, dtype=torch.int64 if rank == 2 else torch.float32)),
     }
@@ -151,6 +156,8 @@ REFUSED = {  # case: (the refusing rank, the call as its peers name it, its reas
     "algo": (2, "broadcast/binomial", "unknown broadcast algorithm 'nope'"),
     "device": (1, "allreduce/ring", "gloo sends cpu tensors, got one on meta"),
     "async": (1, "allreduce/ring", "tensor has dtype torch.int64"),
+    "sparse": (1, "sparse_allreduce/gtopk", "sparse_allreduce: k must be an integer >= 1"),
+    "gtopk": (0, "gtopk_allreduce/gtopk", "gtopk_allreduce: indices must lie in [0, 6), got 0..7"),
 }
 
 

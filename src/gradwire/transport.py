@@ -295,7 +295,9 @@ class Transport:
         return self._start("send", tensor, dst)
 
     def irecv(self, tensor: torch.Tensor, src: int) -> Pending | None:
-        """Post a receive into ``tensor`` (None for an empty tensor)."""
+        """Post a receive into ``tensor`` (None for an empty tensor). ``tensor`` must have the
+        bytes the peer sends: gloo fills a larger buffer in part and says nothing (the
+        collectives' schedules, agreed by the call header, always match)."""
         return self._start("recv", tensor, src)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:

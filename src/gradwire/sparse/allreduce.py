@@ -18,7 +18,7 @@ import torch.distributed as dist
 import gradwire.collectives as gc
 from gradwire.check import is_int
 from gradwire.collectives.agree import agree_status
-from gradwire.collectives.api import in_turn
+from gradwire.collectives.api import in_turn, refused_together
 from gradwire.collectives.executor import Combine, execute
 from gradwire.compress import feedback
 from gradwire.compress.select import SELECTORS
@@ -372,13 +372,15 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     padded. ``algo``: the allgather, by default "rd" at P a power of two and "bruck" elsewhere
     (:func:`topk_algo`), or "ring" (or any registered one).
     """
-    e = _entries("topk_allreduce", values, indices, numel)
-    k = len(values) if k is None else k  # as given: duplicates summed must not lower it
     t = resolve(transport, group, "topk_allreduce")
+    with refused_together(t):  # a rank's argument error fails every rank at once
+        e = _entries("topk_allreduce", values, indices, numel)
+        # as given: duplicates summed must not lower it
+        k = _count(e, len(values) if k is None else k)
     with in_turn(t.group):
         _agree(t, "topk_allreduce", "topk", _shown("topk", algo, t.world_size), numel,
-               values.dtype, _count(e, k))
-        return _run(topk_plan(e, _count(e, k), numel, t.rank, t.world_size, algo), t, "topk")
+               values.dtype, k)
+        return _run(topk_plan(e, k, numel, t.rank, t.world_size, algo), t, "topk")
 
 
 def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
@@ -389,28 +391,30 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     (cost on the butterfly, the default, P a power of two: lg P·α + 2k·lg P·β; on the paper's
     tree, ``algo="tree"``: 2⌈lg P⌉α + 4k⌈lg P⌉β). What a merge on this rank keeps of its drops
     is added to ``residual`` (dense, numel elements, values' dtype) in place."""
-    e = _entries("gtopk_allreduce", values, indices, numel)
-    k = len(values) if k is None else k  # as given: duplicates summed must not lower it
-    # checked before the exchange: a merge writes the residual only after it, when a rank that
-    # failed then would have lost the entries it dropped
-    if (not isinstance(residual, torch.Tensor) or residual.shape != (numel,)
-            or residual.dtype != values.dtype or residual.device != values.device):
-        got = (f"{tuple(residual.shape)} {residual.dtype} on {residual.device}"
-               if isinstance(residual, torch.Tensor) else type(residual).__name__)
-        raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) {values.dtype} on "
-                            f"{values.device}, got {got}")
-    if residual.numel() > 1 and residual.stride(0) == 0:
-        raise GradwireError("gtopk_allreduce: residual is written in place, so its elements "
-                            "must not share memory (stride 0: an expand()ed tensor); pass "
-                            "residual.clone()")
     t = resolve(transport, group, "gtopk_allreduce")
+    with refused_together(t):  # a rank's argument error fails every rank at once
+        e = _entries("gtopk_allreduce", values, indices, numel)
+        # as given: duplicates summed must not lower it
+        k = _count(e, len(values) if k is None else k)
+        # checked before the exchange: a merge writes the residual only after it, when a rank
+        # that failed then would have lost the entries it dropped
+        if (not isinstance(residual, torch.Tensor) or residual.shape != (numel,)
+                or residual.dtype != values.dtype or residual.device != values.device):
+            got = (f"{tuple(residual.shape)} {residual.dtype} on {residual.device}"
+                   if isinstance(residual, torch.Tensor) else type(residual).__name__)
+            raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) {values.dtype} "
+                                f"on {values.device}, got {got}")
+        if residual.numel() > 1 and residual.stride(0) == 0:
+            raise GradwireError("gtopk_allreduce: residual is written in place, so its "
+                                "elements must not share memory (stride 0: an expand()ed "
+                                "tensor); pass residual.clone()")
     with in_turn(t.group):
         _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo, t.world_size), numel,
-               values.dtype, _count(e, k))
+               values.dtype, k)
         # written as data after the exchange (as sparse_allreduce's): in place on a residual
         # that requires grad, autograd would refuse it and the merges' drops would be lost
-        return _run(gtopk_plan(e, _count(e, k), numel, residual.detach(), t.rank,
-                               t.world_size, algo), t, "gtopk")
+        return _run(gtopk_plan(e, k, numel, residual.detach(), t.rank, t.world_size, algo), t,
+                    "gtopk")
 
 
 def _entries(name: str, values: object, indices: object, numel: object) -> Entries:
@@ -612,8 +616,9 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     n, k, dtype, method and selector: a header exchange before ``residual`` is touched makes
     a mismatch a :class:`~gradwire.collectives.agree.MismatchError` on every rank.
     """
-    check_args(x, residual, k, method, selector, algo, out)
     t = resolve(transport, group, "sparse_allreduce")
+    with refused_together(t):  # a rank's argument error fails every rank at once
+        check_args(x, residual, k, method, selector, algo, out)
     n = x.numel()
     with in_turn(t.group):  # in issue order with the group's other calls, async ones too
         _agree(t, "sparse_allreduce", method, _shown(method, algo, t.world_size), n, x.dtype,
