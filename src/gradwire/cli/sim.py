@@ -161,6 +161,13 @@ def simulate(
         raise GradwireError("--calibration gives α (the links' latency in it): not with "
                             "--alpha-us or --latency-us")
     _check_overridden(ctx, table, sweep)
+    # --emulate simulates with the host costs it measures, whatever was typed
+    given = [f"--{k.replace('_', '-')}" for k in ("alpha_us", "latency_us", "calibration")
+             if emulate and typed(ctx, k)]
+    if given:
+        raise GradwireError(f"{', '.join(given)}: not used with --emulate, which measures each "
+                            "mechanism's α on the emulated cluster (the links' latency in it) "
+                            "and γ with `gradwire calibrate`: leave it out")
     alpha_us = ALPHA_US if alpha_us is None else alpha_us
     latency_us = LATENCY_US if latency_us is None else latency_us
     if calibration is not None:

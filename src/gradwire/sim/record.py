@@ -15,6 +15,7 @@ from itertools import accumulate
 import torch
 from torch import nn
 
+from gradwire.check import MAX_RECORDED, is_int
 from gradwire.errors import GradwireError
 from gradwire.models import build_model, check_batch, get_spec, trained_parameters
 from gradwire.models.task import load_task, loss_fn
@@ -24,9 +25,13 @@ from gradwire.sim.trace import Iteration, Param, Trace
 def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: int = 1,
            seed: int = 0, worker: int = 0) -> Trace:
     """Train ``model_name`` on its data set for ``warmup + iterations`` SGD steps, timing each."""
-    if iterations < 1 or batch_size < 1 or warmup < 0:
-        raise GradwireError(f"trace needs iterations >= 1, batch size >= 1 and warmup >= 0, got "
-                            f"{iterations}, {batch_size}, {warmup}")
+    # whole numbers (a float failed in range() with a traceback, True passed for 1), the
+    # iterations kept as many as a trace may hold, the worker as loads() reads it back
+    if not (is_int(iterations, 1, MAX_RECORDED) and is_int(batch_size, 1)
+            and is_int(warmup, 0, MAX_RECORDED) and is_int(worker, 0)):
+        raise GradwireError(f"trace needs whole numbers: iterations from 1 to {MAX_RECORDED}, "
+                            f"batch size >= 1, warmup from 0 to {MAX_RECORDED} and worker >= 0, "
+                            f"got {iterations!r}, {batch_size!r}, {warmup!r}, {worker!r}")
     spec = get_spec(model_name)
     check_batch(model_name, batch_size, "trace: --batch-size")
     task = load_task(spec, seed)

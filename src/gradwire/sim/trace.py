@@ -205,10 +205,27 @@ def _times(where: str, line: int, rec: dict, key: str, n: int) -> tuple[float, .
     return tuple(float(x) for x in v)
 
 
+# The fields of a parameter line and of an iteration line: any other key is refused, as a
+# misspelt optional field ("shpe") would otherwise be dropped without a word.
+_PARAM_FIELDS = ("param", "name", "bytes", "shape")
+_ITERATION_FIELDS = ("worker", "iteration", "forward_s", "forward", "backward")
+
+
+def _unknown_field(where: str, line: int, rec: dict, fields: tuple[str, ...], what: str) -> None:
+    """Refuse a key of ``rec`` that is none of ``fields`` (one line naming it)."""
+    extra = next((k for k in rec if k not in fields), None)
+    if extra is not None:
+        raise _bad(where, line, extra, f"not a field of {what} line{did_you_mean(extra, fields)}: "
+                   f"expected {', '.join(fields)}")
+
+
 def loads(text: str, where: str = "<trace>") -> Trace:
     """Parse and validate a trace; any defect raises a GradwireError naming line and field."""
     records = []
-    for n, raw in enumerate(text.splitlines(), 1):
+    # Lines end at "\n", "\r\n" or "\r" (never inside a JSON string) and nowhere else: JSON
+    # strings may hold U+2028, U+2029 and U+0085 unescaped, where str.splitlines() cut a line.
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    for n, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
         # one object a line, each read as every JSON file gradwire reads (a key given twice,
@@ -236,6 +253,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
         if "param" in rec:
             if its:
                 raise _bad(where, n, "param", "parameter lines must come before iteration lines")
+            _unknown_field(where, n, rec, _PARAM_FIELDS, "a parameter")
             idx = _int(where, n, rec, "param")
             if idx != len(params):
                 raise _bad(where, n, "param", f"expected {len(params)} (params are numbered "
@@ -265,6 +283,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
             if not params:
                 raise GradwireError(f"{where}:{n}: an iteration line before any parameter line "
                                     "(no parameter lines)")
+            _unknown_field(where, n, rec, _ITERATION_FIELDS, "an iteration")
             w, i = _int(where, n, rec, "worker"), _int(where, n, rec, "iteration")
             if (w, i) in seen:
                 raise _bad(where, n, "iteration", f"worker {w} iteration {i} appears twice")
@@ -304,15 +323,20 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
     gradient (the paper's "first layer of backpropagation", Table 3) and the rest of
     ``backward_s`` evenly over the others, ending with parameter 0. ``shapes``: the tensors'
     shapes, in the same order as ``sizes`` (None where unknown)."""
+    if not isinstance(model, str) or not model:  # as loads() reads it
+        raise GradwireError(f"a synthetic trace's model must be a non-empty string, got "
+                            f"{model!r}")
     n = len(sizes)
     if n == 0 or any(not is_int(s, 1) for s in sizes):
         raise GradwireError("a synthetic trace needs at least one parameter, each a whole "
                             "number of bytes >= 1")
     # the limits loads() holds a file to: a NaN or infinite time is an event that never comes
-    # due, and a simulation waiting on it would not end
-    if n > MAX_PARAMS or sum(sizes) > MAX_BYTES:
+    # due, and a simulation waiting on it would not end. Summed as Python ints: numpy's int64
+    # sizes wrapped past 2**63 to a negative total that passed the check.
+    total = sum(int(s) for s in sizes)
+    if n > MAX_PARAMS or total > MAX_BYTES:
         raise GradwireError(f"a synthetic trace holds at most {MAX_PARAMS} parameters and "
-                            f"2**50 bytes, got {n} parameters of {sum(sizes)} bytes")
+                            f"2**50 bytes, got {n} parameters of {total} bytes")
     for what, v in (("forward", forward_s), ("backward", backward_s),
                     ("first backward layer", first_backward_s)):
         if not is_real(v, 0, MAX_SECONDS):
@@ -330,11 +354,17 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
     if len(names) != n or len(shapes) != n:
         raise GradwireError(f"a synthetic trace needs one name and one shape (or None) per "
                             f"parameter: {n} sizes, {len(names)} names, {len(shapes)} shapes")
-    twice = next((nm for i, nm in enumerate(names) if nm in names[:i]), None)
-    if twice is not None:
-        raise GradwireError(f"a synthetic trace's parameter names must be unique: {twice!r} "
-                            f"is given twice (parameters {names.index(twice)} and "
-                            f"{names.index(twice, names.index(twice) + 1)})")
+    bad = next((nm for nm in names if not isinstance(nm, str) or not nm), None)
+    if bad is not None:  # as loads() reads a name: else the trace is written but never read
+        raise GradwireError(f"a synthetic trace's parameter names must be non-empty strings, "
+                            f"got {bad!r}")
+    # a dict of the names seen: scanning those before each name took a minute at MAX_PARAMS
+    first: dict[str, int] = {}
+    for i, nm in enumerate(names):
+        if nm in first:
+            raise GradwireError(f"a synthetic trace's parameter names must be unique: {nm!r} "
+                                f"is given twice (parameters {first[nm]} and {i})")
+        first[nm] = i
     for nm, s, shape in zip(names, sizes, shapes, strict=True):
         problem = None if shape is None else shape_problem(shape, int(s))
         if problem:
