@@ -68,6 +68,21 @@ def _check_bucket(ctx: typer.Context, mode: str) -> None:
                             "bucket; leave --bucket-mb out")
 
 
+def _check_read(ctx: typer.Context, calibration: Path | None, ranks_per_node: int) -> None:
+    """Options typed where the prediction would not read them are refused, as --bucket-mb
+    with --mode model: --reference beside --calibration (the calibration describes the
+    cluster), --intra-bandwidth with one rank per node (no transfer stays inside a node)."""
+    if calibration is not None and typed(ctx, "reference"):
+        raise GradwireError(f"--reference {ctx.params['reference']} is what is assumed without "
+                            f"a calibration: --calibration {calibration} describes the cluster "
+                            "instead; leave one of them out")
+    if ranks_per_node == 1 and typed(ctx, "intra_bandwidth"):
+        raise GradwireError(f"--intra-bandwidth {ctx.params['intra_bandwidth']} is the link "
+                            "between the ranks of one node: with one rank per node every "
+                            "transfer crosses --bandwidth's links; give --ranks-per-node 2 or "
+                            "more, or leave --intra-bandwidth out")
+
+
 def profile(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Option(help="a model from `gradwire models` to measure "
@@ -155,6 +170,7 @@ def whatif(
     check_outputs(("--plot", plot), ("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
     _check_bucket(ctx, mode)
+    _check_read(ctx, calibration, ranks_per_node)
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
@@ -208,6 +224,7 @@ def advise(
     check_outputs(("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
     _check_bucket(ctx, mode)
+    _check_read(ctx, calibration, ranks_per_node)
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradwire.schedules import registry
-from gradwire.schedules.ir import Schedule, Table
+from gradwire.check import is_int
+from gradwire.errors import GradwireError
+from gradwire.schedules import registry, ring
+from gradwire.schedules.ir import Schedule, Table, blocks
 
 _HASH = np.array([1.0, 2.0**-20, np.pi, np.e * 2.0**-20, np.sqrt(2) * 2.0**-21, np.sqrt(3),
                   np.sqrt(5) * 2.0**-20, np.sqrt(7), np.sqrt(11) * 2.0**-21])
@@ -121,8 +123,70 @@ def ref_count(p: int, pipeline: object = 1) -> int:
 @functools.lru_cache(maxsize=512)
 def _summary(collective: str, algo: str, p: int, count: int,
              params: tuple[tuple[str, object], ...], ranks_per_node: int) -> Summary:
-    return summarise(registry.table(collective, algo, p, count, cached=False, **dict(params)),
-                     ranks_per_node)
+    phases = _ring_phases(collective, algo, p, count, dict(params), ranks_per_node)
+    found = None if phases is None else ring_summary(p, count, phases)
+    return found or summarise(registry.table(collective, algo, p, count, cached=False,
+                                             **dict(params)), ranks_per_node)
+
+
+# The ring's phases (ring.py) by the table builder the registry holds for it
+_RING_PHASES = {ring.allreduce_table: ring.ALLREDUCE, ring.reducescatter_table:
+                ring.REDUCE_SCATTER, ring.allgather_table: ring.ALLGATHER}
+
+
+def _ring_phases(collective: str, algo: str, p: object, count: object, params: dict,
+                 ranks_per_node: int) -> tuple[tuple[int, bool], ...] | None:
+    """The phases of ``registry.table(collective, algo, p, count, **params)`` where it is a
+    ring of one sub-chunk per chunk on one rank per node, of 2 ranks or more and 1 element or
+    more (:func:`ring_summary` summarises it without building it); None for anything else,
+    which is built (and refused there where the arguments are wrong)."""
+    if (not is_int(p, 2, registry.MAX_WORLD) or not is_int(count, 1) or ranks_per_node != 1
+            or not set(params) <= {"pipeline", "itemsize"}):
+        return None
+    try:
+        a = registry.get(collective, algo)
+        phases = _RING_PHASES.get(a.table)  # type: ignore[arg-type]
+        if phases is None:
+            return None
+        registry.check_params(a, params)
+        cut = ring.pick_pipeline(int(p), int(count), params.get("pipeline"),  # type: ignore
+                                 params.get("itemsize", 4))  # type: ignore[arg-type]
+    except (GradwireError, TypeError, ValueError):
+        return None
+    return phases if cut == 1 else None
+
+
+@functools.lru_cache(maxsize=512)
+def ring_summary(p: int, count: int, phases: tuple[tuple[int, bool], ...]) -> Summary | None:
+    """:func:`summarise` of ``ring_table(p, count, phases, 1)`` on one rank per node, from the
+    first step of each phase: a phase's later steps are its first with the ranks rotated (at
+    step i rank r sends chunk (r + first − i) mod p), so they hold the same rows and each
+    phase is one group of p − 1 steps. Built whole, the schedule has 2(P − 1)·P transfers:
+    seconds at P = 4095, for every bucket below ``ref_count`` (16.8 M elements there). Rows
+    are deduplicated as summarise does (on a hash of each row); None where two distinct rows
+    share a hash, as then which one summarise keeps could depend on the rotation."""
+    size = np.array([n for _, n in blocks(count, p)], dtype=np.int64)
+    ranks = np.arange(p)
+    zero = np.zeros(p)
+    seen: dict[bytes, list] = {}
+    for first, reduces in phases:
+        out, into = size[(ranks + first) % p], size[(ranks - 1 + first) % p]
+        rows = np.stack([zero, zero, zero, zero, (out > 0).astype(float), out.astype(float),
+                         (into > 0).astype(float), into.astype(float),
+                         (into * reduces).astype(float)], axis=1)
+        if (rows == rows[:1]).all():
+            r = rows[:1]
+        else:
+            _, first_of = np.unique(rows @ _HASH, return_index=True)
+            r = rows[first_of]
+            if len(np.unique(rows, axis=0)) != len(r):
+                return None
+        key = r.tobytes()
+        if key in seen:
+            seen[key][0] += p - 1
+        else:
+            seen[key] = [p - 1, r]
+    return Summary(count, tuple((m, r) for m, r in seen.values()))
 
 
 def summary(collective: str, algo: str, p: int, count: int, ranks_per_node: int = 1,
@@ -216,6 +280,9 @@ def bytes_sent(collective: str, algo: str, p: int, count: int, elem_bytes: int,
 @functools.lru_cache(maxsize=512)
 def _busiest(collective: str, algo: str, p: int, count: int,
              params: tuple[tuple[str, object], ...]) -> float:
+    phases = _ring_phases(collective, algo, p, count, dict(params), 1)
+    if phases is not None:
+        return _ring_totals(p, count, phases)[1]
     t = registry.table(collective, algo, p, count, cached=False, **dict(params))
     return float(max(t.sent().max(), t.received().max()))
 
@@ -225,6 +292,9 @@ def _cpu_totals(collective: str, algo: str, p: int, count: int,
                 params: tuple[tuple[str, object], ...]) -> tuple[float, float, float]:
     """Per rank, the mean over ranks: steps it takes part in, elements it sends plus those it
     receives, elements it reduces."""
+    phases = _ring_phases(collective, algo, p, count, dict(params), 1)
+    if phases is not None:
+        return _ring_totals(p, count, phases)[0]
     t = registry.table(collective, algo, p, count, cached=False, **dict(params))
     n_steps = int(t.step[-1]) + 1 if len(t.step) else 0
     taking_part = np.zeros(n_steps * p, dtype=bool)  # [step, rank]: sends or receives
@@ -233,3 +303,24 @@ def _cpu_totals(collective: str, algo: str, p: int, count: int,
     busy = int(taking_part.sum())
     moved, reduced = 2 * int(t.size.sum()), int(t.size[t.reduces].sum())
     return busy / p, moved / p, reduced / p
+
+
+@functools.lru_cache(maxsize=512)
+def _ring_totals(p: int, count: int, phases: tuple[tuple[int, bool], ...]
+                 ) -> tuple[tuple[float, float, float], float]:
+    """:func:`_cpu_totals` and :func:`_busiest` of an unpipelined ring (:func:`_ring_phases`)
+    from the first step of each phase, as :func:`ring_summary` reads it: every step of a
+    phase is its first with the ranks rotated, so each rank sends every chunk but one in a
+    phase (rank r all but chunk r + first + 1) and receives every chunk but chunk r + first."""
+    size = np.array([n for _, n in blocks(count, p)], dtype=np.int64)
+    ranks, total = np.arange(p), int(size.sum())
+    busy = moved = reduced = 0
+    sent, received = np.zeros(p, dtype=np.int64), np.zeros(p, dtype=np.int64)
+    for first, reduces in phases:
+        out, into = size[(ranks + first) % p], size[(ranks - 1 + first) % p]
+        busy += (p - 1) * int(((out > 0) | (into > 0)).sum())
+        moved += 2 * (p - 1) * int(out.sum())
+        reduced += (p - 1) * int(into.sum()) if reduces else 0
+        sent += total - size[(ranks + first + 1) % p]
+        received += total - size[(ranks + first) % p]
+    return (busy / p, moved / p, reduced / p), float(max(sent.max(), received.max()))
