@@ -4,12 +4,14 @@ Two traces recorded on this machine by ``gradwire trace`` — VGG-16 (61 MB of g
 tensors, batch 32: bandwidth-bound) and ResNet-20 (1.1 MB in 65 tensors, batch 128: many small
 messages) — are replayed by every rank of an emulated 1 Gbit/s cluster (compute as waits, real
 bytes through the transport; ``gradwire.sim.emulate``) for PS with 1 and 2 servers, ring-reduce
-and butterfly mixing at P = 4 and 8, and simulated with what was measured: the link rate and γ
-of one ``gradwire calibrate`` run at the start, each run's own α (PS: per message of a stream;
-collectives: a P-element call of the schedule per step, median of 5 × 40 calls) and this
-machine's TCP send buffer. P = 8 (+ 2 servers: 10 ranks) contends for this machine's 2 cores.
+and butterfly mixing at P = 4 and 8. A validation predicts; it does not refit: every
+configuration is simulated before it runs, from what ``gradwire.sim.emulate.calibrate``
+measured on P emulated hosts at the start, before any measured run (the link rate, γ, α per
+step of gradwire's executor for the collectives and a stream's α per message for parameter
+servers), and this machine's TCP send buffer (``emulate.validate``). P = 8 (+ 2 servers: 10
+ranks) contends for this machine's 2 cores.
 
-    flock /tmp/gradwire-bench.lock python benchmarks/sim_validation.py   # about 8 minutes
+    flock /tmp/gradwire-bench.lock python benchmarks/sim_validation.py   # about 12 minutes
     python benchmarks/sim_validation.py --traces resnet20 --workers 4 --out v.json
 """
 
@@ -24,8 +26,6 @@ from rich.console import Console
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
-from gradwire.cluster import ephemeral_cluster
-from gradwire.jobs import run_ranks
 from gradwire.jsonfile import save_figure
 from gradwire.sim import emulate, report
 from gradwire.sim import mechanisms as mech
@@ -69,34 +69,36 @@ def plot(doc: dict, path: Path) -> None:
     save_figure(fig, path, dpi=120)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="vgg16,resnet20")
     ap.add_argument("--workers", default="4,8")
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--out", type=Path, default=OUT)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     console = Console(stderr=True)
-    doc: dict = {**provenance.stamp(provenance.script_command()),
+    command = provenance.script_command(None if argv is None else [__file__, *argv])
+    doc: dict = {**provenance.stamp(command),
                  "conditions": {"load_average_start": os.getloadavg()}, "rows": []}
     tdir = a.out.parent / "traces"
     tdir.mkdir(parents=True, exist_ok=True)
-    with ephemeral_cluster(2, RATE) as cl:
-        cal = run_ranks(cl, "gradwire.bench.calibrate", ["--device", "cpu", "--model", "resnet20"],
-                        "calibrate", None, console)
-    doc["calibration"] = cal
+    workers = [int(p) for p in a.workers.split(",")]
+    # every P's calibration before any measured run: what its simulations take
+    cals = {p: emulate.calibrate(p, RATE, console) for p in workers}
+    doc["calibrations"] = {str(p): cal for p, cal in cals.items()}
+    doc["simulated_cluster"] = {}
     for model in a.traces.split(","):
         path = save(record(model, iterations=3, batch_size=BATCH[model]),
                     tdir / f"{model}.trace.jsonl")
-        for p in map(int, a.workers.split(",")):
+        for p in workers:
             for servers, names in ((1, "ps,ring,butterfly"), (2, "ps")):
                 rows, used = emulate.validate(path, p, servers, RATE, mech.parse_list(names),
-                                              console, a.iterations, calibration=cal)
+                                              console, a.iterations, calibration=cals[p])
                 console.print(report.validation_table(rows, f"{model}: {p} workers, {RATE}, "
                                                       f"{servers} server(s)"))
                 doc["rows"] += [{"trace": model, "batch_size": BATCH[model], **r} for r in rows]
-                doc["simulated_cluster"] = {k: v for k, v in used.items()
-                                            if k in ("link_bps", "send_buffer")}
+                doc["simulated_cluster"][str(p)] = {k: used[k] for k in ("link_bps",
+                                                                         "send_buffer")}
     errs = [abs(r["error"]) for r in doc["rows"]]
     doc["summary"] = {"runs": len(errs), "median_abs_error": statistics.median(errs),
                       "max_abs_error": max(errs),

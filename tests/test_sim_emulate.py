@@ -12,7 +12,8 @@ from gradwire.sim.cluster import SimCluster
 from gradwire.sim.trace import save, synthetic
 
 # A fixed calibration (no gradwire calibrate run): the test checks bytes and rough timing.
-CAL = {"alpha_s": 3e-4, "beta_s_per_byte": 8.4e-9, "gamma_s_per_byte": 1e-10}
+CAL = {"alpha_s": 3e-4, "alpha_stream_s": 2e-4, "beta_s_per_byte": 8.4e-9,
+       "gamma_s_per_byte": 1e-10}
 
 
 @needs_netns

@@ -27,6 +27,7 @@ here and are refused with a one-line error.
 Rank program::
 
     python -m gradwire.sim.emulate --trace T --mechanism ring --workers 4 --iterations 5 --out F
+    python -m gradwire.sim.emulate --stream-alpha --out F    # part of calibrate()
 """
 
 from __future__ import annotations
@@ -121,22 +122,28 @@ def _until(t: float) -> None:
 
 
 def _alpha(m: Mechanism, c: SimCluster, t) -> float:
-    """Seconds per message of ``m`` on this cluster, measured before the run, trace-free:
-    parameter servers stream messages, so a server's cost is its software overhead per
-    message (200 back-to-back 8-byte sends from server 0 to worker 0, median of 5);
-    collectives wait on each step, so theirs is a P-element call of the mechanism's own
-    schedule divided by its steps (5 runs of 40 calls, median; P ranks share this machine's
-    cores, which a two-host ping-pong cannot see)."""
-    import torch
-    import torch.distributed as dist
-
+    """Seconds per message of ``m`` on this cluster, measured in its run before its iterations
+    (reported beside the measurement as ``run_alpha_s``; never simulated with: see
+    :func:`validate`): parameter servers stream messages, :func:`_stream_alpha` from server
+    0 to worker 0; collectives wait on each step, so theirs is a P-element call of the
+    mechanism's own schedule divided by its steps (5 runs of 40 calls, median)."""
     from gradwire.collectives.probe import step_alpha
-    from gradwire.transport import wait_all
 
     if not isinstance(m.options, PSOptions):
         _, algo, _, kw = bucket_spec(4 * t.world_size, t.world_size, m.options)
         return step_alpha(t, algo, **kw)
-    n, src, msg = 200, c.workers, torch.zeros(8, dtype=torch.uint8)
+    return _stream_alpha(t, c.workers)
+
+
+def _stream_alpha(t, src: int) -> float:
+    """A sender's software overhead per message of a stream: 200 back-to-back 8-byte sends
+    from rank ``src`` to rank 0, then one back (median of 5), on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    from gradwire.transport import wait_all
+
+    n, msg = 200, torch.zeros(8, dtype=torch.uint8)
     runs = []
     for _ in range(5):
         dist.barrier()
@@ -153,6 +160,22 @@ def _alpha(m: Mechanism, c: SimCluster, t) -> float:
     dist.broadcast(per, 0)
     t.reset_counters()
     return float(per)
+
+
+def _stream_probe(out: str) -> int:
+    """``python -m gradwire.sim.emulate --stream-alpha --out F``: :func:`_stream_alpha` from
+    the last rank to rank 0, to F as ``{"alpha_stream_s": ...}`` (part of :func:`calibrate`)."""
+    import torch.distributed as dist
+
+    from gradwire.transport import Transport
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    t = Transport(check_calls=False)
+    alpha = _stream_alpha(t, t.world_size - 1)
+    if t.rank == 0:
+        Path(out).write_text(dumps({"alpha_stream_s": alpha}))
+    dist.destroy_process_group()
+    return 0
 
 
 def _collective_rank(trace: Trace, c: SimCluster, m: Mechanism, t, pick) -> list[float]:
@@ -235,6 +258,12 @@ def _ps_rank(trace: Trace, c: SimCluster, o: PSOptions, t, pick) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--stream-alpha", action="store_true")
+    probe.add_argument("--out")
+    known, _ = probe.parse_known_args(argv)
+    if known.stream_alpha:
+        return _stream_probe(known.out)
     ap = argparse.ArgumentParser(description="rank side of gradwire simulate --emulate")
     ap.add_argument("--trace", required=True, type=Path)
     ap.add_argument("--mechanism", required=True)
@@ -310,24 +339,56 @@ def run(trace_path: Path, c: SimCluster, mechanisms: list[Mechanism], bandwidth:
     return out
 
 
+def calibrate(workers: int, bandwidth: str, console: Console, loopback: bool = False) -> dict:
+    """What :func:`validate` simulates with, measured on an emulated cluster of ``workers``
+    hosts of ``bandwidth`` before any run it is compared with: ``gradwire calibrate``'s
+    result (CPU ranks over gloo) and ``alpha_stream_s``, a sender's cost per message of a
+    stream (:func:`_stream_alpha`, from the last host to the first)."""
+    from gradwire.cluster import ephemeral_cluster
+    from gradwire.jobs import run_ranks
+
+    with ephemeral_cluster(workers, bandwidth, loopback) as cl:
+        cal = run_ranks(cl, "gradwire.bench.calibrate", ["--device", "cpu", "--model",
+                                                         "resnet20"],
+                        f"calibrate {workers} hosts", None, console)
+        stream = run_ranks(cl, "gradwire.sim.emulate", ["--stream-alpha"],
+                           "α of a stream of messages", None, console)
+    return {**cal, **stream}  # type: ignore[dict-item]
+
+
+def calibrated_alpha(m: Mechanism, cal: dict) -> float:
+    """α per message of ``m`` from the calibration ``cal`` (:func:`calibrate`), the same for
+    every mechanism of a kind: parameter servers stream their messages, so a stream's cost
+    per message (``alpha_stream_s``); collectives wait on each step, so α per step of
+    gradwire's executor's ring allreduce of P elements (``alpha_transport_s``; ``alpha_s``
+    in a file without it). Latency included: the simulation adds none."""
+    if isinstance(m.options, PSOptions):
+        if "alpha_stream_s" not in cal:
+            raise GradwireError("the calibration has no 'alpha_stream_s' (a stream's cost per "
+                                "message), which a parameter server is simulated with: "
+                                "measure it with gradwire.sim.emulate.calibrate")
+        return float(cal["alpha_stream_s"])
+    alpha = cal.get("alpha_transport_s")
+    return float(cal["alpha_s"] if alpha is None else alpha)
+
+
 def validate(trace_path: Path, workers: int, servers: int, bandwidth: str,
              mechanisms: list[Mechanism], console: Console, iterations: int = 5,
              seed: int = 0, loopback: bool = False,
              calibration: dict | None = None) -> tuple[list[dict], dict]:
-    """Simulate and measure each mechanism on the same trace; returns (rows, calibration).
+    """Simulate each mechanism on the trace, then run it for real and measure it; returns
+    (rows, calibration).
 
-    The simulated cluster takes what was measured, never the results it is compared with:
-    the link rate (β) and reduction speed (γ) from ``gradwire calibrate`` on two hosts of
-    ``bandwidth``, each mechanism's α from its own run (:func:`_alpha`), and this machine's
-    TCP send-buffer ceiling (``tcp_wmem``'s maximum). Not the hosts' own, lower ceiling (4 ms
-    of the link): beside its socket's buffer, a sender has the receiver's and the links'
-    queues to hand bytes to, and with the hosts' 500 kB VGG-16's PS with 2 servers simulated
-    11-23 % slow where 4 MiB gave 7-10 % fast, on the same measurements.
-    ``calibration``: a result of ``gradwire.bench.calibrate`` to use instead of measuring
-    one."""
-    from gradwire.cluster import ephemeral_cluster
+    A validation predicts; it does not refit. Every mechanism is simulated before any of them
+    runs, from what :func:`calibrate` measured on ``workers`` hosts of ``bandwidth`` before
+    them: the link rate (β), γ and α (:func:`calibrated_alpha`: one per kind of mechanism,
+    not per mechanism), and this machine's TCP send-buffer ceiling (``tcp_wmem``'s maximum,
+    a setting). Not the hosts' own, lower ceiling (4 ms of the link): beside its socket's
+    buffer, a sender has the receiver's and the links' queues to hand bytes to. Nothing a
+    run measures goes in: not its iterations, nor the α it probes with the mechanism's own
+    schedule before them (``run_alpha_s`` in its row, for comparison).
+    ``calibration``: a result of :func:`calibrate` to use instead of measuring one."""
     from gradwire.cluster.netns import machine_send_buffer
-    from gradwire.jobs import run_ranks
 
     trace = load_trace(trace_path)
     c = SimCluster(workers, 1.0, servers, iterations=iterations, seed=seed)
@@ -336,24 +397,22 @@ def validate(trace_path: Path, workers: int, servers: int, bandwidth: str,
                             f"--iterations >= 2, got {iterations}")
     for m in mechanisms:
         check_trace(trace, m, c)
-    cal = calibration
-    if cal is None:
-        with ephemeral_cluster(2, bandwidth, loopback) as cl:
-            cal = run_ranks(cl, "gradwire.bench.calibrate", ["--device", "cpu", "--model",
-                                                             "resnet20"], "calibrate", None,
-                            console)
-    # latency 0: each mechanism's measured α already holds the emulated links' delay
+        check(m)
+        check_hosts(m, c)
+    cal = calibrate(workers, bandwidth, console, loopback) if calibration is None else calibration
     c = SimCluster(workers, 8 / cal["beta_s_per_byte"], servers, latency=0.0,
                    gamma=cal["gamma_s_per_byte"], iterations=iterations, seed=seed,
                    send_buffer=machine_send_buffer())
+    alphas = [calibrated_alpha(m, cal) for m in mechanisms]
+    sims = [m.run(trace, dataclasses.replace(c, alpha=a), False)  # before any measured run
+            for m, a in zip(mechanisms, alphas, strict=True)]
+    measured = run(trace_path, c, mechanisms, bandwidth, console, loopback)
     rows = []
-    for m, real in zip(mechanisms, run(trace_path, c, mechanisms, bandwidth, console, loopback),
-                       strict=True):
-        sim = m.run(trace, dataclasses.replace(c, alpha=real["alpha_s"]), False)
+    for m, alpha, sim, real in zip(mechanisms, alphas, sims, measured, strict=True):
         rows.append({
             "mechanism": m.label, "workers": workers,
             "servers": servers if isinstance(m.options, PSOptions) else 0,
-            "alpha_s": real["alpha_s"], "send_buffer": c.send_buffer,
+            "alpha_s": alpha, "run_alpha_s": real["alpha_s"], "send_buffer": c.send_buffer,
             "simulated_s": sim.iteration_s,
             "measured_s": real["iteration_s"], "error": sim.iteration_s / real["iteration_s"] - 1,
             "simulated_ends": sim.ends, "measured_ends": real["ends"],
