@@ -3,7 +3,9 @@
 Ranks sum the cast payloads directly (associative), like PyTorch's fp16_compress_hook and
 bf16_compress_hook: ring allreduce 2(P−1)α + 2((P−1)/P)·2n·β bytes, half of fp32's.
 fp16 overflows to ±inf above 65504 (a sum of P payloads can overflow where no payload did);
-bf16 keeps fp32's range with 8 bits of mantissa.
+bf16 keeps fp32's range with 8 bits of mantissa, all but its top: bf16's largest value is
+3.3895e38, and an fp32 value from about 3.3961e38 up rounds to ±inf on the wire, as fp16's do
+from 65520.
 """
 
 from __future__ import annotations

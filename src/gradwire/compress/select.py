@@ -260,8 +260,9 @@ def threshold_topk(x: torch.Tensor, k: int, g: torch.Generator, sample: float = 
 
 def dgc_select(x: torch.Tensor, k: int, capacity: int, g: torch.Generator, sample: float,
                passes: int, min_sample: int = MIN_SAMPLE) -> torch.Tensor:
-    """DGC's selection: indices (int64) of the c largest |x|, k/slack ≤ c ≤
-    capacity unless the passes run out (then fewer), with capacity = ⌈slack·k⌉.
+    """DGC's selection: indices (int64) of the c largest |x|, k²/capacity ≤ c ≤
+    capacity unless the passes run out (then fewer), with capacity = ⌈slack·k⌉ (so c is
+    about k/slack at least: 10 for k = 13 at slack 1.25, where k/slack is 10.4).
 
     Threshold = the ⌈k·s/n⌉-th largest |x| of a sample of s; one pass selects |x| ≥ threshold.
     More than ``capacity`` selected: keep the top k of them (no further pass). Fewer than
