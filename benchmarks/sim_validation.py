@@ -61,7 +61,7 @@ def plot(doc: dict, path: Path) -> None:
                     label="±10 %")
     ax.set(xscale="log", yscale="log", xlabel="measured iteration (s)",
            ylabel="simulated iteration (s)",
-           title=f"simulator vs emulated {RATE} cluster\n(blue VGG-16, orange ResNet-20) "
+           title=f"simulator vs emulated {RATE} cluster\n(blue VGG-16, orange ResNet-20)\n"
                  f"median |error| {doc['summary']['median_abs_error']:.1%}, "
                  f"max {doc['summary']['max_abs_error']:.1%}")
     ax.legend(loc="upper left")
