@@ -134,10 +134,10 @@ def test_a_sweep_value_or_mechanism_named_twice_is_one_point(monkeypatch, capsys
 
 @pytest.mark.parametrize(("args", "option", "bad", "good"), [
     (["advise", *PERF[:2], *PERF[4:]], "--workers", "1_0", "10"),
-    (["advise", *PERF], "--rank", "1_0", "+4"),
+    (["advise", *PERF[:-1], "powersgd"], "--rank", "1_0", "+4"),
     (["whatif", *PERF], "--ranks-per-node", "2_0", " 2"),
     (["advise", *PERF], "--bucket-mb", "2_5", "25"),
-    (["whatif", *PERF], "--density", "0_5", "0.5"),
+    (["whatif", *PERF[:-1], "topk"], "--density", "0_5", "0.5"),
     (["whatif", *PERF], "--alpha-us", "1_0", "1e1"),
 ])
 def test_number_options_refuse_underscores(monkeypatch, capsys, args, option, bad, good):

@@ -127,16 +127,23 @@ def cal(tmp_path):
     (["--intra-bandwidth", "3.6tbit"], "--intra-bandwidth 3.6tbit is the link between the "
                                         "ranks of one node"),
     (["--intra-bandwidth", "3.6tbit", "--ranks-per-node", "1"], "give --ranks-per-node 2"),
+    (["--density", "0.5"], "--density 0.5: no method of --agg dense takes it"),
+    (["--rank", "2"], "--rank 2: no method of --agg dense takes it"),
 ])
 def test_an_option_the_prediction_would_not_read_is_refused(monkeypatch, capsys, cal, command,
                                                             extra, said) -> None:
     """Each ran (exit 0) and printed predictions the option had no part in: --reference
     beside --calibration (the calibration's terms were used), --intra-bandwidth with one rank
-    per node."""
+    per node, --density or --rank where no method takes it. A method that takes it is
+    given it."""
     args = [command, "--workers", "4", "--agg", "dense",
             *(cal if a == "CAL" else a for a in extra)]
     code, _, err = run_cli(monkeypatch, capsys, args)
     one_line_cli_error(code, err, said)
+    if extra[0] in ("--density", "--rank"):
+        code, _, err = run_cli(monkeypatch, capsys, [command, "--workers", "4", "--agg",
+                                                     "dense,topk,powersgd", *extra])
+        assert code == 0, err
 
 
 @settings(max_examples=60, deadline=None)
@@ -156,3 +163,11 @@ def test_the_ring_cpu_totals_and_busiest_rank_from_one_step_are_the_schedules(co
     comm._cpu_totals.cache_clear()
     comm._busiest.cache_clear()
     assert whole() == before
+
+
+def test_a_reference_setting_s_gamma_is_described_as_its_table_gives_it() -> None:
+    """Two significant digits printed h100's 0.00115 ns/B as 0.0012."""
+    from gradwire.perf import reference
+
+    assert "γ 0.00115 ns/B" in reference.get("h100").describe()
+    assert "γ 0.00333 ns/B" in reference.get("v100").describe()

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from gradwire import catalogue
 from gradwire.check import MAX_BATCH, MAX_RECORDED, MAX_SEQ_LEN, check_range
 from gradwire.cli.options import (
     check_outputs,
@@ -68,10 +69,20 @@ def _check_bucket(ctx: typer.Context, mode: str) -> None:
                             "bucket; leave --bucket-mb out")
 
 
-def _check_read(ctx: typer.Context, calibration: Path | None, ranks_per_node: int) -> None:
+def _check_read(ctx: typer.Context, calibration: Path | None, ranks_per_node: int,
+                agg: str | None) -> None:
     """Options typed where the prediction would not read them are refused, as --bucket-mb
     with --mode model: --reference beside --calibration (the calibration describes the
-    cluster), --intra-bandwidth with one rank per node (no transfer stays inside a node)."""
+    cluster), --intra-bandwidth with one rank per node (no transfer stays inside a node),
+    --density or --rank where no method of --agg takes it."""
+    names = [a.strip() for a in (agg or "").split(",") if a.strip()]
+    known = [n for n in names if n in catalogue.METHODS]
+    if names and len(known) == len(names):  # an unknown name is refused where it is read
+        for option, takes in (("density", lambda m: m.takes_density),
+                              ("rank", lambda m: "rank" in m.options)):
+            if typed(ctx, option) and not any(takes(catalogue.get(n)) for n in known):
+                raise GradwireError(f"--{option} {ctx.params[option]}: no method of --agg "
+                                    f"{agg} takes it; leave it out")
     if calibration is not None and typed(ctx, "reference"):
         raise GradwireError(f"--reference {ctx.params['reference']} is what is assumed without "
                             f"a calibration: --calibration {calibration} describes the cluster "
@@ -170,7 +181,7 @@ def whatif(
     check_outputs(("--plot", plot), ("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
     _check_bucket(ctx, mode)
-    _check_read(ctx, calibration, ranks_per_node)
+    _check_read(ctx, calibration, ranks_per_node, agg)
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,
@@ -224,7 +235,7 @@ def advise(
     check_outputs(("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
     _check_bucket(ctx, mode)
-    _check_read(ctx, calibration, ranks_per_node)
+    _check_read(ctx, calibration, ranks_per_node, agg)
     s = scenario.Scenario(model=model, agg=agg, density=density, rank=rank, mode=mode,
                           bucket_mb=bucket_mb, codecs=codecs, compute_ms=compute_ms,
                           overlap_slowdown=overlap_slowdown, alpha_us=alpha_us,

@@ -51,7 +51,7 @@ class Reference:
         table = (self.codecs if codecs in (None, self.codecs)
                  else f"{codecs} (given, for the setting's {self.codecs})")
         return (f"reference setting {self.name!r} ({self.description}): α "
-                f"{self.alpha * 1e6:g} µs, γ {self.gamma * 1e9:.2g} ns/B, codecs "
+                f"{self.alpha * 1e6:g} µs, γ {self.gamma * 1e9:.3g} ns/B, codecs "
                 f"{table}, κ {self.overlap_slowdown:g}, {coding}")
 
 
