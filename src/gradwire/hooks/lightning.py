@@ -15,6 +15,8 @@ itself, after Lightning has wrapped the module in DistributedDataParallel::
 Lightning's own launcher. A checkpoint the Trainer saves holds every rank's hook state
 (residuals, the warm-up's position, compressor memory), and a fit resumed from it with
 ``ckpt_path=`` restores this rank's: error feedback and the warm-up go on where they were.
+``validate``, ``test`` and ``predict`` with ``ckpt_path=`` take the weights only and leave the
+hook as it is (they run no hook: a checkpoint of another world size evaluates there too).
 Lightning is not a gradwire dependency; this module imports it when called.
 """
 
@@ -83,6 +85,7 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
                             "or 'fork'")
     try:
         from lightning.pytorch.strategies import DDPStrategy
+        from lightning.pytorch.trainer.states import TrainerFn
     except ImportError as e:
         raise GradwireError("gradwire.hooks.lightning needs Lightning: pip install "
                             "lightning") from e
@@ -103,9 +106,21 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
         def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any
                             ) -> dict[str, Any]:
             checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
-            load_hook_state(state, checkpoint.get(CHECKPOINT_KEY), self.global_rank,
-                            self.world_size, str(checkpoint_path))
+            if self._fitting():
+                # validate/test/predict(ckpt_path=) load the weights and run no hook: the
+                # states are refused at another world size, and would replace a live hook's
+                load_hook_state(state, checkpoint.get(CHECKPOINT_KEY), self.global_rank,
+                                self.world_size, str(checkpoint_path))
             return checkpoint
+
+        def _fitting(self) -> bool:
+            """Whether the Trainer that loads a checkpoint is fitting (True where it cannot
+            be told: a caller of its own)."""
+            try:
+                fn = self.lightning_module.trainer.state.fn
+            except (AttributeError, RuntimeError):  # no module, or none attached to a Trainer
+                return True
+            return fn is None or fn == TrainerFn.FITTING
 
     return GradwireDDPStrategy(**ddp_kwargs)
 

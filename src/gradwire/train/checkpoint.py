@@ -7,7 +7,10 @@ history, and the settings a resumed run must share (model, aggregation, density,
 world size, batch size, learning rate and momentum (the optimizer's state holds them), seed,
 sequence length, PowerSGD's rank) and the data it trained on (:func:`data_settings`: the text
 models read this Python's own standard library, which another Python version has other bytes
-of). Rank 0 writes it after each epoch, atomically.
+of). Rank 0 writes it after each epoch, atomically, with a digest of everything it holds:
+torch's zip reader checks no checksum, so a flipped bit in a tensor (a damaged disk, a copy
+cut and patched) loaded silently as other weights, momentum or residuals; such a file is
+refused.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from gradwire.jsonfile import written_to
 from gradwire.models.task import Task, optimizer
 
 FORMAT = 1
+# Where a checkpoint keeps digest() of the rest (absent from one written before it was kept)
+DIGEST = "digest"
 # Settings that must match for a resumed run to continue the same run.
 MUST_MATCH = ("model", "agg", "density", "mode", "warmup", "world_size", "batch_size", "lr",
               "momentum", "seed", "seq_len", "rank")
@@ -52,9 +57,38 @@ def data_settings(task: Task) -> dict[str, Any]:
 
 def save(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` through a temporary file, so a crash leaves the old one; a
-    link to a file stays a link, its file replaced (:func:`~gradwire.jsonfile.written_to`)."""
+    link to a file stays a link, its file replaced (:func:`~gradwire.jsonfile.written_to`).
+    The file holds a digest of ``state`` (:func:`digest`), which :func:`load` checks."""
+    body = {k: v for k, v in state.items() if k not in ("format", DIGEST)}
     with written_to(Path(path)) as tmp:
-        torch.save({"format": FORMAT, **state}, tmp)
+        torch.save({"format": FORMAT, **body, DIGEST: digest(body)}, tmp)
+
+
+def digest(obj: Any) -> str:
+    """sha256 of ``obj``'s contents: every tensor's dtype, shape and bytes, every other value's
+    type and repr, dicts (in order) and lists walked; what torch.load gives back of what
+    torch.save wrote has the same digest."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _feed(h: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{list(obj.shape)}:".encode())
+        h.update(t.view(torch.uint8).numpy())
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)}:".encode())
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(obj, list | tuple):
+        h.update(f"{type(obj).__name__}{len(obj)}:".encode())
+        for v in obj:
+            _feed(h, v)
+    else:
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
@@ -75,6 +109,12 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise GradwireError(f"--resume: {str(path)!r} is not a gradwire checkpoint "
                             f"(format {FORMAT})")
+    if DIGEST in ck:
+        body = {k: v for k, v in ck.items() if k not in ("format", DIGEST)}
+        if ck[DIGEST] != digest(body):
+            raise GradwireError(f"--resume: {str(path)!r} is damaged: its contents do not "
+                                "match the digest it was written with (a changed or corrupt "
+                                "file); resume from an intact copy")
     kinds = {"settings": dict, "epoch": int, "model": dict, "optimizer": dict,
              "aggregation": list, "history": dict}
     for key, kind in kinds.items():
