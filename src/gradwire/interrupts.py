@@ -60,5 +60,30 @@ def on_signals(handler: Callable[[int], None],
                     signal.signal(sig, lambda signum, _frame: handler(signum))
         yield
     finally:
-        for sig, h in old.items():
-            signal.signal(sig, signal.SIG_DFL if h is None else h)  # None: set outside Python
+        _restore(old)
+
+
+def _restore(old: dict[int, object]) -> None:
+    """Set every handler of ``old`` back, then raise what a handler raised meanwhile.
+
+    A signal that comes while they are set back runs the handler of its own signal, which may
+    already be the old one, and raise: raised at once, it left the handlers after it replaced
+    for good (a teardown's, which only notes a signal, swallowed every later Ctrl-C)."""
+    todo = list(old.items())
+    raised: BaseException | None = None
+    tries = 0  # of todo[0]: one that fails for good (not a handler's raise) is given up
+    while todo:
+        try:
+            while todo:
+                sig, h = todo[0]
+                signal.signal(sig, signal.SIG_DFL if h is None else h)  # None: set outside Python
+                del todo[0]
+                tries = 0
+        except BaseException as e:  # noqa: BLE001 - raised once every handler is back
+            raised = raised or e
+            tries += 1
+            if tries > len(STOP_SIGNALS) + 1:
+                del todo[0]
+                tries = 0
+    if raised is not None:
+        raise raised

@@ -295,6 +295,8 @@ def launch(
     if not cmd:
         raise GradwireError("no command given: expected `gradwire run ... -- CMD ARGS...`")
     check_timeout(timeout)
+    if not cluster.hosts:  # a state file with none: an IndexError traceback below
+        raise GradwireError(f"cluster {cluster.name} has no hosts to run {cmd[0]!r} on")
     extra_env = extra_env or {}
     try:
         settle = config.timeout({**os.environ, **extra_env})

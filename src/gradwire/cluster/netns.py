@@ -35,6 +35,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
@@ -388,11 +389,15 @@ def _signals_raise() -> Iterator[None]:
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold the stop signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT) until the block ends (a
-    teardown that a second Ctrl-C would leave half done), then deliver the first that came."""
+    teardown that a second Ctrl-C would leave half done), then deliver the first that came,
+    unless the block runs on the way out of a stop signal already (a teardown in a ``finally``
+    that an :class:`Interrupted` or KeyboardInterrupt passes through): a second signal then
+    waits and is done with. Delivered, it had replaced the first's Interrupted with its own:
+    "stopped 2 ranks" lost from the line, and a Ctrl-C then SIGTERM exited 143, not 130."""
     came: list[int] = []
     with on_signals(came.append):
         yield
-    if came:
+    if came and not isinstance(sys.exc_info()[1], (Interrupted, KeyboardInterrupt)):
         signal.raise_signal(came[0])
 
 
@@ -424,6 +429,16 @@ def _remove(name: str) -> None:
     remove_hosts_files(name)
     with contextlib.suppress(FileNotFoundError):
         (config.state_dir() / f"{name}.json").unlink()
+
+
+def _made_here(name: str) -> bool:
+    """Whether cluster ``name``'s state file says that this process made it (a name found
+    taken by another cluster is not this process's to remove)."""
+    try:
+        owner = load_cluster(name).owner
+    except GradwireError:
+        return False
+    return owner == [os.getpid(), process_start_ticks(os.getpid()) or 0]
 
 
 def _orphans(out: str) -> set[str]:
@@ -478,11 +493,15 @@ def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False,
         check_mtu(mtu)
         yield loopback_cluster(hosts)
         return
+    # Named here, so that a signal that comes as cluster_up returns (its own clean-up over,
+    # the cluster not yet in hand here) cannot leave the cluster up until the next one reaps
+    # it: what this process made is known by its state file's owner.
+    name = f"gw{secrets.token_hex(3)}"
     cluster = None
     with _signals_raise():
         try:
-            cluster = cluster_up(hosts, bandwidth, owned=True, mtu=mtu)
+            cluster = cluster_up(hosts, bandwidth, name=name, owned=True, mtu=mtu)
             yield cluster
         finally:
-            if cluster is not None:
-                _teardown(cluster.name)
+            if cluster is not None or _made_here(name):
+                _teardown(name)

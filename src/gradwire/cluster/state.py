@@ -124,7 +124,10 @@ class Cluster:
         """Parse a state file; ValueError unless every name it holds is one gradwire makes
         (they go to ``ip netns exec`` as arguments: nothing that starts with '-' or lies
         outside the cluster may pass)."""
-        d = json.loads(text)
+        try:
+            d = json.loads(text)
+        except RecursionError:  # a file of nested brackets: a traceback at every cluster up
+            raise ValueError("it is nested too deeply to be a cluster's state") from None
         d["hosts"] = [Host(**h) for h in d["hosts"]]
         c = Cluster(**d)
         ns = re.compile(rf"{re.escape(c.name)}-h\d+")
@@ -147,9 +150,14 @@ class Cluster:
         if not is_int(c.subnet, 0, MAX_SUBNET):
             raise ValueError(f"cluster state {c.name!r} has a subnet that is not an integer "
                              f"from 0 to {MAX_SUBNET}")
-        if [h.rank for h in c.hosts] != list(range(len(c.hosts))):
+        # ranks that only compare equal (false, true; 0.0) went to the ranks as RANK=True
+        if [h.rank for h in c.hosts] != list(range(len(c.hosts))) or any(
+                type(h.rank) is not int for h in c.hosts):
             raise ValueError(f"cluster state {c.name!r} has hosts whose ranks are not 0, 1, .. "
                              "in order")
+        if len(c.hosts) > MAX_HOSTS:
+            raise ValueError(f"cluster state {c.name!r} has {len(c.hosts)} hosts: expected at "
+                             f"most {MAX_HOSTS}")
         if not NAME_RE.match(c.name) or any(
                 h.netns is None or not ns.fullmatch(h.netns)
                 or not re.fullmatch(r"[\w.]+", h.addr) or not re.fullmatch(r"\w+", h.ifname)
