@@ -62,6 +62,18 @@ def _world_rank(rank: int, checks, world: int, url: str, out: str, args: tuple) 
     dist.destroy_process_group()
 
 
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """For `gradwire train` refusals: a run that gets as far as its cluster fails the test
+    (the refusal came too late)."""
+    import gradwire.cli.train
+
+    def started(*args, **kwargs):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(gradwire.cli.train, "ephemeral_cluster", started)
+
+
 def cli_error(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     """Run ``gradwire ARGS`` in this process; (exit code, stderr). For inputs that must fail."""
     from gradwire import cli

@@ -21,17 +21,6 @@ SETTINGS = {"model": "mlp-small", "agg": "topk", "density": 0.01, "mode": "bucke
 MARK = 1234.5625
 
 
-@pytest.fixture
-def no_cluster(monkeypatch):
-    """A run that gets as far as its cluster fails the test: the refusal came too late."""
-    import gradwire.cli.train
-
-    def started(*args, **kwargs):
-        raise AssertionError("a cluster was started")
-
-    monkeypatch.setattr(gradwire.cli.train, "ephemeral_cluster", started)
-
-
 def _state() -> dict:
     """What the worker saves after epoch 1 of a 2-rank mlp-small topk run, a residual marked."""
     from gradwire.models import build_model

@@ -16,17 +16,6 @@ SETTINGS = {"model": "lstm", "agg": "dense", "density": 0.001, "mode": "bucket",
             "seq_len": 64, "rank": None}
 
 
-@pytest.fixture
-def no_cluster(monkeypatch):
-    """A run that gets as far as its cluster fails the test: the refusal came too late."""
-    import gradwire.cli.train
-
-    def started(*args, **kwargs):
-        raise AssertionError("a cluster was started")
-
-    monkeypatch.setattr(gradwire.cli.train, "ephemeral_cluster", started)
-
-
 def _vocabulary() -> int:
     from gradwire.models import get_spec
     from gradwire.models.task import load_task

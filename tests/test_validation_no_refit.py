@@ -11,22 +11,15 @@ import inspect
 import itertools
 from pathlib import Path
 
-import calibration_doc
 import pytest
 from rich.console import Console
+from test_perf_validation_script import AGGS, CALIBRATION, PROFILE
 
 from gradwire.bench import validation as pv
 from gradwire.bench.validation import runs as pv_runs
 from gradwire.sim import emulate
 from gradwire.sim.trace import synthetic
 
-AGGS = ["dense", "fp16", "topk", "gtopk", "powersgd", "signsgd"]
-PROFILE = {
-    "format": 1, "model": "toy", "description": "a test's", "batch_size": 32,
-    "dtype": "float32", "forward_s": 2e-3, "backward_s": 4e-3, "step_s": 1e-3, "sources": {},
-    "backward_layer_s": [1e-3, 3e-3],
-    "params": [["fc.bias", 1000, [1000]], ["fc.weight", 100_000, [1000, 100]]]}
-CALIBRATION = calibration_doc.doc(codecs=calibration_doc.codecs(AGGS, 101_000, 2e-4, 5e-5))
 ABSURD = (1e-9, 1e4)  # measured seconds no prediction could be near
 
 
