@@ -90,3 +90,12 @@ def test_a_progress_line_of_a_number_too_long_for_int_is_the_ranks_output(digits
 def test_the_perplexity_of_a_nan_loss_is_nan_not_inf():
     assert math.isnan(perplexity(math.nan))
     assert perplexity(800.0) == math.inf and perplexity(1.0) == pytest.approx(math.e)
+
+
+def test_lp_given_a_numpy_block_directly_counts_its_blocks_in_python_ints():
+    """The registry turns numpy ints into Python ints; lp.pick_block called directly took
+    np.int32(200000) × MAX_BLOCKS in int32, which wrapped, and refused 10**9 elements."""
+    from gradwire.schedules import lp
+
+    assert lp.pick_block(10**9, 1, np.int32(200_000), 0, 1, 4) == 200_000
+    assert type(lp.pick_block(10**9, 1, np.int64(300_000), 0, 1, 4)) is int

@@ -151,3 +151,14 @@ def test_emulate_refuses_host_costs_it_would_ignore(here, monkeypatch, capsys, e
     code, _, err = run_cli(monkeypatch, capsys, ["simulate", "--trace", "in.jsonl", "--emulate"],
                            started=(Started,))
     assert code == 0, err
+
+
+@pytest.mark.parametrize("value", ["1.0", "0.0"])
+def test_a_mechanism_flag_is_on_off_1_or_0_not_a_float(value):
+    """barrier=1.0 was taken as on and 0.0 as off: 1.0 == 1 in Python."""
+    from gradwire.sim import mechanisms
+
+    with pytest.raises(GradwireError, match=f"barrier must be on or off, got {value}"):
+        mechanisms.parse(f"ps:barrier={value}")
+    assert mechanisms.parse("ps:barrier=1").options.barrier is True
+    assert mechanisms.parse("ps:barrier=0").options.barrier is False

@@ -70,7 +70,7 @@ def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: 
             block = min(block, sndbuf // itemsize)
     elif not is_int(block, 1):
         raise GradwireError(f"block must be an int >= 1 (elements per block), got {block!r}")
-    elif count > block * MAX_BLOCKS:
+    elif count > (block := int(block)) * MAX_BLOCKS:  # a numpy int32's product wrapped
         raise GradwireError(f"block={block} cuts {count} elements into {-(-count // block)} "
                             f"blocks, a message each on every link: at most {MAX_BLOCKS}, so "
                             f"block >= {-(-count // MAX_BLOCKS)} here")

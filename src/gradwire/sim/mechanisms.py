@@ -49,9 +49,11 @@ class Mechanism:
 
 
 def _flag(label: str, key: str, v: object) -> bool:
-    if v in ("on", "true", 1, "yes"):
+    # 1 and 0 as whole numbers only: 1.0 and 0.0 (and True) compare equal to them
+    whole = type(v) is int
+    if v in ("on", "true", "yes") or (whole and v == 1):
         return True
-    if v in ("off", "false", 0, "no"):
+    if v in ("off", "false", "no") or (whole and v == 0):
         return False
     raise GradwireError(f"mechanism {label!r}: {key} must be on or off, got {v!r}")
 
