@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from gradwire.check import is_int
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 from gradwire.schedules.ir import Schedule, Step, Table, blocks, chain
 from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
@@ -54,8 +54,8 @@ class CollectiveOptions:
     multicast: bool = False  # ring+multicast: the second ring is IP multicast
 
     def __post_init__(self) -> None:
-        """The checks :mod:`gradwire.sim.mechanisms` makes of a mechanism's text, made of
-        options built in Python too: a one-line error here, not a TypeError in a run."""
+        """Every option checked when made, built in Python or parsed from a mechanism's text
+        (:mod:`gradwire.sim.mechanisms`): a one-line error here, not a TypeError in a run."""
         if not is_int(self.bucket_bytes, 0):
             raise GradwireError(f"bucket_bytes must be bytes >= 0 (an integer; 0: one bucket "
                                 f"per parameter), got {self.bucket_bytes!r}")
@@ -67,8 +67,8 @@ class CollectiveOptions:
                                     f"{getattr(self, name)!r}")
         if "itemsize" in self.params:  # bucket_spec would replace it, silently
             raise GradwireError(f"option 'itemsize' is not taken: the simulator counts a "
-                                f"bucket in its own elements, got itemsize="
-                                f"{self.params['itemsize']!r}")
+                                f"bucket in its own elements (bytes where its size is no "
+                                f"multiple of them), got itemsize={self.params['itemsize']!r}")
         if self.multicast:
             if self.algo != "ring" or self.compressor is not None:
                 raise GradwireError(f"multicast runs ring+multicast: algo 'ring' and no "
@@ -82,8 +82,9 @@ class CollectiveOptions:
 
             registry.get("allreduce", self.algo)  # raises naming the known ones
             if not isinstance(self.compressor, str) or self.compressor not in METHODS:
-                raise GradwireError(f"unknown compressor {self.compressor!r}: expected an "
-                                    f"aggregation method, one of {', '.join(METHODS)}")
+                raise GradwireError(f"unknown compressor {self.compressor!r}"
+                                    f"{did_you_mean(str(self.compressor), METHODS)}: expected "
+                                    f"an aggregation method, one of {', '.join(METHODS)}")
             if self.params:  # a compressed bucket runs the method's calls, not these
                 raise GradwireError(f"params (the dense allreduce's) are not taken with "
                                     f"compressor {self.compressor!r}: give its options in "

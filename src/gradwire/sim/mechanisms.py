@@ -71,15 +71,6 @@ def parse(text: str) -> Mechanism:
         raise GradwireError(f"mechanism {label!r}: {msg}") from None
 
 
-def _no_itemsize(label: str, params: dict) -> None:
-    """Refuse ``itemsize=``: the simulator counts each bucket in float32 elements (bytes where
-    the bucket is no whole number of them) and would replace the value given, silently."""
-    if "itemsize" in params:
-        raise GradwireError(f"mechanism {label!r}: option 'itemsize' is not taken: the "
-                            "simulator counts a bucket in 4-byte elements (bytes where its size "
-                            f"is no multiple of 4), got itemsize={params['itemsize']!r}")
-
-
 def _parse(label: str) -> Mechanism:
     name, *rest = label.split(":")
     params = parse_params(rest, f"mechanism {label!r}: option")
@@ -111,23 +102,10 @@ def _parse(label: str) -> Mechanism:
         raise GradwireError(f"unknown mechanism {name!r}{did_you_mean(name, names)}: expected "
                             f"one of {', '.join(names)}")
     bucket = _bucket(label, params)
-    _no_itemsize(label, params)
     comp = params.pop("compress", None)
-    if comp is not None:
-        from gradwire.catalogue import METHODS
-
-        if comp not in METHODS:
-            raise GradwireError(f"mechanism {label!r}: unknown compressor {comp!r}"
-                                f"{did_you_mean(str(comp), METHODS)}: expected an aggregation "
-                                f"method, one of {', '.join(METHODS)}")
-        try:
-            METHODS[str(comp)].compressor_from(params)  # checks its parameters now
-        except GradwireError as e:
-            raise GradwireError(f"mechanism {label!r}: {e}") from None
-        opts2 = CollectiveOptions(algo, bucket, str(comp), params)
-    else:
-        registry.schedule("allreduce", algo, 2, 2, **params)  # checks the parameters now
-        opts2 = CollectiveOptions(algo, bucket, None, {}, params)
+    # CollectiveOptions checks the rest now (parse names the mechanism in its errors)
+    opts2 = (CollectiveOptions(algo, bucket, None, {}, params) if comp is None
+             else CollectiveOptions(algo, bucket, comp, params))
     return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec), opts2)
 
 
@@ -140,12 +118,10 @@ def _bucket(label: str, params: dict) -> int:
 
 def _ring_multicast(label: str, params: dict) -> Mechanism:
     bucket = _bucket(label, params)
-    _no_itemsize(label, params)
     if "compress" in params:
         raise GradwireError(f"mechanism {label!r}: ring+multicast takes no compressor "
                             "(bucket= and pipeline= only)")
-    registry.schedule("reducescatter", "ring", 2, 2, **params)  # checks the parameters now
-    opts = CollectiveOptions("ring", bucket, None, {}, params, multicast=True)
+    opts = CollectiveOptions("ring", bucket, None, {}, params, multicast=True)  # checks them
     return Mechanism(label, lambda t, c, rec: simulate_ring_multicast(t, c, opts, label, rec),
                      opts)
 
