@@ -141,8 +141,8 @@ def run(out: Path, prof: Profile, model: str, density: float, rank: int, device:
     dist.init_process_group("nccl" if device == "cuda" else "gloo",
                             timeout=datetime.timedelta(seconds=600))
     try:
-        if dist.get_world_size() < 2:
-            raise SystemExit("gradwire calibrate needs at least 2 ranks, got 1")
+        if dist.get_world_size() < 2:  # α is per step of a ring of P ranks: 2(P − 1) steps
+            raise GradwireError("gradwire calibrate needs at least 2 ranks, got 1")
         cal = measure(prof, model, density, rank, dev, command)
         if cal is not None:
             save(cal, out)

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING, elements
+from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING, check_op, elements
 from gradwire.check import parse_int
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
@@ -259,12 +259,24 @@ def check_args(a: argparse.Namespace) -> tuple[list[int], list[dict]]:
     except ValueError:
         specs = None
     if not (isinstance(specs, list) and specs and all(
-            isinstance(s, dict) and {"label", "name", "params"} <= s.keys() for s in specs)):
+            isinstance(s, dict) and {"label", "name", "params"} <= s.keys()
+            and isinstance(s["label"], str) and isinstance(s["name"], str)
+            and isinstance(s["params"], dict) for s in specs)):
         raise GradwireError(f"--algos {a.algos!r}: expected a JSON list of {{label, name, "
                             "params}")
+    # --op avg where the collective does not reduce: the builtin row would divide a broadcast
+    # or a gather by P and be counted wrong, gradwire's calls would ignore it
+    check_op(a.collective, a.op)
     for s in specs:
-        if s["name"] != BUILTIN:
-            registry.get(a.collective, s["name"])
+        if s["name"] == BUILTIN:
+            if s["params"]:
+                raise GradwireError(f"--algos: the builtin baseline takes no parameters, got "
+                                    f"{s['params']}")
+            continue
+        try:
+            registry.check_params(registry.get(a.collective, s["name"]), s["params"])
+        except GradwireError as e:
+            raise GradwireError(f"--algos: algorithm {s['label']!r}: {e}") from None
     return sizes, specs  # type: ignore[return-value]
 
 

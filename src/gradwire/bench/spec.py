@@ -106,7 +106,9 @@ def parse_specs(collective: str, text: str | None) -> list[AlgoSpec]:
 
 def check_shared(collective: str, specs: list[AlgoSpec], params: dict) -> None:
     """Each ``--param`` must be taken by at least one algorithm of ``specs`` (it goes to
-    those that take it): otherwise it is a typo or meant for an algorithm not run."""
+    those that take it and do not set it in their spec): otherwise it is a typo, meant for an
+    algorithm not run, or overridden everywhere (``--algo ring:pipeline=2 --param
+    pipeline=4`` would run no algorithm with pipeline=4)."""
     takers = {s.name: registry.parameters(registry.get(collective, s.name))
               for s in specs if s.name != BUILTIN}
     known = sorted({k for ks in takers.values() for k in ks})
@@ -115,6 +117,11 @@ def check_shared(collective: str, specs: list[AlgoSpec], params: dict) -> None:
             raise GradwireError(f"--param {k}: no algorithm of {', '.join(takers) or 'none'} "
                                 f"takes it{did_you_mean(k, known)}; they take "
                                 f"{', '.join(known) or 'no parameters'}")
+        takes = [s for s in specs if s.name != BUILTIN and k in takers[s.name]]
+        if all(k in s.params for s in takes):
+            raise GradwireError(f"--param {k}: every algorithm that takes it sets its own "
+                                f"({', '.join(s.label for s in takes)}), so it would reach "
+                                "none")
 
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}  # --device: the process group it runs over

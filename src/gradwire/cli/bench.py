@@ -82,6 +82,7 @@ def bench(
     from gradwire.bench.report import wrong_rows
     from gradwire.bench.run import run_bench
     from gradwire.bench.spec import (
+        BUILTIN,
         ITEMSIZE,
         check_device,
         check_dtype,
@@ -98,6 +99,9 @@ def bench(
     check_outputs(("--json", json_out))
     check_timeout(timeout)
     specs = parse_specs(collective, algo)
+    if not builtin and any(s.name == BUILTIN for s in specs):  # it would run all the same
+        raise GradwireError(f"--no-builtin conflicts with --algo {algo!r}, which lists "
+                            "builtin: drop one of them")
     check_op(collective, op)
     check_dtype(dtype)
     check_device(device)
