@@ -248,7 +248,7 @@ def test_bench_fails_when_a_result_is_wrong_and_keeps_the_rows(tmp_path, monkeyp
 
     from gradwire.bench import run as bench_run
 
-    def fake_ranks(cluster, module, args, what, timeout, console, total, tick):
+    def fake_ranks(cluster, module, args, what, timeout, console, total, tick, ticked):
         row = {"collective": "allreduce", "name": "ring", "params": {}, "count": 256,
                "bytes": 1024, "type": "float32", "time_s": 1e-3, "wrong": 0, "header": True}
         return [{**row, "algo": "builtin", "name": "builtin", "header": False},

@@ -89,3 +89,30 @@ def test_no_builtin_with_builtin_listed_in_algo_is_refused(monkeypatch, capsys):
         code, _, err = run_cli(monkeypatch, capsys, [
             "bench", "--loopback", "--hosts", "2", "--sizes", "1K", *ok], started=(Started,))
         assert code == 0, err
+
+
+# ---- a bench that fails part way shows what it measured before
+
+
+def test_a_bench_that_fails_part_way_shows_the_rows_measured_before(monkeypatch, capsys):
+    """Rank 0 reports each row as it is measured; a rank that failed at the second size lost
+    the first size's row with the rest, where nccl-tests would have printed it."""
+    import gradwire.jobs
+    from gradwire.launcher import RunResult
+
+    row = {"collective": "allreduce", "algo": "ring", "name": "ring", "params": {},
+           "count": 256, "bytes": 1024, "type": "float32", "redop": "sum", "time_s": 2e-3,
+           "wrong": 0, "header": False}
+
+    def fails_at_the_second_size(cluster, cmd, timeout, sink):
+        sink(f"[rank 0] GW_BENCH {json.dumps(row)}")
+        sink("[rank 0] GW_BENCH {\"cut\": ")  # a line another thread wrote into: not a row
+        sink("[rank 1] killed")
+        return RunResult(1, "rank 1 exited with code 1", [])
+
+    monkeypatch.setattr(gradwire.jobs, "launch", fails_at_the_second_size)
+    code, out, err = run_cli(monkeypatch, capsys, [
+        "bench", "--loopback", "--hosts", "2", "--sizes", "1K,2K", "--algo", "ring",
+        "--no-builtin"])
+    assert code == 2 and "bench allreduce failed: rank 1 exited with code 1" in err
+    assert "1 of 2 rows measured before the failure" in " ".join(out.split())

@@ -25,13 +25,14 @@ from gradwire.launcher import PROGRESS, launch
 
 def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
               timeout: float | None, console: Console, total: int | None = None,
-              tick: str | None = None) -> object:
+              tick: str | None = None, ticked: list[str] | None = None) -> object:
     """Start ``python -m module args --out FILE`` on every host; return FILE's JSON.
 
     Progress comes from rank 0's ``GW_PROGRESS done total`` lines, or, with ``tick``, from
     counting rank 0 lines that start with ``tick`` against ``total``. It is a bar where the
     console is a terminal; where it is not (output piped or logged) and not quiet, a line on
-    stderr at each quarter of the run, or at its end where it counts none.
+    stderr at each quarter of the run, or at its end where it counts none. ``ticked``, a list,
+    gets the rest of each such ``tick`` line as it comes: what was done before a failure.
     """
     with tempfile.TemporaryDirectory(prefix="gradwire-") as tmp:
         out = Path(tmp) / "result.json"
@@ -52,6 +53,8 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
                     bar.update(task, completed=done, total=of)
                 elif tick and first and text.startswith(tick):
                     bar.advance(task)
+                    if ticked is not None:
+                        ticked.append(text.removeprefix(tick))
                 else:
                     tail.append(line)
                     return

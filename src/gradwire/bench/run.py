@@ -13,6 +13,7 @@ from gradwire.bench.spec import BACKENDS, BUILTIN, REDUCING, AlgoSpec
 from gradwire.cluster import Cluster
 from gradwire.cluster.netns import machine_send_buffer
 from gradwire.config import DEFAULT_ALPHA_S
+from gradwire.errors import GradwireError
 from gradwire.jobs import run_ranks
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams
@@ -33,6 +34,25 @@ def model_params(cluster: Cluster, device: str = "cpu") -> tuple[CostParams, str
     bps = cluster.bandwidth_bps or 10e9
     return (CostParams.for_link(bps, DEFAULT_ALPHA_S),
             f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, link rate, γ=0 ({why})")
+
+
+# what the table and the model read of a row
+ROW_KEYS = {"collective", "algo", "name", "params", "count", "bytes", "type", "time_s", "wrong"}
+
+
+def _rows(lines: list[str]) -> list[dict]:
+    """The rows rank 0 reported (``GW_BENCH`` lines' JSON) up to the first that does not
+    read as one."""
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            break
+        if not (isinstance(row, dict) and ROW_KEYS <= row.keys()):
+            break
+        rows.append(row)
+    return rows
 
 
 def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],
@@ -61,13 +81,24 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
             "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),
             "--warmup", str(warmup), "--batch", str(batch), "--op", op, "--device", device,
             *(["--interleave"] if interleave else [])]
-    rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
-                     console, total=len(sizes) * len(runs), tick="GW_BENCH ")
     p = len(cluster.hosts)
-    annotate(rows, p, cost_params)
     title = (f"{collective}{f' ({op})' if collective in REDUCING else ''}, {p} ranks"
              f"{' (NCCL, CUDA buffers)' if device == 'cuda' else ''}, {cluster.label}; "
              f"model: {source}")
+    measured: list[str] = []
+    total = len(sizes) * len(runs)
+    try:
+        rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
+                         console, total=total, tick="GW_BENCH ", ticked=measured)
+    except GradwireError:
+        # as nccl-tests prints each row when it is measured: the rows before the failure
+        done = _rows(measured)
+        if done:
+            annotate(done, p, cost_params)
+            console.print(table(done, f"{title} (the {len(done)} of {total} rows measured "
+                                      "before the failure)"))
+        raise
+    annotate(rows, p, cost_params)
     console.print(table(rows, title))
     for line in footer(rows):
         console.print(line, highlight=False)
