@@ -61,7 +61,7 @@ def merges(world_size: int) -> int:
     """The ⊤ merges on the busiest rank's path of a gTop-k aggregation over ``world_size``
     ranks: ⌈lg P⌉ (the butterfly's lg of the largest power of two ≤ P, plus the fold where P
     is not one; the tree's root, one per level)."""
-    return (world_size - 1).bit_length()
+    return (int(world_size) - 1).bit_length()  # numpy's integers have no bit_length
 
 
 BUILTIN = ("v100", "h100")

@@ -117,7 +117,8 @@ def _rows(t: Table, part: slice, first: int, k: int, node: np.ndarray, g: int) -
 
 def ref_count(p: int, pipeline: object = 1) -> int:
     """Elements from which summaries are scaled rather than built (see the module docstring)."""
-    return math.lcm(p, 1 << (p - 1).bit_length()) * (pipeline if isinstance(pipeline, int) else 1)
+    p = int(p)  # numpy's integers have no bit_length
+    return math.lcm(p, 1 << (p - 1).bit_length()) * (int(pipeline) if is_int(pipeline, 1) else 1)
 
 
 @functools.lru_cache(maxsize=512)

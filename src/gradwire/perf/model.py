@@ -180,9 +180,17 @@ class ClusterModel:
         check_int("cluster", "ranks per node", self.ranks_per_node, 1)
         if self.cpu_ranks is not None:
             check_int("cluster", "ranks per machine", self.cpu_ranks, 1)
+        # numpy's integers as Python's: the schedules and the codec table count with them
+        for name in ("workers", "ranks_per_node", "cpu_ranks"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
         if not _positive(self.link_bps) or np.size(self.link_bps) == 0:
             raise GradwireError(f"link rates must be finite numbers of bit/s > 0, got "
                                 f"{self.link_bps!r}")
+        if self.beta is None and not _positive(_per_byte(self.link_bps)):
+            # a subnormal rate: β = 8/rate is inf, and every time inf or NaN (inf·0)
+            raise GradwireError(f"link rates must be large enough that a byte takes a finite "
+                                f"time (8/rate seconds), got {self.link_bps!r}")
         if self.beta is not None and not _positive(self.beta):
             raise GradwireError(f"beta must be finite seconds per byte > 0, got {self.beta!r}")
         check_real("alpha (seconds per message)", self.alpha)
@@ -198,13 +206,21 @@ class ClusterModel:
                         ("token bucket (bytes)", self.burst)):
             check_real(what, v)
         check_real("the link inside a node (bit/s)", self.intra_bps, above=True)
+        if not _positive(_per_byte(self.intra_bps)):
+            raise GradwireError(f"the link inside a node (bit/s) must be large enough that a "
+                                f"byte takes a finite time (8/rate seconds), got "
+                                f"{self.intra_bps!r}")
         if self.coding_slowdown is not None:
             check_real("coding slowdown", self.coding_slowdown, 1.0)
         if self.alpha_transport is not None:
             check_real("alpha of gradwire's executor (seconds per message)",
                        self.alpha_transport)
         check_real("compute slowdown", self.compute_slowdown, 1.0)
-        for name, g in self.gamma_dtype:
+        for pair in self.gamma_dtype:
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise GradwireError(f"gamma_dtype: each entry must be a (dtype name, seconds "
+                                    f"per byte) pair, got {pair!r}")
+            name, g = pair
             # gamma_of looks a dtype up by its name: any other ("fp16", "half") is never used
             dtype = getattr(torch, name, None) if isinstance(name, str) else None
             if not isinstance(dtype, torch.dtype) or str(dtype) != f"torch.{name}":
@@ -368,7 +384,8 @@ def buckets(profile: Profile, agg: Aggregation) -> list[tuple[int, float]]:
 
 def operations(agg: Aggregation, numel: int, world: int, dtype: str = "float32",
                shapes: Shapes | None = None
-               ) -> tuple[list[tuple[str, str, int, int, dict]], int, list[torch.dtype | None]]:
+               ) -> tuple[list[tuple[str, str, int, int, dict]], int, list[torch.dtype | None],
+                          bool]:
     """The collectives one bucket of ``numel`` elements (tensors of ``shapes``, None: one flat
     tensor) runs, as (collective, algorithm, count, bytes per element, params), this rank's
     payload bytes, the dtype each call reduces in, and whether the bucket goes dense (no
@@ -390,6 +407,12 @@ def bytes_sent(agg: Aggregation, numel: int, world: int, dtype: str = "float32",
     return sent
 
 
+def _per_byte(bps: object) -> np.ndarray:
+    """Seconds per byte, 8/rate, of link rates of bit/s (inf where a rate is subnormal)."""
+    with np.errstate(over="ignore", divide="ignore"):
+        return 8.0 / np.asarray(bps, dtype=float)
+
+
 def _positive(v: object) -> bool:
     """Whether ``v`` is a finite real number > 0 or a 1-D array of them (not text, not bool)."""
     a = np.asarray(v) if not isinstance(v, str) else None
@@ -397,17 +420,23 @@ def _positive(v: object) -> bool:
             and bool((np.isfinite(a) & (a > 0)).all()))
 
 
-def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: CodecTable,
-            compute_speedup: float = 1.0, overlap_slowdown: float = 1.0) -> Prediction:
-    """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring),
-    with compute ``compute_speedup`` times faster than the profile's and backward
-    ``overlap_slowdown`` (κ) times slower beside communication."""
+def check_compute(profile: Profile, compute_speedup: float, overlap_slowdown: float) -> None:
+    """A one-line error unless ``profile`` has compute times and the compute speedup (> 0)
+    and κ (>= 1) are finite: what :func:`predict` and the what-if answers scale them by."""
     if not profile.has_compute:
         raise GradwireError(f"profile {profile.model!r} has no compute times "
                             f"({profile.sources.get('backward_s', 'no source')}); give "
                             f"--compute-ms FORWARD,BACKWARD or a measured profile")
     check_real("compute speedup", compute_speedup, above=True)
     check_real("overlap slowdown", overlap_slowdown, 1.0)
+
+
+def predict(profile: Profile, cluster: ClusterModel, agg: Aggregation, codecs: CodecTable,
+            compute_speedup: float = 1.0, overlap_slowdown: float = 1.0) -> Prediction:
+    """Iteration time of ``agg`` for ``profile`` on ``cluster`` (see the module docstring),
+    with compute ``compute_speedup`` times faster than the profile's and backward
+    ``overlap_slowdown`` (κ) times slower beside communication."""
+    check_compute(profile, compute_speedup, overlap_slowdown)
     p = cluster.workers
     alpha, beta, gamma = cluster.alpha, cluster.beta_s, cluster.gamma
     bs = _buckets(profile, agg)

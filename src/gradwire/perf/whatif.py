@@ -37,6 +37,7 @@ from gradwire.perf.model import (
     MAX_WORKERS,
     Aggregation,
     ClusterModel,
+    check_compute,
     check_workers,
     predict,
 )
@@ -232,7 +233,8 @@ def required_compression(profile: Profile, cluster: ClusterModel, speedup: float
     the profile's, times the cluster's compute slowdown (compute as the ranks run it), over
     ``speedup``, and times ``overlap_slowdown`` (κ: backward slows while communication runs
     beside it). The ring sums in the profile's dtype, at that dtype's γ, as predict's dense
-    allreduce does."""
+    allreduce does. Its inputs are checked as predict checks them (one-line errors)."""
+    check_compute(profile, speedup, overlap_slowdown)
     p, n = cluster.workers, profile.numel
     if p == 1:
         return [1.0] * np.size(cluster.beta_s)
