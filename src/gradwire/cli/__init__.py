@@ -98,7 +98,7 @@ def main() -> None:
                                                   errno.EROFS):
             raise
         where = "" if e.filename is None else f"{e.filename}: "
-        print(f"gradwire: error: {where}{e.strerror or e}", file=sys.stderr)
+        print(f"gradwire: error: {_one_line(f'{where}{e.strerror or e}')}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):  # an interrupt that came another way (a prompt)
         print("gradwire: interrupted; cleaned up", file=sys.stderr)

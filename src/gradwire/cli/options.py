@@ -16,7 +16,7 @@ from rich.console import Console
 from typer.core import TyperCommand
 
 from gradwire.bandwidth import format_bandwidth, parse_bandwidth
-from gradwire.check import MAX_BATCH, MAX_SEED, check_range, number_text
+from gradwire.check import MAX_BATCH, MAX_SEED, check_range, number_text, parse_int
 from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_available
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS
@@ -31,7 +31,10 @@ WIDTH = 120
 
 def _piped_width() -> int:
     columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) >= 40 else WIDTH
+    # ASCII digits, read by parse_int: int() refused "²" (which str.isdigit() takes) and more
+    # than 4300 digits with a ValueError, a traceback at import, before any command ran
+    width = parse_int(columns) if columns.isascii() and columns.isdigit() else None
+    return width if width is not None and width >= 40 else WIDTH
 
 
 console = Console(width=None if sys.stdout.isatty() else _piped_width())
@@ -175,7 +178,9 @@ def check_outputs(*options: tuple[str, Path | None],
             continue
         if option == "--plot":
             check_figure(path)
-        same = seen.setdefault(Path(os.path.abspath(path)), option)
+        # realpath, not abspath: a name through a link to the other's file or folder is the
+        # same file, and one option's write went through the link over the other's
+        same = seen.setdefault(Path(os.path.realpath(path)), option)
         if same != option:
             raise GradwireError(f"{same} and {option} name the same file, {str(path)!r}: one "
                                 "would overwrite the other")

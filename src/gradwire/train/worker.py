@@ -10,22 +10,27 @@ epoch, and ``--resume`` goes on from it as if the run had not stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import gc
 import itertools
 import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from gradwire.check import parse_int
 from gradwire.data import shard_indices
 from gradwire.errors import GradwireError
 from gradwire.hooks import MODES
+from gradwire.interrupts import on_signals
 from gradwire.jsonfile import check_writable, dumps, replace_text
 from gradwire.launcher import PROGRESS, check_timeout
 from gradwire.models import build_model, get_spec, num_parameters
@@ -71,13 +76,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # written once the run is over
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig)})
     try:
-        validate(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+        validate(cfg, world_size())
         check_writable(a.out, "--out")
         check_writable(a.checkpoint, "--checkpoint")
+        _check_apart(a.out, a.checkpoint)
         check_timeout(a.timeout)
     except GradwireError as e:
         p.error(str(e))
     return a
+
+
+def world_size() -> int:
+    """The ranks of this run as the launcher's WORLD_SIZE gives them (1 where it is unset), in
+    one line where it is no whole number >= 1: int() of it ended in a ValueError traceback, 0
+    in a ZeroDivisionError one."""
+    raw = os.environ.get("WORLD_SIZE")
+    if raw is None:
+        return 1
+    world = parse_int(raw)
+    if world is None or world < 1:
+        raise GradwireError(f"WORLD_SIZE must be a whole number >= 1 (the number of ranks, "
+                            f"as gradwire run and torchrun set it), got {raw!r}")
+    return world
+
+
+def _check_apart(out: str | None, ck: str | None) -> None:
+    """--out and --checkpoint are two files: the result, written last, replaced the
+    checkpoint, and a resume then found no checkpoint there."""
+    if out is None or ck is None:
+        return
+    same = os.path.realpath(out) == os.path.realpath(ck)
+    with contextlib.suppress(OSError):  # either not there yet: the names tell
+        same = same or os.path.samefile(out, ck)
+    if same:
+        raise GradwireError(f"--out and --checkpoint name the same file, {out!r}: the result "
+                            "would replace the checkpoint; write them to two files")
 
 
 def settings(args: argparse.Namespace, world: int) -> dict[str, Any]:
@@ -124,14 +157,20 @@ def train_epoch(fwd: nn.Module, agg: HookedDDP, opt: torch.optim.Optimizer, task
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    except ValueError as e:  # torch's env:// rendezvous: RANK, MASTER_ADDR, ... unset or bad
+        raise GradwireError(f"cannot join the run's process group ({e}): start the worker "
+                            "under gradwire run or torchrun, which set RANK, WORLD_SIZE, "
+                            "MASTER_ADDR and MASTER_PORT") from None
     result = train(args)
     # train() has returned, so the DDP model and the hook's thread, which hold the process
     # group, are gone before it is destroyed (destroyed under them, gloo can abort at exit).
     gc.collect()
     if result is not None and args.out:
         try:
-            replace_text(args.out, dumps(result, indent=1))  # strict JSON: a NaN loss is null
+            with _signals_end_the_write():
+                replace_text(args.out, dumps(result, indent=1))  # strict JSON: NaN is null
         except OSError as e:  # checked before the run; a disk can still fill
             raise GradwireError(f"cannot write --out {args.out!r}: {e.strerror or e}") from None
     dist.destroy_process_group()
@@ -208,9 +247,11 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg
     failed = torch.zeros(1)
     if dist.get_rank() == 0:
         try:
-            checkpoint.save(path, {"epoch": epoch, "settings": run_settings,
-                                   "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                   "aggregation": states, "history": history})
+            with _signals_end_the_write():
+                checkpoint.save(path, {"epoch": epoch, "settings": run_settings,
+                                       "model": model.state_dict(),
+                                       "optimizer": opt.state_dict(),
+                                       "aggregation": states, "history": history})
         except (OSError, RuntimeError) as e:  # torch.save says RuntimeError for a lost folder
             print(f"gradwire train: error: cannot write checkpoint {path!r} after epoch "
                   f"{epoch}: {e}", file=sys.stderr, flush=True)
@@ -218,6 +259,34 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg
     dist.all_reduce(failed)  # every rank stops, none waits on a peer that has gone
     if failed.item():
         raise SystemExit(1)
+
+
+class _Stopped(BaseException):
+    """A signal that came while rank 0 wrote a file (:func:`_signals_end_the_write`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stopped(signum: int) -> None:
+    raise _Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals_end_the_write() -> Iterator[None]:
+    """While rank 0 writes a file: SIGTERM (how a launcher stops the ranks), SIGINT, SIGHUP
+    and SIGQUIT unwind the write, which removes its temporary file, and then end the rank as
+    they would have (their default action). Left to that default from the start, they ended
+    the process at once, and a ``.NAME.PID.tmp`` as large as the checkpoint stayed beside it.
+    (Not a SystemExit: the interpreter's exit under a live gloo process group can abort.)"""
+    try:
+        with on_signals(_stopped):
+            yield
+    except _Stopped as e:
+        signal.signal(e.signum, signal.SIG_DFL)
+        signal.raise_signal(e.signum)
+        os._exit(128 + e.signum)  # a signal whose default does not end the process: none here
 
 
 def summarize(args: argparse.Namespace, run_settings: dict[str, Any], model: nn.Module,
