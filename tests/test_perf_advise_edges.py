@@ -3,8 +3,9 @@
 At P = 4095 every DDP bucket is below the ring's reference count, lcm(4095, 4096) elements, so
 each bucket's size built a ring schedule of 2(P − 1)·P transfers to be priced (76-112 s for
 `advise --workers 4095`). The ring's summary is now read from one step per phase
-(comm.ring_summary): the tests hold it, and every prediction made with it, equal to what the
-whole schedule gives."""
+(comm.ring_summary), and with several ranks per node from one bit mask of row kinds per
+rotation (comm.ring_node_summary): the tests hold them, and every prediction made with them,
+equal to what the whole schedule gives."""
 
 from __future__ import annotations
 
@@ -39,6 +40,25 @@ def test_the_ring_summary_from_one_step_is_the_schedules(collective, p, count) -
     built = comm.summarise(registry.table(collective, "ring", p, count, cached=False,
                                           pipeline=1))
     assert _same(comm.ring_summary(p, count, PHASES[collective]), built)
+
+
+@settings(max_examples=80, deadline=None)
+@given(collective=st.sampled_from(sorted(PHASES)), p=st.integers(2, 40),
+       count=st.integers(1, 3000), per_node=st.integers(2, 45))
+def test_the_ring_summary_on_nodes_is_the_schedules(collective, p, count, per_node) -> None:
+    """Several ranks per node (the last node possibly smaller, or one node of them all):
+    to the bit what summarise makes of the whole schedule."""
+    built = comm.summarise(registry.table(collective, "ring", p, count, cached=False,
+                                          pipeline=1), per_node)
+    assert _same(comm.ring_node_summary(p, count, PHASES[collective], per_node), built)
+
+
+def test_summarise_keeps_one_of_equal_rows() -> None:
+    """Equal rows of a step are one row: hashed by a BLAS product, two equal rows could differ
+    by an ulp and both be kept (P = 9, 3 ranks per node, 100 elements kept 7 groups of 6)."""
+    s = comm.summarise(registry.table("allreduce", "ring", 9, 100, cached=False, pipeline=1), 3)
+    for _, rows in s.groups:
+        assert len(np.unique(rows, axis=0)) == len(rows)
 
 
 def _profile(sizes: list[int]) -> Profile:
@@ -77,12 +97,14 @@ def test_predictions_with_ring_summaries_are_the_schedules(p, sizes, method, per
     assert _fields(after) == _fields(before)
 
 
-def test_advise_at_an_odd_p_builds_no_ring_schedule_and_ranks_as_before(monkeypatch) -> None:
+@pytest.mark.parametrize("per_node", [1, 8])
+def test_advise_at_an_odd_p_builds_no_ring_schedule_and_ranks_as_before(monkeypatch,
+                                                                         per_node) -> None:
     """`advise --workers 4095` built a ring schedule for every bucket size it priced; at
     P = 257 (reference count 131,584) a 2-bucket model and PowerSGD's small calls do the
     same. Now none is built, and the ranking's numbers are the schedule's."""
     prof = _profile([300_000, 9_000, 120_000])
-    cluster = model.ClusterModel(257, 1e9, 5e-5, 3e-12)
+    cluster = model.ClusterModel(257, 1e9, 5e-5, 3e-12, ranks_per_node=per_node)
     table = codecs.load("h100")
     aggs = [model.Aggregation(m, bucket_mb=1.0) for m in ("dense", "fp16", "powersgd",
                                                           "signsgd", "gtopk")]
@@ -98,14 +120,14 @@ def test_advise_at_an_odd_p_builds_no_ring_schedule_and_ranks_as_before(monkeypa
 
 
 def test_ring_summaries_leave_what_they_do_not_price_to_the_schedule() -> None:
-    """A pipelined ring, several ranks per node, another algorithm, a bad parameter: built
-    as before (the bad parameter still named by the registry)."""
-    assert comm._ring_phases("allreduce", "ring", 8, 100, {"pipeline": 1}, 1) == ring.ALLREDUCE
-    assert comm._ring_phases("allgather", "ring", 8, 5, {}, 1) == ring.ALLGATHER
-    for args in ((8, 100, {"pipeline": 2}, 1), (8, 100, {}, 2), (1, 100, {}, 1),
-                 (8, 0, {}, 1), (8, 100, {"block": 4}, 1), (8, 100, {"itemsize": 0}, 1)):
+    """A pipelined ring, another algorithm, a bad parameter: built as before (the bad
+    parameter still named by the registry)."""
+    assert comm._ring_phases("allreduce", "ring", 8, 100, {"pipeline": 1}) == ring.ALLREDUCE
+    assert comm._ring_phases("allgather", "ring", 8, 5, {}) == ring.ALLGATHER
+    for args in ((8, 100, {"pipeline": 2}), (1, 100, {}), (8, 0, {}), (8, 100, {"block": 4}),
+                 (8, 100, {"itemsize": 0})):
         assert comm._ring_phases("allreduce", "ring", *args) is None
-    assert comm._ring_phases("allreduce", "rd", 8, 100, {}, 1) is None
+    assert comm._ring_phases("allreduce", "rd", 8, 100, {}) is None
     with pytest.raises(Exception, match="block"):
         comm.summary("allreduce", "ring", 8, 100, block=4)
 

@@ -38,6 +38,16 @@ _HASH = np.array([1.0, 2.0**-20, np.pi, np.e * 2.0**-20, np.sqrt(2) * 2.0**-21, 
 _BLOCK_ROWS = 2**21  # (step, rank) pairs summarised at once: about 150 MB of rows
 
 
+def _hash(rows: np.ndarray) -> np.ndarray:
+    """A number per row (of :data:`COLUMNS`), the same for equal rows: a column at a time, as
+    ``rows @ _HASH`` (a BLAS product) can sum two equal rows in another order and tell them
+    apart by an ulp, which kept both."""
+    h = rows[:, 0] * _HASH[0]
+    for j in range(1, rows.shape[1]):
+        h = h + rows[:, j] * _HASH[j]
+    return h
+
+
 @dataclass(frozen=True)
 class Summary:
     """``groups``: (steps, rows) pairs; rows[i] is one rank in one step: its intra-node
@@ -80,7 +90,7 @@ def summarise(s: Schedule | Table, ranks_per_node: int = 1) -> Summary:
             if alike[i]:
                 r = r[:1]
             else:
-                _, first = np.unique(r @ _HASH, return_index=True)
+                _, first = np.unique(_hash(r), return_index=True)
                 r = r[first]
             key = r.tobytes()
             if key in seen:
@@ -124,8 +134,11 @@ def ref_count(p: int, pipeline: object = 1) -> int:
 @functools.lru_cache(maxsize=512)
 def _summary(collective: str, algo: str, p: int, count: int,
              params: tuple[tuple[str, object], ...], ranks_per_node: int) -> Summary:
-    phases = _ring_phases(collective, algo, p, count, dict(params), ranks_per_node)
-    found = None if phases is None else ring_summary(p, count, phases)
+    phases = _ring_phases(collective, algo, p, count, dict(params))
+    found = None
+    if phases is not None:
+        found = (ring_summary(p, count, phases) if ranks_per_node == 1
+                 else ring_node_summary(p, count, phases, ranks_per_node))
     return found or summarise(registry.table(collective, algo, p, count, cached=False,
                                              **dict(params)), ranks_per_node)
 
@@ -135,13 +148,14 @@ _RING_PHASES = {ring.allreduce_table: ring.ALLREDUCE, ring.reducescatter_table:
                 ring.REDUCE_SCATTER, ring.allgather_table: ring.ALLGATHER}
 
 
-def _ring_phases(collective: str, algo: str, p: object, count: object, params: dict,
-                 ranks_per_node: int) -> tuple[tuple[int, bool], ...] | None:
+def _ring_phases(collective: str, algo: str, p: object, count: object, params: dict
+                 ) -> tuple[tuple[int, bool], ...] | None:
     """The phases of ``registry.table(collective, algo, p, count, **params)`` where it is a
-    ring of one sub-chunk per chunk on one rank per node, of 2 ranks or more and 1 element or
-    more (:func:`ring_summary` summarises it without building it); None for anything else,
-    which is built (and refused there where the arguments are wrong)."""
-    if (not is_int(p, 2, registry.MAX_WORLD) or not is_int(count, 1) or ranks_per_node != 1
+    ring of one sub-chunk per chunk, of 2 ranks or more and 1 element or more
+    (:func:`ring_summary` and :func:`ring_node_summary` summarise it without building it);
+    None for anything else, which is built (and refused there where the arguments are
+    wrong)."""
+    if (not is_int(p, 2, registry.MAX_WORLD) or not is_int(count, 1)
             or not set(params) <= {"pipeline", "itemsize"}):
         return None
     try:
@@ -178,7 +192,7 @@ def ring_summary(p: int, count: int, phases: tuple[tuple[int, bool], ...]) -> Su
         if (rows == rows[:1]).all():
             r = rows[:1]
         else:
-            _, first_of = np.unique(rows @ _HASH, return_index=True)
+            _, first_of = np.unique(_hash(rows), return_index=True)
             r = rows[first_of]
             if len(np.unique(rows, axis=0)) != len(r):
                 return None
@@ -188,6 +202,83 @@ def ring_summary(p: int, count: int, phases: tuple[tuple[int, bool], ...]) -> Su
         else:
             seen[key] = [p - 1, r]
     return Summary(count, tuple((m, r) for m, r in seen.values()))
+
+
+@functools.lru_cache(maxsize=512)
+def ring_node_summary(p: int, count: int, phases: tuple[tuple[int, bool], ...],
+                      ranks_per_node: int) -> Summary | None:
+    """:func:`summarise` of ``ring_table(p, count, phases, 1)`` on ``ranks_per_node`` ranks
+    per node (consecutive ranks), without building its 2(P − 1)·P transfers. Each rank sends
+    to the next, so a node's one link out is its last rank's send and its one link in its
+    first rank's receive. At step i of a phase rank r sends chunk (r + s) mod p, s = first − i,
+    and a chunk holds q = ⌊count/p⌋ elements or one more: a rank's row is set by whether each
+    link is inside the node or not and by which size four chunks have (the one it sends, the
+    one it receives, its node's sent and its node's received). So each shift s is the set of
+    those codes present (at most 64, a bit mask), computed for every s at once, and each step
+    the rows of its shift's codes, deduplicated and ordered as summarise orders them; None
+    where two distinct rows share a hash (see :func:`ring_summary`)."""
+    g = max(1, min(ranks_per_node, p))
+    q = count // p
+    big = np.array([n > q for _, n in blocks(count, p)], dtype=np.uint8)
+    ranks = np.arange(p)
+    node = ranks // g
+    prev = (ranks - 1) % p
+    out_inter, in_inter = node != node[(ranks + 1) % p], node[prev] != node
+    multi = bool(out_inter.any())  # two nodes or more: links between nodes
+    sender, receiver = np.zeros(node[-1] + 1, dtype=np.int64), np.zeros_like(node)
+    sender[node[out_inter]], receiver[node[in_inter]] = ranks[out_inter], ranks[in_inter]
+    # at shift s rank x sends chunk x + s: row s of ``sent`` (a view of big twice over) is
+    # whether each rank's chunk is a large one; the other three bits are its columns r − 1
+    # (what r receives), its node's sender's and the one before its node's receiver
+    sent = np.lib.stride_tricks.sliding_window_view(np.concatenate([big, big]), p)
+    others = [(1, prev), (2, sender[node] if multi else ranks),
+              (3, prev[receiver[node]] if multi else ranks)]
+    role = (out_inter.astype(np.uint8) + 2 * in_inter.astype(np.uint8)) << 4
+    present = np.zeros((p, 64), dtype=bool)
+    block = max(1, _BLOCK_ROWS // p)
+    for lo in range(0, p, block):
+        own = sent[lo:min(lo + block, p)]
+        code = own + role
+        for bit, where in others:
+            code += np.take(own, where, axis=1) << bit
+        k = len(own)
+        present[lo:lo + k] = np.bincount((np.arange(k)[:, None] * 64 + code).ravel(),
+                                         minlength=k * 64).reshape(k, 64) > 0
+    masks = (present.astype(np.uint64) << np.arange(64, dtype=np.uint64)).sum(
+        axis=1, dtype=np.uint64)
+    seen: dict[bytes, list] = {}
+    made: dict[tuple[int, bool], bytes | None] = {}
+    for first, reduces in phases:
+        for i in range(p - 1):
+            mask = int(masks[(first - i) % p])
+            if (mask, reduces) not in made:
+                made[(mask, reduces)] = _node_rows(mask, q, reduces, multi, seen)
+            key = made[(mask, reduces)]
+            if key is None:
+                return None
+            seen[key][0] += 1
+    return Summary(count, tuple((m, r) for m, r in seen.values()))
+
+
+def _node_rows(mask: int, q: int, reduces: bool, multi: bool, seen: dict[bytes, list]
+               ) -> bytes | None:
+    """The rows of ``mask``'s codes (:func:`ring_node_summary`) as summarise keys them, put
+    in ``seen`` (with no step yet) where new; None where two distinct rows share a hash."""
+    code = np.array([c for c in range(64) if mask >> c & 1], dtype=np.int64)
+    out, into, node_out, node_in = (q + (code >> b & 1) for b in range(4))
+    inside_out, inside_in = (code >> 4 & 1) == 0, (code >> 5 & 1) == 0
+    rows = np.stack([inside_out & (out > 0), inside_out * out, inside_in & (into > 0),
+                     inside_in * into, multi & (node_out > 0), multi * node_out,
+                     multi & (node_in > 0), multi * node_in, into * reduces],
+                    axis=1).astype(float)
+    rows = np.unique(rows, axis=0)
+    _, first_of = np.unique(_hash(rows), return_index=True)
+    if len(first_of) != len(rows):
+        return None
+    r = rows[first_of]
+    key = r.tobytes()
+    seen.setdefault(key, [0, r])
+    return key
 
 
 def summary(collective: str, algo: str, p: int, count: int, ranks_per_node: int = 1,
@@ -281,7 +372,7 @@ def bytes_sent(collective: str, algo: str, p: int, count: int, elem_bytes: int,
 @functools.lru_cache(maxsize=512)
 def _busiest(collective: str, algo: str, p: int, count: int,
              params: tuple[tuple[str, object], ...]) -> float:
-    phases = _ring_phases(collective, algo, p, count, dict(params), 1)
+    phases = _ring_phases(collective, algo, p, count, dict(params))
     if phases is not None:
         return _ring_totals(p, count, phases)[1]
     t = registry.table(collective, algo, p, count, cached=False, **dict(params))
@@ -293,7 +384,7 @@ def _cpu_totals(collective: str, algo: str, p: int, count: int,
                 params: tuple[tuple[str, object], ...]) -> tuple[float, float, float]:
     """Per rank, the mean over ranks: steps it takes part in, elements it sends plus those it
     receives, elements it reduces."""
-    phases = _ring_phases(collective, algo, p, count, dict(params), 1)
+    phases = _ring_phases(collective, algo, p, count, dict(params))
     if phases is not None:
         return _ring_totals(p, count, phases)[0]
     t = registry.table(collective, algo, p, count, cached=False, **dict(params))
