@@ -137,3 +137,23 @@ def test_an_os_error_naming_a_file_with_a_line_break_is_one_line(monkeypatch, ca
     monkeypatch.setattr(gradwire.cli.train, "ephemeral_cluster", gone)
     code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--epochs", "1")
     one_line_cli_error(code, err, "run\\nfolder/x.json: No such file or directory")
+
+
+def test_ranks_that_fail_together_are_drained_within_one_wait(monkeypatch):
+    """Each failed rank's output was waited for 1 s, one rank after another: where many ranks
+    failed together and children of theirs held their pipes open, the others were stopped a
+    minute late. The ranks of one poll now share one wait."""
+    from gradwire import launcher
+
+    clock = [0.0]
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+
+    class Held:  # a reader whose pipe a child keeps open: join waits out its whole timeout
+        def join(self, timeout=None):
+            clock[0] += timeout
+
+    out = launcher._Output(lambda line: None, 60)
+    out.threads = {r: Held() for r in range(60)}
+    out.drain(list(range(60)))
+    out.drain(list(range(60)))  # once per rank
+    assert clock[0] <= launcher.DRAIN_S

@@ -47,6 +47,7 @@ MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 PROGRESS = "GW_PROGRESS"  # rank programs print "GW_PROGRESS done total" for a progress bar
 KILL_GRACE_S = 3.0
 OUTPUT_MAX_S = 60.0  # how long the ranks' output may still flow once they are all gone
+DRAIN_S = 1.0  # how long the output of ranks that failed together may still flow, in all
 # A PeerError's message (made by gradwire.transport): the rank that failed, then the peer it
 # lost. tests/test_launcher.py holds this pattern against the message itself.
 PEER_LOST = re.compile(r"\brank (\d+)\b.*?: (?:send of \d+ bytes to|receive of \d+ bytes from) "
@@ -249,11 +250,15 @@ class _Output:
                         return
                     self.handed[rank] += 1
 
-    def drain(self, rank: int) -> None:
-        """Wait (once, briefly) for the rest of an exited rank's output."""
-        if rank not in self.drained:
-            self.drained.add(rank)
-            self.threads[rank].join(timeout=1)
+    def drain(self, ranks: list[int]) -> None:
+        """Wait (once per rank, 1 s for them all) for the rest of exited ranks' output: 1 s
+        each, one after another, was a minute before the others were stopped where 60 ranks
+        failed together and children they had started kept their pipes open."""
+        end = time.monotonic() + DRAIN_S
+        for rank in ranks:
+            if rank not in self.drained:
+                self.drained.add(rank)
+                self.threads[rank].join(timeout=max(end - time.monotonic(), 0.0))
 
     def close(self) -> None:
         """Wait for the rest of every rank's output (the ranks are gone: their pipes end) while
@@ -396,8 +401,7 @@ def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
                              f"({type(output.error).__name__}: {output.error}); stopped the "
                              "ranks", exits)
         failed = [e for e in exits if e.returncode not in (None, 0)]
-        for e in failed:
-            output.drain(e.rank)
+        output.drain([e.rank for e in failed])
         if failed and first is None:
             first = min(failed, key=lambda e: (e.returncode or 0) > 0)
             lost_one = (first.returncode or 0) > 0 and first.rank in output.lost
