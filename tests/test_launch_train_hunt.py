@@ -157,3 +157,14 @@ def test_ranks_that_fail_together_are_drained_within_one_wait(monkeypatch):
     out.drain(list(range(60)))
     out.drain(list(range(60)))  # once per rank
     assert clock[0] <= launcher.DRAIN_S
+
+
+def test_a_checkpoint_that_cannot_be_read_says_why(tmp_path):
+    """An unreadable path was reported as "not a gradwire checkpoint (NotADirectoryError)":
+    the file was never read, and the line named no reason a user could act on."""
+    from gradwire.errors import GradwireError
+    from gradwire.train import checkpoint
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(GradwireError, match="cannot read checkpoint .*Not a directory"):
+        checkpoint.load(tmp_path / "file" / "ck.pt")

@@ -103,6 +103,9 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise GradwireError(f"--resume: checkpoint {str(path)!r} does not exist") from e
     except GradwireError:
         raise
+    except OSError as e:  # unreadable (permissions, a folder in the path that is a file)
+        raise GradwireError(f"--resume: cannot read checkpoint {str(path)!r}: "
+                            f"{e.strerror or e}") from e
     except Exception as e:  # torch raises many kinds of error for a file that is not one
         raise GradwireError(f"--resume: {str(path)!r} is not a gradwire checkpoint "
                             f"({type(e).__name__})") from e
