@@ -198,6 +198,9 @@ def test_a_saved_calibration_reads_back_the_same(tmp_path):
     ({"compute": {"model": "m", "alone_s": 0.1}}, "field 'compute.together_s' is missing"),
     ({"reduce": {"nbytes": 4, "float32_s": 1, "float16_s": 2, "bfloat16_s": -2}},
      "field 'reduce.bfloat16_s' must be a number of seconds > 0, got -2"),
+    # γ of half precision derived from the reduce times: bounded as gamma_s_per_byte is
+    ({"reduce": {"nbytes": 4, "float32_s": 1e-9, "float16_s": 1e3, "bfloat16_s": 1e-9}},
+     "field 'reduce.float16_s' makes the float16 γ 5e+11 ns per byte, expected at most 1000"),
 ])
 def test_load_refuses_a_bad_file_in_one_line(tmp_path, change, msg):
     path = tmp_path / "c.json"

@@ -66,3 +66,11 @@ def test_required_compression_of_a_profile_without_compute_is_one_line() -> None
     assert not prof.has_compute
     with pytest.raises(GradwireError, match="no compute times"):
         whatif.required_compression(prof, ClusterModel(4, 1e9, 5e-5), 1.0)
+
+
+def test_check_calls_must_be_a_bool():
+    """check_calls="no" priced the headers, as any non-empty text is true."""
+    with pytest.raises(GradwireError, match="check_calls must be True or False, got 'no'"):
+        ClusterModel(4, 1e9, 5e-5, 3e-12, check_calls="no")
+    assert ClusterModel(4, 1e9, 5e-5, 3e-12, check_calls=np.bool_(False)).check_calls \
+        is not True

@@ -288,6 +288,10 @@ def parse(doc: dict, where: str) -> Calibration:
         reduce=None if doc.get("reduce") is None else _reduce(r.sub("reduce")),
     )
     _check_layout(cal, where)
+    for name, g in cal.gamma_dtype().items():  # bounded as gamma_s_per_byte is
+        if not g <= MAX_GAMMA_NS * 1e-9:
+            raise GradwireError(f"{where}: field 'reduce.{name}_s' makes the {name} γ "
+                                f"{g * 1e9:.4g} ns per byte, expected at most {MAX_GAMMA_NS:g}")
     return cal
 
 

@@ -180,6 +180,9 @@ class ClusterModel:
         check_int("cluster", "ranks per node", self.ranks_per_node, 1)
         if self.cpu_ranks is not None:
             check_int("cluster", "ranks per machine", self.cpu_ranks, 1)
+        if not isinstance(self.check_calls, bool | np.bool_):  # "no" would be true
+            raise GradwireError(f"cluster: check_calls must be True or False, got "
+                                f"{self.check_calls!r}")
         # numpy's integers as Python's: the schedules and the codec table count with them
         for name in ("workers", "ranks_per_node", "cpu_ranks"):
             if getattr(self, name) is not None:
