@@ -74,3 +74,19 @@ def test_check_calls_must_be_a_bool():
         ClusterModel(4, 1e9, 5e-5, 3e-12, check_calls="no")
     assert ClusterModel(4, 1e9, 5e-5, 3e-12, check_calls=np.bool_(False)).check_calls \
         is not True
+
+
+def test_a_given_alpha_names_the_executor_alpha_it_moved(tmp_path):
+    """With --alpha-us, the line saying where the terms came from gave the calibration's
+    executor α, not the one priced (moved with the given α, keeping its extra)."""
+    import json
+
+    import calibration_doc
+
+    from gradwire.perf import scenario
+
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(calibration_doc.doc(alpha_s=2.5e-4, alpha_transport_s=4e-4)))
+    terms, where = scenario.setting(scenario.Scenario(calibration=path, alpha_us=100.0))
+    assert terms.alpha_transport == pytest.approx(2.5e-4)
+    assert "given: α 100 µs (gradwire's executor 250 µs)" in where

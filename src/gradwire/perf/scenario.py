@@ -196,11 +196,6 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
             where += f"; {who} sharing {cpu.cores:g} cores ({cpu.describe()})"
         if s.codecs is not None:
             where += f"; codecs {s.codecs} (given, for the calibration's)"
-    given = [f"{name} {v:g}{unit}" for name, v, unit in (
-        ("α", s.alpha_us, " µs"), ("γ", s.gamma_ns, " ns/B"), ("κ", s.overlap_slowdown, ""))
-        if v is not None]
-    if given:
-        where += "; given: " + ", ".join(given)
     if s.ranks_per_node < 1:
         raise GradwireError(f"--ranks-per-node must be >= 1, got {s.ranks_per_node}")
     if s.ranks_per_node > MAX_WORKERS:  # a node of more ranks than a cluster the model prices
@@ -215,6 +210,13 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
     # the executor's steps cross the same links as the backend's, with its own software on top
     alpha_t = (None if base.alpha_transport is None
                else max(0.0, alpha + base.alpha_transport - base.alpha))
+    given = [f"{name} {v:g}{unit}" for name, v, unit in (
+        ("α", s.alpha_us, " µs"), ("γ", s.gamma_ns, " ns/B"), ("κ", s.overlap_slowdown, ""))
+        if v is not None]
+    if s.alpha_us is not None and alpha_t is not None:  # it moved with the given α
+        given[0] += f" (gradwire's executor {alpha_t * 1e6:.0f} µs)"
+    if given:
+        where += "; given: " + ", ".join(given)
     return replace(
         base, alpha=alpha, alpha_transport=alpha_t, gamma=gamma,
         # a half-precision sum keeps what it was measured to take over fp32's per byte
