@@ -91,7 +91,8 @@ class Method:
              algo: str | None = None, shapes: Shapes | None = None) -> BucketPlan:
         """What one bucket of ``numel`` elements sends on ``world`` ranks: the collectives in
         order and this rank's payload bytes. ``compressor`` as :meth:`make_compressor` builds
-        it (default: with ``density`` and default options); ``algo`` as the hook's;
+        it (default: with ``density`` and default options; one of another kind is a one-line
+        error); ``algo`` as the hook's;
         ``shapes``: the shapes of the bucket's tensors in order (None: one flat tensor), which
         PowerSGD compresses one matrix each.
 
@@ -108,6 +109,13 @@ class Method:
             density = check_fraction(f"{self.name}: density", density)
         if compressor is None:
             compressor = self.make_compressor(density)
+        elif self.compressor is None or not isinstance(compressor,
+                                                       COMPRESSORS[self.compressor]):
+            # another method's compressor was priced as if it were this one's (a qsgd plan
+            # given a signsgd compressor: signsgd's wire), or failed an assert (powersgd's)
+            want = "none" if self.compressor is None else f"the {self.compressor} compressor"
+            raise GradwireError(f"{self.name}: expected {want} (as make_compressor builds "
+                                f"it), got {compressor!r}")
         return self.path.plan(self, numel, world, dtype, compressor, density, algo, shapes)
 
 

@@ -127,15 +127,18 @@ class Compressor(ABC):
 
     def combine(self, payloads: list[Payload], numel: int) -> torch.Tensor:
         """The average over ranks of what ``payloads`` (one per rank) stand for: each
-        decompressed, summed in fp32 (fp64 for fp64), divided by the number of ranks."""
+        decompressed, times 1/P (as DDP scales before it sums), summed in fp32 (fp64 for
+        fp64). Scaled after the sum, P finite values near the dtype's largest (3e38 in fp32
+        or bf16) summed to inf where their average is finite."""
         if not payloads:
             raise GradwireError(f"{self.name}: expected at least one payload to combine, got "
                                 f"none")
         dtype = payloads[0].dtype
         total = torch.zeros(numel, dtype=acc_dtype(dtype), device=payloads[0].tensors()[0].device)
+        share = 1 / len(payloads)
         for p in payloads:
-            total += self.decompress(p, numel)
-        return total.div_(len(payloads)).to(dtype)
+            total.add_(self.decompress(p, numel), alpha=share)
+        return total.to(dtype)
 
     def forget(self, used: set) -> None:
         """Drop what is kept per bucket from step to step (warm starts, scratch) for the

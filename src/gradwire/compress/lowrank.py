@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gradwire.check import check_int
+from gradwire.check import check_int, is_int
 from gradwire.compress.base import Compressor, Payload, check_input, expect, generator
 from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError
@@ -186,8 +186,16 @@ def layout(numel: int, shapes: Sequence[Sequence[int]] | None, rank: int) -> Lay
     """PowerSGD's :class:`Layout` of a bucket of ``numel`` elements holding tensors of
     ``shapes`` in order (their elements summing to ``numel``), at ``rank``; ``shapes`` None: one
     flat tensor, one :func:`matrix_shape` matrix. Made once per bucket shape: a hook asks for
-    it at every bucket of every step (twice: for the plan, then to run it)."""
-    return _layout(numel, None if shapes is None else tuple(map(tuple, shapes)), rank)
+    it at every bucket of every step (twice: for the plan, then to run it). Shapes that are
+    not sequences of integers >= 0 are a one-line error."""
+    if shapes is None:
+        return _layout(numel, None, rank)
+    try:
+        key = tuple(map(tuple, shapes))
+    except TypeError:  # shapes=5, or [5]: not a sequence of sequences
+        raise GradwireError(f"powersgd: shapes must be a sequence of tensor shapes (sequences "
+                            f"of integers >= 0), got {shapes!r}") from None
+    return _layout(numel, key, rank)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -198,6 +206,11 @@ def _layout(numel: int, shapes: tuple[tuple[int, ...], ...] | None, rank: int) -
     else:
         tensors, at = [], 0
         for shape in shapes:
+            # a string dimension raised a TypeError, a negative or fractional one passed
+            # where the product matched (rows of -2, or 2.5)
+            if not all(is_int(d, 0) for d in shape):
+                raise GradwireError(f"powersgd: a tensor shape holds integers >= 0, got "
+                                    f"{shape!r}")
             n = math.prod(shape)
             if n:
                 # a 1-D (or 0-d) tensor is its own row: never compressed

@@ -225,7 +225,17 @@ class QSGD(Compressor):
         # top levels to inf, or overflow the fp32 norm itself (then every element is 0·inf):
         # any norm' ≥ max|x| keeps the rounding unbiased, and x's largest finite value is one.
         # Inf or NaN in x goes through as it is.
-        norm = torch.where(nonfinite, norm, norm.clamp(max=torch.finfo(x.dtype).max)).to(acc)
+        norm = torch.where(nonfinite, norm, norm.clamp(max=torch.finfo(x.dtype).max))
+        # Below s times acc's smallest normal, unit = norm/s is subnormal: rounded to a few
+        # bits it could fall to 0 (every element sent as 0: 7e-45 in fp32 at s = 255) or
+        # below norm/s (the top elements' levels then passed s and were clipped: 4.5e-43 came
+        # back as 3.6e-43). Raised by 4·s subnormal steps, more than the roundings of norm and
+        # unit can take away, the unit decompress forms is above the true norm/s, so no level
+        # is clipped, and norm' ≥ max|x| still. A larger norm is left as it was.
+        tiny = torch.finfo(acc).tiny
+        sub = tiny * torch.finfo(acc).eps  # the smallest subnormal
+        norm = torch.where((norm > 0) & (norm < self.s * tiny), norm + 4 * self.s * sub,
+                           norm).to(acc)
         # r = |x| / unit with unit = norm/s, the very value decompress multiplies level ℓ by,
         # so E[ℓ]·unit = |x| whatever unit's own rounding. Not |x|·(s/norm): below a norm of
         # s·2^-128 (7.5e-37 at s = 255 in fp32) s/norm overflowed to inf and every nonzero
@@ -484,8 +494,11 @@ class Int8(Compressor):
         return {"step": self.step, "exponents": dict(self.exponents)}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
+        """Both fields read before either is set (as PowerSGD's): a malformed ``exponents``
+        raised after the step was already loaded, leaving the compressor half loaded."""
+        exponents = dict(state.get("exponents", {}))  # type: ignore[call-overload]
         super().load_state_dict(state)
-        self.exponents = dict(state.get("exponents", {}))  # type: ignore[call-overload]
+        self.exponents = exponents
 
     def compress(self, x: torch.Tensor) -> Int8Payload:
         x = check_input(self.name, x)
