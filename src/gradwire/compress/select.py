@@ -21,7 +21,9 @@ no tie to break, ascending otherwise).
 On the device path (:mod:`gradwire.syncfree`: CUDA tensors, or any under ``device_paths()``)
 :func:`select` makes no host-device synchronisation and returns exactly min(k, n) distinct
 indices in ascending order: :func:`device_exact` (the rule's set, always) and
-:func:`device_threshold` (the rule's set unless its sample misses: a few calls in 10⁵).
+:func:`device_threshold` (the rule's set unless its sample misses: a few calls in 10⁵ for
+distinct values, but every call where more elements tie at its threshold than its spare
+capacity holds, as in heavily quantized gradients).
 Both rank elements by :func:`magnitude_keys`, integers that order like |x| under the rule.
 The host selectors depart from the rule in two corners that the device path keeps to: they
 rank NaN level with ±inf (the smaller index first), and :func:`threshold_topk` and
@@ -37,7 +39,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from gradwire.check import check_fraction, is_int
 from gradwire.compress.base import generator
+from gradwire.dtypes import FLOATS
 from gradwire.errors import GradwireError
 from gradwire.syncfree import on_host
 
@@ -212,7 +216,9 @@ def _threshold_passes(x: torch.Tensor, k: int, g: torch.Generator, sample: float
     x = x.detach()  # indices only: no graph, and numpy refuses a tensor that requires grad
     n = x.numel()
     s = _sample_size(n, sample, min_sample)
-    if k == 0 or k >= n or 2 * s >= n:  # a sample this large costs as much as torch.topk
+    # k < 0: none, as exact_topk gives (not the square root of a negative expected count);
+    # 2s >= n: a sample this large costs as much as torch.topk
+    if k <= 0 or k >= n or 2 * s >= n:
         return exact_topk(x, k)
     v = _sample_abs(x, s, g)
     nan = bool(torch.isnan(v).any())  # a NaN drawn: x's NaNs are candidates too
@@ -380,12 +386,25 @@ def select(acc: torch.Tensor, k: int, selector: str = "exact",
 
     On the device path (:func:`gradwire.syncfree.on_host` false): exactly min(k, n) distinct
     indices in ascending order, with no host sync (:func:`device_exact`,
-    :func:`device_threshold`, whose set is exact unless its sample misses)."""
+    :func:`device_threshold`, whose set is exact unless its sample misses, or a tie group at
+    its threshold overflows its capacity: see there)."""
     if selector not in SELECTORS:  # a typo must not quietly run another selector
         raise GradwireError(f"select: selector must be one of {', '.join(map(repr, SELECTORS))}, "
                             f"got {selector!r}")
+    if not (isinstance(acc, torch.Tensor) and acc.dim() == 1 and acc.dtype in FLOATS):
+        got = (f"{tuple(acc.shape)} {acc.dtype}" if isinstance(acc, torch.Tensor)
+               else type(acc).__name__)
+        raise GradwireError(f"select: acc must be a 1-D float tensor (fp16, bf16, fp32, fp64), "
+                            f"got {got}")
+    if not is_int(k, 0):
+        raise GradwireError(f"select: k must be an integer >= 0, got {k!r}")
+    if selector == "threshold":
+        check_fraction("select: sample", sample)
+        if g is not None and not isinstance(g, torch.Generator):
+            raise GradwireError(f"select: g must be a torch.Generator or None, got "
+                                f"{type(g).__name__}")
     n = acc.numel()
-    k = min(k, n)
+    k = min(int(k), n)  # int: a numpy integer's products wrap (np.uint8(4) · 4096 samples)
     if k == n:
         return torch.arange(n, device=acc.device)
     if not on_host(acc):

@@ -59,8 +59,8 @@ def _sparse_params(name: str, density: float | None, k: int | None) -> tuple[flo
     if density is not None and k is not None:
         raise GradwireError(f"{name}: give density or k, not both (got density={density!r}, "
                             f"k={k!r})")
-    if k is not None:
-        return None, check_int(name, "k", k, 1)
+    if k is not None:  # int: a numpy integer's products wrap (np.uint8(200) · 8 bytes)
+        return None, int(check_int(name, "k", k, 1))
     return check_fraction(f"{name}: density", 0.001 if density is None else density), None
 
 
@@ -68,7 +68,8 @@ class TopK(Compressor):
     """The k largest |x| as (int32 index, value) pairs.
 
     ``selector="threshold"`` (default) finds the same k elements as ``"exact"`` with about one
-    pass over x: see :mod:`gradwire.compress.select`. Measured at 25 M fp32, density
+    pass over x (on the device path, unless its sample misses: see
+    :mod:`gradwire.compress.select`). Measured at 25 M fp32, density
     0.001, 2 CPU threads: see benchmarks/results/compress_speed/latest.json.
 
     Not associative: ranks select different indices, so payloads are gathered (TopKAllReduce,

@@ -147,6 +147,8 @@ def spec(method: str, world_size: int, numel: int, k: int, dtype: torch.dtype = 
                             f"got {k!r}")
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise GradwireError(f"sparse schedule: dtype must be a float torch.dtype, got {dtype!r}")
+    # Python ints: a numpy integer passes the checks, and np.uint8(200) · 8 bytes wraps
+    numel, world_size, k = int(numel), int(world_size), int(k)
     nbytes = min(k, numel) * entry_bytes(numel, dtype) + STATUS_BYTES
     if method == "topk":
         return "allgather", algo or topk_algo(world_size), world_size * nbytes, {"itemsize": 1}
@@ -375,6 +377,7 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     t = resolve(transport, group, "topk_allreduce")
     with refused_together(t):  # a rank's argument error fails every rank at once
         e = _entries("topk_allreduce", values, indices, numel)
+        numel = int(numel)  # as _count's k: a numpy integer's products wrap
         # as given: duplicates summed must not lower it
         k = _count(e, len(values) if k is None else k)
     with in_turn(t.group):
@@ -394,6 +397,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     t = resolve(transport, group, "gtopk_allreduce")
     with refused_together(t):  # a rank's argument error fails every rank at once
         e = _entries("gtopk_allreduce", values, indices, numel)
+        numel = int(numel)  # as _count's k: a numpy integer's products wrap
         # as given: duplicates summed must not lower it
         k = _count(e, len(values) if k is None else k)
         # checked before the exchange: a merge writes the residual only after it, when a rank
@@ -427,13 +431,16 @@ def _entries(name: str, values: object, indices: object, numel: object) -> Entri
         raise GradwireError(f"{name}: values must be a 1-D float tensor (fp16, bf16, fp32, "
                             f"fp64), got {getattr(values, 'dtype', type(values).__name__)}")
     if not (isinstance(indices, torch.Tensor) and indices.shape == values.shape
-            and not indices.dtype.is_floating_point and indices.dtype != torch.bool):
+            and not indices.dtype.is_floating_point and not indices.dtype.is_complex
+            and indices.dtype != torch.bool):
         raise GradwireError(f"{name}: indices must be an integer tensor of the values' "
                             f"{len(values)} entries")
+    # int64 first: torch has no min/max of uint16/32/64; a uint64 of 2**63 or more turns
+    # negative, out of range as it is
+    indices = indices.long()
     if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= numel):
         raise GradwireError(f"{name}: indices must lie in [0, {numel}), got "
                             f"{int(indices.min())}..{int(indices.max())}")
-    indices = indices.long()
     unique, at = torch.unique(indices, return_inverse=True)
     if unique.numel() < indices.numel():  # an index given twice: its values are summed
         # in acc_dtype, cast once: fp16's 60000 + 60000 − 60000 summed in fp16 is inf, and a
@@ -450,7 +457,7 @@ def _count(e: Entries, k: int | None) -> int:
     if not is_int(k, len(e)):
         raise GradwireError(f"k (entries per rank) must be an integer >= the {len(e)} "
                             f"entries given, got {k!r}")
-    return k
+    return int(k)  # a numpy integer's products wrap (np.uint8(200) entries · 8 bytes)
 
 
 def check_args(x: object, residual: object, k: object, method: object, selector: object,
@@ -619,7 +626,7 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     t = resolve(transport, group, "sparse_allreduce")
     with refused_together(t):  # a rank's argument error fails every rank at once
         check_args(x, residual, k, method, selector, algo, out)
-    n = x.numel()
+    k, n = int(k), x.numel()  # k: a numpy integer's products wrap (np.uint8(200) · 8 bytes)
     with in_turn(t.group):  # in issue order with the group's other calls, async ones too
         _agree(t, "sparse_allreduce", method, _shown(method, algo, t.world_size), n, x.dtype,
                k, selector)

@@ -39,7 +39,7 @@ def simulate(xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor], k: i
                                for q in [*residuals[:r], *xs]):
             raise GradwireError(f"simulate: rank {r}'s residual shares memory with another "
                                 f"rank's x or residual; each rank needs a residual of its own")
-    n, plans = xs[0].numel(), []
+    k, n, plans = int(k), xs[0].numel(), []  # k: a numpy integer's products wrap
     for r, (x, res) in enumerate(zip(xs, residuals, strict=True)):
         e = feed(x.detach(), res.detach(), k, selector)  # data, as in sparse_allreduce
         plans.append(plan(method, e, min(k, n), n, res.detach(), r, p, algo))
