@@ -2,8 +2,9 @@
 itself, or outside the comm thread's tasks (a c10d RuntimeError, a KeyboardInterrupt while the
 hook waits), reaches backward() as itself once DDP has finished that backward, so the next
 step runs (it was PyTorch's ``INTERNAL ASSERT ... unmarked_param_indices``); a failed step
-neither loses nor makes error-feedback mass; a refused or mistaken state_dict leaves the hook
-able to load the right one."""
+neither loses nor makes error-feedback mass (on the device path too, and where buckets were
+issued from the hook or a dense fallback failed); a refused or mistaken state_dict, or a
+refused registration, leaves the hook able to load or register the right one."""
 import warnings
 
 import pytest
@@ -15,6 +16,7 @@ import gradwire.hooks as gh
 import gradwire.hooks.state as hook_state
 from gradwire.collectives.agree import MismatchError
 from gradwire.errors import GradwireError
+from gradwire.syncfree import device_paths
 
 
 @pytest.fixture(autouse=True)
@@ -220,3 +222,197 @@ def test_a_failed_step_gives_back_an_unused_parameters_share(one_rank, monkeypat
     assert len(calls) == 3 and module.c.grad is None
     assert calls[0] == (state.positions.position(module.c),)  # averaged before the failure
     torch.testing.assert_close(residual_mass(state, net)[2], before)
+
+
+def test_a_state_dict_that_contradicts_two_parameters_of_one_bucket_is_replaced(one_rank):
+    """DDP's first bucket holds every parameter. A mistaken state_dict giving two of them the
+    wrong element count failed that bucket naming the first, and only the first was then
+    taken from the model: the right state_dict was refused for the second ("residual of
+    parameter 1 has 5 elements, the model's has 9")."""
+    net = three_layers()
+    state = gh.make("topk", density=0.3)
+    state.register(net)
+    backward(net, 0)
+    right = state.state_dict()
+
+    net2 = three_layers()
+    state2 = gh.make("topk", density=0.3)
+    state2.register(net2)
+    state2.load_state_dict({**right, "residuals": {0: torch.zeros(7), 1: torch.zeros(9)}})
+    with pytest.raises(GradwireError, match=r"^parameter at position 0 has 30 elements, the "
+                                            r"hook's state has 7 for it"):
+        backward(net2, 1)
+    state2.load_state_dict(right)
+    backward(net2, 1)
+    backward(net, 1)
+    for got, ref in zip(net2.parameters(), net.parameters(), strict=True):
+        assert torch.equal(got.grad, ref.grad)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("at", [1, 2])  # a middle and the last bucket
+def test_a_step_that_fails_on_the_device_path_neither_loses_nor_makes_mass(one_rank, overlap,
+                                                                          at):
+    """On a device every bucket's average waits for the step's last bucket. A step that
+    failed part way left the buckets started before the failure unfinished: their residuals
+    kept what they sent, their futures were completed with the gradient as it was, and DDP
+    wrote it back (mass made). Now they are averaged, as on the host: at P = 1 the gradients
+    DDP wrote plus the residuals are the gradients injected."""
+    with device_paths():
+        net = three_layers(bucket_cap_mb=1e-5)  # three buckets once rebuilt
+        state = gh.make("topk", density=0.3, overlap=overlap)
+        state.register(net)
+        applied = [torch.zeros_like(p) for p in net.parameters()]
+        injected = [torch.zeros_like(p) for p in net.parameters()]
+
+        def step(i: int, fails: bool = False) -> None:
+            if fails:
+                with pytest.raises(GradwireError, match="bucket 1 has 9 elements"):
+                    backward(net, i)
+            else:
+                backward(net, i)
+            for acc, p in zip(applied, net.parameters(), strict=True):
+                acc += p.grad  # at P = 1 what DDP wrote is this rank's, averaged or not
+            for acc, g in zip(injected, reference_grads(i), strict=True):
+                acc += g
+
+        for i in range(2):  # the first step, DDP's rebuild
+            step(i)
+        fail_in(state, {at}, GradwireError("bucket 1 has 9 elements, its parameters 8"))
+        step(2, fails=True)
+        for i in range(3, 5):
+            step(i)
+        for acc, left, want in zip(applied, residual_mass(state, net), injected, strict=True):
+            torch.testing.assert_close(acc + left, want)
+
+
+@pytest.mark.parametrize("at", [1, 2])  # a middle and the last bucket
+def test_a_step_that_fails_after_buckets_issued_from_the_hook_neither_loses_nor_makes_mass(
+        one_rank, at):
+    """int8 in steady state issues its allreduces from the hook, and its residual takes what
+    a bucket sends as it is issued. A later bucket of the step that failed made the end of
+    backward complete the issued ones as they were, unread and unfinished (on a device
+    always; on the host where gloo's callback had not run yet): the residual kept what they
+    sent and DDP wrote the gradient back as well."""
+    with device_paths():
+        torch.manual_seed(0)
+        net = DDP(nn.Sequential(nn.Linear(60, 50), nn.Linear(50, 40), nn.Linear(40, 2)),
+                  bucket_cap_mb=1e-5)  # three buckets once rebuilt
+        state = gh.make("int8")
+        state.register(net)
+        params = list(net.parameters())
+        applied = [torch.zeros_like(p) for p in params]
+        injected = [torch.zeros_like(p) for p in params]
+
+        def step(i: int, fails: bool = False) -> None:
+            net.zero_grad()
+            x = torch.randn(3, 60, generator=torch.Generator().manual_seed(i))
+            injected_now = torch.autograd.grad(net.module(x).square().sum(), params)
+            if fails:
+                with pytest.raises(GradwireError, match="refused here"):
+                    net(x).square().sum().backward()
+            else:
+                net(x).square().sum().backward()
+            for acc, p in zip(applied, params, strict=True):
+                acc += p.grad  # at P = 1 what DDP wrote is this rank's, averaged or not
+            for acc, g in zip(injected, injected_now, strict=True):
+                acc += g
+
+        for i in range(3):  # the first step, DDP's rebuild, the step sizes agreed
+            step(i)
+        issued = state.stats["issued"]
+        step(3)
+        assert state.stats["issued"] > issued  # issued from the hook in steady state
+        fail_in(state, {at}, GradwireError("refused here"))
+        step(4, fails=True)
+        for i in range(5, 7):
+            step(i)
+        for acc, left, want in zip(applied, residual_mass(state, net), injected, strict=True):
+            torch.testing.assert_close(acc + left, want)
+
+
+def test_a_step_whose_dense_fallback_fails_is_not_counted(one_rank, monkeypatch):
+    """int8 issued from the hook: a NaN sends its bucket dense once more, from the comm thread.
+    The end of backward counted the step before that fallback ran, so one that failed still
+    moved the step count (and with it dense_steps and the warm-up)."""
+    import gradwire.hooks.state as hook_state
+
+    torch.manual_seed(0)
+    net = DDP(nn.Sequential(nn.Linear(60, 50), nn.Linear(50, 40), nn.Linear(40, 2)),
+              bucket_cap_mb=1e-5)
+    state = gh.make("int8")
+    state.register(net)
+
+    def step(i: int, nan: bool = False) -> None:
+        net.zero_grad()
+        x = torch.randn(3, 60, generator=torch.Generator().manual_seed(i))
+        if nan:
+            x[0, 0] = float("nan")
+        net(x).square().sum().backward()
+
+    for i in range(4):  # from the fourth step on every bucket is issued from the hook
+        step(i)
+    assert state.step == 4 and state.stats["issued"] > 0
+
+    def fails(self):
+        raise GradwireError("rank 0: the dense fallback failed (test)")
+
+    monkeypatch.setattr(hook_state._Flight, "fall_back", fails)  # noqa: SLF001
+    with pytest.raises(GradwireError, match="the dense fallback failed"):
+        step(4, nan=True)
+    assert state.step == state.stats["steps"] == 4
+    monkeypatch.undo()
+    step(5)
+    assert state.step == 5
+
+
+def _refused_registration_rank(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    warnings.simplefilter("ignore")
+    groups = [dist.new_group([r]) for r in range(world)]
+    torch.manual_seed(0)
+    net = nn.Linear(4, 2)
+    state = gh.make("dense")
+    own = DDP(net, process_group=groups[rank])  # DDP over this rank alone, with a hook
+    own._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)  # noqa: SLF001
+    got: dict = {}
+    try:
+        state.register(own)
+    except GradwireError as e:
+        got["refused"] = str(e)
+    try:  # the same state on a DDP over the world: nothing of the refused one stays
+        ddp = DDP(net)
+        state.register(ddp)
+    except GradwireError as e:
+        got["second"] = str(e)
+        return got
+    ddp.zero_grad()
+    ddp(torch.full((1, 4), float(rank + 1))).sum().backward()
+    got["grad"] = net.weight.grad.tolist()
+    return got
+
+
+def test_a_refused_registration_leaves_the_state_as_it_was(tmp_path):
+    """register() took the group of the DDP it was given before DDP refused the hook (a hook
+    registered already, here a builtin one), so the state then refused the same model over the
+    world: "the state averages over ranks [0], the model's DistributedDataParallel over
+    [0, 1]"."""
+    from conftest import run_world
+
+    got = run_world(_refused_registration_rank, 2, tmp_path)
+    for r in got:
+        assert "DDP refused the hook" in r["refused"] and "second" not in r, r
+        assert r["grad"] == [[1.5] * 4] * 2  # the mean of ranks' inputs 1 and 2
+
+
+@pytest.mark.parametrize("order", [torch.tensor([0, 1]), torch.arange(100).reshape(10, 10)])
+def test_a_state_dict_whose_order_is_a_tensor_is_refused_in_one_line(order):
+    """bool() of the order, a tensor of several elements, raised torch's RuntimeError ("Boolean
+    value of Tensor with more than one value is ambiguous") instead of the one line."""
+    state = gh.make("topk")
+    saved = state.state_dict()
+    with pytest.raises(GradwireError, match="malformed.*order is a list of parameter "
+                                            "positions, got a tensor") as e:
+        state.load_state_dict({**saved, "order": order})
+    assert "\n" not in str(e.value) and state.state_dict()["order"] is None

@@ -45,13 +45,16 @@ class Positions:
         # the model; data_ptr() would change under `p.data = ...`. Named even where the bucket
         # fails, so that the names stay those of the first step's buckets.
         key = tuple(self._by_id.setdefault(id(p), len(self._by_id)) for p in params)
-        for pos, h in zip(key, held, strict=True):
-            known = self.numels.get(pos, h.numel())
-            if known != h.numel():
-                self._contradicted[pos] = h.numel()
-                raise GradwireError(f"parameter at position {pos} has {h.numel()} elements, "
-                                    f"the hook's state has {known} for it (a state_dict of "
-                                    "another model?)")
+        # every contradicted parameter of the bucket is recorded, not only the first named:
+        # the next state_dict is checked against each of them
+        contradicted = {pos: h.numel() for pos, h in zip(key, held, strict=True)
+                        if self.numels.get(pos, h.numel()) != h.numel()}
+        if contradicted:
+            self._contradicted.update(contradicted)
+            pos, n = next(iter(contradicted.items()))
+            raise GradwireError(f"parameter at position {pos} has {n} elements, the hook's "
+                                f"state has {self.numels[pos]} for it (a state_dict of another "
+                                "model?)")
         for pos, h in zip(key, held, strict=True):
             self.numels.setdefault(pos, h.numel())
             if pos not in self.shapes:  # once: a step's buckets name the same parameters

@@ -4,6 +4,7 @@ No ``from __future__ import annotations`` here: DDP's ``register_comm_hook`` com
 ``bucket`` and return annotations with the real ``dist.GradBucket`` and ``Future[Tensor]``.
 """
 
+import contextlib
 import inspect
 import threading
 import time
@@ -98,7 +99,10 @@ class HookState:
     no copy in or out. ``state_dict`` records that order and a resumed state's first
     aggregation keeps to it (a new DDP's first bucket has its construction order until DDP
     rebuilds it in gradient-ready order), so a resumed run repeats the uninterrupted one bit
-    for bit.
+    for bit; but for a state saved after the first step alone, whose order is that of DDP's
+    first bucket: the uninterrupted run aggregates the next step in the rebuilt bucket's
+    order, which no state saved before it knows (methods whose result depends on the order,
+    int8 and PowerSGD, then take another step there).
 
     Checks and syncs: every bucket of the first step (and after DDP rebuilds its buckets,
     or after a step that failed) exchanges a call header before its data, naming the method
@@ -167,6 +171,9 @@ class HookState:
         # (on the comm thread) their aggregations not yet finished.
         self._held: list[tuple[torch.Tensor, torch.futures.Future]] = []
         self._unfinished: list[tuple[torch.Tensor, Started]] = []
+        # ids of this backward's buckets averaged although the step failed (_finish_started):
+        # their futures are completed with the buckets, which hold the averages
+        self._averaged: set[int] = set()
         # The per-step header: the previous step's (elements, dtype) per aggregation (what the
         # step's header agrees on; it changes only once the step has ended), this step's so
         # far, and whether this step's header was exchanged yet.
@@ -219,11 +226,17 @@ class HookState:
                                 "step count (warm-up, dense_steps), residuals and buckets are "
                                 "one model's: make one state per model with "
                                 "gradwire.hooks.make(...)")
+        before = self.config
         self._adopt_group(getattr(ddp_model, "process_group", None))
         try:
             ddp_model.register_comm_hook(self, self.hook)
-        except RuntimeError as e:  # c10d's "... can only be called once."
-            raise GradwireError(f"hooks: DDP refused the hook: {str(e).splitlines()[0]}") from None
+        except BaseException as e:
+            self.config = before  # refused: the state runs no hook of that DDP's group
+            if not isinstance(e, RuntimeError):
+                raise
+            # c10d's "... can only be called once." (a builtin hook registered already)
+            why = (str(e).splitlines() or [type(e).__name__])[0]
+            raise GradwireError(f"hooks: DDP refused the hook: {why}") from None
         self._models |= params
         self._stale_unused |= (bool(getattr(ddp_model, "find_unused_parameters", False)
                                     or getattr(ddp_model, "static_graph", False))
@@ -333,9 +346,10 @@ class HookState:
         self.step, self._epoch_at = step, (epoch, began)
         self.positions.take_parameters_counts()  # this state's residuals replace the last's
         order = state.get("order")
+        if order is not None and not isinstance(order, list | tuple):  # a tensor: no bool()
+            got = "a tensor" if isinstance(order, torch.Tensor) else repr(order)  # one line
+            raise TypeError(f"order is a list of parameter positions, got {got}")
         if order:
-            if not isinstance(order, list | tuple):
-                raise TypeError(f"order is a list of parameter positions, got {order!r}")
             bad = next((p for p in order if not is_int(p, 0)), None)
             if bad is not None or len(set(order)) != len(order):
                 what = f"holds {bad!r}" if bad is not None else "names a position twice"
@@ -400,6 +414,7 @@ class HookState:
         self._step_open = False  # the comm thread is done with every earlier step
         self._flights = []
         self._slots = []
+        self._averaged = set()
         if self.ef is not None:  # before the deferred error is raised, which ends the backward
             after_backward(self._reclaim)
         self._errors.begin()
@@ -421,7 +436,10 @@ class HookState:
             buffers += [b for b, f in waiting if f is not fut]
 
         def refused() -> list[torch.Tensor]:
-            self._errors.keep(error, buffers)
+            try:  # in bucket order: those started before it are averaged (_finish_started)
+                self._finish_started()
+            finally:
+                self._errors.keep(error, buffers)
             return buffers
 
         self._dispatch(refused, futures, buffers, last)
@@ -497,7 +515,7 @@ class HookState:
             return
         numels, residuals = self.positions.numels, self.ef.residuals
         found = layout.where(residuals, numels)
-        unaveraged = {id(b) for b in self._errors.unaveraged}
+        unaveraged = {id(b) for b in self._errors.unaveraged} - self._averaged
         for buf, key, params in slots:
             if id(buf) in unaveraged:
                 continue
@@ -618,26 +636,28 @@ class HookState:
     def _settle(self) -> None:
         """The step's buckets issued from the hook, before DDP waits for their futures: on the
         host each is waited for within GRADWIRE_TIMEOUT; on a device those with a status are
-        read at once and completed. A failure completes the rest with their buckets as they
-        are and is raised by ``backward()`` once DDP is done
-        (:class:`~gradwire.hooks.comm.Deferred`). Buckets whose status needs the policy's
-        dense fallback go to the comm thread. Then the step ends, unless the comm thread ends
-        it (a later bucket of the step went there) or it failed."""
+        read at once and completed; so too where a later bucket of the step failed. A failure
+        here completes the rest with their buckets as they are and is raised by
+        ``backward()`` once DDP is done (:class:`~gradwire.hooks.comm.Deferred`). Buckets
+        whose status needs the policy's dense fallback go to the comm thread, and are waited
+        for. Then the step ends, unless the comm thread ends it (a later bucket of the step
+        went there) or it failed."""
         flights, self._flights = self._flights, []
         comm, errors = self._comm, self._errors
         assert comm is not None
         held = [f for f in flights if f.fut is not None]
         try:
-            if errors.error is None:
-                for f in held:
-                    comm.wait(f.issued.flying)
-                    f.wait_landed()
-                unread = [f for f in held if not on_host(f.buf)]
-                if unread:
-                    # The step's one host read: every bucket's worst status at once.
-                    worsts = torch.stack([f.issued.worst() for f in unread]).tolist()  # type: ignore[misc]
-                    for f, worst in zip(unread, worsts, strict=True):
-                        f.finish(worst)
+            # Waited for and finished even where a later bucket of the step failed: these were
+            # issued before it, and each residual already keeps what its bucket sent
+            for f in held:
+                comm.wait(f.issued.flying)
+                f.wait_landed()
+            unread = [f for f in held if not on_host(f.buf)]
+            if unread:
+                # The step's one host read: every bucket's worst status at once.
+                worsts = torch.stack([f.issued.worst() for f in unread]).tolist()  # type: ignore[misc]
+                for f, worst in zip(unread, worsts, strict=True):
+                    f.finish(worst)
         except BaseException as e:  # c10d's RuntimeError, a KeyboardInterrupt: DDP must finish
             errors.keep(e, [])
         fallbacks = []
@@ -653,6 +673,14 @@ class HookState:
             self.stats["communicate"] += max(f.landed_at - f.issued_at, 0.0)
         for f in fallbacks:  # every rank has the same, in bucket order
             self._dispatch(f.fall_back, [f.fut], [f.buf], last=False)  # type: ignore[list-item]
+        if fallbacks and self._direct_step:
+            # the step ends once they are in (a fallback that fails fails the step, which is
+            # then not counted); DDP waits for their futures next, so this costs nothing
+            assert self._worker is not None
+            try:
+                self._worker.drain()
+            except BaseException as e:  # a KeyboardInterrupt: the futures are the tasks' now
+                errors.keep(e, [])
         if self._direct_step and errors.error is None:
             self._end_step()
 
@@ -774,20 +802,35 @@ class HookState:
                 index: int, last: bool) -> torch.Tensor:
         if index == 0:
             self._unfinished = []  # left by a step that failed
-        started = self._start(buf, key, call, index)
+        try:
+            started = self._start(buf, key, call, index)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the error raised is the bucket's own
+                self._finish_started()
+            raise
         if started.worst is None or on_host(buf):
             self._finish(buf, started, started.read())
         else:
             self._unfinished.append((buf, started))
         if last:
-            unfinished, self._unfinished = self._unfinished, []
-            if unfinished:
-                # The step's one host read: every bucket's worst status at once.
-                worsts = torch.stack([st.worst for _, st in unfinished]).tolist()  # type: ignore[misc]
-                for (x, st), worst in zip(unfinished, worsts, strict=True):
-                    self._finish(x, st, worst)
+            self._finish_started()  # the step's one host read
             self._end_step()
         return buf
+
+    def _finish_started(self) -> None:
+        """Every aggregation started and not finished yet (bucket mode on a device) finished:
+        every bucket's worst status read at once, then each average written. At the step's
+        last bucket, and where the step fails before it: the aggregations started before the
+        failure have their messages in and their residuals keep what they sent, so they are
+        averaged, as on the host (where each is finished as soon as its data is in); left
+        as they were, DDP would write their gradients back as well (mass made)."""
+        unfinished, self._unfinished = self._unfinished, []
+        if not unfinished:
+            return
+        worsts = torch.stack([st.worst for _, st in unfinished]).tolist()  # type: ignore[misc]
+        for (x, st), worst in zip(unfinished, worsts, strict=True):
+            self._finish(x, st, worst)
+            self._averaged.add(id(x))
 
     def _model(self, pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]],
                call: AggregationCall) -> list[torch.Tensor]:
