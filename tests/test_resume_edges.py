@@ -132,3 +132,23 @@ def test_lightning_validate_from_a_checkpoint_leaves_the_hook_alone(tmp_path):
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     assert "VALIDATED 2 hook step 0" in out and "VALIDATED 1 hook step 0" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"residuals": "junk"}, "rank 1's aggregation state in the checkpoint does not load"),
+    ({"method": "gtopk"}, "is for method 'gtopk', this hook runs 'topk'"),
+])
+def test_a_malformed_aggregation_state_is_refused_before_any_rank_starts(
+        tmp_path, monkeypatch, capsys, no_cluster, change, msg):
+    """Each rank refused its own malformed state, once the cluster had started and every rank
+    had loaded the data and built the model; now the host refuses it in one line first."""
+    from gradwire.train import checkpoint
+
+    state = _state()
+    state["aggregation"][1] = {**state["aggregation"][1], **change}
+    ck = tmp_path / "ck.pt"
+    checkpoint.save(ck, state)
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--agg", "topk", "--density",
+                          "0.01", "--epochs", "2", "--resume", "--checkpoint", str(ck))
+    assert code == 2 and msg in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err

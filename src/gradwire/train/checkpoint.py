@@ -19,6 +19,7 @@ import hashlib
 import os
 import platform
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,18 @@ def check_state(ck: dict[str, Any], model: nn.Module) -> None:
                             f"{world} (its world_size)")
     _check_optimizer(ck["optimizer"], model)
     _check_history(ck["history"], ck["epoch"])
+
+
+def check_hook_states(ck: dict[str, Any], fresh: Callable[[], Any]) -> None:
+    """Each rank's aggregation state loads into ``fresh()``, a new hook state of this run's
+    method and options (``load_state_dict`` refuses a malformed one): refused here, on the
+    host, where each rank would have refused its own once the cluster had started."""
+    for rank, state in enumerate(ck["aggregation"]):
+        try:
+            fresh().load_state_dict(state)
+        except GradwireError as e:
+            raise GradwireError(f"--resume: rank {rank}'s aggregation state in the checkpoint "
+                                f"does not load: {e}") from None
 
 
 def _check_optimizer(state: dict[str, Any], model: nn.Module) -> None:

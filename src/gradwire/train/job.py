@@ -27,7 +27,7 @@ from gradwire.hooks.warmup import Warmup
 from gradwire.jobs import run_ranks
 from gradwire.models import MODELS, build_model, check_batch, get_spec
 from gradwire.models.task import Task, load_task
-from gradwire.train.aggregate import METHODS, check_rank
+from gradwire.train.aggregate import METHODS, HookedDDP, check_rank
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,10 @@ def _check_resume(cfg: TrainConfig, hosts: int, task: Task) -> None:
     settings = asdict(cfg) | {"world_size": hosts} | checkpoint.data_settings(task)
     checkpoint.check_compatible(ck, settings, cfg.epochs)
     checkpoint.check_state(ck, build_model(cfg.model, cfg.seed, task.classes))
+    iters = len(task.train) // hosts // cfg.batch_size  # as each rank counts its steps
+    options = {} if cfg.rank is None else {"rank": cfg.rank}
+    checkpoint.check_hook_states(ck, lambda: HookedDDP(cfg.agg, cfg.density, cfg.mode,
+                                                       cfg.warmup, cfg.seed, iters, options))
 
 
 def train_on(cluster: Cluster, cfg: TrainConfig, label: str, timeout: float | None,
