@@ -68,8 +68,12 @@ def stdlib_source(budget: int) -> bytes:
 
     Files are read in a fixed order (top-level modules first, then packages, names sorted at
     every level; ``site-packages`` skipped) from ``sysconfig.get_paths()["stdlib"]``, so one
-    Python version always yields the same bytes, and no download is needed.
+    Python installation always yields the same bytes, and no download is needed. Two builds
+    of one version can differ: ``_sysconfigdata_*.py``, written when Python is built (install
+    paths, compiler flags), falls within the default 512 KB.
     """
+    # a negative budget sliced from each file's end and returned a file's worth of bytes
+    check_int("stdlib_source", "budget", budget, 0)
     root = Path(sysconfig.get_paths()["stdlib"])
     chunks: list[bytes] = []
     size = 0

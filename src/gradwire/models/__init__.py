@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gradwire.check import check_int
+from gradwire.check import check_int, is_int
 from gradwire.errors import GradwireError, lookup
 from gradwire.models.lstm import lstm
 from gradwire.models.mlp import mlp
@@ -69,6 +69,11 @@ def build_model(name: str, seed: int = 0, classes: int = 10) -> nn.Module:
     """Build a registered model with parameters drawn from ``seed`` (identical on every rank)."""
     spec = get_spec(name)
     check_int("build_model", "classes", classes, 1)
+    # the seeds torch's generator takes, less the negative ones, which alias large ones (-1
+    # drew what 2**64 - 1 draws); torch refused the rest with a ValueError or RuntimeError
+    if not is_int(seed, 0, 2**64 - 1):
+        raise GradwireError(f"build_model: seed must be an integer from 0 to 2**64 - 1, got "
+                            f"{seed!r}")
     # Draw from the CPU generator seeded, then put back: seeding it for good would reset the
     # caller's random stream, so whatever it drew after building a model would repeat.
     with torch.random.fork_rng(devices=[]):

@@ -155,7 +155,8 @@ def load(name_or_path: str) -> Profile:
         raise GradwireError(f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, names)}"
                             f": expected one of {', '.join(names)} or a .json file")
     text = resources.files("gradwire.profiles").joinpath(BUILTIN_DIR, f"{name_or_path}.json")
-    return parse(text.read_text(), f"built-in profile {name_or_path}")
+    # UTF-8 whatever the locale, as read_text reads a user's file (a description holds "§")
+    return parse(text.read_text(encoding="utf-8"), f"built-in profile {name_or_path}")
 
 
 def parse(text: str, where: str) -> Profile:
@@ -166,7 +167,8 @@ def parse(text: str, where: str) -> Profile:
     for key in doc:
         if key not in known:
             raise GradwireError(f"{where}: unknown field {key!r}{did_you_mean(key, known)}")
-    if doc.get("format") != FORMAT:
+    # an integer: JSON's true (== 1 in Python) or 1.0 is no version of this layout
+    if not is_int(doc.get("format")) or doc.get("format") != FORMAT:
         raise GradwireError(f"{where}: field 'format' must be {FORMAT}, got "
                             f"{doc.get('format')!r}")
 

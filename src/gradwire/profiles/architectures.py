@@ -204,9 +204,11 @@ def main(directory: Path) -> None:
     """Rewrite ``params`` of every built-in profile file in ``directory`` from its definition."""
     for name in ARCHITECTURES:
         path = directory / f"{name}.json"
-        profile = parse(path.read_text(), str(path))
+        # UTF-8 whatever the locale: the files are JSON, and to_text keeps non-ASCII as is
+        profile = parse(path.read_text(encoding="utf-8"), str(path))
         path.write_text(dataclasses.replace(profile, params=tuple(backward_order(name)),
-                                            shapes=tuple(backward_shapes(name))).to_text())
+                                            shapes=tuple(backward_shapes(name))).to_text(),
+                        encoding="utf-8")
 
 
 if __name__ == "__main__":
