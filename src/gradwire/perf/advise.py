@@ -101,8 +101,9 @@ def explain(ranked: list[Ranked]) -> str:
     dense = next((r for r in ranked if r.agg.method == "dense"), None)
     if dense is not None and dense is not w:
         lines.append(f"Dense takes {_ms(dense.seconds)} ({dense.seconds / w.seconds:.2f}× the "
-                     f"winner): {_ms(float(dense.prediction.communicate))} on the wire, "
-                     f"{_ms(dense.overhead)} of it not hidden by backward.")
+                     f"winner): {_ms(float(dense.prediction.communicate))} on the wire, and "
+                     f"{_ms(dense.overhead)} of its iteration beyond compute that backward "
+                     f"does not hide.")
     elif dense is w:
         lines.append("No compressor saves more wire time than its encode+decode costs here.")
     if w.agg.method != "dense":
