@@ -69,6 +69,10 @@ class CollectiveOptions:
             raise GradwireError(f"option 'itemsize' is not taken: the simulator counts a "
                                 f"bucket in its own elements (bytes where its size is no "
                                 f"multiple of them), got itemsize={self.params['itemsize']!r}")
+        if self.compressor is None and self.compressor_params:  # no compressor to take them
+            raise GradwireError(f"compressor_params are a compressor's options: give "
+                                f"compressor too, got compressor_params="
+                                f"{self.compressor_params!r} and no compressor")
         if self.multicast:
             if self.algo != "ring" or self.compressor is not None:
                 raise GradwireError(f"multicast runs ring+multicast: algo 'ring' and no "
@@ -121,17 +125,22 @@ def bucket_itemsize(trace: Trace, group: list[int]) -> int:
         shape = trace.params[i].shape
         if shape is None:
             return 4
-        sizes.add(trace.params[i].bytes // math.prod(shape))
+        numel = math.prod(shape)
+        if numel:  # a tensor of no elements (a Trace made in Python) says nothing of its dtype
+            sizes.add(trace.params[i].bytes // numel)
     return sizes.pop() if len(sizes) == 1 and sizes <= FLOAT_ITEMSIZES.keys() else 4
 
 
 def bucket_shapes(trace: Trace, group: list[int]) -> Shapes | None:
     """The shapes of the bucket ``group``'s tensors in its order, for the catalogue's plan:
-    None unless every one has a shape and :func:`bucket_itemsize` bytes per element."""
+    None unless every one has a shape and :func:`bucket_itemsize` bytes per element, and
+    they hold an element at least (:func:`bucket_calls` prices a bucket of none as one)."""
     item = bucket_itemsize(trace, group)
     shapes = [trace.params[i].shape for i in group]
     if any(s is None or trace.params[i].bytes != item * math.prod(s)
            for i, s in zip(group, shapes, strict=True)):
+        return None
+    if not any(math.prod(s) for s in shapes):  # type: ignore[arg-type]
         return None
     return tuple(shapes)  # type: ignore[arg-type]
 
@@ -265,7 +274,10 @@ def _mean_compute(trace: Trace, pick: np.ndarray) -> float:
 
 def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name: str = "ring",
                         record: bool = False, fast: bool = True) -> SimResult:
-    """Run ``c.iterations`` iterations of host-based aggregation ``o`` on ``c.workers`` hosts."""
+    """Run ``c.iterations`` iterations of host-based aggregation ``o`` on ``c.workers`` hosts
+    (``o.multicast``: ring+multicast, :func:`simulate_ring_multicast`)."""
+    if o.multicast:
+        return simulate_ring_multicast(trace, c, o, name, record)
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
     specs = [bucket_calls(sum(trace.params[i].bytes for i in g), p, o, bucket_shapes(trace, g),
@@ -320,7 +332,12 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
     6's middle column): each bucket is reduce-scattered by the library's ring schedule; as soon
     as a rank holds its reduced block it multicasts it to every other worker (one flow over its
     up link and their down links); a rank has the bucket when its own reduce-scatter is done
-    and the P − 1 other blocks have arrived. Iterations as in :func:`simulate_collective`."""
+    and the P − 1 other blocks have arrived. Iterations as in :func:`simulate_collective`.
+    ``o`` is the ring's: another algorithm or a compressor is refused (it would not run)."""
+    if o.algo != "ring" or o.compressor is not None:
+        raise GradwireError(f"ring+multicast runs the ring's reduce-scatter, dense: expected "
+                            f"algo 'ring' and no compressor, got algo={o.algo!r}, compressor="
+                            f"{o.compressor!r}")
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
     specs = [bucket_spec(sum(trace.params[i].bytes for i in g), p, o) for g in groups]

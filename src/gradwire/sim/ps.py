@@ -58,6 +58,11 @@ class PSOptions:
         if self.sharding not in SHARDINGS:
             raise GradwireError(f"sharding must be one of {', '.join(SHARDINGS)}, got "
                                 f"{self.sharding!r}")
+        if self.multicast and self.order != "roundrobin":
+            # distribution(): one multicast per parameter, whatever the order
+            raise GradwireError(f"order={self.order} is not taken with multicast: it sends "
+                                "each parameter once to every worker (order is the unicast "
+                                "distribution's)")
         if self.order == "block" and not self.barrier:
             raise GradwireError("block distribution needs the barrier (without it each "
                                 "parameter is forwarded as soon as it is aggregated)")

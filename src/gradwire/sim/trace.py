@@ -244,6 +244,9 @@ def loads(text: str, where: str = "<trace>") -> Trace:
     model = head.get("model")
     if not isinstance(model, str) or not model:
         raise _bad(where, n, "model", f"expected a non-empty string, got {model!r}")
+    source = head.get("source", "")
+    if not isinstance(source, str):  # str() made a null "None", and a list its repr
+        raise _bad(where, n, "source", f"expected a string, got {repr(source)[:60]}")
     params: list[Param] = []
     name_line: dict[str, int] = {}  # each name's line: --resize NAME must mean one parameter
     total = 0
@@ -307,7 +310,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
     if not its:
         raise GradwireError(f"{where}: no iteration lines")
     meta = {k: v for k, v in head.items() if k not in _HEADER}
-    return Trace(model, tuple(params), tuple(its), str(head.get("source", "")), meta)
+    return Trace(model, tuple(params), tuple(its), source, meta)
 
 
 # ---------------------------------------------------------------- making and editing
