@@ -214,6 +214,9 @@ def command() -> str:
 
 
 PARTS = ("calibrate", "ring", "lp", "crossover", "model")
+# The parts whose figures come from the calibration: lp (n over the calibrated link rate),
+# crossover (its predicted size) and model (every prediction).
+CALIBRATED = ("lp", "crossover", "model")
 WORLD_SIZES = (2, 4, 8)  # calibrate: 2 hosts; ring: 4 and 8; lp, crossover: 8; model: 4
 
 
@@ -238,6 +241,12 @@ def main() -> None:
         ap.error(f"--parts: expected a comma list of {', '.join(PARTS)}, got {a.parts!r}")
     out = a.out
     result = json.loads(out.read_text()) if out.exists() else {}
+    stale = [q for q in CALIBRATED if q in result and q not in parts]
+    if "calibrate" in parts and stale:
+        # they would stay beside a calibration they were not predicted from
+        ap.error(f"--parts: a new calibration would leave {', '.join(stale)} of {out} "
+                 "predicted from the one it replaces: run them with it (--parts calibrate,"
+                 f"{','.join(stale)})")
     home = tempfile.mkdtemp(prefix="gradwire-bench-")
     if "calibrate" in parts or "calibration" not in result:
         result["calibration"] = part_calibrate(home)

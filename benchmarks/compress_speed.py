@@ -195,6 +195,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--parts", default="a,b,c,d", help="comma list of a, b, c, d (see above)")
     args = ap.parse_args()
+    # one line each, before anything runs: --repeats 0 took the median of nothing, a size of
+    # 0 or less failed in torch (or "measured" empty tensors), and a density of 0 selected
+    # one element while the result recorded density 0
+    for option, value in (("--size", args.size), ("--topk-size", args.topk_size),
+                          ("--repeats", args.repeats)):
+        if value < 1:
+            ap.error(f"{option} must be >= 1, got {value}")
+    if not 0 < args.density <= 1 or round(args.density * args.topk_size) < 1:
+        ap.error(f"--density must be in (0, 1] and select at least one of --topk-size "
+                 f"{args.topk_size} elements, got {args.density}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
     parts = set(args.parts.split(","))

@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from gradwire.bench import provenance
+from gradwire.bench.sharing import usable_cores
 from gradwire.cli.options import write_json
 from gradwire.cluster import ephemeral_cluster
 from gradwire.launcher import launch
@@ -98,6 +99,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.profile < 0:
         sys.exit(f"ddp_hooks.py: error: --profile must be 0 or more, got {args.profile}")
+    # before any rank starts: --iters 0 divided by zero in every rank, --rounds 0 wrote a
+    # result with nothing measured, --batch 0 one of NaN losses, and a negative --warmup
+    # timed its first, cold iteration as a warm one
+    for option, value, least in (("--hosts", args.hosts, 1), ("--batch", args.batch, 1),
+                                 ("--warmup", args.warmup, 0), ("--iters", args.iters, 1),
+                                 ("--rounds", args.rounds, 1)):
+        if value < least:
+            ap.error(f"{option} must be >= {least}, got {value}")
     if args.hooks == ",".join(HOOKS) and args.device == "cpu":
         # PyTorch's PowerSGD hook issues its allreduces from future callbacks; over gloo those
         # of different buckets can reach the ranks in different orders (gloo aborted with
@@ -107,6 +116,9 @@ def main() -> None:
         problem = check_hook(hook)
         if problem:
             sys.exit(f"ddp_hooks.py: error: --hooks: {problem}")
+    if len(set(args.hooks.split(","))) != len(args.hooks.split(",")):
+        # both runs' rows would be pooled under one name, as if one hook had run twice as long
+        sys.exit(f"ddp_hooks.py: error: --hooks names a hook twice: {args.hooks!r}")
     out = args.out or (OUT if args.device == "cpu" else OUT.with_name(f"{args.device}.json"))
     env = {"HOOKS": args.hooks, "MODEL": args.model, "BATCH": str(args.batch),
            "WARMUP": str(args.warmup), "ITERS": str(args.iters), "ROUNDS": str(args.rounds),
@@ -127,8 +139,13 @@ def main() -> None:
     if failed and not rows:
         sys.exit(failed)
     summary = {}
+    # After a failure the hooks may have finished different numbers of rounds: each is then
+    # summarised over the rounds every hook that ran finished, so that a ratio is still of
+    # the same rounds, taken in turns (every row stays under "rows").
+    done = [sum(r["hook"] == h for r in rows) for h in args.hooks.split(",")]
+    rounds = min((n for n in done if n), default=0)
     for hook in args.hooks.split(","):
-        mine = [r for r in rows if r["hook"] == hook]
+        mine = [r for r in rows if r["hook"] == hook and r["round"] < rounds]
         if not mine:  # the run failed before this hook's first row
             continue
         times = [t for r in mine for t in r["slowest_s"]]
@@ -163,6 +180,8 @@ def main() -> None:
     result = {**provenance.stamp(provenance.script_command(), args.device),
               "network": label, "hosts": args.hosts,
               "environment": {k: v for k, v in os.environ.items() if k.startswith("GRADWIRE_")},
+              "note": (f"{args.hosts} ranks on this machine's {usable_cores()} cores"
+                       + provenance.contention((args.hosts,), usable_cores())),
               "model": args.model, "batch": args.batch, "warmup": args.warmup,
               "iters": args.iters, "rounds": args.rounds, "summary": summary,
               "speed_ratios": ratios, "rows": rows}

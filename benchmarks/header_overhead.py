@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--loopback", action="store_true")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    if args.hosts < 1:
+        ap.error(f"--hosts must be >= 1, got {args.hosts}")
     lines: list[str] = []
     with ephemeral_cluster(args.hosts, args.bandwidth, args.loopback) as c:
         res = launch(c, [sys.executable, str(HERE / "ranks" / "header_overhead.py")],

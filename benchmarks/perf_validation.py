@@ -26,15 +26,20 @@ HERE = Path(__file__).parent
 OUT = HERE / "results" / "perf_validation" / "latest.json"
 
 
+# What a run measures (the defaults of its options): --repredict measures nothing, so it
+# takes none of them.
+PLAN = {"rates": "10gbit,1gbit,100mbit", "workers": "2,4",
+        "aggs": "dense,fp16,topk,gtopk,powersgd,signsgd", "repeats": 3, "fast_repeats": None}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rates", default="10gbit,1gbit,100mbit",
-                    help="link rates, a comma list")
-    ap.add_argument("--workers", default="2,4", help="P, a comma list (each >= 2)")
-    ap.add_argument("--aggs", default="dense,fp16,topk,gtopk,powersgd,signsgd",
-                    help="methods, a comma list")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="training runs per configuration, interleaved; the median is kept")
+    ap.add_argument("--rates", help=f"link rates, a comma list (default {PLAN['rates']})")
+    ap.add_argument("--workers", help=f"P, a comma list (each >= 2; default {PLAN['workers']})")
+    ap.add_argument("--aggs", help=f"methods, a comma list (default {PLAN['aggs']})")
+    ap.add_argument("--repeats", type=int,
+                    help="training runs per configuration, interleaved; the median is kept "
+                         f"(default {PLAN['repeats']})")
     ap.add_argument("--fast-repeats", type=int,
                     help=f"training runs where the model predicts under {FAST_S * 1e3:.0f} "
                          "ms per iteration (at least --repeats; default: --repeats)")
@@ -45,6 +50,15 @@ def main(argv: list[str] | None = None) -> None:
                          "is now, its measurements kept, into --out")
     a = ap.parse_args(argv)
     command = provenance.script_command(None if argv is None else [__file__, *argv])
+    given = [f"--{k.replace('_', '-')}" for k in PLAN if getattr(a, k) is not None]
+    if a.repredict and given:
+        # they were parsed and dropped without a word: the result is the earlier run's plan
+        raise SystemExit(f"perf_validation.py: error: --repredict runs nothing, so "
+                         f"{', '.join(given)} would be ignored: the earlier result's "
+                         "configurations are predicted again")
+    for k, default in PLAN.items():
+        if getattr(a, k) is None:
+            setattr(a, k, default)
     try:
         check_writable(a.out, "--out")
         if a.out.suffix.lower() == ".png":  # the figure goes to the same name, with .png

@@ -352,6 +352,19 @@ def render(doc: dict, out: Path) -> None:
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.png')}")
 
 
+def contention(hosts: int) -> str:
+    """The result's word on how the ranks share this machine's cores (those this process may
+    run on): contended only where they outnumber them. It said "ranks share cores, so compute
+    is contended" of any run, 2 ranks on 2 cores and 4 on 16 alike."""
+    from gradwire.bench.sharing import usable_cores
+
+    cores = usable_cores()
+    if hosts > cores:
+        return (f"{hosts} ranks on {cores} cores: ranks share cores, so compute is contended "
+                "and CPU-heavy methods pay for it")
+    return f"{hosts} ranks on {cores} cores: a core per rank, no CPU contention"
+
+
 def fail(message: str) -> NoReturn:
     """Refuse a bad argument in one line (argparse's own errors also print the usage)."""
     print(f"time_to_accuracy.py: error: {message}", file=sys.stderr)
@@ -396,6 +409,8 @@ def main() -> None:
         fail(f"--hosts must be >= 1, got {args.hosts}")
     if args.seeds < 1:
         fail(f"--seeds must be >= 1, got {args.seeds}")
+    if not args.timeout > 0:
+        fail(f"--timeout must be > 0 seconds, got {args.timeout}")
     try:
         names = args.hooks.split(",") if args.hooks else default_hooks()
         if len(set(names)) != len(names):
@@ -439,8 +454,7 @@ def run(args: argparse.Namespace, plan: dict, settings: dict) -> None:
     rows = [json.loads(x.partition("ROW ")[2]) for x in lines if "] ROW " in x]
     doc = {**provenance.stamp(provenance.script_command()),
            "network": label, "hosts": args.hosts,
-           "contention": (f"{args.hosts} ranks on {os.cpu_count()} cores: ranks share cores, "
-                          "so compute is contended and CPU-heavy methods pay for it"),
+           "contention": contention(args.hosts),
            "environment": {k: v for k, v in os.environ.items() if k.startswith("GRADWIRE_")},
            "seed": SEED, "seeds": plan["seeds"], "density": args.density,
            "torch_start_powerSGD_iter": 2,

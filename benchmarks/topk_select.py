@@ -1,8 +1,9 @@
 """The top-k selectors alone on one device: one abs pass and torch.topk (which breaks ties its
 own way) beside gradwire's ``select`` (exact and sampled threshold, ties to the smaller index;
 on a GPU its device path, with no host sync), the host path's code and the full tie rule
-(``largest``), on the same fp32 gradient, median of --repeats, each call synchronised; and
-under "back to back", each way's ms per call when --repeats calls go out with one sync after.
+(``largest``), on the same fp32 gradient, median of --repeats, each call synchronised, the ways
+taking turns call by call (one untimed call of each first); and under "back to back", each
+way's ms per call when --repeats calls go out with one sync after.
 
     python benchmarks/topk_select.py --device cuda --out benchmarks/results/topk_select/h200.json
 """
@@ -37,16 +38,37 @@ def back_to_back_ms(fn, repeats: int, device: str) -> float:
     return round((time.perf_counter() - t0) / repeats * 1e3, 3)
 
 
-def median_ms(fn, repeats: int, device: str) -> float:
+def turns_ms(ways: dict, repeats: int, device: str) -> dict[str, float]:
+    """Median ms of ``repeats`` synchronised calls of each of ``ways``, after one untimed call
+    of each, the ways taking turns call by call: a ratio of two of them (a selector over
+    torch.topk) is of calls made under the same conditions. Timed one way after the other,
+    a drift of the machine's speed fell between them."""
     dev = torch.device(device)
-    times = []
-    for _ in range(repeats + 1):
-        sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        sync(dev)
-        times.append(time.perf_counter() - t0)
-    return round(statistics.median(times[1:]) * 1e3, 3)
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for i in range(repeats + 1):
+        for name, fn in ways.items():
+            sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            sync(dev)
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    return {name: round(statistics.median(t) * 1e3, 3) for name, t in times.items()}
+
+
+def densities(text: str, size: int) -> list[float]:
+    """``--densities`` as numbers, each in (0, 1] and selecting at least one of ``size``."""
+    out = []
+    for v in text.split(","):
+        try:
+            d = float(v)
+        except ValueError:
+            raise ValueError(f"--densities: {v!r} is not a number") from None
+        if not 0 < d <= 1 or int(d * size) < 1:
+            raise ValueError(f"--densities: {v} must be in (0, 1] and select at least one of "
+                             f"--size {size} elements")
+        out.append(d)
+    return out
 
 
 def main() -> None:
@@ -57,9 +79,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.size < 1 or args.repeats < 1:
+        ap.error(f"--size and --repeats must be >= 1, got {args.size} and {args.repeats}")
+    try:
+        wanted = densities(args.densities, args.size)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available")
     x = torch.randn(args.size, generator=torch.Generator().manual_seed(1)).to(args.device)
     rows = []
-    for d in (float(v) for v in args.densities.split(",")):
+    for d in wanted:
         k = int(d * args.size)
         ways = {"abs pass": lambda: x.abs(),
                 "torch.topk": lambda k=k: torch.topk(x.abs(), k, sorted=False).indices,
@@ -72,7 +102,7 @@ def main() -> None:
                     x, k, generator(0, 0, args.device)),
                 "full tie rule (largest)": lambda k=k: select.largest(x.abs(), k)}
         row = {"density": d, "k": k}
-        row.update({name: median_ms(fn, args.repeats, args.device) for name, fn in ways.items()})
+        row.update(turns_ms(ways, args.repeats, args.device))
         row["back to back"] = {name: back_to_back_ms(fn, args.repeats, args.device)
                                for name, fn in ways.items()}
         rows.append(row)

@@ -28,7 +28,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -37,9 +40,11 @@ from ab import earlier_src, revision, this_code
 from rich.console import Console
 
 from gradwire.bench import provenance
+from gradwire.bench.sharing import usable_cores
 from gradwire.cli.options import write_json
 from gradwire.cluster.netns import cap_send_buffer, ephemeral_cluster, machine_send_buffer
 from gradwire.demo import DEMO, run_demo
+from gradwire.errors import GradwireError
 from gradwire.profiles.measure import measure
 
 HERE = Path(__file__).parent
@@ -71,8 +76,26 @@ def main() -> None:
                     help="the baseline runs (this code, or REV's with --baseline) on hosts "
                          "whose TCP send buffers keep the machine's default ceiling")
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    for option, value in (("--rounds", args.rounds), ("--epochs", args.epochs),
+                          ("--hosts", args.hosts)):
+        if value < 1:
+            ap.error(f"{option} must be >= 1, got {value}")
+    if args.baseline:
+        try:  # before the cluster: a misspelt REV failed with git's traceback after it
+            revision(args.baseline)
+        except subprocess.CalledProcessError:
+            ap.error(f"--baseline {args.baseline!r} is not a commit of this repository")
+    # The first round's curves are drawn in a temporary folder and put beside --out only once
+    # the JSON is written: drawn there, a round or method that failed left a new figure beside
+    # the old JSON (run_demo draws the methods that finished before it raises).
+    try:
+        with tempfile.TemporaryDirectory(prefix="gradwire-train-demo-") as tmp:
+            run(args, Path(tmp) / "curves.png")
+    except GradwireError as e:  # a method that failed: one line, and no file written
+        raise SystemExit(f"train_demo.py: error: {e}") from None
+
+
+def run(args: argparse.Namespace, figure: Path) -> None:
     aggs = args.agg.split(",")
     base = dataclasses.replace(DEMO, epochs=args.epochs)
     console = Console(width=150)
@@ -114,8 +137,7 @@ def main() -> None:
         results: list[dict] = []
         for r in range(args.rounds):
             probe = cpu_probe()
-            got = run_demo(cluster, aggs, base, 1800, console,
-                           args.out.with_suffix(".png") if r == 0 else None)
+            got = run_demo(cluster, aggs, base, 1800, console, figure if r == 0 else None)
             results = results or got  # the rows, curves and plot kept: the first round's
             rounds.append({"cpu_probe_ms": round(probe, 3),
                            "samples_per_s": {x["agg"]: x["samples_per_s"] for x in got}})
@@ -164,15 +186,20 @@ def main() -> None:
                       f"{d['test_accuracy'][-1] * 100:.1f} %, gTop-k "
                       f"{g['test_accuracy'][-1] * 100:.1f} % (target: within 1 point)"
                       f"{'' if same else '; the rounds ended with different accuracies'}")
+    cores = usable_cores()
+    shared = (f"{args.hosts} ranks share the machine's {cores} cores: compute is slower than on "
+              "one rank per machine, which shrinks what compression can save")
     out = {**stamp, "network": network,
-           "note": f"{args.hosts} ranks share the machine's cores: compute is slower than on "
-                   "one rank per machine, which shrinks what compression can save",
+           "note": shared if args.hosts > cores else
+                   f"{args.hosts} ranks on the machine's {cores} cores: a core per rank",
            "conditions": {"loadavg_1_5_15_before": load_before,
                           "loadavg_1_5_15_after": os.getloadavg()},
            "settings": dataclasses.asdict(base) | {"checkpoint": None}, "checks": checks,
            "rounds": rounds, "results": results, **({"baseline": baseline} if baseline else {})}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, out)
+    if figure.exists():
+        shutil.move(figure, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

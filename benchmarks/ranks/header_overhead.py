@@ -1,14 +1,16 @@
 """One rank of benchmarks/header_overhead.py: the same call with and without the header
-exchange, interleaved, median seconds of each; rank 0 prints one ROW line of JSON per case."""
+exchange, interleaved, median seconds of each (each call's time the slowest rank's, from a
+common barrier: a call lasts as long as its slowest rank); rank 0 prints one ROW line of JSON
+per case."""
 import datetime
 import json
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
+from gradwire.bench.rank import taking_turns
 from gradwire.collectives.agree import agree
 from gradwire.sparse import sparse_allreduce
 from gradwire.transport import Transport
@@ -18,19 +20,10 @@ checked, unchecked = Transport(check_calls=True), Transport(check_calls=False)
 ITERS = 15
 
 
-def timed(fn, t: Transport) -> float:
-    dist.barrier()
-    t0 = time.perf_counter()
-    fn(t)
-    return time.perf_counter() - t0
-
-
 def case(name: str, nbytes: int, fn) -> None:
-    fn(checked), fn(unchecked)  # warm-up: connections, schedule caches
-    on, off = [], []
-    for _ in range(ITERS):
-        on.append(timed(fn, checked))
-        off.append(timed(fn, unchecked))
+    # one untimed call of each first (connections, schedule caches), then in turns; each
+    # time the slowest rank's (rank 0's own had been taken, whichever rank finished last)
+    on, off = taking_turns([lambda: fn(checked), lambda: fn(unchecked)], ITERS, warmup=1)
     a, b = statistics.median(on), statistics.median(off)
     if dist.get_rank() == 0:
         print("ROW " + json.dumps({"case": name, "bytes": nbytes, "checked_ms": a * 1e3,
