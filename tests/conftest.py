@@ -17,7 +17,9 @@ settings.register_profile("gradwire", deadline=None)
 settings.load_profile("gradwire")
 
 SCRIPTS = Path(__file__).parent / "scripts"
-BENCH_RANKS = Path(__file__).parent.parent / "benchmarks" / "ranks"
+ROOT = Path(__file__).parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+BENCH_RANKS = BENCHMARKS / "ranks"
 _ok, _why = netns_available()
 needs_netns = pytest.mark.skipif(not _ok, reason=_why or "network namespaces unavailable")
 
@@ -227,3 +229,17 @@ def host_pair(c, serve: str, send: str, timeout: float = 60) -> tuple[str, str]:
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def load_benchmark(name: str, monkeypatch):
+    """benchmarks/<name>.py as a fresh module (its sibling imports, such as ``ab``, found)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def benchmark_argv(monkeypatch, script: str, *args: str) -> None:
+    """``sys.argv`` as if benchmarks/``script`` had been run with ``args``."""
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *args])

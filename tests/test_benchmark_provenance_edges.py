@@ -1,7 +1,6 @@
 """Defects of the benchmark scripts: how each records what it measured, and where. Cheap: the
 scripts' measurements are replaced by stand-ins (in process), or made to run on tiny sizes."""
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,22 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import BENCHMARKS, ROOT, benchmark_argv, load_benchmark
 
-ROOT = Path(__file__).parent.parent
-BENCHMARKS = ROOT / "benchmarks"
-
-
-def load(name: str, monkeypatch):
-    """benchmarks/<name>.py as a fresh module (its sibling imports, such as ``ab``, found)."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(f"hunt_{name}", BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def argv(monkeypatch, script: str, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *args])
+load, argv = load_benchmark, benchmark_argv
 
 
 # --- hook_equivalence: a comparison that could not fail ------------------------------------

@@ -4,30 +4,14 @@ notes that called every run contended, a figure replaced by a run that then fail
 parsed and ignored. Cheap and deterministic: the measurements are stand-ins, in process; no
 cluster, no ranks."""
 import contextlib
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import BENCHMARKS, benchmark_argv, load_benchmark
 
-ROOT = Path(__file__).parent.parent
-BENCHMARKS = ROOT / "benchmarks"
-
-
-def load(name: str, monkeypatch):
-    """benchmarks/<name>.py as a fresh module (its sibling imports, such as ``ab``, found)."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(f"hunt2_{name}", BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def argv(monkeypatch, script: str, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *args])
+load, argv = load_benchmark, benchmark_argv
 
 
 def cores(monkeypatch, n: int) -> None:
