@@ -14,7 +14,7 @@ from gradwire.collectives.local import execute_local
 from gradwire.errors import GradwireError
 from gradwire.schedules import registry
 from gradwire.schedules.ir import Transfer, build
-from gradwire.transport import _wire
+from gradwire.transport import as_wire
 
 
 class _Done:
@@ -31,7 +31,7 @@ class _Recording:
         self.posted: list[tuple[str, int]] = []
 
     def _post(self, op: str, tensor: torch.Tensor, peer: int) -> _Done:
-        _wire(tensor)  # the transport's own check: contiguous, plain
+        as_wire(tensor)  # the transport's own check: contiguous, plain
         self.posted.append((op, peer))
         return _Done()
 

@@ -36,7 +36,9 @@ class P2P:
     peer: int
 
 
-def _wire(tensor: torch.Tensor) -> torch.Tensor:
+def as_wire(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bytes as a flat uint8 view, the way the transport sends them; a one-line
+    error for a tensor whose bytes are not its values or cannot be viewed so."""
     if not isinstance(tensor, torch.Tensor):
         raise GradwireError(f"transport sends and receives torch tensors, got "
                             f"{type(tensor).__name__}")
@@ -262,7 +264,7 @@ class Transport:
     def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` as bytes, refused where this backend cannot send it
         (:meth:`check_device`)."""
-        buf = _wire(tensor)
+        buf = as_wire(tensor)
         self.check_device(tensor)
         return buf
 

@@ -33,7 +33,7 @@ from gradwire.collectives.executor import execute
 from gradwire.collectives.pool import BufferPool
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import registry
-from gradwire.transport import Transport, is_default_group, resolve
+from gradwire.transport import Transport, as_wire, is_default_group, resolve
 
 # what a reduction sums in; int8 wraps on overflow, which its one user (the int8 method of
 # gradwire.catalogue) rules out by the levels it sends
@@ -197,6 +197,25 @@ def _op(op: object, buf: torch.Tensor) -> str:
     return how
 
 
+def _sum_may_overflow(x: torch.Tensor, p: int) -> bool:
+    """Whether ``p`` ranks' values as large as ``x``'s largest could sum past ``x``'s dtype's
+    largest finite value (what :func:`_body` asks of an average's input). Inf is; NaN is not
+    (its sum is NaN either way)."""
+    if p == 1 or x.numel() == 0:
+        return False
+    lo, hi = torch.aminmax(x)  # one pass, no |x| made: 2.5 ms on 25 M fp32 here, abs().max() 37
+    return float(torch.maximum(-lo, hi)) * p > torch.finfo(x.dtype).max
+
+
+def _overlap_in_part(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether 1-D contiguous ``a`` and ``b`` share memory without being the same elements."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    lo_a, lo_b = a.data_ptr(), b.data_ptr()
+    hi_a, hi_b = lo_a + a.numel() * a.element_size(), lo_b + b.numel() * b.element_size()
+    return lo_a < hi_b and lo_b < hi_a and (lo_a, hi_a) != (lo_b, hi_b)
+
+
 def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Tensor:
     """``tensor`` as a 1-D view; a collective that only moves data (``moved_only``: broadcast,
     allgather) takes any dtype, one that reduces one of :data:`DTYPES` (the floats and
@@ -206,8 +225,18 @@ def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Te
     if tensor.dtype not in DTYPES and not moved_only:
         raise GradwireError(f"{what} has dtype {tensor.dtype}: expected one of "
                             f"{', '.join(str(d) for d in DTYPES)}")
+    if tensor.layout != torch.strided:  # sparse: .contiguous() does not make it dense
+        raise GradwireError(f"{what} must be a dense tensor, got layout {tensor.layout}: "
+                            "call .to_dense() first")
     if not tensor.is_contiguous():
         raise GradwireError(f"{what} must be contiguous: call .contiguous() first")
+    # what the transport refuses to send (a conjugate or negative view, a quantized tensor),
+    # refused here, before the call's header exchange: found at a rank's first send, it failed
+    # that rank alone, and a peer's receive posted for the data took the next call's header
+    try:
+        as_wire(tensor)
+    except GradwireError as e:
+        raise GradwireError(f"{what}: {e}") from None
     # detached, as c10d writes into a parameter that requires grad
     return tensor.detach().view(-1)
 
@@ -251,7 +280,8 @@ def run_params(given: dict, recorded: dict, itemsize: int) -> dict:
 def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Transport,
           async_op: bool, after: Callable[[torch.Tensor], None] | None, params: dict,
           whole: tuple[int, int] | None = None,
-          before: Callable[[], None] | None = None, op: str | None = None) -> Callable[[], None]:
+          before: Callable[[], None] | None = None, op: str | None = None,
+          mean: tuple[int, int] | None = None) -> Callable[[], None]:
     """The call, checked: agree on it, ``before()``, run the schedule on ``buf``, then
     ``after(buf)``; :func:`_issue` runs it in the call's turn, so a call issued after an async
     one that writes its input reads it written.
@@ -265,6 +295,14 @@ def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Tr
     ``op``: a reduction's op ("sum", "avg"), named in the header beside the parameters: ranks
     that reduce with different ops exchange the same messages, and would end with different
     results (the sum on some, the average on others) instead of failing.
+
+    ``op="avg"``: the sum is divided by P in ``[mean]`` (start, stop) of the result, before
+    ``after`` runs (None: this rank's result is scratch, a reduce's non-root). Where a rank's
+    values, P of them summed, could pass its dtype's largest finite value (fp16's 65 504 is
+    three ranks' 30 000), every rank divides its input by P before the sum instead, as c10d's
+    NCCL average does: summed first, the mean came out inf. The ranks learn it in the header
+    exchange (the status digit, :func:`~gradwire.collectives.agree.agree`), so all take the
+    same path; with the call check off they cannot, and sum first.
     """
     if not isinstance(async_op, bool):
         raise GradwireError(f"async_op must be True or False, got {async_op!r}")
@@ -276,20 +314,37 @@ def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Tr
     call = [("call", collective), ("algo", s.algo), ("elements", buf.numel()),
             ("dtype", buf.dtype), ("root", root), ("params", shown)]
 
+    p = t.world_size
+
+    def agreed() -> bool:
+        """Agree on the call; whether to divide by P before the sum (an average at risk)."""
+        if op != "avg":
+            agree(t, call)
+            return False
+        return agree(t, call, lambda: not _sum_may_overflow(buf, p)) is False
+
     def in_place() -> None:
-        agree(t, call)
+        first = agreed()
         if before is not None:
             before()
+        if first:
+            buf.div_(p)
         execute(s, buf, t)
+        if op == "avg" and not first and mean is not None:
+            buf[mean[0] : mean[1]].div_(p)
         if after is not None:
             after(buf)
 
     def out_of_place(lo: int, hi: int) -> None:
         with WORK_BUFFERS.lend(buf.numel(), buf) as work:
-            agree(t, call)
-            unwritten = execute(s, work, t, source=buf)
-            for a, b in unwritten.within(lo, hi):  # type: ignore[union-attr]
-                work[a:b].copy_(buf[a:b])  # nothing arrived for it (P = 1)
+            if agreed():  # the input, divided, is the work buffer's start: run in place
+                execute(s, torch.div(buf, p, out=work), t)
+            else:
+                unwritten = execute(s, work, t, source=buf)
+                for a, b in unwritten.within(lo, hi):  # type: ignore[union-attr]
+                    work[a:b].copy_(buf[a:b])  # nothing arrived for it (P = 1)
+                if op == "avg" and mean is not None:
+                    work[mean[0] : mean[1]].div_(p)
             if after is not None:
                 after(work)
 
@@ -329,8 +384,8 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
     with refused_together(t):
         buf = _flat(tensor, "tensor")
         how = _op(op, buf)
-        after = (lambda b: b.div_(t.world_size)) if how == "avg" else None
-        body = _body("allreduce", algo, buf, 0, t, async_op, after, params, op=how)
+        body = _body("allreduce", algo, buf, 0, t, async_op, None, params, op=how,
+                     mean=(0, buf.numel()))
     return _issue(t, body, async_op)
 
 
@@ -346,8 +401,8 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
         buf = _flat(tensor, "tensor")
         how = _op(op, buf)
         dst = _root(t, dst, "dst")  # type: ignore[assignment]
-        after = (lambda b: b.div_(t.world_size)) if how == "avg" and t.rank == dst else None
-        body = _body("reduce", algo, buf, dst, t, async_op, after, params, op=how)
+        body = _body("reduce", algo, buf, dst, t, async_op, None, params, op=how,
+                     mean=(0, buf.numel()) if t.rank == dst else None)
     return _issue(t, body, async_op)
 
 
@@ -380,8 +435,12 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
                                 f"{inp.numel()} elements of {inp.dtype}, got {out.numel()} of "
                                 f"{out.dtype}")
         mine = out[t.rank * inp.numel() : (t.rank + 1) * inp.numel()]
+        # torch refuses a copy between tensors that overlap in part (an input sliced from the
+        # output a few elements off this rank's block): a RuntimeError on this rank alone,
+        # after the header exchange, its peers waiting on it
+        partly = _overlap_in_part(mine, inp)
         body = _body("allgather", algo, out, 0, t, async_op, None, params,
-                     before=lambda: mine.copy_(inp))
+                     before=lambda: mine.copy_(inp.clone() if partly else inp))
     return _issue(t, body, async_op)
 
 
@@ -403,12 +462,11 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
                                 f"{out.numel()} elements of {out.dtype}, got {inp.numel()} of "
                                 f"{inp.dtype}")
         n = out.numel()
+        mine = (t.rank * n, (t.rank + 1) * n)
 
         def after(work: torch.Tensor) -> None:
-            out.copy_(work[t.rank * n : (t.rank + 1) * n])
-            if how == "avg":
-                out.div_(t.world_size)
+            out.copy_(work[mine[0] : mine[1]])
 
         body = _body("reducescatter", algo, inp, 0, t, async_op, after, params,
-                     whole=(t.rank * n, (t.rank + 1) * n), op=how)
+                     whole=mine, op=how, mean=mine)
     return _issue(t, body, async_op)

@@ -26,6 +26,9 @@ def execute_local(s: Schedule, buffers: Sequence[torch.Tensor],
     if len(buffers) != p:
         raise GradwireError(f"schedule is for {p} ranks, got {len(buffers)} buffers")
     for r, b in enumerate(buffers):
+        if not isinstance(b, torch.Tensor):
+            raise GradwireError(f"rank {r}: buffer must be a torch.Tensor, got "
+                                f"{type(b).__name__}")
         if b.dim() != 1 or b.numel() != s.count:
             raise GradwireError(f"rank {r}: buffer has shape {tuple(b.shape)}, the schedule "
                                 f"expects ({s.count},)")
@@ -59,11 +62,15 @@ def execute_local(s: Schedule, buffers: Sequence[torch.Tensor],
 
 def _check_apart(buffers: Sequence[torch.Tensor]) -> None:
     """Refuse buffers that share memory (``[buf] * p``): every rank's writes landed in the
-    others' buffers, and an allreduce of ones gave 8 where it is 4, silently. Buffers of one
-    storage whose elements interleave without touching (``x[0::2]``, ``x[1::2]``) pass. The
-    buffers are 1-D of one dtype (checked before)."""
+    others' buffers, and an allreduce of ones gave 8 where it is 4, silently. So is a buffer
+    whose own elements are one (``x.expand(n)``): its first write raised torch's RuntimeError.
+    Buffers of one storage whose elements interleave without touching (``x[0::2]``,
+    ``x[1::2]``) pass. The buffers are 1-D of one dtype (checked before)."""
     spans = []
     for r, b in enumerate(buffers):
+        if b.numel() > 1 and b.stride(0) == 0:  # x.expand(n): every element is one
+            raise GradwireError(f"rank {r}: buffer's elements share memory (stride 0, as "
+                                "from .expand()): call .clone() first")
         if b.numel():
             lo, size, step = b.data_ptr(), b.element_size(), b.stride(0)
             spans.append((lo, lo + ((b.numel() - 1) * step + 1) * size, r, step, size))
