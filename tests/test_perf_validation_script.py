@@ -196,6 +196,38 @@ def test_repredict_writes_the_result_its_figure_and_the_report(tmp_path):
     assert "contended (P > 2 cores): median |error|" in console.export_text()
 
 
+def test_a_run_that_fails_part_way_leaves_the_last_whole_result(tmp_path, monkeypatch):
+    """The result so far was kept in ``out`` itself after each cluster: a run that failed at
+    its second cluster replaced the last whole result (summary, figure beside it) with a
+    partial one of no summary and a new date. It is kept beside it now, marked incomplete,
+    and goes once the whole result is written."""
+    from rich.console import Console
+
+    from gradwire.bench.validation import report
+    from gradwire.errors import GradwireError
+
+    out = tmp_path / "latest.json"
+    out.write_text(json.dumps(result()))
+    whole = out.read_text()
+    so_far = result()
+
+    def fails_at_the_second_cluster(plan, console, command, on_cluster):
+        on_cluster(so_far)
+        raise GradwireError("the second cluster failed")
+
+    monkeypatch.setattr(report, "run", fails_at_the_second_cluster)
+    with pytest.raises(GradwireError, match="second cluster"):
+        pv.write_report(out, Console(), plan=object(), command="test")
+    assert out.read_text() == whole
+    partial = tmp_path / "latest.partial.json"
+    assert json.loads(partial.read_text())["incomplete"] is True
+
+    monkeypatch.setattr(report, "run", lambda plan, console, command, on_cluster: (
+        on_cluster(so_far), copy.deepcopy(so_far))[1])
+    pv.write_report(out, Console(), plan=object(), command="test")
+    assert "summary" in json.loads(out.read_text()) and not partial.exists()
+
+
 @pytest.fixture(scope="module")
 def script():
     spec = importlib.util.spec_from_file_location("perf_validation", SCRIPT)

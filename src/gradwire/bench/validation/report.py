@@ -21,6 +21,12 @@ def dump(doc: dict, out: Path) -> None:
     replace_text(out, dumps(doc, indent=1) + "\n")
 
 
+def partial_path(out: Path) -> Path:
+    """Where a validation's result so far is kept while it runs: ``NAME.partial.json``
+    beside ``out``."""
+    return out.with_name(f"{out.stem}.partial{out.suffix or '.json'}")
+
+
 def load_result(path: Path) -> dict:
     """A result this script wrote, for ``--repredict``; one-line errors otherwise."""
     doc = read_object(path, f"--repredict {path}")
@@ -77,10 +83,13 @@ def _configuration(where: str, field: str, d: object) -> None:
 
 def write_report(out: Path, console: Console, plan: Plan | None = None,
                  repredict_from: Path | None = None, command: str | None = None) -> dict:
-    """Run ``plan`` (:func:`~.runs.run`; the result so far is kept in ``out`` after each
-    cluster), or predict the result at ``repredict_from`` again with the model as it is now
+    """Run ``plan`` (:func:`~.runs.run`; the result so far is kept after each cluster in
+    :func:`partial_path`, marked ``"incomplete"``, and removed once ``out`` is written), or
+    predict the result at ``repredict_from`` again with the model as it is now
     (:func:`~.predict.repredict`, its measurements kept); then summarise, write ``out`` and
-    its figure beside it (``.png``), and print the report."""
+    its figure beside it (``.png``), and print the report. A run that fails part way leaves
+    ``out`` as it was: kept there, the partial result replaced a whole one with no summary
+    and a new date, beside the old figure."""
     if repredict_from is not None:
         doc = load_result(repredict_from)
         try:
@@ -91,13 +100,17 @@ def write_report(out: Path, console: Console, plan: Plan | None = None,
                "repredicted": {"date": provenance.now(), "commit": provenance.commit(),
                                "command": command}}
     elif plan is not None:
-        doc = run(plan, console, command, on_cluster=lambda d: dump(d, out))
+        partial = partial_path(out)
+        doc = run(plan, console, command,
+                  on_cluster=lambda d: dump({**d, "incomplete": True}, partial))
     else:
         raise GradwireError("write_report needs a plan or a result to predict again")
     if not doc["rows"]:
         raise GradwireError("no rows to report")
     doc["summary"] = summarise(doc)
     dump(doc, out)
+    if plan is not None and repredict_from is None:
+        partial_path(out).unlink(missing_ok=True)
     plot(doc, out.with_suffix(".png"))
     for line in lines(doc):
         console.print(line, markup=False, highlight=False)
