@@ -345,6 +345,17 @@ def test_launch_args_refuse_an_inconsistent_environment(monkeypatch):
         launch_args()
 
 
+@pytest.mark.parametrize("devices", [0, "2", 1.5, True])
+def test_launch_args_refuse_a_count_of_devices_that_is_none(monkeypatch, devices):
+    """Returned as given outside a launcher: Lightning refused it later, its own way."""
+    from gradwire.hooks.lightning import launch_args
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(GradwireError, match="devices"):
+        launch_args(devices=devices)
+
+
 @pytest.mark.parametrize("kwargs,says", [
     ({"ddp_comm_hook": None}, "ddp_comm_hook is set by gradwire from the state"),
     ({"ddp_comm_state": None, "ddp_comm_wrapper": None}, "ddp_comm_state, ddp_comm_wrapper is set"),

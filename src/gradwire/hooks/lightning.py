@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradwire.check import check_int
 from gradwire.errors import GradwireError
 from gradwire.hooks.state import HookState
 
@@ -47,6 +48,7 @@ def launch_args(devices: int = 1) -> dict[str, int]:
     --hosts 2`` (one rank per emulated host) ``num_nodes=2, devices=1``, which is what
     Lightning checks against the environment. Otherwise Lightning starts the processes itself:
     ``devices`` of them on one node."""
+    check_int("launch_args", "devices", devices, 1)  # Lightning took 0 or "2" further on
     world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
     if world is None and local is not None and dist.is_available() and dist.is_initialized():
         # Lightning's environment deletes WORLD_SIZE when a fit ends; the group still says it
