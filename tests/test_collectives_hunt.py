@@ -4,6 +4,8 @@ on one rank only, an allgather whose input partly overlaps its own block of the 
 inputs refused with the wrong advice or a traceback (sparse tensors; execute_local's
 buffers)."""
 
+import datetime
+
 import pytest
 import torch
 from conftest import run_world
@@ -165,3 +167,12 @@ def test_execute_local_refuses_buffers_it_cannot_write_with_one_line(buffers, sa
     with pytest.raises(GradwireError) as e:
         execute_local(s, buffers())
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("timeout", ["x", -1.0, float("nan")])
+def test_an_async_wait_refuses_a_timeout_that_is_no_duration(one_rank, timeout):
+    """Thread.join raised a TypeError for "x" (and took nan or -1 as no wait at all)."""
+    h = gc.all_reduce(torch.ones(4), async_op=True)
+    with pytest.raises(GradwireError, match="timeout must be None, a timedelta or a number"):
+        h.wait(timeout)
+    assert h.wait(datetime.timedelta(seconds=5)) and h.wait(0) and h.wait()

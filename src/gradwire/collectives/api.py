@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from gradwire.check import is_int
+from gradwire.check import is_int, is_real
 from gradwire.collectives.agree import agree, refuse
 from gradwire.collectives.executor import execute
 from gradwire.collectives.pool import BufferPool
@@ -174,6 +174,9 @@ class Handle:
     def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
         if isinstance(timeout, datetime.timedelta):  # as c10d's Work.wait takes it
             timeout = timeout.total_seconds()
+        if timeout is not None and not is_real(timeout, 0.0):  # join() raised a TypeError
+            raise GradwireError(f"wait: timeout must be None, a timedelta or a number of "
+                                f"seconds >= 0, got {timeout!r}")
         self._thread.join(timeout)
         if self._error is not None:
             raise self._error
