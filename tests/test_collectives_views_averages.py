@@ -1,4 +1,4 @@
-"""Edges of gradwire.collectives found by a hunt: averages of fp16 values whose sum over ranks
+"""Edges of gradwire.collectives: averages of fp16 values whose sum over ranks
 overflows where their mean does not, a view whose bytes are not its values (conjugate) refused
 on one rank only, an allgather whose input partly overlaps its own block of the output, and
 inputs refused with the wrong advice or a traceback (sparse tensors; execute_local's

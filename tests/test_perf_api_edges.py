@@ -1,5 +1,5 @@
-"""Defects found in gradwire.perf: numpy worker counts, subnormal link rates, malformed dtype
-γs and the what-if answers' unchecked inputs."""
+"""gradwire.perf called from Python: numpy worker counts, subnormal link rates, malformed dtype
+γs, the what-if answers' inputs, check_calls and a given α's executor α."""
 
 from __future__ import annotations
 

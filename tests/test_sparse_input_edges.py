@@ -1,5 +1,5 @@
-"""Defects found in gradwire.sparse and gradwire.compress.select / .sparse, each pinned by a
-test that failed before its fix."""
+"""Inputs of gradwire.sparse and gradwire.compress.select / .sparse: numpy counts, select's
+arguments, k <= 0 for the threshold selectors, unsigned and complex indices."""
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Defects of the benchmark scripts in what they compute or record, each found by a review:
+"""The benchmark scripts, in what they compute or record:
 bad arguments that crashed late or measured nothing, ratios over rounds not taken together,
 notes that called every run contended, a figure replaced by a run that then failed, options
 parsed and ignored. Cheap and deterministic: the measurements are stand-ins, in process; no
