@@ -8,7 +8,8 @@ vote) and the bytes of this rank's payload. With error feedback the residual of 
 added first and keeps what was not applied, so Σ_ranks e_after + P·avg = Σ_ranks (e_before + x).
 A bucket whose payload would be no smaller than the bucket itself (a small one, a high
 density, a 16-bit bucket cast to 16 bits) goes dense, residual and all, as PowerSGD's hook
-sends a matrix too small to compress as it is.
+sends a matrix too small to compress as it is (where x + e would overflow: x alone, the
+residual kept, :meth:`gradwire.compress.ErrorFeedback.flush`).
 
 | path     | methods                         | collectives per bucket                      |
 |----------|---------------------------------|---------------------------------------------|

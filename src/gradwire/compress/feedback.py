@@ -303,14 +303,30 @@ class ErrorFeedback:
         return e
 
     def flush(self, key: Hashable, x: torch.Tensor) -> torch.Tensor:
-        """x plus the residual of ``key``, which is then zero (all of it is applied). It is
-        kept, zeroed, not forgotten: a key that names a new bucket layout carried its
-        residual over from the old layout's, which would otherwise still hold it and hand
-        it over again (gradient mass made at every step after DDP rebuilt its buckets)."""
+        """x plus the residual of ``key``, which is then zero (all of it is applied), for a
+        dense call. It is kept, zeroed, not forgotten: a key that names a new bucket layout
+        carried its residual over from the old layout's, which would otherwise still hold it
+        and hand it over again (gradient mass made at every step after DDP rebuilt its
+        buckets).
+
+        Where x + e would overflow x's dtype (:func:`local_status`; on a device from the
+        largest magnitudes, no host read) x alone is returned and e kept as it is, as the
+        NaN/Inf policy's dense path does: a call that goes dense without a status (the
+        warm-up's dense steps, a bucket no compression makes smaller, of a method whose
+        status travels with its data) then neither applies an inf made of finite values
+        nor loses e. Every rank decides for itself: the call is dense either way."""
         e = self._get(key, x)
+        if e is None:
+            return x
+        _, keep = local_status(x, e)
+        if isinstance(keep, torch.Tensor):  # on a device: chosen there, nothing read
+            out = torch.where(keep, x + e, x)
+            e.masked_fill_(keep, 0)
+            return out
+        if not keep:
+            return x
         out = flush(e, x)
-        if e is not None:
-            e.zero_()
+        e.zero_()
         return out
 
     def reset(self, key: Hashable | None = None) -> None:
