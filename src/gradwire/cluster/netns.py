@@ -296,7 +296,9 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     veth pair take it.
 
     ``owned``: the cluster belongs to this process (``ephemeral_cluster``); should the process
-    die without removing it, the next cluster made on this machine removes it first. Stale
+    die without removing it, the next cluster made on this machine removes it first. Every
+    cluster belongs to this process while it is being built (a ``cluster up`` killed half way
+    is removed the same way); one not ``owned`` belongs to no process once it is ready. Stale
     clusters of other runs are removed here in any case."""
     check_hosts(hosts)
     bps = parse_bandwidth(bandwidth)
@@ -308,8 +310,9 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         name = f"gw{secrets.token_hex(3)}"
     check_name(name)
     reap_stale()
-    owner = [os.getpid(), process_start_ticks(os.getpid()) or 0] if owned else None
-    cluster = Cluster(name=name, bandwidth_bps=bps, owner=owner, mtu=mtu, ready=False)
+    me = [os.getpid(), process_start_ticks(os.getpid()) or 0]
+    # the builder owns every cluster until it is ready: one whose build was killed is stale
+    cluster = Cluster(name=name, bandwidth_bps=bps, owner=me, mtu=mtu, ready=False)
     with _cleanup_on_failure(cluster):  # claims the name first
         _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
         _ip("link", "set", cluster.bridge, "up")
@@ -325,6 +328,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
             save_cluster(cluster)
         write_hosts_files(cluster)
         cluster.ready = True
+        cluster.owner = me if owned else None  # `cluster up`'s stays until `cluster down`
         save_cluster(cluster)
     return cluster
 
@@ -427,8 +431,13 @@ def _remove(name: str) -> None:
     for m in re.finditer(rf"^\d+: ({re.escape(name)}-[a-z0-9]+)[@:]", links, re.M):
         _run(["ip", "link", "del", m.group(1)], capture_output=True)
     remove_hosts_files(name)
+    folder = config.state_dir()
     with contextlib.suppress(FileNotFoundError):
-        (config.state_dir() / f"{name}.json").unlink()
+        (folder / f"{name}.json").unlink()
+    # the temporary of a write killed before its rename (jsonfile.written_beside's name)
+    for tmp in folder.glob(f".{name}.json.*.tmp"):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _made_here(name: str) -> bool:
@@ -451,7 +460,8 @@ def _orphans(out: str) -> set[str]:
 
 
 def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
-    """Tear down one cluster (or all of them, including orphans); returns the names removed."""
+    """Tear down one cluster (or all of them, including orphans); returns the names removed.
+    A stop signal that comes meanwhile is delivered once every one of them is removed."""
     if all_ and name is not None:
         raise GradwireError(f"give a cluster's name or --all, not both (got {name} and --all)")
     # state files that do not parse name clusters too: those can still be removed
@@ -474,8 +484,11 @@ def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
         if name not in found:
             load_cluster(name)  # raises the "no cluster named" error with the live names
         names = {name}
-    for n in sorted(names):
-        _teardown(n)
+    # A signal waits until every cluster is removed, not only the one under way: delivered
+    # after the first, it stopped `down --all` there and the rest stayed up.
+    with _signals_deferred():
+        for n in sorted(names):
+            _teardown(n)
     return sorted(names)
 
 

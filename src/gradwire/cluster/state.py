@@ -46,8 +46,9 @@ class Cluster:
     bandwidth_bps: float | None
     hosts: list[Host] = field(default_factory=list)
     subnet: int = 0
-    # [pid, start time in clock ticks] of the run that made it for itself (ephemeral_cluster);
-    # None for `gradwire cluster up`, which stays until `cluster down`.
+    # [pid, start time in clock ticks] of the run that made it for itself (ephemeral_cluster),
+    # and of any cluster's builder while it is not ready; None for `gradwire cluster up`'s once
+    # ready, which stays until `cluster down`.
     owner: list[int] | None = None
     # The hosts' TCP congestion control (CONGESTION_CONTROL when every host took it); None:
     # the machine's default.
@@ -68,10 +69,12 @@ class Cluster:
     @property
     def why_stale(self) -> str | None:
         """Why nothing can use this cluster any more, None while it can: a run's cluster whose
-        run exited without removing it (SIGKILL, a crash of the machine's session), or a built
+        run exited without removing it (SIGKILL, a crash of the machine's session), a cluster
+        whose build was killed half way (its builder owns it until it is ready), or a built
         cluster whose namespaces are gone (a reboot, under a state folder that outlived it)."""
         if self.owner is not None and process_start_ticks(self.owner[0]) != self.owner[1]:
-            return f"run {self.owner[0]} exited without removing it"
+            how = "without removing it" if self.ready else "half way through building it"
+            return f"run {self.owner[0]} exited {how}"
         first = self.hosts[0].netns if self.hosts else None
         if self.ready and first is not None and not (NETNS_DIR / first).exists():
             return f"its namespace {first} is gone"
@@ -207,11 +210,13 @@ def load_cluster(name: str) -> Cluster:
     """The live cluster called ``name``."""
     check_name(name)
     path = config.state_dir() / f"{name}.json"
-    if not path.exists():
-        known = ", ".join(c.name for c in list_clusters()) or "none"
-        raise GradwireError(f"no cluster named {name} (live clusters: {known})")
     try:
         return _read(path)
+    # none (or no state folder); or another process's `cluster down` removed it after it was
+    # listed or looked for, which had stopped `cluster status` with a FileNotFoundError
+    except (FileNotFoundError, NotADirectoryError):
+        known = ", ".join(c.name for c in list_clusters()) or "none"
+        raise GradwireError(f"no cluster named {name} (live clusters: {known})") from None
     except (ValueError, TypeError, KeyError) as e:
         raise GradwireError(f"cluster state file {path} is unreadable ({e}): remove the "
                             f"cluster with `gradwire cluster down {name}`") from None
