@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from pathlib import Path
 
 from rich.console import Console
 
 from gradwire.bench import provenance
 from gradwire.bench.sharing import usable_cores
+from gradwire.bench.validation.summary import errors as validation_errors
 from gradwire.check import parse_int
 from gradwire.cli.options import write_json
 from gradwire.jsonfile import save_figure
@@ -79,12 +79,10 @@ def ranks(row: dict) -> int:
 
 
 def errors(rows: list[dict]) -> dict | None:
-    """Runs, median and max |error| of ``rows`` (None when there are none)."""
-    if not rows:
-        return None
-    errs = [abs(r["error"]) for r in rows]
-    return {"runs": len(errs), "median_abs_error": statistics.median(errs),
-            "max_abs_error": max(errs)}
+    """Runs, median and max |error| of ``rows`` (None when there are none), as the model's
+    validation summarises its rows."""
+    e = validation_errors(rows)
+    return None if e is None else {"runs": e.pop("rows"), **e}
 
 
 def summarise(rows: list[dict], cores: int) -> dict:
