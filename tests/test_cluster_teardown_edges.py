@@ -123,3 +123,27 @@ def test_down_removes_the_temporary_state_file_of_a_write_that_was_killed(state_
     assert netns.cluster_down(name) == [name]
     assert not left.exists() and not (state_dir / f"{name}.json").exists()
     assert other.exists()
+
+
+def test_a_teardown_that_fails_leaves_the_other_clusters_removed(state_dir, monkeypatch):
+    """`cluster down --all` stopped at the first cluster whose teardown raised an OSError (a
+    state folder made read-only, a hosts file it could not remove): the rest stayed up. Now
+    every other one is removed, and the failure is one line naming it."""
+    names = sorted(_name() for _ in range(3))
+    for n in names:  # clusters known only by their state files (nothing to build)
+        (state_dir / f"{n}.json").write_text("{}")
+    monkeypatch.setattr(netns, "_orphans", lambda out: set())
+    real, seen = netns.remove_hosts_files, []
+
+    def remove_hosts_files(name):
+        seen.append(name)
+        if name == names[0]:
+            raise PermissionError(13, "Permission denied")
+        real(name)
+
+    monkeypatch.setattr(netns, "remove_hosts_files", remove_hosts_files)
+    with pytest.raises(GradwireError, match=rf"could not remove cluster {names[0]}: "
+                                            r"Permission denied; the 2 other\(s\) were removed"):
+        netns.cluster_down(all_=True)
+    assert seen == names
+    assert [f.stem for f in state_dir.glob("gw*.json")] == [names[0]]

@@ -485,10 +485,20 @@ def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
             load_cluster(name)  # raises the "no cluster named" error with the live names
         names = {name}
     # A signal waits until every cluster is removed, not only the one under way: delivered
-    # after the first, it stopped `down --all` there and the rest stayed up.
+    # after the first, it stopped `down --all` there and the rest stayed up. So does an
+    # OSError of one (a state folder made read-only): the others are removed first.
+    failed: list[tuple[str, OSError]] = []
     with _signals_deferred():
         for n in sorted(names):
-            _teardown(n)
+            try:
+                _teardown(n)
+            except OSError as e:
+                failed.append((n, e))
+    if failed:
+        n, e = failed[0]
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise GradwireError(f"could not remove cluster {n}{more}: {e.strerror or e}; the "
+                            f"{len(names) - len(failed)} other(s) were removed")
     return sorted(names)
 
 
