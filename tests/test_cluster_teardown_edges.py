@@ -62,16 +62,22 @@ def test_a_cluster_up_killed_half_way_is_stale_and_the_next_cluster_removes_it(s
 
 
 @needs_netns
+def _state_only_clusters(state_dir, monkeypatch, count: int = 3) -> list[str]:
+    """``count`` clusters known only by their state files (nothing to build), in name order;
+    `cluster down --all` sees only them, never another run's on a machine that has some."""
+    names = sorted(_name() for _ in range(count))
+    for n in names:
+        (state_dir / f"{n}.json").write_text("{}")
+    monkeypatch.setattr(netns, "_orphans", lambda out: set())
+    return names
+
+
 def test_a_signal_during_down_of_several_clusters_still_removes_them_all(state_dir,
                                                                          monkeypatch):
     """`cluster down --all` delivered a Ctrl-C that came during the first cluster's teardown as
     soon as that one was done: it stopped there, said "interrupted ...; cleaned up", and left
     every other cluster up."""
-    names = sorted(_name() for _ in range(3))
-    for n in names:  # clusters known only by their state files (nothing to build)
-        (state_dir / f"{n}.json").write_text("{}")
-    # only this test's clusters: never another run's, on a machine that has some
-    monkeypatch.setattr(netns, "_orphans", lambda out: set())
+    names = _state_only_clusters(state_dir, monkeypatch)
     real, seen = netns.remove_hosts_files, []
 
     def remove_hosts_files(name):
@@ -129,10 +135,7 @@ def test_a_teardown_that_fails_leaves_the_other_clusters_removed(state_dir, monk
     """`cluster down --all` stopped at the first cluster whose teardown raised an OSError (a
     state folder made read-only, a hosts file it could not remove): the rest stayed up. Now
     every other one is removed, and the failure is one line naming it."""
-    names = sorted(_name() for _ in range(3))
-    for n in names:  # clusters known only by their state files (nothing to build)
-        (state_dir / f"{n}.json").write_text("{}")
-    monkeypatch.setattr(netns, "_orphans", lambda out: set())
+    names = _state_only_clusters(state_dir, monkeypatch)
     real, seen = netns.remove_hosts_files, []
 
     def remove_hosts_files(name):
