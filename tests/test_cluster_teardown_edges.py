@@ -150,3 +150,17 @@ def test_a_teardown_that_fails_leaves_the_other_clusters_removed(state_dir, monk
         netns.cluster_down(all_=True)
     assert seen == names
     assert [f.stem for f in state_dir.glob("gw*.json")] == [names[0]]
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_state_path_that_is_no_file_is_skipped_not_read(state_dir, kind):
+    """A folder named like a state file raised IsADirectoryError at every `cluster status`
+    and cluster up; a FIFO hung them, waiting for a writer."""
+    path = state_dir / f"{_name()}.json"
+    if kind == "folder":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+    assert list_clusters() == []
+    with pytest.raises(GradwireError, match="is unreadable .*not a regular file"):
+        load_cluster(path.stem)

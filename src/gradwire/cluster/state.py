@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -225,7 +226,10 @@ def load_cluster(name: str) -> Cluster:
 def _read(path: Path) -> Cluster:
     """The cluster of state file ``path``; ValueError where it names another cluster than its
     file does (a copied file: its stale run's cleanup removed the live cluster it named, and
-    left the file to do so again at every cluster up)."""
+    left the file to do so again at every cluster up), or where it is no regular file (a
+    folder raised IsADirectoryError at every `cluster status`; a FIFO hung it)."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise ValueError("it is not a regular file")
     c = Cluster.from_json(path.read_text())
     if c.name != path.stem:
         raise ValueError(f"it holds cluster {c.name!r}")
