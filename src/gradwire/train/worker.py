@@ -30,7 +30,7 @@ from gradwire.check import parse_int
 from gradwire.data import shard_indices
 from gradwire.errors import GradwireError
 from gradwire.hooks import MODES
-from gradwire.interrupts import on_signals
+from gradwire.interrupts import Interrupted, on_signals
 from gradwire.jsonfile import check_writable, dumps, replace_text
 from gradwire.launcher import PROGRESS, check_timeout
 from gradwire.models import build_model, get_spec, num_parameters
@@ -261,16 +261,8 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg
         raise SystemExit(1)
 
 
-class _Stopped(BaseException):
-    """A signal that came while rank 0 wrote a file (:func:`_signals_end_the_write`)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _stopped(signum: int) -> None:
-    raise _Stopped(signum)
+    raise Interrupted(signum)
 
 
 @contextlib.contextmanager
@@ -283,7 +275,7 @@ def _signals_end_the_write() -> Iterator[None]:
     try:
         with on_signals(_stopped):
             yield
-    except _Stopped as e:
+    except Interrupted as e:
         signal.signal(e.signum, signal.SIG_DFL)
         signal.raise_signal(e.signum)
         os._exit(128 + e.signum)  # a signal whose default does not end the process: none here
