@@ -48,6 +48,18 @@ def _hash(rows: np.ndarray) -> np.ndarray:
     return h
 
 
+def _distinct(rows: np.ndarray) -> np.ndarray | None:
+    """The distinct rows of ``rows`` as :func:`summarise` keeps a step's (one where all are
+    equal, else ordered by :func:`_hash`); None where two distinct rows share a hash, as then
+    which one summarise keeps could depend on their order."""
+    if (rows == rows[:1]).all():
+        return rows[:1]
+    _, first_of = np.unique(_hash(rows), return_index=True)
+    if len(np.unique(rows, axis=0)) != len(first_of):
+        return None
+    return rows[first_of]
+
+
 @dataclass(frozen=True)
 class Summary:
     """``groups``: (steps, rows) pairs; rows[i] is one rank in one step: its intra-node
@@ -189,13 +201,9 @@ def ring_summary(p: int, count: int, phases: tuple[tuple[int, bool], ...]) -> Su
         rows = np.stack([zero, zero, zero, zero, (out > 0).astype(float), out.astype(float),
                          (into > 0).astype(float), into.astype(float),
                          (into * reduces).astype(float)], axis=1)
-        if (rows == rows[:1]).all():
-            r = rows[:1]
-        else:
-            _, first_of = np.unique(_hash(rows), return_index=True)
-            r = rows[first_of]
-            if len(np.unique(rows, axis=0)) != len(r):
-                return None
+        r = _distinct(rows)
+        if r is None:
+            return None
         key = r.tobytes()
         if key in seen:
             seen[key][0] += p - 1
@@ -271,11 +279,9 @@ def _node_rows(mask: int, q: int, reduces: bool, multi: bool, seen: dict[bytes, 
                      inside_in * into, multi & (node_out > 0), multi * node_out,
                      multi & (node_in > 0), multi * node_in, into * reduces],
                     axis=1).astype(float)
-    rows = np.unique(rows, axis=0)
-    _, first_of = np.unique(_hash(rows), return_index=True)
-    if len(first_of) != len(rows):
+    r = _distinct(rows)
+    if r is None:
         return None
-    r = rows[first_of]
     key = r.tobytes()
     seen.setdefault(key, [0, r])
     return key

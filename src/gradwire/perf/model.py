@@ -259,8 +259,8 @@ class ClusterModel:
 
     @property
     def beta_s(self) -> np.ndarray:
-        return np.asarray(8.0 / np.asarray(self.link_bps, dtype=float) if self.beta is None
-                          else self.beta, dtype=float)
+        return np.asarray(_per_byte(self.link_bps) if self.beta is None else self.beta,
+                          dtype=float)
 
 
 @dataclass(frozen=True)
