@@ -74,10 +74,7 @@ class CollectiveOptions:
                                 f"compressor too, got compressor_params="
                                 f"{self.compressor_params!r} and no compressor")
         if self.multicast:
-            if self.algo != "ring" or self.compressor is not None:
-                raise GradwireError(f"multicast runs ring+multicast: algo 'ring' and no "
-                                    f"compressor, got algo={self.algo!r}, compressor="
-                                    f"{self.compressor!r}")
+            check_ring_multicast(self)
             registry.schedule("reducescatter", "ring", 2, 2, **self.params)
         elif self.compressor is None:
             registry.schedule("allreduce", self.algo, 2, 2, **self.params)
@@ -326,6 +323,15 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     return finish(name, loop.ends, mean_compute, eng, p, end, loop.timeline or [])
 
 
+def check_ring_multicast(o: CollectiveOptions) -> None:
+    """Ring+multicast runs the ring's reduce-scatter, dense: another algorithm or a compressor
+    in ``o`` would not run, and is refused."""
+    if o.algo != "ring" or o.compressor is not None:
+        raise GradwireError(f"multicast runs ring+multicast, and ring+multicast runs the "
+                            f"ring's reduce-scatter, dense: expected algo 'ring' and no "
+                            f"compressor, got algo={o.algo!r}, compressor={o.compressor!r}")
+
+
 def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
                             name: str = "ring+multicast", record: bool = False) -> SimResult:
     """Ring-reduce whose second ring is IP multicast (the network-operator paper §8.3, Table
@@ -334,10 +340,7 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
     up link and their down links); a rank has the bucket when its own reduce-scatter is done
     and the P − 1 other blocks have arrived. Iterations as in :func:`simulate_collective`.
     ``o`` is the ring's: another algorithm or a compressor is refused (it would not run)."""
-    if o.algo != "ring" or o.compressor is not None:
-        raise GradwireError(f"ring+multicast runs the ring's reduce-scatter, dense: expected "
-                            f"algo 'ring' and no compressor, got algo={o.algo!r}, compressor="
-                            f"{o.compressor!r}")
+    check_ring_multicast(o)
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
     specs = [bucket_spec(sum(trace.params[i].bytes for i in g), p, o) for g in groups]
