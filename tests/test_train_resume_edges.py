@@ -144,3 +144,29 @@ def test_epochs_have_an_upper_bound(monkeypatch, capsys, no_cluster, command):
         worker.parse_args(["--model", "mlp-small", "--batch-size", "64", "--epochs", "10001"])
     assert e.value.code == 2 and "--epochs must be at most 10000, got 10001" in (
         capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("saved, run, refused", [
+    ({"agg": "powersgd", "rank": None}, {"agg": "powersgd", "rank": 4}, None),
+    ({"agg": "powersgd", "rank": 4}, {"agg": "powersgd", "rank": None}, None),
+    ({"agg": "powersgd", "rank": 2}, {"agg": "powersgd", "rank": None}, "rank=2, this run has 4"),
+    ({"agg": "dense", "density": 0.01, "warmup": False}, {"agg": "dense"}, None),
+    ({"agg": "powersgd", "density": 0.01}, {"agg": "powersgd"}, None),
+    ({"agg": "topk", "density": 0.01}, {"agg": "topk"}, "density=0.01, this run has 0.001"),
+    ({"agg": "topk", "warmup": False}, {"agg": "topk"}, "warmup=False, this run has True"),
+    ({"model": "mlp", "seq_len": 32}, {"model": "mlp"}, None),
+    ({"seq_len": 32}, {}, "seq_len=32, this run has 64"),
+])
+def test_a_resume_compares_only_the_settings_the_run_uses(saved, run, refused):
+    """A PowerSGD run with --rank left out resumes a checkpoint made with --rank 4 (its
+    default), and a method that takes no density (or a model that reads no text) resumes one
+    made with another density, warm-up (sequence length): each was refused, naming a setting
+    the run never used. What the run does use is still compared."""
+    from gradwire.train import checkpoint
+
+    ck = {"settings": SETTINGS | saved, "epoch": 1}
+    if refused is None:
+        checkpoint.check_compatible(ck, SETTINGS | run, 2)
+    else:
+        with pytest.raises(checkpoint.GradwireError, match=refused):
+            checkpoint.check_compatible(ck, SETTINGS | run, 2)

@@ -26,8 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradwire import catalogue
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import written_to
+from gradwire.models import get_spec
 from gradwire.models.task import Task, optimizer
 
 FORMAT = 1
@@ -132,9 +134,31 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     return ck
 
 
+def effective(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` as the run uses them: density and warm-up None for a method that takes no
+    density, the rank None but for PowerSGD, whose rank left out is its default, and the
+    sequence length None but for a model that reads text."""
+    out = dict(settings)
+    try:
+        method = catalogue.get(out.get("agg"))
+        data = get_spec(out.get("model")).data
+    except (GradwireError, TypeError):
+        return out  # not a run's: compared as it is, and refused by name
+    if not method.takes_density:
+        out["density"] = out["warmup"] = None
+    if "rank" not in method.options:
+        out["rank"] = None
+    elif out.get("rank") is None:
+        out["rank"] = method.make_compressor().params["rank"]
+    if data != "text":
+        out["seq_len"] = None
+    return out
+
+
 def check_compatible(ck: dict[str, Any], settings: dict[str, Any], epochs: int) -> None:
-    """Refuse to resume into a run whose settings or data differ, or that has no epoch left."""
-    saved = ck["settings"]
+    """Refuse to resume into a run whose settings or data differ, or that has no epoch left;
+    settings the run does not use (:func:`effective`) may differ."""
+    saved, settings = effective(ck["settings"]), effective(settings)
     for key in (*MUST_MATCH, *DATA_KEYS):
         if key in DATA_KEYS and key not in saved:
             continue
