@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from gradwire.errors import GradwireError
 
@@ -49,6 +50,11 @@ def format_bandwidth(bps: float | None) -> str:
         return "none"
     for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
         if bps >= scale:
-            value = bps / scale
-            return f"{value:g}{unit}"
+            short = f"{bps / scale:g}"
+            if float(Decimal(short).scaleb(_UNITS[unit])) == bps:  # as parse_bandwidth reads it
+                return f"{short}{unit}"
+            # more digits than "g"'s six: the rate's own shortest decimal, its point moved
+            # (exact: a rate that differs prints differently, as whatif's columns need)
+            digits = format(Decimal(repr(float(bps))).scaleb(-_UNITS[unit]).normalize(), "f")
+            return f"{digits}{unit}"
     return f"{bps:g}bit"

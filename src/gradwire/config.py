@@ -27,12 +27,24 @@ def _read(name: str, default: str, environ: Mapping[str, str] | None = None) -> 
     return raw if raw.strip() else default
 
 
+def _folder(name: str, default: str) -> Path:
+    """``name``'s folder with ``~`` expanded; a ``~`` with no home to stand for (``~nobody``,
+    or ``~`` where HOME is unset and this user has no passwd entry) is a one-line error, not
+    pathlib's RuntimeError traceback."""
+    raw = _read(name, default)
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:
+        raise GradwireError(f"{name} {raw!r}: its '~' names no home directory here: give "
+                            f"{name} (or HOME) as a full path") from None
+
+
 def home() -> Path:
-    return Path(_read("GRADWIRE_HOME", "~/.cache/gradwire")).expanduser()
+    return _folder("GRADWIRE_HOME", "~/.cache/gradwire")
 
 
 def state_dir() -> Path:
-    return Path(_read("GRADWIRE_STATE_DIR", "/run/gradwire")).expanduser()
+    return _folder("GRADWIRE_STATE_DIR", "/run/gradwire")
 
 
 # α where nothing better is known: a typical per-message latency between hosts over Ethernet

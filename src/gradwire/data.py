@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import math
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -38,8 +39,11 @@ def digits(seed: int = 0, test_fraction: float = 0.2) -> tuple[Split, Split]:
     perm = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
     n_test = int(len(y) * test_fraction)
     if n_test == 0:
+        # 1/1797 to three digits rounded up: rounded to nearest (0.000556), it was refused too
+        scale = 10 ** (2 - math.floor(math.log10(1 / len(y))))
+        least = math.ceil(scale / len(y)) / scale
         raise GradwireError(f"digits: test_fraction {test_fraction:g} of {len(y)} samples leaves "
-                            f"the test split empty: expected at least {1 / len(y):.3g}")
+                            f"the test split empty: expected at least {least:g}")
     test, train = perm[:n_test], perm[n_test:]
     return Split(x[train], y[train]), Split(x[test], y[test])
 

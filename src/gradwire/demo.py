@@ -40,7 +40,8 @@ def run_demo(cluster: Cluster, aggs: Sequence[str], base: TrainConfig, timeout: 
     does not cost the figure either. A method whose run fails does not cost the others
     theirs: the rest train, the table, ``keep`` and the figure show those that finished, and
     then one GradwireError names the methods that failed (and what the speed-ups are over,
-    where the first method was one of them) and any error of ``keep``."""
+    where the first method was one of them), any error of ``keep`` and a figure that could
+    not be written."""
     warmup = "with the gTop-k warm-up" if base.warmup else "no warm-up"
     console.print(f"[bold]gradwire demo[/]: {base.model} on {get_spec(base.model).data}, "
                   f"{len(cluster.hosts)} ranks, {cluster.label}; {', '.join(aggs)}; density "
@@ -78,8 +79,12 @@ def run_demo(cluster: Cluster, aggs: Sequence[str], base: TrainConfig, timeout: 
         except GradwireError as e:  # saved elsewhere, it says where: the figure still drawn
             problems.append(str(e))
     if plot is not None:
-        plot_curves(results, plot, title)
-        console.print(f"wrote {plot}")
+        try:
+            plot_curves(results, plot, title)
+            console.print(f"wrote {plot}")
+        except OSError as e:  # a full disk: said with, not instead of, the problems above
+            # (where ``keep`` saved the results instead, which methods failed)
+            problems.append(f"could not write {plot} ({e.strerror or e})")
     if problems:
         raise GradwireError("; ".join(problems))
     return results

@@ -63,7 +63,21 @@ def parse_object(text: str, where: str) -> dict:
     if not isinstance(doc, dict):
         raise GradwireError(f"{where}: expected a JSON object at the top, got "
                             f"{type(doc).__name__}")
+    if "\\u" in text and _lone_surrogate(doc):
+        # json reads "\ud800" as a str no UTF-8 writer takes: printing it or writing a result
+        # that holds it failed with a UnicodeEncodeError traceback, after the work
+        raise GradwireError(f"{where}: not valid JSON here: a \\u escape of half a character "
+                            "(a lone surrogate, \\ud800 to \\udfff) in a string")
     return doc
+
+
+def _lone_surrogate(doc: object) -> bool:
+    """Whether a string of ``doc`` (a key or a value) holds a lone surrogate."""
+    try:
+        json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def read_text(path: str | Path, where: str) -> str:
@@ -248,10 +262,15 @@ def save_elsewhere(path: Path, text: str) -> str:
     """Save ``text``, which could not go to ``path``, as a new file named after it in the
     current folder or else the temporary one; say where. Where neither takes it, print it on
     stdout (the run's result is never only lost)."""
+    # within NAME_MAX: a long name, which check_writable allowed, failed in both folders
+    suffix = path.suffix if len(os.fsencode(path.suffix)) <= 16 else ""
+    room = NAME_MAX - len("gradwire--") - 8 - len(os.fsencode(suffix))  # 8: mkstemp's letters
+    stem = path.stem
+    while len(os.fsencode(stem)) > room:  # whole characters
+        stem = stem[:-1]
     for folder in (Path.cwd(), Path(tempfile.gettempdir())):
         try:
-            fd, name = tempfile.mkstemp(prefix=f"gradwire-{path.stem}-", suffix=path.suffix,
-                                        dir=folder)
+            fd, name = tempfile.mkstemp(prefix=f"gradwire-{stem}-", suffix=suffix, dir=folder)
         except OSError:
             continue
         try:
