@@ -104,14 +104,14 @@ def test_a_mechanism_that_takes_no_time_has_a_speed_up_not_a_traceback():
     assert speedups(alone) == {"ring": 1.0, "butterfly": 1.0}
 
 
-def test_link_rates_that_print_alike_are_one_column():
+def test_link_rates_that_differ_are_columns_of_their_own():
     """Rates are told apart by the label the tables and the JSON give them: two rates that
-    both print as "1gbit" made two columns under one header, and two JSON rows for one
-    (workers, "1gbit") that said different things."""
+    both printed as "1gbit" made two columns under one header, and two JSON rows for one
+    (workers, "1gbit") that said different things. Each rate prints as itself."""
     from gradwire.perf import scenario
 
     s = scenario.Scenario(model="resnet20", agg="dense", compute_ms="10,20")
-    wi = scenario.whatif(s, "2,4", "1gbit,1.0000001gbit,10gbit", "1")
+    wi = scenario.whatif(s, "2,4", "1gbit,1.0000001gbit,10gbit,1000mbit", "1")
     labels = [r["bandwidth"] for r in wi.result["rows"]]
-    assert labels == ["1gbit", "10gbit"] * 2
-    assert len({(r["workers"], r["bandwidth"]) for r in wi.result["answers"]}) == 4
+    assert labels == ["1gbit", "1.0000001gbit", "10gbit"] * 2
+    assert len({(r["workers"], r["bandwidth"]) for r in wi.result["answers"]}) == 6

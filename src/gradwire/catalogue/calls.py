@@ -42,8 +42,10 @@ class CollectiveCall:
         return registry.schedule(self.collective, self.algo, world, self.count,
                                  **self.schedule_params)
 
-    def table(self, world: int) -> Table:
-        return registry.table(self.collective, self.algo, world, self.count,
+    def table(self, world: int, cached: bool = True) -> Table:
+        """:func:`~gradwire.schedules.registry.table` of this call (``cached=False``: built
+        afresh and not kept)."""
+        return registry.table(self.collective, self.algo, world, self.count, cached=cached,
                               **self.schedule_params)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -35,8 +35,8 @@ from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 from gradwire.schedules.ir import Schedule, Step, Table, blocks, chain
 from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
-from gradwire.sim.engine import Engine, Network
-from gradwire.sim.replay import Replay, dataflow, single_peer, step_arrays
+from gradwire.sim.engine import Engine, Network, check_recordable, check_replayable
+from gradwire.sim.replay import Peers, Replay, dataflow, step_arrays
 from gradwire.sim.trace import Trace
 
 Shapes = tuple[tuple[int, ...], ...]  # as gradwire.catalogue.Shapes (no torch import here)
@@ -182,10 +182,11 @@ def bucket_calls(nbytes: int, p: int, o: CollectiveOptions, shapes: Shapes | Non
     return plan.calls, items.pop() if len(items) == 1 else 1
 
 
-def call_table(call, p: int, unit: int) -> Table:  # type: ignore[no-untyped-def]
+def call_table(call, p: int, unit: int, cached: bool = True) -> Table:  # type: ignore[no-untyped-def]
     """The transfers of ``call`` on ``p`` ranks counted in units of ``unit`` bytes (the
-    :func:`bucket_calls` unit, which divides the call's element size)."""
-    return call.table(p).scaled(call.itemsize // unit)
+    :func:`bucket_calls` unit, which divides the call's element size); ``cached=False``: built
+    afresh and not kept."""
+    return call.table(p, cached).scaled(call.itemsize // unit)
 
 
 def call_schedule(call, p: int, unit: int) -> Schedule:  # type: ignore[no-untyped-def]
@@ -294,25 +295,20 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
             out[:, r] = [b0 + max(rec.backward[i] for i in g) for g in groups]
         return out
 
-    if fast and not record:
-        with _no_gc():
-            tables = [Table.chain([call_table(call, p, item) for call in calls])
-                      for calls, item in specs]
-        if single_peer(tables):
-            eng = Engine(net)
-            compiled: dict[int, list] = {}  # equal sizes share a table: compile it once
-            for t, item in zip(tables, items, strict=True):
-                if id(t) not in compiled:
-                    compiled[id(t)] = step_arrays(t, item)
-            arrays = [compiled[id(t)] for t in tables]
-            start, port, ends = np.zeros(p), None, []
-            for it in range(c.iterations):
-                done, port = dataflow(arrays, ready_times(it, start), net, hosts, c.alpha,
-                                      c.gamma, port, eng.carried)
-                start = done.max(axis=0)
-                ends.append(float(start.max()))
-            return finish(name, ends, mean_compute, eng, p, ends[-1], [])
+    if record:
+        _check_messages(specs, p, c.iterations, check_recordable)
+    arrays = _ring_arrays(specs, p) if fast and not record else None
+    if arrays is not None:
+        eng = Engine(net)
+        start, port, ends = np.zeros(p), None, []
+        for it in range(c.iterations):
+            done, port = dataflow(arrays, ready_times(it, start), net, hosts, c.alpha,
+                                  c.gamma, port, eng.carried)
+            start = done.max(axis=0)
+            ends.append(float(start.max()))
+        return finish(name, ends, mean_compute, eng, p, ends[-1], [])
 
+    _check_messages(specs, p, c.iterations, check_replayable)
     with _no_gc():
         scheds = [chain([call_schedule(call, p, item) for call in calls])
                   for calls, item in specs]
@@ -321,6 +317,42 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     end = loop.run(Replay(eng, hosts, 1, c.alpha, c.gamma, loop.bucket_done), scheds, items,
                    name)
     return finish(name, loop.ends, mean_compute, eng, p, end, loop.timeline or [])
+
+
+def _check_messages(specs: list[tuple[list, int]], p: int, iterations: int,
+                    check: Callable[[int], None]) -> None:
+    """``check`` the messages the buckets of ``specs`` send over ``iterations``, before any
+    schedule is built: counted from each distinct bucket's table, built afresh and dropped,
+    until the count passes ``check``'s bound."""
+    sizes: dict[str, int] = {}
+    total = 0
+    for calls, item in specs:
+        key = repr((calls, item))
+        if key not in sizes:
+            sizes[key] = sum(len(call_table(call, p, item, cached=False).src) for call in calls)
+        total += sizes[key] * iterations
+        check(total)
+
+
+def _ring_arrays(specs: list[tuple[list, int]], p: int) -> list | None:
+    """Each bucket's :func:`step_arrays` where every rank sends to one peer and receives
+    from one in all of them (:func:`single_peer`: the ring), else None. Equal buckets share
+    one; each table is built afresh and dropped once compiled, so that one lives at a time (a
+    ring at 4096 ranks is 33 M transfers a bucket)."""
+    compiled: dict[str, list] = {}
+    peers = Peers(p)
+    arrays = []
+    for calls, item in specs:
+        key = repr((calls, item))
+        if key not in compiled:
+            with _no_gc():
+                t = Table.chain([call_table(call, p, item, cached=False) for call in calls])
+            if not peers.add(t):
+                return None
+            compiled[key] = step_arrays(t, item)
+            del t
+        arrays.append(compiled[key])
+    return arrays
 
 
 def check_ring_multicast(o: CollectiveOptions) -> None:
@@ -344,6 +376,16 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
     specs = [bucket_spec(sum(trace.params[i].bytes for i in g), p, o) for g in groups]
+    sizes: dict[int, int] = {}  # a bucket's reduce-scatter and its P multicasts
+    total = 0
+    for _, _, n, kw in specs:
+        if n not in sizes:
+            sizes[n] = len(registry.table("reducescatter", "ring", p, n, cached=False,
+                                          **kw).src) + p
+        total += sizes[n] * c.iterations
+        check_replayable(total)
+        if record:
+            check_recordable(total)
     with _no_gc():
         scheds = [registry.schedule("reducescatter", "ring", p, n, **kw)
                   for _, _, n, kw in specs]

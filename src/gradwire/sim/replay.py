@@ -200,7 +200,9 @@ def step_arrays(s: Schedule | Table, itemsize: int) -> list[StepArrays]:
     first = np.flatnonzero(new)
     if len(first) == n:  # one message per sender and step (a ring without sub-chunks)
         nbytes = (t.size[order] * itemsize)[None, :].astype(float)
-        sent, reds = np.ones((1, n), bool), t.reduces[order][None, :]
+        # every message is sent (read-only, no memory of its own); the table's column is
+        # copied so that the table can go
+        sent, reds = np.broadcast_to(np.True_, (1, n)), t.reduces[order][None, :].copy()
     else:
         group = np.cumsum(new) - 1
         row = np.arange(n) - first[group]
@@ -218,7 +220,9 @@ def step_arrays(s: Schedule | Table, itemsize: int) -> list[StepArrays]:
     if all(b - a == width for a, b in spans):
         s2, d2 = src.reshape(-1, width), dst.reshape(-1, width)
         if (s2 == s2[0]).all() and (d2 == d2[0]).all():
-            one_src, one_dst = s2[0], d2[0]  # indexing again would make new view objects
+            # copies, so that the whole columns can go; and one object each (indexing again
+            # would make new view objects)
+            one_src, one_dst = s2[0].copy(), d2[0].copy()
             return [StepArrays(one_src, one_dst, nbytes[:, a:b], sent[:, a:b], reds[:, a:b])
                     for a, b in spans]
     return [StepArrays(src[a:b], dst[a:b], nbytes[:, a:b], sent[:, a:b], reds[:, a:b])
@@ -228,17 +232,25 @@ def step_arrays(s: Schedule | Table, itemsize: int) -> list[StepArrays]:
 def single_peer(schedules: Sequence[Schedule | Table]) -> bool:
     """True when every rank sends to one peer and receives from one peer in all of them."""
     ts = {id(s): s if isinstance(s, Table) else Table.of(s) for s in schedules}.values()
-    p = max((t.world_size for t in ts), default=0)
-    to, frm = np.full(p, -1), np.full(p, -1)
-    for t in ts:
+    peers = Peers(max((t.world_size for t in ts), default=0))
+    return all(peers.add(t) for t in ts)
+
+
+class Peers:
+    """:func:`single_peer` a table at a time, so that the tables need not all be kept."""
+
+    def __init__(self, p: int) -> None:
+        self.to, self.frm = np.full(p, -1), np.full(p, -1)
+
+    def add(self, t: Table) -> bool:
+        """True while every rank has had one peer each way in ``t`` and all tables before."""
         if not len(t.src):
-            continue
+            return True
+        to, frm = self.to, self.frm
         # any one peer each (agreeing with earlier tables); then every transfer must agree
         to[t.src] = np.where(to[t.src] < 0, t.dst, to[t.src])
         frm[t.dst] = np.where(frm[t.dst] < 0, t.src, frm[t.dst])
-        if (to[t.src] != t.dst).any() or (frm[t.dst] != t.src).any():
-            return False
-    return True
+        return not ((to[t.src] != t.dst).any() or (frm[t.dst] != t.src).any())
 
 
 def dataflow(schedules: Sequence[list[StepArrays]], ready: np.ndarray, net: Network,
