@@ -170,3 +170,28 @@ def test_a_resume_compares_only_the_settings_the_run_uses(saved, run, refused):
     else:
         with pytest.raises(checkpoint.GradwireError, match=refused):
             checkpoint.check_compatible(ck, SETTINGS | run, 2)
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "other file", "dangling link"])
+def test_a_new_run_does_not_replace_an_existing_checkpoint(monkeypatch, capsys, tmp_path,
+                                                           no_cluster, kind):
+    """`gradwire train --checkpoint F` without --resume replaced an existing F after its
+    first epoch: a run that forgot --resume lost the one it meant to go on from. Refused in
+    one line on the host, and by each rank under plain torchrun; --resume still reads it."""
+    from gradwire.train import worker
+
+    ck = tmp_path / "ck.pt"
+    if kind == "checkpoint":
+        _lstm_checkpoint(ck, _vocabulary(), None)
+    elif kind == "other file":
+        ck.write_text("results")
+    else:
+        ck.symlink_to(tmp_path / "gone.pt")
+    says = f"--checkpoint {str(ck)!r} exists, and a new run would replace it"
+    code, err = cli_error(monkeypatch, capsys, "train", *QUICK, "--checkpoint", str(ck))
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        worker.parse_args(["--model", "mlp-small", f"--checkpoint={ck}"])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert kind != "other file" or ck.read_text() == "results"

@@ -5,6 +5,7 @@ leaves nothing behind."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,12 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
                             f"{cfg.model}'s training data ({share} samples at {hosts} hosts)")
     if cfg.resume:
         _check_resume(cfg, hosts, task)
+    elif cfg.checkpoint is not None and (os.path.lexists(cfg.checkpoint)
+                                         and not os.path.isdir(cfg.checkpoint)):
+        # (a folder is refused as an output, by name)
+        raise GradwireError(f"--checkpoint {str(cfg.checkpoint)!r} exists, and a new run "
+                            f"would replace it after its first epoch: --resume goes on from "
+                            f"it; to start afresh, give another path or remove it")
 
 
 def _check_resume(cfg: TrainConfig, hosts: int, task: Task) -> None:
