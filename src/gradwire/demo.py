@@ -47,7 +47,7 @@ def run_demo(cluster: Cluster, aggs: Sequence[str], base: TrainConfig, timeout: 
                   f"{len(cluster.hosts)} ranks, {cluster.label}; {', '.join(aggs)}; density "
                   f"{base.density:g} {warmup}, mode {base.mode}; {base.epochs} epochs, batch "
                   f"{base.batch_size}/rank, lr {base.lr:g}, momentum {base.momentum:g}, "
-                  f"seed {base.seed}")
+                  f"seed {base.seed}", markup=True)
     results, failed = [], []
     for a in aggs:
         try:

@@ -34,7 +34,7 @@ def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
        mtu: Mtu = MTU) -> None:
     """Create an emulated cluster that stays up until `gradwire cluster down`."""
     c = cluster_up(hosts, bandwidth, name, mtu=mtu)
-    console.print(f"cluster [bold]{c.name}[/] up: {c.label}")
+    console.print(f"cluster [bold]{c.name}[/] up: {escape(c.label)}", markup=True)
     console.print(hosts_table(c))
 
 
@@ -63,15 +63,16 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print the clust
     if not live and not broken:
         console.print("no gradwire clusters are up")
     for name, why in broken.items():
-        console.print(f"[bold]{name}[/]: [yellow]{escape(why)}[/]", highlight=False)
+        console.print(f"[bold]{escape(name)}[/]: [yellow]{escape(why)}[/]", markup=True,
+                      highlight=False)
     for c in live:
         why = c.why_stale
-        note = (f" [yellow](stale: {why}; the next cluster made here removes it, or "
+        note = (f" [yellow](stale: {escape(why)}; the next cluster made here removes it, or "
                 f"`gradwire cluster down {c.name}`)[/]" if why else
                 "" if c.ready else
                 " [yellow](still being built, or its build stopped half way: runs refuse it "
                 f"until `gradwire cluster up` is done; else `gradwire cluster down {c.name}`)[/]")
-        console.print(f"[bold]{c.name}[/]: {c.label}{note}")
+        console.print(f"[bold]{c.name}[/]: {escape(c.label)}{note}", markup=True)
         if c.shaped:
             buf = (f"{c.send_buffer_bytes / 1e3:.0f} kB" if c.send_buffer_bytes
                    else "this machine's")

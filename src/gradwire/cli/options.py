@@ -37,7 +37,9 @@ def _piped_width() -> int:
     return width if width is not None and width >= 40 else WIDTH
 
 
-console = Console(width=None if sys.stdout.isatty() else _piped_width())
+# No markup: what is printed holds paths, profiles' and traces' own words, whose "[...]" rich
+# would drop (or fail on, "[/x]"); a line styled on purpose says markup=True, its words escaped.
+console = Console(width=None if sys.stdout.isatty() else _piped_width(), markup=False)
 
 Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (ranks), 1 to 250",
                                    min=1)]

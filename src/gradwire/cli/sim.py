@@ -3,11 +3,13 @@ simulator (docs/simulator.md)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gradwire.check import distinct
 from gradwire.cli.options import (
     JsonOut,
     check_outputs,
@@ -85,11 +87,14 @@ def _check_unused(ctx: typer.Context, names: tuple[str, ...], unused: bool, what
 def _check_overridden(ctx: typer.Context, table: int | None, sweep: str | None) -> None:
     """Refuse an option typed on the command line that ``--table`` or ``--sweep`` sets itself
     (the run would go on with its own value, and the result say nothing of the one typed)."""
-    # which of the paper's tables fix which option (gradwire.sim.report.PAPER_TABLES)
+    from gradwire.sim.report import PAPER_TABLES
+
+    # which of the paper's tables fix which option; a table that is none of them is refused
+    # as such (gradwire.sim.simulate.prepare), not said to run mechanisms of its own
     fixed = {"mechanism": "its own mechanisms", "servers": "8 servers" if table == 8 else None,
              "bandwidth": "10 and 100 Gbit/s links" if table == 10 else None}
     for name, what in fixed.items():
-        if table is not None and what is not None and typed(ctx, name):
+        if table in PAPER_TABLES and what is not None and typed(ctx, name):
             raise GradwireError(f"--{name} is not used with --table {table}, which runs {what}: "
                                 f"leave --{name} out")
     axis = sweep.partition("=")[0] if sweep is not None else None
@@ -156,6 +161,8 @@ def simulate(
 
     check_outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out),
                   inputs=[*(("--trace", t) for t in trace), ("--calibration", calibration)])
+    # a trace named twice is one (one row of --table's), as a mechanism or sweep value is
+    trace = distinct(trace, key=lambda t: os.path.realpath(t))
     gamma = 0.0
     if calibration is not None and (alpha_us is not None or latency_us is not None):
         raise GradwireError("--calibration gives α (the links' latency in it): not with "
