@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from gradwire.compress.base import Compressor, Payload, check_input, expect
+from gradwire.dtypes import FLOATS
 from gradwire.errors import GradwireError
 
 
@@ -42,6 +43,13 @@ class Cast(Compressor):
 
     def decompress_into(self, payload: Payload, out: torch.Tensor) -> torch.Tensor:
         values = expect(self.name, payload, CastPayload).values
+        if not (isinstance(out, torch.Tensor) and out.dim() == 1 and out.dtype in FLOATS):
+            # a 2-D out of as many elements was a RuntimeError of the copy's broadcast, an
+            # integer one a TypeError of finfo after the copy had written it
+            got = (f"{tuple(out.shape)} {out.dtype}" if isinstance(out, torch.Tensor)
+                   else type(out).__name__)
+            raise GradwireError(f"{self.name}: out must be a 1-D float tensor (fp16, bf16, "
+                                f"fp32, fp64), got {got}")
         if values.numel() != out.numel():
             raise GradwireError(f"{self.name}: this payload holds {values.numel()} elements, "
                                 f"not the {out.numel()} asked for")

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from gradwire.check import is_int
 from gradwire.compress.select import largest, magnitude_keys
 from gradwire.dtypes import acc_dtype
 from gradwire.errors import GradwireError
-from gradwire.sparse.wire import PAD, Entries
+from gradwire.sparse.wire import PAD, Entries, check_entries
 from gradwire.syncfree import on_host
 
 _LAST = torch.iinfo(torch.int64).max  # a padding entry's index while sorting: after all others
@@ -50,7 +51,7 @@ def top_merge(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries]:
 
     On the device path (:func:`device_merge`): fixed lengths with padding, no host sync.
     """
-    kept, dropped, _ = _merge(a, b, k, False)
+    kept, dropped, _ = _merge(*_checked("top_merge", a, b, k), False)
     return kept, dropped
 
 
@@ -59,9 +60,24 @@ def merge_following(a: Entries, b: Entries, k: int) -> tuple[Entries, Entries, t
     entry's position in kept, or −1 where the merge dropped it (or it is padding). A caller
     that merges into the same list step after step follows its own entries with it, in O(len)
     per merge, where looking them up in kept would be a search per entry."""
-    kept, dropped, where = _merge(a, b, k, True)
+    kept, dropped, where = _merge(*_checked("merge_following", a, b, k), True)
     assert where is not None
     return kept, dropped, where
+
+
+def _checked(name: str, a: object, b: object, k: object) -> tuple[Entries, Entries, int]:
+    """(a, b, k) as a merge takes them, or a one-line GradwireError; metadata only. A negative
+    k kept all but |k| of the union on the device path (a slice from the end) and none on the
+    host's; int32 indices stopped the device path with a RuntimeError (its padding key does
+    not fit them); lists of two dtypes were merged in their promoted dtype."""
+    if not is_int(k, 0):
+        raise GradwireError(f"{name}: k must be an integer >= 0, got {k!r}")
+    a, b = check_entries(name, a), check_entries(name, b)
+    if a.values.dtype != b.values.dtype or a.values.device != b.values.device:
+        raise GradwireError(f"{name}: both lists must be of one dtype on one device, got "
+                            f"{a.values.dtype} on {a.values.device} and {b.values.dtype} on "
+                            f"{b.values.device}")
+    return a, b, int(k)  # a numpy integer's products wrap
 
 
 def _merge(a: Entries, b: Entries, k: int,

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gradwire.dtypes import index_dtype
+from gradwire.check import is_int
+from gradwire.dtypes import FLOATS, index_dtype
 from gradwire.errors import GradwireError
 from gradwire.syncfree import on_host
 
@@ -42,6 +43,38 @@ class Entries:
         return self.indices.numel()
 
 
+def check_entries(name: str, e: object) -> Entries:
+    """``e`` as the :class:`Entries` a call of ``name`` takes: 1-D float values (fp16, bf16,
+    fp32, fp64) and as many integer indices on their device, the indices as int64 (the same
+    tensor when they are). Metadata only: no pass over the data, no host read. Anything else
+    is a one-line GradwireError, where it was a RuntimeError or IndexError deep inside, or
+    (float or int32 indices, integer values) a list packed or merged wrong without one."""
+    if not isinstance(e, Entries):
+        raise GradwireError(f"{name}: expected Entries (values, indices), got "
+                            f"{type(e).__name__}")
+    v, i = e.values, e.indices
+    if not (isinstance(v, torch.Tensor) and v.dim() == 1 and v.dtype in FLOATS):
+        got = f"{tuple(v.shape)} {v.dtype}" if isinstance(v, torch.Tensor) else type(v).__name__
+        raise GradwireError(f"{name}: values must be a 1-D float tensor (fp16, bf16, fp32, "
+                            f"fp64), got {got}")
+    if not (isinstance(i, torch.Tensor) and i.shape == v.shape and i.device == v.device
+            and not i.dtype.is_floating_point and not i.dtype.is_complex
+            and i.dtype != torch.bool):
+        got = (f"{tuple(i.shape)} {i.dtype} on {i.device}" if isinstance(i, torch.Tensor)
+               else type(i).__name__)
+        raise GradwireError(f"{name}: indices must be an integer tensor of the values' "
+                            f"{tuple(v.shape)} entries on {v.device}, got {got}")
+    return e if i.dtype == torch.int64 else Entries(v, i.long())
+
+
+def _check_sizes(name: str, k: object, numel: object) -> tuple[int, int]:
+    """(k, numel) as Python ints (a numpy integer's products wrap), each an integer >= 0."""
+    for what, n in (("k", k), ("numel", numel)):
+        if not is_int(n, 0):
+            raise GradwireError(f"{name}: {what} must be an integer >= 0, got {n!r}")
+    return int(k), int(numel)  # type: ignore[call-overload]
+
+
 def entry_bytes(numel: int, dtype: torch.dtype) -> int:
     """Bytes of one (value, index) pair for a gradient of ``numel`` elements of ``dtype``."""
     return dtype.itemsize + index_dtype(numel).itemsize
@@ -50,6 +83,8 @@ def entry_bytes(numel: int, dtype: torch.dtype) -> int:
 def pack(e: Entries, k: int, numel: int) -> torch.Tensor:
     """``e`` as k packed entries (padded): a new ``uint8`` tensor of k·entry_bytes bytes.
     ``e`` may hold padding entries of its own (at most k entries in all); no host sync."""
+    e = check_entries("pack", e)
+    k, numel = _check_sizes("pack", k, numel)
     c, dtype = len(e), e.values.dtype
     if c > k:
         raise GradwireError(f"cannot pack {c} entries into a list of {k}")
@@ -67,6 +102,16 @@ def pack(e: Entries, k: int, numel: int) -> torch.Tensor:
 def unpack(buf: torch.Tensor, k: int, numel: int, dtype: torch.dtype) -> Entries:
     """The real (non-padding) entries of a packed list of k; on the device path all k, padding
     included (no host sync, a fixed size)."""
+    k, numel = _check_sizes("unpack", k, numel)
+    if dtype not in FLOATS:
+        raise GradwireError(f"unpack: dtype must be one of fp16, bf16, fp32, fp64, got "
+                            f"{dtype!r}")
+    if not (isinstance(buf, torch.Tensor) and buf.dim() == 1 and buf.dtype == torch.uint8):
+        # the size below counts elements: another dtype's would be read as garbage
+        got = (f"{tuple(buf.shape)} {buf.dtype}" if isinstance(buf, torch.Tensor)
+               else type(buf).__name__)
+        raise GradwireError(f"unpack: expected a 1-D uint8 tensor (what pack returns), got "
+                            f"{got}")
     nv = k * dtype.itemsize
     if buf.numel() != k * entry_bytes(numel, dtype):
         raise GradwireError(f"packed list has {buf.numel()} bytes, expected {k} entries of "
