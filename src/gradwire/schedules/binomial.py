@@ -58,7 +58,7 @@ def reduce(p: int, count: int, *, root: int = 0, op: str = "sum", **_: object) -
 
 def allreduce(p: int, count: int, *, op: str = "sum", **_: object) -> Schedule:
     """Binomial reduce to rank 0, then binomial broadcast from it; everyone has the sum."""
-    steps = reduce_steps(p, count, 0, combine_op("binomial", op))
+    steps = reduce_steps(p, count, 0, combine_op("tree", op))
     return build("tree", "allreduce", p, count, steps + broadcast_steps(p, count, 0))
 
 

@@ -106,7 +106,8 @@ def allreduce(p: int, count: int, *, block: int | None = None, alpha: float = AL
     trees = two_trees(p)
     halves = blocks(count, 2)
     fill = max(heights(trees[0])[0]) / 2 if p > 2 else 0  # b* = √((n/2)α/((H/2)β))
-    b = pick_block(halves[0][1], fill, block, alpha, beta, itemsize, sndbuf)
+    b = pick_block(halves[0][1], fill, block, alpha, beta, itemsize, sndbuf,
+                   of=f" (each half of {count})")
     steps = merge_steps(*(tree_steps(t, pieces(n, b, start)) for t, (start, n) in
                           zip(trees, halves, strict=True)))
     return build("dbtree", "allreduce", p, count, steps, block=b)

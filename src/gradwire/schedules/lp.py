@@ -51,10 +51,11 @@ MAX_BLOCKS = 16384
 
 
 def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: float,
-               itemsize: int, sndbuf: int | None = None) -> int:
+               itemsize: int, sndbuf: int | None = None, of: str = "") -> int:
     """Elements per block: ``block`` if given, else b* = √(nα/(depth·β)), at most ``sndbuf``
     bytes when that is given (the most a socket may queue); within [1, count], and cutting
-    ``count`` into at most :data:`MAX_BLOCKS` (a given ``block`` that cuts more is refused)."""
+    ``count`` into at most :data:`MAX_BLOCKS` (a given ``block`` that cuts more is refused).
+    ``of`` says what ``count`` is part of, for that refusal (dbtree's " (each half of N)")."""
     if sndbuf is not None and not is_int(sndbuf, 1):
         raise GradwireError(f"sndbuf must be an int >= 1 (bytes a socket may queue), got "
                             f"{sndbuf!r}")
@@ -71,7 +72,7 @@ def pick_block(count: int, depth: float, block: int | None, alpha: float, beta: 
     elif not is_int(block, 1):
         raise GradwireError(f"block must be an int >= 1 (elements per block), got {block!r}")
     elif count > (block := int(block)) * MAX_BLOCKS:  # a numpy int32's product wrapped
-        raise GradwireError(f"block={block} cuts {count} elements into {-(-count // block)} "
+        raise GradwireError(f"block={block} cuts {count} elements{of} into {-(-count // block)} "
                             f"blocks, a message each on every link: at most {MAX_BLOCKS}, so "
                             f"block >= {-(-count // MAX_BLOCKS)} here")
     return max(1, -(-count // MAX_BLOCKS), min(count, block))
