@@ -23,12 +23,18 @@ def step_alpha(t: Transport, algo: str = "rd", **params: object) -> float:
 
 
 def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float, float]:
-    """(wall, CPU) seconds per step of :func:`step_alpha`'s runs; CPU is what one rank's
-    process spent (all its threads), the mean over ranks, the same on every rank."""
+    """(wall, CPU) seconds per step of :func:`step_alpha`'s runs, the same on every rank:
+    wall per step of the schedule; CPU (what one rank's process spent, all its threads, the
+    mean over ranks) per step a rank takes part in, the mean over ranks, as
+    :func:`gradwire.perf.comm.cpu_seconds` charges it back. The two counts differ where ranks
+    sit steps out: recursive doubling at P = 3 has 3 steps, a rank takes part in 2."""
     p = t.world_size
     # "builtin": torch.distributed's allreduce (gloo's ring, which the hooks' allreduces run)
-    steps = len(registry.schedule("allreduce", "ring" if algo == "builtin" else algo, p, p,
-                                  **params).steps)
+    s = registry.schedule("allreduce", "ring" if algo == "builtin" else algo, p, p, **params)
+    steps = len(s.steps)
+    # (gradwire.perf.comm.steps counts the same, a layer above)
+    taking_part = sum(len({r for x in st.transfers for r in (x.src, x.dst)})
+                      for st in s.steps) / p
     run = {k: v for k, v in params.items() if k != "itemsize"}
     dev = t.device  # NCCL takes tensors on its device only
     buf = torch.ones(p, device=dev)
@@ -50,7 +56,7 @@ def step_times(t: Transport, algo: str = "rd", **params: object) -> tuple[float,
         if dev.type == "cuda":  # the calls' kernels are done, not only launched
             torch.cuda.synchronize(dev)
         runs.append((time.perf_counter() - t0) / 40 / max(steps, 1))
-        cpus.append((time.process_time() - c0) / 40 / max(steps, 1))
+        cpus.append((time.process_time() - c0) / 40 / max(taking_part, 1))
     per = torch.tensor([statistics.median(runs)], dtype=torch.float64, device=dev)
     first = 0 if t.group is None else dist.get_global_rank(t.group, 0)
     dist.broadcast(per, first, group=t.group)

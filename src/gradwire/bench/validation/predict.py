@@ -11,8 +11,10 @@ import tempfile
 from pathlib import Path
 
 from gradwire import profiles
+from gradwire.catalogue import METHODS
+from gradwire.catalogue.paths import DENSE
 from gradwire.cluster.shaping import tbf_burst
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.perf import advise, scenario
 from gradwire.perf.calibration import Calibration
 from gradwire.perf.calibration import parse as parse_calibration
@@ -50,8 +52,21 @@ def predict_configuration(profile: dict, calibration: dict, rate: str, workers: 
     if not isinstance(calibration, dict):
         raise GradwireError(f"the calibration of {rate}, P = {workers} must be an object, got "
                             f"{type(calibration).__name__}")
-    parse_calibration(calibration, f"the calibration of {rate}, P = {workers}")
+    where = f"the calibration of {rate}, P = {workers}"
+    parsed = parse_calibration(calibration, where)
     profiles.parse(json.dumps(profile), "the validation's profile")
+    # each a method's name, as a result's rows name them: advise's comma list would split
+    # "dense,topk" and strip " dense", and no prediction would be keyed by the name asked for
+    for agg in aggs:
+        if agg not in METHODS:
+            raise GradwireError(f"{rate} P = {workers}: unknown method {agg!r}"
+                                f"{did_you_mean(agg, METHODS)}: expected one of "
+                                f"{', '.join(METHODS)}")
+    # advise's ranking would leave them out naming the temporary file and --codecs
+    lacking = [a for a in aggs if a not in parsed.codecs.methods and METHODS[a].path is not DENSE]
+    if lacking:
+        raise GradwireError(f"{where}: its codec table has no encode/decode time for "
+                            f"{', '.join(lacking)} (it has {', '.join(parsed.codecs.methods)})")
     with tempfile.TemporaryDirectory(prefix="gradwire-validation-") as tmp:
         prof_file, cal_file = Path(tmp, "profile.json"), Path(tmp, "calibration.json")
         prof_file.write_text(json.dumps(profile))
