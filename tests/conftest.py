@@ -116,6 +116,19 @@ def start_here(monkeypatch, module: str, attr: str) -> None:
     monkeypatch.setattr(importlib.import_module(module), attr, started)
 
 
+def one_line_raised(fn, *needles: str) -> str:
+    """``fn()`` raises a GradwireError of one line holding every one of ``needles``; its text."""
+    from gradwire.errors import GradwireError
+
+    with pytest.raises(GradwireError) as e:
+        fn()
+    text = str(e.value)
+    assert "\n" not in text, text
+    for n in needles:
+        assert n in text, text
+    return text
+
+
 def one_line_cli_error(code: int, err: str, *needles: str) -> None:
     """``gradwire`` refused its input: exit 2 and one ``gradwire: error:`` line holding each
     of ``needles``."""

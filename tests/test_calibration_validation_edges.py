@@ -8,6 +8,7 @@ import os
 
 import calibration_doc
 import pytest
+from conftest import one_line_raised
 
 from gradwire.bench import calibrate
 from gradwire.bench import validation as pv
@@ -40,16 +41,6 @@ def validation_result():
             "clusters": clusters, "rows": rows}
 
 
-def _one_line_error(fn, *match: str) -> str:
-    with pytest.raises(GradwireError) as e:
-        fn()
-    text = str(e.value)
-    assert "\n" not in text, text
-    for m in match:
-        assert m in text, text
-    return text
-
-
 @pytest.mark.parametrize(("change", "field", "bound"), [
     ({"overlap_slowdown": 1e5}, "overlap_slowdown", "<= 100"),
     ({"coding_slowdown": 1e308}, "coding_slowdown", "<= 100"),
@@ -66,7 +57,7 @@ def test_a_calibration_s_terms_are_bounded_as_the_options_are(tmp_path, change, 
     α and γ stop where --alpha-us and --gamma-ns do (the simulator refuses more)."""
     path = tmp_path / "c.json"
     path.write_text(json.dumps(calibration_doc.doc(**change)))
-    _one_line_error(lambda: calibration.load(path), f"field '{field}' must be a number",
+    one_line_raised(lambda: calibration.load(path), f"field '{field}' must be a number",
                     bound)
     # the bounds themselves are kept
     top = {"overlap_slowdown": 100, "coding_slowdown": 100, "compute_slowdown": 1e6,
@@ -115,19 +106,19 @@ def test_repredict_refuses_rows_without_a_cluster_record(validation_result):
     half the configurations measured."""
     doc = copy.deepcopy(validation_result)
     doc["clusters"] = doc["clusters"][:1]
-    _one_line_error(lambda: pv.repredict(doc), "1gbit P = 4", "no cluster record")
+    one_line_raised(lambda: pv.repredict(doc), "1gbit P = 4", "no cluster record")
 
 
 def test_a_bad_calibration_in_a_result_is_named_by_its_configuration(validation_result):
     """Not by the temporary file that carried it to the model's reader, gone by then."""
     doc = copy.deepcopy(validation_result)
     del doc["clusters"][1]["calibration"]["alpha_s"]
-    text = _one_line_error(lambda: pv.repredict(doc), "the calibration of 1gbit, P = 4",
+    text = one_line_raised(lambda: pv.repredict(doc), "the calibration of 1gbit, P = 4",
                            "field 'alpha_s' is missing")
     assert "gradwire-validation-" not in text
     doc = copy.deepcopy(validation_result)
     doc["profile"]["forward_s"] = -1
-    text = _one_line_error(lambda: pv.repredict(doc), "the validation's profile",
+    text = one_line_raised(lambda: pv.repredict(doc), "the validation's profile",
                            "'forward_s'")
     assert "gradwire-validation-" not in text
 
@@ -147,13 +138,13 @@ def test_repredict_refuses_a_damaged_result_in_one_line(tmp_path, validation_res
     damage(doc)
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc))
-    _one_line_error(lambda: pv.load_result(path), f"--repredict {path}: field {field!r} must")
+    one_line_raised(lambda: pv.load_result(path), f"--repredict {path}: field {field!r} must")
 
 
 @pytest.mark.parametrize("workers", ["1_6", "\u0662,4"])
 def test_workers_are_whole_numbers_in_ascii_digits(workers):
     """int() reads "1_6" as 16 and "٢" as 2: a typo ran a cluster nobody asked for."""
-    _one_line_error(lambda: pv.parse_plan("1gbit", workers, "dense"), "--workers",
+    one_line_raised(lambda: pv.parse_plan("1gbit", workers, "dense"), "--workers",
                     "expected a comma list of whole numbers")
     assert pv.parse_plan("1gbit", " 2, 4", "dense").workers == [2, 4]
 
@@ -207,7 +198,7 @@ def test_repredict_refuses_a_configuration_recorded_twice(validation_result):
     counted twice in the median errors and the advisor's score."""
     doc = copy.deepcopy(validation_result)
     doc["clusters"].append(copy.deepcopy(doc["clusters"][0]))
-    _one_line_error(lambda: pv.repredict(doc), "1gbit P = 2", "two cluster records")
+    one_line_raised(lambda: pv.repredict(doc), "1gbit P = 2", "two cluster records")
     assert len(pv.repredict(validation_result)) == len(validation_result["rows"])
 
 
@@ -217,7 +208,7 @@ def test_repredict_refuses_a_method_measured_twice_in_one_configuration(validati
     twin = copy.deepcopy(doc["rows"][1])
     twin["measured"] = {"iteration_s": 0.5}
     doc["rows"].append(twin)
-    _one_line_error(lambda: pv.repredict(doc), f"P = {twin['workers']}",
+    one_line_raised(lambda: pv.repredict(doc), f"P = {twin['workers']}",
                     f"two rows of {twin['agg']}")
 
 
@@ -232,9 +223,9 @@ def test_a_codec_table_of_other_elements_is_refused_in_one_line(tmp_path, field,
     table = calibration_doc.codecs(("dense", "topk"))
     path = tmp_path / "codecs.json"
     path.write_text(json.dumps(table | {field: value}))
-    _one_line_error(lambda: codecs.load(str(path)), message)
+    one_line_raised(lambda: codecs.load(str(path)), message)
     path.write_text(json.dumps({"codecs": table | {field: value}}))  # in a calibration file
-    _one_line_error(lambda: codecs.load(str(path)), message)
+    one_line_raised(lambda: codecs.load(str(path)), message)
     path.write_text(json.dumps(table))
     assert codecs.load(str(path)).source == "a test's"
     for name in codecs.BUILTIN:

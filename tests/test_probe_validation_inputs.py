@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import one_line_raised
 from test_perf_validation_script import CALIBRATION, PROFILE
 
 from gradwire.bench import validation as pv
 from gradwire.collectives import probe
-from gradwire.errors import GradwireError
 from gradwire.perf import comm
 
 
@@ -57,23 +57,13 @@ def _result(aggs: list[str]) -> dict:
             "rows": rows}
 
 
-def _one_line(fn, *needles: str) -> str:
-    with pytest.raises(GradwireError) as e:
-        fn()
-    text = str(e.value)
-    assert "\n" not in text, text
-    for n in needles:
-        assert n in text, text
-    return text
-
-
 @pytest.mark.parametrize("agg", [" dense", "dense,topk", ""])
 def test_a_row_of_no_method_s_name_is_one_line(agg):
     """advise's comma list stripped " dense" and split "dense,topk" into two methods, so
     the prediction came back under other names: a KeyError in rows()."""
     doc = _result(["dense", "topk"])
     doc["rows"][0]["agg"] = agg
-    _one_line(lambda: pv.repredict(doc), "1gbit P = 2", f"unknown method {agg!r}")
+    one_line_raised(lambda: pv.repredict(doc), "1gbit P = 2", f"unknown method {agg!r}")
 
 
 def test_a_method_the_codec_table_lacks_is_named_by_its_configuration():
@@ -81,7 +71,7 @@ def test_a_method_the_codec_table_lacks_is_named_by_its_configuration():
     the error shows), nor with advice to give --codecs, an option of advise's."""
     cal = copy.deepcopy(CALIBRATION)
     del cal["codecs"]["methods"]["topk"]
-    text = _one_line(lambda: pv.predict_configuration(PROFILE, cal, "1gbit", 2,
+    text = one_line_raised(lambda: pv.predict_configuration(PROFILE, cal, "1gbit", 2,
                                                       ["dense", "topk"], 0.001, 4),
                      "the calibration of 1gbit, P = 2", "topk")
     assert "gradwire-validation-" not in text and "--codecs" not in text
