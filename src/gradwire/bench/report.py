@@ -15,6 +15,8 @@ allreduce and reduce (the root), 1/P of the input for reduce-scatter.
 
 from __future__ import annotations
 
+import math
+
 from rich.table import Table
 
 from gradwire.bench.spec import BUILTIN
@@ -69,6 +71,15 @@ def annotate(rows: list[dict], p: int, params: CostParams | None) -> None:
         r["prediction_error"] = (pred - t) / t if pred and t > 0 else None
 
 
+def _rate(x: float, decimals: int) -> str:
+    """A bandwidth to ``decimals`` places, or to more where fewer would keep under three
+    significant digits: on a slow link every row read alike (1 Mbit/s: busbw 0.001 Gbit/s,
+    algbw 0.0001 GB/s, whatever the algorithm)."""
+    if x > 0 and math.isfinite(x):
+        decimals = max(decimals, 2 - math.floor(math.log10(x)))
+    return f"{x:.{decimals}f}"
+
+
 def table(rows: list[dict], title: str) -> Table:
     tb = Table(title=title)
     for col in ("size(B)", "count", "type", "redop", "algo", "time(us)", "algbw(GB/s)",
@@ -78,8 +89,8 @@ def table(rows: list[dict], title: str) -> Table:
         pred, err = r["predicted_s"], r["prediction_error"]
         tb.add_row(format_size(r["bytes"]), str(r["count"]), r["type"], r.get("redop", "-"),
                    r["algo"],
-                   f"{r['time_s'] * 1e6:.1f}", f"{r['algbw_GBps']:.4f}",
-                   f"{r['busbw_GBps']:.4f}", f"{r['busbw_Gbitps']:.3f}",
+                   f"{r['time_s'] * 1e6:.1f}", _rate(r["algbw_GBps"], 4),
+                   _rate(r["busbw_GBps"], 4), _rate(r["busbw_Gbitps"], 3),
                    "-" if pred is None else f"{pred * 1e6:.1f}",
                    "-" if err is None else f"{err * 100:+.1f}%", str(r["wrong"]))
     return tb
@@ -94,7 +105,7 @@ def footer(rows: list[dict]) -> list[str]:
     for r in rows:
         by_algo.setdefault(r["algo"], []).append(r["busbw_Gbitps"])
     width = max((len(a) for a in by_algo), default=0)
-    lines += [f"# Avg bus bandwidth    : {a:<{width}} {sum(v) / len(v):.3f} Gbit/s"
+    lines += [f"# Avg bus bandwidth    : {a:<{width}} {_rate(sum(v) / len(v), 3)} Gbit/s"
               for a, v in by_algo.items()]
     return lines
 

@@ -24,6 +24,7 @@ from gradwire.cli.options import (
     Mtu,
     Seed,
     check_outputs,
+    command_line,
     console,
     use_loopback,
     world_size,
@@ -106,12 +107,32 @@ def train(
         label = c.label
     title = (f"{model} ({result['parameters'] / 1e6:.2f} M params), {hosts} ranks, {label}, "
              f"{result['epochs']} epochs, mode {mode}")
+    problems = []
     if json_out:  # first: the run's result is kept whatever the report does
-        write_json(json_out, result)
+        try:
+            write_json(json_out, _stamped(result)[0])
+        except GradwireError as e:  # saved elsewhere, it says where: table and figure still
+            problems.append(str(e))
     console.print(results_table([result], title))
     console.print(TABLE_NOTE)
     if plot:
-        console.print(f"wrote {plot_curves([result], plot, title)}")
+        try:
+            console.print(f"wrote {plot_curves([result], plot, title)}")
+        except OSError as e:  # said with, not instead of, a --json saved elsewhere
+            if not problems:
+                raise
+            problems.append(f"could not write {plot} ({e.strerror or e})")
+    if problems:
+        raise GradwireError("; ".join(problems))
+
+
+def _stamped(*results: dict) -> list[dict]:
+    """Runs' results as --json keeps them: each with the command, date, commit and machine
+    that made it, as every other result file gradwire writes."""
+    from gradwire.bench.provenance import stamp
+
+    made = stamp(command_line())
+    return [{**r, **made} for r in results]
 
 
 def demo(
@@ -167,4 +188,5 @@ def demo(
             print(f"gradwire demo: {note}", file=sys.stderr)
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
         run_demo(c, aggs, base, timeout, console, plot,
-                 keep=(lambda results: write_json(json_out, results)) if json_out else None)
+                 keep=(lambda results: write_json(json_out, _stamped(*results)))
+                 if json_out else None)
