@@ -117,14 +117,18 @@ class Deferred:
     def guard(self, task: Task, fallback: list[torch.Tensor]) -> Task:
         """``task``, returning ``fallback`` instead of raising while armed; once one task of
         this backward has failed, the later ones return ``fallback`` without running (each
-        would otherwise wait out its own timeout on a lost peer)."""
+        would otherwise wait out its own timeout on a lost peer).
+
+        A KeyboardInterrupt is kept too: raised through the task's caller, it would leave the
+        futures of the buckets the task completes (a model-mode step's, a step's last on a
+        device) unset, and DDP would wait for them for ever."""
         def guarded() -> list[torch.Tensor]:
             if self.armed and self.error is not None:
                 self.keep(self.error, fallback)
                 return fallback  # after a failure, the backward's later buckets do not wait
             try:
                 return task()
-            except Exception as e:
+            except BaseException as e:
                 if not self.armed:
                     raise
                 self.keep(e, fallback)
@@ -140,10 +144,24 @@ class Deferred:
 
 def _serve(jobs: queue.SimpleQueue) -> None:
     while (job := jobs.get()) is not None:
-        complete(*job)
+        try:
+            complete(*job)
+        except BaseException as e:  # the thread lives on: were it to end, every later task's
+            _fail(job[1], e)  # futures, and so DDP and drain(), would wait for ever
         # not held while waiting for the next: a task holds its hook state (residuals, the
         # buckets), which would outlive its model, and the state holds this thread's Worker
         del job
+
+
+def _fail(futures: Futures, error: BaseException) -> None:
+    """Every future of ``futures`` not completed yet completed with ``error`` (one that is no
+    Exception, which a future cannot hold, named in a GradwireError)."""
+    if not isinstance(error, Exception):
+        error = GradwireError(f"hooks: a task on the comm thread raised "
+                              f"{type(error).__name__}: {error}")
+    for f in futures:
+        if not f.done():
+            f.set_exception(error)
 
 
 def _stop(jobs: queue.SimpleQueue, thread: threading.Thread) -> None:

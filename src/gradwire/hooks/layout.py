@@ -129,22 +129,36 @@ def where(residuals: dict[Layout, torch.Tensor],
 
 
 def carry(residuals: dict[Layout, torch.Tensor], layout: Layout, numels: dict[int, int],
-          like: torch.Tensor) -> None:
+          like: torch.Tensor, disjoint: bool = False) -> bool:
     """Give ``layout`` a residual assembled from its parameters' residuals in other layouts
     (zeros for those that have none), then drop layouts none of whose parameters live there any
-    more. Nothing else happens when ``layout`` is known (its residual only moves to ``like``'s
-    device and dtype, as one loaded with ``map_location="cpu"`` or saved from a model in
-    another precision must) or none of its parameters has a residual."""
+    more. Nothing else happens when ``layout`` is known and holds its parameters' current
+    residuals (its residual only moves to ``like``'s device and dtype, as one loaded with
+    ``map_location="cpu"`` or saved from a model in another precision must) or none of its
+    parameters has a residual.
+
+    A known layout a newer one took parameters from (a step that failed part way through
+    DDP's rebuilt buckets, then a new DDP of the model, whose first buckets are the old ones)
+    is assembled afresh: used as it is, its stale copies would be sent again (mass made) and
+    what it then kept of them lost (:func:`where` reads the newer).
+
+    Returns whether the layouts of ``residuals`` are now pairwise disjoint, none superseded;
+    ``disjoint`` True says the caller knows they were (what the last call returned, the dict
+    changed since only by new keys none of whose parameters had a residual, by values and by
+    removals), which skips the check: a step's checks then cost nothing, where each would
+    otherwise read every newer layout."""
     if layout in residuals:
-        r = residuals[layout]
-        if r.device != like.device or r.dtype != like.dtype:
-            residuals[layout] = r.to(like.device, like.dtype)
-        return
+        disjoint = disjoint or _disjoint(residuals)
+        if disjoint or not _superseded(residuals, layout):
+            r = residuals[layout]
+            if r.device != like.device or r.dtype != like.dtype:
+                residuals[layout] = r.to(like.device, like.dtype)
+            return disjoint
     if not residuals:
-        return
+        return True
     found = where(residuals, numels)
     if not any(pos in found for pos in layout):
-        return
+        return disjoint or _disjoint(residuals)
     new = like.new_zeros(sum(numels[p] for p in layout))
     offset = 0
     for pos in layout:
@@ -154,10 +168,31 @@ def carry(residuals: dict[Layout, torch.Tensor], layout: Layout, numels: dict[in
             new[offset : offset + n] = residuals[old][at : at + n]
         found[pos] = (layout, offset)
         offset += n
+    residuals.pop(layout, None)  # inserted anew: the newest, which where() reads
     residuals[layout] = new
     live = {old for old, _ in found.values()}
     for old in [k for k in residuals if k not in live]:
         del residuals[old]
+    return _disjoint(residuals)
+
+
+def _disjoint(residuals: dict[Layout, torch.Tensor]) -> bool:
+    """Whether no parameter lies in two layouts of ``residuals``."""
+    return sum(map(len, residuals)) == len(set().union(*residuals))
+
+
+def _superseded(residuals: dict[Layout, torch.Tensor], layout: Layout) -> bool:
+    """Whether a layout newer than ``layout`` (a key of ``residuals``) holds one of its
+    parameters. Only the newer ones are read, a set lookup per parameter of theirs and no
+    tensor work; needed only while two layouts overlap (:func:`carry`)."""
+    mine: set[int] | None = None
+    for key in reversed(residuals):
+        if key == layout:
+            return False
+        mine = set(layout) if mine is None else mine
+        if not mine.isdisjoint(key):
+            return True
+    return False
 
 
 def split(residuals: dict[Layout, torch.Tensor],

@@ -162,6 +162,8 @@ class HookState:
                    if m.error_feedback and self.compressor is not None else None)
         # Momentum correction (momentum=): each layout's velocity, carried like its residual.
         self.velocities: dict[layout.Layout, torch.Tensor] = {}
+        # the dicts (residuals, velocities) whose layouts layout.carry last found disjoint
+        self._disjoint: dict[str, bool] = {}
         self.call_name = _call_name(config, self.compressor)
         self.caller = _caller(config)
         self._comm: Comm | None = None
@@ -310,6 +312,7 @@ class HookState:
         """Restore what :meth:`state_dict` saved. All or nothing: a state that is refused
         (another method, a residual of the wrong size, a missing or malformed field) leaves
         this hook's counters, residuals and compressor memory as they were."""
+        self._disjoint = {}  # whether loaded or restored, the dicts are new
         saved = (self._epoch_at, self.step, self._resume_order, self.positions.counts(),
                  dict(self.ef.residuals) if self.ef is not None else None,
                  self.compressor.state_dict() if self.compressor is not None else None,
@@ -611,7 +614,7 @@ class HookState:
             return None
         t0, c0 = time.perf_counter(), time.thread_time()
         if self.ef is not None:
-            layout.carry(self.ef.residuals, key, self.positions.numels, buf)
+            self._carry("residuals", self.ef.residuals, key, buf)
         if self.config.momentum:
             self._correct(buf, key)
         issued = path.issue(call, buf, key)
@@ -697,7 +700,7 @@ class HookState:
                 comm.agree(self._step_call(call))
         shape, trusted = self._agreed(x, index)
         if self.ef is not None:
-            layout.carry(self.ef.residuals, key, self.positions.numels, x)
+            self._carry("residuals", self.ef.residuals, key, x)
         moved = None
         if self.config.momentum:
             # the velocity moves only once the ranks agree on the call, as the residual does
@@ -716,6 +719,14 @@ class HookState:
         self._counted(key, shape, started.sent, call.dense)
         return started
 
+    def _carry(self, name: str, held: dict[layout.Layout, torch.Tensor], key: layout.Layout,
+               like: torch.Tensor) -> None:
+        """:func:`layout.carry` for bucket ``key``, told whether ``held`` (``name``) was
+        disjoint when last seen."""
+        was = self._disjoint.pop(name, False)  # not known, should carry raise part way
+        self._disjoint[name] = layout.carry(held, key, self.positions.numels, like,
+                                            disjoint=was)
+
     def _correct(self, x: torch.Tensor, key: layout.Layout,
                  commit: bool = True) -> torch.Tensor | None:
         """Momentum correction (Lin et al. 2018, DGC §3.2), in place: u = m·u + x, then x = u,
@@ -724,7 +735,7 @@ class HookState:
         NaN/Inf policy sees it) and its element's velocity restarts at zero. Four passes over
         the bucket, no host read. ``commit`` False: u is left as it was and the new velocity
         returned, for the caller to keep once the call is agreed (a new tensor)."""
-        layout.carry(self.velocities, key, self.positions.numels, x)
+        self._carry("velocities", self.velocities, key, x)
         u = self.velocities.get(key)
         if not commit:
             v = torch.zeros_like(x) if u is None else u * self.config.momentum
