@@ -3,11 +3,20 @@ as they are, "[...]" included, and errors name what is wrong."""
 
 import json
 
+import pytest
 from calibration_doc import doc
 from conftest import one_line_cli_error, run_cli
 
 from gradwire import profiles
 from gradwire.sim import trace as tr
+
+
+@pytest.fixture(autouse=True)
+def wide(monkeypatch):
+    """Lines as long as the paths in them: at 120 columns a long temporary path wrapped
+    inside a word, and the printed path could not be found as it is."""
+    from gradwire.cli import options
+    monkeypatch.setattr(options.console, "width", 1000)
 
 
 def _flat(text: str) -> str:

@@ -22,7 +22,7 @@ from gradwire.cli.options import (
     cluster_for,
     command_line,
     console,
-    world_size,
+    planned_ranks,
     write_json,
 )
 from gradwire.cluster.netns import MTU
@@ -110,7 +110,7 @@ def bench(
     check_shared(collective, specs, params)
     parse_bandwidth(bandwidth)
     # what the ranks would find wrong, found here: one line instead of a traceback per rank
-    p = world_size(hosts, cluster)
+    p = planned_ranks(hosts, cluster)
     check_sizes(size_list, dtype, p, device, collective in ("allgather", "reducescatter"))
     size_list = measured_sizes(size_list, dtype, p, collective)
     check_schedules(collective, specs, params, p, [n // ITEMSIZE[dtype] for n in size_list],
@@ -181,7 +181,7 @@ def calibrate(
     check_mtu(mtu)
     if cluster is None and hosts < 2:
         raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
-    p = world_size(hosts, cluster)  # a live cluster's hosts, not --hosts
+    p = planned_ranks(hosts, cluster)  # a live cluster's hosts, not --hosts
     if p < 2:
         raise GradwireError(f"calibrate needs 2 or more hosts: cluster {cluster} has {p}")
     args = ["--model", model, "--density", repr(density), "--rank", str(rank),

@@ -149,7 +149,7 @@ def live_cluster(name: str) -> Cluster:
     return c
 
 
-def world_size(hosts: int, name: str | None) -> int:
+def planned_ranks(hosts: int, name: str | None) -> int:
     """The ranks a command will run, known before any cluster is made: the live cluster
     ``name``'s hosts, or ``hosts`` once it is in range."""
     if name is not None:

@@ -26,8 +26,8 @@ from gradwire.cli.options import (
     check_outputs,
     command_line,
     console,
+    planned_ranks,
     use_loopback,
-    world_size,
     write_json,
 )
 from gradwire.cluster import ephemeral_cluster
@@ -97,7 +97,7 @@ def train(
     parse_bandwidth(bandwidth)
     check_mtu(mtu)  # here, not when the cluster is made: after the notes below, and a fallback
     check_timeout(timeout)
-    validate(cfg, world_size(hosts, None))
+    validate(cfg, planned_ranks(hosts, None))
     check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
     note = warmup_note(cfg, "--epochs {epochs} or more, or --no-warmup, send it")
     if note:
@@ -178,7 +178,7 @@ def demo(
     parse_bandwidth(bandwidth)
     check_mtu(mtu)  # here, not when the cluster is made: after the notes below, and a fallback
     check_timeout(timeout)
-    world_size(hosts, None)
+    planned_ranks(hosts, None)
     runs = [dataclasses.replace(base, agg=a) for a in aggs]
     for cfg in runs:
         validate(cfg, hosts)

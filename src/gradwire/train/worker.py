@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         validate(cfg, world_size())
         check_writable(a.out, "--out")
         check_writable(a.checkpoint, "--checkpoint")
-        _check_apart(a.out, a.checkpoint)
+        _check_distinct_files(a.out, a.checkpoint)
         check_timeout(a.timeout)
     except GradwireError as e:
         p.error(str(e))
@@ -100,7 +100,7 @@ def world_size() -> int:
     return world
 
 
-def _check_apart(out: str | None, ck: str | None) -> None:
+def _check_distinct_files(out: str | None, ck: str | None) -> None:
     """--out and --checkpoint are two files: the result, written last, replaced the
     checkpoint, and a resume then found no checkpoint there."""
     if out is None or ck is None:
