@@ -19,19 +19,22 @@ RATES = "a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, 
 # (NVLink: 3.6 Tbit/s on an H100, 14.4 on a B200), up to MODEL_MOST.
 TC_MOST = 4e11
 MODEL_MOST = 1e14
-ALLOWED = f"{RATES}, or none"
+# The words taken for an unshaped link, where a caller offers one; its errors list them all.
+UNSHAPED = ("none", "unlimited")
+ALLOWED = f"{RATES}, or {' or '.join(UNSHAPED)} (an unshaped link)"
 
 
 def parse_bandwidth(text: str, unshaped: bool = True, most: float = TC_MOST) -> float | None:
-    """Return the rate in bits per second, or None for an unshaped link (``none``), which
-    ``unshaped=False`` (a model or simulator that needs a rate) does not offer; ``most``: the
-    fastest rate taken (what tc shapes, unless a model passes :data:`MODEL_MOST`).
+    """Return the rate in bits per second, or None for an unshaped link (``none`` or
+    ``unlimited``), which ``unshaped=False`` (a model or simulator that needs a rate) does not
+    offer; ``most``: the fastest rate taken (what tc shapes, unless a model passes
+    :data:`MODEL_MOST`). An invalid rate's error lists the forms taken in that context.
 
     >>> parse_bandwidth("1gbit")
     1000000000.0
     """
     s = text.strip().lower()
-    if s in ("none", "unlimited") and unshaped:
+    if s in UNSHAPED and unshaped:
         return None
     m = _PATTERN.fullmatch(s) if text.isascii() else None
     if not m:

@@ -6,6 +6,7 @@ replaced whole (:func:`written_to`; figures: :func:`save_figure`)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -83,18 +84,30 @@ def _lone_surrogate(doc: object) -> bool:
 def read_text(path: str | Path, where: str) -> str:
     """The text of the file at ``path``, read as UTF-8 whatever the locale (JSON's encoding,
     and what gradwire writes; a leading byte-order mark, which some Windows editors write, is
-    dropped as RFC 8259 allows); a file that cannot be read is a one-line error, and so is a
-    path that is not a regular file (a device such as /dev/zero would be read for ever, a
-    pipe would wait for a writer)."""
+    dropped as RFC 8259 allows; line ends as text files read them, "\\r\\n" and "\\r" as
+    "\\n"). One-line errors for a file that cannot be read, a path that is not a regular file
+    (a device such as /dev/zero would be read for ever, a pipe would wait for a writer), and a
+    file that is not UTF-8: binary (a NUL byte in it), or text in another encoding, named by
+    its first byte that is not UTF-8."""
     where = shown(where)
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise GradwireError(f"{where}: not a regular file")
-        return Path(path).read_text(encoding="utf-8-sig")
+        data = Path(path).read_bytes()
     except OSError as e:
         raise GradwireError(f"{where}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise GradwireError(f"{where}: not a text file") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if b"\0" in data:
+            raise GradwireError(f"{where}: not a text file") from None
+        # Latin-1's "é" is the one byte 0xe9: text, but not the UTF-8 a JSON file is
+        head = data[:e.start]
+        line = 1 + head.count(b"\n") + head.count(b"\r") - head.count(b"\r\n")  # as read
+        raise GradwireError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                            f"{e.start}, line {line}), as a JSON file must be: save it as "
+                            "UTF-8") from None
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def read_object(path: str | Path, where: str) -> dict:
@@ -112,7 +125,8 @@ def check_writable(path: str | Path | None, option: str) -> Path | None:
     commands check their output options before the work, so that an hour of training is not
     lost to a typo in ``--json``. Refused with a one-line error: a directory; a parent folder
     that does not exist or is not a folder, or that this process may not write into (also
-    for an existing file: the result is written beside it and renamed over it); a path in
+    for an existing file: the result is written beside it and renamed over it; for a link to
+    no file, the folder of the file it names); a loop of links; a path in
     /proc or /sys; an existing file that is not a regular file (a device such as /dev/full, a
     pipe, a socket: whether a device takes the result shows only when it is written, so none
     is taken) or that cannot be opened for writing. A write can still fail
@@ -137,6 +151,15 @@ def _check_writable(p: Path, where: str) -> Path:
                             "elsewhere")
     if p.is_dir():
         raise GradwireError(f"{where} is a directory: give a file name")
+    if p.is_symlink() and not p.exists():
+        try:
+            os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise GradwireError(f"{where} is a loop of links: no file can be written "
+                                    "through it; give a file name") from None
+        # a link to no file: the write makes the file it names, in that file's folder
+        parent, where = real.parent, f"{where} (a link to {str(real)!r})"
     if not parent.exists():
         raise GradwireError(f"{where}: folder {str(parent)!r} does not exist (create it first)")
     if not parent.is_dir():

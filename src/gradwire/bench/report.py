@@ -71,7 +71,7 @@ def annotate(rows: list[dict], p: int, params: CostParams | None) -> None:
         r["prediction_error"] = (pred - t) / t if pred and t > 0 else None
 
 
-def _rate(x: float, decimals: int) -> str:
+def rate_text(x: float, decimals: int) -> str:
     """A bandwidth to ``decimals`` places, or to more where fewer would keep under three
     significant digits: on a slow link every row read alike (1 Mbit/s: busbw 0.001 Gbit/s,
     algbw 0.0001 GB/s, whatever the algorithm)."""
@@ -89,8 +89,8 @@ def table(rows: list[dict], title: str) -> Table:
         pred, err = r["predicted_s"], r["prediction_error"]
         tb.add_row(format_size(r["bytes"]), str(r["count"]), r["type"], r.get("redop", "-"),
                    r["algo"],
-                   f"{r['time_s'] * 1e6:.1f}", _rate(r["algbw_GBps"], 4),
-                   _rate(r["busbw_GBps"], 4), _rate(r["busbw_Gbitps"], 3),
+                   f"{r['time_s'] * 1e6:.1f}", rate_text(r["algbw_GBps"], 4),
+                   rate_text(r["busbw_GBps"], 4), rate_text(r["busbw_Gbitps"], 3),
                    "-" if pred is None else f"{pred * 1e6:.1f}",
                    "-" if err is None else f"{err * 100:+.1f}%", str(r["wrong"]))
     return tb
@@ -105,7 +105,7 @@ def footer(rows: list[dict]) -> list[str]:
     for r in rows:
         by_algo.setdefault(r["algo"], []).append(r["busbw_Gbitps"])
     width = max((len(a) for a in by_algo), default=0)
-    lines += [f"# Avg bus bandwidth    : {a:<{width}} {_rate(sum(v) / len(v), 3)} Gbit/s"
+    lines += [f"# Avg bus bandwidth    : {a:<{width}} {rate_text(sum(v) / len(v), 3)} Gbit/s"
               for a, v in by_algo.items()]
     return lines
 

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from gradwire.bandwidth import parse_bandwidth
+from gradwire.bench.report import rate_text
 from gradwire.cli.options import (
     Bandwidth,
     ClusterName,
@@ -119,9 +120,12 @@ def bench(
         result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
                            builtin, timeout, console, interleave, op, device, batch)
     result["command"] = command_line()
-    if json_out:
-        write_json(json_out, result)
     failed = wrong_rows(result["rows"])
+    if json_out:
+        try:
+            write_json(json_out, result)
+        except GradwireError as e:  # saved elsewhere, it says where: said after the wrong rows
+            raise GradwireError("; ".join(m for m in (failed, str(e)) if m)) from None
     if failed:
         raise GradwireError(failed)
 
@@ -206,12 +210,14 @@ def _kept_if_unsaved() -> Iterator[None]:
 
 
 def _show_calibration(c: Calibration, path: Path) -> None:
+    # β, the link and γ to three significant digits: a 100kbit link's rate and a GPU's γ are
+    # 0.000 at three decimals
     t = Table("α/step (us)", "α call (us)", "β (ns/byte)", "link (Gbit/s)", "γ (ns/byte)",
               "κ", "coding", "ranks", "device", "saved to",
               title=f"calibration, {c.network or 'β between ' + c.beta_between}")
     t.add_row(f"{c.alpha_s * 1e6:.1f}", f"{c.alpha_call_s * 1e6:.1f}",
-              f"{c.beta_s_per_byte * 1e9:.3f}", f"{8 / c.beta_s_per_byte / 1e9:.3f}",
-              f"{c.gamma_s_per_byte * 1e9:.4f}", f"{c.overlap_slowdown:.2f}",
+              rate_text(c.beta_s_per_byte * 1e9, 0), rate_text(8 / c.beta_s_per_byte / 1e9, 0),
+              rate_text(c.gamma_s_per_byte * 1e9, 0), f"{c.overlap_slowdown:.2f}",
               f"{c.coding_slowdown:.2f}", f"{c.world} ({c.backend})", c.device, str(path))
     console.print(t)
     if c.alpha_transport_s is not None:
