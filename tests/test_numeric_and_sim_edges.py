@@ -42,9 +42,10 @@ def _gtopk(xs, k, algo, device):
 def test_gtopk_16_bit_merges_do_not_overflow_where_the_average_fits(dtype, big, unit, p, algo,
                                                                      device):
     """Every rank's ``big`` at index 0: their sum is past the dtype's largest value, their
-    average is not (Top-k averages from fp32 sums; gTop-k's merges added in the dtype and
-    gave inf). The rest are small multiples of the smallest subnormal, exact in any sum: what
-    the ranks send and what the merges drop still add up to their inputs, bit for bit."""
+    average is not (gTop-k's merges added in the dtype and gave inf; Top-k's sums are
+    tests/test_codecs_near_dtype_max.py's). The rest are small multiples of the smallest
+    subnormal, exact in any sum: what the ranks send and what the merges drop still add up
+    to their inputs, bit for bit."""
     g = torch.Generator().manual_seed(p)
     xs = [torch.cat([torch.tensor([big]), torch.randint(-20, 21, (11,), generator=g) * unit])
           .to(dtype) for _ in range(p)]

@@ -455,7 +455,7 @@ class LowRank(InBand):
                 lay.scatter_plain(wire[: lay.plain_count], x)
                 for b, p, k, buf in zip(lay.batches, ps_, keys, scratch, strict=True):
                     b.product_into(p, ps.memory[k], x, buf)
-                acc.sub_(x)
+                feedback.unapplied(acc, x)
                 return x
             instead = feedback.settle(worst, x, acc, e, keep,
                                       f"gradwire hook {c.method.name}")

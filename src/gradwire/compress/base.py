@@ -84,6 +84,10 @@ class Compressor(ABC):
     error_feedback: bool = False  # biased: what was not sent is kept in a residual
     takes_density: bool = False  # selects a fraction of the elements (density=, warm-up)
     per_rank_seed: bool = False  # stochastic: each rank must draw numbers of its own
+    # decompress may give an element the other sign than x's (a low-rank approximation), so
+    # x − decompress can pass x's dtype's largest value: error feedback then saturates the
+    # residual there (feedback.unapplied); the others' residuals never pass it
+    residual_may_overflow: bool = False
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = check_int(self.name, "seed", seed, 0)

@@ -8,9 +8,13 @@ Per key (a bucket index, a parameter name), with residual e (zero at first):
 3. e = corrected − decompress(payload)
 
 so e_after + decompress(payload) = e_before + g element-wise (exactly, for values whose sums are
-representable). The residual has the gradient's dtype and device. One ErrorFeedback serves every
-compressor; compressors keep none of their own. A top-k selection does steps 1–3 in place in
-the residual (:func:`feed`), which :func:`gradwire.sparse.sparse_allreduce` also uses.
+representable). Where corrected − decompress(payload) passes the dtype's largest value (an
+approximation on the other side of zero near it: PowerSGD's), e keeps ± that value, the most
+it can hold, and the part beyond is lost (:func:`unapplied`): ±inf there would make every
+later gradient + residual inf. The residual has the gradient's dtype and device. One
+ErrorFeedback serves every compressor; compressors keep none of their own. A top-k selection
+does steps 1–3 in place in the residual (:func:`feed`), which
+:func:`gradwire.sparse.sparse_allreduce` also uses.
 
 The NaN/Inf policy, here once for the hooks and :func:`gradwire.sparse.sparse_allreduce`.
 Every rank finds the :class:`Status` of its gradient x and residual e, the ranks learn the
@@ -79,6 +83,23 @@ def feed(residual: torch.Tensor, x: torch.Tensor, k: int, selector: str = "exact
     # argument, where acc[idx] = 0 would copy it from the host and wait for the GPU
     acc.index_fill_(0, idx, 0)
     return values, idx
+
+
+def unapplied(acc: torch.Tensor, applied: torch.Tensor) -> torch.Tensor:
+    """The residual acc − applied, in place in ``acc`` (returned), within ± the largest value
+    of acc's dtype.
+
+    Exact wherever the difference fits. Where acc and applied are finite but further apart
+    than the dtype holds (PowerSGD's approximation, bounded by the largest value, on the other
+    side of zero from an acc near it), the residual saturates at ± the largest value: it keeps
+    all the mass it can and drops what lies beyond (±inf there would make every later
+    gradient + residual inf). One clamp pass after the subtraction, no host read.
+
+    For a finite acc: a ±inf in acc would be kept as ± the largest value, where the NaN/Inf
+    policy (:func:`settle`, :func:`fallback`) must find it non-finite to clear it; NaN stays
+    NaN (PowerSGD's P·Qᵀ of a matrix holding ±inf is NaN throughout)."""
+    top = torch.finfo(acc.dtype).max
+    return acc.sub_(applied.to(acc.dtype)).clamp_(-top, top)
 
 
 def flush(residual: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -284,8 +305,13 @@ class ErrorFeedback:
         return e
 
     def update(self, key: Hashable, corrected: torch.Tensor, applied: torch.Tensor) -> None:
-        """residual of ``key`` = corrected − applied, computed in place in ``corrected``."""
-        self.residuals[key] = corrected.sub_(applied.to(corrected.dtype))
+        """residual of ``key`` = corrected − applied, computed in place in ``corrected``; for a
+        compressor whose ``residual_may_overflow`` (PowerSGD), within ± the dtype's largest
+        value (:func:`unapplied`: saturated where corrected − applied passes it)."""
+        if self.compressor.residual_may_overflow:
+            self.residuals[key] = unapplied(corrected, applied)
+        else:  # the difference never passes the largest value: no pass to bound it
+            self.residuals[key] = corrected.sub_(applied.to(corrected.dtype))
 
     def compress(self, key: Hashable, g: torch.Tensor) -> Payload:
         """Steps 1–3 of the module docstring; returns the payload to send."""

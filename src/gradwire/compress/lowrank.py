@@ -12,7 +12,8 @@ matrix (:func:`matrix_shape`, zero-padded). One step, per bucket:
 2. Orthogonalise each P (QR: a zero column comes out a unit vector, so M̂ below is still M's
    projection onto P's columns: no NaN, and error feedback keeps the rest).
 3. Q = Mᵀ·P / 2^t, P = P·2^t, with 2^t ≥ √rows; allreduce every Q, in a second allreduce.
-4. M̂ = P·Qᵀ, within the dtype's largest value (error feedback keeps what it clips).
+4. M̂ = P·Qᵀ, within the dtype's largest value (error feedback keeps what it clips, up
+   to that value: :func:`gradwire.compress.feedback.unapplied`).
 
 The power of two in step 3 keeps Q within max|M| (Mᵀ·P itself reaches max|M|·√rows, past
 fp32's largest value for gradients near it) and changes no bit of M̂: scaling by a power of two
@@ -77,8 +78,10 @@ def _bounded(t: torch.Tensor, dtype: torch.dtype, inplace: bool = False) -> torc
     """``t`` (fp32 or fp64) clamped to ± the largest value of ``dtype``: a rank-r
     approximation can overshoot max|x|, and the cast to a 16-bit bucket's dtype would make inf
     of a finite gradient, or the product P·Qᵀ itself pass fp32's (as QSGD's top level, never
-    past the largest value; error feedback keeps the rest, finite wherever M̂ overshoots on
-    x's side). NaN stays NaN. In place when ``inplace``."""
+    past the largest value; error feedback keeps the rest). Where M̂ lies on the other side of
+    zero from x near the largest value, x − M̂ passes it: the residual saturates there
+    (:func:`gradwire.compress.feedback.unapplied`). NaN stays NaN. In place when
+    ``inplace``."""
     top = torch.finfo(dtype).max
     return t.clamp_(-top, top) if inplace else t.clamp(-top, top)
 
@@ -371,6 +374,7 @@ class PowerSGDCompressor(Compressor):
 
     name = "powersgd"
     error_feedback = True
+    residual_may_overflow = True
 
     def __init__(self, rank: int = 4, warm_start: bool = True, seed: int = 0) -> None:
         super().__init__(seed)

@@ -28,9 +28,11 @@ What each rank ends with, :func:`sparse_allreduce` (error feedback included):
    gtopk: merges a ⊤ b (union, values added on equal indices, keep the k largest |value|,
    ties to the smaller index) along the butterfly, or on the paper's tree a binomial reduce to
    rank 0 then a binomial broadcast, so every rank holds the same k entries (the global top-k
-   and its mask, Algorithm 3). fp16 and bf16 values travel divided by 2^⌈lg P⌉
+   and its mask, Algorithm 3). Values travel divided by 2^⌈lg P⌉
    (:func:`~gradwire.sparse.topk.wire_scale`), so that no merge overflows where the average
-   fits; the wire's bytes are the same.
+   fits; the wire's bytes are the same. Top-k's sums, made on each rank, fall back to the
+   values so divided where a sum overflows, so the average that fits comes out finite there
+   too (its total, Σ, is then ±inf: it does not fit).
 3. What a merge drops goes back to residuals. On the butterfly every rank sees each merge on
    its path and takes back its own selected values that a merge dropped: the paper's
    per-worker residual (Algorithm 4, line 10: ε += own selection outside the final mask),

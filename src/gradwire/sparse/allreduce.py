@@ -64,12 +64,14 @@ class SparseResult:
     numel: int
     world_size: int
     schedule: Schedule
-    # topk, and gtopk in fp16 or bf16: the sums at ``entries.indices`` in acc_dtype, divided
-    # by ``scale`` (gtopk's wire_scale), before their cast to the values' dtype, so that
-    # average() divides an fp16 sum that overflows before casting it (as sparse_allreduce
-    # does): two ranks' 60 000 average to 60 000, not inf
+    # the sums at ``entries.indices`` in acc_dtype, divided by ``scale`` (gtopk's
+    # wire_scale), before their cast to the values' dtype, so that average() divides a sum
+    # that overflows before casting it (as sparse_allreduce does): two fp16 ranks' 60 000
+    # average to 60 000, not inf; and topk's ``divided`` (merging.rank_sums), for the sums
+    # that overflow acc_dtype itself (two fp32 ranks' 3e38)
     sums: torch.Tensor | None = None
     scale: int = 1
+    divided: torch.Tensor | None = None
 
     @property
     def indices(self) -> torch.Tensor:
@@ -83,7 +85,7 @@ class SparseResult:
         """Dense total / P, element for element (in ``out`` if given)."""
         if self.sums is not None:
             mean = merging.mean(self.sums, self.entries.values.dtype, self.world_size,
-                                self.scale)
+                                self.scale, self.divided)
             return self._dense(mean, out)
         return self._dense(self.entries.values / self.world_size, out)
 
@@ -201,21 +203,13 @@ def topk_plan(e: Entries, k: int, numel: int, rank: int, world_size: int,
             return finish().average(out)
         return merging.average_into(lists(), numel, world_size, out)
 
-    def summed() -> tuple[torch.Tensor, torch.Tensor]:
-        """(indices any rank sent, ascending; Σ over ranks there, in acc_dtype)."""
+    def finish() -> SparseResult:
         got_lists = [_real(got) for got in lists()]
         where, slot = torch.unique(torch.cat([got.indices for got in got_lists]), sorted=True,
                                    return_inverse=True)
-        sums = torch.zeros(where.numel(), dtype=acc_dtype(dtype), device=buf.device)
-        start = 0
-        for got in got_lists:  # rank by rank (a list's indices are distinct): a fixed order
-            sums.index_add_(0, slot[start : start + len(got)], got.values.to(sums.dtype))
-            start += len(got)
-        return where, sums
-
-    def finish() -> SparseResult:
-        where, sums = summed()
-        return SparseResult(Entries(sums.to(dtype), where), numel, world_size, s, sums)
+        sums, divided = merging.rank_sums(got_lists, slot, where.numel(), world_size)
+        return SparseResult(Entries(sums.to(dtype), where), numel, world_size, s, sums,
+                            divided=divided)
 
     return Plan(s, buf, {}, finish, average, lambda: buf.view(world_size, b)[:, -1].max())
 
@@ -241,14 +235,15 @@ def gtopk_plan(e: Entries, k: int, numel: int, residual: torch.Tensor, rank: int
     residual when the result is taken (``finish``, ``average``): not at all when a rank's
     status sends the call dense instead. The status bytes merge by max.
 
-    fp16 and bf16 values travel divided by :func:`~gradwire.sparse.topk.wire_scale` (2^⌈lg P⌉),
-    so that no merge overflows where the average fits; the result and the residuals get them
-    back multiplied (fp32 and fp64 travel as they are).
+    Values travel divided by :func:`~gradwire.sparse.topk.wire_scale` (2^⌈lg P⌉), so that no
+    merge overflows where the average fits (fp16's 30 000 on four ranks, fp32's 3e38 on two);
+    the result and the residuals get them back multiplied, and what the division rounds
+    away (subnormals) goes back to this rank's residual.
     """
     dtype, k = e.values.dtype, min(k, numel)
     e = merging.in_index_order(e)
     scale = merging.wire_scale(dtype, world_size)
-    owed: Entries | None = None  # what scaling rounded away (fp16 subnormals): this rank's
+    owed: Entries | None = None  # what scaling rounded away (subnormals): this rank's
     if scale > 1:
         sent = e.values / scale
         # exact, both being on e's grid; 0 where e is ±inf (simulate sends it as it is)

@@ -185,37 +185,74 @@ def _put(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None
                    torch.where(real, values, torch.where(has, anchor, 0)))
 
 
-def mean(sums: torch.Tensor, dtype: torch.dtype, world_size: int,
-         scale: int = 1) -> torch.Tensor:
+def mean(sums: torch.Tensor, dtype: torch.dtype, world_size: int, scale: int = 1,
+         divided: torch.Tensor | None = None) -> torch.Tensor:
     """``sums`` (:func:`gradwire.dtypes.acc_dtype`) · ``scale`` / ``world_size`` in ``dtype``:
     the sum cast to ``dtype``, then divided, except where that cast overflows a finite sum
     (two fp16 ranks sending 60 000): there the division comes first, as a dense allreduce's
-    does, so a mean that ``dtype`` holds is not turned into inf. ``scale``: gTop-k's
-    :func:`wire_scale`, by which its sums travel divided (bf16's sum · scale may pass fp32's
-    largest value too; ``sums`` · (scale / world_size) does not). No host sync."""
-    if sums.dtype == dtype and scale == 1:  # fp32, fp64: no cast, nothing to overflow
-        return sums / world_size
-    wide = sums if scale == 1 else sums * scale
-    cast = wide.to(dtype)
-    first = wide / world_size
+    does, so a mean that ``dtype`` holds is not turned into inf. No host sync.
+
+    ``scale``: gTop-k's :func:`wire_scale`, by which its sums travel divided (their sum · scale
+    may pass acc_dtype's largest value, fp32's for fp32 or bf16; ``sums`` / world_size ·
+    scale does not where the mean fits). ``divided``: Top-k's, whose ``sums`` are whole: the
+    same sums made of the values divided by :func:`wire_scale` (:func:`rank_sums`), taken
+    only where ``sums`` overflowed acc_dtype (two fp32 ranks sending 3e38), so that every
+    finite sum is used as it is."""
+    if divided is None:
+        if sums.dtype == dtype and scale == 1:  # fp32, fp64 on one rank: nothing to overflow
+            return sums / world_size
+        whole, small = (sums if scale == 1 else sums * scale), sums
+    else:
+        whole, small, scale = sums, divided, wire_scale(dtype, world_size)
+    cast = whole.to(dtype)
+    first = whole / world_size
     if scale != 1:
-        first = torch.where(wide.isinf(), sums * (scale / world_size), first)
-    return torch.where(cast.isinf() & sums.isfinite(), first.to(dtype), cast / world_size)
+        # small / P · scale: one rounding, the power of two exact below the largest value
+        first = torch.where(whole.isinf(), small / world_size * scale, first)
+    return torch.where(cast.isinf() & small.isfinite(), first.to(dtype), cast / world_size)
 
 
 def wire_scale(dtype: torch.dtype, world_size: int) -> int:
-    """What gTop-k divides every rank's values by before they go on the wire: 2^⌈lg P⌉ for
-    fp16 and bf16, 1 otherwise (fp32 and fp64 sum in their own dtype, as Top-k's do).
+    """What a sum of ``world_size`` ranks' values of ``dtype`` is made of values divided by,
+    so that no partial sum overflows where the average fits: 2^⌈lg P⌉ (1 for one rank).
+    gTop-k divides every rank's values by it before they go on the wire, Top-k adds up its
+    values divided by it beside the whole ones (:func:`rank_sums`).
 
-    A merge adds in the wire's dtype, so unscaled an fp16 partial sum of in-range values
-    overflows (four ranks' 30 000 reach 120 000) where their average does not; scaled, no
-    partial sum of m ≤ P ranks' values exceeds the largest of them (PyTorch's fp16 hook
-    divides by P before its allreduce for the same reason). A power of two keeps every add's
-    rounding that of the unscaled sum, and the scaling exact above fp16's smallest normal
-    (2⁻¹⁴·2^⌈lg P⌉); below, what it rounds away goes back to the sender's residual."""
-    if world_size < 2 or acc_dtype(dtype) == dtype:
+    A merge adds in the wire's dtype, so unscaled a partial sum of in-range values overflows
+    (four fp16 ranks' 30 000 reach 120 000, two fp32 ranks' 3e38 reach 6e38) where their
+    average does not; scaled, no partial sum of m ≤ P ranks' values exceeds the largest of
+    them (PyTorch's fp16 hook divides by P before its allreduce for the same reason). A power
+    of two keeps every add's rounding that of the unscaled sum, and the scaling exact above
+    the dtype's smallest normal times 2^⌈lg P⌉ (fp16's 2⁻¹⁴, fp32's 2⁻¹²⁶); below, gTop-k
+    gives what it rounds away back to the sender's residual, and Top-k's divided sums count
+    only where its whole ones overflow."""
+    if world_size < 2:
         return 1
     return 1 << (world_size - 1).bit_length()
+
+
+def rank_sums(lists: Sequence[Entries], slot: torch.Tensor, size: int, world_size: int
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Top-k's sums: the values of ``lists`` (the P ranks' lists in rank order, indices
+    distinct within a list) added up rank by rank in :func:`gradwire.dtypes.acc_dtype` into
+    ``size`` slots, ``slot`` giving each entry's (list after list). And, where P values of the
+    lists' dtype can pass acc_dtype's largest value (bf16, fp32, fp64), the same sums of the
+    values divided by :func:`wire_scale`, which stay finite where the average fits
+    (:func:`mean`'s ``divided``); None otherwise (fp16, or one rank). No host sync."""
+    dtype = lists[0].values.dtype
+    sums = torch.zeros(size, dtype=acc_dtype(dtype), device=slot.device)
+    scale = wire_scale(dtype, world_size)
+    divided = None
+    if scale > 1 and torch.finfo(dtype).max * world_size > torch.finfo(sums.dtype).max:
+        divided = torch.zeros_like(sums)
+    start = 0
+    for e in lists:  # rank by rank (a list's indices are distinct): a fixed order
+        at, values = slot[start : start + len(e)], e.values.to(sums.dtype)
+        sums.index_add_(0, at, values)
+        if divided is not None:
+            divided.index_add_(0, at, values / scale)
+        start += len(e)
+    return sums, divided
 
 
 def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: torch.Tensor,
@@ -258,12 +295,8 @@ def average_into(lists: Sequence[Entries], numel: int, world_size: int, out: tor
     first[1:] = ordered[1:] != ordered[:-1]
     slot_of_sorted = first.cumsum(0) - 1
     slot = torch.empty_like(slot_of_sorted).scatter_(0, order, slot_of_sorted)
-    sums = torch.zeros(idx.numel(), dtype=acc_dtype(dtype), device=out.device)
-    start = 0
-    for e in lists:  # rank by rank (a list's indices are distinct): the host's order
-        sums.index_add_(0, slot[start : start + len(e)], e.values.to(sums.dtype))
-        start += len(e)
-    average = mean(sums, dtype, world_size)
+    sums, divided = rank_sums(lists, slot, idx.numel(), world_size)
+    average = mean(sums, dtype, world_size, divided=divided)
     out.zero_()
     _put(out, torch.where(ordered != _LAST, ordered, PAD), average[slot_of_sorted])
     return out
