@@ -220,10 +220,10 @@ def test_a_blank_environment_variable_means_the_default(monkeypatch, blank):
                                     ("send", "Connection closed by peer")])
 def test_the_peer_a_rank_lost_is_read_from_its_error(op, why):
     """PEER_LOST, held against the message PeerError makes, as a traceback shows it."""
-    from gradwire.transport import _peer_error
+    from gradwire.transport import peer_error
 
-    e = _peer_error(12, op, 3, 336, why, 4.0).within("the header exchange before "
-                                                      "allreduce/ring:pipeline=4")
+    e = peer_error(12, op, 3, 336, why, 4.0).within("the header exchange before "
+                                                     "allreduce/ring:pipeline=4")
     m = PEER_LOST.search(f"gradwire.errors.PeerError: {e}")
     assert m and (m[1], m[2]) == ("12", "3"), str(e)
 

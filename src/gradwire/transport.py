@@ -118,39 +118,45 @@ def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+# What a peer that did not answer in time may have done, for a collective's messages.
+LATE = "stalled, skipped this call, or its link is down (GRADWIRE_TIMEOUT sets the limit)"
+
+
 class Pending:
-    """A posted send or receive; ``wait()`` is bounded by the transport's timeout and raises
-    :class:`PeerError` naming the peer when the operation fails or does not finish."""
+    """A posted send or receive; ``wait()`` is bounded by ``timeout`` and raises
+    :class:`PeerError` naming the peer when the operation fails or does not finish (``late``:
+    what the peer may have done, where it did not answer in time)."""
 
     def __init__(self, work: dist.Work, op: str, peer: int, nbytes: int, rank: int,
-                 timeout: float) -> None:
+                 timeout: float, late: str = LATE) -> None:
         self.work, self.op, self.peer, self.nbytes = work, op, peer, nbytes
-        self.rank, self.timeout = rank, timeout
+        self.rank, self.timeout, self.late = rank, timeout, late
 
     def wait(self) -> bool:
         try:
             done = self.work.wait(datetime.timedelta(seconds=self.timeout))
         except RuntimeError as e:
-            raise _peer_error(self.rank, self.op, self.peer, self.nbytes, str(e),
-                              self.timeout) from None
+            raise peer_error(self.rank, self.op, self.peer, self.nbytes, str(e),
+                             self.timeout, self.late) from None
         if done is False:  # NCCL reports a timeout this way
-            raise _peer_error(self.rank, self.op, self.peer, self.nbytes, "timed out",
-                              self.timeout)
+            raise peer_error(self.rank, self.op, self.peer, self.nbytes, "timed out",
+                             self.timeout, self.late)
         return True
 
 
-def _peer_error(rank: int, op: str, peer: int, nbytes: int, message: str,
-                timeout: float) -> PeerError:
+def peer_error(rank: int, op: str, peer: int, nbytes: int, message: str,
+               timeout: float, late: str = LATE) -> PeerError:
+    """The :class:`PeerError` of a ``op`` ("send" or "recv") of ``nbytes`` with ``peer`` that
+    failed with torch's ``message`` or did not finish within ``timeout`` seconds."""
     what = f"send of {nbytes} bytes to" if op == "send" else f"receive of {nbytes} bytes from"
-    return PeerError(rank, peer, what, _why(message, peer, timeout))
+    return PeerError(rank, peer, what, _why(message, peer, timeout, late))
 
 
-def _why(message: str, peer: int, timeout: float) -> str:
+def _why(message: str, peer: int, timeout: float, late: str) -> str:
     """Gloo's message, reduced to what happened (its first line names a C++ source file)."""
     low = message.lower()
     if "timed out" in low or "timeout" in low:
-        return (f"timed out after {timeout:g} s: rank {peer} stalled, skipped this call, or "
-                "its link is down (GRADWIRE_TIMEOUT sets the limit)")
+        return f"timed out after {timeout:g} s: rank {peer} {late}"
     if "closed" in low or "reset" in low or "broken pipe" in low:
         return f"failed: the connection closed (rank {peer} exited or was killed)"
     return f"failed: {message.splitlines()[0][-200:] if message else 'unknown error'}"
@@ -281,7 +287,7 @@ class Transport:
             else:
                 work = dist.irecv(buf, src=g, group=self._group_for(peer, self.rank))
         except RuntimeError as e:
-            raise _peer_error(self.rank, op, peer, buf.numel(), str(e), self.timeout) from None
+            raise peer_error(self.rank, op, peer, buf.numel(), str(e), self.timeout) from None
         return self._pending(work, op, peer, buf.numel())
 
     def _start(self, op: str, tensor: torch.Tensor, peer: int) -> Pending | None:
@@ -332,7 +338,7 @@ class Transport:
                 works = dist.batch_isend_irecv(p2p)
             except RuntimeError as e:  # NCCL raises here once its communicator is aborted
                 op, buf, peer = live[0]
-                raise _peer_error(self.rank, op, peer, buf.numel(), str(e),
+                raise peer_error(self.rank, op, peer, buf.numel(), str(e),
                                   self.timeout) from None
             for op, buf, peer in live:
                 self._count(op, buf.numel(), peer)

@@ -233,11 +233,23 @@ def _tbf(dev: str, bps: float, netns: str | None) -> None:
 
 
 def reap_stale() -> list[str]:
-    """Remove the clusters of runs that exited without removing them; returns their names."""
-    gone = [c.name for c in list_clusters() if c.stale]
-    for name in gone:
-        _teardown(name)
-    return gone
+    """Remove the clusters nothing can use any more (:attr:`Cluster.why_stale`); returns
+    their names.
+
+    Each is found stale and taken over under the lock that claims are made under: its state
+    file then names this process as its owner, not ready, so that other runs find it in use
+    (not stale, its name taken) until its teardown has removed that file, and stale again
+    should this process die half way. The teardown, many `ip` calls, runs after the lock is
+    let go, so that other runs' claims do not wait for it."""
+    me = _this_process()
+    with _state_lock("clusters"):
+        gone = [c for c in list_clusters() if c.stale]
+        for c in gone:
+            c.owner, c.ready = me, False
+            save_cluster(c)
+    for c in gone:
+        _teardown(c.name)
+    return [c.name for c in gone]
 
 
 @contextlib.contextmanager
@@ -310,7 +322,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         name = f"gw{secrets.token_hex(3)}"
     check_name(name)
     reap_stale()
-    me = [os.getpid(), process_start_ticks(os.getpid()) or 0]
+    me = _this_process()
     # the builder owns every cluster until it is ready: one whose build was killed is stale
     cluster = Cluster(name=name, bandwidth_bps=bps, owner=me, mtu=mtu, ready=False)
     with _cleanup_on_failure(cluster):  # claims the name first
@@ -432,12 +444,14 @@ def _remove(name: str) -> None:
         _run(["ip", "link", "del", m.group(1)], capture_output=True)
     remove_hosts_files(name)
     folder = config.state_dir()
-    with contextlib.suppress(FileNotFoundError):
-        (folder / f"{name}.json").unlink()
     # the temporary of a write killed before its rename (jsonfile.written_beside's name)
     for tmp in folder.glob(f".{name}.json.*.tmp"):
         with contextlib.suppress(OSError):
             tmp.unlink()
+    # Last: once the state file is gone the name may be claimed again, and nothing of a new
+    # cluster of that name may be removed here.
+    with contextlib.suppress(FileNotFoundError):
+        (folder / f"{name}.json").unlink()
 
 
 def _made_here(name: str) -> bool:
@@ -447,7 +461,12 @@ def _made_here(name: str) -> bool:
         owner = load_cluster(name).owner
     except GradwireError:
         return False
-    return owner == [os.getpid(), process_start_ticks(os.getpid()) or 0]
+    return owner == _this_process()
+
+
+def _this_process() -> list[int]:
+    """This process as a state file names its owner: [pid, start time in clock ticks]."""
+    return [os.getpid(), process_start_ticks(os.getpid()) or 0]
 
 
 def _orphans(out: str) -> set[str]:

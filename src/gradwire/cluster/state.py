@@ -48,8 +48,9 @@ class Cluster:
     hosts: list[Host] = field(default_factory=list)
     subnet: int = 0
     # [pid, start time in clock ticks] of the run that made it for itself (ephemeral_cluster),
-    # and of any cluster's builder while it is not ready; None for `gradwire cluster up`'s once
-    # ready, which stays until `cluster down`.
+    # and of any cluster's builder while it is not ready, or of the run removing it once stale
+    # (netns.reap_stale); None for `gradwire cluster up`'s once ready, which stays until
+    # `cluster down`.
     owner: list[int] | None = None
     # The hosts' TCP congestion control (CONGESTION_CONTROL when every host took it); None:
     # the machine's default.
@@ -71,10 +72,12 @@ class Cluster:
     def why_stale(self) -> str | None:
         """Why nothing can use this cluster any more, None while it can: a run's cluster whose
         run exited without removing it (SIGKILL, a crash of the machine's session), a cluster
-        whose build was killed half way (its builder owns it until it is ready), or a built
-        cluster whose namespaces are gone (a reboot, under a state folder that outlived it)."""
+        whose build or removal was killed half way (its builder owns it until it is ready, the
+        run removing a stale one until it is gone), or a built cluster whose namespaces are
+        gone (a reboot, under a state folder that outlived it)."""
         if self.owner is not None and process_start_ticks(self.owner[0]) != self.owner[1]:
-            how = "without removing it" if self.ready else "half way through building it"
+            how = ("without removing it" if self.ready
+                   else "half way through building or removing it")
             return f"run {self.owner[0]} exited {how}"
         first = self.hosts[0].netns if self.hosts else None
         if self.ready and first is not None and not (NETNS_DIR / first).exists():

@@ -28,8 +28,9 @@ from torch import nn
 
 from gradwire.check import parse_int
 from gradwire.data import shard_indices
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, PeerError
 from gradwire.hooks import MODES
+from gradwire.hooks.comm import host_group
 from gradwire.interrupts import Interrupted, on_signals
 from gradwire.jsonfile import check_writable, dumps, replace_text
 from gradwire.launcher import PROGRESS, check_timeout
@@ -39,6 +40,7 @@ from gradwire.train import checkpoint
 from gradwire.train.aggregate import METHODS, HookedDDP
 from gradwire.train.job import TrainConfig, validate
 from gradwire.train.wire import tx_bytes
+from gradwire.transport import Pending, peer_error
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
 SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "step", "sent",
@@ -46,6 +48,11 @@ SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "s
 # 1 for an epoch that a process began with (the run's first, and a resume's), else 0: each pays
 # the one-time costs that the throughput figures leave out
 STARTED = "started"
+TIMEOUT_S = 60.0  # --timeout's default: how long a collective may wait for the other ranks
+# The slowest write a checkpoint save may make and still count as making progress, in bytes
+# per second: the ranks that wait for rank 0's save allow --timeout plus one second per MiB
+# it writes (a network share or a busy disk can be slower than --timeout per file).
+SAVE_RATE_FLOOR = 2**20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="rank 0 saves one here after every epoch")
     p.add_argument("--resume", action="store_true", help="go on from --checkpoint")
     p.add_argument("--out", default=None, help="rank 0 writes the result JSON here")
-    p.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
+    p.add_argument("--timeout", type=float, default=TIMEOUT_S,
+                   help="collective timeout, seconds")
     a = p.parse_args(argv)
     # every check gradwire train makes on the host, made here too (this entry point also runs
     # under plain torchrun): each rank refuses bad input in one line before the process group,
@@ -235,17 +243,27 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
         history["test_loss"].append(test_loss)
         history["test_accuracy"].append(test_acc)
         if args.checkpoint:
-            save_checkpoint(args.checkpoint, model, opt, agg, history, epoch + 1, kept)
+            save_checkpoint(args.checkpoint, model, opt, agg, history, epoch + 1, kept,
+                            args.timeout)
     return summarize(args, run_settings, model, task, history) if rank == 0 else None
 
 
 def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg: HookedDDP,
-                    history: dict, epoch: int, run_settings: dict[str, Any]) -> None:
-    """Every rank hands its aggregation state to rank 0, which writes the file."""
-    states: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(agg.state_dict(), states, dst=0)
+                    history: dict, epoch: int, run_settings: dict[str, Any],
+                    timeout: float = TIMEOUT_S) -> None:
+    """Every rank hands its aggregation state to rank 0, which writes the file and then tells
+    every other rank whether it did; a failed write ends every rank (exit 1).
+
+    The others wait for that word up to :func:`save_wait` seconds: ``timeout`` (the
+    collective timeout) plus one second per MiB of checkpoint, so that a slow disk does not
+    end a healthy run. A rank that exits meanwhile is found at once (its connection closes),
+    one that stalls within that bound; either ends in a one-line :class:`PeerError`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    states: list[Any] | None = [None] * world if rank == 0 else None
+    mine = agg.state_dict()
+    dist.gather_object(mine, states, dst=0)
     failed = torch.zeros(1)
-    if dist.get_rank() == 0:
+    if rank == 0:
         try:
             with _signals_end_the_write():
                 checkpoint.save(path, {"epoch": epoch, "settings": run_settings,
@@ -256,9 +274,55 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg
             print(f"gradwire train: error: cannot write checkpoint {path!r} after epoch "
                   f"{epoch}: {e}", file=sys.stderr, flush=True)
             failed += 1
-    dist.all_reduce(failed)  # every rank stops, none waits on a peer that has gone
-    if failed.item():
+        _share_outcome(failed, timeout, path)  # the others wait already
+    else:
+        nbytes = tensor_bytes([model.state_dict(), opt.state_dict()]) + world * tensor_bytes(mine)
+        _share_outcome(failed, save_wait(timeout, nbytes), path)
+    if failed.item():  # every rank stops, none waits on a peer that has gone
         raise SystemExit(1)
+
+
+def save_wait(timeout: float, nbytes: int) -> float:
+    """Seconds a rank waits for rank 0 to write a checkpoint of about ``nbytes`` bytes:
+    ``timeout`` plus ``nbytes`` at SAVE_RATE_FLOOR."""
+    return timeout + nbytes / SAVE_RATE_FLOOR
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in ``obj`` (dicts, lists and tuples walked): about what a
+    checkpoint of it takes on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _share_outcome(failed: torch.Tensor, wait_s: float, path: str) -> None:
+    """Rank 0 sends ``failed`` to every other rank, which receives it; each wait ends within
+    ``wait_s`` seconds. Point to point on a gloo group: a wait of gloo's takes a limit of its
+    own, longer than the group's (NCCL's limit, and a gloo collective's, is the group's)."""
+    group = host_group(None)
+    rank = dist.get_rank()
+    op = "send" if rank == 0 else "recv"
+    late = (f"stalled writing checkpoint {path!r} (a rank waits the collective timeout plus "
+            "1 s per MiB of checkpoint)")
+    posted = []
+    try:
+        for peer in range(1, dist.get_world_size()) if rank == 0 else [0]:
+            try:
+                work = (dist.isend(failed, dst=peer, group=group) if rank == 0
+                        else dist.irecv(failed, src=peer, group=group))
+            except RuntimeError as e:  # gloo raises at once where the peer's connection closed
+                raise peer_error(rank, op, peer, 4, str(e), wait_s, late) from None
+            posted.append(Pending(work, op, peer, 4, rank, wait_s,
+                                  late if peer == 0 else "stalled"))
+        for pending in posted:
+            pending.wait()
+    except PeerError as e:
+        raise e.within("the checkpoint save") from None
 
 
 def _stopped(signum: int) -> None:
