@@ -6,9 +6,10 @@ under ``torchrun`` on a real cluster. Each emulated host is its own node, so LOC
 
 What the launcher reads in the ranks' output: ``GW_PROGRESS done total`` lines (for a progress
 bar), and the message of a :class:`~gradwire.errors.PeerError` (``rank R ...: receive of N
-bytes from rank P timed out ...``) anywhere in a line, a traceback's last line or a program's
-own report: when every rank that failed lost one rank that is still running, directly or
-through ranks that lost it in turn, the final line names that rank as stalled.
+bytes from rank P timed out ...``, ``rank R ...: all_reduce with rank P failed ...``) anywhere
+in a line, a traceback's last line or a program's own report: when every rank that failed
+lost one rank that is still running, directly or through ranks that lost it in turn, the
+final line names that rank as stalled.
 """
 
 from __future__ import annotations
@@ -49,14 +50,15 @@ KILL_GRACE_S = 3.0
 OUTPUT_MAX_S = 60.0  # how long the ranks' output may still flow once they are all gone
 DRAIN_S = 1.0  # how long the output of ranks that failed together may still flow, in all
 # A PeerError's message (made by gradwire.transport): the rank that failed, then the peer it
-# lost. tests/test_launcher.py holds this pattern against the message itself.
-PEER_LOST = re.compile(r"\brank (\d+)\b.*?: (?:send of \d+ bytes to|receive of \d+ bytes from) "
-                       r"rank (\d+) (?:timed out|failed)")
+# lost in a send, a receive or a collective ("barrier with rank 1 failed"). tests/test_launcher.py
+# and tests/test_worker_lost_peer.py hold this pattern against the messages themselves.
+PEER_LOST = re.compile(r"\brank (\d+)\b.*?: (?:send of \d+ bytes to|receive of \d+ bytes from|"
+                       r"\w+ with) rank (\d+) (?:timed out|failed)")
 # PEER_LOST's tail, on its own: PEER_LOST searched a whole line tries every "rank N" in it and
 # scans the rest of the line from each, which took 2.1 s for a 64 kB line that named "rank 1"
 # 8000 times (a rank's per-rank table on one line) and grew with the square of the length.
-_PEER_OP = re.compile(r": (?:send of \d+ bytes to|receive of \d+ bytes from) rank \d+ "
-                      r"(?:timed out|failed)")
+_PEER_OP = re.compile(r": (?:send of \d+ bytes to|receive of \d+ bytes from|\w+ with) "
+                      r"rank \d+ (?:timed out|failed)")
 
 
 def peer_lost(line: str) -> tuple[int, int] | None:

@@ -152,13 +152,33 @@ def peer_error(rank: int, op: str, peer: int, nbytes: int, message: str,
     return PeerError(rank, peer, what, _why(message, peer, timeout, late))
 
 
-def _why(message: str, peer: int, timeout: float, late: str) -> str:
-    """Gloo's message, reduced to what happened (its first line names a C++ source file)."""
+def collective_error(rank: int, world: int, op: str, message: str, timeout: float,
+                     during: str, late: str = LATE) -> GradwireError:
+    """The error of a collective ``op`` (c10d's name: "barrier", "all_reduce", ...) over a
+    world of ``world`` ranks that failed with torch's ``message`` or did not finish within
+    ``timeout`` seconds, ``during`` a step of the caller's.
+
+    Gloo does not say which rank a collective lost. In a world of two it can only be the
+    other one: a :class:`PeerError` names it (``rank 1 in DURING: all_reduce with rank 0
+    failed: ...``), in the form the launcher reads a lost peer from. In a larger world the
+    GradwireError says that gloo does not tell.
+    """
+    if world == 2:
+        peer = 1 - rank
+        return PeerError(rank, peer, f"{op} with", _why(message, peer, timeout, late), during)
+    return GradwireError(f"rank {rank} in {during}: {op} {_why(message, None, timeout, late)}")
+
+
+def _why(message: str, peer: int | None, timeout: float, late: str) -> str:
+    """Gloo's message, reduced to what happened (its first line names a C++ source file);
+    ``peer`` None: a rank that gloo does not name."""
     low = message.lower()
+    who, unnamed = (f"rank {peer}", "") if peer is not None else ("a rank",
+                                                                 "; gloo does not say which")
     if "timed out" in low or "timeout" in low:
-        return f"timed out after {timeout:g} s: rank {peer} {late}"
+        return f"timed out after {timeout:g} s: {who} {late}{unnamed}"
     if "closed" in low or "reset" in low or "broken pipe" in low:
-        return f"failed: the connection closed (rank {peer} exited or was killed)"
+        return f"failed: the connection closed ({who} exited or was killed){unnamed}"
     return f"failed: {message.splitlines()[0][-200:] if message else 'unknown error'}"
 
 

@@ -40,7 +40,7 @@ from gradwire.train import checkpoint
 from gradwire.train.aggregate import METHODS, HookedDDP
 from gradwire.train.job import TrainConfig, validate
 from gradwire.train.wire import tx_bytes
-from gradwire.transport import Pending, peer_error
+from gradwire.transport import Pending, collective_error, peer_error
 
 # Per-epoch sums kept in the history, in the order they are all-reduced.
 SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "step", "sent",
@@ -53,6 +53,9 @@ TIMEOUT_S = 60.0  # --timeout's default: how long a collective may wait for the 
 # per second: the ranks that wait for rank 0's save allow --timeout plus one second per MiB
 # it writes (a network share or a busy disk can be slower than --timeout per file).
 SAVE_RATE_FLOOR = 2**20
+# What a rank that did not answer one of the worker's own collectives in time may have done:
+# they wait the process group's timeout, not GRADWIRE_TIMEOUT as the hook's calls do.
+LATE = "stalled or its link is down (the worker's --timeout sets the limit)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -197,7 +200,8 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     assert iters > 0, "parse_args' validate() refuses a batch larger than a rank's share"
     agg = HookedDDP(args.agg, args.density, args.mode, args.warmup, args.seed, iters,
                     {} if args.rank is None else {"rank": args.rank})
-    fwd = agg.start(model)
+    with _collective("collective", "DDP's set-up of the model", args.timeout):
+        fwd = agg.start(model)  # DDP checks the model on every rank and broadcasts rank 0's
     run_settings = settings(args, world)
     # what a checkpoint keeps and a resume must match: the settings and the data trained on
     kept = run_settings | checkpoint.data_settings(task) if args.checkpoint else run_settings
@@ -215,23 +219,30 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
             history.setdefault(k, [0.0] * first)
         history.setdefault(STARTED, [1.0] + [0.0] * (first - 1))  # written before it was kept
     total = iters * (args.epochs - first)
-    dist.barrier()
+    with _collective("barrier", "the start of training", args.timeout):
+        dist.barrier()
     for epoch in range(first, args.epochs):
         agg.set_epoch(epoch)  # the hook counts epochs from its steps; this keeps it exact
         density = agg.density  # what this epoch's iterations use
         idx = shard_indices(len(task.train), rank, world, epoch, args.seed)
         # Every rank has finished the last epoch's evaluation: on shared cores, a rank still
         # evaluating would otherwise slow the others' first iterations, which count.
-        dist.barrier()
+        with _collective("barrier", f"the start of epoch {epoch + 1}", args.timeout):
+            dist.barrier()
         t0 = time.perf_counter()
         progress = (iters * (epoch - first), total) if rank == 0 else None
-        sums = torch.tensor(train_epoch(fwd, agg, opt, task, idx, args.batch_size, progress),
-                            dtype=torch.float64)
+        # DDP's forward broadcasts rank 0's buffers (batch norm's) and, once, its bucket order;
+        # the hook's own calls end in its errors, which pass unchanged
+        with _collective("collective", f"epoch {epoch + 1}'s training", args.timeout):
+            sums = torch.tensor(train_epoch(fwd, agg, opt, task, idx, args.batch_size,
+                                            progress), dtype=torch.float64)
         seconds = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         wire_ok = torch.tensor([float(sums[SUMMED.index("wire")] >= 0)])
-        dist.all_reduce(sums)
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        dist.all_reduce(wire_ok, op=dist.ReduceOp.MIN)
+        with _collective("all_reduce", f"the epoch's sums after epoch {epoch + 1}",
+                         args.timeout):
+            dist.all_reduce(sums)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+            dist.all_reduce(wire_ok, op=dist.ReduceOp.MIN)
         test_loss, test_acc = evaluate(model, task.test)
         for k, v in zip(SUMMED, (sums / world).tolist(), strict=True):
             history[k].append(v if k != "wire" or wire_ok.item() else None)
@@ -257,11 +268,13 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg
     The others wait for that word up to :func:`save_wait` seconds: ``timeout`` (the
     collective timeout) plus one second per MiB of checkpoint, so that a slow disk does not
     end a healthy run. A rank that exits meanwhile is found at once (its connection closes),
-    one that stalls within that bound; either ends in a one-line :class:`PeerError`."""
+    one that stalls within that bound (``timeout`` while the states are gathered); either ends
+    in a one-line :class:`PeerError`."""
     rank, world = dist.get_rank(), dist.get_world_size()
     states: list[Any] | None = [None] * world if rank == 0 else None
     mine = agg.state_dict()
-    dist.gather_object(mine, states, dst=0)
+    with _collective("gather_object", "the checkpoint save", timeout):
+        dist.gather_object(mine, states, dst=0)
     failed = torch.zeros(1)
     if rank == 0:
         try:
@@ -323,6 +336,30 @@ def _share_outcome(failed: torch.Tensor, wait_s: float, path: str) -> None:
             pending.wait()
     except PeerError as e:
         raise e.within("the checkpoint save") from None
+
+
+@contextlib.contextmanager
+def _collective(op: str, during: str, timeout: float) -> Iterator[None]:
+    """Run the block, whose collectives over the world wait at most ``timeout`` seconds (the
+    process group's); where gloo fails in it (a peer exited, stalled or lost its link), end
+    the rank in one line saying ``during`` which step of the worker, and the peer where it
+    is known (:func:`~gradwire.transport.collective_error`), instead of gloo's traceback.
+    Any other error passes unchanged: the hook's (one line already, naming its peer) and this
+    rank's own faults."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not _from_gloo(e):
+            raise
+        raise collective_error(dist.get_rank(), dist.get_world_size(), op, str(e), timeout,
+                               during, LATE) from None
+
+
+def _from_gloo(e: RuntimeError) -> bool:
+    """Whether ``e`` is torch.distributed's or gloo's: c10d raises gloo's errors as plain
+    RuntimeErrors whose text names gloo's source file (``[.../gloo/transport/tcp/pair.cc:553]
+    Connection closed by peer ...``)."""
+    return isinstance(e, dist.DistError) or "gloo" in str(e).lower()
 
 
 def _stopped(signum: int) -> None:
