@@ -245,9 +245,9 @@ def test_a_bucket_hides_the_linear_pipelines_fill_and_latency():
 
 def test_an_uncached_table_keeps_no_schedule():
     """table(cached=False) is built afresh and not kept, whether or not the algorithm has a
-    table builder of its own (lp has none: its schedule is built, then dropped)."""
+    table builder of its own (binomial has none: its schedule is built, then dropped)."""
     before = registry._cached.cache_info()
-    registry.table("broadcast", "lp", 5, 4321, cached=False, block=7)
+    registry.table("broadcast", "binomial", 5, 4321, cached=False)
     assert registry._cached.cache_info() == before
-    registry.table("broadcast", "lp", 5, 4321, block=7)  # cached: the schedule is kept
+    registry.table("broadcast", "binomial", 5, 4321)  # cached: the schedule is kept
     assert registry._cached.cache_info().misses == before.misses + 1

@@ -548,8 +548,8 @@ def test_cli_simulate_takes_alpha_and_gamma_from_a_calibration(tmp_path):
 @pytest.mark.parametrize("coll, algo, kw", [("allreduce", "ring", {}), ("allgather", "ring", {}),
                                             ("reducescatter", "ring", {"pipeline": 2})])
 def test_table_is_the_schedule_as_arrays(coll, algo, kw):
-    """The ring's table builder (the only algorithm with one: others are Table.of their
-    schedule) gives the schedule's arrays."""
+    """The ring's table builder (others without one are Table.of their schedule) gives the
+    schedule's arrays."""
     from gradwire.schedules.ir import Table
 
     for p in (1, 2, 5, 8):

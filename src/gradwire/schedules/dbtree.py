@@ -34,6 +34,9 @@ the other send waiting: on the emulated cluster (500 kB buffers, 1 Gbit/s, P = 4
 1.26–1.38 s in blocks of about 1 MiB, as b* has it there, against 1.13–1.15 s in blocks of
 256–512 KiB, which the model prices at 1.13 s either way;
 on 1 MB buffers the 1 MiB blocks took 1.15–1.20 s. For p ≤ 2 each half goes as one block.
+Every block crosses each of the 2(p − 1) edges of the two trees twice, so from 513 ranks on
+the blocks are fewer than lp.py's ``MAX_BLOCKS``, to keep within ``ir.MAX_TRANSFERS``
+transfers (:func:`~gradwire.schedules.lp.most_blocks`).
 
 Example::
 
@@ -42,8 +45,20 @@ Example::
 
 from __future__ import annotations
 
-from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build, merge_steps
-from gradwire.schedules.lp import ALPHA, BETA, pick_block, pieces
+import numpy as np
+
+from gradwire.schedules.ir import (
+    Algorithm,
+    Rows,
+    Schedule,
+    Table,
+    as_table,
+    blocks,
+    build,
+    check_transfers,
+    overlay,
+)
+from gradwire.schedules.lp import ALPHA, BETA, most_blocks, pick_block, pieces
 
 
 def btree(p: int) -> list[int]:
@@ -85,18 +100,55 @@ def heights(parent: list[int]) -> tuple[list[int], list[int]]:
     return height, depth
 
 
-def tree_steps(parent: list[int], parts: list[tuple[int, int]]) -> list[list[Transfer]]:
-    """Pipelined reduce up ``parent`` then broadcast down it, block by block."""
+def tree_rows(parent: list[int], starts: np.ndarray, sizes: np.ndarray) -> Rows:
+    """Pipelined reduce up ``parent`` then broadcast down it, block by block: block j leaves
+    rank r for its parent at step height(r) + j, and the parent for r at step
+    H + depth(parent) + j (H the tree's height). Listed rank by rank, block by block, a block's
+    reduce before its broadcast, which :func:`~gradwire.schedules.ir.overlay` keeps within
+    each step."""
     height, depth = heights(parent)
     top = max(height)
-    steps: list[list[Transfer]] = [[] for _ in range(2 * top + len(parts))]
-    for r, up in enumerate(parent):
-        if up < 0:
-            continue
-        for j, (start, size) in enumerate(parts):
-            steps[height[r] + j].append(Transfer(r, up, start, size, "sum"))
-            steps[top + depth[up] + j].append(Transfer(up, r, start, size))
-    return steps
+    up = np.array(parent, dtype=np.int64)
+    child = np.flatnonzero(up >= 0)
+    up = up[child]
+    shape = (len(child), len(starts), 2)  # [edge, block, (reduce, broadcast)]
+
+    def grid(reduce: np.ndarray, broadcast: np.ndarray) -> np.ndarray:
+        both = np.stack(np.broadcast_arrays(reduce, broadcast), axis=-1)
+        return np.broadcast_to(both, shape).ravel()
+
+    j = np.arange(len(starts))
+    step = grid(np.array(height)[child, None] + j, top + np.array(depth)[up, None] + j)
+    return Rows(step, grid(child[:, None], up[:, None]), grid(up[:, None], child[:, None]),
+                grid(starts, starts), grid(sizes, sizes), grid(True, False))
+
+
+def _block(p: int, count: int, trees: tuple[list[int], list[int]], block: int | None,
+           alpha: float, beta: float, sndbuf: int | None, itemsize: int) -> int:
+    """Elements per block (:func:`~gradwire.schedules.lp.pick_block` on a half), the
+    schedule's transfers counted (and refused past ``MAX_TRANSFERS``) before any is made."""
+    halves = blocks(count, 2)
+    fill = max(heights(trees[0])[0]) / 2 if p > 2 else 0  # b* = √((n/2)α/((H/2)β))
+    most = most_blocks(4 * (p - 1))  # each block up and down the p − 1 edges of both trees
+    b = pick_block(halves[0][1], fill, block, alpha, beta, itemsize, sndbuf,
+                   of=f" (each half of {count})", most=most)
+    n = 2 * (p - 1) * sum(-(-size // b) for _, size in halves)
+    check_transfers("allreduce", "dbtree", p, count, n,
+                    f"give block >= {-(-halves[0][1] // most)}, or no block (one that fits is "
+                    "chosen)")
+    return b
+
+
+def _table(p: int, count: int, trees: tuple[list[int], list[int]], b: int) -> Table:
+    return as_table(p, count, overlay([tree_rows(t, *pieces(n, b, start)) for t, (start, n)
+                                       in zip(trees, blocks(count, 2), strict=True)]))
+
+
+def allreduce_table(p: int, count: int, *, block: int | None = None, alpha: float = ALPHA,
+                    beta: float = BETA, sndbuf: int | None = None, itemsize: int = 4,
+                    **_: object) -> Table:
+    trees = two_trees(p)
+    return _table(p, count, trees, _block(p, count, trees, block, alpha, beta, sndbuf, itemsize))
 
 
 def allreduce(p: int, count: int, *, block: int | None = None, alpha: float = ALPHA,
@@ -104,13 +156,9 @@ def allreduce(p: int, count: int, *, block: int | None = None, alpha: float = AL
               **_: object) -> Schedule:
     """Reduce and broadcast one half of the buffer on each of two complementary binary trees."""
     trees = two_trees(p)
-    halves = blocks(count, 2)
-    fill = max(heights(trees[0])[0]) / 2 if p > 2 else 0  # b* = √((n/2)α/((H/2)β))
-    b = pick_block(halves[0][1], fill, block, alpha, beta, itemsize, sndbuf,
-                   of=f" (each half of {count})")
-    steps = merge_steps(*(tree_steps(t, pieces(n, b, start)) for t, (start, n) in
-                          zip(trees, halves, strict=True)))
-    return build("dbtree", "allreduce", p, count, steps, block=b)
+    b = _block(p, count, trees, block, alpha, beta, sndbuf, itemsize)
+    return build("dbtree", "allreduce", p, count, _table(p, count, trees, b).transfers_of(),
+                 block=b)
 
 
-ALGORITHMS = (Algorithm("allreduce", "dbtree", allreduce),)
+ALGORITHMS = (Algorithm("allreduce", "dbtree", allreduce, table=allreduce_table),)

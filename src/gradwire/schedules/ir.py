@@ -23,6 +23,21 @@ from gradwire.errors import GradwireError
 
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reducescatter")
 
+# The most transfers a schedule may have: a ring allreduce's on 4096 ranks (registry.MAX_WORLD),
+# 2·4095·4096, the largest schedule the cost model and the simulator are sized for (1.4 GB as
+# a Table). Builders that could pass it check their count before they make any transfer.
+MAX_TRANSFERS = 2 * 4095 * 4096
+
+
+def check_transfers(collective: str, algo: str, p: int, count: int, n: int,
+                    instead: str) -> None:
+    """Refuse a schedule of ``n`` transfers past :data:`MAX_TRANSFERS`, in one line that says
+    what to give ``instead``."""
+    if n > MAX_TRANSFERS:
+        raise GradwireError(f"{collective} {algo} on {p} ranks and {count} elements would have "
+                            f"{n:,} transfers, and a schedule has at most {MAX_TRANSFERS:,} (a "
+                            f"ring allreduce's on 4096 ranks): {instead}")
+
 
 def combine_op(algo: str, op: object) -> str:
     """``op`` checked as the name of a combine (e.g. "sum", or gTop-k's merge "gtopk")."""
@@ -130,10 +145,69 @@ def build(algo: str, collective: str, p: int, count: int, steps: Iterable[Iterab
     return Schedule(algo, collective, p, count, tuple(kept), root, dict(params))
 
 
-def merge_steps(*phases: list[list[Transfer]]) -> list[list[Transfer]]:
-    """Overlay phases step by step (step i of the result = step i of every phase)."""
-    n = max((len(ph) for ph in phases), default=0)
-    return [[t for ph in phases if i < len(ph) for t in ph[i]] for i in range(n)]
+class Rows(NamedTuple):
+    """Transfers as arrays, in step order, as a builder makes them before they are a
+    :class:`Table`: like the lists of transfers :func:`build` is given, a step may have none
+    and a size may be 0."""
+
+    step: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    start: np.ndarray
+    size: np.ndarray
+    reduces: np.ndarray
+
+    @staticmethod
+    def of(steps: list[list[Transfer]]) -> Rows:
+        """A few transfers (a scatter's p − 1), given as steps, as rows."""
+        rows = [(i, t.src, t.dst, t.start, t.count, t.reduces)
+                for i, s in enumerate(steps) for t in s]
+        a = np.array(rows, dtype=np.int64).reshape(-1, 6)
+        return Rows(*(a[:, k] for k in range(5)), a[:, 5].astype(bool))
+
+    def after(self, steps: int) -> Rows:
+        """These rows ``steps`` steps later."""
+        return self._replace(step=self.step + steps)
+
+
+def overlay(phases: list[Rows]) -> Rows:
+    """Phases that run side by side, step by step: step i of the result is step i of every
+    phase, the first phase's transfers first, each phase's in the order it lists them (a
+    phase's rows need not be in step order). ``phases`` is emptied as its columns are used,
+    so that what it alone holds is freed as the result is made."""
+    step = np.concatenate([ph.step for ph in phases])
+    # a stable sort keeps each step's transfers in phase order; steps fit 16 bits in the
+    # pipelines (at most MAX_BLOCKS + 2·4096), where numpy's stable sort is a radix sort
+    key = step.astype(np.uint16) if len(step) and step.max() < 2**16 else step
+    del step
+    return concat(phases, np.argsort(key, kind="stable"))
+
+
+def concat(parts: list[Rows], order: np.ndarray | None = None) -> Rows:
+    """``parts`` one after another (each with later steps than the one before), or taken in
+    ``order``; ``parts`` is emptied as in :func:`overlay`."""
+    cols = [list(part) for part in parts]
+    parts.clear()
+    out = []
+    for k in range(len(Rows._fields)):
+        col = np.concatenate([c[k] for c in cols])
+        for c in cols:
+            c[k] = None
+        out.append(col if order is None else col[order])
+        del col
+    return Rows(*out)
+
+
+def as_table(p: int, count: int, rows: Rows) -> Table:
+    """``rows`` as :func:`build` keeps them: empty transfers dropped, and the steps numbered
+    0, 1, … with none empty."""
+    if not rows.size.all():
+        keep = rows.size > 0
+        rows = Rows(*(col[keep] for col in rows))
+    step = rows.step
+    if len(step) and (step[0] != 0 or (np.diff(step) > 1).any()):
+        step = np.concatenate([[0], np.cumsum(np.diff(step) > 0)])
+    return Table(p, count, step.astype(np.int64, copy=False), *rows[1:])
 
 
 def chain(parts: list[Schedule]) -> Schedule:
@@ -171,6 +245,9 @@ class Table:
         rows = [(i, t.src, t.dst, t.start, t.count, t.reduces) for i, t in s.transfers()]
         a = np.array(rows, dtype=np.int64).reshape(-1, 6)
         return Table(s.world_size, s.count, *(a[:, k] for k in range(5)), a[:, 5].astype(bool))
+
+    def rows(self) -> Rows:
+        return Rows(self.step, self.src, self.dst, self.start, self.size, self.reduces)
 
     def sent(self) -> np.ndarray:
         """Elements each rank sends over the whole schedule (int64, one per rank)."""
@@ -212,13 +289,30 @@ class Table:
 
     def transfers_of(self, ops: tuple[str, str] = ("copy", "sum")) -> list[list[Transfer]]:
         """The steps as transfers; ``ops[reduces]`` names each transfer's op."""
-        cols = zip(self.step.tolist(), self.src.tolist(), self.dst.tolist(),
-                   self.start.tolist(), self.size.tolist(), self.reduces.tolist(), strict=True)
         steps: list[list[Transfer]] = [[] for _ in range(int(self.step[-1]) + 1 if
                                                           len(self.step) else 0)]
-        for i, src, dst, start, size, red in cols:
-            steps[i].append(Transfer(src, dst, start, size, ops[red]))
+        # A block of rows at a time, each number one shared int object: made afresh by
+        # tolist, each would cost 32 bytes (1.7 M transfers of lp at P = 1024 took twice the
+        # memory), where a schedule has few distinct ranks, starts and sizes
+        ranks = np.array(range(self.world_size), dtype=object)
+        same: dict[int, int] = {}
+        for lo in range(0, len(self.step), _BLOCK):
+            part = slice(lo, lo + _BLOCK)
+            cols = [ranks[self.src[part]].tolist(), ranks[self.dst[part]].tolist(),
+                    _shared(self.start[part], same), _shared(self.size[part], same)]
+            for i, src, dst, start, size, red in zip(self.step[part].tolist(), *cols,
+                                                      self.reduces[part].tolist(), strict=True):
+                steps[i].append(Transfer(src, dst, start, size, ops[red]))
         return steps
+
+
+def _shared(col: np.ndarray, same: dict[int, int]) -> list[int]:
+    """``col.tolist()`` with each value one int object, the one ``same`` holds."""
+    values, where = np.unique(col, return_inverse=True)
+    return np.array([same.setdefault(v, v) for v in values.tolist()], dtype=object)[where].tolist()
+
+
+_BLOCK = 2**16  # rows Table.transfers_of turns into Transfers at a time
 
 
 @dataclass(frozen=True)

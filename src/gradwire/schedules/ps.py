@@ -30,9 +30,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
+import numpy as np
+
 from gradwire.check import is_int
 from gradwire.errors import GradwireError
-from gradwire.schedules.ir import Algorithm, Schedule, Transfer, blocks, build
+from gradwire.schedules.ir import Algorithm, Schedule, Table, blocks, build, check_transfers
 from gradwire.schedules.lp import MAX_BLOCKS
 
 SHARDINGS = ("even", "roundrobin")
@@ -62,17 +64,34 @@ def shards(count: int, servers: int, sharding: str = "even",
             for i, (start, size) in enumerate(zip(starts, sizes, strict=False))]
 
 
-def allreduce(p: int, count: int, *, servers: int = 1, sharding: str = "even",
-              tensor_sizes: Sequence[int] | None = None, **_: object) -> Schedule:
-    """Push every shard to its server (summed), then pull the sums back to every worker."""
+def allreduce_table(p: int, count: int, *, servers: int = 1, sharding: str = "even",
+                    tensor_sizes: Sequence[int] | None = None, **_: object) -> Table:
+    """Every shard from every other worker to its server (step 0), then back (step 1), shard
+    by shard in buffer order and worker by worker, made as arrays: 2(p − 1) transfers a shard,
+    33.5 M for p = 4096 servers."""
     if not is_int(servers, 1, p):
         raise GradwireError(f"servers must be an int in 1..{p} (the world size), got "
                             f"{servers!r}")
-    pieces = shards(count, servers, sharding, tensor_sizes)
-    push = [Transfer(w, s, start, size, "sum") for s, start, size in pieces
-            for w in range(p) if w != s]
-    pull = [Transfer(s, w, start, size) for s, start, size in pieces for w in range(p) if w != s]
-    return build("ps", "allreduce", p, count, [push, pull], servers=servers, sharding=sharding)
+    server, start, size = np.array(shards(count, servers, sharding, tensor_sizes),
+                                   dtype=np.int64).reshape(-1, 3).T
+    sent = size > 0  # an empty shard is no message
+    server, start, size = server[sent], start[sent], size[sent]
+    check_transfers("allreduce", "ps", p, count, 2 * (p - 1) * len(size),
+                    "give fewer tensors in tensor_sizes, or sharding='even'")
+    piece, worker = np.nonzero(np.arange(p)[None, :] != server[:, None])  # [piece, worker]
+    server = server[piece]
+    step = np.repeat(np.arange(2, dtype=np.int64), len(piece))  # push, then pull
+    return Table(p, count, step, np.concatenate([worker, server]),
+                 np.concatenate([server, worker]), np.tile(start[piece], 2),
+                 np.tile(size[piece], 2), step == 0)
 
 
-ALGORITHMS = (Algorithm("allreduce", "ps", allreduce),)
+def allreduce(p: int, count: int, *, servers: int = 1, sharding: str = "even",
+              tensor_sizes: Sequence[int] | None = None, **_: object) -> Schedule:
+    """Push every shard to its server (summed), then pull the sums back to every worker."""
+    t = allreduce_table(p, count, servers=servers, sharding=sharding, tensor_sizes=tensor_sizes)
+    return build("ps", "allreduce", p, count, t.transfers_of(), servers=servers,
+                 sharding=sharding)
+
+
+ALGORITHMS = (Algorithm("allreduce", "ps", allreduce, table=allreduce_table),)

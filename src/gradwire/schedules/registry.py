@@ -30,7 +30,7 @@ ALGORITHMS: tuple[Algorithm, ...] = tuple(a for m in MODULES for a in m.ALGORITH
 
 # The most ranks a schedule is built for: a ring there has 2·4095·4096 = 33.5 M transfers,
 # which the model and the simulator cost in tens of seconds. Beyond it they would take hours
-# and tens of GiB, so both refuse it.
+# and tens of GiB, so both refuse it. No schedule has more transfers (ir.MAX_TRANSFERS).
 MAX_WORLD = 4096
 
 DEFAULTS = {"allreduce": "ring", "reducescatter": "ring", "allgather": "ring",

@@ -25,6 +25,7 @@ import numpy as np
 from gradwire.check import is_int
 from gradwire.errors import GradwireError
 from gradwire.schedules.ir import (
+    MAX_TRANSFERS,
     Algorithm,
     Schedule,
     Step,
@@ -45,17 +46,22 @@ def max_pipeline(p: int) -> int:
     ``MAX_BLOCKS`` sub-chunks (lp.py's bound on a pipeline's blocks), or ``MAX_PIPELINE`` per
     chunk where p chunks already pass that. Every sub-chunk is a message on every link at
     each of the 2(p − 1) steps: pipeline=10**7 of 10**9 elements at P = 4 made 240 M
-    transfers, and building them ran out of memory instead of failing."""
-    return max(MAX_PIPELINE, MAX_BLOCKS // max(p, 1))
+    transfers, and building them ran out of memory instead of failing. From 1058 ranks on,
+    fewer, so that an allreduce's 2(p − 1)·p·pipeline transfers stay within
+    ``ir.MAX_TRANSFERS`` (1 at p = 4096)."""
+    fits = MAX_TRANSFERS // max(2 * (p - 1) * p, 1)
+    return max(1, min(max(MAX_PIPELINE, MAX_BLOCKS // max(p, 1)), fits))
 
 
 def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> int:
     """Sub-chunks per chunk: ``pipeline`` if given, else chunk bytes / SUBCHUNK_BYTES in
-    [1, MAX_PIPELINE]; never more than a chunk's elements (more sub-chunks would be empty).
-    A given ``pipeline`` that cuts more than :func:`max_pipeline` is refused."""
+    [1, MAX_PIPELINE], and at most :func:`max_pipeline`; never more than a chunk's elements
+    (more sub-chunks would be empty). A given ``pipeline`` that cuts more than
+    :func:`max_pipeline` is refused."""
     elements = max(1, -(-count // max(p, 1)))
     if pipeline is None:
-        return max(1, min(MAX_PIPELINE, elements, elements * itemsize // SUBCHUNK_BYTES))
+        return max(1, min(MAX_PIPELINE, max_pipeline(p), elements,
+                          elements * itemsize // SUBCHUNK_BYTES))
     if not is_int(pipeline, 1):
         raise GradwireError(f"pipeline must be an int >= 1 (sub-chunks per chunk), "
                             f"got {pipeline!r}")
@@ -63,7 +69,9 @@ def pick_pipeline(p: int, count: int, pipeline: int | None, itemsize: int) -> in
     if cut > most:
         raise GradwireError(f"pipeline={pipeline} cuts each of {p} chunks into {cut} "
                             f"sub-chunks, a message each on every link at every step: at most "
-                            f"{most} at p={p}")
+                            f"{most} at p={p} (at most {MAX_BLOCKS} sub-chunks in all, or "
+                            f"{MAX_PIPELINE} a chunk, and {MAX_TRANSFERS:,} transfers in a "
+                            f"schedule)")
     return cut
 
 
