@@ -10,7 +10,7 @@ from unittest import mock
 
 import calibration_doc
 import pytest
-from conftest import cli_error, one_line_cli_error, one_line_raised, start_here
+from conftest import cli_error, one_line_cli_error, one_line_raised, run_cli, start_here
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,6 +46,17 @@ def test_the_cli_names_unlimited_beside_none(monkeypatch, capsys):
     code, err = cli_error(monkeypatch, capsys, "bench", "--loopback", "--bandwidth",
                           "unlimitted")
     one_line_cli_error(code, err, "bandwidth 'unlimitted' is not valid", "none", "unlimited")
+
+
+@pytest.mark.parametrize("command", [["cluster", "up"], ["bench"], ["train"], ["demo"]])
+def test_the_help_names_every_word_for_an_unshaped_link(monkeypatch, capsys, command):
+    """--bandwidth's help named "none" only, though "unlimited" is taken too."""
+    code, out, _ = run_cli(monkeypatch, capsys, [*command, "--help"])
+    assert code == 0
+    text = " ".join(out.split())
+    assert "--bandwidth" in text
+    for word in UNSHAPED_WORDS:
+        assert word in text.split("--bandwidth", 1)[1], (command, word)
 
 
 # ---- the calibration table: rates to three significant digits

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand
 
-from gradwire.bandwidth import format_bandwidth, parse_bandwidth
+from gradwire.bandwidth import UNSHAPED, format_bandwidth, parse_bandwidth
 from gradwire.check import MAX_BATCH, MAX_SEED, check_range, number_text, parse_int
 from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_available
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
@@ -45,7 +45,7 @@ Hosts = Annotated[int, typer.Option("--hosts", "-n", help="number of hosts (rank
                                    min=1)]
 Bandwidth = Annotated[str, typer.Option(
     "--bandwidth", "-b", help="per-host link rate in each direction, e.g. 100mbit, 2.5gbit, "
-    "25gbit (100kbit to 400gbit), or none (unshaped)")]
+    f"25gbit (100kbit to 400gbit), or {' or '.join(UNSHAPED)} (unshaped)")]
 Mtu = Annotated[int, typer.Option(
     help="largest IP packet on every link, bytes: 1500 (Ethernet) or e.g. 9000 (jumbo frames); "
     "tbf counts frame headers against the rate")]
