@@ -1,10 +1,12 @@
 """What a user is told about their inputs and outputs: the link rates each context takes, the
 calibration table's digits, a bench whose rows came out wrong and whose --json could not be
-written, a file that is text but not UTF-8, and an output path that is a link to no file."""
+written, a file that is text but not UTF-8, and an output path that is a link (to no file, or to
+a file in a folder of its own)."""
 
 import errno
 import io
 import json
+import os
 from pathlib import Path
 from unittest import mock
 
@@ -184,3 +186,24 @@ def test_a_loop_of_links_is_refused_before_the_work(tmp_path, monkeypatch, capsy
     code, err = cli_error(monkeypatch, capsys, "bench", "--loopback", "--hosts", "2",
                           "--sizes", "1K", "--json", str(path))
     one_line_cli_error(code, err, f"--json {str(path)!r} is a loop of links")
+
+
+def test_a_link_to_a_file_is_taken_where_its_own_folder_may_not_be_written(tmp_path,
+                                                                           monkeypatch):
+    """The write goes beside the file the link names (or through the link), never into the
+    link's folder, yet a link in a folder this process may not write into was refused."""
+    links, files = tmp_path / "links", tmp_path / "files"
+    links.mkdir()
+    files.mkdir()
+    (files / "r.json").write_text("old\n")
+    link = links / "r.json"
+    link.symlink_to(files / "r.json")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != links
+                        and real_access(p, mode, **kw))  # root may write anywhere: deny here
+    assert check_writable(link, "--json") == link
+    replace_text(link, "new\n")
+    assert link.is_symlink() and (files / "r.json").read_text() == "new\n"
+    plain = links / "plain.json"  # a file of its own there is still refused: it goes beside
+    plain.write_text("x")
+    one_line_raised(lambda: check_writable(plain, "--json"), "may not be written")

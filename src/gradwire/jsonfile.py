@@ -126,7 +126,8 @@ def check_writable(path: str | Path | None, option: str) -> Path | None:
     lost to a typo in ``--json``. Refused with a one-line error: a directory; a parent folder
     that does not exist or is not a folder, or that this process may not write into (also
     for an existing file: the result is written beside it and renamed over it; for a link to
-    no file, the folder of the file it names); a loop of links; a path in
+    no file, the folder of the file it names; a link to a file is written beside that file, or
+    through the link, so only the file's own opening counts); a loop of links; a path in
     /proc or /sys; an existing file that is not a regular file (a device such as /dev/full, a
     pipe, a socket: whether a device takes the result shows only when it is written, so none
     is taken) or that cannot be opened for writing. A write can still fail
@@ -174,6 +175,8 @@ def _check_writable(p: Path, where: str) -> Path:
         except OSError as e:
             raise GradwireError(f"{where}: the file exists and may not be written "
                                 f"({e.strerror or e})") from None
+        if p.is_symlink():  # written beside the file it names, or through the link in place
+            return p        # (:func:`written_to`): the open above is the check
     if not os.access(parent, os.W_OK | os.X_OK):
         raise GradwireError(f"{where}: folder {str(parent)!r} may not be written")
     return p
