@@ -9,7 +9,10 @@ bar), and the message of a :class:`~gradwire.errors.PeerError` (``rank R ...: re
 bytes from rank P timed out ...``, ``rank R ...: all_reduce with rank P failed ...``) anywhere
 in a line, a traceback's last line or a program's own report: when every rank that failed
 lost one rank that is still running, directly or through ranks that lost it in turn, the
-final line names that rank as stalled.
+final line names that rank as stalled. So it does when every rank but one failed with a
+collective's timeout whose lost rank gloo does not name (``rank R in STEP: all_reduce timed
+out after T s: a rank ...; gloo does not say which``, a world of 3 or more) and that one
+rank still runs.
 """
 
 from __future__ import annotations
@@ -59,18 +62,43 @@ PEER_LOST = re.compile(r"\brank (\d+)\b.*?: (?:send of \d+ bytes to|receive of \
 # 8000 times (a rank's per-rank table on one line) and grew with the square of the length.
 _PEER_OP = re.compile(r": (?:send of \d+ bytes to|receive of \d+ bytes from|\w+ with) "
                       r"rank \d+ (?:timed out|failed)")
+# The error of a collective that timed out where gloo does not say which rank it lost (a world
+# of 3 or more: gradwire.transport.collective_error), and the rank that failed: "rank 0 in
+# the epoch's sums after epoch 1: all_reduce timed out after 5 s: a rank stalled or ...; gloo
+# does not say which". A connection that closed ("failed: the connection closed (a rank
+# exited or was killed); gloo does not say which") is a rank that exited, not a stall.
+# tests/test_launcher_unnamed_stall.py holds this pattern against the message itself.
+UNNAMED = "; gloo does not say which"
+_UNNAMED_OP = re.compile(r": \w+ timed out after \S+ s: a rank [^;]*" + re.escape(UNNAMED))
+UNNAMED_TIMEOUT = re.compile(r"\brank (\d+)\b.*?" + _UNNAMED_OP.pattern)
+
+
+def _search(pattern: re.Pattern[str], tail: re.Pattern[str], line: str) -> re.Match[str] | None:
+    """``pattern.search(line)``, where ``pattern`` is "rank N", a lazy scan, then ``tail``:
+    the search stops at the end of the last ``tail``, so it scans the line once however many
+    "rank N" it holds."""
+    last = collections.deque(tail.finditer(line), maxlen=1)
+    if not last:
+        return None
+    # Every "rank N" that can start a match lies before the end of the last tail, and from
+    # each the lazy scan stops at the first tail after it: the search ends there.
+    return pattern.search(line, 0, last[0].end())
 
 
 def peer_lost(line: str) -> tuple[int, int] | None:
     """(the rank that failed, the peer it lost) where ``line`` holds a PeerError's message,
-    as PEER_LOST finds them, in time linear in the line's length."""
-    last = collections.deque(_PEER_OP.finditer(line), maxlen=1)
-    if not last:
-        return None
-    # Every "rank N" that can start a match lies before the end of the last PeerError's tail,
-    # and from each the lazy scan stops at the first tail after it: the search ends there.
-    m = PEER_LOST.search(line, 0, last[0].end())
+    as PEER_LOST finds them."""
+    m = _search(PEER_LOST, _PEER_OP, line)
     return None if m is None else (int(m[1]), int(m[2]))
+
+
+def unnamed_timeout(line: str) -> int | None:
+    """The rank that failed where ``line`` holds the error of a collective that timed out
+    waiting for a rank that gloo does not name, as UNNAMED_TIMEOUT finds it."""
+    # Most lines lack the marker and take no regex: _UNNAMED_OP scans from each "timed out
+    # after ... a rank" to the next ";", which a line of many such and no ";" makes quadratic.
+    m = _search(UNNAMED_TIMEOUT, _UNNAMED_OP, line) if UNNAMED in line else None
+    return None if m is None else int(m[1])
 
 
 @dataclass
@@ -214,7 +242,8 @@ class _Output:
     Each line goes whole, with its ``[rank i]`` prefix once, under one lock: threads that
     wrote text and newline apart merged 167 of 80 000 lines of 4 ranks. A last line without
     a newline is a line too. ``lost`` keeps the peer each rank last reported losing (from a
-    PeerError's message naming this rank).
+    PeerError's message naming this rank); ``timed_out``, the ranks that reported a
+    collective's timeout whose lost rank gloo does not name (:func:`unnamed_timeout`).
     """
 
     def __init__(self, sink: Callable[[str], None], ranks: int) -> None:
@@ -222,6 +251,7 @@ class _Output:
         self.width = len(str(ranks - 1))
         self.lock = threading.Lock()
         self.lost: dict[int, int] = {}
+        self.timed_out: set[int] = set()
         self.threads: dict[int, threading.Thread] = {}
         self.drained: set[int] = set()
         self.handed: dict[int, int] = {}  # lines handed to ``sink``, per rank
@@ -241,6 +271,8 @@ class _Output:
                 lost = peer_lost(text)
                 if lost and lost[0] == rank:
                     self.lost[rank] = lost[1]
+                elif unnamed_timeout(text) == rank:
+                    self.timed_out.add(rank)
                 with self.lock:
                     try:
                         self.sink(prefix + text)
@@ -288,12 +320,13 @@ def launch(
 
     If a rank fails, the others are stopped (SIGTERM, then SIGKILL after a grace period) and the
     result names the first rank that failed and how, or the rank that stalled. A rank that
-    exits naming a peer it lost first gives the others up to their own timeout
-    (GRADWIRE_TIMEOUT) to fail in turn, so that the stalled rank can be named. ``linger``:
-    seconds the others get first to fail on their own in any case (their errors then name
-    the peer they lost); the fault tests use it to prove that no rank hangs. ``timeout``
-    bounds the whole run. A ``sink`` that raises (other than BrokenPipeError, which closes
-    that rank's output as a closed stdout would) stops every rank, and the result says why.
+    exits naming a peer it lost first, or a collective's timeout whose lost rank gloo does
+    not name, gives the others up to their own timeout (GRADWIRE_TIMEOUT) to fail in turn, so
+    that the stalled rank can be named. ``linger``: seconds the others get first to fail on
+    their own in any case (their errors then name the peer they lost); the fault tests use it
+    to prove that no rank hangs. ``timeout`` bounds the whole run. A ``sink`` that raises
+    (other than BrokenPipeError, which closes that rank's output as a closed stdout would)
+    stops every rank, and the result says why.
     SIGINT, SIGTERM, SIGHUP or SIGQUIT stops every rank, then raises :class:`Interrupted`.
     """
     if isinstance(cmd, (str, bytes)):
@@ -406,14 +439,15 @@ def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
         output.drain([e.rank for e in failed])
         if failed and first is None:
             first = min(failed, key=lambda e: (e.returncode or 0) > 0)
-            lost_one = (first.returncode or 0) > 0 and first.rank in output.lost
+            lost_one = (first.returncode or 0) > 0 and (first.rank in output.lost
+                                                        or first.rank in output.timed_out)
             linger_end = now + linger
             stop_at = now + max(linger, settle if lost_one else 0.0)
         if first is not None:
-            stalled = _stalled(exits, output.lost)
+            stalled = _stalled(exits, output.lost, output.timed_out)
             running = [e.rank for e in exits if e.returncode is None]
             timed_out = deadline is not None and now > deadline
-            only_stalled = stalled and running == stalled[:1] and now >= linger_end
+            only_stalled = stalled and running == [stalled.rank] and now >= linger_end
             if not running or now >= stop_at or timed_out or only_stalled:
                 return _failure(first, stalled, exits)
         elif all(c == 0 for c in codes):
@@ -426,14 +460,42 @@ def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
     return None
 
 
-def _stalled(exits: list[RankExit], lost: dict[int, int]) -> list[int] | None:
-    """[the stalled rank, the failed ranks that lost it], or None if they do not agree.
+@dataclass(frozen=True)
+class Stall:
+    """The rank that stalled, the failed ranks that waited for it, and how they did."""
 
-    Each failed rank must have named the peer it lost; following who lost whom through ranks
-    that failed in turn (a ring's survivors wait on each other), every chain must end at the
-    same rank, and that rank must still be running.
+    rank: int
+    losers: list[int]
+    how: str  # what the failed ranks say of it: "lost it", "timed out ... waiting for it"
+
+
+def _stalled(exits: list[RankExit], lost: dict[int, int], timed_out: set[int]) -> Stall | None:
+    """The rank that stalled, or None where the failed ranks' errors do not show one.
+
+    Named: each failed rank must have named the peer it lost (``lost``); following who lost
+    whom through ranks that failed in turn (a ring's survivors wait on each other), every
+    chain must end at the same rank, and that rank must still be running.
+
+    Unnamed (a world of 3 or more, where gloo does not say which rank a collective lost):
+    every rank but one exited with an error after a collective's timeout (``timed_out``, and
+    no named peer), and that one still runs. A rank that exited 0, was killed, or failed in
+    any other way (a crash, a closed connection: a rank that exited) leaves it unknown.
     """
     failed = [e.rank for e in exits if e.returncode not in (None, 0)]
+    named = _named_stall(failed, exits, lost)
+    if named is not None:
+        return named
+    waited = [e.rank for e in exits if (e.returncode or 0) > 0 and e.rank in timed_out
+              and e.rank not in lost]
+    running = [e.rank for e in exits if e.returncode is None]
+    if waited and waited == failed and len(running) == len(exits) - len(failed) == 1:
+        return Stall(running[0], failed, "timed out in a collective waiting for it")
+    return None
+
+
+def _named_stall(failed: list[int], exits: list[RankExit], lost: dict[int, int]
+                 ) -> Stall | None:
+    """The rank every chain of lost peers from the ``failed`` ranks ends at, if it runs."""
     ends = set()
     for rank in failed:
         chain = [rank]
@@ -446,17 +508,17 @@ def _stalled(exits: list[RankExit], lost: dict[int, int]) -> list[int] | None:
     if len(ends) != 1:
         return None
     (end,) = ends
-    return [end, *failed] if exits[end].returncode is None else None
+    return Stall(end, failed, "lost it") if exits[end].returncode is None else None
 
 
-def _failure(first: RankExit, stalled: list[int] | None, exits: list[RankExit]) -> RunResult:
+def _failure(first: RankExit, stalled: Stall | None, exits: list[RankExit]) -> RunResult:
     rc = first.returncode if first.returncode and first.returncode > 0 else 1
     if stalled is None:
         return RunResult(rc, f"{first.describe()}; stopped the other ranks", exits)
-    end, *losers = stalled
-    who = "rank" if len(losers) == 1 else "ranks"
-    return RunResult(rc, f"rank {end} stalled ({who} {', '.join(map(str, losers))} lost it); "
-                     "stopped the other ranks", exits)
+    who = "rank" if len(stalled.losers) == 1 else "ranks"
+    return RunResult(rc, f"rank {stalled.rank} stalled ({who} "
+                     f"{', '.join(map(str, stalled.losers))} {stalled.how}); stopped the other "
+                     "ranks", exits)
 
 
 def _exit_status(p: subprocess.Popen) -> int | None:
