@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cluster",),
     ("launcher",),
     ("jobs",),
-    ("transport",),
+    ("transport", "rendezvous"),
     ("schedules",),
     ("collectives",),
     ("compress",),

@@ -23,7 +23,6 @@ and saves in ``$GRADWIRE_HOME/calibration/<bandwidth>.json`` unless given ``--ou
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import shlex
@@ -60,6 +59,7 @@ from gradwire.perf import calibration
 from gradwire.perf.calibration import Calibration, Compute, Reduce
 from gradwire.perf.codecs import CodecTable
 from gradwire.profiles import Profile
+from gradwire.rendezvous import join_world
 from gradwire.schedules.cost import CostParams
 
 if TYPE_CHECKING:
@@ -138,8 +138,7 @@ def run(out: Path, prof: Profile, model: str, density: float, rank: int, device:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
         torch.device("cpu"))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo",
-                            timeout=datetime.timedelta(seconds=600))
+    join_world("nccl" if device == "cuda" else "gloo", 600)
     try:
         if dist.get_world_size() < 2:  # α is per step of a ring of P ranks: 2(P − 1) steps
             raise GradwireError("gradwire calibrate needs at least 2 ranks, got 1")

@@ -33,7 +33,6 @@ and on every torch version (gloo's own ReduceOp.AVG arrived only in 2025).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -47,6 +46,7 @@ import gradwire.collectives as gc
 from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING, check_op, elements
 from gradwire.check import parse_int
 from gradwire.errors import GradwireError
+from gradwire.rendezvous import join_world
 from gradwire.schedules import registry
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_device
 
@@ -306,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if a.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(BACKENDS[a.device], timeout=datetime.timedelta(seconds=300))
+    try:
+        join_world(BACKENDS[a.device], 300)
+    except GradwireError as e:
+        raise SystemExit(f"{ap.prog}: error: {e}") from None
     dtype = DTYPES[a.dtype]
     itemsize = torch.tensor([], dtype=dtype).element_size()
     p = dist.get_world_size()

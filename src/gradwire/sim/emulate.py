@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import statistics
 import time
 from pathlib import Path
@@ -50,6 +49,8 @@ from gradwire.sim.mechanisms import parse as parse_mechanism
 from gradwire.sim.ps import PSOptions, distribution, pieces
 from gradwire.sim.trace import Trace
 from gradwire.sim.trace import load as load_trace
+
+RENDEZVOUS_S = 120  # how long a rank waits for the others to join the process group
 
 
 def check(m: Mechanism) -> None:
@@ -167,9 +168,10 @@ def _stream_probe(out: str) -> int:
     the last rank to rank 0, to F as ``{"alpha_stream_s": ...}`` (part of :func:`calibrate`)."""
     import torch.distributed as dist
 
+    from gradwire.rendezvous import join_world
     from gradwire.transport import Transport
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    join_world("gloo", RENDEZVOUS_S)
     t = Transport(check_calls=False)
     alpha = _stream_alpha(t, t.world_size - 1)
     if t.rank == 0:
@@ -277,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from gradwire.rendezvous import join_world
     from gradwire.transport import Transport
 
     trace = load_trace(a.trace)
@@ -284,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     check(m)
     c = SimCluster(a.workers, 1.0, a.servers, iterations=a.iterations, seed=a.seed)
     pick = choices(c, len(trace.iterations))
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    join_world("gloo", RENDEZVOUS_S)
     t = Transport(check_calls=False)
     if t.world_size != hosts(m, c):
         raise GradwireError(f"{m.label} with {c.workers} workers needs {hosts(m, c)} ranks, "
@@ -422,4 +425,7 @@ def validate(trace_path: Path, workers: int, servers: int, bandwidth: str,
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except GradwireError as e:  # a rendezvous that failed, a world of the wrong size
+        raise SystemExit(f"python -m gradwire.sim.emulate: error: {e}") from None

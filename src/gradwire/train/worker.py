@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import gc
 import itertools
 import os
@@ -36,6 +35,7 @@ from gradwire.jsonfile import check_writable, dumps, replace_text
 from gradwire.launcher import PROGRESS, check_timeout
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
+from gradwire.rendezvous import join_world
 from gradwire.train import checkpoint
 from gradwire.train.aggregate import METHODS, HookedDDP
 from gradwire.train.job import TrainConfig, validate
@@ -168,12 +168,7 @@ def train_epoch(fwd: nn.Module, agg: HookedDDP, opt: torch.optim.Optimizer, task
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    except ValueError as e:  # torch's env:// rendezvous: RANK, MASTER_ADDR, ... unset or bad
-        raise GradwireError(f"cannot join the run's process group ({e}): start the worker "
-                            "under gradwire run or torchrun, which set RANK, WORLD_SIZE, "
-                            "MASTER_ADDR and MASTER_PORT") from None
+    join_world("gloo", args.timeout)
     result = train(args)
     # train() has returned, so the DDP model and the hook's thread, which hold the process
     # group, are gone before it is destroyed (destroyed under them, gloo can abort at exit).
