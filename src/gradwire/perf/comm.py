@@ -38,26 +38,37 @@ _HASH = np.array([1.0, 2.0**-20, np.pi, np.e * 2.0**-20, np.sqrt(2) * 2.0**-21, 
 _BLOCK_ROWS = 2**21  # (step, rank) pairs summarised at once: about 150 MB of rows
 
 
-def _hash(rows: np.ndarray) -> np.ndarray:
-    """A number per row (of :data:`COLUMNS`), the same for equal rows: a column at a time, as
-    ``rows @ _HASH`` (a BLAS product) can sum two equal rows in another order and tell them
-    apart by an ulp, which kept both."""
-    h = rows[:, 0] * _HASH[0]
-    for j in range(1, rows.shape[1]):
-        h = h + rows[:, j] * _HASH[j]
+def _hash(columns: np.ndarray | list[np.ndarray]) -> np.ndarray:
+    """A number per row, the same for equal rows, from the rows' columns (``columns[j]``:
+    column j of :data:`COLUMNS`, of any shape): a column at a time, as ``rows @ _HASH`` (a
+    BLAS product) can sum two equal rows in another order and tell them apart by an ulp,
+    which kept both. Element by element, so a row hashes to the same bits in any array."""
+    h = columns[0] * _HASH[0]
+    for j in range(1, len(columns)):
+        h += columns[j] * _HASH[j]
     return h
 
 
 def _distinct(rows: np.ndarray) -> np.ndarray | None:
-    """The distinct rows of ``rows`` as :func:`summarise` keeps a step's (one where all are
-    equal, else ordered by :func:`_hash`); None where two distinct rows share a hash, as then
-    which one summarise keeps could depend on their order."""
-    if (rows == rows[:1]).all():
-        return rows[:1]
-    _, first_of = np.unique(_hash(rows), return_index=True)
+    """The distinct rows of ``rows`` as :func:`summarise` keeps a step's (ordered by
+    :func:`_hash`); None where two distinct rows share a hash, as then which one summarise
+    keeps could depend on their order."""
+    first_of = _first_of_each_hash(_hash(rows.T)[None])[1]
     if len(np.unique(rows, axis=0)) != len(first_of):
         return None
     return rows[first_of]
+
+
+def _first_of_each_hash(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of ``h`` [step, rank] (row hashes), each step's distinct hashes in increasing order,
+    each by the first rank that has it, as (steps, ranks) in step order: what
+    ``np.unique(h[i], return_index=True)`` gives (a stable sort), for all steps at once."""
+    order = np.argsort(h, axis=1, kind="stable")
+    ordered = np.take_along_axis(h, order, axis=1)
+    first = np.ones(h.shape, dtype=bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    step, at = np.nonzero(first)
+    return step, order[step, at]
 
 
 @dataclass(frozen=True)
@@ -92,18 +103,13 @@ def summarise(s: Schedule | Table, ranks_per_node: int = 1) -> Summary:
     seen: dict[bytes, list] = {}
     for b, lo in enumerate(range(0, n_steps, block)):
         k = min(block, n_steps - lo)
-        part = slice(edges[b], edges[b + 1])
-        rows = _rows(t, part, lo, k, node, g)
-        # Most steps treat every rank alike; the others are deduplicated on a hash of each
-        # row (a 1-D unique is much cheaper than np.unique(axis=0) at P = 1024).
-        alike = (rows == rows[:, :1]).all(axis=(1, 2))
-        for i in range(k):
-            r = rows[i]
-            if alike[i]:
-                r = r[:1]
-            else:
-                _, first = np.unique(_hash(r), return_index=True)
-                r = r[first]
+        columns = _columns(t, slice(edges[b], edges[b + 1]), lo, k, node, g)
+        # each step's distinct rows, ordered by hash, with no Python loop over a step's ranks
+        step, rank = _first_of_each_hash(_hash(columns))
+        # floats in a block with no transfers too (numpy's bincount of nothing is int64)
+        rows = np.stack([c[step, rank] for c in columns], axis=1, dtype=float)
+        ends = np.cumsum(np.bincount(step, minlength=k))
+        for r in np.split(rows, ends[:-1]):
             key = r.tobytes()
             if key in seen:
                 seen[key][0] += 1
@@ -112,29 +118,38 @@ def summarise(s: Schedule | Table, ranks_per_node: int = 1) -> Summary:
     return Summary(t.count, tuple((m, r) for m, r in seen.values()))
 
 
-def _rows(t: Table, part: slice, first: int, k: int, node: np.ndarray, g: int) -> np.ndarray:
+def _columns(t: Table, part: slice, first: int, k: int, node: np.ndarray, g: int
+             ) -> list[np.ndarray]:
     """Steps ``first`` … ``first+k−1`` of the table (its entries ``part``) as per-rank rows,
-    [step, rank, column] (columns as :data:`COLUMNS`)."""
+    a column at a time: one [step, rank] array per column of :data:`COLUMNS`."""
     p, nodes = len(node), int(node[-1]) + 1
     step = t.step[part] - first
     src, dst, n, red = t.src[part], t.dst[part], t.size[part], t.reduces[part]
     intra = node[src] == node[dst]
+    at_src, at_dst = step * p + src, step * p + dst
+    # each rank its own node: the node's index is the rank's
+    node_src, node_dst = ((at_src, at_dst) if g == 1 else
+                          (step * nodes + node[src], step * nodes + node[dst]))
 
-    def per(index: np.ndarray, weights: np.ndarray, width: int) -> np.ndarray:
-        return np.bincount(step * width + index, weights, k * width).reshape(k, width)
+    def per(at: np.ndarray, weights: np.ndarray, width: int = p) -> np.ndarray:
+        return np.bincount(at, weights, k * width).reshape(k, width)
 
     ni, ne = n * intra, n * ~intra
-    m_out_e, m_in_e = per(src, ~intra, p), per(dst, ~intra, p)
-    b_out_e, b_in_e = per(node[src], ne, nodes), per(node[dst], ne, nodes)
+    m_out_e, m_in_e = per(at_src, ~intra), per(at_dst, ~intra)
+    b_out_e, b_in_e = per(node_src, ne, nodes), per(node_dst, ne, nodes)
     if g == 1:
-        top_out, top_in = m_out_e, m_in_e
+        top_out, top_in, spread = m_out_e, m_in_e, slice(None)
     else:  # the most messages any rank of a node sends (receives) between nodes
         pad = ((0, 0), (0, nodes * g - p))
         top_out = np.pad(m_out_e, pad).reshape(k, nodes, g).max(axis=2)
         top_in = np.pad(m_in_e, pad).reshape(k, nodes, g).max(axis=2)
-    return np.stack([per(src, intra, p), per(src, ni, p), per(dst, intra, p), per(dst, ni, p),
-                     top_out[:, node], b_out_e[:, node], top_in[:, node], b_in_e[:, node],
-                     per(dst, n * red, p)], axis=2)
+        spread = node
+    if intra.any():
+        inside = [per(at_src, intra), per(at_src, ni), per(at_dst, intra), per(at_dst, ni)]
+    else:  # no transfer inside a node (one rank per node): 4 of the 9 columns are zero
+        inside = [np.zeros((k, p))] * 4
+    return [*inside, top_out[:, spread], b_out_e[:, spread], top_in[:, spread],
+            b_in_e[:, spread], per(at_dst, n * red)]
 
 
 def ref_count(p: int, pipeline: object = 1) -> int:
