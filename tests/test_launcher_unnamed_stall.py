@@ -65,7 +65,8 @@ def test_the_launcher_names_a_rank_that_stalls_in_a_collective_of_the_worker_amo
     for r in (0, 2):
         assert (f"[rank {r}] gradwire train: error: rank {r} in the start of epoch 2: barrier "
                 f"timed out after {COLLECTIVE_S:g} s: a rank stalled or its link is down (the "
-                "worker's --timeout sets the limit); gloo does not say which") in lines, lines
+                "worker's --timeout or GRADWIRE_TIMEOUT sets the limit); gloo does not say "
+                "which") in lines, lines
 
 
 def test_the_pattern_reads_the_rank_from_the_workers_timeout_and_nothing_else():

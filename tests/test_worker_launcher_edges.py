@@ -30,6 +30,38 @@ def test_the_worker_refuses_a_world_size_that_is_no_whole_number(monkeypatch, ca
     assert repr(world) in err
 
 
+@pytest.mark.parametrize("env,args,expected", [
+    ("7", [], 7.0),              # GRADWIRE_TIMEOUT sets the worker's collectives' limit
+    (None, [], 60.0),            # neither given: the documented 60 s
+    ("7", ["--timeout", "3"], 3.0),  # --timeout overrides it
+])
+def test_the_workers_collectives_follow_gradwire_timeout(monkeypatch, env, args, expected):
+    """The hooks' calls and the launcher's wait for the other ranks follow GRADWIRE_TIMEOUT;
+    the worker's own collectives (barriers, the epoch's sums, the checkpoint's gather) had
+    kept 60 s whatever it said, so a user who raised it for a slow rank 0 was still cut off."""
+    from gradwire.train import worker
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if env is None:
+        monkeypatch.delenv("GRADWIRE_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("GRADWIRE_TIMEOUT", env)
+    assert worker.parse_args(["--model", "mlp-small", *args]).timeout == expected
+
+
+def test_the_worker_refuses_a_bad_gradwire_timeout_in_one_line(monkeypatch, capsys):
+    from gradwire.train import worker
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("GRADWIRE_TIMEOUT", "nan")
+    with pytest.raises(SystemExit) as e:
+        worker.parse_args(["--model", "mlp-small"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2, err
+    assert err[-1].endswith("error: GRADWIRE_TIMEOUT must be a number of seconds from 0.001 "
+                            "to 2e+06, got 'nan'"), err
+
+
 def test_the_worker_started_without_a_launcher_says_so_in_one_line(monkeypatch, capsys):
     """No RANK or MASTER_ADDR (the worker run by hand): one line that names what starts it,
     not torch's rendezvous traceback."""

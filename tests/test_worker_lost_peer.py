@@ -133,7 +133,7 @@ def test_a_peer_that_stalls_in_the_epochs_sums_is_named_within_the_timeout(tmp_p
     did = seen[0]["did"]
     assert did == (f"PeerError: rank 0 in the epoch's sums after epoch 1: all_reduce with rank 1 "
                    f"timed out after {COLLECTIVE_S:g} s: rank 1 stalled or its link is down (the "
-                   "worker's --timeout sets the limit)"), did
+                   "worker's --timeout or GRADWIRE_TIMEOUT sets the limit)"), did
     assert peer_lost(did) == (0, 1)
     assert COLLECTIVE_S - 0.2 < seen[0]["s"] < COLLECTIVE_S + 5, seen
 
@@ -143,8 +143,8 @@ def test_a_peer_that_stalls_in_the_epochs_sums_is_named_within_the_timeout(tmp_p
      "[127.0.0.1]:5009.", "failed: the connection closed (a rank exited or was killed)"),
     ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
      "60000ms for recv operation to complete",
-     "timed out after 60 s: a rank stalled or its link is down (the worker's --timeout sets "
-     "the limit)"),
+     "timed out after 60 s: a rank stalled or its link is down (the worker's --timeout or "
+     "GRADWIRE_TIMEOUT sets the limit)"),
 ])
 def test_in_a_larger_world_the_error_says_gloo_does_not_name_the_rank(gloo, why):
     """Gloo does not say which rank a collective lost: in a world of three the error says
@@ -202,5 +202,5 @@ def test_the_launcher_names_a_rank_that_stalls_in_a_barrier_of_the_worker():
     assert res.message == "rank 1 stalled (rank 0 lost it); stopped the other ranks", lines
     assert ("[rank 0] gradwire train: error: rank 0 in the start of epoch 2: barrier with rank 1 "
             f"timed out after {COLLECTIVE_S:g} s: rank 1 stalled or its link is down (the "
-            "worker's --timeout sets the limit)") in lines, lines
+            "worker's --timeout or GRADWIRE_TIMEOUT sets the limit)") in lines, lines
     assert time.monotonic() - t0 < 30

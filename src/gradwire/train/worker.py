@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gradwire import config
 from gradwire.check import parse_int
 from gradwire.data import shard_indices
 from gradwire.errors import GradwireError, PeerError
@@ -32,7 +33,7 @@ from gradwire.hooks import MODES
 from gradwire.hooks.comm import host_group
 from gradwire.interrupts import Interrupted, on_signals
 from gradwire.jsonfile import check_writable, dumps, replace_text
-from gradwire.launcher import PROGRESS, check_timeout
+from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
 from gradwire.rendezvous import join_world
@@ -48,14 +49,13 @@ SUMMED = ("loss_sum", "compute", "compress", "communicate", "header", "tail", "s
 # 1 for an epoch that a process began with (the run's first, and a resume's), else 0: each pays
 # the one-time costs that the throughput figures leave out
 STARTED = "started"
-TIMEOUT_S = 60.0  # --timeout's default: how long a collective may wait for the other ranks
 # The slowest write a checkpoint save may make and still count as making progress, in bytes
 # per second: the ranks that wait for rank 0's save allow --timeout plus one second per MiB
 # it writes (a network share or a busy disk can be slower than --timeout per file).
 SAVE_RATE_FLOOR = 2**20
 # What a rank that did not answer one of the worker's own collectives in time may have done:
-# they wait the process group's timeout, not GRADWIRE_TIMEOUT as the hook's calls do.
-LATE = "stalled or its link is down (the worker's --timeout sets the limit)"
+# they wait the process group's timeout: --timeout, GRADWIRE_TIMEOUT where it is not given.
+LATE = "stalled or its link is down (the worker's --timeout or GRADWIRE_TIMEOUT sets the limit)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,8 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="rank 0 saves one here after every epoch")
     p.add_argument("--resume", action="store_true", help="go on from --checkpoint")
     p.add_argument("--out", default=None, help="rank 0 writes the result JSON here")
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S,
-                   help="collective timeout, seconds")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="collective timeout, seconds (default: GRADWIRE_TIMEOUT, 60)")
     a = p.parse_args(argv)
     # every check gradwire train makes on the host, made here too (this entry point also runs
     # under plain torchrun): each rank refuses bad input in one line before the process group,
@@ -91,7 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         check_writable(a.out, "--out")
         check_writable(a.checkpoint, "--checkpoint")
         _check_distinct_files(a.out, a.checkpoint)
-        check_timeout(a.timeout)
+        # the hooks' calls, and the launcher's wait for the others once one rank has failed,
+        # follow GRADWIRE_TIMEOUT: the worker's own collectives do too unless told otherwise
+        a.timeout = config.timeout() if a.timeout is None else config.check_timeout(
+            "--timeout", a.timeout)
     except GradwireError as e:
         p.error(str(e))
     return a
@@ -256,15 +259,16 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, agg: HookedDDP,
                     history: dict, epoch: int, run_settings: dict[str, Any],
-                    timeout: float = TIMEOUT_S) -> None:
+                    timeout: float | None = None) -> None:
     """Every rank hands its aggregation state to rank 0, which writes the file and then tells
     every other rank whether it did; a failed write ends every rank (exit 1).
 
     The others wait for that word up to :func:`save_wait` seconds: ``timeout`` (the
-    collective timeout) plus one second per MiB of checkpoint, so that a slow disk does not
-    end a healthy run. A rank that exits meanwhile is found at once (its connection closes),
-    one that stalls within that bound (``timeout`` while the states are gathered); either ends
-    in a one-line :class:`PeerError`."""
+    collective timeout; default GRADWIRE_TIMEOUT) plus one second per MiB of checkpoint, so
+    that a slow disk does not end a healthy run. A rank that exits meanwhile is found at once
+    (its connection closes), one that stalls within that bound (``timeout`` while the states
+    are gathered); either ends in a one-line :class:`PeerError`."""
+    timeout = config.timeout() if timeout is None else timeout
     rank, world = dist.get_rank(), dist.get_world_size()
     states: list[Any] | None = [None] * world if rank == 0 else None
     mine = agg.state_dict()
