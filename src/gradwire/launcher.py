@@ -71,6 +71,10 @@ _PEER_OP = re.compile(r": (?:send of \d+ bytes to|receive of \d+ bytes from|\w+ 
 UNNAMED = "; gloo does not say which"
 _UNNAMED_OP = re.compile(r": \w+ timed out after \S+ s: a rank [^;]*" + re.escape(UNNAMED))
 UNNAMED_TIMEOUT = re.compile(r"\brank (\d+)\b.*?" + _UNNAMED_OP.pattern)
+# _UNNAMED_OP up to its "[^;]*", and UNNAMED_TIMEOUT's "rank N": unnamed_timeout finds what
+# UNNAMED_TIMEOUT does from these, in time linear in the line's length.
+_UNNAMED_HEAD = re.compile(r": \w+ timed out after \S+ s: a rank ")
+_RANK = re.compile(r"\brank (\d+)\b")
 
 
 def _search(pattern: re.Pattern[str], tail: re.Pattern[str], line: str) -> re.Match[str] | None:
@@ -94,11 +98,41 @@ def peer_lost(line: str) -> tuple[int, int] | None:
 
 def unnamed_timeout(line: str) -> int | None:
     """The rank that failed where ``line`` holds the error of a collective that timed out
-    waiting for a rank that gloo does not name, as UNNAMED_TIMEOUT finds it."""
-    # Most lines lack the marker and take no regex: _UNNAMED_OP scans from each "timed out
-    # after ... a rank" to the next ";", which a line of many such and no ";" makes quadratic.
-    m = _search(UNNAMED_TIMEOUT, _UNNAMED_OP, line) if UNNAMED in line else None
-    return None if m is None else int(m[1])
+    waiting for a rank that gloo does not name: what UNNAMED_TIMEOUT's search finds.
+
+    Not that search itself: its "[^;]*" scans from each "timed out after T s: a rank" to the
+    next ";", so a line of many such before a ";" that is not UNNAMED's (or before none, the
+    marker earlier in the line) took 0.14 s at 64 kB and 24 s at 1 MB, growing with the
+    square of the length, while the reader thread left the rank's pipe unread. Here each part
+    of the line is read once."""
+    if UNNAMED not in line:  # most lines
+        return None
+    # Where a tail starts: a head whose next ";" begins UNNAMED (the heads cannot overlap, and
+    # those that share a next ";" share its search).
+    tails: list[int] = []
+    semi = -1
+    for m in _UNNAMED_HEAD.finditer(line):
+        if semi < m.end():
+            semi = line.find(";", m.end())
+            if semi < 0:
+                break
+        if line.startswith(UNNAMED, semi):
+            tails.append(m.start())
+    if not tails:
+        return None
+    # The first "rank N" with a tail after it and no newline between (the lazy ".*?" does not
+    # cross one): the nearest tail after it is the one to check, and moves only forward.
+    at, newline = 0, -1
+    for m in _RANK.finditer(line, 0, tails[-1]):
+        while tails[at] < m.end():
+            at += 1
+        if newline < m.end():
+            newline = line.find("\n", m.end())
+            if newline < 0:
+                newline = len(line)
+        if newline >= tails[at]:
+            return int(m[1])
+    return None
 
 
 @dataclass
@@ -439,8 +473,8 @@ def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
         output.drain([e.rank for e in failed])
         if failed and first is None:
             first = min(failed, key=lambda e: (e.returncode or 0) > 0)
-            lost_one = (first.returncode or 0) > 0 and (first.rank in output.lost
-                                                        or first.rank in output.timed_out)
+            lost_one = _ended_on_error(first) and (first.rank in output.lost
+                                                   or first.rank in output.timed_out)
             linger_end = now + linger
             stop_at = now + max(linger, settle if lost_one else 0.0)
         if first is not None:
@@ -478,19 +512,31 @@ def _stalled(exits: list[RankExit], lost: dict[int, int], timed_out: set[int]) -
 
     Unnamed (a world of 3 or more, where gloo does not say which rank a collective lost):
     every rank but one exited with an error after a collective's timeout (``timed_out``, and
-    no named peer), and that one still runs. A rank that exited 0, was killed, or failed in
-    any other way (a crash, a closed connection: a rank that exited) leaves it unknown.
+    no named peer), and that one still runs; a rank that aborted after its timeout
+    (:func:`_ended_on_error`) counts as one that exited with it. A rank that exited 0, was
+    killed otherwise, or failed in any other way (a crash, a closed connection: a rank that
+    exited) leaves it unknown.
     """
     failed = [e.rank for e in exits if e.returncode not in (None, 0)]
     named = _named_stall(failed, exits, lost)
     if named is not None:
         return named
-    waited = [e.rank for e in exits if (e.returncode or 0) > 0 and e.rank in timed_out
+    waited = [e.rank for e in exits if _ended_on_error(e) and e.rank in timed_out
               and e.rank not in lost]
     running = [e.rank for e in exits if e.returncode is None]
     if waited and waited == failed and len(running) == len(exits) - len(failed) == 1:
         return Stall(running[0], failed, "timed out in a collective waiting for it")
     return None
+
+
+def _ended_on_error(e: RankExit) -> bool:
+    """Whether ``e`` ended as a rank ends on its own error: an exit status, or SIGABRT. A
+    rank whose gloo all_reduce timed out in a world of 3 often aborts as it exits, after its
+    one line ("terminate called without an active exception"); read as killed, it was named
+    in place of the rank it waited for, in about 1 run of 3 where a rank stalled in the
+    worker's epoch's sums among 3 ranks."""
+    rc = e.returncode
+    return rc is not None and (rc > 0 or rc == -signal.SIGABRT)
 
 
 def _named_stall(failed: list[int], exits: list[RankExit], lost: dict[int, int]
