@@ -70,8 +70,8 @@ def test_a_taken_port_is_one_line_in_every_rank_program(held_port, tmp_path):
 
 def test_ranks_whose_peers_never_come_say_so_in_one_line():
     """Rank 1 with no rank 0 (and with a MASTER_ADDR that names no host), rank 0 with no
-    rank 1: each gives up after the worker's --timeout, naming what it waited for."""
-    worker = [*PROGRAMS["worker"], "--timeout", "1"]
+    rank 1: each gives up after the worker's --join-timeout, naming what it waited for."""
+    worker = [*PROGRAMS["worker"], "--timeout", "1", "--join-timeout", "1"]
     alone, nobody = free_port(), free_port()
     procs = [_start(worker, 1, nobody), _start(worker, 0, alone),
              _start(worker, 1, nobody, addr="no-such-host.invalid")]

@@ -13,14 +13,16 @@ import re
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 
 import torch.distributed as dist
 
 from gradwire.errors import GradwireError
 
 
-def join_world(backend: str, timeout: float) -> None:
+def join_world(backend: str, timeout: float, prog: str | None = None,
+               join_at_least: float = 0.0) -> None:
     """Join the run's process group as ``dist.init_process_group(backend, timeout=...)`` does,
     by torch's env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), ``timeout`` in
     seconds.
@@ -29,16 +31,112 @@ def join_world(backend: str, timeout: float) -> None:
     store, a rank that never comes) is one GradwireError line that says what happened and what
     to do (:func:`rendezvous_error`); c10d's own log of it, a few dozen lines, is not shown
     (:func:`_stderr_held`). One that succeeds is the same call, and shows what c10d wrote.
+
+    A store that takes the connection and never answers (its process stopped, or MASTER_PORT
+    another program's port) holds c10d's client without limit, in C++ that no signal gets
+    out of. A watchdog then ends the process after :func:`stall_bound` seconds with one line,
+    ``PROG: error: ...``: ``prog`` is the prefix the caller gives its other errors (default:
+    the script's name, as argparse has it).
+
+    ``join_at_least``: seconds the ranks get to join however short ``timeout`` is, so that a
+    short limit meant to find a stalled rank quickly does not also fail ranks that start a few
+    seconds apart. The group's timeout is lowered to ``timeout`` once joined, where this torch
+    can (:func:`_timeout_setter`); where it cannot, the rendezvous waits ``timeout`` alone.
     """
-    with _stderr_held():
+    setter = _timeout_setter() if join_at_least > timeout else None
+    join = join_at_least if setter is not None else timeout
+    with _stderr_held() as real_stderr:
+        watchdog = _Watchdog(stall_bound(join), real_stderr,
+                             f"{prog or os.path.basename(sys.argv[0]) or 'python'}: error: "
+                             f"{_stalled(join, os.environ)}")
         try:
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=join))
         except ValueError as e:  # RANK, MASTER_ADDR, ... unset or not numbers
             raise GradwireError(f"cannot join the run's process group ({e}): start each rank "
                                 "under gradwire run or torchrun, which set RANK, WORLD_SIZE, "
                                 "MASTER_ADDR and MASTER_PORT") from None
         except (RuntimeError, TimeoutError) as e:  # c10d's DistNetworkError, DistStoreError
-            raise rendezvous_error(str(e) or type(e).__name__, timeout, os.environ) from None
+            raise rendezvous_error(str(e) or type(e).__name__, join, os.environ) from None
+        finally:
+            watchdog.cancel()
+    if setter is not None:
+        setter(datetime.timedelta(seconds=timeout))
+
+
+def _timeout_setter() -> Callable[[datetime.timedelta], None] | None:
+    """What sets the default process group's timeout after it is made, on this torch: the
+    public ``set_timeout`` where it exists, else the private ``_set_pg_timeout`` (torch 2.2
+    on); None where neither does."""
+    for owner, name in ((dist, "set_timeout"), (dist.distributed_c10d, "_set_pg_timeout")):
+        setter = getattr(owner, name, None)
+        if callable(setter):
+            return setter
+    return None
+
+
+def stall_bound(timeout: float) -> float:
+    """Seconds after which a rendezvous with c10d ``timeout`` can only be held by a store that
+    does not answer: c10d has given up or succeeded by then wherever its store answers.
+
+    Its waits come one after another, each bounded by ``timeout`` but not the whole. Reaching
+    the store: connect retries until ``timeout``, but its back-off sleeps (1.5 times an
+    interval that grows by 1.5 from 0.5 s to 60 s) run past it, by up to about
+    3.75 ``timeout`` + 2 s and at most 180 s (measured, nobody listening: 2.9 s at 1 s, 17 s
+    at 10 s, 50 s at 20 s). Then rank 0's wait for the others to reach it (``timeout`` + 1 s:
+    c10d counts whole seconds), gloo's exchange of addresses through the store, and its
+    connections (``timeout`` each). 2 s more for a busy machine.
+    """
+    return 3 * timeout + min(4 * timeout + 2, 180) + 2
+
+
+def _stalled(timeout: float, env: Mapping[str, str]) -> str:
+    """The error of an env:// rendezvous under ``env`` held past :func:`stall_bound` by a
+    store that took the connection but did not answer."""
+    rank, addr, port = (env.get(k, "?") for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"))
+    return (f"rank {rank} could not join the run's process group at {addr}:{port} within "
+            f"{timeout:g} s: its store there took the connection but gave no answer in "
+            f"{stall_bound(timeout):.0f} s ({_owner(env)} is stopped or stuck, or MASTER_PORT is "
+            "another program's port: give another)")
+
+
+class _Watchdog:
+    """Ends this process with ``line`` on descriptor ``fd`` unless cancelled within
+    ``seconds``.
+
+    The main thread is then inside c10d's C++ (a ``recv`` on the store's socket) with the GIL
+    released: this thread runs, but nothing it can do gets that call to return
+    (``_thread.interrupt_main`` and a SIGINT to the process or to the main thread only mark
+    an exception for when it does; c10d resumes the ``recv``). So it writes the line and
+    exits.
+    """
+
+    def __init__(self, seconds: float, fd: int, line: str) -> None:
+        self._fd, self._line = fd, line
+        self._lock = threading.Lock()  # a join that returns as it fires is not ended
+        self._done = False
+        self._timer = threading.Timer(min(seconds, threading.TIMEOUT_MAX), self._fire)
+        self._timer.daemon = True
+        self._timer.name = "gradwire rendezvous watchdog"
+        self._timer.start()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+        self._timer.join()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            with contextlib.suppress(OSError):
+                os.write(self._fd, f"{self._line}\n".encode(errors="replace"))
+            # What the program printed before it joined (c10d's own lines, held, are dropped
+            # as for any failed rendezvous).
+            for stream in (sys.stdout, sys.__stdout__):
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    stream.flush()
+            os._exit(1)
 
 
 def rendezvous_error(message: str, timeout: float, env: Mapping[str, str]) -> GradwireError:
@@ -52,10 +150,7 @@ def rendezvous_error(message: str, timeout: float, env: Mapping[str, str]) -> Gr
                if listen[1] == "EADDRINUSE" else f"{listen[2]} ({listen[1]}): give another "
                "MASTER_PORT")
         return GradwireError(f"rank {rank} could not listen on port {port}: {why}")
-    # The launcher serves the store itself on loopback (TORCHELASTIC_USE_AGENT_STORE), as
-    # torchrun's agent does; else rank 0 serves it.
-    owner = ("the launcher" if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-             else "rank 0")
+    owner = _owner(env)
     head = f"rank {rank} could not join the run's process group at {addr}:{port}"
     low = message.lower()
     joined = re.search(r"(\d+)/(\d+) clients joined", message)
@@ -78,6 +173,13 @@ def rendezvous_error(message: str, timeout: float, env: Mapping[str, str]) -> Gr
     return GradwireError(f"{head}: {first}")
 
 
+def _owner(env: Mapping[str, str]) -> str:
+    """Who serves the store: the launcher, on loopback (TORCHELASTIC_USE_AGENT_STORE), as
+    torchrun's agent does; else rank 0."""
+    return ("the launcher" if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+            else "rank 0")
+
+
 def _unreached(addr: str, rank: str, owner: str) -> str:
     """Why a rank did not reach the store at MASTER_ADDR ``addr`` in time, as far as this
     machine can tell: a name it cannot resolve, else the store's host not there."""
@@ -93,9 +195,10 @@ def _unreached(addr: str, rank: str, owner: str) -> str:
 
 
 @contextlib.contextmanager
-def _stderr_held() -> Iterator[None]:
+def _stderr_held() -> Iterator[int]:
     """What this process writes to its standard error (file descriptor 2) in the block, held
-    back: written out after a block that returns, dropped after one that raises.
+    back: written out after a block that returns, dropped after one that raises. The block
+    gets a descriptor of the real standard error, to write past the hold.
 
     c10d's C++ code logs to descriptor 2 itself, past ``sys.stderr`` (``[W... socket.cpp:764]
     [c10d] The IPv6 network addresses of ... cannot be retrieved``, ``[c10d] The client socket
@@ -115,18 +218,18 @@ def _stderr_held() -> Iterator[None]:
     try:
         held = tempfile.TemporaryFile()
     except OSError:  # nowhere to hold it: shown as c10d writes it
-        yield
+        yield 2
         return
     with held:
         flush()
         try:
             saved = os.dup(2)
         except OSError:  # no descriptor 2 to hold (a process started without one)
-            yield
+            yield 2
             return
         os.dup2(held.fileno(), 2)
         try:
-            yield
+            yield saved
         finally:
             flush()
             os.dup2(saved, 2)

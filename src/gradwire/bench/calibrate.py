@@ -138,7 +138,8 @@ def run(out: Path, prof: Profile, model: str, density: float, rank: int, device:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
         torch.device("cpu"))
-    join_world("nccl" if device == "cuda" else "gloo", 600)
+    join_world("nccl" if device == "cuda" else "gloo", 600,
+               prog="python -m gradwire.bench.calibrate")
     try:
         if dist.get_world_size() < 2:  # α is per step of a ring of P ranks: 2(P − 1) steps
             raise GradwireError("gradwire calibrate needs at least 2 ranks, got 1")

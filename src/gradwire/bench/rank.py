@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     try:
-        join_world(BACKENDS[a.device], 300)
+        join_world(BACKENDS[a.device], 300, prog=ap.prog)
     except GradwireError as e:
         raise SystemExit(f"{ap.prog}: error: {e}") from None
     dtype = DTYPES[a.dtype]

@@ -171,7 +171,7 @@ def _stream_probe(out: str) -> int:
     from gradwire.rendezvous import join_world
     from gradwire.transport import Transport
 
-    join_world("gloo", RENDEZVOUS_S)
+    join_world("gloo", RENDEZVOUS_S, prog="python -m gradwire.sim.emulate")
     t = Transport(check_calls=False)
     alpha = _stream_alpha(t, t.world_size - 1)
     if t.rank == 0:
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     check(m)
     c = SimCluster(a.workers, 1.0, a.servers, iterations=a.iterations, seed=a.seed)
     pick = choices(c, len(trace.iterations))
-    join_world("gloo", RENDEZVOUS_S)
+    join_world("gloo", RENDEZVOUS_S, prog="python -m gradwire.sim.emulate")
     t = Transport(check_calls=False)
     if t.world_size != hosts(m, c):
         raise GradwireError(f"{m.label} with {c.workers} workers needs {hosts(m, c)} ranks, "

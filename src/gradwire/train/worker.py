@@ -53,6 +53,10 @@ STARTED = "started"
 # per second: the ranks that wait for rank 0's save allow --timeout plus one second per MiB
 # it writes (a network share or a busy disk can be slower than --timeout per file).
 SAVE_RATE_FLOOR = 2**20
+# --join-timeout's default: seconds the ranks get to join the process group however short
+# --timeout is, since ranks that start a few seconds apart (torch's import on a busy machine)
+# are not a stall.
+JOIN_S = 60.0
 # What a rank that did not answer one of the worker's own collectives in time may have done:
 # they wait the process group's timeout: --timeout, GRADWIRE_TIMEOUT where it is not given.
 LATE = "stalled or its link is down (the worker's --timeout or GRADWIRE_TIMEOUT sets the limit)"
@@ -80,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="rank 0 writes the result JSON here")
     p.add_argument("--timeout", type=float, default=None,
                    help="collective timeout, seconds (default: GRADWIRE_TIMEOUT, 60)")
+    p.add_argument("--join-timeout", type=float, default=JOIN_S,
+                   help=f"seconds the ranks get to join the run (default {JOIN_S:g}; "
+                   "--timeout where longer)")
     a = p.parse_args(argv)
     # every check gradwire train makes on the host, made here too (this entry point also runs
     # under plain torchrun): each rank refuses bad input in one line before the process group,
@@ -95,6 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # follow GRADWIRE_TIMEOUT: the worker's own collectives do too unless told otherwise
         a.timeout = config.timeout() if a.timeout is None else config.check_timeout(
             "--timeout", a.timeout)
+        config.check_timeout("--join-timeout", a.join_timeout)
     except GradwireError as e:
         p.error(str(e))
     return a
@@ -171,7 +179,7 @@ def train_epoch(fwd: nn.Module, agg: HookedDDP, opt: torch.optim.Optimizer, task
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    join_world("gloo", args.timeout)
+    join_world("gloo", args.timeout, prog="gradwire train", join_at_least=args.join_timeout)
     result = train(args)
     # train() has returned, so the DDP model and the hook's thread, which hold the process
     # group, are gone before it is destroyed (destroyed under them, gloo can abort at exit).
