@@ -237,5 +237,7 @@ def _stderr_held() -> Iterator[int]:
         held.seek(0)
         shown = held.read()
     if shown:
-        with open(2, "wb", closefd=False) as out:
+        # A standard error that is closed, or a pipe whose reader has gone, failed c10d's own
+        # writes without a word: the lines are lost the same way, and the joined rank goes on.
+        with contextlib.suppress(OSError), open(2, "wb", closefd=False) as out:
             out.write(shown)
