@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch.distributed as dist
 
+from gradwire.check import parse_int
 from gradwire.errors import GradwireError
 
 
@@ -43,6 +44,7 @@ def join_world(backend: str, timeout: float, prog: str | None = None,
     seconds apart. The group's timeout is lowered to ``timeout`` once joined, where this torch
     can (:func:`_timeout_setter`); where it cannot, the rendezvous waits ``timeout`` alone.
     """
+    check_env(os.environ)
     setter = _timeout_setter() if join_at_least > timeout else None
     join = join_at_least if setter is not None else timeout
     with _stderr_held() as real_stderr:
@@ -72,6 +74,32 @@ def _timeout_setter() -> Callable[[datetime.timedelta], None] | None:
         if callable(setter):
             return setter
     return None
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    """Refuse in one line env:// variables that are set but cannot place this rank in a run
+    (unset ones are c10d's to name). A RANK of 3 among 2 ranks, -1, or one in other scripts'
+    digits (int() reads "١") had waited out the whole timeout for a store that no rank
+    serves; "abc" had ended in int()'s message, which names no variable."""
+    world = whole_env("WORLD_SIZE", 1, None, "the number of ranks", env)
+    whole_env("RANK", 0, None if world is None else world - 1, "this rank's number", env)
+    whole_env("MASTER_PORT", 0, 65535, "the port of the run's store", env)
+
+
+def whole_env(name: str, low: int, high: int | None, what: str,
+              env: Mapping[str, str] | None = None) -> int | None:
+    """The environment variable ``name`` (of ``env``, default this process's) as a whole
+    number from ``low`` to ``high`` (None: no upper end), None where it is unset; one
+    GradwireError line saying ``what`` it is where it is anything else."""
+    raw = (os.environ if env is None else env).get(name)
+    if raw is None:
+        return None
+    value = parse_int(raw)
+    if value is None or value < low or (high is not None and value > high):
+        span = f">= {low}" if high is None else f"from {low} to {high}"
+        raise GradwireError(f"{name} must be a whole number {span} ({what}, as gradwire run "
+                            f"and torchrun set it), got {raw!r}")
+    return value
 
 
 def stall_bound(timeout: float) -> float:

@@ -26,7 +26,6 @@ import torch.distributed as dist
 from torch import nn
 
 from gradwire import config
-from gradwire.check import parse_int
 from gradwire.data import shard_indices
 from gradwire.errors import GradwireError, PeerError
 from gradwire.hooks import MODES
@@ -36,7 +35,7 @@ from gradwire.jsonfile import check_writable, dumps, replace_text
 from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
-from gradwire.rendezvous import join_world
+from gradwire.rendezvous import join_world, whole_env
 from gradwire.train import checkpoint
 from gradwire.train.aggregate import METHODS, HookedDDP
 from gradwire.train.job import TrainConfig, validate
@@ -112,14 +111,8 @@ def world_size() -> int:
     """The ranks of this run as the launcher's WORLD_SIZE gives them (1 where it is unset), in
     one line where it is no whole number >= 1: int() of it ended in a ValueError traceback, 0
     in a ZeroDivisionError one."""
-    raw = os.environ.get("WORLD_SIZE")
-    if raw is None:
-        return 1
-    world = parse_int(raw)
-    if world is None or world < 1:
-        raise GradwireError(f"WORLD_SIZE must be a whole number >= 1 (the number of ranks, "
-                            f"as gradwire run and torchrun set it), got {raw!r}")
-    return world
+    world = whole_env("WORLD_SIZE", 1, None, "the number of ranks")
+    return 1 if world is None else world
 
 
 def _check_distinct_files(out: str | None, ck: str | None) -> None:
