@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 
 from gradwire import catalogue
-from gradwire.check import MAX_BATCH, MAX_RECORDED, MAX_SEQ_LEN, check_range
+from gradwire.bandwidth import MODEL_MOST, format_bandwidth
+from gradwire.check import (
+    MAX_BATCH,
+    MAX_POWERSGD_RANK,
+    MAX_RECORDED,
+    MAX_SECONDS,
+    MAX_SEQ_LEN,
+    check_range,
+)
 from gradwire.cli.options import (
     check_outputs,
     command_line,
@@ -19,13 +27,17 @@ from gradwire.cli.options import (
     write_text,
 )
 from gradwire.errors import GradwireError
+from gradwire.schedules.registry import MAX_WORLD
+
+# what the help says of every option: its unit, its range and its default
+_RATES = f"100kbit to {format_bandwidth(MODEL_MOST)}"
 
 PerfModel = Annotated[str, typer.Option("--model", help="a built-in profile (gradwire profile "
                                          "lists them) or a profile JSON file")]
 PerfAgg = Annotated[str, typer.Option("--agg", help="comma list of methods (dense, fp16, topk, "
                                       "gtopk, powersgd, signsgd, ...)")]
-PerfDensity = Annotated[float, typer.Option(help="sparsifiers' kept fraction")]
-PerfRank = Annotated[int, typer.Option(help="PowerSGD rank")]
+PerfDensity = Annotated[float, typer.Option(help="sparsifiers' kept fraction, in (0, 1]")]
+PerfRank = Annotated[int, typer.Option(help=f"PowerSGD rank, 1 to {MAX_POWERSGD_RANK}")]
 PerfSlowdown = Annotated[float | None, typer.Option(help="factor (1 to 100) by which backward "
                                                     "slows while communication runs beside it "
                                                     "(default: the calibration's or the "
@@ -45,19 +57,22 @@ PerfReference = Annotated[str, typer.Option(help="the reference setting assumed 
                                             "--calibration: v100 (the compression-utility "
                                             "paper's V100 cluster) or h100 (see "
                                             "docs/performance-model.md)")]
-PerfCompute = Annotated[str | None, typer.Option("--compute-ms", help="FORWARD,BACKWARD ms "
-                                                 "to use instead of the profile's")]
+PerfCompute = Annotated[str | None, typer.Option("--compute-ms", help="FORWARD,BACKWARD ms, "
+                                                 "each > 0 and at most "
+                                                 f"{MAX_SECONDS * 1e3:g}, instead of the "
+                                                 "profile's")]
 PerfMode = Annotated[str, typer.Option(help="bucket: DDP buckets; model: one bucket")]
-PerfBucket = Annotated[float, typer.Option("--bucket-mb", help="DDP bucket cap, MiB (--mode "
-                                           "bucket)")]
-PerfPerNode = Annotated[int, typer.Option(help="consecutive ranks per node: they share the "
-                                          "node's link to other nodes")]
+PerfBucket = Annotated[float, typer.Option("--bucket-mb", help="DDP bucket cap, MiB, > 0 "
+                                           "(--mode bucket)")]
+PerfPerNode = Annotated[int, typer.Option(help=f"consecutive ranks per node, 1 to {MAX_WORLD}: "
+                                          "they share the node's link to other nodes")]
 PerfIntra = Annotated[str, typer.Option(help="link between the ranks of one node (with "
                                         "--ranks-per-node > 1), up to 100tbit: e.g. 3.6tbit "
                                         "for an H100's NVLink")]
 PerfCalibration = Annotated[Path | None, typer.Option(
     "--calibration", help="a `gradwire calibrate` file, measured on your cluster: its α, γ, "
-    "codec times, slowdowns and shared-CPU terms replace the reference setting's")]
+    "codec times, slowdowns and shared-CPU terms replace the reference setting's (default: "
+    "none, the --reference setting)")]
 
 
 def _check_bucket(ctx: typer.Context, mode: str) -> None:
@@ -97,7 +112,8 @@ def _check_read(ctx: typer.Context, calibration: Path | None, ranks_per_node: in
 def profile(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Option(help="a model from `gradwire models` to measure "
-                                              "on this machine")] = None,
+                                              "on this machine (default: none, list the "
+                                              "built-in profiles)")] = None,
     batch_size: Annotated[int, typer.Option(help="samples per iteration of the one process "
                                             "profiled (1 to 65536)")] = 32,
     iters: Annotated[int, typer.Option(min=1, help="timed iterations (at most 1000)")] = 10,
@@ -127,26 +143,60 @@ def profile(
                                 "lists the built-in profiles)")
         console.print(report.profiles_table())
         return
+    from gradwire.models import get_spec
     from gradwire.profiles.measure import measure
 
     check_range("--batch-size", batch_size, 1, MAX_BATCH)
     check_range("--seq-len", seq_len, 1, MAX_SEQ_LEN)
     check_range("--iters", iters, 1, MAX_RECORDED)  # as many as `gradwire trace` records
     check_range("--warmup", warmup, 0, MAX_RECORDED)
+    spec = get_spec(model)
+    if spec.data != "text" and typed(ctx, "seq_len"):  # as any option the run would not read
+        raise GradwireError(f"--seq-len {seq_len} sets a text model's symbols per sample: "
+                            f"{model} reads {spec.data}; leave it out")
     check_outputs(("--out", out))
-    p = measure(model, batch_size, iters, warmup, seq_len)
+    try:
+        p = measure(model, batch_size, iters, warmup, seq_len)
+    except (MemoryError, RuntimeError) as e:
+        short = _out_of_memory(e, model, batch_size, seq_len if spec.data == "text" else None)
+        if short is None:
+            raise
+        raise short from None
     console.print(report.profile_table(model, p))
     if out:
         write_text(out, p.to_text())
 
 
+def _out_of_memory(e: MemoryError | RuntimeError, model: str, batch_size: int,
+                   seq_len: int | None) -> GradwireError | None:
+    """A measurement that ran out of memory as one line naming the options that size it
+    (torch's CPU allocator raises a RuntimeError, CUDA's an OutOfMemoryError); None for any
+    other error."""
+    import re
+
+    import torch
+
+    text = str(e)
+    # torch.cuda's name: torch.OutOfMemoryError is the same class, from torch 2.5 on only
+    if not (isinstance(e, MemoryError | torch.cuda.OutOfMemoryError)
+            or "can't allocate memory" in text):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    size = f" (it asked for {int(asked.group(1)) / 2**30:.3g} GiB at once)" if asked else ""
+    sized = f"--batch-size {batch_size}" + ("" if seq_len is None else f" --seq-len {seq_len}")
+    return GradwireError(f"profile --model {model} {sized}: one iteration needs more memory "
+                         f"than this machine gives{size}; give a smaller --batch-size"
+                         + ("" if seq_len is None else " or --seq-len"))
+
+
 def whatif(
     ctx: typer.Context,
     model: PerfModel = "resnet50",
-    workers: Annotated[str, typer.Option(help="4:128 (doubling), 4:128:4 or a comma list")] =
-    "4:128",
-    bandwidth: Annotated[str, typer.Option(help="comma list of link rates, e.g. 1gbit,10gbit")]
-    = "1gbit,10gbit,25gbit",
+    workers: Annotated[str, typer.Option(help="4:128 (doubling: 4, 8, ..., 128), 4:128:4 (×4: "
+                                         "4, 16, 64) or a comma list, each from 1 to "
+                                         f"{MAX_WORLD}")] = "4:128",
+    bandwidth: Annotated[str, typer.Option(help=f"comma list of link rates, {_RATES}, e.g. "
+                                           "1gbit,10gbit")] = "1gbit,10gbit,25gbit",
     agg: PerfAgg = "dense,fp16,topk,gtopk,powersgd,signsgd",
     compute_speedup: Annotated[str, typer.Option(help="comma list of factors dividing compute "
                                                  "and encode/decode times (a faster "
@@ -164,8 +214,9 @@ def whatif(
     compute_ms: PerfCompute = None,
     calibration: PerfCalibration = None,
     reference: PerfReference = "v100",
-    plot: Annotated[Path | None, typer.Option(help="write a PNG of iteration time against "
-                                              "workers here")] = None,
+    plot: Annotated[Path | None, typer.Option(help="write a figure of iteration time against "
+                                              "workers here, in the format its extension "
+                                              "names (.png, .svg, .pdf, ...)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write every prediction "
                                                   "here")] = None,
 ) -> None:
@@ -202,8 +253,9 @@ def whatif(
 def advise(
     ctx: typer.Context,
     model: PerfModel = "resnet50",
-    workers: Annotated[int, typer.Option(min=1, help="number of workers")] = 32,
-    bandwidth: Annotated[str, typer.Option(help="link rate, e.g. 1gbit")] = "1gbit",
+    workers: Annotated[int, typer.Option(min=1, help=f"number of workers, 1 to {MAX_WORLD}")]
+    = 32,
+    bandwidth: Annotated[str, typer.Option(help=f"link rate, {_RATES}, e.g. 1gbit")] = "1gbit",
     agg: Annotated[str | None, typer.Option("--agg", help="comma list of methods to rank "
                                             "(default: every method)")] = None,
     density: PerfDensity = 0.001,

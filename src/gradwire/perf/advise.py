@@ -2,7 +2,8 @@
 
 Each method of :data:`gradwire.catalogue.METHODS` runs with the parameters given (density for the
 sparsifiers, rank for PowerSGD) through :func:`gradwire.perf.model.predict`; methods the codec
-table has no encode/decode time for are listed as not ranked.
+table has no encode/decode time for, and methods the cluster cannot run (int8 beyond 127 ranks),
+are listed as not ranked.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from gradwire.catalogue import METHODS
 from gradwire.catalogue.paths import DENSE
 from gradwire.errors import GradwireError
 from gradwire.perf.codecs import CodecTable
-from gradwire.perf.model import Aggregation, ClusterModel, Prediction, predict
+from gradwire.perf.model import (
+    Aggregation,
+    ClusterModel,
+    Prediction,
+    check_compute,
+    predict,
+)
 from gradwire.profiles import Profile
 
 
@@ -38,19 +45,29 @@ def rank(profile: Profile, cluster: ClusterModel, aggs: list[Aggregation], codec
          compute_speedup: float = 1.0,
          overlap_slowdown: float = 1.0) -> tuple[list[Ranked], list[str]]:
     """Schemes fastest first, and the methods left out (with why)."""
-    ranked, unpriced = [], []
+    # what every scheme shares (the profile's times, the speed-up, κ) fails the command, not
+    # one scheme
+    check_compute(profile, compute_speedup, overlap_slowdown)
+    ranked, unpriced, unrunnable = [], [], []
     for agg in aggs:
         # dense encodes nothing (predict never asks the table for it): a table of the
         # compressors alone still prices the baseline every compressor is measured against
         if agg.method not in codecs.methods and catalogue.get(agg.method).path is not DENSE:
             unpriced.append(agg.label)
             continue
-        ranked.append(Ranked(agg, predict(profile, cluster, agg, codecs, compute_speedup,
-                                          overlap_slowdown)))
+        try:
+            ranked.append(Ranked(agg, predict(profile, cluster, agg, codecs, compute_speedup,
+                                              overlap_slowdown)))
+        except GradwireError as e:
+            # a method this cluster cannot run (int8 beyond 127 ranks): the others are still
+            # ranked, as where the codec table cannot price one
+            why = str(e)
+            unrunnable.append(why if why.startswith(f"{agg.method}:") else f"{agg.label}: {why}")
     skipped = [f"{', '.join(unpriced)}: "
                + codecs.lacks("it" if len(unpriced) == 1 else "them")] if unpriced else []
+    skipped += unrunnable
     if not ranked:
-        raise GradwireError("no aggregation scheme could be predicted: " + skipped[0])
+        raise GradwireError("no aggregation scheme could be predicted: " + "; ".join(skipped))
     # Equal times (one worker sends nothing, whatever the scheme) rank in the catalogue's
     # order, dense first: a compressor that saves nothing must not win on the order --agg
     # named it in, as it risks the accuracy training reaches.
@@ -75,10 +92,16 @@ def explain(ranked: list[Ranked]) -> str:
     w = ranked[0]
     p = w.prediction
     compute = p.forward + p.backward + p.step
-    lines = [f"{w.agg.label} wins at {_ms(w.seconds)} per iteration: {_ms(compute)} of compute "
-             f"and {_ms(w.overhead)} that backward does not hide ({_ms(p.coding)} encode+decode"
-             f", {_ms(float(p.communicate))} on the wire in all, {p.wire_bytes / 1e6:.3g} MB "
-             f"sent per rank over {p.buckets} buckets)."]
+    # backward beside communication takes κ times its own time: that part is communication's
+    # cost, not the profile's compute, and the efficiency counts it so
+    alone = p.backward if p.backward_alone is None else p.backward_alone
+    slowed = (f" ({_ms(p.backward - alone)} of it backward slowed by the communication beside "
+              f"it)" if p.backward - alone >= 0.05e-3 else "")  # as _ms rounds
+    lines = [f"{w.agg.label} wins at {_ms(w.seconds)} per iteration: {_ms(compute)} of compute"
+             f"{slowed} and {_ms(w.overhead)} that backward does not hide ({_ms(p.coding)} "
+             f"encode+decode, {_ms(float(p.communicate))} on the wire in all, "
+             f"{p.wire_bytes / 1e6:.3g} MB of payload per rank over {p.buckets} "
+             f"bucket{'' if p.buckets == 1 else 's'})."]
     if p.cpu_bound >= float(w.seconds) - 1e-12 and p.cpu_bound > 0:
         lines.append(f"It is bound by the shared cores: {_ms(p.cpu)} of CPU per rank "
                      f"({_ms(p.cpu_comm)} of it in the collectives) and the waits of "

@@ -41,9 +41,9 @@ class CodecTable:
 
     def lacks(self, what: str) -> str:
         """Why ``what`` (a method, or a word for several) cannot be priced from this table."""
+        has = ", ".join(self.methods) or "none"  # a table of no methods: not "(it has )"
         return (f"codec table {self.name!r} has no encode/decode time for {what} (it has "
-                f"{', '.join(self.methods)}): use another --codecs table or run gradwire "
-                f"calibrate")
+                f"{has}): use another --codecs table or run gradwire calibrate")
 
     def seconds(self, method: str, numel: int, world_size: int) -> tuple[float, float]:
         """(encode, decode) seconds for one bucket of ``numel`` elements."""

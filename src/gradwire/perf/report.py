@@ -78,11 +78,12 @@ def _ratio(need: float | None) -> str:
 
 def advice_table(a: Advice) -> Table:
     """The ranking, fastest first: time, efficiency, what backward does not hide, coding,
-    wire time and bytes sent per rank."""
-    g = a.cluster.ranks_per_node
+    wire time and each rank's payload (what it compresses to, not what a schedule sends:
+    a ring sends 2(P−1)/P of it, Top-k's allgather P−1 times it)."""
+    g, p = a.cluster.ranks_per_node, a.cluster.workers
     t = Table("#", "aggregation", "iteration (ms)", "efficiency", "not hidden (ms)",
-              "encode+decode (ms)", "wire (ms)", "sent/rank (MB)",
-              title=f"{a.profile.model}, {a.cluster.workers} workers, {a.bandwidth}"
+              "encode+decode (ms)", "wire (ms)", "payload/rank (MB)",
+              title=f"{a.profile.model}, {p} worker{'' if p == 1 else 's'}, {a.bandwidth}"
                     + (f", {g} per node ({a.intra_bandwidth} inside)" if g > 1 else ""))
     for i, r in enumerate(a.ranked, 1):
         p = r.prediction

@@ -183,10 +183,16 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
     else:
         base = w.calibration_terms(cal or w.read_calibration(s.calibration), s.calibration)
         alpha_t, slowdown, cpu = base.alpha_transport, base.compute_slowdown, base.cpu
+        coding = base.coding_slowdown
+        # κ and the coding slowdown move every prediction as much as α and γ do: said as the
+        # reference setting says them
         where = (f"α {base.alpha * 1e6:.0f} µs per step"
                  + (f" (gradwire's executor {alpha_t * 1e6:.0f} µs)" if alpha_t else "")
                  + f", γ {base.gamma * 1e9:.3g} ns/B"
                  + "".join(f" ({d} {g * 1e9:.3g})" for d, g in base.gamma_dtype)
+                 + f", κ {base.overlap_slowdown:.2f}"
+                 + (f", coding shares the device with backward (×{coding:.2f})"
+                    if coding is not None else ", coding beside backward")
                  + (f", compute ×{slowdown:.2f} as the ranks run it" if slowdown != 1 else "")
                  + f" from {s.calibration}")
         if cpu is None:
@@ -210,7 +216,8 @@ def setting(s: Scenario, cal: Calibration | None = None) -> tuple[w.Setting, str
     # the executor's steps cross the same links as the backend's, with its own software on top
     alpha_t = (None if base.alpha_transport is None
                else max(0.0, alpha + base.alpha_transport - base.alpha))
-    given = [f"{name} {v:g}{unit}" for name, v, unit in (
+    # + 0.0: a typed "-0" is 0, not "-0 ns/B"
+    given = [f"{name} {v + 0.0:g}{unit}" for name, v, unit in (
         ("α", s.alpha_us, " µs"), ("γ", s.gamma_ns, " ns/B"), ("κ", s.overlap_slowdown, ""))
         if v is not None]
     if s.alpha_us is not None and alpha_t is not None:  # it moved with the given α
