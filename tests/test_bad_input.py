@@ -105,7 +105,9 @@ CLI = [
     (["bench", "--batch", "0"], "Invalid value for '--batch'"),
     (["bench", "--warmup", "-1"], "Invalid value for '--warmup'"),
     (["bench", "--bandwidth", "1gbps"], "bandwidth '1gbps' is not valid"),
-    (["calibrate", "--hosts", "1"], "calibrate needs --hosts >= 2"),
+    (["calibrate", "--hosts", "1"], "calibrate needs --hosts from 2 to 250, got 1"),
+    # the cluster's own range, 1 to 250, had been named for a count calibrate never takes
+    (["calibrate", "--hosts", "251"], "calibrate needs --hosts from 2 to 250, got 251"),
     # checked before any rank starts (each rank printed a traceback without naming the value)
     (["bench", "--algo", "ring:pipeline=abc"],
      "algorithm 'ring:pipeline=abc': allreduce ring: parameter pipeline='abc': expected an "

@@ -27,7 +27,7 @@ from gradwire.cli.options import (
     write_json,
 )
 from gradwire.cluster.netns import MTU
-from gradwire.cluster.state import check_mtu
+from gradwire.cluster.state import MAX_HOSTS, check_mtu
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import save_elsewhere
 from gradwire.launcher import check_timeout
@@ -183,8 +183,8 @@ def calibrate(
     check_timeout(timeout)
     parse_bandwidth(bandwidth)
     check_mtu(mtu)
-    if cluster is None and hosts < 2:
-        raise GradwireError(f"calibrate needs --hosts >= 2, got {hosts}")
+    if cluster is None and not 2 <= hosts <= MAX_HOSTS:  # a cluster's own range starts at 1
+        raise GradwireError(f"calibrate needs --hosts from 2 to {MAX_HOSTS}, got {hosts}")
     p = planned_ranks(hosts, cluster)  # a live cluster's hosts, not --hosts
     if p < 2:
         raise GradwireError(f"calibrate needs 2 or more hosts: cluster {cluster} has {p}")
