@@ -107,16 +107,20 @@ def simulate(
     ctx: typer.Context,
     trace: Annotated[list[Path], typer.Option(help="a trace from `gradwire trace` "
                                               "(repeatable with --table)")],
-    workers: Annotated[int, typer.Option(min=1, help="at most 4096")] = 32,
-    bandwidth: Annotated[str, typer.Option(help="every link, each way: 10gbit, 25gbit, "
-                                           "...")] = "25gbit",
+    workers: Annotated[int, typer.Option(min=1, help="simulated workers (at most "
+                                         "4096)")] = 32,
+    bandwidth: Annotated[str, typer.Option(help="every link, each way, in bits per second: "
+                                           "10gbit, 25gbit, ... (units kbit, mbit, gbit, "
+                                           "tbit)")] = "25gbit",
     mechanism: Annotated[str, typer.Option(help="comma list (see docs/simulator.md): ps, "
                                            "multicast, ina, multicast+ina, ring, "
                                            "ring+multicast, butterfly, any allreduce "
                                            "algorithm, NAME:KEY=VALUE options")
                          ] = SIM_MECHANISMS,
     servers: Annotated[int, typer.Option(min=1, help="parameter servers (at most 4096)")] = 1,
-    iterations: Annotated[int, typer.Option(min=1, help="at most 1000")] = 3,
+    iterations: Annotated[int, typer.Option(min=1, help="iterations simulated; the "
+                                            "iteration time is the mean interval between "
+                                            "their ends after the first (at most 1000)")] = 3,
     latency_us: Annotated[float | None, typer.Option(
         min=0, show_default=f"{LATENCY_US:g}", help="one-way latency per host (NIC, cable, half "
         "the switch), paid at each end of every flow; the default is a datacenter Ethernet's, "
@@ -131,7 +135,9 @@ def simulate(
     timeline: Annotated[Path | None, typer.Option(help="write a Perfetto/chrome trace "
                                                   "JSON")] = None,
     sweep: Annotated[str | None, typer.Option(help="AXIS=V1,V2,..: workers, bandwidth, "
-                                              "speedup or layers")] = None,
+                                              "speedup (compute divided by it) or layers "
+                                              "(added as `gradwire trace --add-layers` "
+                                              "adds them: 4 MiB, 1 + 2 ms each)")] = None,
     plot: Annotated[Path | None, typer.Option(help="the sweep's PNG")] = None,
     table: Annotated[int | None, typer.Option(help="one of the paper's tables: 4, 6, 8, 9, "
                                               "10, each with its own mechanisms (not with "

@@ -33,8 +33,8 @@ import numpy as np
 from gradwire.check import is_int
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
-from gradwire.schedules.ir import Schedule, Step, Table, blocks, chain
-from gradwire.sim.cluster import SimCluster, SimResult, choices, finish
+from gradwire.schedules.ir import Schedule, Step, Table, blocks, chain, split
+from gradwire.sim.cluster import SimCluster, SimResult, choices, finish, steady_compute
 from gradwire.sim.engine import Engine, Network, check_recordable, check_replayable
 from gradwire.sim.replay import Peers, Replay, dataflow, step_arrays
 from gradwire.sim.trace import Trace
@@ -264,12 +264,6 @@ class _Loop:
         return end
 
 
-def _mean_compute(trace: Trace, pick: np.ndarray) -> float:
-    """Mean forward + backward over the recorded iterations the simulated ones replay."""
-    compute = [it.forward_s + it.backward_s for it in trace.iterations]
-    return float(np.mean([compute[k] for k in pick.ravel()]))
-
-
 def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name: str = "ring",
                         record: bool = False, fast: bool = True) -> SimResult:
     """Run ``c.iterations`` iterations of host-based aggregation ``o`` on ``c.workers`` hosts
@@ -278,12 +272,11 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
         return simulate_ring_multicast(trace, c, o, name, record)
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
-    specs = [bucket_calls(sum(trace.params[i].bytes for i in g), p, o, bucket_shapes(trace, g),
-                          bucket_itemsize(trace, g)) for g in groups]
+    specs = _bucket_specs(trace, groups, p, o)
     items = [item for _, item in specs]
     pick = choices(c, len(trace.iterations))
     net = Network.uniform(p, c.bytes_per_s, c.latency)
-    mean_compute = _mean_compute(trace, pick)
+    compute = steady_compute(trace, pick)
     hosts = list(range(p))
 
     def ready_times(it: int, start: np.ndarray) -> np.ndarray:
@@ -297,8 +290,11 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
 
     if record:
         _check_messages(specs, p, c.iterations, check_recordable)
+    if fast and not record and o.algo == "ring" and o.compressor is None:
+        _check_dense_ring(trace, c, o)  # before its tables are built
     arrays = _ring_arrays(specs, p) if fast and not record else None
     if arrays is not None:
+        check_ring_steps(c.iterations * sum(len(a) for a in arrays))
         eng = Engine(net)
         start, port, ends = np.zeros(p), None, []
         for it in range(c.iterations):
@@ -306,7 +302,7 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
                                   c.gamma, port, eng.carried)
             start = done.max(axis=0)
             ends.append(float(start.max()))
-        return finish(name, ends, mean_compute, eng, p, ends[-1], [])
+        return finish(name, ends, compute, eng, p, ends[-1], [])
 
     _check_messages(specs, p, c.iterations, check_replayable)
     with _no_gc():
@@ -316,7 +312,32 @@ def simulate_collective(trace: Trace, c: SimCluster, o: CollectiveOptions, name:
     loop = _Loop(trace, c, groups, pick, eng, record)
     end = loop.run(Replay(eng, hosts, 1, c.alpha, c.gamma, loop.bucket_done), scheds, items,
                    name)
-    return finish(name, loop.ends, mean_compute, eng, p, end, loop.timeline or [])
+    return finish(name, loop.ends, compute, eng, p, end, loop.timeline or [])
+
+
+def _bucket_specs(trace: Trace, groups: list[list[int]], p: int,
+                  o: CollectiveOptions) -> list[tuple[list, int]]:
+    """:func:`bucket_calls` of every bucket of ``groups``."""
+    return [bucket_calls(sum(trace.params[i].bytes for i in g), p, o, bucket_shapes(trace, g),
+                         bucket_itemsize(trace, g)) for g in groups]
+
+
+def check_collective(trace: Trace, c: SimCluster, o: CollectiveOptions,
+                     record: bool = False) -> None:
+    """Refuse what :func:`simulate_collective` would refuse for its messages (a timeline too
+    large, a replay too long), without running it, so that a list of mechanisms or a sweep
+    is refused before the first of them runs. A ring without a timeline is left to the run:
+    numpy computes it where every rank has one peer, with no bound."""
+    if o.multicast:
+        _ring_multicast_specs(trace, c, o, record)
+        return
+    if o.algo == "ring" and not record:
+        if o.compressor is None:  # a compressed ring's calls are counted as the run builds them
+            _check_dense_ring(trace, c, o)
+        return
+    specs = _bucket_specs(trace, buckets(trace, o.bucket_bytes), c.workers, o)
+    _check_messages(specs, c.workers, c.iterations,
+                    check_recordable if record else check_replayable)
 
 
 def _check_messages(specs: list[tuple[list, int]], p: int, iterations: int,
@@ -334,12 +355,60 @@ def _check_messages(specs: list[tuple[list, int]], p: int, iterations: int,
         check(total)
 
 
+# The ring's numpy path: steps it computes, about 75 000 a second (some 8 minutes; a ring on
+# 4096 workers has 8190 a bucket, ResNet-50's 161 buckets 1.3 M an iteration), and transfers
+# whose steps it holds, about 9 bytes each (5.4 GB; each distinct bucket size of 4096 elements
+# or more holds 33.5 M at 4096 workers). Without them a ring on 4096 workers ran for hours at
+# 1000 iterations, and one over 200 tensors of distinct sizes was killed for memory.
+MAX_RING_STEPS = 36_000_000
+MAX_RING_TRANSFERS = 600_000_000
+
+
+def check_ring_steps(steps: int) -> None:
+    """Refuse a ring that computes more than :data:`MAX_RING_STEPS` steps, in one line."""
+    if steps > MAX_RING_STEPS:
+        raise GradwireError(f"the ring is computed step by step, about 75,000 a second, and "
+                            f"this run has {steps:,} steps (a dense bucket's 2(P - 1), every "
+                            f"iteration), more than {MAX_RING_STEPS:,}: simulate fewer workers "
+                            f"or iterations, or larger buckets (bucket=)")
+
+
+def _check_dense_ring(trace: Trace, c: SimCluster, o: CollectiveOptions) -> None:
+    """What :func:`_ring_arrays` and :func:`check_ring_steps` would refuse for a dense ring,
+    from the ring's shape instead of its tables (building them took 100 s at 4096 workers
+    before a refusal): an allreduce is 2(P - 1) steps, and in each phase every one of the
+    buffer's chunks is sent P - 1 times, as its sub-chunks (``schedules.ring.ring_table``)."""
+    from gradwire.schedules.ring import pick_pipeline
+
+    p = c.workers
+    groups = buckets(trace, o.bucket_bytes)
+    check_ring_steps(c.iterations * len(groups) * 2 * (p - 1))
+    held: dict[tuple[int, int], int] = {}
+    for g in groups:
+        _, _, count, kw = bucket_spec(sum(trace.params[i].bytes for i in g), p, o)
+        key = (count, kw["itemsize"])
+        if key not in held:
+            cut = pick_pipeline(p, count, kw.get("pipeline"), kw["itemsize"])
+            held[key] = 2 * (p - 1) * sum(len(split(c0, n, cut)) for c0, n in blocks(count, p))
+            _check_ring_memory(sum(held.values()), len(held))
+
+
+def _check_ring_memory(transfers: int, sizes: int) -> None:
+    """Refuse compiled ring steps of more than :data:`MAX_RING_TRANSFERS` transfers."""
+    if transfers > MAX_RING_TRANSFERS:
+        raise GradwireError(f"the ring's steps of {sizes} distinct bucket sizes hold more than "
+                            f"{MAX_RING_TRANSFERS:,} transfers, 9 bytes each in memory: "
+                            f"simulate fewer workers, or buckets of fewer distinct sizes "
+                            f"(bucket=)")
+
+
 def _ring_arrays(specs: list[tuple[list, int]], p: int) -> list | None:
     """Each bucket's :func:`step_arrays` where every rank sends to one peer and receives
     from one in all of them (:func:`single_peer`: the ring), else None. Equal buckets share
     one; each table is built afresh and dropped once compiled, so that one lives at a time (a
     ring at 4096 ranks is 33 M transfers a bucket)."""
     compiled: dict[str, list] = {}
+    held = 0  # transfers in the compiled steps
     peers = Peers(p)
     arrays = []
     for calls, item in specs:
@@ -349,6 +418,8 @@ def _ring_arrays(specs: list[tuple[list, int]], p: int) -> list | None:
                 t = Table.chain([call_table(call, p, item, cached=False) for call in calls])
             if not peers.add(t):
                 return None
+            held += len(t.src)
+            _check_ring_memory(held, len(compiled) + 1)
             compiled[key] = step_arrays(t, item)
             del t
         arrays.append(compiled[key])
@@ -364,14 +435,10 @@ def check_ring_multicast(o: CollectiveOptions) -> None:
                             f"compressor, got algo={o.algo!r}, compressor={o.compressor!r}")
 
 
-def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
-                            name: str = "ring+multicast", record: bool = False) -> SimResult:
-    """Ring-reduce whose second ring is IP multicast (the network-operator paper §8.3, Table
-    6's middle column): each bucket is reduce-scattered by the library's ring schedule; as soon
-    as a rank holds its reduced block it multicasts it to every other worker (one flow over its
-    up link and their down links); a rank has the bucket when its own reduce-scatter is done
-    and the P − 1 other blocks have arrived. Iterations as in :func:`simulate_collective`.
-    ``o`` is the ring's: another algorithm or a compressor is refused (it would not run)."""
+def _ring_multicast_specs(trace: Trace, c: SimCluster, o: CollectiveOptions, record: bool
+                          ) -> tuple[list[list[int]], list[tuple[str, str, int, dict]]]:
+    """The buckets of a ring+multicast run and each one's :func:`bucket_spec`, once its
+    messages (each reduce-scatter's and its P multicasts) are counted within the bounds."""
     check_ring_multicast(o)
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
@@ -386,6 +453,19 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
         check_replayable(total)
         if record:
             check_recordable(total)
+    return groups, specs
+
+
+def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
+                            name: str = "ring+multicast", record: bool = False) -> SimResult:
+    """Ring-reduce whose second ring is IP multicast (the network-operator paper §8.3, Table
+    6's middle column): each bucket is reduce-scattered by the library's ring schedule; as soon
+    as a rank holds its reduced block it multicasts it to every other worker (one flow over its
+    up link and their down links); a rank has the bucket when its own reduce-scatter is done
+    and the P − 1 other blocks have arrived. Iterations as in :func:`simulate_collective`.
+    ``o`` is the ring's: another algorithm or a compressor is refused (it would not run)."""
+    p = c.workers
+    groups, specs = _ring_multicast_specs(trace, c, o, record)
     with _no_gc():
         scheds = [registry.schedule("reducescatter", "ring", p, n, **kw)
                   for _, _, n, kw in specs]
@@ -419,4 +499,4 @@ def simulate_ring_multicast(trace: Trace, c: SimCluster, o: CollectiveOptions,
 
     replay = Replay(eng, list(range(p)), 1, c.alpha, c.gamma, done)
     end = loop.run(replay, scheds, items, name)
-    return finish(name, loop.ends, _mean_compute(trace, pick), eng, p, end, loop.timeline or [])
+    return finish(name, loop.ends, steady_compute(trace, pick), eng, p, end, loop.timeline or [])

@@ -30,9 +30,17 @@ EPS = 1e-9
 # Flows a recording engine keeps for a timeline: 2.1 M (a ring on 128 workers, 65 buckets)
 # take 2 GB and make a 166 MB trace; a ring's grow as the workers squared.
 MAX_RECORDED = 4_000_000
-# Flows an engine replays one by one, about 60 000 a second: some 8 minutes. A ring+multicast
-# on 4096 workers sends 16.8 M a bucket.
+# Flows an engine replays one by one, about 60 000 a second on tens of workers (fewer with
+# many flows in flight: a butterfly on 1024 workers, 20 000): some 8 minutes. A
+# ring+multicast on 4096 workers sends 16.8 M a bucket.
 MAX_REPLAYED = 30_000_000
+REPLAY_RATE = 60_000
+# A parameter server's flows cost more each (a message of a server's or a worker's queue, and
+# an arrival that drives the forward pass): about 10 000 a second up to hundreds of workers,
+# 4 000 at 4096. Their bound keeps the same 8 minutes or so at the rate of a few hundred
+# workers: under the 30 M, a PS on 4096 workers and 1000 iterations ran for hours first.
+MAX_PS_REPLAYED = 5_000_000
+PS_REPLAY_RATE = 10_000
 
 
 def maxmin(flow_links: Sequence[Sequence[int]], capacity: np.ndarray) -> np.ndarray:
@@ -131,13 +139,17 @@ def check_recordable(messages: int) -> None:
                             f"fewer workers, iterations or buckets")
 
 
-def check_replayable(messages: int) -> None:
-    """Refuse a run of more than :data:`MAX_REPLAYED` messages replayed one by one, in one
-    line, rather than run for hours."""
-    if messages > MAX_REPLAYED:
-        raise GradwireError(f"this mechanism is replayed message by message, about 60,000 a "
-                            f"second, and this run sends more than {MAX_REPLAYED:,}: simulate "
-                            f"fewer workers or iterations, or larger buckets (bucket_bytes=)")
+def check_replayable(messages: int, most: int | None = None, rate: int = REPLAY_RATE,
+                     fewer: str = "fewer workers or iterations, or larger buckets (bucket=)"
+                     ) -> None:
+    """Refuse a run of more than ``most`` messages (default :data:`MAX_REPLAYED`) replayed one
+    by one at about ``rate`` a second, in one line saying what to make ``fewer``, rather than
+    run for hours."""
+    most = MAX_REPLAYED if most is None else min(most, MAX_REPLAYED)
+    if messages > most:
+        raise GradwireError(f"this mechanism is replayed message by message, about {rate:,} "
+                            f"a second, and this run sends more than {most:,}: simulate "
+                            f"{fewer}")
 
 
 class Engine:

@@ -20,8 +20,9 @@ the schedule's parameters (``pipeline=4``). Example:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gradwire.check import is_int
@@ -29,8 +30,13 @@ from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 from gradwire.schedules.registry import parse_params
 from gradwire.sim.cluster import SimCluster, SimResult
-from gradwire.sim.collective import CollectiveOptions, simulate_collective, simulate_ring_multicast
-from gradwire.sim.ps import PSOptions, simulate_ps
+from gradwire.sim.collective import (
+    CollectiveOptions,
+    check_collective,
+    simulate_collective,
+    simulate_ring_multicast,
+)
+from gradwire.sim.ps import PSOptions, check_flows, simulate_ps
 from gradwire.sim.trace import Trace
 
 PS_FAMILY = {"ps": {}, "multicast": {"multicast": True}, "ina": {"ina": True},
@@ -43,9 +49,14 @@ BASELINE = "ps"
 
 @dataclass(frozen=True)
 class Mechanism:
+    """``run(trace, cluster, record)`` simulates it; ``check(trace, cluster, record)`` refuses,
+    without simulating, what the run would refuse for its size (too many messages to replay
+    or record), so that every mechanism and point of a request is checked before any runs."""
+
     label: str
     run: Callable[[Trace, SimCluster, bool], SimResult]
     options: PSOptions | CollectiveOptions
+    check: Callable[[Trace, SimCluster, bool], None] = lambda t, c, rec: None
 
 
 def _flag(label: str, key: str, v: object) -> bool:
@@ -92,7 +103,8 @@ def _parse(label: str) -> Mechanism:
                                     f"{did_you_mean(key, ['order', 'barrier', 'sharding'])}: "
                                     "expected order, barrier or sharding")
         opts = PSOptions(**kw)
-        return Mechanism(label, lambda t, c, rec: simulate_ps(t, c, opts, label, rec), opts)
+        return Mechanism(label, lambda t, c, rec: simulate_ps(t, c, opts, label, rec), opts,
+                         lambda t, c, rec: check_flows(t, c, opts, rec))
     if name == RING_MULTICAST:
         return _ring_multicast(label, params)
     algo = ALIASES.get(name, name)
@@ -106,7 +118,8 @@ def _parse(label: str) -> Mechanism:
     # CollectiveOptions checks the rest now (parse names the mechanism in its errors)
     opts2 = (CollectiveOptions(algo, bucket, None, {}, params) if comp is None
              else CollectiveOptions(algo, bucket, comp, params))
-    return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec), opts2)
+    return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec), opts2,
+                     lambda t, c, rec: check_collective(t, c, opts2, rec))
 
 
 def _bucket(label: str, params: dict) -> int:
@@ -123,7 +136,7 @@ def _ring_multicast(label: str, params: dict) -> Mechanism:
                             "(bucket= and pipeline= only)")
     opts = CollectiveOptions("ring", bucket, None, {}, params, multicast=True)  # checks them
     return Mechanism(label, lambda t, c, rec: simulate_ring_multicast(t, c, opts, label, rec),
-                     opts)
+                     opts, lambda t, c, rec: check_collective(t, c, opts, rec))
 
 
 def parse_list(text: str) -> list[Mechanism]:
@@ -132,6 +145,27 @@ def parse_list(text: str) -> list[Mechanism]:
         raise GradwireError(f"--mechanism {text!r} names none: expected a comma list such as "
                             f"{','.join(PAPER)}")
     return out
+
+
+def check(trace: Trace, cluster: SimCluster, mechanisms: list[Mechanism],
+          record: bool = False) -> None:
+    """Each mechanism's :attr:`Mechanism.check`, before any of them runs: a run past the
+    bounds is refused at once, not after the mechanisms before it ran for minutes."""
+    for m in mechanisms:
+        with _named(m):
+            m.check(trace, cluster, record)
+
+
+@contextlib.contextmanager
+def _named(m: Mechanism) -> Iterator[None]:
+    """Say which mechanism of the list an error is from, as :func:`parse` does."""
+    try:
+        yield
+    except GradwireError as e:
+        msg = str(e)
+        if msg.startswith((f"{m.label}:", f"mechanism {m.label!r}")):
+            raise
+        raise GradwireError(f"mechanism {m.label!r}: {msg}") from None
 
 
 def run(trace: Trace, cluster: SimCluster, mechanisms: list[Mechanism],
@@ -145,14 +179,8 @@ def run(trace: Trace, cluster: SimCluster, mechanisms: list[Mechanism],
             on_start(f"simulating {m.label} ({i + 1}/{len(mechanisms)}), {cluster.workers} "
                      f"workers")
         t0 = time.perf_counter()
-        try:
+        with _named(m):  # an error the trace brings out (pipeline= too fine for a tensor)
             r = m.run(trace, cluster, record)
-        except GradwireError as e:  # one the trace brings out (pipeline= too fine for a
-            # tensor): say which mechanism of the list, as parse() does
-            msg = str(e)
-            if msg.startswith((f"{m.label}:", f"mechanism {m.label!r}")):
-                raise
-            raise GradwireError(f"mechanism {m.label!r}: {msg}") from None
         r.wall_s = time.perf_counter() - t0
         out.append(r)
     return out

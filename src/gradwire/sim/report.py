@@ -93,24 +93,36 @@ PAPER_TABLES: dict[int, dict] = {
 }
 
 
+def paper_runs(number: int, cluster: SimCluster) -> list[tuple[SimCluster,
+                                                                list[mechanisms.Mechanism]]]:
+    """What table ``number`` runs on each trace: (cluster, mechanisms) per link rate, the
+    baseline first where its cells are speed-ups."""
+    spec = PAPER_TABLES[number]
+    c = dataclasses.replace(cluster, servers=spec.get("servers", cluster.servers))
+    specs = [*([mechanisms.BASELINE] if spec["speedup"] else []), *spec["columns"].values()]
+    return [(dataclasses.replace(c, bandwidth_bps=bw), [mechanisms.parse(s) for s in specs])
+            for bw in spec.get("bandwidths", (cluster.bandwidth_bps,))]
+
+
 def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster) -> tuple[Table, list]:
     """One of the paper's tables for ``traces``; rows are also returned as dicts (JSON)."""
     spec = PAPER_TABLES[number]
     cols = spec["columns"]
-    bws = spec.get("bandwidths", (cluster.bandwidth_bps,))
-    c = dataclasses.replace(cluster, servers=spec.get("servers", cluster.servers))
+    runs = paper_runs(number, cluster)
+    bws = [cb.bandwidth_bps for cb, _ in runs]
+    c = runs[0][0]
     head = ["model", *(["Gbps"] if len(bws) > 1 else []), *cols]
+    # the servers too: --servers changes the parameter servers' cells
     where = (f"{c.workers} workers" + ("" if len(bws) > 1 else f", {bws[0] / 1e9:g} Gbit/s")
-             + f", {host_costs(c)}")
-    table = Table(*head, title=f"{spec['title']}, {where}; the paper: 32 workers")
+             + f", {c.servers} server(s), {host_costs(c)}")
+    paper = spec.get("servers", 1)
+    table = Table(*head, title=f"{spec['title']}, {where}; the paper: 32 workers, {paper} "
+                  f"server{'s' if paper > 1 else ''}")
     rows = []
     for t in traces:
-        for bw in bws:
-            cb = dataclasses.replace(c, bandwidth_bps=bw)
-            specs = list(cols.values())
-            if spec["speedup"]:
-                specs = [mechanisms.BASELINE, *specs]
-            res = mechanisms.run(t, cb, [mechanisms.parse(s) for s in specs])
+        for cb, mechs in runs:
+            bw = cb.bandwidth_bps
+            res = mechanisms.run(t, cb, mechs)
             by = {r.mechanism: r for r in res}
             sp = speedups(res)
             cells = {k: (sp[v] if spec["speedup"] else by[v].iteration_s) for k, v in cols.items()}

@@ -135,13 +135,29 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,
                          gamma=gamma, iterations=iterations, seed=seed)
-    for v in values:  # each point made (not run) now: an edit the trace cannot take fails here
+    for v in values:  # each point made (not run) now: an edit the trace cannot take fails here,
+        # and so does a point too large to simulate, before the points ahead of it run
         try:
-            report.sweep_point(traces[0], cluster, axis, v)
+            check_sizes(*report.sweep_point(traces[0], cluster, axis, v), mechs)
         except GradwireError as e:
             raise GradwireError(f"--sweep {axis}={v:g}: {e}") from None
+    if table is not None:
+        for t in traces:
+            for c, ms in report.paper_runs(table, cluster):
+                check_sizes(t, c, ms)
+    elif not values and not emulate:
+        check_sizes(traces[0], cluster, mechs, timeline is not None)
     return Simulation(paths, traces, cluster, bandwidth, mechanism, table, sweep, emulate, plot,
                       timeline)
+
+
+def check_sizes(trace: Trace, cluster: SimCluster, mechs: list[Mechanism],
+                record: bool = False) -> None:
+    """Refuse a mechanism too large to replay (or, with ``record``, to record) before any
+    runs: a PS on 4096 workers ran the others for minutes before it was refused."""
+    from gradwire.sim.mechanisms import check
+
+    check(trace, cluster, mechs, record)
 
 
 def _serves(m: Mechanism) -> bool:
