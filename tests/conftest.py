@@ -2,6 +2,7 @@ import importlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +257,13 @@ def load_benchmark(name: str, monkeypatch):
 def benchmark_argv(monkeypatch, script: str, *args: str) -> None:
     """``sys.argv`` as if benchmarks/``script`` had been run with ``args``."""
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *args])
+
+
+@pytest.fixture
+def held_port():
+    """A port on 127.0.0.1 that a socket of this process holds, listening: its connections
+    are taken and never answered (a stopped store, another program's port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]

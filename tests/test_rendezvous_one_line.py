@@ -5,7 +5,6 @@ of c10d's own log lines."""
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 
@@ -29,15 +28,6 @@ PROGRAMS = {
     "emulate": ["gradwire.sim.emulate", "--stream-alpha", "--out", OUT],
 }
 NOISE = ("Traceback", "[c10d]", "socket.cpp", "TCPStore", "frame #")
-
-
-@pytest.fixture
-def held_port():
-    """A port on 127.0.0.1 that a socket of this process holds (listening, never answering)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
 
 
 def _start(argv: list[str], rank: int, port: int, addr: str = "127.0.0.1") -> subprocess.Popen:

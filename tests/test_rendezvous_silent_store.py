@@ -4,7 +4,6 @@ rank program, after ``stall_bound(timeout)`` seconds with one line that carries 
 own error prefix. A rendezvous that ends by itself leaves no watchdog behind."""
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -31,15 +30,6 @@ runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.fixture
-def silent_port():
-    """A port on 127.0.0.1 whose connections a socket of this test takes and never answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
-
-
 def _rank(name: str, rank: int, port: int, tmp_path) -> subprocess.Popen:
     argv = [str(tmp_path / f"{name}{rank}") if a == OUT else a for a in PROGRAMS[name]]
     if name == "worker":
@@ -64,14 +54,14 @@ def _line(p: subprocess.Popen, limit: float) -> str:
     return text.strip()
 
 
-def test_a_store_that_never_answers_is_one_line_in_every_rank_program(silent_port, tmp_path):
+def test_a_store_that_never_answers_is_one_line_in_every_rank_program(held_port, tmp_path):
     """Rank 1 of each program ends after the bound, in one line that says what happened and
     starts as that program's other errors do (learned from rank 0 failing to listen on the
     same port, which c10d itself reports)."""
     bound = stall_bound(TIMEOUT)
     start = time.monotonic()
-    stalled = {name: _rank(name, 1, silent_port, tmp_path) for name in PROGRAMS}
-    taken = {name: _rank(name, 0, silent_port, tmp_path) for name in PROGRAMS}
+    stalled = {name: _rank(name, 1, held_port, tmp_path) for name in PROGRAMS}
+    taken = {name: _rank(name, 0, held_port, tmp_path) for name in PROGRAMS}
     try:
         for name in PROGRAMS:
             own = _line(taken[name], 120)
@@ -80,7 +70,7 @@ def test_a_store_that_never_answers_is_one_line_in_every_rank_program(silent_por
             assert time.monotonic() - start >= bound, text  # the watchdog's doing, not c10d's
             assert text.startswith(
                 f"{prefix}rank 1 could not join the run's process group at "
-                f"127.0.0.1:{silent_port} within {TIMEOUT:g} s: its store there took the "
+                f"127.0.0.1:{held_port} within {TIMEOUT:g} s: its store there took the "
                 f"connection but gave no answer in {bound:.0f} s (rank 0 is stopped or stuck, "
                 "or MASTER_PORT is another program's port: give another)"), (name, text)
     finally:
