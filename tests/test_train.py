@@ -30,6 +30,8 @@ QUICK = ["--loopback", "--hosts", "2", "--model", "mlp-small", "--batch-size", "
     (["--mode", "layer"], "--mode 'layer' is not valid: expected one of bucket, model"),
     (["--momentum", "1"], "--momentum must be in [0, 1), got 1"),
     (["--model", "lstm", "--seq-len", "100000"], "--seq-len must be from 1 to 4096, got 100000"),
+    (["--seq-len", "32"], "--seq-len 32 sets a text model's symbols per sample: mlp reads "
+     "digits; leave it out"),
     (["--seed", "-1"], "--seed must be from 0 to 4294967295, got -1"),
     (["--batch-size", "5000"], "--batch-size 5000 is larger than a rank's share"),
     (["--resume"], "--resume needs --checkpoint PATH"),

@@ -131,6 +131,17 @@ def typed(ctx: typer.Context, name: str) -> bool:
     return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
 
 
+def check_seq_len(ctx: typer.Context, model: str, seq_len: int) -> None:
+    """A --seq-len typed for a model that reads no text is refused, as any option the run
+    would not read: accepted, it was silently ignored."""
+    from gradwire.models import get_spec
+
+    data = get_spec(model).data
+    if data != "text" and typed(ctx, "seq_len"):
+        raise GradwireError(f"--seq-len {seq_len} sets a text model's symbols per sample: "
+                            f"{model} reads {data}; leave it out")
+
+
 def live_cluster(name: str) -> Cluster:
     """The live cluster ``name``, refused while ``cluster up`` is still making its hosts (a run
     would get fewer ranks than it was made for, or none), and refused when it is stale (a run's

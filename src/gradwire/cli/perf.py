@@ -20,6 +20,7 @@ from gradwire.check import (
 )
 from gradwire.cli.options import (
     check_outputs,
+    check_seq_len,
     command_line,
     console,
     typed,
@@ -151,9 +152,7 @@ def profile(
     check_range("--iters", iters, 1, MAX_RECORDED)  # as many as `gradwire trace` records
     check_range("--warmup", warmup, 0, MAX_RECORDED)
     spec = get_spec(model)
-    if spec.data != "text" and typed(ctx, "seq_len"):  # as any option the run would not read
-        raise GradwireError(f"--seq-len {seq_len} sets a text model's symbols per sample: "
-                            f"{model} reads {spec.data}; leave it out")
+    check_seq_len(ctx, model, seq_len)
     check_outputs(("--out", out))
     try:
         p = measure(model, batch_size, iters, warmup, seq_len)

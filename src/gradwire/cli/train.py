@@ -24,6 +24,7 @@ from gradwire.cli.options import (
     Mtu,
     Seed,
     check_outputs,
+    check_seq_len,
     command_line,
     console,
     planned_ranks,
@@ -53,6 +54,7 @@ def models() -> None:
 
 
 def train(
+    ctx: typer.Context,
     model: Model = "mlp",
     agg: Annotated[str, typer.Option(help="aggregation method (dense, topk, gtopk, ...: "
                                      "see docs/training.md)")] = "dense",
@@ -98,6 +100,7 @@ def train(
     check_mtu(mtu)  # here, not when the cluster is made: after the notes below, and a fallback
     check_timeout(timeout)
     validate(cfg, planned_ranks(hosts, None))
+    check_seq_len(ctx, model, seq_len)
     check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
     note = warmup_note(cfg, "--epochs {epochs} or more, or --no-warmup, send it")
     if note:
