@@ -1,7 +1,9 @@
+import io
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +14,15 @@ from conftest import alive, cli_error, gradwire_leftovers, needs_netns, pids_in,
 
 from gradwire.cluster import ephemeral_cluster, loopback_cluster
 from gradwire.errors import GradwireError
-from gradwire.launcher import MALLOC_TUNABLES, PEER_LOST, launch
+from gradwire.launcher import (
+    LAST_LINE_CHARS,
+    MALLOC_TUNABLES,
+    PEER_LOST,
+    RankExit,
+    _failure,
+    _Output,
+    launch,
+)
 
 
 def _collect(cluster, cmd, **kw):
@@ -86,7 +96,33 @@ def test_a_failing_rank_stops_the_others_and_is_named(code, expect):
     assert time.monotonic() - t0 < 30  # the sleeping ranks were stopped, not waited for
     assert [e.returncode for e in res.exits if e.rank != 1] == [None, None]
     pids = pids_in(lines)
+    # the rank that exited on its error is given with its last line; a killed one is not
+    said = [line.split("] ", 1)[1] for line in lines if line.startswith("[rank 1]")][-1]
+    assert res.message == (f"{expect} (its last line: {said}); stopped the other ranks"
+                           if code == "3" else f"{expect}; stopped the other ranks")
     assert len(pids) == 3 and not [pid for pid in pids if alive(pid)]  # stopped and reaped
+
+
+def test_the_summary_gives_a_failed_ranks_last_line_on_one_short_line():
+    """What the rank printed last that is not blank, its whitespace made single spaces and
+    cut to LAST_LINE_CHARS; a rank that ended on its own error (an exit status, SIGABRT)
+    has it, a rank killed otherwise has none."""
+    output = _Output(lambda line: None, 3)
+    output.follow(0, io.StringIO("ValueError: bad\tshape (3, 4)\n   \n\n"))
+    output.follow(1, io.StringIO("x" * 500 + "\n"))
+    output.follow(2, io.StringIO("epoch 3\n"))
+    output.close()
+    exits = [RankExit(0, 1), RankExit(1, -signal.SIGABRT), RankExit(2, -signal.SIGKILL)]
+    assert _failure(exits[0], None, exits, output.last).message == (
+        "rank 0 exited with status 1 (its last line: ValueError: bad shape (3, 4)); stopped "
+        "the other ranks")
+    aborted = _failure(exits[1], None, exits, output.last).message
+    assert aborted == (f"rank 1 was killed by SIGABRT (its last line: "
+                       f"{'x' * (LAST_LINE_CHARS - 3)}...); stopped the other ranks")
+    assert _failure(exits[2], None, exits, output.last).message == (
+        "rank 2 was killed by SIGKILL; stopped the other ranks")
+    assert _failure(RankExit(0, 1), None, exits, {}).message == (
+        "rank 0 exited with status 1; stopped the other ranks")
 
 
 def test_timeout_stops_everything():

@@ -286,6 +286,7 @@ class _Output:
         self.lock = threading.Lock()
         self.lost: dict[int, int] = {}
         self.timed_out: set[int] = set()
+        self.last: dict[int, str] = {}  # each rank's last line that is not blank
         self.threads: dict[int, threading.Thread] = {}
         self.drained: set[int] = set()
         self.handed: dict[int, int] = {}  # lines handed to ``sink``, per rank
@@ -307,6 +308,8 @@ class _Output:
                     self.lost[rank] = lost[1]
                 elif unnamed_timeout(text) == rank:
                     self.timed_out.add(rank)
+                if text.strip():
+                    self.last[rank] = text
                 with self.lock:
                     try:
                         self.sink(prefix + text)
@@ -483,7 +486,7 @@ def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
             timed_out = deadline is not None and now > deadline
             only_stalled = stalled and running == [stalled.rank] and now >= linger_end
             if not running or now >= stop_at or timed_out or only_stalled:
-                return _failure(first, stalled, exits)
+                return _failure(first, stalled, exits, output.last)
         elif all(c == 0 for c in codes):
             return RunResult(0, f"all {len(procs)} ranks exited 0", exits)
         elif deadline is not None and now > deadline:
@@ -557,10 +560,23 @@ def _named_stall(failed: list[int], exits: list[RankExit], lost: dict[int, int]
     return Stall(end, failed, "lost it") if exits[end].returncode is None else None
 
 
-def _failure(first: RankExit, stalled: Stall | None, exits: list[RankExit]) -> RunResult:
+LAST_LINE_CHARS = 200  # of a failed rank's last line, in the run's one-line summary
+
+
+def _failure(first: RankExit, stalled: Stall | None, exits: list[RankExit],
+             last: Mapping[int, str] | None = None) -> RunResult:
+    """The run's one-line summary. A rank that ended on its own error is given with its last
+    line (a traceback's is the exception), which among many ranks' lines may have scrolled
+    far above, as torchrun's summary gives the error its rank recorded."""
     rc = first.returncode if first.returncode and first.returncode > 0 else 1
     if stalled is None:
-        return RunResult(rc, f"{first.describe()}; stopped the other ranks", exits)
+        said = (last or {}).get(first.rank) if _ended_on_error(first) else None
+        if said is not None:
+            said = " ".join(said.split())  # one line, whatever control characters it held
+            if len(said) > LAST_LINE_CHARS:
+                said = said[:LAST_LINE_CHARS - 3] + "..."
+        ending = "" if not said else f" (its last line: {said})"
+        return RunResult(rc, f"{first.describe()}{ending}; stopped the other ranks", exits)
     who = "rank" if len(stalled.losers) == 1 else "ranks"
     return RunResult(rc, f"rank {stalled.rank} stalled ({who} "
                      f"{', '.join(map(str, stalled.losers))} {stalled.how}); stopped the other "
