@@ -58,3 +58,55 @@ def test_the_joined_group_keeps_the_short_timeout():
     procs[1].communicate(timeout=120)
     assert out.startswith("TIMED OUT"), out + err
     assert float(out.split()[2]) < 6, out  # 1.5 s, not the 60 s of the join
+
+
+STORE = textwrap.dedent("""
+    import time
+    import torch.distributed as dist
+    from gradwire.rendezvous import join_world
+    join_world("gloo", 1.5, join_at_least=60)
+    t0 = time.monotonic()
+    try:
+        dist.distributed_c10d._get_default_store().get("a key no rank sets")
+    except Exception:
+        print(f"TIMED OUT {time.monotonic() - t0:.1f}")
+""")
+
+
+def test_the_joined_store_keeps_the_short_timeout_too():
+    """A store operation after joining (a second process group's set-up) waits the collective
+    limit, not the join's."""
+    env = {**_env(0, free_port()), "WORLD_SIZE": "1"}
+    done = subprocess.run([sys.executable, "-c", STORE], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.startswith("TIMED OUT"), done.stdout + done.stderr
+    assert float(done.stdout.split()[2]) < 6, done.stdout  # 1.5 s, not the 60 s of the join
+
+
+SLOW_DATA = textwrap.dedent("""
+    import os, sys, time
+    from gradwire.train import worker
+    load = worker.load_task
+
+    def slow(*args, **kwargs):
+        if os.environ["RANK"] == "1":
+            time.sleep(5)  # a rank slowed by a busy machine, longer than GRADWIRE_TIMEOUT
+        return load(*args, **kwargs)
+
+    worker.load_task = slow
+    sys.exit(worker.main(sys.argv[1:]))
+""")
+
+
+def test_a_rank_slow_to_load_its_data_does_not_fail_a_short_gradwire_timeout(tmp_path):
+    """The data and model are made before the join, within its limit: after it, DDP's set-up
+    waited for them within GRADWIRE_TIMEOUT."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", SLOW_DATA, *WORKER[3:],
+                               *(["--out", str(tmp_path / "r.json")] if r == 0 else [])],
+                              env=_env(r, port, GRADWIRE_TIMEOUT="2"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, out + err
+    assert (tmp_path / "r.json").exists()

@@ -41,8 +41,9 @@ def join_world(backend: str, timeout: float, prog: str | None = None,
 
     ``join_at_least``: seconds the ranks get to join however short ``timeout`` is, so that a
     short limit meant to find a stalled rank quickly does not also fail ranks that start a few
-    seconds apart. The group's timeout is lowered to ``timeout`` once joined, where this torch
-    can (:func:`_timeout_setter`); where it cannot, the rendezvous waits ``timeout`` alone.
+    seconds apart. The group's and its store's timeouts are lowered to ``timeout`` once joined,
+    where this torch can (:func:`_timeout_setter`); where it cannot, the rendezvous waits
+    ``timeout`` alone.
     """
     check_env(os.environ)
     setter = _timeout_setter() if join_at_least > timeout else None
@@ -62,7 +63,13 @@ def join_world(backend: str, timeout: float, prog: str | None = None,
         finally:
             watchdog.cancel()
     if setter is not None:
-        setter(datetime.timedelta(seconds=timeout))
+        limit = datetime.timedelta(seconds=timeout)
+        setter(limit)
+        # the store too: a store operation after joining (a second group's set-up) kept the
+        # join's limit
+        store = getattr(dist.distributed_c10d, "_get_default_store", None)
+        with contextlib.suppress(AttributeError, RuntimeError, ValueError):
+            store().set_timeout(limit)  # type: ignore[misc]
 
 
 def _timeout_setter() -> Callable[[datetime.timedelta], None] | None:

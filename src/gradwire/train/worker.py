@@ -172,8 +172,12 @@ def train_epoch(fwd: nn.Module, agg: HookedDDP, opt: torch.optim.Optimizer, task
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # What takes each rank its own time (the data, the model) comes before the join, within
+    # the join's limit: after it, DDP's set-up waits for every rank within the collective
+    # limit, which a short GRADWIRE_TIMEOUT made too short for a rank slowed by a busy machine.
+    prepared = prepare(args)
     join_world("gloo", args.timeout, prog="gradwire train", join_at_least=args.join_timeout)
-    result = train(args)
+    result = train(args, prepared)
     # train() has returned, so the DDP model and the hook's thread, which hold the process
     # group, are gone before it is destroyed (destroyed under them, gloo can abort at exit).
     gc.collect()
@@ -187,12 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def train(args: argparse.Namespace) -> dict[str, Any] | None:
-    """Train as ``args`` say; rank 0 returns the result (:func:`summarize`), the others None."""
+def prepare(args: argparse.Namespace) -> tuple[Task, nn.Module]:
+    """The rank's data and model, as ``args`` say; the same on every rank."""
+    task = load_task(get_spec(args.model), args.seed, args.seq_len)
+    return task, build_model(args.model, args.seed, task.classes)
+
+
+def train(args: argparse.Namespace,
+          prepared: tuple[Task, nn.Module] | None = None) -> dict[str, Any] | None:
+    """Train as ``args`` say, from ``prepared`` (:func:`prepare`'s, made here if None); rank
+    0 returns the result (:func:`summarize`), the others None."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    spec = get_spec(args.model)
-    task = load_task(spec, args.seed, args.seq_len)
-    model = build_model(args.model, args.seed, task.classes)
+    task, model = prepare(args) if prepared is None else prepared
     opt = optimizer(model.parameters(), args.lr, args.momentum)
     n_local = len(task.train) // world
     iters = n_local // args.batch_size
