@@ -111,3 +111,28 @@ def test_a_rank_that_joined_outlives_the_bound():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=stall_bound(TIMEOUT) + 120)
     assert (r.returncode, r.stdout, r.stderr) == (0, "alive\n", ""), r.stderr
+
+
+FULL_PIPE = """
+import os, time
+from gradwire.rendezvous import _Watchdog
+r, w = os.pipe()
+os.set_blocking(w, False)
+try:
+    while True:
+        os.write(w, b"x" * 65536)
+except BlockingIOError:
+    pass
+os.set_blocking(w, True)  # full, and nobody reads it
+_Watchdog(0.1, w, "the watchdog's line")
+time.sleep(60)
+"""
+
+
+def test_a_watchdog_whose_line_cannot_be_written_still_ends_the_process():
+    """Its write blocks on a full pipe that nobody reads; the process ends all the same."""
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", FULL_PIPE], capture_output=True, text=True,
+                          timeout=50)
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - t0 < 20

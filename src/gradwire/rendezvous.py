@@ -109,6 +109,9 @@ def whole_env(name: str, low: int, high: int | None, what: str,
     return value
 
 
+WATCHDOG_WRITE_S = 2.0  # the most the watchdog waits for its line to be written
+
+
 def stall_bound(timeout: float) -> float:
     """Seconds after which a rendezvous with c10d ``timeout`` can only be held by a store that
     does not answer: c10d has given up or succeeded by then wherever its store answers.
@@ -164,14 +167,21 @@ class _Watchdog:
         with self._lock:
             if self._done:
                 return
-            with contextlib.suppress(OSError):
-                os.write(self._fd, f"{self._line}\n".encode(errors="replace"))
-            # What the program printed before it joined (c10d's own lines, held, are dropped
-            # as for any failed rendezvous).
-            for stream in (sys.stdout, sys.__stdout__):
-                with contextlib.suppress(OSError, ValueError, AttributeError):
-                    stream.flush()
+            # The line and what the program printed before it joined (c10d's own lines, held,
+            # are dropped as for any failed rendezvous), written aside: a write to a full pipe
+            # that nobody reads blocks, and the process must end all the same.
+            writer = threading.Thread(target=self._say, daemon=True,
+                                      name="gradwire rendezvous watchdog's line")
+            writer.start()
+            writer.join(WATCHDOG_WRITE_S)
             os._exit(1)
+
+    def _say(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._fd, f"{self._line}\n".encode(errors="replace"))
+        for stream in (sys.stdout, sys.__stdout__):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
 
 
 def rendezvous_error(message: str, timeout: float, env: Mapping[str, str]) -> GradwireError:
