@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gradwire.launcher
+from gradwire.errors import GradwireError
 from gradwire.launcher import free_port
 from gradwire.rendezvous import _stderr_held, join_world, rendezvous_error
 
@@ -103,6 +104,11 @@ def test_a_rendezvous_that_succeeds_is_the_same_call(monkeypatch, capfd):
     try:
         assert (dist.get_backend(), dist.get_world_size(), dist.get_rank()) == ("gloo", 1, 0)
         os.write(2, b"a later warning\n")
+        # joining twice says so, not that the rank lacks torchrun's variables
+        with pytest.raises(GradwireError, match="^this process has joined a process group "
+                           "already: join the run once"):
+            join_world("gloo", 10)
+        assert dist.get_world_size() == 1  # the group it has stays
     finally:
         dist.destroy_process_group()
     assert capfd.readouterr().err == "a later warning\n"

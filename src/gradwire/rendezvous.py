@@ -46,6 +46,9 @@ def join_world(backend: str, timeout: float, prog: str | None = None,
     ``timeout`` alone.
     """
     check_env(os.environ)
+    if dist.is_initialized():  # torch's ValueError for it named none of this
+        raise GradwireError("this process has joined a process group already: join the run "
+                            "once, or dist.destroy_process_group() before joining again")
     setter = _timeout_setter() if join_at_least > timeout else None
     join = join_at_least if setter is not None else timeout
     with _stderr_held() as real_stderr:
