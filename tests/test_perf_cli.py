@@ -70,14 +70,14 @@ def test_eight_ranks_per_node_sharing_a_link_turn_the_ranking_to_gtopk(tmp_path,
             "--agg", "topk,gtopk", "--reference", "h100", "--json", str(js)]
     code, out, err = _cli(args, monkeypatch, capsys)
     assert code == 0, err
-    alone = {r["agg"]: r["iteration_s"] for r in json.loads(js.read_text())}
+    alone = {r["agg"]: r["iteration_s"] for r in json.loads(js.read_text())["ranked"]}
     code, out, err = _cli(["advise", "--model", "resnet50", "--workers", "2", "--bandwidth",
                            "100gbit", "--agg", "dense"], monkeypatch, capsys)
     assert code == 0 and "Ranked by time alone" not in out  # dense loses nothing to compression
     code, out, err = _cli([*args, "--ranks-per-node", "8"], monkeypatch, capsys)
     assert code == 0, err
     assert "8 per node (100gbit inside)" in out and "gtopk ρ=0.001 wins" in out
-    shared = {r["agg"]: r["iteration_s"] for r in json.loads(js.read_text())}
+    shared = {r["agg"]: r["iteration_s"] for r in json.loads(js.read_text())["ranked"]}
     assert shared["topk ρ=0.001"] > alone["topk ρ=0.001"]
     assert shared["gtopk ρ=0.001"] < shared["topk ρ=0.001"]
 
@@ -219,12 +219,12 @@ def test_a_calibration_of_an_emulated_cluster_puts_every_worker_on_its_cores(
     code, out, err = _cli([*args, "--calibration", str(path)], monkeypatch, capsys)
     assert code == 0, err
     assert "bound by the shared cores" in out and "every worker on one machine" in out
-    shared = json.loads((tmp_path / "a.json").read_text())
+    shared = json.loads((tmp_path / "a.json").read_text())["ranked"]
     path.write_text(json.dumps({**CALIBRATION, "cpu": None}))
     code, out, err = _cli([*args, "--calibration", str(path)], monkeypatch, capsys)
     assert code == 0, err
     assert "no CPU terms in it" in out and "bound by the shared cores" not in out
-    alone = json.loads((tmp_path / "a.json").read_text())
+    alone = json.loads((tmp_path / "a.json").read_text())["ranked"]
     by = {r["agg"]: r["iteration_s"] for r in alone}
     assert all(r["iteration_s"] >= by[r["agg"]] for r in shared)
     assert any(r["iteration_s"] > 1.5 * by[r["agg"]] for r in shared)

@@ -49,14 +49,14 @@ def test_advise_beyond_127_ranks_ranks_every_method_but_int8(home, monkeypatch, 
                                                 str(home / "a.json")])
     assert code == 0, err
     assert "not ranked: int8: 200 ranks leave no level to send" in out
-    ranked = [r["agg"] for r in json.loads((home / "a.json").read_text())]
+    ranked = [r["agg"] for r in json.loads((home / "a.json").read_text())["ranked"]]
     assert sorted(ranked) == ["dense", "topk ρ=0.001"]
     # at 127 ranks int8 runs and is ranked
     code, out, err = _cli(monkeypatch, capsys, [*ADVISE, "--workers", "127",
                                                 "--calibration", cal, "--json",
                                                 str(home / "a.json")])
     assert code == 0 and "int8: 127 ranks" not in out, err
-    assert "int8" in [r["agg"] for r in json.loads((home / "a.json").read_text())]
+    assert "int8" in [r["agg"] for r in json.loads((home / "a.json").read_text())["ranked"]]
     # int8 alone: nothing to rank, one line saying why
     code, out, err = _cli(monkeypatch, capsys, [*ADVISE, "--workers", "200",
                                                 "--calibration", cal, "--agg", "int8"])

@@ -79,7 +79,8 @@ def test_advise_ranks_a_scheme_given_twice_once(tmp_path, monkeypatch, capsys) -
         "advise", "--model", "resnet50", "--workers", "4", "--agg", "dense,topk,dense",
         "--json", str(js)])
     assert code == 0, err
-    assert sorted(r["agg"] for r in json.loads(js.read_text())) == ["dense", "topk ρ=0.001"]
+    assert sorted(r["agg"] for r in json.loads(js.read_text())["ranked"]) == ["dense",
+                                                                             "topk ρ=0.001"]
 
 
 def test_the_worker_counts_the_error_offers_as_examples_are_accepted() -> None:

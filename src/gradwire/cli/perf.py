@@ -10,6 +10,7 @@ import typer
 
 from gradwire import catalogue
 from gradwire.bandwidth import MODEL_MOST, format_bandwidth
+from gradwire.bench.provenance import stamp
 from gradwire.check import (
     MAX_BATCH,
     MAX_POWERSGD_RANK,
@@ -227,6 +228,7 @@ def whatif(
     """
     from gradwire.perf import report, scenario
     from gradwire.perf.whatif import plot as plot_whatif
+    from gradwire.perf.whatif import refusal
 
     check_outputs(("--plot", plot), ("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
@@ -239,10 +241,12 @@ def whatif(
                           intra_bandwidth=intra_bandwidth, calibration=calibration,
                           reference=reference)
     found = scenario.whatif(s, workers, bandwidth, compute_speedup)
-    found.result["command"] = command_line()
+    found.result.update(stamp(command_line()))  # as every result file: command, date, ...
     for t in report.whatif_tables(found):
         console.print(t)
     console.print(found.note)
+    for skipped in found.result["not_predicted"]:
+        console.print(f"not predicted: {refusal(skipped)}")
     if json_out:  # before the plot: a plot that cannot be written must not lose the result
         write_json(json_out, found.result)
     if plot:
@@ -299,7 +303,6 @@ def advise(
     console.print(found.note)
     for skipped in found.skipped:
         console.print(f"not ranked: {skipped}")
-    if json_out:
-        write_json(json_out, [{"agg": r.agg.label, "iteration_s": r.seconds,
-                               "overhead_s": r.overhead} for r in found.ranked])
+    if json_out:  # with the command, date, commit and machine, as every result file
+        write_json(json_out, {**stamp(command_line()), **found.result})
 

@@ -16,11 +16,13 @@ tables: ``v100`` (Table 2 of the compression-utility paper: one encode+decode nu
 method) and ``h100`` (measured on an H100 by ``benchmarks/compress_speed.py``).
 ``gradwire calibrate`` measures a table on the ranks' own device
 (:mod:`gradwire.bench.codec_probe`) and stores it in its calibration file, which
-``--calibration`` reads.
+``--calibration`` reads. A method's times price it at any density or PowerSGD rank unchanged;
+whatif and advise say where the one asked differs from its ``params``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -55,6 +57,34 @@ class CodecTable:
                   + m.get("decode_rank_s", 0.0) * world_size
                   + m.get("merge_s", 0.0) * merges(world_size))
         return m["encode_s"] * scale, decode * scale
+
+    def measured_apart(self, method: str, density: float, rank: int) -> dict | None:
+        """``{"method", "measured_at", "priced_at"}``: the density or PowerSGD rank ``method``
+        is asked at, where it differs from the one this table's ``params`` say its times were
+        measured at (the times are used unchanged, not scaled). None where they match, or
+        where the method takes neither or the table records neither."""
+        m = catalogue.get(method)
+        asked = {**({"density": density} if m.takes_density else {}),
+                 **({"rank": rank} if "rank" in m.options else {})}
+        recorded = self.methods.get(method, {}).get("params")
+        if not isinstance(recorded, dict):
+            return None
+        apart = [k for k, v in asked.items()
+                 if is_real(recorded.get(k)) and not math.isclose(recorded[k], v)]
+        if not apart:
+            return None
+        return {"method": method, "measured_at": {k: recorded[k] for k in apart},
+                "priced_at": {k: asked[k] for k in apart}}
+
+
+def apart_line(apart: dict) -> str:
+    """:meth:`CodecTable.measured_apart`'s record as the line whatif and advise print."""
+    measured = ", ".join(f"{k} {v:g}" for k, v in apart["measured_at"].items())
+    asked = apart["priced_at"]
+    priced = (f"{next(iter(asked.values())):g}" if len(asked) == 1
+              else ", ".join(f"{k} {v:g}" for k, v in asked.items()))
+    return (f"{apart['method']}'s encode/decode times were measured at {measured}; priced here "
+            f"at {priced} unchanged")
 
 
 def merges(world_size: int) -> int:

@@ -72,8 +72,8 @@ class Scenario:
 @dataclass(frozen=True)
 class WhatIf:
     """:func:`whatif`'s answer: :func:`gradwire.perf.whatif.sweep`'s ``result`` for
-    ``profile`` at each compute speedup of ``speedups``, and ``note``, a line saying where
-    every input came from."""
+    ``profile`` at each compute speedup of ``speedups``, and ``note``, the lines saying where
+    every input came from (:func:`noted`)."""
 
     profile: Profile
     result: dict
@@ -84,7 +84,8 @@ class WhatIf:
 @dataclass(frozen=True)
 class Advice:
     """:func:`advise`'s answer: the schemes fastest first on ``cluster`` (links of
-    ``bandwidth``), those left out with why, and where α and γ came from."""
+    ``bandwidth``), those left out with why, where α and γ came from, and ``result``, all of
+    it as --json records it."""
 
     profile: Profile
     cluster: ClusterModel
@@ -93,6 +94,7 @@ class Advice:
     ranked: list[adv.Ranked]
     skipped: list[str]
     note: str
+    result: dict  # what --json writes, less the command's provenance
 
 
 def check_terms(s: Scenario) -> None:
@@ -251,7 +253,9 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
                 if s.ranks_per_node > 1 else "")
     # a profile file that names no source for its times has none to print (as advise says)
     compute = (f"compute: {result['compute_source']}; " if result["compute_source"] else "")
-    note = f"{where}; {per_node}{compute}encode/decode: {table.source}"
+    note, asked = noted(f"{where}; {per_node}{compute}encode/decode: {table.source}", s,
+                        aggs, table)
+    result.update(asked)
     return WhatIf(prof, result, speedups, note)
 
 
@@ -270,9 +274,30 @@ def advise(s: Scenario, workers: int, bandwidth: str, compute_speedup: float) ->
     except GradwireError as e:
         raise GradwireError(f"--workers {workers}: {e}") from None
     terms, where = setting(s, cal)
-    cluster = terms.cluster(workers, parse_link(bandwidth))
+    bps = parse_link(bandwidth)
+    cluster = terms.cluster(workers, bps)
     ranked, skipped = adv.rank(prof, cluster, aggs, table, compute_speedup,
                                terms.overlap_slowdown)
     compute = prof.sources.get("backward_s", "")
-    return Advice(prof, cluster, bandwidth, s.intra_bandwidth, ranked, skipped,
-                  where + (f"; compute: {compute}" if compute else ""))
+    note, asked = noted(where + (f"; compute: {compute}" if compute else ""), s, aggs, table)
+    rate = format_bandwidth(bps)
+    result = {**w.recorded(prof, table, terms), "workers": workers, "bandwidth": rate,
+              "compute_speedup": compute_speedup, **asked,
+              "ranked": [{**w.row(r.agg, r.prediction, workers, rate, compute_speedup),
+                          "overhead_s": r.overhead} for r in ranked],
+              "not_ranked": skipped}
+    return Advice(prof, cluster, bandwidth, s.intra_bandwidth, ranked, skipped, note, result)
+
+
+def noted(note: str, s: Scenario, aggs: list[Aggregation], table: CodecTable
+          ) -> tuple[str, dict]:
+    """The line saying where every input came from, with a line per method of ``aggs`` the
+    table's times were measured for at another density or rank than asked (priced unchanged);
+    and what whatif's and advise's --json record of the options asked and that line."""
+    apart = [a for g in aggs if (a := table.measured_apart(g.method, g.density, g.rank))]
+    note = "\n".join([note, *map(codec_tables.apart_line, apart)])
+    return note, {"aggs": [g.label for g in aggs], "density": s.density, "rank": s.rank,
+                  "mode": s.mode, "bucket_mb": s.bucket_mb,
+                  "calibration": None if s.calibration is None else str(s.calibration),
+                  "reference": None if s.calibration is not None else s.reference,
+                  "note": note, "codec_params_apart": apart}

@@ -1,7 +1,8 @@
 """What-if sweeps and the two questions of the compression-utility paper's §5.
 
-:func:`sweep` predicts every (aggregation, workers, link rate, compute speedup); link rates are
-one array per call of :func:`gradwire.perf.model.predict`, so 1024 workers × 10 rates is one
+:func:`sweep` predicts every (aggregation, workers, link rate, compute speedup), and lists the
+(aggregation, workers) points the model refuses (int8 beyond 127 workers) with why; link rates
+are one array per call of :func:`gradwire.perf.model.predict`, so 1024 workers × 10 rates is one
 schedule summary per collective.
 
 - Required compression for near-linear scaling (§5, "Compression for perfect scalability"):
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from gradwire.perf.model import (
     MAX_WORKERS,
     Aggregation,
     ClusterModel,
+    Prediction,
     check_compute,
     check_workers,
     predict,
@@ -185,25 +188,31 @@ def calibration_terms(cal: calibration.Calibration, path: Path) -> Setting:
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
           speedups: list[float], codecs: CodecTable, setting: Setting) -> dict:
-    """Every prediction as rows, plus the §5 answers per (workers, rate, speedup)."""
+    """Every prediction as rows, plus the §5 answers per (workers, rate, speedup), and the
+    (aggregation, workers) points the model refuses, under ``not_predicted``
+    (:func:`not_predicted`); a one-line error where it refuses every point."""
     link = np.asarray(rates, dtype=float)
-    rows, answers = [], []
+    rows, answers, refused = [], [], {}
     for x in speedups:
+        # what every point shares (the profile's times, the speed-up, κ) fails the command,
+        # as in advise's ranking, not one point at a time
+        check_compute(profile, x, setting.overlap_slowdown)
         for p in workers:
             cluster = setting.cluster(p, link)
             dense = None
             for agg in aggs:
-                r = predict(profile, cluster, agg, codecs, x, setting.overlap_slowdown)
+                try:
+                    r = predict(profile, cluster, agg, codecs, x, setting.overlap_slowdown)
+                except GradwireError as e:
+                    # a method this cluster cannot run (int8 beyond 127 ranks) or the table
+                    # cannot price: the other points are still predicted, as advise ranks
+                    # the other methods
+                    refused.setdefault((agg.label, agg.method, p), str(e))
+                    continue
                 if agg.method == "dense":
                     dense = r
-                for i, bps in enumerate(rates):
-                    rows.append({"agg": agg.label, "method": agg.method, "workers": p,
-                                 "bandwidth": format_bandwidth(bps), "compute_speedup": x,
-                                 "iteration_s": float(r.iteration[i]),
-                                 "efficiency": float(r.efficiency[i]),
-                                 "communicate_s": float(r.communicate[i]),
-                                 "exposed_s": float(r.exposed[i]), "coding_s": r.coding,
-                                 "wire_bytes": r.wire_bytes})
+                rows += [row(agg, r, p, format_bandwidth(bps), x, i)
+                         for i, bps in enumerate(rates)]
             if dense is None:  # bucketed as asked (--mode, --bucket-mb), not DDP's default
                 dense = predict(profile, cluster, replace(aggs[0], method="dense"), codecs, x,
                                 setting.overlap_slowdown)
@@ -214,14 +223,61 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
                 answers.append({"workers": p, "bandwidth": format_bandwidth(bps),
                                 "compute_speedup": x, "required_compression": need,
                                 "coding_budget_s": float(dense.exposed[i])})
-    return {"model": profile.model, "parameters": profile.numel, "rows": rows,
-            "answers": answers, "alpha_s": setting.alpha, "gamma_s_per_byte": setting.gamma,
+    skipped = not_predicted(refused)
+    if not rows:
+        raise GradwireError("no aggregation scheme could be predicted: "
+                            + "; ".join(map(refusal, skipped)))
+    return {**recorded(profile, codecs, setting), "rows": rows, "answers": answers,
+            "not_predicted": skipped}
+
+
+def row(agg: Aggregation, r: Prediction, workers: int, bandwidth: str, speedup: float,
+        i: int = 0) -> dict:
+    """The prediction ``r`` at its ``i``-th link rate (``bandwidth``) as whatif's and advise's
+    --json write it."""
+    at = [float(np.atleast_1d(v)[i]) for v in (r.iteration, r.efficiency, r.communicate,
+                                               r.exposed)]
+    return {"agg": agg.label, "method": agg.method, "workers": workers, "bandwidth": bandwidth,
+            "compute_speedup": speedup, "iteration_s": at[0], "efficiency": at[1],
+            "communicate_s": at[2], "exposed_s": at[3], "coding_s": r.coding,
+            "wire_bytes": r.wire_bytes}
+
+
+def recorded(profile: Profile, codecs: CodecTable, setting: Setting) -> dict:
+    """The model, the codec table and the cluster's terms predictions were made with, as
+    whatif's and advise's --json record them."""
+    return {"model": profile.model, "parameters": profile.numel, "alpha_s": setting.alpha,
+            "alpha_transport_s": setting.alpha_transport, "gamma_s_per_byte": setting.gamma,
+            "gamma_dtype_s_per_byte": dict(setting.gamma_dtype),
             "overlap_slowdown": setting.overlap_slowdown,
-            "coding_slowdown": setting.coding_slowdown, "codecs": codecs.source,
-            "ranks_per_node": setting.ranks_per_node, "intra_bps": setting.intra_bps,
+            "coding_slowdown": setting.coding_slowdown,
+            "compute_slowdown": setting.compute_slowdown, "codec_table": codecs.name,
+            "codecs": codecs.source, "ranks_per_node": setting.ranks_per_node,
+            "intra_bps": setting.intra_bps,
             "shared_cpu": None if setting.cpu is None else vars(setting.cpu),
             "compute_source": profile.sources.get("backward_s", ""),
             "load_average": os.getloadavg()[0]}
+
+
+def not_predicted(refused: dict[tuple[str, str, int], str]) -> list[dict]:
+    """The points predict refused, ``{(label, method, workers): why}``, as one entry per
+    aggregation and reason: ``{"agg", "workers", "reason"}``, the reason as said at the
+    fewest workers, without the method's name in front. Reasons that differ only in the
+    worker count they name (int8's "128 ranks", "256 ranks") are one."""
+    out: dict[tuple[str, str], dict] = {}
+    for (label, method, p), why in refused.items():
+        why = why.removeprefix(f"{method}: ")
+        entry = out.setdefault((label, re.sub(rf"\b{p}\b", "", why)),
+                               {"agg": label, "workers": [], "reason": why})
+        entry["workers"].append(p)
+    return list(out.values())
+
+
+def refusal(entry: dict) -> str:
+    """One entry of :func:`not_predicted` as whatif says it."""
+    n = entry["workers"]
+    return (f"{entry['agg']} at {', '.join(map(str, n))} worker{'' if n == [1] else 's'}: "
+            f"{entry['reason']}")
 
 
 def required_compression(profile: Profile, cluster: ClusterModel, speedup: float,
