@@ -6,6 +6,7 @@ import json
 
 from rich.console import Console
 
+from gradwire.bandwidth import format_bandwidth
 from gradwire.bench import calibrate, provenance
 from gradwire.bench.report import annotate, footer, table
 from gradwire.bench.sharing import usable_cores
@@ -14,9 +15,13 @@ from gradwire.cluster import Cluster
 from gradwire.cluster.netns import machine_send_buffer
 from gradwire.config import DEFAULT_ALPHA_S
 from gradwire.errors import GradwireError
+from gradwire.interrupts import Interrupted
 from gradwire.jobs import run_ranks
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams
+
+# the rate the nominal model assumes for links not shaped (loopback, --bandwidth none)
+UNSHAPED_BPS = 10e9
 
 
 def model_params(cluster: Cluster, device: str = "cpu") -> tuple[CostParams, str]:
@@ -31,9 +36,11 @@ def model_params(cluster: Cluster, device: str = "cpu") -> tuple[CostParams, str
         return found[0], f"calibrated {found[1]['date']} ({path})"
     if found:
         why = f"the calibration at {path} was taken on {found[1]['device']}"
-    bps = cluster.bandwidth_bps or 10e9
+    bps = cluster.bandwidth_bps or UNSHAPED_BPS
+    rate = ("link rate" if cluster.bandwidth_bps else
+            f"{format_bandwidth(bps)} assumed (links not shaped)")
     return (CostParams.for_link(bps, DEFAULT_ALPHA_S),
-            f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, link rate, γ=0 ({why})")
+            f"nominal: α={DEFAULT_ALPHA_S * 1e6:g} us, {rate}, γ=0 ({why})")
 
 
 # what the table and the model read of a row
@@ -90,13 +97,15 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
     try:
         rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
                          console, total=total, tick="GW_BENCH ", ticked=measured)
-    except GradwireError:
-        # as nccl-tests prints each row when it is measured: the rows before the failure
+    except (GradwireError, Interrupted) as e:
+        # as nccl-tests prints each row when it is measured: the rows before the failure or
+        # the Ctrl-C (the ranks are stopped by now; the cluster goes after this)
         done = _rows(measured)
         if done:
+            why = "interrupt" if isinstance(e, Interrupted) else "failure"
             annotate(done, p, cost_params)
             console.print(table(done, f"{title} (the {len(done)} of {total} rows measured "
-                                      "before the failure)"))
+                                      f"before the {why})"))
         raise
     annotate(rows, p, cost_params)
     console.print(table(rows, title))
