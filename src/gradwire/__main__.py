@@ -1,4 +1,4 @@
 """``python -m gradwire``: the ``gradwire`` command, for checkouts run without installing."""
-from gradwire.cli import main
+from gradwire.entry import main
 
 main()
