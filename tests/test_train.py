@@ -249,7 +249,9 @@ def test_the_worker_writes_strict_json(monkeypatch, tmp_path):
 
     monkeypatch.setattr(worker.dist, "init_process_group", lambda *a, **k: None)
     monkeypatch.setattr(worker.dist, "destroy_process_group", lambda *a, **k: None)
-    monkeypatch.setattr(worker, "train", lambda args: {"loss": [1.0, math.nan], "x": math.inf})
+    monkeypatch.setattr(worker, "prepare", lambda args: None)
+    monkeypatch.setattr(worker, "train",
+                        lambda args, prepared: {"loss": [1.0, math.nan], "x": math.inf})
     out = tmp_path / "w.json"
     assert worker.main(["--model", "mlp-small", "--out", str(out)]) == 0
     assert strict_json(out.read_text()) == {"loss": [1.0, None], "x": None}

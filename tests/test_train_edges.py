@@ -31,7 +31,8 @@ def test_the_worker_s_out_is_replaced_whole(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(worker.dist, "init_process_group", lambda *a, **k: None)
     monkeypatch.setattr(worker.dist, "destroy_process_group", lambda *a, **k: None)
-    monkeypatch.setattr(worker, "train", lambda args: {"loss": [1.0] * 1000})
+    monkeypatch.setattr(worker, "prepare", lambda args: None)
+    monkeypatch.setattr(worker, "train", lambda args, prepared: {"loss": [1.0] * 1000})
     out = tmp_path / "w.json"
     out.write_text('{"old": 1}\n')
     real_open = builtins.open
