@@ -122,7 +122,24 @@ def cluster_for(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None
                 raise GradwireError(f"--{key} {ctx.params[key]} does not match cluster "
                                     f"{c.name} ({shown}): leave --{key} out with --cluster")
         return contextlib.nullcontext(c)
+    check_loopback(ctx, loopback, bandwidth)
     return ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu)
+
+
+def check_loopback(ctx: typer.Context, loopback: bool, bandwidth: str) -> None:
+    """A link rate or MTU typed with --loopback is refused: loopback shapes nothing and has
+    its own MTU, so they were ignored without a word (the table's title said so, after the
+    run). An unshaped --bandwidth (none, unlimited) is what loopback is, and is taken."""
+    if not loopback:
+        return
+    if typed(ctx, "bandwidth") and parse_bandwidth(bandwidth) is not None:
+        raise GradwireError(f"--bandwidth {bandwidth} shapes the emulated hosts' links; "
+                            f"--loopback runs without them ({LOOPBACK_LABEL}): give one of "
+                            "them")
+    if typed(ctx, "mtu"):
+        raise GradwireError(f"--mtu {ctx.params['mtu']} sets the emulated hosts' links' MTU; "
+                            f"--loopback runs without them ({LOOPBACK_LABEL}): give one of "
+                            "them")
 
 
 def typed(ctx: typer.Context, name: str) -> bool:

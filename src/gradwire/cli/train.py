@@ -23,6 +23,7 @@ from gradwire.cli.options import (
     Model,
     Mtu,
     Seed,
+    check_loopback,
     check_outputs,
     check_seq_len,
     command_line,
@@ -101,6 +102,7 @@ def train(
     check_timeout(timeout)
     validate(cfg, planned_ranks(hosts, None))
     check_seq_len(ctx, model, seq_len)
+    check_loopback(ctx, loopback, bandwidth)
     check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
     note = warmup_note(cfg, "--epochs {epochs} or more, or --no-warmup, send it")
     if note:
@@ -139,6 +141,7 @@ def _stamped(*results: dict) -> list[dict]:
 
 
 def demo(
+    ctx: typer.Context,
     hosts: Hosts = 4,
     bandwidth: Bandwidth = "1gbit",
     epochs: Annotated[int | None, typer.Option(help="epochs (1 to 10000)",
@@ -181,6 +184,7 @@ def demo(
     parse_bandwidth(bandwidth)
     check_mtu(mtu)  # here, not when the cluster is made: after the notes below, and a fallback
     check_timeout(timeout)
+    check_loopback(ctx, loopback, bandwidth)
     planned_ranks(hosts, None)
     runs = [dataclasses.replace(base, agg=a) for a in aggs]
     for cfg in runs:
