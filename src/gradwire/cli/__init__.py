@@ -74,6 +74,14 @@ def _one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def _hint(e: typer.TyperException) -> str:
+    """For an option bench does not know that nccl-tests has, what bench takes instead."""
+    ctx, option = getattr(e, "ctx", None), getattr(e, "option_name", None)
+    if ctx is None or option is None or ctx.command.name != "bench":
+        return ""
+    return bench.nccl_tests_hint(option)
+
+
 def _interrupt(signum: int) -> None:
     raise Interrupted(signum)
 
@@ -107,7 +115,7 @@ def main() -> None:
         # click's own usage errors (a value out of range, an unknown option or command): one line
         # like ours instead of a usage box. With no arguments, typer has printed the help.
         if type(e).__name__ != "NoArgsIsHelpError":
-            print(f"gradwire: error: {e.format_message()}", file=sys.stderr)
+            print(f"gradwire: error: {e.format_message()}{_hint(e)}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))
     if isinstance(rc, int) and rc != 0:
         sys.exit(rc)

@@ -32,6 +32,22 @@ from gradwire.errors import GradwireError
 from gradwire.jsonfile import save_elsewhere
 from gradwire.launcher import check_timeout
 
+_SIZES = "nccl-tests' -b, -e and -f are --sizes MIN:MAX[:FACTOR] here (-b is --bandwidth)"
+# nccl-tests' short options that bench does not take, and what does their work here
+NCCL_TESTS_OPTIONS = {
+    "-e": _SIZES, "-f": _SIZES, "-i": _SIZES,
+    **{o: f"nccl-tests' {o} is --hosts here (a rank per emulated host)" for o in ("-g", "-t")},
+    **{o: f"nccl-tests' {o} is {ours} here" for o, ours in (
+        ("-w", "--warmup"), ("-m", "--batch"), ("-d", "--dtype"), ("-o", "--op"))},
+    "-c": "nccl-tests' -c: bench checks every row",
+}
+
+
+def nccl_tests_hint(option: str) -> str:
+    """What bench takes for nccl-tests' short ``option``; "" for any other."""
+    hint = NCCL_TESTS_OPTIONS.get(option)
+    return f"; {hint}" if hint else ""
+
 if TYPE_CHECKING:
     from gradwire.perf.calibration import Calibration
 
