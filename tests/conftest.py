@@ -38,31 +38,56 @@ def one_rank(tmp_path):
     dist.destroy_process_group()
 
 
+# What every rank of run_world imports before its checks run: torch, and torch._dynamo, which
+# DDP's constructor imports. A server process imports them once and forks each rank from
+# there; a spawned rank spent about 3 s of CPU on them, 24 s at P = 8.
+RANK_IMPORTS = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel"]
+
+
 def run_world(checks, world: int, out: Path, *args: object) -> list[dict]:
     """What ``checks(rank, world, *args)`` returned (a JSON-able dict) on each of ``world``
-    spawned gloo ranks, in rank order. ``checks`` is a module-level function of a test module
-    (the ranks import it); ``out``, a folder, keeps each rank's answer. Every send or receive
-    waits at most 20 s (GRADWIRE_TIMEOUT), the process group 30 s."""
+    new gloo ranks, in rank order. ``checks`` is a module-level function of a test module
+    (the ranks import it); ``out``, a folder, keeps each rank's answer. The ranks have this
+    process's environment, not that of the test that started the server they fork from.
+    Every send or receive waits at most 20 s (GRADWIRE_TIMEOUT), the process group 30 s."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
     from gradwire.launcher import free_port
 
-    mp.start_processes(_world_rank, args=(checks, world, f"tcp://127.0.0.1:{free_port()}",
-                                          str(out), args), nprocs=world, start_method="spawn")
+    multiprocessing.get_context("forkserver").set_forkserver_preload(RANK_IMPORTS)
+    url = f"tcp://127.0.0.1:{free_port()}"
+    mp.start_processes(_world_rank, args=(checks, world, url, str(out), args, dict(os.environ)),
+                       nprocs=world, start_method="forkserver")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-def _world_rank(rank: int, checks, world: int, url: str, out: str, args: tuple) -> None:
+def _world_rank(rank: int, checks, world: int, url: str, out: str, args: tuple,
+                env: dict[str, str]) -> None:
     import datetime
 
     import torch.distributed as dist
 
-    os.environ["GRADWIRE_TIMEOUT"] = "20"
+    os.environ.clear()
+    os.environ.update(env, GRADWIRE_TIMEOUT="20")
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))
     seen = checks(rank, world, *args)
     Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
+
+
+def quick_resnet20(folder: Path) -> Path:
+    """resnet20's profile with a 5 ms backward, as a file for `calibrate --model`: calibrate
+    sizes the batch of its compute stand-in to the profile's backward time (60 ms where the
+    profile has none, as resnet20's) and times 120 iterations of it alone and as many under
+    DDP, most of a calibration on CPU ranks."""
+    from gradwire import profiles
+
+    path = folder / "resnet20-5ms.json"
+    path.write_text(profiles.load("resnet20").with_compute(0.0025, 0.005, "tests").to_text())
+    return path
 
 
 @pytest.fixture

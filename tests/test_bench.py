@@ -4,7 +4,7 @@ import sys
 
 import pytest
 import torch
-from conftest import gradwire_cli, needs_netns
+from conftest import gradwire_cli, needs_netns, quick_resnet20
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -113,8 +113,8 @@ def test_calibrate_on_three_emulated_hosts_then_bench_with_it(tmp_path):
     from gradwire.perf import calibration, codecs
 
     env = {"GRADWIRE_HOME": str(tmp_path), "GRADWIRE_TIMEOUT": "30"}
-    p = gradwire_cli("calibrate", "--hosts", "3", "--bandwidth", "1gbit", "--model", "resnet20",
-                     "--device", "cpu", env=env)
+    p = gradwire_cli("calibrate", "--hosts", "3", "--bandwidth", "1gbit", "--model",
+                     str(quick_resnet20(tmp_path)), "--device", "cpu", env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     path = tmp_path / "calibration" / "1gbit.json"
     cal = calibration.load(path)

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from conftest import quick_resnet20
 
 from gradwire import profiles
 from gradwire.catalogue import METHODS
@@ -15,16 +16,17 @@ from gradwire.perf import calibration, codecs
 from gradwire.perf.calibration import Calibration, Coding, CpuTerms, Overlap
 
 
-def _torchrun(out, nproc: int, *args: str) -> subprocess.CompletedProcess:
+def _torchrun(out, nproc: int, model: str, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "-m", "gradwire.bench.calibrate", "--out", str(out), "--model", "resnet20", *args]
+           "-m", "gradwire.bench.calibrate", "--out", str(out), "--model", model, *args]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 
 
-def _check_sane(cal: Calibration, path, device: str) -> None:
-    """Every field of a P = 2 run on one node, as a user would rely on it."""
+def _check_sane(cal: Calibration, path, device: str, model: str) -> None:
+    """Every field of a P = 2 run on one node, as a user would rely on it; ``model``: resnet20's
+    profile, by name or file."""
     assert cal.world == 2 and cal.alpha_s > 0
     assert cal.alpha_call_s == pytest.approx(2 * cal.alpha_s)  # a ring of 2: 2 steps
     assert cal.beta_s_per_byte > 0 and cal.gamma_s_per_byte > 0
@@ -38,7 +40,7 @@ def _check_sane(cal: Calibration, path, device: str) -> None:
     assert cal.codecs.methods["powersgd"]["encode_s"] > 0
     assert "decode_fixed_s" in cal.codecs.methods["signsgd"]
     assert "local work" in cal.codecs.source
-    assert cal.model == "resnet20" and cal.device == device
+    assert cal.model == model and cal.device == device
     # the executor's α and the compute slowdown, on a stand-in of resnet20's size
     assert cal.alpha_transport_s > 0 and cal.compute_slowdown >= 1
     assert cal.compute.alone_s > 0 and cal.compute.together_s > 0
@@ -52,11 +54,11 @@ def _check_sane(cal: Calibration, path, device: str) -> None:
 
 
 def test_rank_side_under_plain_torchrun(tmp_path):
-    out = tmp_path / "cal.json"
-    p = _torchrun(out, 2, "--device", "cpu")
+    out, model = tmp_path / "cal.json", str(quick_resnet20(tmp_path))
+    p = _torchrun(out, 2, model, "--device", "cpu")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     cal = calibration.load(out)
-    _check_sane(cal, out, "cpu")
+    _check_sane(cal, out, "cpu", model)
     assert (cal.backend, cal.ranks_per_node, cal.nodes) == ("gloo", 2, 1)
     assert cal.beta_between == "ranks of one node" and cal.beta_intra_s_per_byte is None
     # CPU ranks of one machine: the shared-CPU terms, both ranks on it
@@ -79,14 +81,14 @@ def test_rank_side_on_cuda(tmp_path):
     own NCCL host) sharing it."""
     out = tmp_path / "cal.json"
     if torch.cuda.device_count() >= 2:
-        p = _torchrun(out, 2, "--device", "cuda")
+        p = _torchrun(out, 2, "resnet20", "--device", "cuda")
     else:
         p = subprocess.run([sys.executable, "-m", "gradwire.cli", "calibrate", "--loopback",
                             "--hosts", "2", "--device", "cuda", "--model", "resnet20",
                             "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     cal = calibration.load(out)
-    _check_sane(cal, out, torch.cuda.get_device_name())
+    _check_sane(cal, out, torch.cuda.get_device_name(), "resnet20")
     assert cal.backend == "nccl" and cal.cpu is None
 
 
