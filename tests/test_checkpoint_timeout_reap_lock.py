@@ -58,6 +58,7 @@ def _save(ck: str, extra_s: float, write, rank: int, world: int) -> dict:
     checkpoint.save = lambda path, state: write(real, path, state)  # a spawned rank's own
     model, opt, agg = _setup()
     worker.SAVE_RATE_FLOOR = _counted(world, model, opt, agg) / extra_s
+    _all_here()
     t0 = time.monotonic()
     try:
         worker.save_checkpoint(ck, model, opt, agg, {}, 1, {}, timeout=COLLECTIVE_S)
@@ -95,13 +96,22 @@ def rank0_dies(rank: int, world: int, out: str) -> dict:
     return {"dies": _save(str(Path(out, "ck.pt")), 30.0, dies, rank, world)}
 
 
+def _all_here() -> None:
+    """Wait for every rank (30 s at most), then let collectives wait COLLECTIVE_S: a rank that
+    comes to the save late, its first step of a model having taken seconds (it imports
+    torch._dynamo) on a loaded machine, is no stalled rank."""
+    import torch.distributed as dist
+
+    dist.group.WORLD.set_timeout(datetime.timedelta(seconds=30))
+    dist.barrier()
+    dist.group.WORLD.set_timeout(datetime.timedelta(seconds=COLLECTIVE_S))
+
+
 def _rank(rank: int, world: int, port: int, scenario, out: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=30))
-    dist.barrier()  # every rank is up: from here collectives wait COLLECTIVE_S
-    dist.group.WORLD.set_timeout(datetime.timedelta(seconds=COLLECTIVE_S))
     seen = scenario(rank, world, out)
     Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
     os._exit(0)  # not a gloo teardown under a peer that has gone

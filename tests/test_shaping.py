@@ -10,26 +10,36 @@ from gradwire.cluster.shaping import tcp_send_buffer
 from gradwire.launcher import launch
 
 
-def _rates(bandwidth: str) -> dict[str, float]:
-    lines: list[str] = []
+def _rates(bandwidth: str, floor: dict[str, float]) -> dict[str, list[float]]:
+    """Gbit/s each way over a 2-host cluster of ``bandwidth`` links, every measurement: one
+    more, three in all at most, while a direction's best is at or below its ``floor``. A
+    transfer timed on a loaded machine is slowed by the CPU it does not get, never sped up."""
+    rates: dict[str, list[float]] = {}
     with ephemeral_cluster(2, bandwidth) as c:
-        cmd = [sys.executable, str(BENCH_RANKS / "p2p_rate.py")]
-        res = launch(c, cmd, timeout=120, sink=lines.append)
-    assert res.returncode == 0, "\n".join(lines)
-    return {m.group(1): float(m.group(2)) for line in lines
-            if (m := re.search(r"RATE (\d->\d) ([\d.]+)", line))}
+        for _ in range(3):
+            lines: list[str] = []
+            res = launch(c, [sys.executable, str(BENCH_RANKS / "p2p_rate.py")], timeout=120,
+                         sink=lines.append)
+            assert res.returncode == 0, "\n".join(lines)
+            for line in lines:
+                if m := re.search(r"RATE (\d->\d) ([\d.]+)", line):
+                    rates.setdefault(m.group(1), []).append(float(m.group(2)))
+            if all(max(rates.get(d, [0.0])) > f for d, f in floor.items()):
+                break
+    return rates
 
 
 @needs_netns
 def test_1gbit_is_shaped_both_ways_and_none_is_not():
-    shaped = _rates("1gbit")
+    shaped = _rates("1gbit", {"0->1": 0.8, "1->0": 0.8})
     assert set(shaped) == {"0->1", "1->0"}
     for direction, gbps in shaped.items():
-        assert 0.8 <= gbps <= 1.0, (direction, gbps)
-    free = _rates("none")
+        assert 0.8 <= max(gbps) <= 1.0, (direction, gbps)
+    best = {direction: max(gbps) for direction, gbps in shaped.items()}
+    free = _rates("none", {direction: 2.0 * gbps for direction, gbps in best.items()})
     assert set(free) == set(shaped)
     for direction, gbps in free.items():
-        assert gbps > 2.0 * shaped[direction], (direction, gbps)
+        assert max(gbps) > 2.0 * best[direction], (direction, gbps)
 
 
 def test_send_buffers_hold_four_milliseconds_of_the_link_at_least_64_kib():
