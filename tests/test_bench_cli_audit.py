@@ -19,8 +19,10 @@ def test_a_ctrl_c_part_way_shows_the_rows_measured_before(monkeypatch, capsys, t
     went with the ranks, where nccl-tests would have printed them (as bench does when a rank
     fails)."""
     import gradwire.jobs
+    from gradwire.cli import options
 
     monkeypatch.setenv("GRADWIRE_HOME", str(tmp_path))
+    monkeypatch.setattr(options.console, "width", 1000)  # the table's cells whole
 
     def interrupted_at_the_second_size(cluster, cmd, timeout, sink):
         sink(f"[rank 0] GW_BENCH {json.dumps(ROW)}")

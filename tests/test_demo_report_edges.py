@@ -62,12 +62,20 @@ def test_a_bad_mtu_is_one_line_not_notes_then_the_error(monkeypatch, capsys, tmp
 
 
 def test_a_good_mtu_still_reaches_the_run(monkeypatch, capsys, tmp_path):
-    _no_training(monkeypatch)
+    import gradwire.cli.train
+
+    made = {}
+
+    def cluster(hosts, bandwidth, loopback, mtu):
+        made["mtu"] = mtu
+        raise Started
+
+    monkeypatch.setattr(gradwire.cli.train, "ephemeral_cluster", cluster)
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli(monkeypatch, capsys, ["train", "--loopback", "--hosts", "2",
-                                                 "--model", "mlp-small", "--epochs", "1",
-                                                 "--mtu", "9000"], started=(Started,))
-    assert code == 0, err
+    code, _, err = run_cli(monkeypatch, capsys, ["train", "--hosts", "2", "--model",
+                                                 "mlp-small", "--epochs", "1", "--mtu",
+                                                 "9000"], started=(Started,))
+    assert code == 0 and made == {"mtu": 9000}, err
 
 
 # ---- the demo: a failed baseline, and a --json that could not be written

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("report",),
     ("demo",),
     ("cli",),
+    ("entry",),
     ("__main__",),
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -19,7 +19,7 @@ from gradwire.bandwidth import UNSHAPED, format_bandwidth, parse_bandwidth
 from gradwire.check import MAX_BATCH, MAX_SEED, check_range, number_text, parse_int
 from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_available
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
-from gradwire.cluster.state import MAX_HOSTS
+from gradwire.cluster.state import MAX_HOSTS, check_mtu
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import check_writable, dumps, replace_text, save_elsewhere
 
@@ -137,6 +137,7 @@ def check_loopback(ctx: typer.Context, loopback: bool, bandwidth: str) -> None:
                             f"--loopback runs without them ({LOOPBACK_LABEL}): give one of "
                             "them")
     if typed(ctx, "mtu"):
+        check_mtu(ctx.params["mtu"])  # a value no link takes is said as such first
         raise GradwireError(f"--mtu {ctx.params['mtu']} sets the emulated hosts' links' MTU; "
                             f"--loopback runs without them ({LOOPBACK_LABEL}): give one of "
                             "them")
