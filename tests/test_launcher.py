@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,6 +124,23 @@ def test_the_summary_gives_a_failed_ranks_last_line_on_one_short_line():
         "rank 2 was killed by SIGKILL; stopped the other ranks")
     assert _failure(RankExit(0, 1), None, exits, {}).message == (
         "rank 0 exited with status 1; stopped the other ranks")
+
+
+def test_a_summary_gives_no_last_line_of_output_not_read_to_its_end():
+    """A reader held up by a slow sink (`gradwire run | less`) has more of the rank's output
+    to read: its last line so far would point at the wrong thing, so none is given."""
+    let_go = threading.Event()
+    output = _Output(lambda line: let_go.wait(30), 1)
+    output.follow(0, io.StringIO("line 1\n\x1b[31mValueError: the real error\x1b[0m\n"))
+    time.sleep(0.2)  # the reader is held in the sink at its first line
+    assert output.last == {0: "line 1"} and output.last_read() == {}
+    let_go.set()
+    output.close()
+    assert output.last_read() == {0: "\x1b[31mValueError: the real error\x1b[0m"}
+    exits = [RankExit(0, 1)]
+    assert _failure(exits[0], None, exits, output.last_read()).message == (
+        "rank 0 exited with status 1 (its last line: ValueError: the real error); stopped "
+        "the other ranks")
 
 
 def test_timeout_stops_everything():

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
@@ -321,6 +322,13 @@ class _Output:
                         return
                     self.handed[rank] += 1
 
+    def last_read(self) -> dict[int, str]:
+        """Each rank's last line, for the ranks whose output has been read to its end: a
+        reader held up by a slow ``sink`` (``| less``) may have more of it in the pipe, and
+        its last line so far is not the rank's."""
+        return {rank: line for rank, line in self.last.items()
+                if rank in self.threads and not self.threads[rank].is_alive()}
+
     def drain(self, ranks: list[int]) -> None:
         """Wait (once per rank, 1 s for them all) for the rest of exited ranks' output: 1 s
         each, one after another, was a minute before the others were stopped where 60 ranks
@@ -486,7 +494,7 @@ def _wait(procs: list[subprocess.Popen], output: _Output, timeout: float | None,
             timed_out = deadline is not None and now > deadline
             only_stalled = stalled and running == [stalled.rank] and now >= linger_end
             if not running or now >= stop_at or timed_out or only_stalled:
-                return _failure(first, stalled, exits, output.last)
+                return _failure(first, stalled, exits, output.last_read())
         elif all(c == 0 for c in codes):
             return RunResult(0, f"all {len(procs)} ranks exited 0", exits)
         elif deadline is not None and now > deadline:
@@ -560,6 +568,7 @@ def _named_stall(failed: list[int], exits: list[RankExit], lost: dict[int, int]
     return Stall(end, failed, "lost it") if exits[end].returncode is None else None
 
 
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # a terminal's control sequence (colours)
 LAST_LINE_CHARS = 200  # of a failed rank's last line, in the run's one-line summary
 
 
@@ -572,7 +581,10 @@ def _failure(first: RankExit, stalled: Stall | None, exits: list[RankExit],
     if stalled is None:
         said = (last or {}).get(first.rank) if _ended_on_error(first) else None
         if said is not None:
-            said = " ".join(said.split())  # one line, whatever control characters it held
+            # one line of plain text: whitespace made single spaces, other control
+            # characters (a terminal's colour codes) dropped
+            said = "".join(c for c in " ".join(_CSI.sub("", said).split())
+                           if unicodedata.category(c)[0] != "C")
             if len(said) > LAST_LINE_CHARS:
                 said = said[:LAST_LINE_CHARS - 3] + "..."
         ending = "" if not said else f" (its last line: {said})"
