@@ -30,8 +30,11 @@ def test_emulated_runs_move_the_simulated_bytes(tmp_path):
     for r in rows:
         assert r["measured_link_bytes"] == r["simulated_link_bytes"], r["mechanism"]
         assert r["alpha_s"] > 0 and len(r["measured_ends"]) == 3
-        # Loose: this test checks the replay, benchmarks/sim_validation.py the accuracy.
-        assert 0.33 < r["simulated_s"] / r["measured_s"] < 3, r
+        # Loose: this test checks the replay, benchmarks/sim_validation.py the accuracy. A
+        # loaded machine only slows what is measured (5 hosts' ranks on 2 cores beside
+        # another test worker made a 3-worker ring 8x slower than simulated): the bound
+        # below is wide, the one above is not.
+        assert 0.05 < r["simulated_s"] / r["measured_s"] < 3, r
     ps = rows[0]["measured_link_bytes"]
     assert ps["worker up"] == ps["server down"] == 3 * 3 * t.total_bytes  # P·iterations·model
     assert [r["send_buffer"] for r in rows] == [machine_send_buffer()] * 4
