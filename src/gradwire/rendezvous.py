@@ -70,9 +70,8 @@ def join_world(backend: str, timeout: float, prog: str | None = None,
         setter(limit)
         # the store too: a store operation after joining (a second group's set-up) kept the
         # join's limit
-        store = getattr(dist.distributed_c10d, "_get_default_store", None)
         with contextlib.suppress(AttributeError, RuntimeError, ValueError):
-            store().set_timeout(limit)  # type: ignore[misc]
+            dist.distributed_c10d._get_default_store().set_timeout(limit)
 
 
 def _timeout_setter() -> Callable[[datetime.timedelta], None] | None:
