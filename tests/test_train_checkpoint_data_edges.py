@@ -184,3 +184,29 @@ def test_a_resumed_process_s_first_epoch_is_left_out_of_the_throughput_too():
     out = worker.summarize(argparse.Namespace(batch_size=4), {"world_size": 2},
                            torch.nn.Linear(2, 1), SimpleNamespace(kind="digits"), history)
     assert out["steady_epochs"] == 3
+
+
+def test_a_resume_reads_its_checkpoint_once_before_the_join(one_epoch, tmp_path,
+                                                            monkeypatch) -> None:
+    """The worker read the checkpoint in its checks and again after joining, where a slow
+    file system's read counted against the collective limit of every rank waiting at the
+    start's barrier: it is read once, before the join, and the run resumes from that read."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from gradwire.train import checkpoint, worker
+
+    ck, resume = one_epoch
+    reads = []
+    load = checkpoint.load
+    monkeypatch.setattr(checkpoint, "load", lambda path: reads.append(path) or load(path))
+    args = worker.parse_args(resume)
+    assert len(reads) == 1
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        result = worker.train(args)
+    finally:
+        dist.destroy_process_group()
+    assert len(reads) == 1 and result["epochs"] == 2, (reads, result.get("epochs"))

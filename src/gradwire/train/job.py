@@ -84,8 +84,9 @@ def warmup_note(cfg: TrainConfig, fix: str) -> str | None:
             f"{cfg.density:g}: {fix.format(epochs=warm + 1)}")
 
 
-def validate(cfg: TrainConfig, hosts: int) -> None:
-    """One-line GradwireErrors for every setting a run would fail on, before anything starts."""
+def validate(cfg: TrainConfig, hosts: int) -> dict[str, Any] | None:
+    """One-line GradwireErrors for every setting a run would fail on, before anything starts;
+    with --resume, the checkpoint read and checked (None without)."""
     if cfg.model not in MODELS:
         raise GradwireError(f"unknown model {cfg.model!r}{did_you_mean(cfg.model, MODELS)}: "
                             f"expected one of {', '.join(MODELS)}")
@@ -118,18 +119,20 @@ def validate(cfg: TrainConfig, hosts: int) -> None:
         raise GradwireError(f"--batch-size {cfg.batch_size} is larger than a rank's share of "
                             f"{cfg.model}'s training data ({share} samples at {hosts} hosts)")
     if cfg.resume:
-        _check_resume(cfg, hosts, task)
-    elif cfg.checkpoint is not None and (os.path.lexists(cfg.checkpoint)
-                                         and not os.path.isdir(cfg.checkpoint)):
+        return _check_resume(cfg, hosts, task)
+    if cfg.checkpoint is not None and (os.path.lexists(cfg.checkpoint)
+                                       and not os.path.isdir(cfg.checkpoint)):
         # (a folder is refused as an output, by name)
         raise GradwireError(f"--checkpoint {str(cfg.checkpoint)!r} exists, and a new run "
                             f"would replace it after its first epoch: --resume goes on from "
                             f"it; to start afresh, give another path or remove it")
+    return None
 
 
-def _check_resume(cfg: TrainConfig, hosts: int, task: Task) -> None:
-    """The checkpoint's settings, data and state are this run's: checked here, before any rank
-    starts (a model of another vocabulary would fail in every rank's load_state_dict)."""
+def _check_resume(cfg: TrainConfig, hosts: int, task: Task) -> dict[str, Any]:
+    """The checkpoint, once its settings, data and state are checked to be this run's: here,
+    before any rank starts (a model of another vocabulary would fail in every rank's
+    load_state_dict)."""
     from gradwire.train import checkpoint
 
     if cfg.checkpoint is None:
@@ -142,6 +145,7 @@ def _check_resume(cfg: TrainConfig, hosts: int, task: Task) -> None:
     options = {} if cfg.rank is None else {"rank": cfg.rank}
     checkpoint.check_hook_states(ck, lambda: HookedDDP(cfg.agg, cfg.density, cfg.mode,
                                                        cfg.warmup, cfg.seed, iters, options))
+    return ck
 
 
 def train_on(cluster: Cluster, cfg: TrainConfig, label: str, timeout: float | None,

@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # written once the run is over
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig)})
     try:
-        validate(cfg, world_size())
+        # the checkpoint --resume goes on from, read and checked here, before the join
+        a.resumed = validate(cfg, world_size())
         check_writable(a.out, "--out")
         check_writable(a.checkpoint, "--checkpoint")
         _check_distinct_files(a.out, a.checkpoint)
@@ -172,9 +173,11 @@ def train_epoch(fwd: nn.Module, agg: HookedDDP, opt: torch.optim.Optimizer, task
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # What takes each rank its own time (the data, the model) comes before the join, within
-    # the join's limit: after it, DDP's set-up waits for every rank within the collective
-    # limit, which a short GRADWIRE_TIMEOUT made too short for a rank slowed by a busy machine.
+    # What takes each rank its own time (the data, the model, and the checkpoint it resumes
+    # from, read by parse_args) comes before the join, within the join's limit: after it,
+    # DDP's set-up and the start's barrier wait for every rank within the collective limit,
+    # which a short GRADWIRE_TIMEOUT made too short for a rank slowed by a busy machine or a
+    # slow file system.
     prepared = prepare(args)
     join_world("gloo", args.timeout, prog="gradwire train", join_at_least=args.join_timeout)
     result = train(args, prepared)
@@ -199,8 +202,9 @@ def prepare(args: argparse.Namespace) -> tuple[Task, nn.Module]:
 
 def train(args: argparse.Namespace,
           prepared: tuple[Task, nn.Module] | None = None) -> dict[str, Any] | None:
-    """Train as ``args`` say, from ``prepared`` (:func:`prepare`'s, made here if None); rank
-    0 returns the result (:func:`summarize`), the others None."""
+    """Train as ``args`` say, from ``prepared`` (:func:`prepare`'s, made here if None) and,
+    with --resume, the checkpoint :func:`parse_args` read; rank 0 returns the result
+    (:func:`summarize`), the others None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     task, model = prepare(args) if prepared is None else prepared
     opt = optimizer(model.parameters(), args.lr, args.momentum)
@@ -216,8 +220,9 @@ def train(args: argparse.Namespace,
     kept = run_settings | checkpoint.data_settings(task) if args.checkpoint else run_settings
     history: dict[str, list[float]] = {k: [] for k in (*SUMMED, *checkpoint.CURVES, STARTED)}
     first = 0
-    if args.resume:
-        ck = checkpoint.load(args.checkpoint)
+    # taken from args, so that no copy of the model and its momentum outlives the load
+    ck, args.resumed = args.resumed, None
+    if ck is not None:
         checkpoint.check_compatible(ck, kept, args.epochs)
         checkpoint.check_state(ck, model)
         model.load_state_dict(ck["model"])
@@ -227,6 +232,7 @@ def train(args: argparse.Namespace,
         for k in SUMMED:  # a checkpoint written before a counter existed: 0 for its epochs
             history.setdefault(k, [0.0] * first)
         history.setdefault(STARTED, [1.0] + [0.0] * (first - 1))  # written before it was kept
+    del ck
     total = iters * (args.epochs - first)
     with _collective("barrier", "the start of training", args.timeout):
         dist.barrier()
