@@ -113,11 +113,11 @@ def test_whatif_says_the_worker_counts_of_one_method_in_one_line(home, monkeypat
     assert code == 0, err
     assert out.count("not predicted") == 1
     assert f"not predicted: int8 at 128, 256 workers: {WHY}" in out
-    # nothing to predict at all: one line saying why
+    # nothing to predict at all: one line saying why (int8 refused at each count asked)
     code, out, err = _cli(monkeypatch, capsys, [*args, "--agg", "int8", "--workers",
                                                 "128,256"])
     one_line_cli_error(code, err, "no aggregation scheme could be predicted",
-                       f"int8 at 128, 256 workers: {WHY}")
+                       f"int8 at every worker count asked (128 to 256): {WHY}")
 
 
 @pytest.mark.parametrize("command", ["advise", "whatif"])

@@ -123,7 +123,9 @@ KERNEL_FS = (Path("/proc"), Path("/sys"))
 def check_writable(path: str | Path | None, option: str) -> Path | None:
     """``path`` as a Path once it is clear that a file can be written there (None stays None):
     commands check their output options before the work, so that an hour of training is not
-    lost to a typo in ``--json``. Refused with a one-line error: a directory; a parent folder
+    lost to a typo in ``--json``. ``path`` is best given as typed (a str): a Path has already
+    dropped a trailing "/". Refused with a one-line error: a directory, or a name typed as
+    one (:func:`_check_file_name`: "out/", which Path reads as the file "out"); a parent folder
     that does not exist or is not a folder, or that this process may not write into (also
     for an existing file: the result is written beside it and renamed over it; for a link to
     no file, the folder of the file it names; a link to a file is written beside that file, or
@@ -138,9 +140,33 @@ def check_writable(path: str | Path | None, option: str) -> Path | None:
     p = Path(path)
     where = f"{option} {str(p)!r}"
     try:
+        _check_file_name(os.fspath(path), p, option)
         return _check_writable(p, where)
     except OSError as e:  # a name too long, a loop of links: the checks' own calls failed
         raise GradwireError(f"{where}: {e.strerror or e}") from None
+
+
+# What a file name typed as a folder's is refused with, "such as out/NAME": a name of the
+# kind the option writes (a figure's extension names its format).
+_EXAMPLE_NAMES = {"--plot": "figure.png", "--checkpoint": "checkpoint.pt",
+                  "--timeline": "timeline.json"}
+
+
+def _check_file_name(typed: str, p: Path, option: str) -> None:
+    """Refuse ``typed`` where it names a folder by its spelling, a trailing separator ("out/")
+    or a last "." ("out/."), that is not one here (a folder there is refused as a directory,
+    by :func:`_check_writable`): Path drops both, and the result was written to a file "out"
+    (a folder, given to hold it, meant none); an existing file "out" was replaced."""
+    seps = tuple(s for s in (os.sep, os.altsep) if s)
+    tail = next((s for s in seps if typed.endswith(s)), None)
+    if tail is None and typed.endswith(tuple(s + "." for s in seps)):
+        tail = typed[-2:]
+    if tail is None or p.is_dir():
+        return
+    example = os.path.join(typed.removesuffix(tail).rstrip("".join(seps)) or typed[:1],
+                           _EXAMPLE_NAMES.get(option, "result.json"))
+    raise GradwireError(f"{option} {typed!r} names a folder (it ends in {tail}): give a "
+                        f"file name, such as {shown(example)}")
 
 
 def _check_writable(p: Path, where: str) -> Path:

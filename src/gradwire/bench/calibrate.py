@@ -82,7 +82,7 @@ def default_device() -> str:
 
 
 def check_args(model: str, density: float, rank: int, device: str,
-               out: Path | None) -> Profile:
+               out: str | Path | None) -> Profile:
     """The options of either side, checked before anything runs (one-line errors); the
     profile ``model`` names."""
     from gradwire import profiles
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gradwire.bench.calibrate",
                                  description="gradwire calibrate's rank side: run it on every "
                                              "rank (torchrun, gradwire run)")
-    ap.add_argument("--out", type=Path, required=True, help="rank 0 writes the file here")
+    # a string, as typed: Path("out/") drops the slash that says a folder was meant
+    ap.add_argument("--out", required=True, help="rank 0 writes the file here")
     ap.add_argument("--model", default="resnet50",
                     help="profile (built-in name or JSON) whose bucket the codecs are timed on")
     ap.add_argument("--density", type=float, default=0.001, help="sparsifiers' kept fraction")
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         prof = check_args(a.model, a.density, a.rank, a.device, a.out if first else None)
     except GradwireError as e:
         ap.error(str(e))
+    a.out = Path(a.out)
     command = "python -m gradwire.bench.calibrate " + shlex.join(
         argv if argv is not None else sys.argv[1:])
     try:

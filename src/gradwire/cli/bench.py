@@ -48,6 +48,22 @@ def nccl_tests_hint(option: str) -> str:
     hint = NCCL_TESTS_OPTIONS.get(option)
     return f"; {hint}" if hint else ""
 
+
+def check_bandwidth(text: str) -> None:
+    """bench's --bandwidth; a value that fails as a rate but reads as a message size (nccl-tests'
+    ``-b 8K``, its begin size) says in the same line what takes sizes here."""
+    from gradwire.sizes import parse_size
+
+    try:
+        parse_bandwidth(text)
+    except GradwireError as e:
+        try:
+            parse_size(text)
+        except GradwireError:
+            raise e from None
+        raise GradwireError(f"{e}; {_SIZES}") from None
+
+
 if TYPE_CHECKING:
     from gradwire.perf.calibration import Calibration
 
@@ -86,7 +102,7 @@ def bench(
     builtin: Annotated[bool, typer.Option(help="add torch.distributed's own collective as "
                                           "the baseline row")] = True,
     timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 3600,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write rows here")] = None,
+    json_out: Annotated[str | None, typer.Option("--json", help="write rows here")] = None,
     mtu: Mtu = MTU,
     loopback: Loopback = False,
     device: Annotated[str, typer.Option(help="cpu (gloo) or cuda: buffers on the GPU, over "
@@ -113,7 +129,7 @@ def bench(
     )
     from gradwire.sizes import parse_sizes
 
-    check_outputs(("--json", json_out))
+    (json_path,) = check_outputs(("--json", json_out))
     check_timeout(timeout)
     specs = parse_specs(collective, algo)
     if not builtin and any(s.name == BUILTIN for s in specs):  # it would run all the same
@@ -125,7 +141,7 @@ def bench(
     size_list = parse_sizes(sizes)
     params = parse_params(param or [])
     check_shared(collective, specs, params)
-    parse_bandwidth(bandwidth)
+    check_bandwidth(bandwidth)
     # what the ranks would find wrong, found here: one line instead of a traceback per rank
     p = planned_ranks(hosts, cluster)
     check_sizes(size_list, dtype, p, device, collective in ("allgather", "reducescatter"))
@@ -137,9 +153,9 @@ def bench(
                            builtin, timeout, console, interleave, op, device, batch)
     result["command"] = command_line()
     failed = wrong_rows(result["rows"])
-    if json_out:
+    if json_path:
         try:
-            write_json(json_out, result)
+            write_json(json_path, result)
         except GradwireError as e:  # saved elsewhere, it says where: said after the wrong rows
             raise GradwireError("; ".join(m for m in (failed, str(e)) if m)) from None
     if failed:
@@ -161,11 +177,11 @@ def calibrate(
     device: Annotated[str | None, typer.Option(help="cpu (gloo) or cuda (NCCL, each rank on "
                                                "cuda:LOCAL_RANK); default: cuda where there "
                                                "is one")] = None,
-    out: Annotated[Path | None, typer.Option(help="write the calibration here; default "
-                                             "$GRADWIRE_HOME (~/.cache/gradwire)/calibration/"
-                                             "RATE.json (RATE-mtuN.json at another MTU, "
-                                             "loopback.json unshaped), required under a "
-                                             "launcher")] = None,
+    out: Annotated[str | None, typer.Option(help="write the calibration here; default "
+                                            "$GRADWIRE_HOME (~/.cache/gradwire)/calibration/"
+                                            "RATE.json (RATE-mtuN.json at another MTU, "
+                                            "loopback.json unshaped), required under a "
+                                            "launcher")] = None,
     mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
@@ -187,14 +203,15 @@ def calibrate(
         raise GradwireError("gradwire calibrate under a launcher (RANK, WORLD_SIZE and "
                             "MASTER_ADDR are set) needs --out FILE")
     first = not launched or os.environ["RANK"] == "0"
+    out_path = None if out is None else Path(out)  # only the first rank writes it
     if first:  # the one that writes --out: not over the profile it reads
-        check_outputs(("--out", out), inputs=(("--model", model),))
-    prof = cal.check_args(model, density, rank, device, out if first else None)
+        (out_path,) = check_outputs(("--out", out), inputs=(("--model", model),))
+    prof = cal.check_args(model, density, rank, device, out_path if first else None)
     if launched:
         with _kept_if_unsaved():
-            done = cal.run(out, prof, model, density, rank, device, command_line())
+            done = cal.run(out_path, prof, model, density, rank, device, command_line())
         if done is not None:
-            _show_calibration(done, out)
+            _show_calibration(done, out_path)
         return
     check_timeout(timeout)
     parse_bandwidth(bandwidth)
@@ -209,7 +226,7 @@ def calibrate(
     with _kept_if_unsaved():
         done, path = cal.calibrate(lambda: cluster_for(ctx, hosts, bandwidth, cluster,
                                                        loopback, mtu),
-                                   out, args, command_line(), timeout, console)
+                                   out_path, args, command_line(), timeout, console)
     _show_calibration(done, path)
 
 

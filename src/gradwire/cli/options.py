@@ -67,7 +67,9 @@ Epochs = Annotated[int, typer.Option(help="epochs (1 to 10000)")]
 BatchSize = Annotated[int, typer.Option(help="samples per rank per iteration (1 to 65536)")]
 Seed = Annotated[int, typer.Option(help="model initialisation and data order (0 to "
                                    "2**32 - 1)")]
-JsonOut = Annotated[Path | None, typer.Option("--json", help="write the result JSON here")]
+# Output paths are typed str, not Path: Path("out/") drops the "/" that says a folder was
+# meant; check_outputs (check_writable) sees them as typed, and returns them as Paths.
+JsonOut = Annotated[str | None, typer.Option("--json", help="write the result JSON here")]
 
 
 class StrictCommand(TyperCommand):
@@ -195,16 +197,19 @@ def check_seed_and_batch(seed: int, batch_size: int | None) -> None:
         check_range("--batch-size", batch_size, 1, MAX_BATCH)
 
 
-def check_outputs(*options: tuple[str, Path | None],
-                  inputs: Iterable[tuple[str, str | Path | None]] = ()) -> None:
-    """Refuse, before any work, output paths that cannot be written, a figure whose name
-    gives no format matplotlib writes, one file named by two options, and an output that is
-    a file the command reads (``inputs``: each option with its path, or with a name that is
-    no file here, such as a built-in profile's), which the result would replace (one line
-    each)."""
+def check_outputs(*options: tuple[str, str | Path | None],
+                  inputs: Iterable[tuple[str, str | Path | None]] = ()) -> list[Path | None]:
+    """Refuse, before any work, output paths that cannot be written (or that name a folder,
+    "out/": each path as typed, a str), a figure whose name gives no format matplotlib
+    writes, one file named by two options, and an output that is a file the command reads
+    (``inputs``: each option with its path, or with a name that is no file here, such as a
+    built-in profile's), which the result would replace (one line each). The outputs'
+    paths, as :func:`check_writable` returns them (Paths, None for None), in their order."""
     seen: dict[Path, str] = {}
-    for option, path in options:
-        check_writable(path, option)
+    checked: list[Path | None] = []
+    for option, typed_path in options:
+        path = check_writable(typed_path, option)
+        checked.append(path)
         if path is None:
             continue
         if option == "--plot":
@@ -218,10 +223,11 @@ def check_outputs(*options: tuple[str, Path | None],
     for source, read in inputs:
         if read is None or not os.path.isfile(read):
             continue
-        for option, path in options:
+        for (option, _), path in zip(options, checked, strict=True):
             if path is not None and _same_file(path, read):
                 raise GradwireError(f"{option} {str(path)!r} is the file {source} reads: the "
                                     "result would replace it; write it elsewhere")
+    return checked
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:

@@ -123,8 +123,8 @@ def profile(
                                         "1000)")] = 3,
     seq_len: Annotated[int, typer.Option(min=1, help="text models: symbols per sample (at "
                                          "most 4096)")] = 64,
-    out: Annotated[Path | None, typer.Option(help="write the profile (JSON) here, for "
-                                             "whatif/advise --model FILE")] = None,
+    out: Annotated[str | None, typer.Option(help="write the profile (JSON) here, for "
+                                            "whatif/advise --model FILE")] = None,
 ) -> None:
     """Measure a model's forward, per-tensor backward and optimizer-step time on this machine
     as a profile; without --model, list the built-in profiles.
@@ -154,7 +154,7 @@ def profile(
     check_range("--warmup", warmup, 0, MAX_RECORDED)
     spec = get_spec(model)
     check_seq_len(ctx, model, seq_len)
-    check_outputs(("--out", out))
+    (out_path,) = check_outputs(("--out", out))
     try:
         p = measure(model, batch_size, iters, warmup, seq_len)
     except (MemoryError, RuntimeError) as e:
@@ -163,8 +163,8 @@ def profile(
             raise
         raise short from None
     console.print(report.profile_table(model, p))
-    if out:
-        write_text(out, p.to_text())
+    if out_path:
+        write_text(out_path, p.to_text())
 
 
 def _out_of_memory(e: MemoryError | RuntimeError, model: str, batch_size: int,
@@ -214,11 +214,11 @@ def whatif(
     compute_ms: PerfCompute = None,
     calibration: PerfCalibration = None,
     reference: PerfReference = "v100",
-    plot: Annotated[Path | None, typer.Option(help="write a figure of iteration time against "
-                                              "workers here, in the format its extension "
-                                              "names (.png, .svg, .pdf, ...)")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write every prediction "
-                                                  "here")] = None,
+    plot: Annotated[str | None, typer.Option(help="write a figure of iteration time against "
+                                             "workers here, in the format its extension "
+                                             "names (.png, .svg, .pdf, ...)")] = None,
+    json_out: Annotated[str | None, typer.Option("--json", help="write every prediction "
+                                                 "here")] = None,
 ) -> None:
     """Predict iteration time for every (aggregation, workers, bandwidth, compute speedup), the
     compression needed for near-linear scaling and the encode+decode budget (§5 of the
@@ -230,7 +230,7 @@ def whatif(
     from gradwire.perf.whatif import plot as plot_whatif
     from gradwire.perf.whatif import refusal
 
-    check_outputs(("--plot", plot), ("--json", json_out), inputs=(
+    plot_path, json_path = check_outputs(("--plot", plot), ("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
     _check_bucket(ctx, mode)
     _check_read(ctx, calibration, ranks_per_node, agg)
@@ -246,11 +246,11 @@ def whatif(
         console.print(t)
     console.print(found.note)
     for skipped in found.result["not_predicted"]:
-        console.print(f"not predicted: {refusal(skipped)}")
-    if json_out:  # before the plot: a plot that cannot be written must not lose the result
-        write_json(json_out, found.result)
-    if plot:
-        console.print(f"wrote {plot_whatif(found.result, plot)}")
+        console.print(f"not predicted: {refusal(skipped, found.result['workers'])}")
+    if json_path:  # before the plot: a plot that cannot be written must not lose the result
+        write_json(json_path, found.result)
+    if plot_path:
+        console.print(f"wrote {plot_whatif(found.result, plot_path)}")
 
 
 def advise(
@@ -277,7 +277,7 @@ def advise(
     compute_ms: PerfCompute = None,
     calibration: PerfCalibration = None,
     reference: PerfReference = "v100",
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the ranking here")]
+    json_out: Annotated[str | None, typer.Option("--json", help="write the ranking here")]
     = None,
 ) -> None:
     """Rank every aggregation scheme by predicted iteration time and say why the winner wins.
@@ -287,7 +287,7 @@ def advise(
     from gradwire.perf import report, scenario
     from gradwire.perf.advise import explain
 
-    check_outputs(("--json", json_out), inputs=(
+    (json_path,) = check_outputs(("--json", json_out), inputs=(
         ("--model", model), ("--codecs", codecs), ("--calibration", calibration)))
     _check_bucket(ctx, mode)
     _check_read(ctx, calibration, ranks_per_node, agg)
@@ -303,6 +303,6 @@ def advise(
     console.print(found.note)
     for skipped in found.skipped:
         console.print(f"not ranked: {skipped}")
-    if json_out:  # with the command, date, commit and machine, as every result file
-        write_json(json_out, {**stamp(command_line()), **found.result})
+    if json_path:  # with the command, date, commit and machine, as every result file
+        write_json(json_path, {**stamp(command_line()), **found.result})
 

@@ -26,7 +26,7 @@ from gradwire.sim.simulate import ALPHA_US, LATENCY_US, SIM_MECHANISMS
 
 def trace_cmd(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Option("-o", "--out", help="write the trace (JSON lines) here")],
+    out: Annotated[str, typer.Option("-o", "--out", help="write the trace (JSON lines) here")],
     model: Annotated[str | None, typer.Option(help="record this model (`gradwire models`)")] = None,
     source: Annotated[Path | None, typer.Option("--from", help="edit this trace instead")] = None,
     iterations: Annotated[int, typer.Option(min=1, help="iterations recorded, with --model (at "
@@ -57,7 +57,7 @@ def trace_cmd(
     from gradwire.sim import trace as tr
     from gradwire.sim.edit import check_edits, make_trace
 
-    check_outputs(("--out", out), inputs=(("--from", source),))
+    (out_path,) = check_outputs(("--out", out), inputs=(("--from", source),))
     check_seed_and_batch(seed, batch_size)
     layer = (layer_bytes, layer_forward_ms / 1e3, layer_backward_ms / 1e3)
     check_edits(iterations, compute_speedup, add_layers, layer, resize or [])  # values first
@@ -69,7 +69,7 @@ def trace_cmd(
     t = make_trace(model, source, iterations=iterations, batch_size=batch_size, seed=seed,
                    compute_speedup=compute_speedup, add_layers=add_layers, layer=layer,
                    resize=resize or [])
-    write_text(out, tr.dumps(t))
+    write_text(out_path, tr.dumps(t))
     it = t.iterations[0]
     console.print(f"{t.model}: {len(t.params)} parameters, "
                   f"{t.total_bytes / 1e6:.2f} MB, {len(t.iterations)} iterations, forward "
@@ -132,13 +132,13 @@ def simulate(
         "--latency-us")] = None,
     seed: Annotated[int, typer.Option(help="which recorded iteration each worker replays, "
                                       "drawn from this seed (a whole number >= 0)")] = 0,
-    timeline: Annotated[Path | None, typer.Option(help="write a Perfetto/chrome trace "
-                                                  "JSON")] = None,
+    timeline: Annotated[str | None, typer.Option(help="write a Perfetto/chrome trace "
+                                                 "JSON")] = None,
     sweep: Annotated[str | None, typer.Option(help="AXIS=V1,V2,..: workers, bandwidth, "
                                               "speedup (compute divided by it) or layers "
                                               "(added as `gradwire trace --add-layers` "
                                               "adds them: 4 MiB, 1 + 2 ms each)")] = None,
-    plot: Annotated[Path | None, typer.Option(help="the sweep's PNG")] = None,
+    plot: Annotated[str | None, typer.Option(help="the sweep's PNG")] = None,
     table: Annotated[int | None, typer.Option(help="one of the paper's tables: 4, 6, 8, 9, "
                                               "10, each with its own mechanisms (not with "
                                               "--mechanism; table 8 runs 8 servers, table 10 "
@@ -165,8 +165,9 @@ def simulate(
     from gradwire.bench.provenance import stamp
     from gradwire.sim.simulate import prepare, run_simulation
 
-    check_outputs(("--timeline", timeline), ("--plot", plot), ("--json", json_out),
-                  inputs=[*(("--trace", t) for t in trace), ("--calibration", calibration)])
+    timeline_path, plot_path, json_path = check_outputs(
+        ("--timeline", timeline), ("--plot", plot), ("--json", json_out),
+        inputs=[*(("--trace", t) for t in trace), ("--calibration", calibration)])
     # a trace named twice is one (one row of --table's), as a mechanism or sweep value is
     trace = distinct(trace, key=lambda t: os.path.realpath(t))
     gamma = 0.0
@@ -194,8 +195,9 @@ def simulate(
     sim = prepare(trace, workers=workers, bandwidth=bandwidth, mechanism=mechanism,
                   servers=servers, iterations=iterations, latency_us=latency_us,
                   alpha_us=alpha_us, gamma=gamma, seed=seed,
-                  table=table, sweep=sweep, emulate=emulate, plot=plot, timeline=timeline)
+                  table=table, sweep=sweep, emulate=emulate, plot=plot_path,
+                  timeline=timeline_path)
     out = stamp(command_line())  # dated before the run, as it always was
     out |= run_simulation(sim, console)
-    if json_out:
-        write_json(json_out, out)
+    if json_path:
+        write_json(json_path, out)

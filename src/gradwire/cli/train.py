@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -75,14 +74,14 @@ def train(
                                          "4096)")] = 64,
     rank: Annotated[int | None, typer.Option(help="PowerSGD's rank (--agg powersgd); default: "
                                              "the hook's, 4")] = None,
-    checkpoint: Annotated[Path | None, typer.Option(help="save model, momentum and every "
-                                                    "rank's residuals here each epoch")] = None,
+    checkpoint: Annotated[str | None, typer.Option(help="save model, momentum and every "
+                                                   "rank's residuals here each epoch")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="go on from --checkpoint up to "
                                          "--epochs")] = False,
     timeout: Annotated[float, typer.Option(help="seconds for the whole run")] = 3600,
     json_out: JsonOut = None,
-    plot: Annotated[Path | None, typer.Option(help="write loss and accuracy curves (PNG) "
-                                              "here")] = None,
+    plot: Annotated[str | None, typer.Option(help="write loss and accuracy curves (PNG) "
+                                             "here")] = None,
     mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
@@ -103,7 +102,11 @@ def train(
     validate(cfg, planned_ranks(hosts, None))
     check_seq_len(ctx, model, seq_len)
     check_loopback(ctx, loopback, bandwidth)
-    check_outputs(("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
+    json_path, plot_path, checkpoint_path = check_outputs(
+        ("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))
+    # validate read --checkpoint as typed, so that "ck/" is refused as a folder's name, not
+    # taken for an existing file "ck"; the run has it as check_outputs returns it
+    cfg = dataclasses.replace(cfg, checkpoint=checkpoint_path)
     note = warmup_note(cfg, "--epochs {epochs} or more, or --no-warmup, send it")
     if note:
         print(f"gradwire train: {note}", file=sys.stderr)
@@ -113,20 +116,20 @@ def train(
     title = (f"{model} ({result['parameters'] / 1e6:.2f} M params), {hosts} ranks, {label}, "
              f"{result['epochs']} epochs, mode {mode}")
     problems = []
-    if json_out:  # first: the run's result is kept whatever the report does
+    if json_path:  # first: the run's result is kept whatever the report does
         try:
-            write_json(json_out, _stamped(result)[0])
+            write_json(json_path, _stamped(result)[0])
         except GradwireError as e:  # saved elsewhere, it says where: table and figure still
             problems.append(str(e))
     console.print(results_table([result], title))
     console.print(TABLE_NOTE)
-    if plot:
+    if plot_path:
         try:
-            console.print(f"wrote {plot_curves([result], plot, title)}")
+            console.print(f"wrote {plot_curves([result], plot_path, title)}")
         except OSError as e:  # said with, not instead of, a --json saved elsewhere
             if not problems:
                 raise
-            problems.append(f"could not write {plot} ({e.strerror or e})")
+            problems.append(f"could not write {plot_path} ({e.strerror or e})")
     if problems:
         raise GradwireError("; ".join(problems))
 
@@ -161,8 +164,8 @@ def demo(
                                              show_default="0.02")] = None,
     seed: Seed = 0,
     timeout: Annotated[float, typer.Option(help="seconds per training run")] = 900,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write results here")] = None,
-    plot: Annotated[Path | None, typer.Option(help="the figure (PNG)")] = Path("gradwire-demo.png"),
+    json_out: Annotated[str | None, typer.Option("--json", help="write results here")] = None,
+    plot: Annotated[str | None, typer.Option(help="the figure (PNG)")] = "gradwire-demo.png",
     mtu: Mtu = MTU,
     loopback: Loopback = False,
 ) -> None:
@@ -173,7 +176,7 @@ def demo(
     from gradwire.train.aggregate import METHODS
     from gradwire.train.job import validate, warmup_note
 
-    check_outputs(("--json", json_out), ("--plot", plot))
+    json_path, plot_path = check_outputs(("--json", json_out), ("--plot", plot))
     overrides = {k: v for k, v in (("epochs", epochs), ("model", model), ("density", density),
                                    ("mode", mode), ("batch_size", batch_size), ("lr", lr))
                  if v is not None}
@@ -194,6 +197,6 @@ def demo(
         if note:
             print(f"gradwire demo: {note}", file=sys.stderr)
     with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
-        run_demo(c, aggs, base, timeout, console, plot,
-                 keep=(lambda results: write_json(json_out, _stamped(*results)))
-                 if json_out else None)
+        run_demo(c, aggs, base, timeout, console, plot_path,
+                 keep=(lambda results: write_json(json_path, _stamped(*results)))
+                 if json_path else None)

@@ -188,9 +188,10 @@ def calibration_terms(cal: calibration.Calibration, path: Path) -> Setting:
 
 def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: list[float],
           speedups: list[float], codecs: CodecTable, setting: Setting) -> dict:
-    """Every prediction as rows, plus the §5 answers per (workers, rate, speedup), and the
-    (aggregation, workers) points the model refuses, under ``not_predicted``
-    (:func:`not_predicted`); a one-line error where it refuses every point."""
+    """Every prediction as rows, plus the §5 answers per (workers, rate, speedup), the worker
+    counts swept (``workers``), and the (aggregation, workers) points the model refuses, under
+    ``not_predicted`` (:func:`not_predicted`); a one-line error where it refuses every
+    point."""
     link = np.asarray(rates, dtype=float)
     rows, answers, refused = [], [], {}
     for x in speedups:
@@ -226,9 +227,9 @@ def sweep(profile: Profile, aggs: list[Aggregation], workers: list[int], rates: 
     skipped = not_predicted(refused)
     if not rows:
         raise GradwireError("no aggregation scheme could be predicted: "
-                            + "; ".join(map(refusal, skipped)))
-    return {**recorded(profile, codecs, setting), "rows": rows, "answers": answers,
-            "not_predicted": skipped}
+                            + "; ".join(refusal(e, workers) for e in skipped))
+    return {**recorded(profile, codecs, setting), "workers": sorted(set(workers)),
+            "rows": rows, "answers": answers, "not_predicted": skipped}
 
 
 def row(agg: Aggregation, r: Prediction, workers: int, bandwidth: str, speedup: float,
@@ -273,11 +274,25 @@ def not_predicted(refused: dict[tuple[str, str, int], str]) -> list[dict]:
     return list(out.values())
 
 
-def refusal(entry: dict) -> str:
-    """One entry of :func:`not_predicted` as whatif says it."""
-    n = entry["workers"]
-    return (f"{entry['agg']} at {', '.join(map(str, n))} worker{'' if n == [1] else 's'}: "
-            f"{entry['reason']}")
+# a longer list of refused worker counts is said as its first few, "…" and its last
+_LISTED = 5
+_FIRST = 3
+
+
+def refusal(entry: dict, asked: list[int]) -> str:
+    """One entry of :func:`not_predicted` as whatif says it, on one readable line: "every worker
+    count asked" where the entry holds each of two or more of the counts ``asked``, otherwise
+    its counts, a long list cut to its first few, "…" and its last."""
+    n = sorted(set(entry["workers"]))
+    asked = sorted(set(asked))
+    if len(asked) > 1 and n == asked:
+        where = f"every worker count asked ({n[0]} to {n[-1]})"
+    elif len(n) > _LISTED:
+        where = (f"{', '.join(map(str, n[:_FIRST]))}, …, {n[-1]} workers ({len(n)} of "
+                 f"{len(asked)} asked)")
+    else:
+        where = f"{', '.join(map(str, n))} worker{'' if n == [1] else 's'}"
+    return f"{entry['agg']} at {where}: {entry['reason']}"
 
 
 def required_compression(profile: Profile, cluster: ClusterModel, speedup: float,
