@@ -157,7 +157,7 @@ DEFAULTS = [
     ("advise", "--intra-bandwidth", "100gbit", "docs/performance-model.md"),
     ("whatif", "--agg", "dense,fp16,topk,gtopk,powersgd,signsgd", "docs/performance-model.md"),
     ("demo", "--agg", "dense,topk,gtopk", "docs/training.md"),
-    ("demo", "--plot", Path("gradwire-demo.png"), "docs/training.md"),
+    ("demo", "--plot", "gradwire-demo.png", "docs/training.md"),
 ] + [(c, "--mtu", 1500, "docs/cluster.md")
      for c in ("run", "train", "demo", "bench", "calibrate", "cluster up")]
 
