@@ -35,12 +35,13 @@ MAX_RECORDED = 4_000_000
 # ring+multicast on 4096 workers sends 16.8 M a bucket.
 MAX_REPLAYED = 30_000_000
 REPLAY_RATE = 60_000
-# A parameter server's flows cost more each (a message of a server's or a worker's queue, and
-# an arrival that drives the forward pass): about 10 000 a second up to hundreds of workers,
-# 4 000 at 4096. Their bound keeps the same 8 minutes or so at the rate of a few hundred
-# workers: under the 30 M, a PS on 4096 workers and 1000 iterations ran for hours first.
+# A parameter server's flows cost more each (a message of a server's or a worker's queue, an
+# arrival that drives the forward pass, and a start of its own after the hosts' latency):
+# about 6 000 a second at 128 to 256 workers (sim_speed's ResNet-50), fewer at thousands.
+# Their bound keeps a run to some 14 minutes at that rate: under the 30 M, a PS on 4096
+# workers and 1000 iterations ran for hours first.
 MAX_PS_REPLAYED = 5_000_000
-PS_REPLAY_RATE = 10_000
+PS_REPLAY_RATE = 6_000
 
 
 def maxmin(flow_links: Sequence[Sequence[int]], capacity: np.ndarray) -> np.ndarray:
