@@ -36,9 +36,9 @@ class Ranked:
 
     @property
     def overhead(self) -> float:
-        """What the iteration costs beyond compute: exposed communication and coding."""
-        p = self.prediction
-        return float(p.iteration) - p.forward - p.backward - p.step
+        """What the iteration costs beyond compute, exposed communication and coding: the
+        prediction's ``exposed`` (what backward does not hide)."""
+        return float(self.prediction.exposed)
 
 
 def rank(profile: Profile, cluster: ClusterModel, aggs: list[Aggregation], codecs: CodecTable,
