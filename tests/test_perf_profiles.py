@@ -213,3 +213,25 @@ def test_measured_profile_round_trips_and_orders_tensors_as_backward_does(tmp_pa
     path = tmp_path / "p.json"
     path.write_text(p.to_text())
     assert profiles.load(str(path)) == p
+
+
+def test_a_measured_profile_named_as_a_builtin_one_says_which_is_which(monkeypatch, capsys):
+    """`gradwire profile --model resnet50` measures gradwire's resnet50 on digits (23.5 M
+    parameters), while `advise --model resnet50` reads the built-in ImageNet profile (25.6 M):
+    the same name, silently two models."""
+    from conftest import run_cli
+
+    from gradwire.cli import options
+    from gradwire.perf.report import builtin_namesake
+
+    p = measure("resnet20", batch_size=2, iters=1, warmup=0)
+    line = builtin_namesake(p)
+    assert line is not None and f"({p.numel:,} parameters)" in line
+    assert "advise --model resnet20 read the built-in profile of that name (ResNet-20 for " \
+        "CIFAR-10" in line and line.endswith("give them this one as --model FILE")
+    assert builtin_namesake(measure("mlp-small", batch_size=8, iters=1, warmup=0)) is None
+    monkeypatch.setattr(options.console, "width", 1000)
+    code, out, err = run_cli(monkeypatch, capsys, ["profile", "--model", "resnet20", "--iters",
+                                                   "1", "--warmup", "0", "--batch-size", "2"])
+    assert code == 0, err
+    assert " ".join(line.split()) in " ".join(out.split())

@@ -163,6 +163,9 @@ def profile(
             raise
         raise short from None
     console.print(report.profile_table(model, p))
+    same_name = report.builtin_namesake(p)
+    if same_name:
+        console.print(same_name)
     if out_path:
         write_text(out_path, p.to_text())
 
