@@ -52,3 +52,30 @@ def test_the_nominal_model_says_what_rate_it_assumes_on_links_not_shaped(monkeyp
     shaped = Cluster("gw0aa0c4", 1e9, [Host(0, "gw0aa0c4-h0", "10.213.9.1", "eth0")])
     params, source = model_params(shaped)
     assert params.beta == 8 / 1e9 and "link rate" in source and "assumed" not in source
+
+
+def test_a_second_ctrl_c_during_the_partial_table_keeps_the_first_one_s_line(
+        monkeypatch, capsys, tmp_path):
+    """A second Ctrl-C while bench printed the rows measured before the first one replaced
+    the first's line: "stopped 2 ranks" was lost."""
+    import gradwire.jobs
+    from gradwire.cli import options
+
+    monkeypatch.setenv("GRADWIRE_HOME", str(tmp_path))
+    printed = options.console.print
+
+    def second_ctrl_c(*args, **kwargs):
+        if any("measured before the interrupt" in str(getattr(a, "title", "")) for a in args):
+            raise KeyboardInterrupt
+        printed(*args, **kwargs)
+
+    def interrupted_at_the_second_size(cluster, cmd, timeout, sink):
+        sink(f"[rank 0] GW_BENCH {json.dumps(ROW)}")
+        raise Interrupted(signal.SIGINT, 2)
+
+    monkeypatch.setattr(options.console, "print", second_ctrl_c)
+    monkeypatch.setattr(gradwire.jobs, "launch", interrupted_at_the_second_size)
+    code, _, err = run_cli(monkeypatch, capsys, [
+        "bench", "--loopback", "--hosts", "2", "--sizes", "1K,2K", "--algo", "ring",
+        "--no-builtin"])
+    assert code == 130 and "interrupted by SIGINT; stopped 2 ranks" in err, (code, err)

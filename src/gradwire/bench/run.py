@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from rich.console import Console
@@ -104,8 +105,11 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
         if done:
             why = "interrupt" if isinstance(e, Interrupted) else "failure"
             annotate(done, p, cost_params)
-            console.print(table(done, f"{title} (the {len(done)} of {total} rows measured "
-                                      f"before the {why})"))
+            # a second Ctrl-C cuts the table short, not the first one's line ("stopped N
+            # ranks") or the failure's, which the command still ends with
+            with contextlib.suppress(KeyboardInterrupt, Interrupted):
+                console.print(table(done, f"{title} (the {len(done)} of {total} rows "
+                                          f"measured before the {why})"))
         raise
     annotate(rows, p, cost_params)
     console.print(table(rows, title))
