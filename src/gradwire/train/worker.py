@@ -220,11 +220,10 @@ def train(args: argparse.Namespace,
     kept = run_settings | checkpoint.data_settings(task) if args.checkpoint else run_settings
     history: dict[str, list[float]] = {k: [] for k in (*SUMMED, *checkpoint.CURVES, STARTED)}
     first = 0
-    # taken from args, so that no copy of the model and its momentum outlives the load
+    # taken from args, so that no copy of the model and its momentum outlives the load;
+    # parse_args' validate() checked it against this run's settings, data and model
     ck, args.resumed = args.resumed, None
     if ck is not None:
-        checkpoint.check_compatible(ck, kept, args.epochs)
-        checkpoint.check_state(ck, model)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         agg.load_state_dict(ck["aggregation"][rank])
