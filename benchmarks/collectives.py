@@ -43,7 +43,7 @@ from pathlib import Path
 
 from gradwire.bench import calibrate, provenance
 from gradwire.cli.options import write_json
-from gradwire.jsonfile import save_figure
+from gradwire.jsonfile import out_file, save_figure
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, back_to_back
 
@@ -231,7 +231,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="calibrate,ring,lp,crossover,model",
                     help="comma list of calibrate, ring, lp, crossover, model")
-    ap.add_argument("--out", type=Path, default=OUT,
+    ap.add_argument("--out", type=out_file, default=OUT,
                     help="result file; parts not run are kept from it (the plot goes beside it "
                          "as .png when the model part is there)")
     a = ap.parse_args()

@@ -25,6 +25,7 @@ from ab import earlier_src, revision, this_code
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 
 HERE = Path(__file__).parent
 
@@ -55,7 +56,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--size", type=int, default=25_600_000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=out_file, required=True)
     args = ap.parse_args()
     if (args.baseline is None) == (args.earlier_src is None):
         ap.error("give --baseline REV or --earlier-src PATH")

@@ -43,6 +43,7 @@ from gradwire.cli.options import write_json
 from gradwire.compress import SignSGD, get, majority_vote, threshold_topk
 from gradwire.compress.base import generator
 from gradwire.compress.bits import unpack_bits
+from gradwire.jsonfile import out_file
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "compress_speed" / "latest.json"
@@ -192,7 +193,7 @@ def main() -> None:
     ap.add_argument("--density", type=float, default=0.001, help="density for (a)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     ap.add_argument("--parts", default="a,b,c,d", help="comma list of a, b, c, d (see above)")
     args = ap.parse_args()
     # one line each, before anything runs: --repeats 0 took the median of nothing, a size of

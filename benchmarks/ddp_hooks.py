@@ -40,6 +40,7 @@ from gradwire.bench import provenance
 from gradwire.bench.sharing import usable_cores
 from gradwire.cli.options import write_json
 from gradwire.cluster import ephemeral_cluster
+from gradwire.jsonfile import out_file
 from gradwire.launcher import launch
 
 HERE = Path(__file__).parent
@@ -95,7 +96,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after each hook's timed steps, profile one more step on rank 0 and "
                          "keep its N ops of most device time (CPU time without a GPU)")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=out_file)
     args = ap.parse_args()
     if args.profile < 0:
         sys.exit(f"ddp_hooks.py: error: --profile must be 0 or more, got {args.profile}")

@@ -30,6 +30,7 @@ from ab import ROOT, earlier_src, this_code
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "executor_ab" / "latest.json"
@@ -62,7 +63,7 @@ def main() -> None:
     ap.add_argument("--cases", default="lp_broadcast,ring_allreduce",
                     help=f"comma list of {', '.join(CASES)}")
     ap.add_argument("--hosts", type=int, default=8)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args()
     cases = a.cases.split(",")
     if not set(cases) <= set(CASES):

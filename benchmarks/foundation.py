@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "foundation" / "latest.json"
@@ -34,7 +35,7 @@ def gradwire_run(hosts: int, bandwidth: str, script: str, env: dict[str, str]) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args()
     rows = []
     for bw in ("1gbit", "none"):

@@ -30,6 +30,7 @@ from gradwire.cli.options import write_json
 from gradwire.compress.base import select_count
 from gradwire.data import shard_indices
 from gradwire.hooks.warmup import DEFAULT_DENSITIES, Warmup
+from gradwire.jsonfile import out_file
 from gradwire.models import build_model, get_spec
 from gradwire.models.task import evaluate, load_task, loss_fn, optimizer
 from gradwire.sparse.local import simulate
@@ -92,7 +93,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=4, help="ranks, a power of two")
     ap.add_argument("--density", type=float, default=0.001)
     ap.add_argument("--momentum-correction", action="store_true")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     args = ap.parse_args()
     if args.world < 2 or args.world & (args.world - 1):
         sys.exit(f"gtopk_drops: --world must be a power of two >= 2 (the tree's and the "

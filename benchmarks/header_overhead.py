@@ -15,6 +15,7 @@ from pathlib import Path
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
 from gradwire.cluster import ephemeral_cluster
+from gradwire.jsonfile import out_file
 from gradwire.launcher import launch
 
 HERE = Path(__file__).parent
@@ -26,7 +27,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--bandwidth", default="1gbit")
     ap.add_argument("--loopback", action="store_true")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     args = ap.parse_args()
     if args.hosts < 1:
         ap.error(f"--hosts must be >= 1, got {args.hosts}")

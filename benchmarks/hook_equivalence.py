@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gradwire.jsonfile import out_file
 from gradwire.launcher import free_port
 
 RUNS = [("dense", {}), ("fp16", {}), ("bf16", {}), ("topk", {}),
@@ -94,7 +95,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--steps-per-epoch", type=int, default=8)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--out", help="write the fingerprints here (JSON)")
+    ap.add_argument("--out", type=out_file, help="write the fingerprints here (JSON)")
     ap.add_argument("--compare", help="a JSON written by --out: print what differs")
     args = ap.parse_args()
     from gradwire.bench import provenance

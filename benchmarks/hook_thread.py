@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 from gradwire.launcher import MALLOC_TUNABLES, free_port
 
 HERE = Path(__file__).parent
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", default="topk,gtopk,signsgd,powersgd")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=300)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args(argv)
     command = provenance.script_command(None if argv is None else [__file__, *argv])
     os.environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)  # as the launcher runs ranks

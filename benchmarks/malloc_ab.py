@@ -32,6 +32,7 @@ from pathlib import Path
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 from gradwire.launcher import MALLOC_TUNABLES
 
 HERE = Path(__file__).parent
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--agg", default="gtopk,dense,qsgd")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args()
     doc = {**provenance.stamp(provenance.script_command()),
            "load_average_before": os.getloadavg(),

@@ -31,6 +31,7 @@ import torch
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
 from gradwire.cluster import loopback_cluster, netns_available
+from gradwire.jsonfile import out_file
 from gradwire.launcher import launch
 
 HERE = Path(__file__).parent
@@ -125,7 +126,7 @@ def main() -> None:
     ap.add_argument("--scripts", default=",".join(CHECKS), help="check scripts for (a)")
     ap.add_argument("--parts", default="a,b,c,d", help="comma list of a, b, c, d")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per run")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("nccl_check.py needs a CUDA device: none here")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster
 from gradwire.sim.paper import (
@@ -83,7 +84,7 @@ def markdown(head: list[str], rows: list[list[str]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     ap.add_argument("--quick", action="store_true", help="no scaling of the host costs")
     ap.add_argument("--print", type=Path, dest="show", help="print the tables of this result "
                     "file, simulate nothing")

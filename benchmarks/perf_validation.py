@@ -20,7 +20,7 @@ from rich.console import Console
 from gradwire.bench import provenance
 from gradwire.bench.validation import FAST_S, parse_plan, write_report
 from gradwire.errors import GradwireError
-from gradwire.jsonfile import check_writable
+from gradwire.jsonfile import check_writable, out_file
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "perf_validation" / "latest.json"
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fast-repeats", type=int,
                     help=f"training runs where the model predicts under {FAST_S * 1e3:.0f} "
                          "ms per iteration (at least --repeats; default: --repeats)")
-    ap.add_argument("--out", type=Path, default=OUT,
+    ap.add_argument("--out", type=out_file, default=OUT,
                     help="the result (JSON); its figure goes beside it (.png)")
     ap.add_argument("--repredict", type=Path, metavar="JSON",
                     help="run nothing: predict this earlier result again with the model as it "

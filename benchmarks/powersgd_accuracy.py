@@ -18,6 +18,7 @@ from gradwire.bench import provenance
 from gradwire.check import parse_int
 from gradwire.cli.options import write_json
 from gradwire.cluster import loopback_cluster
+from gradwire.jsonfile import out_file
 from gradwire.launcher import launch
 
 HERE = Path(__file__).parent
@@ -41,7 +42,7 @@ def main() -> None:
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--ranks", default="1,4")
     ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     args = ap.parse_args()
     worlds = whole_numbers(ap, "--worlds", args.worlds, 1)
     ranks = whole_numbers(ap, "--ranks", args.ranks, 1)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 from gradwire.launcher import free_port
 
 HERE = Path(__file__).parent
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="another checkout's src, run interleaved with this one")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args(argv)
     sides = [("this checkout", SRC.resolve())]
     if a.baseline_src is not None:

@@ -19,6 +19,7 @@ from collectives import bench
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 from gradwire.schedules.ring import SUBCHUNK_BYTES, pick_pipeline
 
 HERE = Path(__file__).parent
@@ -31,7 +32,7 @@ def main() -> None:
     ap.add_argument("--hosts", default="4,8")
     ap.add_argument("--sizes", default="16M,64M")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gradwire-ring-pipeline-") as home:
         runs = [bench(home, "allreduce", ALGOS, a.sizes, int(p), a.iters, interleave=True)

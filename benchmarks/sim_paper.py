@@ -23,6 +23,7 @@ from rich.console import Console
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 from gradwire.sim import mechanisms, report
 from gradwire.sim.cluster import DEFAULT_ALPHA_S, DEFAULT_LATENCY_S, SimCluster
 from gradwire.sim.paper import PAPER_SPEEDUPS, TABLE3, paper_trace
@@ -38,7 +39,7 @@ def ranking(speedups: dict[str, float]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     ap.add_argument("--quick", action="store_true", help="tables 4 and 6 only")
     ap.add_argument("--alpha-us", type=float, default=DEFAULT_ALPHA_S * 1e6,
                     help="per-message host cost, µs (default: the simulator's)")

@@ -33,6 +33,7 @@ from rich.table import Table
 from gradwire import profiles
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 from gradwire.schedules import registry
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--old", metavar="REV", help="also time the library of commit REV, each "
                     "row right after this code's")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # LABEL@WORKERS: one row, as JSON
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args(argv)
     if a.one:
         label, w = a.one.rsplit("@", 1)

@@ -30,7 +30,7 @@ from gradwire.bench.sharing import usable_cores
 from gradwire.bench.validation.summary import errors as validation_errors
 from gradwire.check import parse_int
 from gradwire.cli.options import write_json
-from gradwire.jsonfile import save_figure
+from gradwire.jsonfile import out_file, save_figure
 from gradwire.sim import emulate, report
 from gradwire.sim import mechanisms as mech
 from gradwire.sim.record import record
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", default="vgg16,resnet20")
     ap.add_argument("--workers", default="4,8")
     ap.add_argument("--iterations", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args(argv)
     traces, workers = parse_args(ap, a)
     console = Console(stderr=True)

@@ -35,6 +35,7 @@ from ab import earlier_src, revision, this_code
 
 from gradwire.bench import calibrate, provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 from gradwire.schedules import registry
 from gradwire.schedules.cost import CostParams, cost, traffic
 from gradwire.sparse import schedule
@@ -180,7 +181,7 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REV",
                     help="also run the sparse rows with commit REV's code, just before and "
                          "just after this checkout's, on the same cluster size (A/B in one run)")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     args = ap.parse_args()
     args.m = int(args.m)
     cal, source = calibration(args.bandwidth)

@@ -22,6 +22,7 @@ from pathlib import Path
 from ab import this_code
 
 from gradwire.bench import provenance
+from gradwire.jsonfile import out_file
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "staging" / "latest.json"
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--bytes", type=int, default=64 * 2**20)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     args = ap.parse_args()
     runs = [run(p, pool, args) for _ in range(args.rounds) for p in WORLDS
             for pool in (False, True)]

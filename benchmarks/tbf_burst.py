@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gradwire.bench import provenance
 from gradwire.cluster import ephemeral_cluster
+from gradwire.jsonfile import out_file
 
 OUT = Path(__file__).parent / "results" / "tbf_burst" / "latest.json"
 BURSTS = (500_000, 131_072, 65_536)
@@ -87,7 +88,7 @@ def bench(c, home: str) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gradwire-tbf-") as home, \

@@ -23,6 +23,7 @@ from pathlib import Path
 from gradwire.bench import provenance
 from gradwire.cluster import ephemeral_cluster
 from gradwire.cluster.netns import set_congestion_control
+from gradwire.jsonfile import out_file
 
 OUT = Path(__file__).parent / "results" / "tcp_cc" / "latest.json"
 ALGOS = ("bbr", "cubic")
@@ -79,7 +80,7 @@ def run(home: str) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gradwire-cc-") as home:
         rows = run(home)

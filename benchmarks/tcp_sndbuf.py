@@ -34,6 +34,7 @@ from gradwire.bandwidth import parse_bandwidth
 from gradwire.bench import provenance
 from gradwire.cluster import ephemeral_cluster
 from gradwire.cluster.netns import cap_send_buffer, host_send_buffer, machine_send_buffer
+from gradwire.jsonfile import out_file
 
 OUT = Path(__file__).parent / "results" / "tcp_sndbuf" / "latest.json"  # other rates: <rate>.json
 SIZES = {"1gbit": "4M,64M", "100mbit": "1M,8M"}  # about the same seconds per call
@@ -64,7 +65,7 @@ def main() -> None:
                          "cluster up sets), or bytes")
     ap.add_argument("--hosts", default="4,8", help="cluster sizes, comma list")
     ap.add_argument("--rounds", type=int, default=ROUNDS)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=out_file)
     a = ap.parse_args()
     out_path = a.out or (OUT if a.bandwidth == "1gbit" else OUT.with_name(f"{a.bandwidth}.json"))
     default = machine_send_buffer()

@@ -373,6 +373,8 @@ def fail(message: str) -> NoReturn:
 
 # --- the run --------------------------------------------------------------------------------
 def main() -> None:
+    from gradwire.jsonfile import out_file
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--bandwidth", default="1gbit")
@@ -385,7 +387,7 @@ def main() -> None:
                     help="train every hook from this many seeds (initial weights, shard "
                          "order, hook seed; the same data split) and report their mean")
     ap.add_argument("--timeout", type=float, default=5400, help="seconds for the whole run")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     ap.add_argument("--lr-warmup", action="store_true",
                     help="+warmup rows also ramp the learning rate from lr/P to lr, linearly, "
                          "over the warm-up's epochs (the gTop-k paper's 'small learning "

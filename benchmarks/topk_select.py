@@ -13,7 +13,6 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -22,6 +21,7 @@ from gradwire.bench.codec_probe import sync
 from gradwire.cli.options import write_json
 from gradwire.compress import select
 from gradwire.compress.base import generator
+from gradwire.jsonfile import out_file
 
 
 def back_to_back_ms(fn, repeats: int, device: str) -> float:
@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=25_600_000)
     ap.add_argument("--densities", default="0.001,0.01,0.2")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=out_file, required=True)
     args = ap.parse_args()
     if args.size < 1 or args.repeats < 1:
         ap.error(f"--size and --repeats must be >= 1, got {args.size} and {args.repeats}")

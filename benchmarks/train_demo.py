@@ -45,6 +45,7 @@ from gradwire.cli.options import write_json
 from gradwire.cluster.netns import cap_send_buffer, ephemeral_cluster, machine_send_buffer
 from gradwire.demo import DEMO, run_demo
 from gradwire.errors import GradwireError
+from gradwire.jsonfile import out_file
 from gradwire.profiles.measure import measure
 
 HERE = Path(__file__).parent
@@ -68,7 +69,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="train every method this many times in turn; the speed-up is the "
                          "median of the rounds' ratios")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     ap.add_argument("--baseline", metavar="REV",
                     help="also train with commit REV's code (its ranks import a worktree of "
                          "it), just before and just after this code, on the same cluster")

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
+from gradwire.jsonfile import out_file
 
 HERE = Path(__file__).parent
 OUT = HERE / "results" / "whatif_speed" / "latest.json"
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="another checkout's src, run beside this one (at worker counts up "
                          "to 1024 only)")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=out_file, default=OUT)
     a = ap.parse_args(argv)
     console = Console(width=140)
     workers = [int(w) for w in a.workers.split(",")]

@@ -405,3 +405,95 @@ def test_collectives_refuses_a_calibration_that_would_orphan_kept_predictions(mo
     with pytest.raises(SystemExit) as e:
         mod.main()
     assert e.value.code == 2 and out.read_text() == before
+
+
+# --- every script's --out --------------------------------------------------------------------
+# "--out results/" (a folder, meant to hold the result) was Path("results"): the result went to
+# a file "results", or replaced one, after the whole run; an existing folder failed only there.
+@pytest.mark.parametrize("typed, says", [
+    ("x/", "--out 'x/' names a folder (it ends in /): give a file name, such as x/result.json"),
+    ("x/.", "--out 'x/.' names a folder (it ends in /.): give a file name, such as "
+            "x/result.json"),
+    ("f/", "--out 'f/' names a folder (it ends in /): give a file name, such as f/result.json"),
+    ("d", "--out 'd' is a directory: give a file name"),
+    ("d/", "--out 'd' is a directory: give a file name"),
+], ids=["x/", "x/.", "file/", "dir", "dir/"])
+def test_out_file_refuses_a_folder(monkeypatch, tmp_path, typed, says):
+    import argparse
+
+    from gradwire.jsonfile import out_file
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f").write_text("kept")  # a file "f": "f/" would have replaced it
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        out_file(typed)
+    assert str(e.value) == says
+
+
+@pytest.mark.parametrize("typed", ["r.json", "newdir/r.json", "d/r.json"])
+def test_out_file_takes_a_file_name_in_a_folder_yet_to_be_made(monkeypatch, tmp_path, typed):
+    """Only the name is checked: the scripts make the result's folder (mkdir(parents=True))."""
+    from pathlib import Path
+
+    from gradwire.jsonfile import out_file
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    assert out_file(typed) == Path(typed)
+
+
+def _out_options(tree):
+    """The ``type=`` of every ``add_argument("--out", ...)`` in ``tree`` (None: none given)."""
+    import ast
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument" and node.args
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--out"):
+            yield next((k.value for k in node.keywords if k.arg == "type"), None)
+
+
+def test_every_benchmark_out_option_is_checked_as_a_file_name():
+    import ast
+    checked = []
+    for script in sorted(BENCHMARKS.glob("*.py")):
+        tree = ast.parse(script.read_text(), str(script))
+        types = list(_out_options(tree))
+        if not types:
+            continue
+        imported = any(isinstance(n, ast.ImportFrom) and n.module == "gradwire.jsonfile"
+                       and any(a.name == "out_file" and a.asname is None for a in n.names)
+                       for n in ast.walk(tree))
+        for t in types:
+            assert isinstance(t, ast.Name) and t.id == "out_file" and imported, (
+                f"benchmarks/{script.name}: --out is not type=out_file (gradwire.jsonfile)")
+        checked.append(script.name)
+    assert {"sim_speed.py", "hook_equivalence.py", "perf_validation.py"} <= set(checked)
+
+
+@pytest.mark.parametrize("typed", ["sub/", "sub/.", ""])  # "": tmp_path, a folder there
+@pytest.mark.parametrize("name, stand_ins", [
+    ("sim_speed", ("fresh", "write_json")),
+    ("ddp_hooks", ("ephemeral_cluster", "write_json")),
+    ("perf_validation", ("write_report",)),  # checked --out, but as Path("sub"): a file
+])
+def test_a_folder_given_as_out_is_refused_before_the_measurement(monkeypatch, capsys, tmp_path,
+                                                                 name, stand_ins, typed):
+    mod = load(name, monkeypatch)
+    for attr in stand_ins:
+        monkeypatch.setattr(mod, attr, never)
+    out = f"{tmp_path}/{typed}" if typed else str(tmp_path)
+    argv(monkeypatch, f"{name}.py", "--out", out)
+    with pytest.raises(SystemExit) as e:
+        mod.main()
+    text = one_line_error(capsys, e)
+    assert e.value.code == 2 and text.startswith(f"{name}.py: error: argument --out: --out ")
+    assert (f"names a folder (it ends in {typed[3:]})" if typed else "is a directory") in text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sim_speed_without_out_still_writes_its_default(monkeypatch, tmp_path):
+    mod = load("sim_speed", monkeypatch)
+    written = []
+    monkeypatch.setattr(mod, "write_json", lambda path, doc: written.append(path))
+    argv(monkeypatch, "sim_speed.py", "--ps", "", "--ring", "", "--bucketed", "")
+    mod.main()
+    assert written == [mod.OUT]

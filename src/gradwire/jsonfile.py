@@ -5,6 +5,7 @@ replaced whole (:func:`written_to`; figures: :func:`save_figure`)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -176,8 +177,7 @@ def _check_writable(p: Path, where: str) -> Path:
     if kernel is not None:
         raise GradwireError(f"{where} is in {kernel}, a kernel file system: give a file "
                             "elsewhere")
-    if p.is_dir():
-        raise GradwireError(f"{where} is a directory: give a file name")
+    _check_not_a_directory(p, where)
     if p.is_symlink() and not p.exists():
         try:
             os.stat(p)
@@ -205,6 +205,31 @@ def _check_writable(p: Path, where: str) -> Path:
             return p        # (:func:`written_to`): the open above is the check
     if not os.access(parent, os.W_OK | os.X_OK):
         raise GradwireError(f"{where}: folder {str(parent)!r} may not be written")
+    return p
+
+
+def _check_not_a_directory(p: Path, where: str) -> None:
+    if p.is_dir():
+        raise GradwireError(f"{where} is a directory: give a file name")
+
+
+def out_file(typed: str) -> Path:
+    """A script's ``--out`` as a Path, for argparse (``type=out_file``): refused while the
+    arguments are parsed, before any work, with argparse's usage and one ``error:`` line,
+    where it names a folder: by its spelling (:func:`_check_file_name`: "out/", which Path
+    reads as the file "out", written after the whole run) or as one that exists. Only the
+    name is checked, not its folder: a script may create that (``mkdir(parents=True)``);
+    :func:`check_writable` is the whole check. A default that is already a Path is not
+    passed through it."""
+    p = Path(typed)
+    where = f"--out {str(p)!r}"
+    try:
+        _check_file_name(typed, p, "--out")
+        _check_not_a_directory(p, where)
+    except OSError as e:  # a name too long: is_dir's own call failed
+        raise argparse.ArgumentTypeError(f"{where}: {e.strerror or e}") from None
+    except GradwireError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return p
 
 
