@@ -20,12 +20,12 @@ from gradwire.rendezvous import join_world, stall_bound
 TIMEOUT = 0.1  # the rendezvous timeout of every rank here: the bound is then 4.7 s
 WATCHDOG = "gradwire rendezvous watchdog"
 # Runs the rank program named by its first argument as ``python -m`` would, with TIMEOUT as
-# its rendezvous timeout: bench, calibrate and emulate fix theirs at 120 to 600 s.
+# its rendezvous timeout: bench and calibrate fix theirs at 60 s, emulate at 120 s.
 RUNNER = f"""
 import runpy, sys
 import gradwire.rendezvous as r
-join = r.join_world
-r.join_world = lambda backend, timeout, **kw: join(backend, {TIMEOUT}, **kw)
+join_ = r.join_world
+r.join_world = lambda backend, timeout, join=None, **kw: join_(backend, {TIMEOUT}, **kw)
 runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
 """
 

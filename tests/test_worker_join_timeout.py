@@ -37,7 +37,7 @@ LOWERED = textwrap.dedent("""
     import sys, time
     import torch.distributed as dist
     from gradwire.rendezvous import join_world
-    join_world("gloo", 1.5, join_at_least=60)
+    join_world("gloo", 1.5, join=60)
     if dist.get_rank() == 1:
         time.sleep(8)  # a stall past the collective timeout
         sys.exit(0)
@@ -64,7 +64,7 @@ STORE = textwrap.dedent("""
     import time
     import torch.distributed as dist
     from gradwire.rendezvous import join_world
-    join_world("gloo", 1.5, join_at_least=60)
+    join_world("gloo", 1.5, join=60)
     t0 = time.monotonic()
     try:
         dist.distributed_c10d._get_default_store().get("a key no rank sets")

@@ -23,7 +23,7 @@ from gradwire.errors import GradwireError
 
 
 def join_world(backend: str, timeout: float, prog: str | None = None,
-               join_at_least: float = 0.0) -> None:
+               join: float | None = None) -> None:
     """Join the run's process group as ``dist.init_process_group(backend, timeout=...)`` does,
     by torch's env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), ``timeout`` in
     seconds.
@@ -39,30 +39,33 @@ def join_world(backend: str, timeout: float, prog: str | None = None,
     ``PROG: error: ...``: ``prog`` is the prefix the caller gives its other errors (default:
     the script's name, as argparse has it).
 
-    ``join_at_least``: seconds the ranks get to join however short ``timeout`` is, so that a
-    short limit meant to find a stalled rank quickly does not also fail ranks that start a few
-    seconds apart. The group's and its store's timeouts are lowered to ``timeout`` once joined,
-    where this torch can (:func:`_timeout_setter`); where it cannot, the rendezvous waits
-    ``timeout`` alone.
+    ``join``: seconds the ranks get to join, where they differ from ``timeout`` (None: the
+    same). Longer, so that a short limit meant to find a stalled rank quickly does not also
+    fail ranks that start a few seconds apart (the train worker's ``--join-timeout``); shorter,
+    so that a long collective limit (bench's largest sizes on slow links) does not also make a
+    rank that never comes, or a store that never answers, a wait of half an hour (the
+    watchdog's bound grows with it). The group's and its store's timeouts are set to
+    ``timeout`` once joined, where this torch can (:func:`_timeout_setter`); where it cannot,
+    the rendezvous waits ``timeout`` alone.
     """
     check_env(os.environ)
     if dist.is_initialized():  # torch's ValueError for it named none of this
         raise GradwireError("this process has joined a process group already: join the run "
                             "once, or dist.destroy_process_group() before joining again")
-    setter = _timeout_setter() if join_at_least > timeout else None
-    join = join_at_least if setter is not None else timeout
+    setter = _timeout_setter() if join is not None and join != timeout else None
+    wait = join if setter is not None and join is not None else timeout
     with _stderr_held() as real_stderr:
-        watchdog = _Watchdog(stall_bound(join), real_stderr,
+        watchdog = _Watchdog(stall_bound(wait), real_stderr,
                              f"{prog or os.path.basename(sys.argv[0]) or 'python'}: error: "
-                             f"{_stalled(join, os.environ)}")
+                             f"{_stalled(wait, os.environ)}")
         try:
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=join))
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=wait))
         except ValueError as e:  # RANK, MASTER_ADDR, ... unset or not numbers
             raise GradwireError(f"cannot join the run's process group ({e}): start each rank "
                                 "under gradwire run or torchrun, which set RANK, WORLD_SIZE, "
                                 "MASTER_ADDR and MASTER_PORT") from None
         except (RuntimeError, TimeoutError) as e:  # c10d's DistNetworkError, DistStoreError
-            raise rendezvous_error(str(e) or type(e).__name__, join, os.environ) from None
+            raise rendezvous_error(str(e) or type(e).__name__, wait, os.environ) from None
         finally:
             watchdog.cancel()
     if setter is not None:
@@ -111,6 +114,11 @@ def whole_env(name: str, low: int, high: int | None, what: str,
     return value
 
 
+# Seconds the rank programs' ranks get to join by default (the worker's --join-timeout, bench's
+# and calibrate's ranks): ranks started together arrive a few seconds apart (torch's import on a
+# busy machine, CUDA's start), and a rank or store that never comes is found in minutes
+# (:func:`stall_bound`), whatever the collectives' limit.
+JOIN_S = 60.0
 WATCHDOG_WRITE_S = 2.0  # the most the watchdog waits for its line to be written
 
 

@@ -59,7 +59,7 @@ from gradwire.perf import calibration
 from gradwire.perf.calibration import Calibration, Compute, Reduce
 from gradwire.perf.codecs import CodecTable
 from gradwire.profiles import Profile
-from gradwire.rendezvous import join_world
+from gradwire.rendezvous import JOIN_S, join_world
 from gradwire.schedules.cost import CostParams
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def run(out: Path, prof: Profile, model: str, density: float, rank: int, device:
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
         torch.device("cpu"))
     join_world("nccl" if device == "cuda" else "gloo", 600,
-               prog="python -m gradwire.bench.calibrate")
+               prog="python -m gradwire.bench.calibrate", join=JOIN_S)
     try:
         if dist.get_world_size() < 2:  # α is per step of a ring of P ranks: 2(P − 1) steps
             raise GradwireError("gradwire calibrate needs at least 2 ranks, got 1")

@@ -46,7 +46,7 @@ import gradwire.collectives as gc
 from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING, check_op, elements
 from gradwire.check import parse_int
 from gradwire.errors import GradwireError
-from gradwire.rendezvous import join_world
+from gradwire.rendezvous import JOIN_S, join_world
 from gradwire.schedules import registry
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_device
 
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     try:
-        join_world(BACKENDS[a.device], 300, prog=ap.prog)
+        join_world(BACKENDS[a.device], 300, prog=ap.prog, join=JOIN_S)
     except GradwireError as e:
         raise SystemExit(f"{ap.prog}: error: {e}") from None
     dtype = DTYPES[a.dtype]

@@ -35,7 +35,7 @@ from gradwire.jsonfile import check_writable, dumps, replace_text
 from gradwire.launcher import PROGRESS
 from gradwire.models import build_model, get_spec, num_parameters
 from gradwire.models.task import Task, evaluate, load_task, loss_fn, optimizer
-from gradwire.rendezvous import join_world, whole_env
+from gradwire.rendezvous import JOIN_S, join_world, whole_env
 from gradwire.train import checkpoint
 from gradwire.train.aggregate import METHODS, HookedDDP
 from gradwire.train.job import TrainConfig, validate
@@ -52,10 +52,6 @@ STARTED = "started"
 # per second: the ranks that wait for rank 0's save allow --timeout plus one second per MiB
 # it writes (a network share or a busy disk can be slower than --timeout per file).
 SAVE_RATE_FLOOR = 2**20
-# --join-timeout's default: seconds the ranks get to join the process group however short
-# --timeout is, since ranks that start a few seconds apart (torch's import on a busy machine)
-# are not a stall.
-JOIN_S = 60.0
 # What a rank that did not answer one of the worker's own collectives in time may have done:
 # they wait the process group's timeout: --timeout, GRADWIRE_TIMEOUT where it is not given.
 LATE = "stalled or its link is down (the worker's --timeout or GRADWIRE_TIMEOUT sets the limit)"
@@ -179,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     # which a short GRADWIRE_TIMEOUT made too short for a rank slowed by a busy machine or a
     # slow file system.
     prepared = prepare(args)
-    join_world("gloo", args.timeout, prog="gradwire train", join_at_least=args.join_timeout)
+    # ranks that start a few seconds apart are not a stall, however short --timeout is
+    join_world("gloo", args.timeout, prog="gradwire train",
+               join=max(args.timeout, args.join_timeout))
     result = train(args, prepared)
     # train() has returned, so the DDP model and the hook's thread, which hold the process
     # group, are gone before it is destroyed (destroyed under them, gloo can abort at exit).
