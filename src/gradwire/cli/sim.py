@@ -105,8 +105,14 @@ def _check_overridden(ctx: typer.Context, table: int | None, sweep: str | None) 
 
 def simulate(
     ctx: typer.Context,
-    trace: Annotated[list[Path], typer.Option(help="a trace from `gradwire trace` "
-                                              "(repeatable with --table)")],
+    trace: Annotated[list[Path] | None, typer.Option(help="a trace from `gradwire trace` "
+                                                     "(repeatable with --table)")] = None,
+    model: Annotated[str | None, typer.Option(help="instead of --trace: a model profile "
+                                              "(built-in, see `gradwire profile`, or a "
+                                              "measured one's file), its forward time spread "
+                                              "over its tensors and its backward time per "
+                                              "layer (measured, or in proportion to their "
+                                              "elements)")] = None,
     workers: Annotated[int, typer.Option(min=1, help="simulated workers (at most "
                                          "4096)")] = 32,
     bandwidth: Annotated[str, typer.Option(help="every link, each way, in bits per second: "
@@ -161,15 +167,16 @@ def simulate(
     measured on your cluster.
 
     Example: gradwire simulate --trace resnet50.trace.jsonl --workers 32 --bandwidth 25gbit
+    or: gradwire simulate --model resnet50 --workers 64 --bandwidth 10gbit
     """
     from gradwire.bench.provenance import stamp
     from gradwire.sim.simulate import prepare, run_simulation
 
     timeline_path, plot_path, json_path = check_outputs(
         ("--timeline", timeline), ("--plot", plot), ("--json", json_out),
-        inputs=[*(("--trace", t) for t in trace), ("--calibration", calibration)])
+        inputs=[*(("--trace", t) for t in trace or []), ("--calibration", calibration)])
     # a trace named twice is one (one row of --table's), as a mechanism or sweep value is
-    trace = distinct(trace, key=lambda t: os.path.realpath(t))
+    trace = distinct(trace or [], key=lambda t: os.path.realpath(t))
     gamma = 0.0
     if calibration is not None and (alpha_us is not None or latency_us is not None):
         raise GradwireError("--calibration gives α (the links' latency in it): not with "
@@ -196,7 +203,9 @@ def simulate(
                   servers=servers, iterations=iterations, latency_us=latency_us,
                   alpha_us=alpha_us, gamma=gamma, seed=seed,
                   table=table, sweep=sweep, emulate=emulate, plot=plot_path,
-                  timeline=timeline_path)
+                  timeline=timeline_path, model=model)
+    if model is not None:
+        console.print(f"trace of {sim.traces[0].source}")
     out = stamp(command_line())  # dated before the run, as it always was
     out |= run_simulation(sim, console)
     if json_path:

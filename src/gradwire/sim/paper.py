@@ -12,7 +12,7 @@ others get none. No source gives per-layer times: each pass is spread evenly ove
 
 from __future__ import annotations
 
-from gradwire.sim.trace import Trace, synthetic
+from gradwire.sim.trace import Trace, profile_tensors, synthetic
 
 # model: (profile, forward s, backward s without the first layer, first layer s)
 TABLE3 = {
@@ -40,11 +40,8 @@ def paper_trace(model: str) -> Trace:
     from gradwire import profiles
 
     name, fwd, bwd, first = TABLE3[model]
-    prof = profiles.load(name)
-    params = list(reversed(prof.params))  # profiles list backward order
-    shapes = None if prof.shapes is None else list(reversed(prof.shapes))
-    return synthetic(model, [n * prof.itemsize for _, n in params], fwd, bwd + first, first,
-                     [nm for nm, _ in params],
+    sizes, names, shapes = profile_tensors(profiles.load(name))
+    return synthetic(model, sizes, fwd, bwd + first, first, names,
                      f"built-in profile {name} (sizes and shapes); network-operator paper "
                      f"Table 3 (compute: forward {fwd} s, backward {bwd} s + first layer "
                      f"{first} s)", shapes)

@@ -95,17 +95,26 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
             latency_us: float = LATENCY_US, alpha_us: float = ALPHA_US, seed: int = 0,
             table: int | None = None, sweep: str | None = None, emulate: bool = False,
             plot: Path | None = None, timeline: Path | None = None,
-            gamma: float = 0.0) -> Simulation:
-    """The traces at ``paths`` on ``workers`` workers and ``servers`` servers behind one
-    non-blocking switch of ``bandwidth`` links (``latency_us`` one way per host, ``alpha_us``
-    per message; 0 and 0 for an ideal network; ``gamma`` seconds per byte reduced).
-    Everything :func:`run_simulation` will be asked is checked here, before it starts."""
+            gamma: float = 0.0, model: str | None = None) -> Simulation:
+    """The traces at ``paths``, or the one made from the model profile ``model`` (a built-in
+    name or a profile file: :func:`gradwire.sim.trace.from_profile`), on ``workers`` workers
+    and ``servers`` servers behind one non-blocking switch of ``bandwidth`` links
+    (``latency_us`` one way per host, ``alpha_us`` per message; 0 and 0 for an ideal network;
+    ``gamma`` seconds per byte reduced). Everything :func:`run_simulation` will be asked is
+    checked here, before it starts."""
     from gradwire.sim import report
     from gradwire.sim.cluster import SimCluster
-    from gradwire.sim.trace import load
+    from gradwire.sim.trace import from_profile, load
 
-    if not paths:  # every run reads the first trace
-        raise GradwireError("no --trace given: expected a trace file from `gradwire trace`")
+    if model is not None and paths:
+        raise GradwireError("--model makes the trace from a profile: not with --trace")
+    if model is None and not paths:  # every run reads the first trace
+        raise GradwireError("no --trace given: expected a trace file from `gradwire trace`, "
+                            "or --model NAME for a built-in or measured profile "
+                            "(`gradwire profile` lists them)")
+    if model is not None and emulate:
+        raise GradwireError("--emulate replays a recorded trace on real ranks: give --trace "
+                            "FILE (from `gradwire trace`), not --model")
     if plot is not None and sweep is None:
         raise GradwireError("--plot draws a --sweep: give --sweep AXIS=V1,V2,.. too")
     if table is not None and table not in report.PAPER_TABLES:
@@ -132,7 +141,12 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     assert bps is not None
     for option, us in (("--latency-us", latency_us), ("--alpha-us", alpha_us)):
         check_real(option, us, high=MAX_ALPHA_US)  # as whatif's and advise's --alpha-us
-    traces = [load(t) for t in paths]
+    if model is not None:
+        from gradwire import profiles
+
+        traces = [from_profile(profiles.load(model), f"--model {model}")]
+    else:
+        traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,
                          gamma=gamma, iterations=iterations, seed=seed)
     for v in values:  # each point made (not run) now: an edit the trace cannot take fails here,

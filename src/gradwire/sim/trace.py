@@ -21,6 +21,7 @@ bytes must be a whole multiple of its element count.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from gradwire.check import MAX_BYTES, MAX_SECONDS, check_speedup, is_int, is_rea
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps as strict_dumps
 from gradwire.jsonfile import parse_object, read_text, replace_text, shown
+from gradwire.profiles import Profile
 
 FORMAT = "gradwire-trace"
 VERSION = 1
@@ -319,13 +321,16 @@ def loads(text: str, where: str = "<trace>") -> Trace:
 def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: float,
               first_backward_s: float = 0.0, names: Sequence[str] | None = None,
               source: str = "synthetic",
-              shapes: Sequence[Sequence[int] | None] | None = None) -> Trace:
+              shapes: Sequence[Sequence[int] | None] | None = None,
+              backward_layers: Sequence[float] | None = None) -> Trace:
     """A one-iteration trace from parameter byte sizes (forward order) and pass times, for
     sources that give no per-layer times: the forward pass spends ``forward_s`` evenly over
     the parameters; the backward pass spends ``first_backward_s`` before the last parameter's
     gradient (the paper's "first layer of backpropagation", Table 3) and the rest of
     ``backward_s`` evenly over the others, ending with parameter 0. ``shapes``: the tensors'
-    shapes, in the same order as ``sizes`` (None where unknown)."""
+    shapes, in the same order as ``sizes`` (None where unknown). ``backward_layers``: where
+    the backward time of each parameter's layer is known (forward order, summing to
+    ``backward_s``), each gradient is ready once its layer and those after it have run."""
     if not isinstance(model, str) or not model:  # as loads() reads it
         raise GradwireError(f"a synthetic trace's model must be a non-empty string, got "
                             f"{model!r}")
@@ -349,9 +354,17 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
         raise GradwireError(f"the first backward layer ({first_backward_s} s) cannot take "
                             f"longer than the whole backward pass ({backward_s} s)")
     fwd = [forward_s * i / n for i in range(n)]
-    step = (backward_s - first_backward_s) / max(n - 1, 1)
-    # one parameter is the first layer and the last: its gradient ends the whole pass
-    bwd = [first_backward_s + step * (n - 1 - i) for i in range(n)] if n > 1 else [backward_s]
+    if backward_layers is not None:
+        layers = list(backward_layers)
+        if len(layers) != n or not all(is_real(v, 0, MAX_SECONDS) for v in layers):
+            raise GradwireError(f"a synthetic trace's backward layers must be {n} times from 0 "
+                                f"to {MAX_SECONDS:g} s, one per parameter")
+        bwd = list(itertools.accumulate(reversed(layers)))[::-1]
+    else:
+        step = (backward_s - first_backward_s) / max(n - 1, 1)
+        # one parameter is the first layer and the last: its gradient ends the whole pass
+        bwd = ([first_backward_s + step * (n - 1 - i) for i in range(n)] if n > 1
+               else [backward_s])
     names = list(names) if names is not None else [f"p{i}" for i in range(n)]
     shapes = list(shapes) if shapes is not None else [None] * n
     if len(names) != n or len(shapes) != n:
@@ -375,6 +388,35 @@ def synthetic(model: str, sizes: Sequence[int], forward_s: float, backward_s: fl
     params = tuple(Param(nm, int(s), None if shape is None else tuple(int(d) for d in shape))
                    for nm, s, shape in zip(names, sizes, shapes, strict=True))
     return Trace(model, params, (Iteration(0, 0, forward_s, tuple(fwd), tuple(bwd)),), source)
+
+
+def profile_tensors(prof: Profile) -> tuple[list[int], list[str], list | None]:
+    """``prof``'s tensors in forward order (a profile lists them in backward order): their
+    bytes, names and shapes (None where the profile has none)."""
+    params = list(reversed(prof.params))
+    shapes = None if prof.shapes is None else list(reversed(prof.shapes))
+    return [n * prof.itemsize for _, n in params], [nm for nm, _ in params], shapes
+
+
+def from_profile(prof: Profile, where: str) -> Trace:
+    """A one-iteration trace of the model profile ``prof`` (``where``: what it was loaded
+    from, for the trace's source): the forward pass spread evenly over the tensors, each
+    gradient ready once its layer's backward time and those of the layers after it have
+    passed: the profile's measured per-layer times, or its backward time in proportion to the
+    tensors' elements where it has none."""
+    if not prof.has_compute:
+        raise GradwireError(f"{where}: profile {prof.model!r} has no compute times: give a "
+                            "profile measured with `gradwire profile --model M --out FILE`, or "
+                            "a trace (`gradwire trace --model M` records one)")
+    assert prof.forward_s is not None and prof.backward_s is not None
+    sizes, names, shapes = profile_tensors(prof)
+    layers = list(reversed(prof.layer_backward_s()))
+    how = ("per layer as measured" if prof.backward_layer_s is not None else
+           "spread over the tensors in proportion to their elements (no per-layer times)")
+    return synthetic(prof.model, sizes, prof.forward_s, prof.backward_s, names=names,
+                     source=f"{where}: forward {prof.forward_s * 1e3:g} ms spread evenly over "
+                     f"{len(sizes)} tensors, backward {prof.backward_s * 1e3:g} ms {how}",
+                     shapes=shapes, backward_layers=layers)
 
 
 def scale_compute(t: Trace, speedup: float) -> Trace:

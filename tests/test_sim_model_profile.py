@@ -1,0 +1,77 @@
+"""``gradwire simulate --model NAME``: a trace made from a model profile (built-in or measured),
+the profiles whatif and advise read, so that the ImageNet models can be simulated without a
+recording of them (``gradwire trace`` records only the models gradwire trains)."""
+
+import json
+
+import pytest
+from conftest import cli_error, one_line_cli_error, run_cli
+
+from gradwire import profiles
+from gradwire.errors import GradwireError
+from gradwire.profiles import Profile
+from gradwire.sim.trace import from_profile, save, synthetic
+
+
+def test_a_builtin_profile_gives_its_tensors_in_forward_order_and_its_pass_times():
+    prof = profiles.load("resnet50")
+    t = from_profile(prof, "--model resnet50")
+    assert [p.name for p in t.params] == [nm for nm, _ in reversed(prof.params)]
+    assert t.total_bytes == prof.numel * 4
+    it = t.iterations[0]
+    assert it.forward_s == prof.forward_s and it.forward[0] == 0.0
+    # no per-layer times: each gradient is ready once the elements after it have been done
+    n = [n for _, n in reversed(prof.params)]
+    for i in (0, 1, len(n) // 2, len(n) - 1):
+        assert it.backward[i] == pytest.approx(prof.backward_s * sum(n[i:]) / prof.numel,
+                                               rel=1e-9)
+    assert it.backward_s == pytest.approx(prof.backward_s, rel=1e-12)
+    assert "in proportion to their elements" in t.source
+
+
+def test_measured_layer_times_are_kept():
+    prof = Profile("m", (("b", 10), ("a", 30)), 0.004, 0.010, backward_layer_s=(0.003, 0.007))
+    it = from_profile(prof, "--model m.json").iterations[0]
+    # forward order a, b; b's layer runs first in backward
+    assert it.backward == pytest.approx((0.010, 0.003))
+    assert it.forward == (0.0, 0.002)
+
+
+def test_a_profile_without_compute_times_is_refused():
+    with pytest.raises(GradwireError, match="alexnet.*no compute times.*gradwire profile"):
+        from_profile(profiles.load("alexnet"), "--model alexnet")
+
+
+def test_backward_layers_must_be_one_time_per_parameter():
+    with pytest.raises(GradwireError, match="backward layers must be 2 times"):
+        synthetic("m", [4, 4], 0.1, 0.2, backward_layers=[0.2])
+
+
+def _iteration_s(out: str, mechanism: str) -> float:
+    return {r["mechanism"]: r["iteration_s"] for r in json.loads(out)["results"]}[mechanism]
+
+
+def test_simulate_model_runs_the_trace_it_makes(monkeypatch, capsys, tmp_path):
+    common = ["--workers", "8", "--bandwidth", "10gbit", "--mechanism", "ring,ps"]
+    code, out, err = run_cli(monkeypatch, capsys, ["simulate", "--model", "vgg16", *common,
+                                                   "--json", str(tmp_path / "m.json")])
+    assert code == 0, err
+    assert "trace of --model vgg16: forward 98.2 ms" in " ".join(out.split())
+    trace = save(from_profile(profiles.load("vgg16"), "x"), tmp_path / "vgg16.trace.jsonl")
+    code, _, err = run_cli(monkeypatch, capsys, ["simulate", "--trace", str(trace), *common,
+                                                 "--json", str(tmp_path / "t.json")])
+    assert code == 0, err
+    by_model, by_trace = ((tmp_path / f).read_text() for f in ("m.json", "t.json"))
+    for m in ("ring", "ps"):
+        assert _iteration_s(by_model, m) == _iteration_s(by_trace, m) > 0.358
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "resnet50", "--trace", "x.jsonl"], "not with --trace"),
+    (["--model", "resnet50", "--emulate"], "--emulate replays a recorded trace"),
+    (["--model", "bert"], "unknown profile 'bert'"),
+    (["--model", "resnet20"], "profile 'resnet20' has no compute times"),
+    ([], "or --model NAME"),
+])
+def test_simulate_model_refusals_are_one_line(monkeypatch, capsys, args, says):
+    one_line_cli_error(*cli_error(monkeypatch, capsys, "simulate", *args), says)
