@@ -225,11 +225,13 @@ def test_a_measured_profile_named_as_a_builtin_one_says_which_is_which(monkeypat
     from gradwire.perf.report import builtin_namesake
 
     p = measure("resnet20", batch_size=2, iters=1, warmup=0)
-    line = builtin_namesake(p)
+    line = builtin_namesake(p.model, p.numel)
     assert line is not None and f"({p.numel:,} parameters)" in line
-    assert "advise --model resnet20 read the built-in profile of that name (ResNet-20 for " \
-        "CIFAR-10" in line and line.endswith("give them this one as --model FILE")
-    assert builtin_namesake(measure("mlp-small", batch_size=8, iters=1, warmup=0)) is None
+    assert "whatif, advise and simulate --model resnet20 read the built-in profile of that " \
+        "name (ResNet-20 for CIFAR-10" in line and line.endswith("give them this one as " \
+                                                                  "--model FILE")
+    small = measure("mlp-small", batch_size=8, iters=1, warmup=0)
+    assert builtin_namesake(small.model, small.numel) is None
     monkeypatch.setattr(options.console, "width", 1000)
     code, out, err = run_cli(monkeypatch, capsys, ["profile", "--model", "resnet20", "--iters",
                                                    "1", "--warmup", "0", "--batch-size", "2"])

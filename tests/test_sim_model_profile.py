@@ -75,3 +75,29 @@ def test_simulate_model_runs_the_trace_it_makes(monkeypatch, capsys, tmp_path):
 ])
 def test_simulate_model_refusals_are_one_line(monkeypatch, capsys, args, says):
     one_line_cli_error(*cli_error(monkeypatch, capsys, "simulate", *args), says)
+
+
+def test_a_recorded_trace_named_as_a_builtin_profile_says_which_is_which(monkeypatch, capsys,
+                                                                          tmp_path):
+    """`gradwire trace --model resnet50` records gradwire's digits ResNet-50 (23.5 M
+    parameters); `simulate --model resnet50` makes ImageNet's (25.6 M) from the built-in
+    profile: the same name, two models."""
+    from gradwire.cli import options
+    from gradwire.sim import edit
+
+    mine = synthetic("resnet50", [40, 400], 0.01, 0.02, names=["fc.bias", "fc.weight"],
+                     shapes=[[10], [10, 10]])
+    monkeypatch.setattr(edit, "make_trace", lambda *a, **k: mine)
+    monkeypatch.setattr(options.console, "width", 1000)
+    out_file = str(tmp_path / "r.jsonl")
+    code, out, err = run_cli(monkeypatch, capsys, ["trace", "--model", "resnet50", "-o",
+                                                   out_file])
+    assert code == 0, err
+    assert ("note: this is gradwire's resnet50 as it trains here (110 parameters); whatif, "
+            "advise and simulate --model resnet50 read the built-in profile of that name "
+            f"(ResNet-50 v1.5 as torchvision resnet50, 25,557,032 parameters); give simulate "
+            f"this trace as --trace {out_file}") in out
+    monkeypatch.setattr(edit, "make_trace", lambda *a, **k: mine.__class__(
+        "mlp", mine.params, mine.iterations))
+    code, out, err = run_cli(monkeypatch, capsys, ["trace", "--model", "mlp", "-o", out_file])
+    assert code == 0 and "note:" not in out, err

@@ -163,7 +163,7 @@ def profile(
             raise
         raise short from None
     console.print(report.profile_table(model, p))
-    same_name = report.builtin_namesake(p)
+    same_name = report.builtin_namesake(p.model, p.numel)
     if same_name:
         console.print(same_name)
     if out_path:

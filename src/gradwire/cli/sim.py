@@ -3,6 +3,7 @@ simulator (docs/simulator.md)."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated
@@ -74,6 +75,14 @@ def trace_cmd(
     console.print(f"{t.model}: {len(t.params)} parameters, "
                   f"{t.total_bytes / 1e6:.2f} MB, {len(t.iterations)} iterations, forward "
                   f"{it.forward_s * 1e3:.1f} ms, backward {it.backward_s * 1e3:.1f} ms")
+    if model is not None:
+        from gradwire.perf.report import builtin_namesake
+
+        # a recording gives every parameter its shape
+        numel = sum(math.prod(p.shape) for p in t.params if p.shape is not None)
+        same_name = builtin_namesake(t.model, numel, f"give simulate this trace as --trace {out}")
+        if same_name:
+            console.print(same_name)
 
 
 def _check_unused(ctx: typer.Context, names: tuple[str, ...], unused: bool, what: str) -> None:

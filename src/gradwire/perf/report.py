@@ -33,20 +33,21 @@ def profile_table(model: str, p: Profile) -> Table:
     return t
 
 
-def builtin_namesake(measured: Profile) -> str | None:
-    """The line that tells a profile measured here from the built-in profile of its name
-    (``resnet50``: gradwire's on digits, 23.5 M parameters, not ImageNet's 25.6 M), where one
-    exists and their parameters differ; ``--model NAME`` in whatif and advise is the built-in
-    one, the measured one is ``--model FILE``."""
-    if measured.model not in profiles.builtin_names():
+def builtin_namesake(model: str, numel: int, instead: str = "give them this one as --model "
+                     "FILE") -> str | None:
+    """The line that tells a profile or trace of ``model`` measured here (``numel``
+    parameters) from the built-in profile of its name (``resnet50``: gradwire's on digits,
+    23.5 M parameters, not ImageNet's 25.6 M), where one exists and their parameters differ:
+    ``--model NAME`` in whatif, advise and simulate is the built-in one; ``instead`` says how
+    to give them the measured one."""
+    if model not in profiles.builtin_names():
         return None
-    builtin = profiles.load(measured.model)
-    if builtin.numel == measured.numel:
+    builtin = profiles.load(model)
+    if builtin.numel == numel:
         return None
-    return (f"note: this is gradwire's {measured.model} as it trains here ({measured.numel:,} "
-            f"parameters); whatif and advise --model {measured.model} read the built-in "
-            f"profile of that name ({builtin.description}); give them this one as --model "
-            "FILE")
+    return (f"note: this is gradwire's {model} as it trains here ({numel:,} parameters); "
+            f"whatif, advise and simulate --model {model} read the built-in profile of that "
+            f"name ({builtin.description}); {instead}")
 
 
 def whatif_tables(wi: WhatIf) -> list[Table]:
