@@ -104,6 +104,9 @@ def _upstream_group(group: dist.ProcessGroup | None, backend: str, rank: int,
 
 def check_group(group: object, where: str) -> None:
     """A one-line error unless ``group`` is None (the default group) or a process group."""
+    if group is dist.GroupMember.NON_GROUP_MEMBER:  # an int (-100): "got -100" said nothing
+        raise GradwireError(f"{where}: this rank is not in the group (dist.new_group gave it "
+                            "GroupMember.NON_GROUP_MEMBER): only the group's ranks make its calls")
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise GradwireError(f"{where}: group must be None (the default group) or a "
                             f"torch.distributed ProcessGroup (dist.new_group(...)), got "
@@ -380,6 +383,12 @@ def resolve(transport: object, group: object, where: str) -> Transport:
     if not isinstance(transport, Transport):
         raise GradwireError(f"{where}: transport must be None or a gradwire.transport.Transport"
                             f", got {transport!r}")
+    # the call runs on the transport's group: a group= other than it was ignored, and the call
+    # met whatever its ranks called next
+    if group is not None and group is not transport.group and not (
+            is_default_group(group) and is_default_group(transport.group)):
+        raise GradwireError(f"{where}: group= and transport= name different process groups: "
+                            "pass Transport(group) as transport=, or only one of them")
     return transport
 
 

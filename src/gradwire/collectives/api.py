@@ -354,26 +354,29 @@ def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Tr
     return in_place if whole is None else functools.partial(out_of_place, *whole)
 
 
-def _issue(t: Transport, body: Callable[[], None], async_op: bool) -> Handle | None:
-    """Run ``body`` in its turn among ``t``'s group's calls: now, or on a helper thread."""
+def _issue(t: Transport, body: Callable[[], None], async_op: bool,
+           written: torch.Tensor) -> Handle | None:
+    """Run ``body`` in its turn among ``t``'s group's calls: now, or on a helper thread.
+    ``written``: the tensor the call writes."""
     turns = _turns(t.group)
     ticket = turns.take()
+    # inference mode is the calling thread's: the helper thread writes the caller's tensors
+    # (inference tensors, in it) in the same mode. An inference tensor written outside the
+    # mode (made under torch.inference_mode, reduced after it: c10d takes it) is written in
+    # the mode too, where torch refused the in-place update from deep in the schedule.
+    inference = torch.is_inference_mode_enabled() or written.is_inference()
 
     def go() -> None:
         with turns.turn(ticket):
             body()
 
+    def go_in_mode() -> None:
+        with torch.inference_mode(inference):
+            go()
+
     if async_op:
-        # inference mode is the calling thread's: the helper thread writes the caller's
-        # tensors (inference tensors, in it) in the same mode
-        inference = torch.is_inference_mode_enabled()
-
-        def go_in_mode() -> None:
-            with torch.inference_mode(inference):
-                go()
-
         return Handle(go_in_mode)
-    go()
+    (go_in_mode if inference else go)()
     return None
 
 
@@ -389,7 +392,7 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
         how = _op(op, buf)
         body = _body("allreduce", algo, buf, 0, t, async_op, None, params, op=how,
                      mean=(0, buf.numel()))
-    return _issue(t, body, async_op)
+    return _issue(t, body, async_op, buf)
 
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
@@ -406,7 +409,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
         dst = _root(t, dst, "dst")  # type: ignore[assignment]
         body = _body("reduce", algo, buf, dst, t, async_op, None, params, op=how,
                      mean=(0, buf.numel()) if t.rank == dst else None)
-    return _issue(t, body, async_op)
+    return _issue(t, body, async_op, buf)
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None,
@@ -420,7 +423,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | Non
         buf = _flat(tensor, "tensor", moved_only=True)
         body = _body("broadcast", algo, buf, _root(t, src, "src"), t,  # type: ignore[arg-type]
                      async_op, None, params)
-    return _issue(t, body, async_op)
+    return _issue(t, body, async_op, buf)
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
@@ -444,7 +447,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
         partly = _overlap_in_part(mine, inp)
         body = _body("allgather", algo, out, 0, t, async_op, None, params,
                      before=lambda: mine.copy_(inp.clone() if partly else inp))
-    return _issue(t, body, async_op)
+    return _issue(t, body, async_op, out)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object = "sum",
@@ -472,4 +475,4 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
 
         body = _body("reducescatter", algo, inp, 0, t, async_op, after, params,
                      whole=mine, op=how, mean=mine)
-    return _issue(t, body, async_op)
+    return _issue(t, body, async_op, out)

@@ -9,7 +9,7 @@ all ranks in one process, under :func:`gradwire.sparse.local.simulate`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 
 import torch
@@ -392,6 +392,7 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     t = resolve(transport, group, "gtopk_allreduce")
     with refused_together(t):  # a rank's argument error fails every rank at once
         e = _entries("gtopk_allreduce", values, indices, numel)
+        gtopk_algo(algo)  # checked here, not first after the exchange began on the others
         numel = int(numel)  # as _count's k: a numpy integer's products wrap
         # as given: duplicates summed must not lower it
         k = _count(e, len(values) if k is None else k)
@@ -456,8 +457,13 @@ def _count(e: Entries, k: int | None) -> int:
 
 
 def check_args(x: object, residual: object, k: object, method: object, selector: object,
-               algo: object = None, out: object = None) -> None:
+               algo: object = None, out: object = None, timings: object = None) -> None:
     """One-line errors for what :func:`sparse_allreduce` accepts."""
+    # written into after the residual has taken x: a list or a string there raised a
+    # TypeError from deep in the call with x's mass in the residual and nothing sent
+    if timings is not None and not isinstance(timings, MutableMapping):
+        raise GradwireError(f"sparse_allreduce: timings must be None or a dict (it receives "
+                            f"'select'), got {type(timings).__name__}")
     if method not in METHODS:
         raise GradwireError(f"sparse_allreduce: method must be one of "
                             f"{', '.join(map(repr, METHODS))}, got {method!r}")
@@ -620,7 +626,7 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     """
     t = resolve(transport, group, "sparse_allreduce")
     with refused_together(t):  # a rank's argument error fails every rank at once
-        check_args(x, residual, k, method, selector, algo, out)
+        check_args(x, residual, k, method, selector, algo, out, timings)
     k, n = int(k), x.numel()  # k: a numpy integer's products wrap (np.uint8(200) · 8 bytes)
     with in_turn(t.group):  # in issue order with the group's other calls, async ones too
         _agree(t, "sparse_allreduce", method, _shown(method, algo, t.world_size), n, x.dtype,
