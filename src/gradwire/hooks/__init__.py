@@ -5,6 +5,8 @@ Example::
     import gradwire.hooks
     state = gradwire.hooks.make("topk", density=0.01)
     state.register(ddp_model)          # or ddp_model.register_comm_hook(state, state.hook)
+    # (a DDP over a subgroup: register() takes its group; the hook alone sees no DDP, so
+    # register_comm_hook needs make(..., group=g))
     # Lightning: Trainer(strategy=gradwire.hooks.lightning.strategy(state, ...))
 
 What is written back is the average gradient (signsgd: the majority vote of the signs). What

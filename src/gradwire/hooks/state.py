@@ -131,6 +131,8 @@ class HookState:
 
         state = gradwire.hooks.make("gtopk", density=0.001)   # 0.001 from the first step
         state.register(ddp_model)          # = ddp_model.register_comm_hook(state, state.hook)
+        # (over a subgroup, register_comm_hook needs make(..., group=g); register() takes
+        # DDP's group)
         # or with the paper's warm-up, counted by the hook: 0.25, 0.0725, 0.015, 0.004, then
         # 0.001, one epoch of len(loader) steps each
         state = gradwire.hooks.make("gtopk", density=0.001, warmup=True,
