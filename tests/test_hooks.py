@@ -43,8 +43,12 @@ def test_methods_are_the_listed_thirteen():
     ({"method": "topk", "seed": -1}, "seed must be an integer >= 0"),
     ({"method": "topk", "overlap": "yes"}, "overlap must be True or False"),
     ({"method": "dense", "algo": "rign"}, "unknown allreduce algorithm 'rign'"),
-    ({"method": "topk", "rank": 2}, "topk: unknown option 'rank': expected selector"),
-    ({"method": "fp16", "s": 3}, "fp16: unknown option 's': expected no options"),
+    ({"method": "topk", "rank": 2}, "topk: unknown option 'rank': topk's own: selector; "
+     "make's: density, mode,"),
+    ({"method": "fp16", "s": 3}, "fp16: unknown option 's': fp16's own: none; make's:"),
+    # a misspelt keyword of make's own is an unknown option of the method's: named as such
+    ({"method": "gtopk", "densty": 0.1}, "gtopk: unknown option 'densty' (did you mean "
+     "'density'?): gtopk's own: selector; make's: density,"),
     ({"method": "topk", "selector": "fast"}, "selector must be 'threshold' or 'exact'"),
     ({"method": "qsgd", "s": 0}, "s must be an integer >= 1"),
     ({"method": "powersgd", "rank": 0}, "rank must be an integer >= 1"),

@@ -30,7 +30,7 @@ from gradwire.catalogue.methods import header as call_header
 from gradwire.check import check_fraction, check_int, is_int, is_real
 from gradwire.compress import COMPRESSORS, Compressor, ErrorFeedback
 from gradwire.compress.feedback import MALFORMED, Status
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks import layout
 from gradwire.hooks.comm import (
     Comm,
@@ -1036,9 +1036,13 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
         registry.get("allreduce", algo)
     check_group(group, "hooks")
     for k in opts:
-        if k not in m.options:
-            raise GradwireError(f"{method}: unknown option {k!r}: expected "
-                                f"{', '.join(m.options) or 'no options'}")
+        if k not in m.options:  # a misspelt keyword of make's own lands here too (densty=)
+            keywords = [p for p in inspect.signature(make).parameters if p not in
+                        ("method", "opts")]
+            raise GradwireError(f"{method}: unknown option {k!r}"
+                                f"{did_you_mean(k, [*m.options, *keywords])}: {method}'s own: "
+                                f"{', '.join(m.options) or 'none'}; make's: "
+                                f"{', '.join(keywords)}")
     if not (is_real(momentum, 0, 1) and momentum < 1):
         raise GradwireError(f"hooks: momentum must be a number in [0, 1), got {momentum!r}")
     if momentum and not m.error_feedback:

@@ -39,13 +39,13 @@ GTOPK_OP = "gtopk"  # the tree's combine op: the ⊤ merge instead of a sum
 GTOPK_ALGOS = ("rd", "tree")
 
 
-def gtopk_algo(algo: object) -> str:
+def gtopk_algo(algo: object, where: str = "sparse_allreduce") -> str:
     """gTop-k's allreduce schedule: "rd" (None: the butterfly) or "tree" (the paper's);
-    anything else is a one-line error."""
+    anything else is a one-line error that starts with ``where``."""
     if algo is None:
         return "rd"
     if algo not in GTOPK_ALGOS:
-        raise GradwireError(f"sparse_allreduce: gtopk runs on the butterfly ('rd', the default) "
+        raise GradwireError(f"{where}: gtopk runs on the butterfly ('rd', the default) "
                             f"or the paper's binomial tree ('tree'), got algo={algo!r}")
     return str(algo)
 
@@ -392,7 +392,8 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     t = resolve(transport, group, "gtopk_allreduce")
     with refused_together(t):  # a rank's argument error fails every rank at once
         e = _entries("gtopk_allreduce", values, indices, numel)
-        gtopk_algo(algo)  # checked here, not first after the exchange began on the others
+        # checked here, not first after the exchange began on the others
+        gtopk_algo(algo, "gtopk_allreduce")
         numel = int(numel)  # as _count's k: a numpy integer's products wrap
         # as given: duplicates summed must not lower it
         k = _count(e, len(values) if k is None else k)
