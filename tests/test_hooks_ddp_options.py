@@ -115,3 +115,27 @@ def test_one_state_runs_one_models_hook(one_rank):
         with pytest.raises(GradwireError, match="has a communication hook already"):
             state.register(first)
         state.register(DDP(first.module))  # the same model wrapped anew is the same model
+
+
+def test_a_model_made_after_the_first_was_freed_is_another_model(one_rank, monkeypatch):
+    """The state kept the ids of the registered model's parameters: once that model was freed,
+    a new one could be given the same ids and was taken as the same model, to run on the old
+    one's residuals and step count. Ids are made to collide here, as CPython's allocator does
+    when it hands the freed memory to the new model's parameters."""
+    import gc
+
+    state = gh.make("topk", density=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = DDP(nn.Linear(4, 3))
+        state.register(first)
+        old_ids = [id(p) for p in first.parameters()]
+        del first
+        gc.collect()
+        second = DDP(nn.Linear(4, 3))
+        new = list(second.parameters())
+        real_id = id
+        given = dict(zip(map(real_id, new), old_ids, strict=True))
+        monkeypatch.setattr("builtins.id", lambda o: given.get(real_id(o), real_id(o)))
+        with pytest.raises(GradwireError, match=r"another model \(since freed\)"):
+            state.register(second)

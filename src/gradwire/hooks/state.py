@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -198,7 +199,12 @@ class HookState:
         # (_issue), and those buckets, which _settle waits for.
         self._direct_step = False
         self._flights: list[_Flight] = []
-        self._models: set[int] = set()  # ids of the parameters of the models registered on
+        # the parameters of the models registered on, held weakly: their ids alone were
+        # taken again by a new model's once the old one was freed, which then ran on its
+        # residuals; ``_registered``: whether any model was, so that one gone is still told
+        self._models: weakref.WeakValueDictionary[int, torch.Tensor] = (
+            weakref.WeakValueDictionary())
+        self._registered = False
         # Error feedback: this backward's buckets, for _reclaim at its end
         self._slots: list[tuple[torch.Tensor, layout.Layout, list[torch.Tensor]]] = []
         # whether a registered DDP may leave an unused parameter's gradient as it was where
@@ -224,11 +230,13 @@ class HookState:
         if getattr(ddp_model, "_comm_hooks", None):
             raise GradwireError("hooks: this DistributedDataParallel has a communication hook "
                                 "already (DDP takes one): register a state once per model")
-        params = {id(p) for p in ddp_model.parameters()}
-        if self._models and params and not params & self._models:
-            raise GradwireError("hooks: this state already runs the hook of another model; its "
-                                "step count (warm-up, dense_steps), residuals and buckets are "
-                                "one model's: make one state per model with "
+        params = list(ddp_model.parameters())
+        if self._registered and params and not any(self._models.get(id(p)) is p
+                                                   for p in params):
+            raise GradwireError(f"hooks: this state already runs the hook of another model"
+                                f"{'' if self._models else ' (since freed)'}; its step count "
+                                "(warm-up, dense_steps), residuals and buckets are one "
+                                "model's: make one state per model with "
                                 "gradwire.hooks.make(...)")
         before = self.config
         self._adopt_group(getattr(ddp_model, "process_group", None))
@@ -241,7 +249,8 @@ class HookState:
             # c10d's "... can only be called once." (a builtin hook registered already)
             why = (str(e).splitlines() or [type(e).__name__])[0]
             raise GradwireError(f"hooks: DDP refused the hook: {why}") from None
-        self._models |= params
+        self._models.update((id(p), p) for p in params)
+        self._registered = self._registered or bool(params)
         self._stale_unused |= (bool(getattr(ddp_model, "find_unused_parameters", False)
                                     or getattr(ddp_model, "static_graph", False))
                                and not getattr(ddp_model, "gradient_as_bucket_view", False))
