@@ -101,3 +101,34 @@ def test_a_recorded_trace_named_as_a_builtin_profile_says_which_is_which(monkeyp
         "mlp", mine.params, mine.iterations))
     code, out, err = run_cli(monkeypatch, capsys, ["trace", "--model", "mlp", "-o", out_file])
     assert code == 0 and "note:" not in out, err
+
+
+def test_a_trace_given_as_a_profile_and_a_profile_given_as_a_trace_say_so(monkeypatch, capsys,
+                                                                           tmp_path):
+    """Each was read as its own kind and failed as JSON that was not valid: 'line 2, column
+    1: not valid JSON: Extra data' for a trace given as --model, 'line 1, column 2' for a
+    profile given as --trace."""
+    trace = save(synthetic("m", [4, 4], 0.1, 0.2), tmp_path / "m.trace.jsonl")
+    prof = tmp_path / "m.json"
+    prof.write_text(profiles.load("resnet50").to_text())
+    for args, says in ((["simulate", "--model", str(trace)], "is a compute trace (`gradwire "
+                        "trace`), not a model profile: simulate takes it as --trace FILE"),
+                       (["whatif", "--model", str(trace), "--workers", "4", "--bandwidth",
+                         "1gbit"], "is a compute trace"),
+                       (["simulate", "--trace", str(prof)], f"{prof} is a model profile "
+                        f"(`gradwire profile`), not a trace: simulate takes it as --model "
+                        f"{prof}")):
+        one_line_cli_error(*cli_error(monkeypatch, capsys, *args), says)
+
+
+@pytest.mark.parametrize("text", ["{\n", '{"format": 1}\nnot json\n', "[1, 2]\n{\n",
+                                  '{"format": "gradwire-trace"}\n'])
+def test_other_bad_files_keep_their_json_errors(text):
+    from gradwire.sim.trace import loads
+
+    with pytest.raises(GradwireError) as e:
+        profiles.parse(text, "x.json")
+    assert "compute trace" not in str(e.value)
+    with pytest.raises(GradwireError) as e:
+        loads(text, "x.jsonl")
+    assert "model profile" not in str(e.value)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real
 from gradwire.errors import GradwireError, did_you_mean
-from gradwire.jsonfile import parse_object, read_text
+from gradwire.jsonfile import parse_object, read_text, shown
 
 FORMAT = 1
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -159,9 +159,31 @@ def load(name_or_path: str) -> Profile:
     return parse(text.read_text(encoding="utf-8"), f"built-in profile {name_or_path}")
 
 
+# The first line of a compute trace (gradwire.sim.trace, which this layer does not import):
+# a file of one is said to be a trace, not read as a profile that is not valid JSON.
+TRACE_FORMAT = "gradwire-trace"
+
+
+def _first_line_format(text: str) -> object:
+    """The "format" of the JSON object on ``text``'s first line (None where there is none)."""
+    try:
+        head = json.loads(text.lstrip("\ufeff").split("\n", 1)[0])
+    except ValueError:
+        return None
+    return head.get("format") if isinstance(head, dict) else None
+
+
 def parse(text: str, where: str) -> Profile:
     """A Profile from JSON ``text``; every defect is a one-line error naming the field."""
-    doc = parse_object(text, where)
+    try:
+        doc = parse_object(text, where)
+    except GradwireError:
+        if _first_line_format(text) == TRACE_FORMAT:
+            raise GradwireError(f"{shown(where)} is a compute trace (`gradwire trace`), not a "
+                                "model profile: simulate takes it as --trace FILE; a profile "
+                                "is measured with `gradwire profile --model M --out FILE`"
+                                ) from None
+        raise
     known = ("format", "model", "description", "params", "forward_s", "backward_s", "step_s",
              "backward_layer_s", "batch_size", "dtype", "sources")
     for key in doc:

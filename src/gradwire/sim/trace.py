@@ -221,6 +221,18 @@ def _unknown_field(where: str, line: int, rec: dict, fields: tuple[str, ...], wh
                    f"expected {', '.join(fields)}")
 
 
+def _not_a_profile(text: str, where: str) -> None:
+    """Raise the one line that says so where ``text`` is a model profile (one JSON object over
+    many lines, with its params and pass times), not a trace whose first line is not JSON."""
+    try:
+        doc = parse_object(text, where)
+    except GradwireError:
+        return
+    if "params" in doc and ("forward_s" in doc or "backward_s" in doc):
+        raise GradwireError(f"{where} is a model profile (`gradwire profile`), not a trace: "
+                            f"simulate takes it as --model {where}")
+
+
 def loads(text: str, where: str = "<trace>") -> Trace:
     """Parse and validate a trace; any defect raises a GradwireError naming line and field."""
     records = []
@@ -232,7 +244,12 @@ def loads(text: str, where: str = "<trace>") -> Trace:
             continue
         # one object a line, each read as every JSON file gradwire reads (a key given twice,
         # a number too long and nesting too deep refused)
-        rec = parse_object(raw, f"{where}:{n}")
+        try:
+            rec = parse_object(raw, f"{where}:{n}")
+        except GradwireError:
+            if not records:
+                _not_a_profile(text, where)
+            raise
         _strict(where, n, rec, header=not records)
         records.append((n, rec))
     if not records:
