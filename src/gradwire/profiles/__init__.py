@@ -166,11 +166,10 @@ TRACE_FORMAT = "gradwire-trace"
 
 def _first_line_format(text: str) -> object:
     """The "format" of the JSON object on ``text``'s first line (None where there is none)."""
-    try:
-        head = json.loads(text.lstrip("\ufeff").split("\n", 1)[0])
-    except ValueError:
+    try:  # read as every JSON file is: nesting too deep is an error, not a RecursionError
+        return parse_object(text.lstrip("\ufeff").split("\n", 1)[0], "").get("format")
+    except GradwireError:
         return None
-    return head.get("format") if isinstance(head, dict) else None
 
 
 def parse(text: str, where: str) -> Profile:
