@@ -32,9 +32,9 @@ from gradwire.check import MAX_BYTES, MAX_SECONDS, check_speedup, is_int, is_rea
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import dumps as strict_dumps
 from gradwire.jsonfile import parse_object, read_text, replace_text, shown
-from gradwire.profiles import Profile
+from gradwire.profiles import TRACE_FORMAT, Profile
 
-FORMAT = "gradwire-trace"
+FORMAT = TRACE_FORMAT  # held by the layer below, whose profile reader names a trace given it
 VERSION = 1
 
 # Limits of a trace, read or made: bytes and times as gradwire.check's MAX_BYTES and
