@@ -132,3 +132,29 @@ def test_other_bad_files_keep_their_json_errors(text):
     with pytest.raises(GradwireError) as e:
         loads(text, "x.jsonl")
     assert "model profile" not in str(e.value)
+
+
+def test_compute_ms_gives_a_profile_without_times_its_own(monkeypatch, capsys, tmp_path):
+    """bert-base's profile has sizes and no compute times: whatif and advise took
+    --compute-ms for it, simulate --model refused it with no way to give them."""
+    from gradwire.cli import options
+
+    monkeypatch.setattr(options.console, "width", 1000)
+    code, out, err = run_cli(monkeypatch, capsys, [
+        "simulate", "--model", "bert-base", "--compute-ms", "100,200", "--mechanism", "ring",
+        "--workers", "8", "--json", str(tmp_path / "b.json")])
+    assert code == 0, err
+    assert "trace of --model bert-base: forward 100 ms spread evenly over" in out
+    assert "backward 200 ms" in out
+    assert _iteration_s((tmp_path / "b.json").read_text(), "ring") > 0.3
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--trace", "x.jsonl", "--compute-ms", "1,2"], "--compute-ms sets a model profile's "
+     "times: give --model NAME too"),
+    (["--model", "bert-base", "--compute-ms", "1,2,3"], "expected FORWARD,BACKWARD in ms"),
+    (["--model", "bert-base", "--compute-ms", "0,2"], "each value must be a finite number > 0"),
+    (["--model", "alexnet"], "give them (--compute-ms FORWARD,BACKWARD)"),
+])
+def test_compute_ms_refusals_are_one_line(monkeypatch, capsys, args, says):
+    one_line_cli_error(*cli_error(monkeypatch, capsys, "simulate", *args), says)

@@ -122,6 +122,9 @@ def simulate(
                                               "over its tensors and its backward time per "
                                               "layer (measured, or in proportion to their "
                                               "elements)")] = None,
+    compute_ms: Annotated[str | None, typer.Option(
+        "--compute-ms", help="with --model: FORWARD,BACKWARD ms instead of the profile's "
+        "(one that has none, such as alexnet)")] = None,
     workers: Annotated[int, typer.Option(min=1, help="simulated workers (at most "
                                          "4096)")] = 32,
     bandwidth: Annotated[str, typer.Option(help="every link, each way, in bits per second: "
@@ -212,7 +215,7 @@ def simulate(
                   servers=servers, iterations=iterations, latency_us=latency_us,
                   alpha_us=alpha_us, gamma=gamma, seed=seed,
                   table=table, sweep=sweep, emulate=emulate, plot=plot_path,
-                  timeline=timeline_path, model=model)
+                  timeline=timeline_path, model=model, compute_ms=compute_ms)
     if model is not None:
         console.print(f"trace of {sim.traces[0].source}")
     out = stamp(command_line())  # dated before the run, as it always was

@@ -142,14 +142,7 @@ def inputs(s: Scenario, cal: Calibration | None = None
     ``s.agg`` and the codec table ``s.codecs`` names."""
     prof = profiles.load(s.model)
     if s.compute_ms is not None:
-        times = w.parse_numbers("--compute-ms", s.compute_ms, low=0.0)
-        if len(times) != 2:
-            raise GradwireError(f"--compute-ms {s.compute_ms!r}: expected FORWARD,BACKWARD in "
-                                "ms")
-        if max(times) > MAX_SECONDS * 1e3:  # a profile's times go up to MAX_SECONDS
-            raise GradwireError(f"--compute-ms {s.compute_ms!r}: each time must be at most "
-                                f"{MAX_SECONDS * 1e3:g} ms, got {max(times):g}")
-        prof = prof.with_compute(times[0] / 1e3, times[1] / 1e3, "--compute-ms")
+        prof = profiles.with_compute_ms(prof, s.compute_ms)
     if s.bucket_mb <= 0:
         raise GradwireError(f"--bucket-mb must be > 0, got {s.bucket_mb}")
     check_powersgd_rank(s.rank)

@@ -95,13 +95,15 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
             latency_us: float = LATENCY_US, alpha_us: float = ALPHA_US, seed: int = 0,
             table: int | None = None, sweep: str | None = None, emulate: bool = False,
             plot: Path | None = None, timeline: Path | None = None,
-            gamma: float = 0.0, model: str | None = None) -> Simulation:
+            gamma: float = 0.0, model: str | None = None,
+            compute_ms: str | None = None) -> Simulation:
     """The traces at ``paths``, or the one made from the model profile ``model`` (a built-in
     name or a profile file: :func:`gradwire.sim.trace.from_profile`), on ``workers`` workers
     and ``servers`` servers behind one non-blocking switch of ``bandwidth`` links
     (``latency_us`` one way per host, ``alpha_us`` per message; 0 and 0 for an ideal network;
     ``gamma`` seconds per byte reduced). Everything :func:`run_simulation` will be asked is
-    checked here, before it starts."""
+    checked here, before it starts. ``compute_ms``: the profile's forward and backward
+    times replaced (``--compute-ms FORWARD,BACKWARD``)."""
     from gradwire.sim import report
     from gradwire.sim.cluster import SimCluster
     from gradwire.sim.trace import from_profile, load
@@ -112,6 +114,10 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
         raise GradwireError("no --trace given: expected a trace file from `gradwire trace`, "
                             "or --model NAME for a built-in or measured profile "
                             "(`gradwire profile` lists them)")
+    if compute_ms is not None and model is None:
+        raise GradwireError("--compute-ms sets a model profile's times: give --model NAME too "
+                            "(a trace's are scaled with `gradwire trace --from FILE "
+                            "--compute-speedup F`)")
     if model is not None and emulate:
         raise GradwireError("--emulate replays a recorded trace on real ranks: give --trace "
                             "FILE (from `gradwire trace`), not --model")
@@ -144,7 +150,10 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     if model is not None:
         from gradwire import profiles
 
-        traces = [from_profile(profiles.load(model), f"--model {model}")]
+        prof = profiles.load(model)
+        if compute_ms is not None:
+            prof = profiles.with_compute_ms(prof, compute_ms)
+        traces = [from_profile(prof, f"--model {model}")]
     else:
         traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,

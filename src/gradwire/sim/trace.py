@@ -422,9 +422,10 @@ def from_profile(prof: Profile, where: str) -> Trace:
     passed: the profile's measured per-layer times, or its backward time in proportion to the
     tensors' elements where it has none."""
     if not prof.has_compute:
-        raise GradwireError(f"{where}: profile {prof.model!r} has no compute times: give a "
-                            "profile measured with `gradwire profile --model M --out FILE`, or "
-                            "a trace (`gradwire trace --model M` records one)")
+        raise GradwireError(f"{where}: profile {prof.model!r} has no compute times: give "
+                            "them (--compute-ms FORWARD,BACKWARD), a profile measured with "
+                            "`gradwire profile --model M --out FILE`, or a trace (`gradwire "
+                            "trace --model M` records one)")
     assert prof.forward_s is not None and prof.backward_s is not None
     sizes, names, shapes = profile_tensors(prof)
     layers = list(reversed(prof.layer_backward_s()))
