@@ -131,3 +131,32 @@ def test_lightning_strategy_refuses_a_start_method_that_pickles_it(start):
     assert "\n" not in str(e.value)
     for fine in ("popen", "fork"):
         assert strategy(gh.make("topk"), start_method=fine)._start_method == fine
+
+
+# ---- gradwire train: a sparsifier's options with a method that selects no elements
+
+
+@pytest.mark.parametrize("agg, extra, said", [
+    ("dense", ["--density", "0.01"], "--density sets the fraction of the elements a sparsifier "
+     "sends (topk, gtopk, randomk, dgc): --agg dense selects none; leave it out"),
+    ("powersgd", ["--density", "0.1", "--warmup"], "--density and --warmup set the fraction"),
+    ("signsgd", ["--warmup"], "--warmup sets the fraction"),
+])
+def test_train_refuses_a_sparsifiers_options_for_another_method(here, monkeypatch, capsys, agg,
+                                                                extra, said):
+    """`train --agg dense --density 0.01` trained dense and reported nothing amiss: the hook
+    of a method that selects no elements ignores the density and its warm-up."""
+    start_here(monkeypatch, "gradwire.cli.train", "ephemeral_cluster")
+    code, _, err = run_cli(monkeypatch, capsys, ["train", "--loopback", "--agg", agg, *extra],
+                           started=(Started,))
+    one_line_cli_error(code, err, said)
+
+
+@pytest.mark.parametrize("args", [["--agg", "signsgd", "--no-warmup"],
+                                  ["--agg", "topk", "--density", "0.01", "--warmup"],
+                                  ["--agg", "dense"]])
+def test_train_takes_what_the_method_reads(here, monkeypatch, capsys, args):
+    start_here(monkeypatch, "gradwire.cli.train", "ephemeral_cluster")
+    code, _, err = run_cli(monkeypatch, capsys, ["train", "--loopback", *args],
+                           started=(Started,))
+    assert code == 0, err

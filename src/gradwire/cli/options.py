@@ -162,6 +162,24 @@ def check_seq_len(ctx: typer.Context, model: str, seq_len: int) -> None:
                             f"{model} reads {data}; leave it out")
 
 
+def check_sparsifier_options(ctx: typer.Context, agg: str, warmup: bool) -> None:
+    """--density or --warmup typed for a method that selects no elements (it sends them all,
+    or compresses them otherwise) is refused, as any option the run would not read: accepted,
+    they were silently ignored."""
+    from gradwire import catalogue
+
+    if catalogue.get(agg).takes_density:
+        return
+    given = [o for o, used in (("--density", typed(ctx, "density")),
+                               ("--warmup", warmup and typed(ctx, "warmup"))) if used]
+    if given:
+        sparsifiers = ", ".join(n for n, m in catalogue.METHODS.items() if m.takes_density)
+        raise GradwireError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the "
+                            f"fraction of the elements a sparsifier sends ({sparsifiers}): "
+                            f"--agg {agg} selects none; leave "
+                            f"{'it' if len(given) == 1 else 'them'} out")
+
+
 def live_cluster(name: str) -> Cluster:
     """The live cluster ``name``, refused while ``cluster up`` is still making its hosts (a run
     would get fewer ranks than it was made for, or none), and refused when it is stale (a run's

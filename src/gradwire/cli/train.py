@@ -25,6 +25,7 @@ from gradwire.cli.options import (
     check_loopback,
     check_outputs,
     check_seq_len,
+    check_sparsifier_options,
     command_line,
     console,
     planned_ranks,
@@ -101,6 +102,7 @@ def train(
     check_timeout(timeout)
     validate(cfg, planned_ranks(hosts, None))
     check_seq_len(ctx, model, seq_len)
+    check_sparsifier_options(ctx, agg, warmup)
     check_loopback(ctx, loopback, bandwidth)
     json_path, plot_path, checkpoint_path = check_outputs(
         ("--json", json_out), ("--plot", plot), ("--checkpoint", checkpoint))

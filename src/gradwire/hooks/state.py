@@ -1019,8 +1019,10 @@ def make(method: str, *, density: float = 0.001, mode: str = "bucket",
     """A hook state for ``method`` (one of :data:`METHODS`); see the package docstring.
 
     ``density``: the sparsifiers' fraction of elements (topk, gtopk, randomk, dgc), sent from
-    the first step. ``mode``: "bucket" (each bucket on its own, overlapping backward) or
-    "model" (the whole model at once, after the last bucket). ``warmup``: None or False (the
+    the first step; the other methods select no elements and ignore it and ``warmup`` (their
+    state's ``density`` is 1.0), so that one call can make any method. ``mode``: "bucket"
+    (each bucket on its own, overlapping backward) or "model" (the whole model at once, after
+    the last bucket). ``warmup``: None or False (the
     default) for none, True for the gTop-k paper's densities (0.25, 0.0725, 0.015, 0.004, then
     ``density``), or a list of densities, each lasting one epoch of ``steps_per_epoch`` steps
     (required with a warm-up; the hook counts them itself). ``dense_steps``: dense iterations
