@@ -30,6 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gradwire import catalogue
 from gradwire.bench import provenance
 from gradwire.cli.options import write_json
 from gradwire.jsonfile import out_file
@@ -67,8 +68,9 @@ def micro(tunables: str) -> dict:
 
 def train(tunables: str, agg: str, epochs: int, home: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        sparse = ["--density", "0.001"] if catalogue.get(agg).takes_density else []
         cmd = [sys.executable, "-m", "gradwire.cli", "train", "--model", "mlp", "--agg", agg,
-               "--density", "0.001", "--mode", "model", "--epochs", str(epochs),
+               *sparse, "--mode", "model", "--epochs", str(epochs),
                "--batch-size", "8", "--hosts", "4", "--bandwidth", "1gbit", "--json", f.name]
         p = subprocess.run(cmd, env={**env_with(tunables), "GRADWIRE_HOME": home},
                            capture_output=True, text=True)

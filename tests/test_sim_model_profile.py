@@ -97,6 +97,10 @@ def test_a_recorded_trace_named_as_a_builtin_profile_says_which_is_which(monkeyp
             "advise and simulate --model resnet50 read the built-in profile of that name "
             f"(ResNet-50 v1.5 as torchvision resnet50, 25,557,032 parameters); give simulate "
             f"this trace as --trace {out_file}") in out
+    # an edit changes the tensors: the recording's count is not there to compare
+    code, out, err = run_cli(monkeypatch, capsys, ["trace", "--model", "resnet50", "-o",
+                                                   out_file, "--add-layers", "1"])
+    assert code == 0 and "note:" not in out, err
     monkeypatch.setattr(edit, "make_trace", lambda *a, **k: mine.__class__(
         "mlp", mine.params, mine.iterations))
     code, out, err = run_cli(monkeypatch, capsys, ["trace", "--model", "mlp", "-o", out_file])
@@ -158,3 +162,63 @@ def test_compute_ms_gives_a_profile_without_times_its_own(monkeypatch, capsys, t
 ])
 def test_compute_ms_refusals_are_one_line(monkeypatch, capsys, args, says):
     one_line_cli_error(*cli_error(monkeypatch, capsys, "simulate", *args), says)
+
+
+def test_simulate_will_not_write_over_the_profile_it_reads(monkeypatch, capsys, tmp_path):
+    """`simulate --model p.json --json p.json` replaced the profile with its result: --model
+    was not among the inputs the outputs are checked against (whatif's and advise's is)."""
+    prof = tmp_path / "p.json"
+    prof.write_text(profiles.load("resnet50").to_text())
+    before = prof.read_text()
+    for option in ("--json", "--timeline"):
+        one_line_cli_error(*cli_error(monkeypatch, capsys, "simulate", "--model", str(prof),
+                                      "--workers", "4", "--mechanism", "ring", option,
+                                      str(prof)), "is the file --model reads")
+    assert prof.read_text() == before
+
+
+def test_several_models_make_one_table_and_are_refused_elsewhere(monkeypatch, capsys,
+                                                                 tmp_path):
+    """--model given twice kept the last one only, where --table compares models (as
+    several --trace files do)."""
+    code, out, err = run_cli(monkeypatch, capsys, [
+        "simulate", "--model", "resnet50", "--model", "vgg16", "--model", "resnet50",
+        "--table", "6", "--workers", "4", "--json", str(tmp_path / "t.json")])
+    assert code == 0, err
+    rows = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert [r["model"] for r in rows] == ["resnet50", "vgg16"]
+    one_line_cli_error(*cli_error(monkeypatch, capsys, "simulate", "--model", "resnet50",
+                                  "--model", "vgg16"), "2 --model profiles: only --table")
+
+
+def test_a_calibrations_compute_slowdown_scales_a_profiles_compute(monkeypatch, capsys,
+                                                                    tmp_path):
+    """whatif and advise run a profile's compute × the calibration's compute slowdown (a
+    profile is timed alone); simulate --model took its α and γ only, so the same profile and
+    calibration gave two compute times. A recorded trace is left as it was recorded."""
+    import calibration_doc
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(calibration_doc.doc(compute_slowdown=2.0)))
+    args = ["simulate", "--model", "resnet50", "--workers", "4", "--mechanism", "ring",
+            "--calibration", str(cal)]
+    code, out, err = run_cli(monkeypatch, capsys, [*args, "--json", str(tmp_path / "m.json")])
+    assert code == 0 and "compute ×2" in out, err
+    got = json.loads((tmp_path / "m.json").read_text())["results"][0]
+    assert got["compute_s"] == pytest.approx(2 * (0.061 + 0.122), rel=1e-6)
+    trace = save(from_profile(profiles.load("resnet50"), "x"), tmp_path / "r.trace.jsonl")
+    code, out, err = run_cli(monkeypatch, capsys, [
+        "simulate", "--trace", str(trace), "--workers", "4", "--mechanism", "ring",
+        "--calibration", str(cal), "--json", str(tmp_path / "t.json")])
+    assert code == 0 and "compute ×" not in out, err
+    got = json.loads((tmp_path / "t.json").read_text())["results"][0]
+    assert got["compute_s"] == pytest.approx(0.061 + 0.122, rel=1e-6)
+
+
+def test_a_profile_written_on_one_line_given_as_a_trace_says_so(monkeypatch, capsys, tmp_path):
+    """Its one line read as a trace's header: "field 'format': expected 'gradwire-trace',
+    got 1"."""
+    compact = tmp_path / "c.json"
+    compact.write_text(json.dumps(profiles.load("resnet50").to_json()))
+    one_line_cli_error(*cli_error(monkeypatch, capsys, "simulate", "--trace", str(compact)),
+                       "is a model profile (`gradwire profile`), not a trace")

@@ -75,7 +75,7 @@ def trace_cmd(
     console.print(f"{t.model}: {len(t.params)} parameters, "
                   f"{t.total_bytes / 1e6:.2f} MB, {len(t.iterations)} iterations, forward "
                   f"{it.forward_s * 1e3:.1f} ms, backward {it.backward_s * 1e3:.1f} ms")
-    if model is not None:
+    if model is not None and not add_layers and not resize:  # edits change the tensors
         from gradwire.perf.report import builtin_namesake
 
         # a recording gives every parameter its shape
@@ -116,12 +116,13 @@ def simulate(
     ctx: typer.Context,
     trace: Annotated[list[Path] | None, typer.Option(help="a trace from `gradwire trace` "
                                                      "(repeatable with --table)")] = None,
-    model: Annotated[str | None, typer.Option(help="instead of --trace: a model profile "
-                                              "(built-in, see `gradwire profile`, or a "
-                                              "measured one's file), its forward time spread "
-                                              "over its tensors and its backward time per "
-                                              "layer (measured, or in proportion to their "
-                                              "elements)")] = None,
+    model: Annotated[list[str] | None, typer.Option(help="instead of --trace: a model "
+                                                    "profile (built-in, see `gradwire "
+                                                    "profile`, or a measured one's file), its "
+                                                    "forward time spread over its tensors and "
+                                                    "its backward time per layer (measured, or "
+                                                    "in proportion to their elements); "
+                                                    "repeatable with --table")] = None,
     compute_ms: Annotated[str | None, typer.Option(
         "--compute-ms", help="with --model: FORWARD,BACKWARD ms instead of the profile's "
         "(one that has none, such as alexnet)")] = None,
@@ -186,7 +187,8 @@ def simulate(
 
     timeline_path, plot_path, json_path = check_outputs(
         ("--timeline", timeline), ("--plot", plot), ("--json", json_out),
-        inputs=[*(("--trace", t) for t in trace or []), ("--calibration", calibration)])
+        inputs=[*(("--trace", t) for t in trace or []), *(("--model", m) for m in model or []),
+                ("--calibration", calibration)])
     # a trace named twice is one (one row of --table's), as a mechanism or sweep value is
     trace = distinct(trace or [], key=lambda t: os.path.realpath(t))
     gamma = 0.0
@@ -203,21 +205,27 @@ def simulate(
                             "and γ with `gradwire calibrate`: leave it out")
     alpha_us = ALPHA_US if alpha_us is None else alpha_us
     latency_us = LATENCY_US if latency_us is None else latency_us
+    slowdown = 1.0
     if calibration is not None:
         from gradwire.perf import whatif
 
         terms = whatif.calibration_terms(whatif.read_calibration(calibration), calibration)
         alpha, gamma = terms.alpha, terms.gamma
         alpha_us, latency_us = alpha * 1e6, 0.0
+        # a profile is timed alone: its compute as the ranks run it, as whatif prices it
+        slowdown = terms.compute_slowdown if model else 1.0
         console.print(f"α {alpha_us:.1f} µs per message (the calibration's α per step), γ "
-                      f"{gamma * 1e9:.3g} ns/B, latency in α: from {calibration}")
+                      f"{gamma * 1e9:.3g} ns/B, latency in α"
+                      f"{f', compute ×{slowdown:.3g}' if slowdown != 1 else ''}: from "
+                      f"{calibration}")
     sim = prepare(trace, workers=workers, bandwidth=bandwidth, mechanism=mechanism,
                   servers=servers, iterations=iterations, latency_us=latency_us,
                   alpha_us=alpha_us, gamma=gamma, seed=seed,
                   table=table, sweep=sweep, emulate=emulate, plot=plot_path,
-                  timeline=timeline_path, model=model, compute_ms=compute_ms)
-    if model is not None:
-        console.print(f"trace of {sim.traces[0].source}")
+                  timeline=timeline_path, model=model, compute_ms=compute_ms,
+                  compute_slowdown=slowdown)
+    for t in sim.traces if model else []:
+        console.print(f"trace of {t.source}")
     out = stamp(command_line())  # dated before the run, as it always was
     out |= run_simulation(sim, console)
     if json_path:

@@ -23,6 +23,8 @@ from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
 
     from gradwire.sim.cluster import SimCluster
@@ -95,30 +97,34 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
             latency_us: float = LATENCY_US, alpha_us: float = ALPHA_US, seed: int = 0,
             table: int | None = None, sweep: str | None = None, emulate: bool = False,
             plot: Path | None = None, timeline: Path | None = None,
-            gamma: float = 0.0, model: str | None = None,
-            compute_ms: str | None = None) -> Simulation:
+            gamma: float = 0.0, model: Sequence[str] | None = None,
+            compute_ms: str | None = None, compute_slowdown: float = 1.0) -> Simulation:
     """The traces at ``paths``, or the one made from the model profile ``model`` (a built-in
     name or a profile file: :func:`gradwire.sim.trace.from_profile`), on ``workers`` workers
     and ``servers`` servers behind one non-blocking switch of ``bandwidth`` links
     (``latency_us`` one way per host, ``alpha_us`` per message; 0 and 0 for an ideal network;
     ``gamma`` seconds per byte reduced). Everything :func:`run_simulation` will be asked is
-    checked here, before it starts. ``compute_ms``: the profile's forward and backward
-    times replaced (``--compute-ms FORWARD,BACKWARD``)."""
+    checked here, before it starts. ``model``: one profile, or several for a ``table``;
+    ``compute_ms``: their forward and backward times replaced (``--compute-ms
+    FORWARD,BACKWARD``); ``compute_slowdown``: their compute as the ranks run it, a
+    calibration's (a profile is timed alone, as whatif and advise scale it; a recorded trace
+    is not scaled)."""
     from gradwire.sim import report
     from gradwire.sim.cluster import SimCluster
-    from gradwire.sim.trace import from_profile, load
+    from gradwire.sim.trace import from_profile, load, scale_compute
 
-    if model is not None and paths:
+    model = distinct(list(model or []))  # a profile named twice is one (one row of --table's)
+    if model and paths:
         raise GradwireError("--model makes the trace from a profile: not with --trace")
-    if model is None and not paths:  # every run reads the first trace
+    if not model and not paths:  # every run reads the first trace
         raise GradwireError("no --trace given: expected a trace file from `gradwire trace`, "
                             "or --model NAME for a built-in or measured profile "
                             "(`gradwire profile` lists them)")
-    if compute_ms is not None and model is None:
+    if compute_ms is not None and not model:
         raise GradwireError("--compute-ms sets a model profile's times: give --model NAME too "
                             "(a trace's are scaled with `gradwire trace --from FILE "
                             "--compute-speedup F`)")
-    if model is not None and emulate:
+    if model and emulate:
         raise GradwireError("--emulate replays a recorded trace on real ranks: give --trace "
                             "FILE (from `gradwire trace`), not --model")
     if plot is not None and sweep is None:
@@ -132,9 +138,10 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
         raise GradwireError(f"--table {table} is a run of its own: not with --sweep or --emulate")
     if timeline is not None and (table is not None or sweep is not None):
         raise GradwireError("--timeline records one plain run: not with --table or --sweep")
-    if len(paths) > 1 and table is None:
-        raise GradwireError(f"{len(paths)} --trace files: only --table takes several (the "
-                            "paper's tables compare models); give one")
+    for option, given in (("--trace files", paths), ("--model profiles", model)):
+        if len(given) > 1 and table is None:
+            raise GradwireError(f"{len(given)} {option}: only --table takes several (the "
+                                "paper's tables compare models); give one")
     axis, values = parse_sweep(sweep, report.AXES) if sweep is not None else ("", [])
     mechs = mechanisms(EMULATED_MECHANISMS if emulate and mechanism == SIM_MECHANISMS
                        else mechanism)
@@ -147,13 +154,17 @@ def prepare(paths: list[Path], *, workers: int = 32, bandwidth: str = "25gbit",
     assert bps is not None
     for option, us in (("--latency-us", latency_us), ("--alpha-us", alpha_us)):
         check_real(option, us, high=MAX_ALPHA_US)  # as whatif's and advise's --alpha-us
-    if model is not None:
+    if model:
         from gradwire import profiles
 
-        prof = profiles.load(model)
-        if compute_ms is not None:
-            prof = profiles.with_compute_ms(prof, compute_ms)
-        traces = [from_profile(prof, f"--model {model}")]
+        traces = []
+        for name in model:
+            prof = profiles.load(name)
+            if compute_ms is not None:
+                prof = profiles.with_compute_ms(prof, compute_ms)
+            made = from_profile(prof, f"--model {name}")
+            traces.append(made if compute_slowdown == 1 else
+                          scale_compute(made, 1 / compute_slowdown))
     else:
         traces = [load(t) for t in paths]
     cluster = SimCluster(workers, bps, servers, latency_us / 1e6, alpha_us / 1e6,

@@ -256,6 +256,7 @@ def loads(text: str, where: str = "<trace>") -> Trace:
         raise GradwireError(f"{where}: empty trace: expected a header line")
     n, head = records[0]
     if head.get("format") != FORMAT:
+        _not_a_profile(text, where)  # one written on one line reads as a header
         raise _bad(where, n, "format", f"expected {FORMAT!r}, got {head.get('format')!r}")
     if not is_int(head.get("version"), VERSION, VERSION):  # not true, which == 1
         raise _bad(where, n, "version", f"expected {VERSION} (this gradwire reads version "
