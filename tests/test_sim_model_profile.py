@@ -64,6 +64,14 @@ def test_simulate_model_runs_the_trace_it_makes(monkeypatch, capsys, tmp_path):
     by_model, by_trace = ((tmp_path / f).read_text() for f in ("m.json", "t.json"))
     for m in ("ring", "ps"):
         assert _iteration_s(by_model, m) == _iteration_s(by_trace, m) > 0.358
+    # the result says what was simulated, not only the command that did
+    doc = json.loads(by_model)
+    assert doc["traces"][0]["model"] == "vgg16" and doc["traces"][0]["tensors"] == 32
+    assert doc["traces"][0]["source"].startswith("--model vgg16: forward 98.2 ms")
+    assert doc["cluster"] == {"workers": 8, "bandwidth": "10gbit", "bandwidth_bps": 1e10,
+                              "servers": 1, "alpha_s": 1e-5, "latency_s": 1.5e-6,
+                              "gamma_s_per_byte": 0.0, "iterations": 3, "seed": 0}
+    assert json.loads(by_trace)["traces"][0]["source"].startswith("x: forward 98.2 ms")
 
 
 @pytest.mark.parametrize("args, says", [

@@ -183,7 +183,7 @@ def simulate(
     or: gradwire simulate --model resnet50 --workers 64 --bandwidth 10gbit
     """
     from gradwire.bench.provenance import stamp
-    from gradwire.sim.simulate import prepare, run_simulation
+    from gradwire.sim.simulate import prepare, run_simulation, simulated_inputs
 
     timeline_path, plot_path, json_path = check_outputs(
         ("--timeline", timeline), ("--plot", plot), ("--json", json_out),
@@ -227,6 +227,7 @@ def simulate(
     for t in sim.traces if model else []:
         console.print(f"trace of {t.source}")
     out = stamp(command_line())  # dated before the run, as it always was
+    out |= simulated_inputs(sim)
     out |= run_simulation(sim, console)
     if json_path:
         write_json(json_path, out)

@@ -194,6 +194,21 @@ def check_sizes(trace: Trace, cluster: SimCluster, mechs: list[Mechanism],
     check(trace, cluster, mechs, record)
 
 
+def simulated_inputs(s: Simulation) -> dict:
+    """What a result file records of the run's inputs, beside the command: each trace (its
+    model, source, tensors, bytes and pass times) and the cluster, so that a result says what
+    was simulated without the command's files at hand."""
+    c = s.cluster
+    return {
+        "traces": [{"model": t.model, "source": t.source, "tensors": len(t.params),
+                    "bytes": t.total_bytes, "forward_s": t.iterations[0].forward_s,
+                    "backward_s": t.iterations[0].backward_s} for t in s.traces],
+        "cluster": {"workers": c.workers, "bandwidth": s.bandwidth,
+                    "bandwidth_bps": c.bandwidth_bps, "servers": c.servers,
+                    "alpha_s": c.alpha, "latency_s": c.latency, "gamma_s_per_byte": c.gamma,
+                    "iterations": c.iterations, "seed": c.seed}}
+
+
 def _serves(m: Mechanism) -> bool:
     """Whether ``m`` runs on parameter servers (takes ``--servers``)."""
     from gradwire.sim.ps import PSOptions
