@@ -230,3 +230,14 @@ def test_a_profile_written_on_one_line_given_as_a_trace_says_so(monkeypatch, cap
     compact.write_text(json.dumps(profiles.load("resnet50").to_json()))
     one_line_cli_error(*cli_error(monkeypatch, capsys, "simulate", "--trace", str(compact)),
                        "is a model profile (`gradwire profile`), not a trace")
+
+
+@pytest.mark.parametrize("v, shown", [(5.2594123, "5.2594"), (0.1942, "0.1942"),
+                                      (0.0123, "0.0123"), (0.0019441, "0.00194"),
+                                      (0.000312, "0.000312"), (0.0, "0.0000")])
+def test_simulated_times_keep_three_significant_digits(v, shown):
+    """Four decimals showed a small model's iteration as 0.0019 s and its compute as 0.0003 s:
+    one or two significant digits."""
+    from gradwire.sim.report import seconds
+
+    assert seconds(v) == shown

@@ -40,6 +40,14 @@ def baseline(results: Sequence[SimResult]) -> str:
                 results[0].mechanism)
 
 
+def seconds(v: float) -> str:
+    """A simulated time in seconds to 4 decimals, or to 3 significant digits where that shows
+    more (a small model's 0.0019 s is 0.00194 s)."""
+    if v <= 0 or not math.isfinite(v) or v >= 0.01:
+        return f"{v:.4f}"
+    return f"{v:.{2 - math.floor(math.log10(v))}f}"
+
+
 def results_table(results: Sequence[SimResult], title: str) -> Table:
     sp = speedups(results)
     base = baseline(results)
@@ -55,8 +63,8 @@ def results_table(results: Sequence[SimResult], title: str) -> Table:
         t.add_column(col, justify="right")
     for r in results:
         u = r.utilisation
-        t.add_row(r.mechanism, f"{r.iteration_s:.4f}", f"{sp[r.mechanism]:.2f}x",
-                  f"{r.compute_s:.4f}", f"{r.exposed_s:.4f}",
+        t.add_row(r.mechanism, seconds(r.iteration_s), f"{sp[r.mechanism]:.2f}x",
+                  seconds(r.compute_s), seconds(r.exposed_s),
                   *(f"{u[k]:.0%}" if k in u else "-" for k in kinds), f"{r.wall_s:.2f}")
     return t
 
@@ -68,7 +76,7 @@ def validation_table(rows: Sequence[dict], title: str) -> Table:
     for r in rows:
         same = r["simulated_link_bytes"] == r["measured_link_bytes"]
         t.add_row(r["mechanism"], str(r["servers"] or "-"), f"{r['alpha_s'] * 1e6:.0f}",
-                  f"{r['simulated_s']:.4f}", f"{r['measured_s']:.4f}", f"{r['error']:+.1%}",
+                  seconds(r["simulated_s"]), seconds(r["measured_s"]), f"{r['error']:+.1%}",
                   "yes" if same else "NO")
     return t
 

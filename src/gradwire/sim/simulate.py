@@ -282,7 +282,7 @@ def _sweep(trace: Trace, cluster: SimCluster, mechanism: str, sweep: str, plot: 
         # a rate as it was typed (1gbit), not bits/s (1e+09)
         value = format_bandwidth(r["value"]) if axis == "bandwidth" else f"{r['value']:g}"
         console.print(f"{axis}={value}: " + ", ".join(
-            f"{m} {s:.4f} s" for m, s in r["iteration_s"].items()))
+            f"{m} {report.seconds(s)} s" for m, s in r["iteration_s"].items()))
     if plot:
         console.print(f"wrote {report.plot_sweep(rows, plot, trace.model)}")
     return rows
