@@ -163,6 +163,21 @@ def number_text(text: str, whole: bool = False) -> bool:
             or text.strip(" \t").lower().lstrip("+-") in ("inf", "infinity", "nan"))
 
 
+def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
+    """``option``'s comma list ``text`` as floats, each finite and above ``low``; any other
+    value is a one-line error naming it."""
+    out = []
+    for part in text.split(","):
+        if not number_text(part):
+            raise GradwireError(f"{option} {text!r}: {part!r} is not a number (ASCII digits)")
+        v = parse_number(part)
+        if v is None or not low < v < math.inf:
+            raise GradwireError(f"{option} {text!r}: each value must be a finite number > "
+                                f"{low:g}, got {part.strip()}")
+        out.append(v)
+    return out
+
+
 def distinct(values: list[T], key: Callable[[T], Hashable] | None = None) -> list[T]:
     """``values`` without repeats (by ``key``, default the value itself), first seen first:
     a list option's value named twice is one (one run, one row or column of a table, one

@@ -21,6 +21,7 @@ from gradwire.check import (
     check_real,
     check_speedup,
     distinct,
+    parse_numbers,
 )
 from gradwire.errors import GradwireError
 from gradwire.perf import advise as adv
@@ -238,7 +239,7 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     # a value given twice (1gbit,1000mbit is one rate) is one column, row or table; so are
     # rates that print alike, as the tables and the JSON name them by what they print
     rates = distinct([parse_link(b) for b in bandwidth.split(",")], key=format_bandwidth)
-    speedups = distinct(w.parse_numbers("--compute-speedup", compute_speedup))
+    speedups = distinct(parse_numbers("--compute-speedup", compute_speedup))
     check_speedups(prof, speedups)
     terms, where = setting(s, cal)
     result = w.sweep(prof, aggs, w.parse_workers(workers), rates, speedups, table, terms)

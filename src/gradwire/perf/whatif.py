@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from gradwire.bandwidth import format_bandwidth
-from gradwire.check import check_real, number_text, parse_number
+from gradwire.check import check_real
 from gradwire.errors import GradwireError
 from gradwire.jsonfile import read_object, save_figure
 from gradwire.perf import calibration, comm
@@ -66,19 +66,6 @@ def parse_workers(text: str) -> list[int]:
         except GradwireError as e:
             raise GradwireError(f"--workers {text!r}: {e}") from None
     return counts
-
-
-def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
-    out = []
-    for part in text.split(","):
-        if not number_text(part):
-            raise GradwireError(f"{option} {text!r}: {part!r} is not a number (ASCII digits)")
-        v = parse_number(part)
-        if v is None or not low < v < math.inf:
-            raise GradwireError(f"{option} {text!r}: each value must be a finite number > "
-                                f"{low:g}, got {part.strip()}")
-        out.append(v)
-    return out
 
 
 @dataclass(frozen=True)

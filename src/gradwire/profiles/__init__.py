@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real, number_text, parse_number
+from gradwire.check import MAX_BYTES, MAX_SECONDS, is_int, is_real, parse_numbers
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.jsonfile import parse_object, read_text, shown
 
@@ -126,16 +126,7 @@ class Profile:
 def with_compute_ms(prof: Profile, text: str) -> Profile:
     """``prof`` with the compute times of ``--compute-ms FORWARD,BACKWARD`` (ms, each > 0
     and at most MAX_SECONDS), for a profile that has none or other ones to try."""
-    times = []
-    for part in text.split(","):
-        if not number_text(part):
-            raise GradwireError(f"--compute-ms {text!r}: {part!r} is not a number (ASCII "
-                                "digits)")
-        v = parse_number(part)
-        if v is None or not 0 < v < math.inf:
-            raise GradwireError(f"--compute-ms {text!r}: each value must be a finite number "
-                                f"> 0, got {part.strip()}")
-        times.append(v)
+    times = parse_numbers("--compute-ms", text)
     if len(times) != 2:
         raise GradwireError(f"--compute-ms {text!r}: expected FORWARD,BACKWARD in ms")
     if max(times) > MAX_SECONDS * 1e3:  # a profile's times go up to MAX_SECONDS
