@@ -90,8 +90,10 @@ def test_ranks_get_a_default_setting_unless_the_caller_chose_one(monkeypatch, na
                                          ("KILL", "rank 1 was killed by SIGKILL")])
 def test_a_failing_rank_stops_the_others_and_is_named(code, expect):
     t0 = time.monotonic()
+    # rank 1 fails 2 s in: at 0.2 s a loaded machine had not yet started rank 0 or 2 far
+    # enough to print its PID, and the count of stopped ranks below came out 2
     res, lines = _collect(loopback_cluster(3), script("fail_rank.py"), timeout=60,
-                          extra_env={"FAIL_RANK": "1", "FAIL_CODE": code})
+                          extra_env={"FAIL_RANK": "1", "FAIL_CODE": code, "FAIL_AFTER": "2"})
     assert res.returncode != 0
     assert res.message.startswith(expect)
     assert time.monotonic() - t0 < 30  # the sleeping ranks were stopped, not waited for
