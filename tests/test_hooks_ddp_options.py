@@ -235,3 +235,48 @@ def test_a_compiled_ddp_model_runs_the_hook(one_rank, method, mode):
             before = after
     dense_bytes = 3 * 4 * before.numel()  # fp32, 3 steps
     assert state.step == 3 and 0 < state.stats["sent"] < dense_bytes
+
+
+class ToBf16(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16)
+
+
+def _half_models() -> dict[str, nn.Module]:
+    torch.manual_seed(0)
+    return {"bf16": nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)).bfloat16(),
+            "fp16": nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)).half(),
+            # DDP puts each dtype in buckets of its own
+            "mixed": nn.Sequential(nn.Linear(16, 32), nn.Tanh(), ToBf16(),
+                                   nn.Linear(32, 4).bfloat16())}
+
+
+@pytest.mark.parametrize("method", gh.METHODS)
+def test_half_precision_and_mixed_dtype_models_train(one_rank, method):
+    """A model kept in bf16 or fp16, and one with parameters of two dtypes (bucket mode),
+    trains under every method: each gradient comes back finite and in its parameter's dtype."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, net in _half_models().items():
+            for mode in ("bucket",) if name == "mixed" else ("bucket", "model"):
+                ddp = DDP(net, bucket_cap_mb=0.0001)
+                gh.make(method, density=0.1, mode=mode).register(ddp)
+                for step in range(3):
+                    ddp.zero_grad()
+                    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(step))
+                    ddp(x.to(net[0].weight.dtype)).float().square().mean().backward()
+                    for p in net.parameters():
+                        assert p.grad.dtype == p.dtype and torch.isfinite(p.grad).all(), \
+                            (name, mode, step)
+
+
+def test_model_mode_refuses_parameters_of_two_dtypes_when_registered(one_rank):
+    """Model mode aggregates the whole model as one tensor: parameters of two dtypes were
+    refused only at the first backward, from inside DDP's hook."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ddp = DDP(_half_models()["mixed"])
+    with pytest.raises(GradwireError, match=r"one dtype, got \['torch.bfloat16', "
+                                            r"'torch.float32'\]: use mode='bucket'"):
+        gh.make("gtopk", mode="model").register(ddp)
+    gh.make("gtopk", mode="bucket").register(ddp)

@@ -57,15 +57,18 @@ def test_an_error_inside_the_hook_reaches_backward_unchanged(one_rank, monkeypat
 
 
 def test_an_error_on_the_comm_thread_keeps_its_type(one_rank):
-    """A genuine one: model mode over parameters of two dtypes."""
+    """A genuine one: model mode over parameters of two dtypes, registered with DDP's own
+    ``register_comm_hook`` (``register`` refuses it before any backward)."""
     module = nn.Module()
     module.a = nn.Parameter(torch.zeros(3))
     module.b = nn.Parameter(torch.zeros(2, dtype=torch.float64))
     module.forward = lambda: module.a.sum() + module.b.sum()
     net = DDP(module)
-    gh.make("topk", mode="model").register(net)
-    with pytest.raises(GradwireError, match=r"^mode='model' needs every parameter in one "
-                                            r"dtype, got \['torch.float32', 'torch.float64'\]$"):
+    state = gh.make("topk", mode="model")
+    net.register_comm_hook(state, state.hook)
+    with pytest.raises(GradwireError, match=r"^hooks: mode='model' needs every trained "
+                                            r"parameter in one dtype, got \['torch.float32', "
+                                            r"'torch.float64'\]: use mode='bucket'"):
         net().backward()
 
 

@@ -49,6 +49,16 @@ from gradwire.transport import check_group
 METHODS: tuple[str, ...] = tuple(CATALOGUE)
 DENSE_ONLY = ("gradwire's hooks need dense gradients: build embeddings with sparse=False "
               "(nn.Embedding, nn.EmbeddingBag)")
+
+
+def _one_dtype(dtypes: set[torch.dtype]) -> None:
+    """Refuse model mode over buckets of several dtypes: it aggregates one flat tensor."""
+    if len(dtypes) > 1:
+        raise GradwireError("hooks: mode='model' needs every trained parameter in one dtype, "
+                            f"got {sorted(str(d) for d in dtypes)}: use mode='bucket' (DDP "
+                            "buckets each dtype apart)")
+
+
 STATS = ("compress", "communicate", "header", "tail", "sent", "steps", "buckets", "dense",
          "issued", "cpu")
 
@@ -227,6 +237,10 @@ class HookState:
                 where = f"module {name!r}" if name else "the model"
                 raise GradwireError(f"hooks: {where} ({type(module).__name__}) makes sparse "
                                     f"gradients; {DENSE_ONLY}")
+        if self.config.mode == "model":  # else refused at the first backward, in DDP's hook
+            # a complex parameter's bucket is its real view
+            _one_dtype({(p.dtype.to_real() if p.is_complex() else p.dtype)
+                        for p in ddp_model.parameters() if p.requires_grad})
         if getattr(ddp_model, "_comm_hooks", None):
             raise GradwireError("hooks: this DistributedDataParallel has a communication hook "
                                 "already (DDP takes one): register a state once per model")
@@ -856,9 +870,7 @@ class HookState:
 
     def _model(self, pending: list[tuple[torch.Tensor, layout.Layout, torch.futures.Future]],
                call: AggregationCall) -> list[torch.Tensor]:
-        if len({buf.dtype for buf, _, _ in pending}) > 1:
-            raise GradwireError("mode='model' needs every parameter in one dtype, got "
-                                f"{sorted({str(b.dtype) for b, _, _ in pending})}")
+        _one_dtype({buf.dtype for buf, _, _ in pending})
         views: dict[int, torch.Tensor] = {}
         for buf, key, _ in pending:
             offset = 0
