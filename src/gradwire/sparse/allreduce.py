@@ -370,12 +370,14 @@ def topk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int, *,
     (:func:`topk_algo`), or "ring" (or any registered one).
     """
     t = resolve(transport, group, "topk_allreduce")
-    with refused_together(t):  # a rank's argument error fails every rank at once
-        e = _entries("topk_allreduce", values, indices, numel)
-        numel = int(numel)  # as _count's k: a numpy integer's products wrap
-        # as given: duplicates summed must not lower it
-        k = _count(e, len(values) if k is None else k)
+    # in turn before the checks: they read the indices, which a call issued before this one
+    # (async) may still be writing
     with in_turn(t.group):
+        with refused_together(t):  # a rank's argument error fails every rank at once
+            e = _entries("topk_allreduce", values, indices, numel)
+            numel = int(numel)  # as _count's k: a numpy integer's products wrap
+            # as given: duplicates summed must not lower it
+            k = _count(e, len(values) if k is None else k)
         _agree(t, "topk_allreduce", "topk", _shown("topk", algo, t.world_size), numel,
                values.dtype, k)
         return _run(topk_plan(e, k, numel, t.rank, t.world_size, algo), t, "topk")
@@ -390,26 +392,27 @@ def gtopk_allreduce(values: torch.Tensor, indices: torch.Tensor, numel: int,
     tree, ``algo="tree"``: 2⌈lg P⌉α + 4k⌈lg P⌉β). What a merge on this rank keeps of its drops
     is added to ``residual`` (dense, numel elements, values' dtype) in place."""
     t = resolve(transport, group, "gtopk_allreduce")
-    with refused_together(t):  # a rank's argument error fails every rank at once
-        e = _entries("gtopk_allreduce", values, indices, numel)
-        # checked here, not first after the exchange began on the others
-        gtopk_algo(algo, "gtopk_allreduce")
-        numel = int(numel)  # as _count's k: a numpy integer's products wrap
-        # as given: duplicates summed must not lower it
-        k = _count(e, len(values) if k is None else k)
-        # checked before the exchange: a merge writes the residual only after it, when a rank
-        # that failed then would have lost the entries it dropped
-        if (not isinstance(residual, torch.Tensor) or residual.shape != (numel,)
-                or residual.dtype != values.dtype or residual.device != values.device):
-            got = (f"{tuple(residual.shape)} {residual.dtype} on {residual.device}"
-                   if isinstance(residual, torch.Tensor) else type(residual).__name__)
-            raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) {values.dtype} "
-                                f"on {values.device}, got {got}")
-        if residual.numel() > 1 and residual.stride(0) == 0:
-            raise GradwireError("gtopk_allreduce: residual is written in place, so its "
-                                "elements must not share memory (stride 0: an expand()ed "
-                                "tensor); pass residual.clone()")
+    # in turn before the checks, as topk_allreduce's
     with in_turn(t.group):
+        with refused_together(t):  # a rank's argument error fails every rank at once
+            e = _entries("gtopk_allreduce", values, indices, numel)
+            # checked here, not first after the exchange began on the others
+            gtopk_algo(algo, "gtopk_allreduce")
+            numel = int(numel)  # as _count's k: a numpy integer's products wrap
+            # as given: duplicates summed must not lower it
+            k = _count(e, len(values) if k is None else k)
+            # checked before the exchange: a merge writes the residual only after it, when a
+            # rank that failed then would have lost the entries it dropped
+            if (not isinstance(residual, torch.Tensor) or residual.shape != (numel,)
+                    or residual.dtype != values.dtype or residual.device != values.device):
+                got = (f"{tuple(residual.shape)} {residual.dtype} on {residual.device}"
+                       if isinstance(residual, torch.Tensor) else type(residual).__name__)
+                raise GradwireError(f"gtopk_allreduce: residual must be ({numel},) "
+                                    f"{values.dtype} on {values.device}, got {got}")
+            if residual.numel() > 1 and residual.stride(0) == 0:
+                raise GradwireError("gtopk_allreduce: residual is written in place, so its "
+                                    "elements must not share memory (stride 0: an expand()ed "
+                                    "tensor); pass residual.clone()")
         _agree(t, "gtopk_allreduce", "gtopk", _shown("gtopk", algo, t.world_size), numel,
                values.dtype, k)
         # written as data after the exchange (as sparse_allreduce's): in place on a residual
