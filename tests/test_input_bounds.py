@@ -55,6 +55,20 @@ def test_cluster_terms_past_any_cluster_are_one_line(monkeypatch, capsys, tmp_pa
     one_line_error(monkeypatch, capsys, [command, *PERF, option, over], message)
 
 
+@pytest.mark.parametrize("command", ["whatif", "advise"])
+def test_a_value_just_past_a_bound_does_not_read_as_the_bound(monkeypatch, capsys, command):
+    """1000001 was shown as 1e+06, the bound itself: "must be at most 1e+06 ..., got 1e+06"."""
+    one_line_error(monkeypatch, capsys, [command, *PERF, "--alpha-us", "1000001"],
+                   "--alpha-us must be at most 1e+06 (1 s per step: slower than any network), "
+                   "got 1000001.0")
+
+
+def test_sim_cluster_shows_a_value_just_past_its_bound_in_full():
+    with pytest.raises(GradwireError, match=r"^alpha must be at most 1e\+06 seconds, got "
+                                            r"1000000\.5$"):
+        SimCluster(2, 1e9, alpha=1000000.5)
+
+
 def test_a_compute_speedup_that_slows_compute_past_a_profiles_bound_is_one_line(monkeypatch,
                                                                                 capsys):
     one_line_error(monkeypatch, capsys,

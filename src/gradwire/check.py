@@ -116,6 +116,13 @@ def check_density(density: object, option: str = "--density") -> float:
     return check_fraction(option, density)
 
 
+def shown_number(value: float) -> str:
+    """``value`` short (``:g``) where that reads back as it, else in full: a value refused
+    just past a bound (1000001 against 1e+06) must not read as the bound."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
+
+
 def check_real(what: str, value: object, low: float = 0.0, *, above: bool = False,
                high: float = math.inf) -> float:
     """``value`` as a float if it is a finite real number ``>= low`` (``> low`` when

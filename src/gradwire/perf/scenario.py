@@ -22,6 +22,7 @@ from gradwire.check import (
     check_speedup,
     distinct,
     parse_numbers,
+    shown_number,
 )
 from gradwire.errors import GradwireError
 from gradwire.perf import advise as adv
@@ -115,9 +116,10 @@ def check_terms(s: Scenario) -> None:
             ("--overlap-slowdown", s.overlap_slowdown, 1.0, MAX_OVERLAP_SLOWDOWN,
              f"backward {MAX_OVERLAP_SLOWDOWN:g} times slower: more than any device")):
         if value is not None and value < low:
-            raise GradwireError(f"{option} must be >= {low:g}, got {value:g}")
+            raise GradwireError(f"{option} must be >= {low:g}, got {shown_number(value)}")
         if value is not None and value > high:
-            raise GradwireError(f"{option} must be at most {high:g} ({why}), got {value:g}")
+            raise GradwireError(f"{option} must be at most {high:g} ({why}), got "
+                                f"{shown_number(value)}")
 
 
 def check_speedups(prof: Profile, speedups: list[float]) -> None:

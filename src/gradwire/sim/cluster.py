@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradwire.check import MAX_GAMMA_NS, MAX_SECONDS, is_int, is_real
+from gradwire.check import MAX_GAMMA_NS, MAX_SECONDS, is_int, is_real, shown_number
 from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 from gradwire.sim.engine import Engine
@@ -88,11 +88,12 @@ class SimCluster:
         for name in ("latency", "alpha"):
             v = getattr(self, name)
             if v > MAX_SECONDS:
-                raise GradwireError(f"{name} must be at most {MAX_SECONDS:g} seconds, got {v:g}")
+                raise GradwireError(f"{name} must be at most {MAX_SECONDS:g} seconds, got "
+                                    f"{shown_number(v)}")
         # per byte, as whatif's --gamma-ns: 2**50 bytes at the bound stay finite seconds
         if self.gamma > MAX_GAMMA_NS * 1e-9:
             raise GradwireError(f"gamma must be at most {MAX_GAMMA_NS * 1e-9:g} seconds per "
-                                f"byte, got {self.gamma:g}")
+                                f"byte, got {shown_number(self.gamma)}")
 
     @property
     def bytes_per_s(self) -> float:
