@@ -249,10 +249,10 @@ def one_rank(tmp_path_factory):
 x8, x3 = torch.ones(8), torch.tensor([1.0, 2.0, 3.0])
 r8, r16 = torch.zeros(8), torch.zeros(16)
 API = [
-    (lambda: gc.all_reduce(torch.ones(3, dtype=torch.int32)), "has dtype torch.int32"),
+    (lambda: gc.all_reduce(torch.ones(3, dtype=torch.bool)), "has dtype torch.bool"),
     (lambda: gc.all_reduce([1.0, 2.0]), "tensor must be a torch.Tensor, got list"),
     (lambda: gc.all_reduce(torch.ones(4, 4).t()), "must be contiguous"),
-    (lambda: gc.all_reduce(x8, op="max"), "reduction op 'max' is not supported"),
+    (lambda: gc.all_reduce(x8, op="band"), "reduction op 'band' is not supported"),
     (lambda: gc.all_reduce(x8, algo="rnig"), "did you mean 'ring'"),
     (lambda: gc.broadcast(x8, src=5), "root must be a rank in 0..0, got 5"),
     (lambda: gc.broadcast(x8, src="0"), "root must be a rank in 0..0, got '0'"),

@@ -78,8 +78,10 @@ def test_reduce_ops_given_as_c10d_spells_them_are_taken(one_rank, op, want):
     out = torch.zeros(3)
     gc.reduce_scatter_tensor(out, torch.full((3,), 2.0), op=op)
     assert out.tolist() == [want] * 3
-    with pytest.raises(GradwireError, match="reduction op .*MAX.* is not supported"):
-        gc.all_reduce(x, op=dist.ReduceOp.MAX)
+    gc.all_reduce(x, op=dist.ReduceOp.MAX)
+    assert x.tolist() == [2.0] * 3
+    with pytest.raises(GradwireError, match="reduction op .*BAND.* is not supported"):
+        gc.all_reduce(x, op=dist.ReduceOp.BAND)
 
 
 # topk's default allgather, spelled out or not, is one call ----------------------------------

@@ -48,8 +48,8 @@ def _refusals(rank: int, seen: dict) -> None:
     t = Transport()  # every rank's first: the twin gloo group is made here, all ranks present
     cases = {
         "dtype": lambda: reduced(lambda x: gc.all_reduce(x, transport=t),
-                                 torch.ones(6, dtype=torch.int64 if rank == 1 else torch.float32)),
-        "op": lambda: reduced(lambda x: gc.all_reduce(x, op="max" if rank == 2 else "sum"), ones),
+                                 torch.ones(6, dtype=torch.bool if rank == 1 else torch.float32)),
+        "op": lambda: reduced(lambda x: gc.all_reduce(x, op="band" if rank == 2 else "sum"), ones),
         "size": lambda: reduced(lambda x: gc.all_gather_into_tensor(
             x, torch.ones(2)), torch.zeros(5 if rank == 0 else 6)),
         "strided": lambda: reduced(lambda x: gc.reduce_scatter_tensor(
@@ -58,14 +58,14 @@ def _refusals(rank: int, seen: dict) -> None:
                                 ones.clone()),
         "device": lambda: reduced(gc.all_reduce,
                                   torch.ones(6, device="meta" if rank == 1 else "cpu")),
-        "async": lambda: (gc.all_reduce(torch.ones(6, dtype=torch.int64)) if rank == 1
+        "async": lambda: (gc.all_reduce(torch.ones(6, dtype=torch.bool)) if rank == 1
                           else gc.all_reduce(torch.ones(6), async_op=True).wait()),
         "sparse": lambda: sparse_allreduce(torch.ones(6), torch.zeros(6), 0 if rank == 1 else 2,
                                            transport=t).tolist(),
         "gtopk": lambda: gtopk_allreduce(torch.ones(2), torch.tensor([0, 1 if rank else 7]), 6,
                                          torch.zeros(6), transport=t).indices.tolist(),
-        "two": lambda: reduced(lambda x: gc.all_reduce(x, op="max" if rank == 0 else "sum"),
-                               torch.ones(6, dtype=torch.int64 if rank == 2 else torch.float32)),
+        "two": lambda: reduced(lambda x: gc.all_reduce(x, op="band" if rank == 0 else "sum"),
+                               torch.ones(6, dtype=torch.bool if rank == 2 else torch.float32)),
     }
     for name, fn in cases.items():
         t.reset_counters()
@@ -149,13 +149,13 @@ def world(tmp_path_factory) -> list[dict]:
 # --- an argument one rank refuses fails every rank at once ---------------------------------------
 
 REFUSED = {  # case: (the refusing rank, the call as its peers name it, its reason)
-    "dtype": (1, "allreduce/ring", "tensor has dtype torch.int64: expected one of"),
-    "op": (2, "allreduce/ring", "reduction op 'max' is not supported"),
+    "dtype": (1, "allreduce/ring", "tensor has dtype torch.bool: expected one of"),
+    "op": (2, "allreduce/ring", "reduction op 'band' is not supported"),
     "size": (0, "allgather/ring", "output must have world_size × input = 3 × 2 elements"),
     "strided": (1, "reducescatter/ring", "input must be contiguous"),
     "algo": (2, "broadcast/binomial", "unknown broadcast algorithm 'nope'"),
     "device": (1, "allreduce/ring", "gloo sends cpu tensors, got one on meta"),
-    "async": (1, "allreduce/ring", "tensor has dtype torch.int64"),
+    "async": (1, "allreduce/ring", "tensor has dtype torch.bool"),
     "sparse": (1, "sparse_allreduce/gtopk", "sparse_allreduce: k must be an integer >= 1"),
     "gtopk": (0, "gtopk_allreduce/gtopk", "gtopk_allreduce: indices must lie in [0, 6), got 0..7"),
 }
@@ -184,8 +184,8 @@ def test_an_argument_one_rank_refuses_fails_every_rank_at_once_naming_it(world, 
 def test_ranks_refusing_for_different_reasons_are_each_named(world):
     said = world[1]["two"]["message"]
     assert said.startswith("rank 1: no rank runs allreduce/ring: rank 0 refused it: reduction "
-                           "op 'max' is not supported")
-    assert "; rank 2 refused it: tensor has dtype torch.int64" in said
+                           "op 'band' is not supported")
+    assert "; rank 2 refused it: tensor has dtype torch.bool" in said
     for rank in (0, 2):
         assert world[rank]["two"]["error"] == "GradwireError"
     for seen in world:

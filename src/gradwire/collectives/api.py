@@ -29,15 +29,36 @@ import torch.distributed as dist
 
 from gradwire.check import is_int, is_real
 from gradwire.collectives.agree import agree, refuse
-from gradwire.collectives.executor import execute
+from gradwire.collectives.executor import Combine, execute
 from gradwire.collectives.pool import BufferPool
 from gradwire.errors import GradwireError, PeerError
 from gradwire.schedules import registry
 from gradwire.transport import Transport, as_wire, is_default_group, resolve
 
-# what a reduction sums in; int8 wraps on overflow, which its one user (the int8 method of
-# gradwire.catalogue) rules out by the levels it sends
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8)
+# what a reduction combines in: the floats and the integers, which wrap on overflow as c10d's
+# do (the int8 method of gradwire.catalogue rules that out by the levels it sends)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8, torch.int8,
+          torch.int16, torch.int32, torch.int64)
+
+
+def _max(into: torch.Tensor, received: torch.Tensor) -> None:
+    torch.maximum(into, received, out=into)
+
+
+def _min(into: torch.Tensor, received: torch.Tensor) -> None:
+    torch.minimum(into, received, out=into)
+
+
+def _product(into: torch.Tensor, received: torch.Tensor) -> None:
+    into.mul_(received)
+
+
+# A reduction's schedule combines what it receives with its "sum" op; the other ops replace
+# that combine (each is associative and commutative, which is all a schedule's order assumes)
+COMBINES: dict[str, dict[str, Combine]] = {"max": {"sum": _max}, "min": {"sum": _min},
+                                           "product": {"sum": _product}}
+OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.MAX: "max",
+       dist.ReduceOp.MIN: "min", dist.ReduceOp.PRODUCT: "product"}
 
 
 class _Turns:
@@ -155,21 +176,34 @@ def _root(t: Transport, rank: object, what: str) -> object:
 
 
 class Handle:
-    """What ``async_op=True`` returns: ``wait()`` blocks until done and re-raises errors."""
+    """What ``async_op=True`` returns, as c10d's ``Work``: ``wait()`` blocks until done and
+    re-raises errors, ``is_completed()``, and ``get_future()``, a ``torch.futures.Future``
+    whose value is ``[tensor]``, the tensor the call writes (what a DDP communication hook
+    returns), or whose ``wait()`` raises the call's error."""
 
-    def __init__(self, fn: Callable[[], None]) -> None:
+    def __init__(self, fn: Callable[[], None], result: torch.Tensor) -> None:
         self._error: BaseException | None = None
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._result = result
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self._thread.start()
 
     def _run(self, fn: Callable[[], None]) -> None:
         try:
             fn()
-        except BaseException as e:  # handed to wait()
+        except BaseException as e:  # handed to wait() and to the future
             self._error = e
+            self._future.set_exception(e)
+        else:
+            self._future.set_result([self._result])
+        self._result = None  # the future holds it
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
 
     def is_completed(self) -> bool:
-        return not self._thread.is_alive()
+        # done once the future is: its waiters may look before the thread has exited
+        return self._future.done()
 
     def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
         if isinstance(timeout, datetime.timedelta):  # as c10d's Work.wait takes it
@@ -180,7 +214,7 @@ class Handle:
         self._thread.join(timeout)
         if self._error is not None:
             raise self._error
-        return not self._thread.is_alive()
+        return self._future.done()
 
 
 def _op(op: object, buf: torch.Tensor) -> str:
@@ -188,12 +222,13 @@ def _op(op: object, buf: torch.Tensor) -> str:
     # (dist.ReduceOp.SUM, c10d's usual spelling) passes isinstance too, and has no .op.
     if isinstance(op, dist.ReduceOp):
         op = getattr(op, "op", op)
-    names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", "sum": "sum", "avg": "avg"}
+    names = {**OPS, **{name: name for name in OPS.values()}}
     try:
         how = names[op]  # type: ignore[index]
     except (KeyError, TypeError):
-        raise GradwireError(f"reduction op {op!r} is not supported: expected 'sum' or 'avg' "
-                            "(or dist.ReduceOp.SUM / AVG)") from None
+        raise GradwireError(f"reduction op {op!r} is not supported: expected 'sum', 'avg', "
+                            "'max', 'min' or 'product' (or dist.ReduceOp.SUM, AVG, MAX, MIN, "
+                            "PRODUCT)") from None
     if how == "avg" and not buf.is_floating_point():
         raise GradwireError(f"op 'avg' needs a float tensor, got {buf.dtype}: sum it and "
                             "divide")
@@ -318,6 +353,7 @@ def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Tr
             ("dtype", buf.dtype), ("root", root), ("params", shown)]
 
     p = t.world_size
+    combine = COMBINES.get(op or "sum")
 
     def agreed() -> bool:
         """Agree on the call; whether to divide by P before the sum (an average at risk)."""
@@ -332,7 +368,7 @@ def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Tr
             before()
         if first:
             buf.div_(p)
-        execute(s, buf, t)
+        execute(s, buf, t, combine=combine)
         if op == "avg" and not first and mean is not None:
             buf[mean[0] : mean[1]].div_(p)
         if after is not None:
@@ -343,7 +379,7 @@ def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Tr
             if agreed():  # the input, divided, is the work buffer's start: run in place
                 execute(s, torch.div(buf, p, out=work), t)
             else:
-                unwritten = execute(s, work, t, source=buf)
+                unwritten = execute(s, work, t, combine=combine, source=buf)
                 for a, b in unwritten.within(lo, hi):  # type: ignore[union-attr]
                     work[a:b].copy_(buf[a:b])  # nothing arrived for it (P = 1)
                 if op == "avg" and mean is not None:
@@ -354,10 +390,11 @@ def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Tr
     return in_place if whole is None else functools.partial(out_of_place, *whole)
 
 
-def _issue(t: Transport, body: Callable[[], None], async_op: bool,
-           written: torch.Tensor) -> Handle | None:
+def _issue(t: Transport, body: Callable[[], None], async_op: bool, written: torch.Tensor,
+           result: torch.Tensor) -> Handle | None:
     """Run ``body`` in its turn among ``t``'s group's calls: now, or on a helper thread.
-    ``written``: the tensor the call writes."""
+    ``written``: the (flat) tensor the call writes; ``result``: the caller's, which the
+    handle's future holds."""
     turns = _turns(t.group)
     ticket = turns.take()
     # inference mode is the calling thread's: the helper thread writes the caller's tensors
@@ -375,7 +412,7 @@ def _issue(t: Transport, body: Callable[[], None], async_op: bool,
             go()
 
     if async_op:
-        return Handle(go_in_mode)
+        return Handle(go_in_mode, result)
     (go_in_mode if inference else go)()
     return None
 
@@ -383,7 +420,8 @@ def _issue(t: Transport, body: Callable[[], None], async_op: bool,
 def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGroup | None = None,
                async_op: bool = False, algo: str | None = None,
                transport: Transport | None = None, **params: object) -> Handle | None:
-    """Every rank ends with the sum (or average) of ``tensor`` over ranks, in place."""
+    """Every rank ends with the reduction of ``tensor`` over ranks, in place: ``op`` "sum",
+    "avg", "max", "min" or "product" (or the ``dist.ReduceOp``)."""
     if _outside(group):
         return None
     t = resolve(transport, group, "all_reduce")
@@ -392,14 +430,15 @@ def all_reduce(tensor: torch.Tensor, op: object = "sum", group: dist.ProcessGrou
         how = _op(op, buf)
         body = _body("allreduce", algo, buf, 0, t, async_op, None, params, op=how,
                      mean=(0, buf.numel()))
-    return _issue(t, body, async_op, buf)
+    return _issue(t, body, async_op, buf, tensor)
 
 
 def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
            group: dist.ProcessGroup | None = None, async_op: bool = False,
            algo: str | None = None, transport: Transport | None = None,
            **params: object) -> Handle | None:
-    """Rank ``dst`` ends with the sum (or average); other ranks' buffers are scratch."""
+    """Rank ``dst`` ends with the reduction (``op`` as :func:`all_reduce`'s); other ranks'
+    buffers are scratch."""
     if _outside(group):
         return None
     t = resolve(transport, group, "reduce")
@@ -409,7 +448,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: object = "sum",
         dst = _root(t, dst, "dst")  # type: ignore[assignment]
         body = _body("reduce", algo, buf, dst, t, async_op, None, params, op=how,
                      mean=(0, buf.numel()) if t.rank == dst else None)
-    return _issue(t, body, async_op, buf)
+    return _issue(t, body, async_op, buf, tensor)
 
 
 def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None,
@@ -423,7 +462,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group: dist.ProcessGroup | Non
         buf = _flat(tensor, "tensor", moved_only=True)
         body = _body("broadcast", algo, buf, _root(t, src, "src"), t,  # type: ignore[arg-type]
                      async_op, None, params)
-    return _issue(t, body, async_op, buf)
+    return _issue(t, body, async_op, buf, tensor)
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
@@ -447,16 +486,16 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
         partly = _overlap_in_part(mine, inp)
         body = _body("allgather", algo, out, 0, t, async_op, None, params,
                      before=lambda: mine.copy_(inp.clone() if partly else inp))
-    return _issue(t, body, async_op, out)
+    return _issue(t, body, async_op, out, output)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object = "sum",
                           group: dist.ProcessGroup | None = None, async_op: bool = False,
                           algo: str | None = None, transport: Transport | None = None,
                           **params: object) -> Handle | None:
-    """``output`` ends with this rank's block of the sum of every rank's ``input``, which is
-    left as it was. The sum is formed out of place (no copy of the input) in a work buffer
-    that WORK_BUFFERS lends for the call."""
+    """``output`` ends with this rank's block of the reduction (``op`` as :func:`all_reduce`'s)
+    of every rank's ``input``, which is left as it was. The reduction is formed out of place
+    (no copy of the input) in a work buffer that WORK_BUFFERS lends for the call."""
     if _outside(group):
         return None
     t = resolve(transport, group, "reduce_scatter_tensor")
@@ -475,4 +514,4 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: object 
 
         body = _body("reducescatter", algo, inp, 0, t, async_op, after, params,
                      whole=mine, op=how, mean=mine)
-    return _issue(t, body, async_op, out)
+    return _issue(t, body, async_op, out, output)
