@@ -200,7 +200,9 @@ def test_averaging_is_predicted_as_one_more_pass():
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--op", "max"], "--op 'max' is not supported: expected sum or avg"),
+    (["--op", "band"], "--op 'band' is not supported: expected sum, avg, max, min or prod"),
+    (["--op", "max", "--collective", "allgather"],
+     "--op max applies to allreduce, reduce, reducescatter: allgather does not reduce"),
     (["--op", "avg", "--collective", "broadcast"],
      "--op avg applies to allreduce, reduce, reducescatter: broadcast does not reduce"),
     (["--device", "tpu"], "--device 'tpu' is not supported: expected cpu or cuda"),
@@ -268,14 +270,18 @@ def test_bench_fails_when_a_result_is_wrong_and_keeps_the_rows(tmp_path, monkeyp
 @pytest.mark.parametrize("collective", ["allreduce", "reduce", "reducescatter"])
 @pytest.mark.parametrize("p", [22, 23, 45, 66])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
 def test_bench_checks_large_worlds_in_half_precision_without_rounding(collective, p, dtype, op):
     """A correct algorithm has no wrong element at any P a cluster may have, in every dtype,
     whatever order it adds in: every algorithm of the collective run on every rank's buffers
-    (in one process), against what the rank side expects."""
+    (in one process), against what the rank side expects (max, min and prod expected only the
+    sum and the average before)."""
     from gradwire.bench.rank import _buffers
+    from gradwire.collectives.api import COMBINES
     from gradwire.collectives.local import execute_local
     from gradwire.schedules import registry
+
+    combine = COMBINES.get("product" if op == "prod" else op)
 
     count = 2 * p
     for algo in (a.name for a in registry.ALGORITHMS if a.collective == collective):
@@ -283,7 +289,8 @@ def test_bench_checks_large_worlds_in_half_precision_without_rounding(collective
         for _, _, reset, _ in made:
             reset()
         bufs = [inp.clone() for inp, _, _, _ in made]
-        execute_local(registry.schedule(collective, algo, p, count), bufs)
+        execute_local(registry.schedule(collective, algo, p, count), bufs,
+                      combine and [combine] * p)
         for r, (_, _, _, want) in enumerate(made):
             if want is None:
                 continue

@@ -11,16 +11,18 @@ single call after a barrier swung both ways around them at 1 MiB, run to run). W
 ``--interleave`` the algorithms of a size take turns, one timed run each per round, instead
 of running one after another.
 Element i of rank r's input is (r+1)·w_i before every timed run and before one last untimed
-call, whose output is checked: the sum over P ranks is P(P+1)/2·w_i and the average
-(P+1)/2·w_i, and ``wrong`` counts the elements that differ on any rank. The weights w_i are 1,
-2, 4 or 8 at random, the same on every rank, so that an element or a block that lands in the
-wrong place is wrong too (with inputs equal at every position, a reduce-scatter that hands a
-rank another rank's block, or a ring step that writes a chunk at another chunk's offset, would
-pass); powers of two scale every partial sum exactly. A reduction's inputs are w_i instead
-(the sum P·w_i, the average w_i) where P(P+1)/2 is past the integers the dtype holds exactly
-(from P = 23 in bfloat16, 64 in float16), so that no algorithm's order of adding rounds. (The
-timed calls of a batch reduce what the one before left; values that grow to inf cost the
-same.)
+call, whose output is checked: the sum over P ranks is P(P+1)/2·w_i, the average (P+1)/2·w_i,
+the max P·w_i and the min w_i, and ``wrong`` counts the elements that differ on any rank. The
+weights w_i are 1, 2, 4 or 8 at random, the same on every rank, so that an element or a block
+that lands in the wrong place is wrong too (with inputs equal at every position, a
+reduce-scatter that hands a rank another rank's block, or a ring step that writes a chunk at
+another chunk's offset, would pass); powers of two scale every partial sum exactly. For ``--op
+prod`` element i of rank r is w_i where r = i mod P and 1 elsewhere, so that the product, w_i,
+is exact in every dtype and an element that misses its rank's part reads 1. A reduction's
+inputs are w_i instead (the sum P·w_i, the average w_i) where P(P+1)/2 is past the integers the
+dtype holds exactly (from P = 23 in bfloat16, 64 in float16), so that no algorithm's order of
+adding rounds. (The timed calls of a batch reduce what the one before left; values that grow to
+inf cost the same.)
 
 ``--device cuda``: the buffers live on this rank's GPU (LOCAL_RANK) and the process group is
 NCCL's, the built-in row included; a timed call ends when the GPU has finished it.
@@ -50,6 +52,9 @@ from gradwire.rendezvous import JOIN_S, join_world
 from gradwire.schedules import registry
 from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_device
 
+# the built-in row's op for --op; avg is its sum, then a division (module docstring)
+C10D_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
 
@@ -82,8 +87,17 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
     distinct = p * (p + 1) / 2 <= 2 / torch.finfo(dtype).eps or collective in (
         "allgather", "broadcast")
     mine = rank + 1.0 if distinct else 1.0
-    total = (p * (p + 1) / 2 if distinct else p) / (p if op == "avg" else 1)
+    total = {"sum": p * (p + 1) / 2 if distinct else p, "avg": (p + 1) / 2 if distinct else 1,
+             "max": p if distinct else 1, "min": 1, "prod": 1}[op]
     w = _weights(count, device)
+
+    def fill(x: torch.Tensor) -> torch.Tensor:  # this rank's input, into x
+        if op != "prod":
+            return x.copy_(w).mul_(mine)
+        x.fill_(1)
+        x[rank::p] = w[rank::p]
+        return x
+
     if collective in ("allgather", "reducescatter"):
         per = count // p
         if collective == "allgather":
@@ -93,7 +107,7 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
             inp, out = want[rank * per : (rank + 1) * per].clone(), torch.zeros(count, **new)
         else:
             want = w[rank * per : (rank + 1) * per].to(dtype).mul_(total)
-            inp, out = w.to(dtype).mul_(mine), torch.zeros(per, **new)
+            inp, out = fill(torch.empty(count, **new)), torch.zeros(per, **new)
         # the output starts as NaN before every call: a part an algorithm never writes counts
         # as wrong (and is not left over from another algorithm's call, with --interleave)
         return inp, out, (lambda: out.fill_(float("nan"))), want
@@ -102,21 +116,22 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
         want = w.to(dtype)
         return buf, buf, (lambda: buf.copy_(want).mul_(mine)), want
     want = w.to(dtype).mul_(total)  # reduce: the root's; the others' buffers are scratch
-    return buf, buf, (lambda: buf.copy_(w).mul_(mine)), (
+    return buf, buf, (lambda: fill(buf)), (
         want if collective == "allreduce" or rank == 0 else None)
 
 
 def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
           t: Transport, params: dict, op: str = "sum") -> Callable[[], None]:
     if algo == BUILTIN:
+        red = C10D_OPS[op]
         run = {
-            "allreduce": lambda: dist.all_reduce(inp),
+            "allreduce": lambda: dist.all_reduce(inp, op=red),
             "broadcast": lambda: dist.broadcast(inp, 0),
-            "reduce": lambda: dist.reduce(inp, 0),
+            "reduce": lambda: dist.reduce(inp, 0, op=red),
             "allgather": lambda: ALL_GATHER(out, inp),
-            "reducescatter": lambda: REDUCE_SCATTER(out, inp),
+            "reducescatter": lambda: REDUCE_SCATTER(out, inp, op=red),
         }[collective]
-        if op == "sum":
+        if op != "avg":
             return run
         p, rank = dist.get_world_size(), dist.get_rank()
 
@@ -125,6 +140,7 @@ def _call(collective: str, algo: str, inp: torch.Tensor, out: torch.Tensor,
             if collective != "reduce" or rank == 0:
                 out.div_(p)
         return averaged
+    op = "product" if op == "prod" else op
     return {
         "allreduce": lambda: gc.all_reduce(inp, op=op, algo=algo, transport=t, **params),
         "broadcast": lambda: gc.broadcast(inp, 0, algo=algo, transport=t, **params),

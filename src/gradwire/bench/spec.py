@@ -17,7 +17,7 @@ from gradwire.sizes import format_size
 
 BUILTIN = "builtin"
 REDUCING = ("allreduce", "reduce", "reducescatter")  # the collectives --op applies to
-OPS = ("sum", "avg")
+OPS = ("sum", "avg", "max", "min", "prod")  # --op, as nccl-tests' -o spells them
 DTYPES = ("float32", "float16", "bfloat16", "float64")  # --dtype: what gradwire.bench.rank runs
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 # Bytes the ranks of one run hold per byte of --sizes, all of them on this machine: each rank
@@ -43,9 +43,10 @@ def measured_sizes(sizes: list[int], dtype: str, p: int, collective: str) -> lis
 
 
 def check_op(collective: str, op: str) -> None:
-    """``--op``: sum or avg, and avg only where the collective reduces."""
+    """``--op``: one of ``OPS``, and other than sum only where the collective reduces."""
     if op not in OPS:
-        raise GradwireError(f"--op {op!r} is not supported: expected sum or avg")
+        raise GradwireError(f"--op {op!r} is not supported: expected sum, avg, max, min or "
+                            "prod")
     if op != "sum" and collective not in REDUCING:
         raise GradwireError(f"--op {op} applies to {', '.join(REDUCING)}: {collective} "
                             "does not reduce")

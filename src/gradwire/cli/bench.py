@@ -84,7 +84,8 @@ def bench(
     cluster: ClusterName = None,
     dtype: Annotated[str, typer.Option(help="float32, float16, bfloat16 or float64")] = "float32",
     op: Annotated[str, typer.Option(help="reduction of allreduce, reduce and reducescatter: "
-                                    "sum or avg (the sum, then one division by the ranks)")]
+                                    "sum, avg (the sum, then one division by the ranks), max, "
+                                    "min or prod")]
     = "sum",
     iters: Annotated[int, typer.Option(min=1, help="timed runs per size and algorithm; a "
                                        "row reports their median")] = 5,

@@ -330,9 +330,10 @@ def _body(collective: str, algo: str | None, buf: torch.Tensor, root: int, t: Tr
     and the work buffer goes back to the pool if the call ends well (one that failed may have
     left receives posted into it).
 
-    ``op``: a reduction's op ("sum", "avg"), named in the header beside the parameters: ranks
-    that reduce with different ops exchange the same messages, and would end with different
-    results (the sum on some, the average on others) instead of failing.
+    ``op``: a reduction's op ("sum", "avg", "max", "min", "product"), named in the header
+    beside the parameters: ranks that reduce with different ops exchange the same messages,
+    and would end with different results (the sum on some, the max on others) instead of
+    failing.
 
     ``op="avg"``: the sum is divided by P in ``[mean]`` (start, stop) of the result, before
     ``after`` runs (None: this rank's result is scratch, a reduce's non-root). Where a rank's
