@@ -116,10 +116,23 @@ def _parse(label: str) -> Mechanism:
     bucket = _bucket(label, params)
     comp = params.pop("compress", None)
     # CollectiveOptions checks the rest now (parse names the mechanism in its errors)
-    opts2 = (CollectiveOptions(algo, bucket, None, {}, params) if comp is None
-             else CollectiveOptions(algo, bucket, comp, params))
+    with _also_takes("bucket= and compress="):
+        opts2 = (CollectiveOptions(algo, bucket, None, {}, params) if comp is None
+                 else CollectiveOptions(algo, bucket, comp, params))
     return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec), opts2,
                      lambda t, c, rec: check_collective(t, c, opts2, rec))
+
+
+@contextlib.contextmanager
+def _also_takes(options: str) -> Iterator[None]:
+    """A schedule parameter the algorithm lacks: its error lists the schedule's parameters
+    only, and the mechanism takes ``options`` besides them."""
+    try:
+        yield
+    except GradwireError as e:
+        if " has no parameter " not in str(e):
+            raise
+        raise GradwireError(f"{e}; the mechanism also takes {options}") from None
 
 
 def _bucket(label: str, params: dict) -> int:
@@ -134,7 +147,8 @@ def _ring_multicast(label: str, params: dict) -> Mechanism:
     if "compress" in params:
         raise GradwireError(f"mechanism {label!r}: ring+multicast takes no compressor "
                             "(bucket= and pipeline= only)")
-    opts = CollectiveOptions("ring", bucket, None, {}, params, multicast=True)  # checks them
+    with _also_takes("bucket="):
+        opts = CollectiveOptions("ring", bucket, None, {}, params, multicast=True)  # checks
     return Mechanism(label, lambda t, c, rec: simulate_ring_multicast(t, c, opts, label, rec),
                      opts, lambda t, c, rec: check_collective(t, c, opts, rec))
 
