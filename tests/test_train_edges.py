@@ -74,3 +74,23 @@ def test_a_diverged_run_is_reported_not_a_traceback(tmp_path):
     row = console.export_text().splitlines()[-2].split()
     assert row[-4:] == ["nan", "nan", "10.0", "%"], row
     assert plot_curves([result], tmp_path / "c.png", "diverged").stat().st_size > 0
+
+
+def test_the_speed_up_column_shows_only_beside_another_method():
+    """A run of one method showed "speed-up 1.00×", its speed over itself."""
+    from rich.console import Console
+
+    from gradwire.report import results_table
+
+    row = {"agg": "dense", "samples_per_s": 100.0, "wall_s": 3.0, "loss": [2.0],
+           "seconds_per_iter": dict.fromkeys(("compute", "compress", "communicate", "step"),
+                                             0.01),
+           "wire_tx_bytes_per_iter_per_rank": 1e6, "payload_bytes_per_iter_per_rank": 1e6,
+           "test_accuracy": [0.5]}
+    shown = []
+    for rows in ([row], [row, {**row, "agg": "fp16", "samples_per_s": 250.0}]):
+        console = Console(record=True, width=160)
+        console.print(results_table(rows, "t"))
+        shown.append(console.export_text())
+    assert "speed-up" not in shown[0] and "1.00×" not in shown[0]
+    assert "speed-up" in shown[1] and "2.50×" in shown[1]

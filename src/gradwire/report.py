@@ -64,15 +64,18 @@ def _curve(xs: Sequence[float | None]) -> list[float]:
 
 
 def results_table(results: Sequence[dict], title: str) -> Table:
-    """samples/s (and the speed-up over the first row), bytes per iteration on the wire and as
+    """samples/s (and the speed-up over the first row, where there are others), bytes per
+    iteration on the wire and as
     payload, the per-iteration time breakdown, the training time, and the final training loss
     and test accuracy (and perplexity, for text)."""
     text = any(r.get("data") == "text" for r in results)
     # no column rules, one space between columns, headers on two lines where they have a unit:
     # 13 columns fit 120 with no header or figure cut
     table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    cols = ["method", "samples/s", "speed-up", "wire\nMB/iter", "payload\nMB/iter",
-            "compute\nms", "compress\nms", "comm\nms", "step\nms", "wall\ns", "train\nloss",
+    several = len(results) > 1  # one row's speed-up over itself says nothing
+    cols = ["method", "samples/s", *(["speed-up"] if several else []), "wire\nMB/iter",
+            "payload\nMB/iter", "compute\nms", "compress\nms", "comm\nms", "step\nms",
+            "wall\ns", "train\nloss",
             *(["test\nppl"] if text else []), "test\nacc"]
     for col in cols:
         table.add_column(col, justify="left" if col == "method" else "right",
@@ -82,7 +85,7 @@ def results_table(results: Sequence[dict], title: str) -> Table:
         s = r["seconds_per_iter"]
         ppl = [_fixed(r["test_loss"][-1], 3, perplexity)] if text else []
         table.add_row(method_label(r), f"{r['samples_per_s']:.0f}",
-                      f"{r['samples_per_s'] / base:.2f}×",
+                      *([f"{r['samples_per_s'] / base:.2f}×"] if several else []),
                       _mb(r["wire_tx_bytes_per_iter_per_rank"]),
                       _mb(r["payload_bytes_per_iter_per_rank"]),
                       *(f"{s[k] * 1e3:.1f}" for k in ("compute", "compress", "communicate",
