@@ -411,12 +411,12 @@ def test_collectives_refuses_a_calibration_that_would_orphan_kept_predictions(mo
 # "--out results/" (a folder, meant to hold the result) was Path("results"): the result went to
 # a file "results", or replaced one, after the whole run; an existing folder failed only there.
 @pytest.mark.parametrize("typed, says", [
-    ("x/", "--out 'x/' names a folder (it ends in /): give a file name, such as x/result.json"),
-    ("x/.", "--out 'x/.' names a folder (it ends in /.): give a file name, such as "
+    ("x/", "'x/' names a folder (it ends in /): give a file name, such as x/result.json"),
+    ("x/.", "'x/.' names a folder (it ends in /.): give a file name, such as "
             "x/result.json"),
-    ("f/", "--out 'f/' names a folder (it ends in /): give a file name, such as f/result.json"),
-    ("d", "--out 'd' is a directory: give a file name"),
-    ("d/", "--out 'd' is a directory: give a file name"),
+    ("f/", "'f/' names a folder (it ends in /): give a file name, such as f/result.json"),
+    ("d", "'d' is a directory: give a file name"),
+    ("d/", "'d' is a directory: give a file name"),
 ], ids=["x/", "x/.", "file/", "dir", "dir/"])
 def test_out_file_refuses_a_folder(monkeypatch, tmp_path, typed, says):
     import argparse
@@ -427,7 +427,7 @@ def test_out_file_refuses_a_folder(monkeypatch, tmp_path, typed, says):
     (tmp_path / "f").write_text("kept")  # a file "f": "f/" would have replaced it
     with pytest.raises(argparse.ArgumentTypeError) as e:
         out_file(typed)
-    assert str(e.value) == says
+    assert str(e.value) == says  # argparse names the option: "argument --out: --out 'd'" did
 
 
 @pytest.mark.parametrize("typed", ["r.json", "newdir/r.json", "d/r.json"])
@@ -485,7 +485,7 @@ def test_a_folder_given_as_out_is_refused_before_the_measurement(monkeypatch, ca
     with pytest.raises(SystemExit) as e:
         mod.main()
     text = one_line_error(capsys, e)
-    assert e.value.code == 2 and text.startswith(f"{name}.py: error: argument --out: --out ")
+    assert e.value.code == 2 and text.startswith(f"{name}.py: error: argument --out: '")
     assert (f"names a folder (it ends in {typed[3:]})" if typed else "is a directory") in text
     assert list(tmp_path.iterdir()) == []
 

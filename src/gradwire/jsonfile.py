@@ -222,14 +222,14 @@ def out_file(typed: str) -> Path:
     :func:`check_writable` is the whole check. A default that is already a Path is not
     passed through it."""
     p = Path(typed)
-    where = f"--out {str(p)!r}"
+    where = repr(str(p))  # argparse's line names the option: "argument --out: 'x' is ..."
     try:
         _check_file_name(typed, p, "--out")
         _check_not_a_directory(p, where)
     except OSError as e:  # a name too long: is_dir's own call failed
         raise argparse.ArgumentTypeError(f"{where}: {e.strerror or e}") from None
     except GradwireError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--out ")) from None
     return p
 
 
