@@ -279,6 +279,8 @@ API = [
     (lambda: gtopk_allreduce(x3, torch.tensor([0, 1, 2]), 10, torch.zeros(10, device="meta")),
      "residual must be (10,) torch.float32 on cpu, got (10,) torch.float32 on meta"),
     (lambda: sparse_allreduce(x8, r8, 2, out=r8), "out may be x, never the residual"),
+    (lambda: sparse_allreduce(torch.ones(8, device="meta"), torch.zeros(8, device="meta"), 2),
+     "gloo sends cpu tensors, got one on meta"),  # was: "residual ... shares its memory"
     (lambda: sparse_allreduce(x8, r16[:8], 2, out=r16[4:12]), "residual must be a tensor of"),
     (lambda: sparse_allreduce(x8, torch.zeros(8), 2, algo="ring"), "gtopk runs on the butterfly"),
     (lambda: gh.make("topkk"), "did you mean 'topk'"),

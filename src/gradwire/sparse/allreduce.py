@@ -630,6 +630,8 @@ def sparse_allreduce(x: torch.Tensor, residual: torch.Tensor, k: int, method: st
     """
     t = resolve(transport, group, "sparse_allreduce")
     with refused_together(t):  # a rank's argument error fails every rank at once
+        if isinstance(x, torch.Tensor):  # first: a meta tensor's memory seems to overlap all
+            t.check_device(x)
         check_args(x, residual, k, method, selector, algo, out, timings)
     k, n = int(k), x.numel()  # k: a numpy integer's products wrap (np.uint8(200) · 8 bytes)
     with in_turn(t.group):  # in issue order with the group's other calls, async ones too
