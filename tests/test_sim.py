@@ -500,6 +500,23 @@ def test_mechanism_names_and_options_are_checked():
             parse(bad)
 
 
+def test_cli_sweeps_and_tables_show_progress_when_piped(tmp_path):
+    """Piped or logged, a sweep or a paper's table ran silent until its result: the spinner
+    that shows progress on a terminal draws nothing there, and no stderr line stood in."""
+    path = tr.save(small_trace(6), tmp_path / "s.trace.jsonl")
+    sweep = gradwire_cli("simulate", "--trace", str(path), "--bandwidth", "10gbit",
+                         "--mechanism", "ps,ring", "--sweep", "workers=2,4")
+    table = gradwire_cli("simulate", "--trace", str(path), "--table", "4")
+    for r in (sweep, table):
+        assert r.returncode == 0, r.stderr
+    said = [line.split(" (")[0] for line in sweep.stderr.splitlines()
+            if line.startswith("gradwire simulate: ")]
+    assert said == [f"gradwire simulate: workers={w}: simulating {m}"
+                    for w in (2, 4) for m in ("ps", "ring")], sweep.stderr
+    said = [line for line in table.stderr.splitlines() if line.startswith("gradwire simulate: ")]
+    assert len(said) == 4 and all(": simulating " in line for line in said), table.stderr
+
+
 def test_cli_simulate_and_bad_trace(tmp_path):
     path = tr.save(small_trace(6), tmp_path / "s.trace.jsonl")
     out = tmp_path / "r.json"

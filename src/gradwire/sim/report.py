@@ -112,8 +112,11 @@ def paper_runs(number: int, cluster: SimCluster) -> list[tuple[SimCluster,
             for bw in spec.get("bandwidths", (cluster.bandwidth_bps,))]
 
 
-def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster) -> tuple[Table, list]:
-    """One of the paper's tables for ``traces``; rows are also returned as dicts (JSON)."""
+def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster,
+                on_start: Callable[[str], None] | None = None) -> tuple[Table, list]:
+    """One of the paper's tables for ``traces``; rows are also returned as dicts (JSON).
+    ``on_start`` as :func:`gradwire.sim.mechanisms.run`'s, with the model (and the rate, where
+    the table has several) prefixed."""
     spec = PAPER_TABLES[number]
     cols = spec["columns"]
     runs = paper_runs(number, cluster)
@@ -130,7 +133,10 @@ def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster) -> tu
     for t in traces:
         for cb, mechs in runs:
             bw = cb.bandwidth_bps
-            res = mechanisms.run(t, cb, mechs)
+            at = t.model + (f" at {bw / 1e9:g} Gbit/s" if len(bws) > 1 else "")
+            told = None if on_start is None else (
+                lambda text, at=at: on_start(f"{at}: {text}"))
+            res = mechanisms.run(t, cb, mechs, on_start=told)
             by = {r.mechanism: r for r in res}
             sp = speedups(res)
             cells = {k: (sp[v] if spec["speedup"] else by[v].iteration_s) for k, v in cols.items()}

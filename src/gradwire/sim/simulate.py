@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
+    from gradwire.jobs import _Quarters
     from gradwire.sim.cluster import SimCluster
     from gradwire.sim.mechanisms import Mechanism
     from gradwire.sim.trace import Trace
@@ -241,12 +242,15 @@ def run_simulation(s: Simulation, console: Console) -> dict:
     from gradwire.sim import report
 
     c, first = s.cluster, s.traces[0]
+    lines = plain_progress(console, "simulate")  # where no spinner shows, stderr lines do
     if s.table is not None:
-        t, rows = report.paper_table(s.table, s.traces, c)
+        with console.status("simulating") as status:
+            t, rows = report.paper_table(s.table, s.traces, c,
+                                         on_start=status.update if lines is None else lines.say)
         console.print(t)
         return {"rows": rows}
     if s.sweep is not None:
-        return {"rows": _sweep(first, c, s.mechanism, s.sweep, s.plot, console)}
+        return {"rows": _sweep(first, c, s.mechanism, s.sweep, s.plot, console, lines)}
     if s.emulate:
         from gradwire.sim import emulate as emu
 
@@ -257,7 +261,6 @@ def run_simulation(s: Simulation, console: Console) -> dict:
         console.print(report.validation_table(rows, f"{first.model}: {c.workers} workers, "
                                               f"{s.bandwidth} emulated, {c.servers} server(s)"))
         return {"calibration": cal, "rows": rows}
-    lines = plain_progress(console, "simulate")
     with console.status("simulating") as status:
         results = mech.run(first, c, mechanisms(s.mechanism), s.timeline is not None,
                            on_start=status.update if lines is None else lines.say)
@@ -270,14 +273,15 @@ def run_simulation(s: Simulation, console: Console) -> dict:
 
 
 def _sweep(trace: Trace, cluster: SimCluster, mechanism: str, sweep: str, plot: Path | None,
-           console: Console) -> list[dict]:
-    """Point 2 of :func:`run_simulation`: one line per value, then the plot."""
+           console: Console, lines: _Quarters | None) -> list[dict]:
+    """Point 2 of :func:`run_simulation`: one line per value, then the plot; progress on the
+    console's spinner, or as ``lines`` (:func:`gradwire.jobs.plain_progress`)."""
     from gradwire.sim import report
 
     axis, vals = parse_sweep(sweep, report.AXES)
     with console.status("simulating") as status:
         rows = report.sweep(trace, cluster, mechanisms(mechanism), axis, vals,
-                            on_start=status.update)
+                            on_start=status.update if lines is None else lines.say)
     for r in rows:
         # a rate as it was typed (1gbit), not bits/s (1e+09)
         value = format_bandwidth(r["value"]) if axis == "bandwidth" else f"{r['value']:g}"
