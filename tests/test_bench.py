@@ -300,6 +300,31 @@ def test_bench_checks_large_worlds_in_half_precision_without_rounding(collective
             assert torch.equal(got.to(dtype), want), (algo, r)
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "reduce", "reducescatter"])
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
+def test_a_reduction_that_combines_nothing_is_counted_wrong(collective, op):
+    """A reduction that combines nothing must leave a wrong element on a checked rank: with
+    rank r's input (r+1)·w, the root of a reduce (rank 0, the one rank checked) held the min,
+    w, before the call, and a reduce that combined nothing passed --op min."""
+    from gradwire.bench.rank import _buffers
+    from gradwire.collectives.local import execute_local
+    from gradwire.schedules import registry
+
+    p, count = 4, 8
+    ignore = {"sum": lambda into, received: None}  # every received part dropped
+    for algo in (a.name for a in registry.ALGORITHMS if a.collective == collective):
+        made = [_buffers(collective, count, p, r, torch.float32, op) for r in range(p)]
+        for _, _, reset, _ in made:
+            reset()
+        bufs = [inp.clone() for inp, _, _, _ in made]
+        execute_local(registry.schedule(collective, algo, p, count), bufs, [ignore] * p)
+        right = [torch.equal((bufs[r] if collective != "reducescatter"
+                              else bufs[r][r * 2 : (r + 1) * 2]) / (p if op == "avg" else 1),
+                             want)
+                 for r, (_, _, _, want) in enumerate(made) if want is not None]
+        assert not all(right), algo
+
+
 def test_bench_footer_follows_nccl_tests():
     from gradwire.bench.report import footer, wrong_rows
 

@@ -51,6 +51,11 @@ def _ops_rank(rank: int, world: int) -> dict:
             want_rs = fold(whole.double() if dtype.is_floating_point else whole, dim=0)
             got[f"reducescatter {dtype} {name}"] = torch.equal(
                 out, want_rs[3 * rank : 3 * rank + 3].to(dtype))
+    for name in ("max", "min"):  # a NaN anywhere is the result, whatever the order of combining
+        for algo in ALGOS:
+            x = torch.tensor([float("nan") if rank == i else 1.0 + rank for i in range(world)])
+            gc.all_reduce(x, op=name, algo=algo)
+            got[f"nan {name} {algo}"] = bool(x.isnan().all())
     try:  # ranks that reduce with different ops fail before any data moves
         gc.all_reduce(torch.ones(4), op="max" if rank == 0 else "sum", algo="ring")
     except MismatchError as e:
@@ -105,6 +110,9 @@ def test_a_handles_future_runs_a_ddp_communication_hook(tmp_path):
 
 
 def test_a_failed_calls_future_raises_its_error(one_rank, monkeypatch):
+    """A call that failed: its future raises its error, not waits for good; one stopped by a
+    SystemExit (which a future does not take) raises a RuntimeError that names it, and its
+    handle is completed."""
     from gradwire.collectives import api
 
     def broken(*args, **kwargs):
@@ -116,3 +124,15 @@ def test_a_failed_calls_future_raises_its_error(one_rank, monkeypatch):
         handle.get_future().wait()
     with pytest.raises(GradwireError, match="broken on purpose"):
         handle.wait()
+
+    def stopped(*args, **kwargs):
+        raise SystemExit(3)
+
+    monkeypatch.setattr(api, "execute", stopped)
+    handle = gc.all_reduce(torch.ones(3), algo="ring", async_op=True)
+    with pytest.raises(SystemExit):
+        handle.wait()
+    future = handle.get_future()
+    assert handle.is_completed() and future.done()
+    with pytest.raises(RuntimeError, match="the call stopped: SystemExit: 3"):
+        future.wait()

@@ -280,3 +280,16 @@ def test_model_mode_refuses_parameters_of_two_dtypes_when_registered(one_rank):
                                             r"'torch.float32'\]: use mode='bucket'"):
         gh.make("gtopk", mode="model").register(ddp)
     gh.make("gtopk", mode="bucket").register(ddp)
+
+
+def test_model_mode_takes_a_model_whose_other_dtype_ddp_ignores(one_rank):
+    """Parameters DDP is told to ignore are in no bucket: a bf16 one beside fp32 ones was
+    refused as two dtypes, though DDP hands the hook one fp32 tensor."""
+    net = _half_models()["mixed"]
+    DDP._set_params_and_buffers_to_ignore_for_model(net, ["3.weight", "3.bias"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ddp = DDP(net)
+    gh.make("gtopk", density=1.0, mode="model").register(ddp)
+    ddp(torch.randn(2, 16)).float().sum().backward()
+    assert net[0].weight.grad is not None and torch.isfinite(net[0].weight.grad).all()

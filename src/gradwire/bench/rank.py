@@ -10,7 +10,8 @@ faster than the rate; calls back to back, as training makes them, find their lin
 single call after a barrier swung both ways around them at 1 MiB, run to run). With
 ``--interleave`` the algorithms of a size take turns, one timed run each per round, instead
 of running one after another.
-Element i of rank r's input is (r+1)·w_i before every timed run and before one last untimed
+Element i of rank r's input is (r+1)·w_i (for ``--op min`` (P−r)·w_i, so that the root of a
+reduce, rank 0, does not start with the answer) before every timed run and before one last untimed
 call, whose output is checked: the sum over P ranks is P(P+1)/2·w_i, the average (P+1)/2·w_i,
 the max P·w_i and the min w_i, and ``wrong`` counts the elements that differ on any rank. The
 weights w_i are 1, 2, 4 or 8 at random, the same on every rank, so that an element or a block
@@ -86,7 +87,8 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
     # (2048 in float16) stays finite
     distinct = p * (p + 1) / 2 <= 2 / torch.finfo(dtype).eps or collective in (
         "allgather", "broadcast")
-    mine = rank + 1.0 if distinct else 1.0
+    # the min's rank P−1 holds it: the root of a reduce (rank 0) must receive it too
+    mine = (p - rank if op == "min" else rank + 1.0) if distinct else 1.0
     total = {"sum": p * (p + 1) / 2 if distinct else p, "avg": (p + 1) / 2 if distinct else 1,
              "max": p if distinct else 1, "min": 1, "prod": 1}[op]
     w = _weights(count, device)

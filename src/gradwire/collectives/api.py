@@ -193,7 +193,10 @@ class Handle:
             fn()
         except BaseException as e:  # handed to wait() and to the future
             self._error = e
-            self._future.set_exception(e)
+            # a future takes an Exception only: a SystemExit left it unfinished, its waiters
+            # blocked for good
+            self._future.set_exception(e if isinstance(e, Exception) else RuntimeError(
+                f"the call stopped: {type(e).__name__}: {e}"))
         else:
             self._future.set_result([self._result])
         self._result = None  # the future holds it

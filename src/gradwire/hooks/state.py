@@ -239,8 +239,11 @@ class HookState:
                                     f"gradients; {DENSE_ONLY}")
         if self.config.mode == "model":  # else refused at the first backward, in DDP's hook
             # a complex parameter's bucket is its real view
+            # the parameters DDP buckets: not those it was told to ignore
+            bucketed = getattr(ddp_model, "_module_parameters", None)
             _one_dtype({(p.dtype.to_real() if p.is_complex() else p.dtype)
-                        for p in ddp_model.parameters() if p.requires_grad})
+                        for p in (ddp_model.parameters() if bucketed is None else bucketed)
+                        if p.requires_grad})
         if getattr(ddp_model, "_comm_hooks", None):
             raise GradwireError("hooks: this DistributedDataParallel has a communication hook "
                                 "already (DDP takes one): register a state once per model")
