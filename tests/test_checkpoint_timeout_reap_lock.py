@@ -334,3 +334,28 @@ def test_a_run_that_dies_removing_a_stale_cluster_leaves_it_stale_for_the_next(t
     torn = []
     monkeypatch.setattr(netns, "_teardown", torn.append)
     assert netns.reap_stale() == [STALE] and torn == [STALE]
+
+
+def test_the_machine_lock_is_held_in_the_temp_folder_where_there_is_no_run_lock(tmp_path,
+                                                                                monkeypatch):
+    """Without /run/lock (a container may lack it) the machine's settings lock is a file in
+    the temp folder, and it is held: another open of it cannot take it until the block ends."""
+    import fcntl
+    import tempfile
+
+    real = Path.is_dir
+    monkeypatch.setattr(Path, "is_dir", lambda p: str(p) != "/run/lock" and real(p))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+
+    def free() -> bool:
+        with open(tmp_path / "sysctl.lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    with netns._machine_lock("sysctl"):
+        assert (tmp_path / "sysctl.lock").exists() and not free()
+    assert free()
