@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.collectives as gc
 import gradwire.hooks as gh
+from gradwire.catalogue.methods import get as get_method
 from gradwire.collectives.agree import FIELD_BYTES, FIELDS, MismatchError
 from gradwire.errors import PeerError
 from gradwire.schedules import registry
@@ -153,16 +154,23 @@ except Exception as e:  # noqa: BLE001 - any failure is the defect checked for
 
 # DDP hooks in steady state: once a step has agreed on the buckets, steps without a density
 # warm-up exchange no header at all.
-torch.manual_seed(0)
-net = DDP(nn.Linear(50, 20))
-state = gh.make("topk", density=0.1)
-state.register(net)
-for step in range(5):
-    net(torch.randn(4, 50)).sum().backward()
-    if step == 1:
-        agreed = state._comm.headers
-check(agreed > 0 and state._comm.headers == agreed,
-      f"steady state: {state._comm.headers - agreed} header exchanges after step 1")
+# Methods whose NaN/Inf status cannot travel with their data (a sign, a vote, a random
+# subset may hide a NaN) exchange it in a header every step: one per aggregation (here one
+# bucket).
+for method in gh.METHODS:  # every method, in both modes
+    in_band = get_method(method).path.in_band(get_method(method))
+    for mode in ("bucket", "model"):
+        torch.manual_seed(0)
+        net = DDP(nn.Linear(50, 20))
+        state = gh.make(method, density=0.1, mode=mode, warmup=False)
+        state.register(net)
+        for step in range(5):
+            net(torch.randn(4, 50)).sum().backward()
+            if step == 1:
+                agreed = state._comm.headers
+        check(agreed > 0 and state._comm.headers - agreed == (0 if in_band else 3),
+              f"steady state, {method} {mode}: {state._comm.headers - agreed} header "
+              f"exchanges in steps 2-4 ({agreed} before), in band: {in_band}")
 
 # With a density warm-up each step exchanges one, so set_epoch on one rank alone fails on
 # every rank, naming the densities, before anything of that step is sent.
