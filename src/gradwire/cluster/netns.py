@@ -85,6 +85,14 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
     return _sh(cmd, check=check)
 
 
+def _no_address(dev: str) -> None:
+    """Keep the root namespace's side of a cluster (its bridge, the veths' outer ends) without
+    an address: the kernel gives every link it brings up an IPv6 link-local one, which put this
+    machine on the emulated switch. Where IPv6 is off there is none to keep off (the call
+    fails, and is not needed)."""
+    _ip("link", "set", dev, "addrgenmode", "none", check=False)
+
+
 def _tc(*args: str, netns: str | None = None) -> None:
     cmd = (["ip", "netns", "exec", netns] if netns else []) + ["tc"] + list(args)
     _sh(cmd)
@@ -327,6 +335,7 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     cluster = Cluster(name=name, bandwidth_bps=bps, owner=me, mtu=mtu, ready=False)
     with _cleanup_on_failure(cluster):  # claims the name first
         _ip("link", "add", cluster.bridge, "mtu", str(mtu), "type", "bridge")
+        _no_address(cluster.bridge)
         _ip("link", "set", cluster.bridge, "up")
         took_all, capped_all = True, True
         ceiling = host_send_buffer(bps, mtu) if bps is not None else None
@@ -354,6 +363,7 @@ def _add_host(cluster: Cluster, host: Host, bps: float | None,
     _sh(["ip", "netns", "add", ns])
     _ip("link", "add", outer, "mtu", str(cluster.mtu), "type", "veth", "peer", "name", inner,
         "mtu", str(cluster.mtu))
+    _no_address(outer)
     _ip("link", "set", inner, "netns", ns)
     _ip("link", "set", inner, "name", host.ifname, netns=ns)
     _ip("addr", "add", f"{host.addr}/24", "dev", host.ifname, netns=ns)
