@@ -17,6 +17,20 @@ from gradwire.cluster import netns_available
 settings.register_profile("gradwire", deadline=None)
 settings.load_profile("gradwire")
 
+
+
+def pytest_configure(config):
+    """Stop signals as a terminal gives them, whatever started the tests: a background job of
+    a shell (``cmd &``) starts with SIGINT and SIGQUIT ignored, nohup with SIGHUP too, and the
+    processes the tests start inherit that. Tests of what Ctrl-C does then saw nothing."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                          else signal.SIG_DFL)
+
+
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).parent.parent
 BENCHMARKS = ROOT / "benchmarks"

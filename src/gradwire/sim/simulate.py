@@ -273,7 +273,7 @@ def run_simulation(s: Simulation, console: Console) -> dict:
 
 
 def _sweep(trace: Trace, cluster: SimCluster, mechanism: str, sweep: str, plot: Path | None,
-           console: Console, lines: _Quarters | None) -> list[dict]:
+           console: Console, lines: _Quarters | None = None) -> list[dict]:
     """Point 2 of :func:`run_simulation`: one line per value, then the plot; progress on the
     console's spinner, or as ``lines`` (:func:`gradwire.jobs.plain_progress`)."""
     from gradwire.sim import report
