@@ -200,10 +200,11 @@ def _stale(state_dir: Path, monkeypatch) -> None:
     monkeypatch.setattr(netns, "_orphans", lambda out: set())
 
 
-def _lock_is_free(state_dir: Path) -> bool:
+def _lock_is_free(lock: Path) -> bool:
+    """Whether another open of the lock file ``lock`` can take it now."""
     import fcntl
 
-    with open(state_dir / "clusters.lock", "w") as f:
+    with open(lock, "w") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -236,7 +237,7 @@ def test_two_runs_reap_a_stale_cluster_once_and_not_under_the_lock(tmp_path, mon
 
     def teardown(name: str) -> None:
         torn.append(name)
-        free.append(_lock_is_free(tmp_path))
+        free.append(_lock_is_free(tmp_path / "clusters.lock"))
         if len(torn) == 1:
             tearing.set()
             finish.wait(10)
@@ -340,22 +341,12 @@ def test_the_machine_lock_is_held_in_the_temp_folder_where_there_is_no_run_lock(
                                                                                 monkeypatch):
     """Without /run/lock (a container may lack it) the machine's settings lock is a file in
     the temp folder, and it is held: another open of it cannot take it until the block ends."""
-    import fcntl
     import tempfile
 
     real = Path.is_dir
     monkeypatch.setattr(Path, "is_dir", lambda p: str(p) != "/run/lock" and real(p))
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
-
-    def free() -> bool:
-        with open(tmp_path / "sysctl.lock", "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return True
-
+    lock = tmp_path / "sysctl.lock"
     with netns._machine_lock("sysctl"):
-        assert (tmp_path / "sysctl.lock").exists() and not free()
-    assert free()
+        assert lock.exists() and not _lock_is_free(lock)
+    assert _lock_is_free(lock)

@@ -65,9 +65,8 @@ def _curve(xs: Sequence[float | None]) -> list[float]:
 
 def results_table(results: Sequence[dict], title: str) -> Table:
     """samples/s (and the speed-up over the first row, where there are others), bytes per
-    iteration on the wire and as
-    payload, the per-iteration time breakdown, the training time, and the final training loss
-    and test accuracy (and perplexity, for text)."""
+    iteration on the wire and as payload, the per-iteration time breakdown, the training time,
+    and the final training loss and test accuracy (and perplexity, for text)."""
     text = any(r.get("data") == "text" for r in results)
     # no column rules, one space between columns, headers on two lines where they have a unit:
     # 13 columns fit 120 with no header or figure cut
@@ -75,8 +74,7 @@ def results_table(results: Sequence[dict], title: str) -> Table:
     several = len(results) > 1  # one row's speed-up over itself says nothing
     cols = ["method", "samples/s", *(["speed-up"] if several else []), "wire\nMB/iter",
             "payload\nMB/iter", "compute\nms", "compress\nms", "comm\nms", "step\nms",
-            "wall\ns", "train\nloss",
-            *(["test\nppl"] if text else []), "test\nacc"]
+            "wall\ns", "train\nloss", *(["test\nppl"] if text else []), "test\nacc"]
     for col in cols:
         table.add_column(col, justify="left" if col == "method" else "right",
                          no_wrap=col == "method")

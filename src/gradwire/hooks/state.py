@@ -238,8 +238,8 @@ class HookState:
                 raise GradwireError(f"hooks: {where} ({type(module).__name__}) makes sparse "
                                     f"gradients; {DENSE_ONLY}")
         if self.config.mode == "model":  # else refused at the first backward, in DDP's hook
-            # a complex parameter's bucket is its real view
-            # the parameters DDP buckets: not those it was told to ignore
+            # the parameters DDP buckets (not those it was told to ignore); a complex
+            # parameter's bucket is its real view
             bucketed = getattr(ddp_model, "_module_parameters", None)
             _one_dtype({(p.dtype.to_real() if p.is_complex() else p.dtype)
                         for p in (ddp_model.parameters() if bucketed is None else bucketed)

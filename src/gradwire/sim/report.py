@@ -112,6 +112,12 @@ def paper_runs(number: int, cluster: SimCluster) -> list[tuple[SimCluster,
             for bw in spec.get("bandwidths", (cluster.bandwidth_bps,))]
 
 
+def _prefixed(on_start: Callable[[str], None] | None,
+              prefix: str) -> Callable[[str], None] | None:
+    """``on_start`` (:func:`gradwire.sim.mechanisms.run`'s) telling ``prefix: text``."""
+    return None if on_start is None else lambda text: on_start(f"{prefix}: {text}")
+
+
 def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster,
                 on_start: Callable[[str], None] | None = None) -> tuple[Table, list]:
     """One of the paper's tables for ``traces``; rows are also returned as dicts (JSON).
@@ -134,9 +140,7 @@ def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster,
         for cb, mechs in runs:
             bw = cb.bandwidth_bps
             at = t.model + (f" at {bw / 1e9:g} Gbit/s" if len(bws) > 1 else "")
-            told = None if on_start is None else (
-                lambda text, at=at: on_start(f"{at}: {text}"))
-            res = mechanisms.run(t, cb, mechs, on_start=told)
+            res = mechanisms.run(t, cb, mechs, on_start=_prefixed(on_start, at))
             by = {r.mechanism: r for r in res}
             sp = speedups(res)
             cells = {k: (sp[v] if spec["speedup"] else by[v].iteration_s) for k, v in cols.items()}
@@ -181,9 +185,7 @@ def sweep(trace: Trace, cluster: SimCluster, mechs: list[mechanisms.Mechanism], 
     rows = []
     for v in values:
         t, c = sweep_point(trace, cluster, axis, v, layer)
-        told = None if on_start is None else (
-            lambda text, v=v: on_start(f"{axis}={v:g}: {text}"))
-        res = mechanisms.run(t, c, mechs, on_start=told)
+        res = mechanisms.run(t, c, mechs, on_start=_prefixed(on_start, f"{axis}={v:g}"))
         rows.append({"axis": axis, "value": v,
                      "iteration_s": {r.mechanism: r.iteration_s for r in res},
                      "speedup": speedups(res), "baseline": baseline(res)})

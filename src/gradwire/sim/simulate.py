@@ -6,6 +6,7 @@ imported when a simulation runs (``gradwire --help`` stays quick)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from gradwire.errors import GradwireError
 from gradwire.schedules.registry import MAX_WORLD
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from rich.console import Console
 
@@ -244,9 +245,8 @@ def run_simulation(s: Simulation, console: Console) -> dict:
     c, first = s.cluster, s.traces[0]
     lines = plain_progress(console, "simulate")  # where no spinner shows, stderr lines do
     if s.table is not None:
-        with console.status("simulating") as status:
-            t, rows = report.paper_table(s.table, s.traces, c,
-                                         on_start=status.update if lines is None else lines.say)
+        with _told(console, lines) as told:
+            t, rows = report.paper_table(s.table, s.traces, c, on_start=told)
         console.print(t)
         return {"rows": rows}
     if s.sweep is not None:
@@ -261,15 +261,23 @@ def run_simulation(s: Simulation, console: Console) -> dict:
         console.print(report.validation_table(rows, f"{first.model}: {c.workers} workers, "
                                               f"{s.bandwidth} emulated, {c.servers} server(s)"))
         return {"calibration": cal, "rows": rows}
-    with console.status("simulating") as status:
+    with _told(console, lines) as told:
         results = mech.run(first, c, mechanisms(s.mechanism), s.timeline is not None,
-                           on_start=status.update if lines is None else lines.say)
+                           on_start=told)
     console.print(report.results_table(results, f"{first.model}: {c.workers} workers, "
                                        f"{format_bandwidth(c.bandwidth_bps)}, {c.servers} "
                                        f"server(s), {report.host_costs(c)}"))
     if s.timeline:
         console.print(f"wrote {report.write_timeline(results, c.workers, s.timeline)}")
     return {"results": [r.to_json() for r in results]}
+
+
+@contextlib.contextmanager
+def _told(console: Console, lines: _Quarters | None) -> Iterator[Callable[[str], None]]:
+    """What a simulation tells of its progress: the console's spinner, or ``lines``
+    (:func:`gradwire.jobs.plain_progress`) where none shows."""
+    with console.status("simulating") as status:
+        yield status.update if lines is None else lines.say
 
 
 def _sweep(trace: Trace, cluster: SimCluster, mechanism: str, sweep: str, plot: Path | None,
@@ -279,9 +287,8 @@ def _sweep(trace: Trace, cluster: SimCluster, mechanism: str, sweep: str, plot: 
     from gradwire.sim import report
 
     axis, vals = parse_sweep(sweep, report.AXES)
-    with console.status("simulating") as status:
-        rows = report.sweep(trace, cluster, mechanisms(mechanism), axis, vals,
-                            on_start=status.update if lines is None else lines.say)
+    with _told(console, lines) as told:
+        rows = report.sweep(trace, cluster, mechanisms(mechanism), axis, vals, on_start=told)
     for r in rows:
         # a rate as it was typed (1gbit), not bits/s (1e+09)
         value = format_bandwidth(r["value"]) if axis == "bandwidth" else f"{r['value']:g}"
