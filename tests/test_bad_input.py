@@ -97,7 +97,10 @@ CLI = [
     (["bench", "--algo", "ring:itemsize=2"], "itemsize is bench's own"),
     (["bench", "--algo", "ring:pipeline=2:pipeline=3"],
      "algorithm 'ring:pipeline=2:pipeline=3': parameter 'pipeline=3': pipeline is given twice"),
-    (["bench", "--dtype", "int8"], "--dtype 'int8' is not supported"),
+    (["bench", "--dtype", "int16"], "--dtype 'int16' is not supported: expected float32, "
+     "float16, bfloat16, float64, int8, uint8, int32 or int64"),
+    (["bench", "--dtype", "int32", "--op", "avg"], "--op avg needs a float --dtype (float32, "
+     "float16, bfloat16 or float64), got int32: an integer sum is not divided; time --op sum"),
     (["bench", "--algo", "ring:blok=4"], "allreduce ring has no parameter 'blok'"),
     (["bench", "--algo", "ring,lp", "--param", "blok=4"],
      "--param blok: no algorithm of ring, lp takes it (did you mean 'block'?)"),

@@ -168,6 +168,19 @@ def test_bench_averages_like_the_builtin(tmp_path, collective, algo):
         ("builtin", "avg", 0), (algo, "avg", 0)]
 
 
+def test_bench_times_integers_like_the_builtin(tmp_path):
+    """--dtype int8, as nccl-tests' -d int8: the built-in row and gradwire's in one table,
+    every element checked on every rank."""
+    out = tmp_path / "b.json"
+    p = gradwire_cli("bench", "--loopback", "--hosts", "3", "--dtype", "int8", "--op", "max",
+                     "--sizes", "1K,3K", "--iters", "1", "--algo", "ring,rd",
+                     "--json", str(out), env={"GRADWIRE_HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["algo"], r["type"], r["count"], r["wrong"]) for r in rows] == [
+        (a, "int8", n, 0) for n in (1024, 3072) for a in ("builtin", "ring", "rd")]
+
+
 def test_the_model_column_prices_calls_back_to_back():
     """bench times calls back to back after a lead-in: on shaped links the prediction carries
     each link's credit from one call (header, then data) into the next."""
@@ -267,6 +280,31 @@ def test_bench_fails_when_a_result_is_wrong_and_keeps_the_rows(tmp_path, monkeyp
     assert [r["wrong"] for r in json.loads(out.read_text())["rows"]] == [0, 7]
 
 
+def _bench_outputs(collective: str, p: int, dtype: torch.dtype, op: str):
+    """Every algorithm of ``collective`` run in this process on the inputs bench's P ranks
+    make (a block of 2 elements a rank): (the algorithm, [(a checked rank's output, what the
+    rank side expects of it)])."""
+    from gradwire.bench.rank import _buffers
+    from gradwire.collectives.api import COMBINES
+    from gradwire.collectives.local import execute_local
+
+    combine = COMBINES.get("product" if op == "prod" else op)
+    count = 2 * p
+    for algo in (a.name for a in registry.ALGORITHMS if a.collective == collective):
+        made = [_buffers(collective, count, p, r, dtype, op) for r in range(p)]
+        for _, _, reset, _ in made:
+            reset()
+        bufs = [inp.clone() for inp, _, _, _ in made]
+        if collective == "allgather":  # out of place: each rank's block of the output
+            bufs = [torch.zeros(count, dtype=dtype) for _ in range(p)]
+            for r, (inp, _, _, _) in enumerate(made):
+                bufs[r][r * 2 : (r + 1) * 2] = inp
+        execute_local(registry.schedule(collective, algo, p, count), bufs,
+                      combine and [combine] * p)
+        yield algo, [(bufs[r] if collective != "reducescatter" else bufs[r][r * 2 : r * 2 + 2],
+                      want) for r, (_, _, _, want) in enumerate(made) if want is not None]
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "reduce", "reducescatter"])
 @pytest.mark.parametrize("p", [22, 23, 45, 66])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -276,28 +314,40 @@ def test_bench_checks_large_worlds_in_half_precision_without_rounding(collective
     whatever order it adds in: every algorithm of the collective run on every rank's buffers
     (in one process), against what the rank side expects (max, min and prod expected only the
     sum and the average before)."""
+    for algo, outputs in _bench_outputs(collective, p, dtype, op):
+        for got, want in outputs:
+            assert torch.equal((got / p if op == "avg" else got).to(dtype), want), algo
+
+
+@pytest.mark.parametrize("collective, op", [
+    *((c, op) for c in ("allreduce", "reduce", "reducescatter")
+      for op in ("sum", "max", "min", "prod")), ("allgather", "sum")])
+@pytest.mark.parametrize("p", [3, 6, 15, 16, 31, 32, 66])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_bench_checks_integers_that_wrap_at_every_world(collective, op, p, dtype):
+    """Integer sums wrap modulo 2^bits, as c10d's do, whatever the order of adding: every
+    algorithm run on every rank's buffers (in one process) gives what the rank side expects,
+    from the world where int8's sum first wraps (6) past those where 8P does (16 in int8, 32
+    in uint8) and a max or min of inputs that wrapped would be wrong; and the check's weights
+    still differ by position."""
+    for algo, outputs in _bench_outputs(collective, p, dtype, op):
+        assert len(set(torch.cat([want for _, want in outputs]).tolist())) > 1
+        for got, want in outputs:
+            assert got.dtype == dtype and torch.equal(got, want), algo
+
+
+@pytest.mark.parametrize("collective", ["reducescatter", "allgather"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.uint8, torch.int64])
+def test_an_output_element_no_call_writes_is_wrong_in_every_dtype(collective, dtype):
+    """An out-of-place output starts as what no right answer is, before every call: NaN in a
+    float, the answer plus one in an integer (which has no NaN), so that a part an algorithm
+    never writes is counted wrong."""
     from gradwire.bench.rank import _buffers
-    from gradwire.collectives.api import COMBINES
-    from gradwire.collectives.local import execute_local
-    from gradwire.schedules import registry
 
-    combine = COMBINES.get("product" if op == "prod" else op)
-
-    count = 2 * p
-    for algo in (a.name for a in registry.ALGORITHMS if a.collective == collective):
-        made = [_buffers(collective, count, p, r, dtype, op) for r in range(p)]
-        for _, _, reset, _ in made:
-            reset()
-        bufs = [inp.clone() for inp, _, _, _ in made]
-        execute_local(registry.schedule(collective, algo, p, count), bufs,
-                      combine and [combine] * p)
-        for r, (_, _, _, want) in enumerate(made):
-            if want is None:
-                continue
-            got = bufs[r] if collective != "reducescatter" else bufs[r][r * 2 : (r + 1) * 2]
-            if op == "avg":
-                got = got / p
-            assert torch.equal(got.to(dtype), want), (algo, r)
+    for r in range(3):
+        _, out, reset, want = _buffers(collective, 24, 3, r, dtype)
+        reset()
+        assert bool((out != want).all())
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce", "reducescatter"])

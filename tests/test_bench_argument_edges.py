@@ -34,7 +34,8 @@ def test_a_param_that_every_taker_sets_itself_is_refused(monkeypatch, capsys):
 
 def _rank_args(**kw) -> argparse.Namespace:
     d = {"collective": "allreduce", "iters": 1, "batch": 1, "warmup": 0, "sizes": "1024",
-         "op": "sum", "algos": json.dumps([{"label": "ring", "name": "ring", "params": {}}])}
+         "op": "sum", "dtype": "float32",
+         "algos": json.dumps([{"label": "ring", "name": "ring", "params": {}}])}
     return argparse.Namespace(**{**d, **kw})
 
 
@@ -43,6 +44,8 @@ def _rank_args(**kw) -> argparse.Namespace:
     ({"collective": "broadcast", "op": "avg",
       "algos": json.dumps([{"label": "builtin", "name": "builtin", "params": {}}])},
      "--op avg applies to"),
+    # each rank's gradwire call refused an integer average in its own traceback
+    ({"op": "avg", "dtype": "int64"}, "--op avg needs a float --dtype"),
     # each rank failed with a TypeError from **params, or the algorithm's own traceback
     ({"algos": json.dumps([{"label": "ring", "name": "ring", "params": []}])},
      "expected a JSON list"),

@@ -22,8 +22,10 @@ prod`` element i of rank r is w_i where r = i mod P and 1 elsewhere, so that the
 is exact in every dtype and an element that misses its rank's part reads 1. A reduction's
 inputs are w_i instead (the sum P·w_i, the average w_i) where P(P+1)/2 is past the integers the
 dtype holds exactly (from P = 23 in bfloat16, 64 in float16), so that no algorithm's order of
-adding rounds. (The timed calls of a batch reduce what the one before left; values that grow to
-inf cost the same.)
+adding rounds. An integer dtype's sum wraps modulo 2^bits, as c10d's does, and is exact in any
+order; its max and min compare the inputs themselves, so those are w_i where 8P would wrap
+(from P = 16 in int8, 32 in uint8). (The timed calls of a batch reduce what the one before
+left; values that grow to inf, or wrap, cost the same.)
 
 ``--device cuda``: the buffers live on this rank's GPU (LOCAL_RANK) and the process group is
 NCCL's, the built-in row included; a timed call ends when the GPU has finished it.
@@ -46,7 +48,16 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
-from gradwire.bench.spec import BACKENDS, BUILTIN, DEVICES, OPS, REDUCING, check_op, elements
+from gradwire.bench.spec import (
+    BACKENDS,
+    BUILTIN,
+    DEVICES,
+    OPS,
+    REDUCING,
+    check_dtype,
+    check_op,
+    elements,
+)
 from gradwire.check import parse_int
 from gradwire.errors import GradwireError
 from gradwire.rendezvous import JOIN_S, join_world
@@ -57,7 +68,8 @@ from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_devi
 C10D_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
             "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}
+          "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8,
+          "int32": torch.int32, "int64": torch.int64}
 
 
 # The check's weights (module docstring): drawn on the CPU from a fixed seed, so that every
@@ -77,20 +89,30 @@ def _weights(count: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return w
 
 
+def _distinct(collective: str, p: int, dtype: torch.dtype, op: str) -> bool:
+    """Whether rank r's input can be (r+1)·w (else every rank's is w) and the result still
+    exact whatever the order of combining. Floats: every partial sum of 1..P is exact
+    (integers up to 2/eps are); the weights scale them by powers of two, which is exact, and 8
+    × the largest such sum (2048 in float16) stays finite. Integers: a sum wraps modulo
+    2^bits in any order, but a max or min compares the inputs, which must not wrap (8P)."""
+    if collective in ("allgather", "broadcast"):
+        return True
+    if dtype.is_floating_point:
+        return p * (p + 1) / 2 <= 2 / torch.finfo(dtype).eps
+    return op not in ("max", "min") or 8 * p <= torch.iinfo(dtype).max
+
+
 def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
              op: str = "sum", device: torch.device | str = "cpu"):
     """(input, output, reset() to run before every call, expected output on this rank or
     None), on ``device``."""
     new = {"dtype": dtype, "device": device}
-    # every partial sum of 1..P exact in dtype (integers up to 2/eps are), or every rank 1;
-    # the weights scale them by powers of two, which is exact, and 8 × the largest such sum
-    # (2048 in float16) stays finite
-    distinct = p * (p + 1) / 2 <= 2 / torch.finfo(dtype).eps or collective in (
-        "allgather", "broadcast")
+    distinct = _distinct(collective, p, dtype, op)
     # the min's rank P−1 holds it: the root of a reduce (rank 0) must receive it too
-    mine = (p - rank if op == "min" else rank + 1.0) if distinct else 1.0
-    total = {"sum": p * (p + 1) / 2 if distinct else p, "avg": (p + 1) / 2 if distinct else 1,
+    mine = (p - rank if op == "min" else rank + 1) if distinct else 1
+    total = {"sum": p * (p + 1) // 2 if distinct else p, "avg": (p + 1) / 2 if distinct else 1,
              "max": p if distinct else 1, "min": 1, "prod": 1}[op]
+    # uint8: in a uint8 run w.to(dtype) would be w itself, so each one below copies
     w = _weights(count, device)
 
     def fill(x: torch.Tensor) -> torch.Tensor:  # this rank's input, into x
@@ -103,21 +125,25 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
     if collective in ("allgather", "reducescatter"):
         per = count // p
         if collective == "allgather":
-            want = w.to(dtype)
+            want = w.to(dtype, copy=True)
             for j in range(p):  # rank j's block of the output is its input, (j+1)·w
                 want[j * per : (j + 1) * per].mul_(j + 1)
             inp, out = want[rank * per : (rank + 1) * per].clone(), torch.zeros(count, **new)
         else:
-            want = w[rank * per : (rank + 1) * per].to(dtype).mul_(total)
+            want = w[rank * per : (rank + 1) * per].to(dtype, copy=True).mul_(total)
             inp, out = fill(torch.empty(count, **new)), torch.zeros(per, **new)
-        # the output starts as NaN before every call: a part an algorithm never writes counts
-        # as wrong (and is not left over from another algorithm's call, with --interleave)
-        return inp, out, (lambda: out.fill_(float("nan"))), want
+        # the output starts as NaN (an integer dtype's: the answer plus one) before every
+        # call: a part an algorithm never writes counts as wrong (and is not left over from
+        # another algorithm's call, with --interleave)
+        if dtype.is_floating_point:
+            return inp, out, (lambda: out.fill_(float("nan"))), want
+        return inp, out, (lambda: torch.add(want, 1, out=out)), want
     buf = torch.empty(count, **new)
     if collective == "broadcast":  # from 0, whose input is w
-        want = w.to(dtype)
+        want = w.to(dtype, copy=True)
         return buf, buf, (lambda: buf.copy_(want).mul_(mine)), want
-    want = w.to(dtype).mul_(total)  # reduce: the root's; the others' buffers are scratch
+    # reduce: the root's; the others' buffers are scratch
+    want = w.to(dtype, copy=True).mul_(total)
     return buf, buf, (lambda: fill(buf)), (
         want if collective == "allreduce" or rank == 0 else None)
 
@@ -285,6 +311,7 @@ def check_args(a: argparse.Namespace) -> tuple[list[int], list[dict]]:
     # --op avg where the collective does not reduce: the builtin row would divide a broadcast
     # or a gather by P and be counted wrong, gradwire's calls would ignore it
     check_op(a.collective, a.op)
+    check_dtype(a.dtype, a.op)
     for s in specs:
         if s["name"] == BUILTIN:
             if s["params"]:

@@ -18,8 +18,12 @@ from gradwire.sizes import format_size
 BUILTIN = "builtin"
 REDUCING = ("allreduce", "reduce", "reducescatter")  # the collectives --op applies to
 OPS = ("sum", "avg", "max", "min", "prod")  # --op, as nccl-tests' -o spells them
-DTYPES = ("float32", "float16", "bfloat16", "float64")  # --dtype: what gradwire.bench.rank runs
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+# --dtype: what gradwire.bench.rank runs, every one a dtype of c10d's gloo and NCCL (neither
+# takes int16); the integers' sums wrap, as c10d's do
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1,
+            "int32": 4, "int64": 8}
+DTYPES = tuple(ITEMSIZE)
+FLOATS = DTYPES[:4]
 # Bytes the ranks of one run hold per byte of --sizes, all of them on this machine: each rank
 # its buffer and the expected result (2 × size, and the check's weights, a byte an element:
 # size / 4 more in float32, size / 2 in 16 bits), and the master algorithm's rank 0 the P − 1
@@ -52,11 +56,15 @@ def check_op(collective: str, op: str) -> None:
                             "does not reduce")
 
 
-def check_dtype(dtype: str) -> None:
-    """``--dtype``: one of ``DTYPES``."""
+def check_dtype(dtype: str, op: str = "sum") -> None:
+    """``--dtype``: one of ``DTYPES``, a float for ``--op avg``."""
     if dtype not in DTYPES:
-        raise GradwireError(f"--dtype {dtype!r} is not supported: expected float32, float16, "
-                            "bfloat16 or float64")
+        raise GradwireError(f"--dtype {dtype!r} is not supported: expected "
+                            f"{', '.join(DTYPES[:-1])} or {DTYPES[-1]}")
+    if op == "avg" and dtype not in FLOATS:
+        raise GradwireError(f"--op avg needs a float --dtype ({', '.join(FLOATS[:-1])} or "
+                            f"{FLOATS[-1]}), got {dtype}: an integer sum is not divided; time "
+                            "--op sum")
 
 
 @dataclass(frozen=True)

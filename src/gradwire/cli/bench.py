@@ -82,7 +82,9 @@ def bench(
     hosts: Hosts = 4,
     bandwidth: Bandwidth = "1gbit",
     cluster: ClusterName = None,
-    dtype: Annotated[str, typer.Option(help="float32, float16, bfloat16 or float64")] = "float32",
+    dtype: Annotated[str, typer.Option(help="float32, float16, bfloat16, float64, int8, "
+                                       "uint8, int32 or int64 (integer sums wrap, as "
+                                       "c10d's do)")] = "float32",
     op: Annotated[str, typer.Option(help="reduction of allreduce, reduce and reducescatter: "
                                     "sum, avg (the sum, then one division by the ranks), max, "
                                     "min or prod")]
@@ -137,7 +139,7 @@ def bench(
         raise GradwireError(f"--no-builtin conflicts with --algo {algo!r}, which lists "
                             "builtin: drop one of them")
     check_op(collective, op)
-    check_dtype(dtype)
+    check_dtype(dtype, op)
     check_device(device)
     size_list = parse_sizes(sizes)
     params = parse_params(param or [])

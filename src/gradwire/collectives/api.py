@@ -259,8 +259,8 @@ def _overlap_in_part(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Tensor:
     """``tensor`` as a 1-D view; a collective that only moves data (``moved_only``: broadcast,
-    allgather) takes any dtype, one that reduces one of :data:`DTYPES` (the floats and
-    int8)."""
+    allgather) takes any dtype, one that reduces one of :data:`DTYPES` (the floats and the
+    integers)."""
     if not isinstance(tensor, torch.Tensor):
         raise GradwireError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in DTYPES and not moved_only:
