@@ -264,8 +264,9 @@ def _flat(tensor: torch.Tensor, what: str, moved_only: bool = False) -> torch.Te
     if not isinstance(tensor, torch.Tensor):
         raise GradwireError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in DTYPES and not moved_only:
+        # short enough that a peer sees it whole in a refused call's header (agree.py)
         raise GradwireError(f"{what} has dtype {tensor.dtype}: expected one of "
-                            f"{', '.join(str(d) for d in DTYPES)}")
+                            f"{', '.join(str(d).removeprefix('torch.') for d in DTYPES)}")
     if tensor.layout != torch.strided:  # sparse: .contiguous() does not make it dense
         raise GradwireError(f"{what} must be a dense tensor, got layout {tensor.layout}: "
                             "call .to_dense() first")
