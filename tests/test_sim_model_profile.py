@@ -234,10 +234,13 @@ def test_a_profile_written_on_one_line_given_as_a_trace_says_so(monkeypatch, cap
 
 @pytest.mark.parametrize("v, shown", [(5.2594123, "5.2594"), (0.1942, "0.1942"),
                                       (0.0123, "0.0123"), (0.0019441, "0.00194"),
-                                      (0.000312, "0.000312"), (0.0, "0.0000")])
+                                      (0.000312, "0.000312"), (0.0, "0.0000"),
+                                      (2.5e-9, "0.00000000250"), (5.2e-18, "0.0000"),
+                                      (-5.2e-18, "0.0000")])
 def test_simulated_times_keep_three_significant_digits(v, shown):
     """Four decimals showed a small model's iteration as 0.0019 s and its compute as 0.0003 s:
-    one or two significant digits."""
+    one or two significant digits. A subtraction's rounding showed as 0.00000000000000000520
+    (or -0.0000)."""
     from gradwire.sim.report import seconds
 
     assert seconds(v) == shown

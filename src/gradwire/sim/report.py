@@ -42,7 +42,10 @@ def baseline(results: Sequence[SimResult]) -> str:
 
 def seconds(v: float) -> str:
     """A simulated time in seconds to 4 decimals, or to 3 significant digits where that shows
-    more (a small model's 0.0019 s is 0.00194 s)."""
+    more (a small model's 0.0019 s is 0.00194 s). Below a nanosecond, a difference of two
+    times is rounding (5.2e-18 s of exposed communication): shown as 0."""
+    if abs(v) < 1e-9:
+        v = 0.0
     if v <= 0 or not math.isfinite(v) or v >= 0.01:
         return f"{v:.4f}"
     return f"{v:.{2 - math.floor(math.log10(v))}f}"
