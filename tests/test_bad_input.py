@@ -621,6 +621,11 @@ def test_bench_sizes_must_fit_the_machine(monkeypatch):
     spec.check_sizes([4, 2**30], "float32", 4, "cpu")
     with pytest.raises(GradwireError, match="4 bytes hold no float64 element"):
         spec.check_sizes([4], "float64", 4, "cpu")
+    # a 1-byte dtype's check weights are as large as its buffer: 4 × ranks × size
+    spec.check_sizes([4, 1200 * 2**20], "float32", 4, "cpu")
+    with pytest.raises(GradwireError, match=r"1200M is too large for 4 ranks on this machine: "
+                       r"they would hold about 18.8 GiB, .* expected sizes up to 1G"):
+        spec.check_sizes([4, 1200 * 2**20], "int8", 4, "cpu")
 
 
 def test_typed_numbers_are_ascii():

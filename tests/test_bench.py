@@ -280,15 +280,17 @@ def test_bench_fails_when_a_result_is_wrong_and_keeps_the_rows(tmp_path, monkeyp
     assert [r["wrong"] for r in json.loads(out.read_text())["rows"]] == [0, 7]
 
 
-def _bench_outputs(collective: str, p: int, dtype: torch.dtype, op: str):
+def _bench_outputs(collective: str, p: int, dtype: torch.dtype, op: str, drop: bool = False):
     """Every algorithm of ``collective`` run in this process on the inputs bench's P ranks
     make (a block of 2 elements a rank): (the algorithm, [(a checked rank's output, what the
-    rank side expects of it)])."""
+    rank side expects of it)]). ``drop``: every received part is dropped, not combined."""
     from gradwire.bench.rank import _buffers
     from gradwire.collectives.api import COMBINES
     from gradwire.collectives.local import execute_local
 
     combine = COMBINES.get("product" if op == "prod" else op)
+    if drop:
+        combine = {"sum": lambda into, received: None}
     count = 2 * p
     for algo in (a.name for a in registry.ALGORITHMS if a.collective == collective):
         made = [_buffers(collective, count, p, r, dtype, op) for r in range(p)]
@@ -352,26 +354,19 @@ def test_an_output_element_no_call_writes_is_wrong_in_every_dtype(collective, dt
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce", "reducescatter"])
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
-def test_a_reduction_that_combines_nothing_is_counted_wrong(collective, op):
-    """A reduction that combines nothing must leave a wrong element on a checked rank: with
-    rank r's input (r+1)·w, the root of a reduce (rank 0, the one rank checked) held the min,
-    w, before the call, and a reduce that combined nothing passed --op min."""
-    from gradwire.bench.rank import _buffers
-    from gradwire.collectives.local import execute_local
-    from gradwire.schedules import registry
-
-    p, count = 4, 8
-    ignore = {"sum": lambda into, received: None}  # every received part dropped
-    for algo in (a.name for a in registry.ALGORITHMS if a.collective == collective):
-        made = [_buffers(collective, count, p, r, torch.float32, op) for r in range(p)]
-        for _, _, reset, _ in made:
-            reset()
-        bufs = [inp.clone() for inp, _, _, _ in made]
-        execute_local(registry.schedule(collective, algo, p, count), bufs, [ignore] * p)
-        right = [torch.equal((bufs[r] if collective != "reducescatter"
-                              else bufs[r][r * 2 : (r + 1) * 2]) / (p if op == "avg" else 1),
-                             want)
-                 for r, (_, _, _, want) in enumerate(made) if want is not None]
+@pytest.mark.parametrize("dtype, p", [(torch.float32, 4), (torch.bfloat16, 23),
+                                      (torch.float16, 64), (torch.int8, 16),
+                                      (torch.uint8, 32)])
+def test_a_reduction_that_combines_nothing_is_counted_wrong(collective, op, dtype, p):
+    """A reduction that combines nothing must leave a wrong element on a checked rank. With
+    rank r's input (r+1)·w the root of a reduce (rank 0, the one rank checked) held the min, w,
+    before the call; and where a max's or min's inputs were all w (from P = 23 in bfloat16, 16
+    in int8, 32 in uint8), every rank held the answer before the call."""
+    if op == "avg" and not dtype.is_floating_point:
+        pytest.skip("an integer has no average")
+    for algo, outputs in _bench_outputs(collective, p, dtype, op, drop=True):
+        right = [torch.equal((got / p).to(dtype) if op == "avg" else got, want)
+                 for got, want in outputs]
         assert not all(right), algo
 
 

@@ -10,22 +10,22 @@ faster than the rate; calls back to back, as training makes them, find their lin
 single call after a barrier swung both ways around them at 1 MiB, run to run). With
 ``--interleave`` the algorithms of a size take turns, one timed run each per round, instead
 of running one after another.
-Element i of rank r's input is (r+1)·w_i (for ``--op min`` (P−r)·w_i, so that the root of a
-reduce, rank 0, does not start with the answer) before every timed run and before one last untimed
+Element i of rank r's input is (r+1)·w_i before every timed run and before one last untimed
 call, whose output is checked: the sum over P ranks is P(P+1)/2·w_i, the average (P+1)/2·w_i,
-the max P·w_i and the min w_i, and ``wrong`` counts the elements that differ on any rank. The
-weights w_i are 1, 2, 4 or 8 at random, the same on every rank, so that an element or a block
-that lands in the wrong place is wrong too (with inputs equal at every position, a
-reduce-scatter that hands a rank another rank's block, or a ring step that writes a chunk at
-another chunk's offset, would pass); powers of two scale every partial sum exactly. For ``--op
-prod`` element i of rank r is w_i where r = i mod P and 1 elsewhere, so that the product, w_i,
-is exact in every dtype and an element that misses its rank's part reads 1. A reduction's
-inputs are w_i instead (the sum P·w_i, the average w_i) where P(P+1)/2 is past the integers the
-dtype holds exactly (from P = 23 in bfloat16, 64 in float16), so that no algorithm's order of
-adding rounds. An integer dtype's sum wraps modulo 2^bits, as c10d's does, and is exact in any
-order; its max and min compare the inputs themselves, so those are w_i where 8P would wrap
-(from P = 16 in int8, 32 in uint8). (The timed calls of a batch reduce what the one before
-left; values that grow to inf, or wrap, cost the same.)
+and ``wrong`` counts the elements that differ on any rank. The weights w_i are 1, 2, 4 or 8 at
+random, the same on every rank, so that an element or a block that lands in the wrong place
+is wrong too (with inputs equal at every position, a reduce-scatter that hands a rank another
+rank's block, or a ring step that writes a chunk at another chunk's offset, would pass);
+powers of two scale every partial sum exactly. A sum's inputs are w_i instead (the sum P·w_i,
+the average w_i) where P(P+1)/2 is past the integers a float dtype holds exactly (from P = 23
+in bfloat16, 64 in float16), so that no algorithm's order of adding rounds; an integer sum
+wraps modulo 2^bits, as c10d's does, and is exact in any order. For ``--op max``, ``min``
+and ``prod`` element i of rank i mod P stands out and every other rank's is the same: 2·w_i
+among w_i (the max, 2·w_i), w_i among 2·w_i (the min, w_i), w_i among 1 (the product, w_i).
+That is exact in every dtype at every P, and a rank that starts with the answer at its own
+elements starts with a wrong one at the others', so that a call that combines nothing, or
+misses a rank's part, leaves wrong elements. (The timed calls of a batch reduce what the one
+before left; values that grow to inf, or wrap, cost the same.)
 
 ``--device cuda``: the buffers live on this rank's GPU (LOCAL_RANK) and the process group is
 NCCL's, the built-in row included; a timed call ends when the GPU has finished it.
@@ -89,17 +89,15 @@ def _weights(count: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return w
 
 
-def _distinct(collective: str, p: int, dtype: torch.dtype, op: str) -> bool:
-    """Whether rank r's input can be (r+1)·w (else every rank's is w) and the result still
-    exact whatever the order of combining. Floats: every partial sum of 1..P is exact
-    (integers up to 2/eps are); the weights scale them by powers of two, which is exact, and 8
-    × the largest such sum (2048 in float16) stays finite. Integers: a sum wraps modulo
-    2^bits in any order, but a max or min compares the inputs, which must not wrap (8P)."""
-    if collective in ("allgather", "broadcast"):
+def _distinct(collective: str, p: int, dtype: torch.dtype) -> bool:
+    """Whether rank r's input to a sum can be (r+1)·w (else every rank's is w) and the
+    result still exact whatever the order of adding: in a float, every partial sum of 1..P
+    is exact (integers up to 2/eps are), the weights scale them by powers of two, which is
+    exact, and 8 × the largest such sum (2048 in float16) stays finite; an integer sum wraps
+    modulo 2^bits in any order."""
+    if collective in ("allgather", "broadcast") or not dtype.is_floating_point:
         return True
-    if dtype.is_floating_point:
-        return p * (p + 1) / 2 <= 2 / torch.finfo(dtype).eps
-    return op not in ("max", "min") or 8 * p <= torch.iinfo(dtype).max
+    return p * (p + 1) / 2 <= 2 / torch.finfo(dtype).eps
 
 
 def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
@@ -107,19 +105,24 @@ def _buffers(collective: str, count: int, p: int, rank: int, dtype: torch.dtype,
     """(input, output, reset() to run before every call, expected output on this rank or
     None), on ``device``."""
     new = {"dtype": dtype, "device": device}
-    distinct = _distinct(collective, p, dtype, op)
-    # the min's rank P−1 holds it: the root of a reduce (rank 0) must receive it too
-    mine = (p - rank if op == "min" else rank + 1) if distinct else 1
+    distinct = _distinct(collective, p, dtype)
+    mine = rank + 1 if distinct else 1
     total = {"sum": p * (p + 1) // 2 if distinct else p, "avg": (p + 1) / 2 if distinct else 1,
-             "max": p if distinct else 1, "min": 1, "prod": 1}[op]
+             "max": 2, "min": 1, "prod": 1}[op]
+    # max, min, prod: (this rank's own elements, every other's) in units of w (1: prod's 1)
+    own, others = {"max": (2, 1), "min": (1, 2), "prod": (1, None)}.get(op, (None, None))
     # uint8: in a uint8 run w.to(dtype) would be w itself, so each one below copies
     w = _weights(count, device)
 
     def fill(x: torch.Tensor) -> torch.Tensor:  # this rank's input, into x
-        if op != "prod":
+        if own is None:
             return x.copy_(w).mul_(mine)
-        x.fill_(1)
+        if others is None:
+            x.fill_(1)
+        else:
+            x.copy_(w).mul_(others)
         x[rank::p] = w[rank::p]
+        x[rank::p].mul_(own)
         return x
 
     if collective in ("allgather", "reducescatter"):
@@ -229,9 +232,17 @@ def taking_turns(runs: Sequence[Callable[[], object]], iters: int, warmup: int,
     return times
 
 
+# elements compared at a time by the check: a bool a element, not the 8 bytes an element of
+# a whole (out != want).sum(), which is 8× a 1-byte buffer
+CHECK_CHUNK = 1 << 24
+
+
 def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
     """Elements of ``out`` that differ from ``want``, summed over ranks."""
-    wrong = torch.tensor([0 if want is None else int((out != want).sum())], device=group_device())
+    mine = 0 if want is None else sum(
+        int(torch.count_nonzero(out[i : i + CHECK_CHUNK] != want[i : i + CHECK_CHUNK]))
+        for i in range(0, out.numel(), CHECK_CHUNK))
+    wrong = torch.tensor([mine], device=group_device())
     dist.all_reduce(wrong)
     return int(wrong.item())
 

@@ -26,8 +26,8 @@ DTYPES = tuple(ITEMSIZE)
 FLOATS = DTYPES[:4]
 # Bytes the ranks of one run hold per byte of --sizes, all of them on this machine: each rank
 # its buffer and the expected result (2 × size, and the check's weights, a byte an element:
-# size / 4 more in float32, size / 2 in 16 bits), and the master algorithm's rank 0 the P − 1
-# buffers it receives at once, so about 3 × P × size in all.
+# size / 4 more in float32, size / 2 in 16 bits, size in 8), and the master algorithm's rank 0
+# the P − 1 buffers it receives at once, so about 3 × P × size in all, 4 × in a 1-byte dtype.
 BUFFERS_PER_RANK = 3
 
 
@@ -191,9 +191,9 @@ def check_sizes(sizes: list[int], dtype: str, p: int, device: str,
     """``--sizes`` (ascending): the smallest holds an element of ``dtype`` (with
     ``per_rank``, an allgather's or reduce-scatter's, one for each of the ``p`` ranks: the
     ranks round a size down to a multiple of P elements), and ``p`` ranks' buffers for the
-    largest (:data:`BUFFERS_PER_RANK` × P × size) fit in :func:`available_memory` — checked
-    here, because a rank that runs out of memory dies with a traceback, and the others with
-    it."""
+    largest (:data:`BUFFERS_PER_RANK` × P × size, one more in a 1-byte dtype) fit in
+    :func:`available_memory` — checked here, because a rank that runs out of memory dies
+    with a traceback, and the others with it."""
     item = ITEMSIZE[dtype]
     least = item * (p if per_rank else 1)
     if sizes[0] < least:
@@ -201,11 +201,12 @@ def check_sizes(sizes: list[int], dtype: str, p: int, device: str,
         raise GradwireError(f"--sizes: {sizes[0]} bytes hold no {dtype} element{whose}: "
                             f"expected sizes of at least {least} bytes")
     have, what = available_memory(device)
-    most = have // (BUFFERS_PER_RANK * p)
+    per_rank = BUFFERS_PER_RANK + (item == 1)  # the weights are as large as a 1-byte buffer
+    most = have // (per_rank * p)
     if sizes[-1] > most:
         raise GradwireError(
             f"--sizes: {format_size(sizes[-1])} is too large for {p} ranks on this machine: "
-            f"they would hold about {BUFFERS_PER_RANK * p * sizes[-1] / 2**30:.3g} GiB, and "
+            f"they would hold about {per_rank * p * sizes[-1] / 2**30:.3g} GiB, and "
             f"it has {have / 2**30:.3g} GiB of {what} memory: expected sizes up to "
             f"{size_below(most)}")
 

@@ -77,7 +77,8 @@ def bench(
                                              "of the collective")] = None,
     sizes: Annotated[str, typer.Option(help="bytes: 1K:64M (doubling), 1K:64M:4, or a comma "
                                        "list; from one element of --dtype up to what the "
-                                       "ranks' buffers (about 3 x hosts x size) leave of "
+                                       "ranks' buffers (about 3 x hosts x size, 4 x in a "
+                                       "1-byte dtype) leave of "
                                        "this machine's memory")] = "1K:64M",
     hosts: Hosts = 4,
     bandwidth: Bandwidth = "1gbit",
