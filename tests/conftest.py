@@ -18,7 +18,6 @@ settings.register_profile("gradwire", deadline=None)
 settings.load_profile("gradwire")
 
 
-
 def pytest_configure(config):
     """Stop signals as a terminal gives them, whatever started the tests: a background job of
     a shell (``cmd &``) starts with SIGINT and SIGQUIT ignored, nohup with SIGHUP too, and the

@@ -8,6 +8,7 @@ import torch
 
 from gradwire.collectives import agree
 from gradwire.collectives.api import _flat
+from gradwire.errors import GradwireError
 
 ROOT = Path(__file__).resolve().parents[1]
 RELIABILITY = ROOT / "docs" / "reliability.md"
@@ -23,11 +24,9 @@ def _refusal_seen_by_rank_0() -> str:
     """reliability.md's input: rank 1 of an allreduce/ring refuses a bool tensor, rank 0 makes
     the call; the RefusedError rank 0 raises, built by the header exchange's own code from
     rank 1's reason (the exchange itself, which only moves the two headers, stubbed)."""
-    reason = ""
-    try:
+    with pytest.raises(GradwireError) as refused:  # the reason rank 1 sends (refused_together)
         _flat(torch.zeros(4, dtype=torch.bool), "tensor")
-    except Exception as e:  # the reason rank 1 sends (collectives.api.refused_together)
-        reason = str(e)
+    reason = str(refused.value)
     call = [("call", "allreduce"), ("algo", "ring"), ("elements", 4), ("dtype", torch.float32),
             ("root", None), ("params", "")]
     rows = torch.stack([agree.encode(call), agree._refusal(reason)])

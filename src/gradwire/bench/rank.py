@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 import gradwire.collectives as gc
+from gradwire.bench import spec
 from gradwire.bench.spec import (
     BACKENDS,
     BUILTIN,
@@ -67,9 +68,7 @@ from gradwire.transport import ALL_GATHER, REDUCE_SCATTER, Transport, group_devi
 # the built-in row's op for --op; avg is its sum, then a division (module docstring)
 C10D_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
             "min": dist.ReduceOp.MIN, "prod": dist.ReduceOp.PRODUCT}
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8,
-          "int32": torch.int32, "int64": torch.int64}
+DTYPES = {name: getattr(torch, name) for name in spec.DTYPES}  # --dtype's, torch's names
 
 
 # The check's weights (module docstring): drawn on the CPU from a fixed seed, so that every
@@ -238,11 +237,12 @@ CHECK_CHUNK = 1 << 24
 
 
 def _wrong(out: torch.Tensor, want: torch.Tensor | None) -> int:
-    """Elements of ``out`` that differ from ``want``, summed over ranks."""
-    mine = 0 if want is None else sum(
-        int(torch.count_nonzero(out[i : i + CHECK_CHUNK] != want[i : i + CHECK_CHUNK]))
-        for i in range(0, out.numel(), CHECK_CHUNK))
-    wrong = torch.tensor([mine], device=group_device())
+    """Elements of ``out`` that differ from ``want``, summed over ranks (counted on the
+    buffers' device, read once)."""
+    wrong = torch.zeros(1, dtype=torch.int64, device=group_device())
+    if want is not None:
+        for i in range(0, out.numel(), CHECK_CHUNK):
+            wrong += torch.count_nonzero(out[i : i + CHECK_CHUNK] != want[i : i + CHECK_CHUNK])
     dist.all_reduce(wrong)
     return int(wrong.item())
 

@@ -23,7 +23,7 @@ OPS = ("sum", "avg", "max", "min", "prod")  # --op, as nccl-tests' -o spells the
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1,
             "int32": 4, "int64": 8}
 DTYPES = tuple(ITEMSIZE)
-FLOATS = DTYPES[:4]
+FLOATS = tuple(d for d in DTYPES if "float" in d)  # what --op avg takes
 # Bytes the ranks of one run hold per byte of --sizes, all of them on this machine: each rank
 # its buffer and the expected result (2 × size, and the check's weights, a byte an element:
 # size / 4 more in float32, size / 2 in 16 bits, size in 8), and the master algorithm's rank 0
