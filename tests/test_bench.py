@@ -8,6 +8,7 @@ from conftest import gradwire_cli, needs_netns, quick_resnet20
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gradwire.bench import spec
 from gradwire.bench.report import BUSBW_FACTOR, annotate
 from gradwire.bench.spec import ITEMSIZE, elements, measured_sizes, parse_params, parse_specs
 from gradwire.cluster.netns import tbf_burst
@@ -163,7 +164,7 @@ def test_bench_averages_like_the_builtin(tmp_path, collective, algo):
                      "--json", str(out), env={"GRADWIRE_HOME": str(tmp_path)})
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(out.read_text())
-    assert res["op"] == "avg" and f"{collective} (avg)" in p.stdout
+    assert res["ops"] == ["avg"] and f"{collective} (avg)" in p.stdout
     assert [(r["algo"], r["redop"], r["wrong"]) for r in res["rows"]] == [
         ("builtin", "avg", 0), (algo, "avg", 0)]
 
@@ -179,6 +180,55 @@ def test_bench_times_integers_like_the_builtin(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["algo"], r["type"], r["count"], r["wrong"]) for r in rows] == [
         (a, "int8", n, 0) for n in (1024, 3072) for a in ("builtin", "ring", "rd")]
+
+
+def test_bench_runs_dtype_and_op_lists_in_nccl_tests_order(tmp_path):
+    """--dtype and --op take comma lists (and all), as nccl-tests' -d all -o all: each dtype's
+    ops, each op's sizes (rounded to that dtype's elements), every row checked; an integer
+    dtype is not averaged, and a note says so."""
+    out = tmp_path / "b.json"
+    p = gradwire_cli("bench", "--loopback", "--hosts", "3", "--dtype", "float64,int8",
+                     "--op", "avg,max", "--sizes", "9,24", "--iters", "1", "--algo", "ring",
+                     "--no-builtin", "--json", str(out), env={"GRADWIRE_HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    assert (res["dtypes"], res["ops"]) == (["float64", "int8"], ["avg", "max"])
+    assert [(r["type"], r["redop"], r["count"], r["wrong"]) for r in res["rows"]] == [
+        ("float64", "avg", 1, 0), ("float64", "avg", 3, 0), ("float64", "max", 1, 0),
+        ("float64", "max", 3, 0), ("int8", "max", 9, 0), ("int8", "max", 24, 0)]
+    assert "note: --op avg times the float dtypes only, not int8" in p.stdout
+    assert "allreduce (avg, max), 3 ranks" in p.stdout
+
+
+@pytest.mark.parametrize("collective, dtype, op, want", [
+    ("allreduce", "all", "all", (
+        [(d, o) for d in spec.DTYPES for o in spec.OPS if o != "avg" or "float" in d],
+        ["int8", "uint8", "int32", "int64"])),
+    ("reduce", "int32, float16,int32", "prod,sum", (
+        [("int32", "prod"), ("int32", "sum"), ("float16", "prod"), ("float16", "sum")], [])),
+    ("broadcast", "bfloat16", "sum", ([("bfloat16", "sum")], [])),
+    ("reducescatter", "uint8,float32", "avg", ([("float32", "avg")], ["uint8"])),
+])
+def test_dtype_and_op_lists_pair_up(collective, dtype, op, want):
+    assert spec.pairs(spec.parse_dtypes(dtype), spec.parse_ops(collective, op)) == want
+
+
+@pytest.mark.parametrize("collective, dtype, op, msg", [
+    ("allreduce", "int8,int64", "avg", "--op avg needs a float --dtype (float32, float16, "
+     "bfloat16 or float64), got int8"),
+    ("allreduce", "float32,all", "sum", "--dtype 'float32,all': all stands alone"),
+    ("allreduce", "float32", " , ", "--op ' , ' names nothing"),
+    ("allreduce", "float32,int16", "sum", "--dtype 'int16' is not supported: expected "
+     "float32, float16, bfloat16, float64, int8, uint8, int32 or int64 (a comma list of "
+     "them, or all)"),
+    ("allgather", "float32", "all", "--op all applies to allreduce, reduce, reducescatter: "
+     "allgather does not reduce"),
+    ("broadcast", "float32", "sum,max", "--op max applies to allreduce"),
+])
+def test_dtype_and_op_lists_refused_in_one_line(collective, dtype, op, msg):
+    with pytest.raises(GradwireError) as e:
+        spec.pairs(spec.parse_dtypes(dtype), spec.parse_ops(collective, op))
+    assert str(e.value).startswith(msg) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("collective, algo", [("allreduce", "ring"), ("reduce", "binomial"),
@@ -504,7 +554,7 @@ def test_builtin_listed_in_algo_runs_once_where_it_is_listed(monkeypatch, tmp_pa
     monkeypatch.setattr(bench_run, "run_ranks", lambda c, mod, args, *a, **k: sent.append(
         json.loads(args[args.index("--algos") + 1])) or [])
     specs = parse_specs("allreduce", "ring,builtin")
-    bench_run.run_bench(loopback_cluster(2), "allreduce", specs, [1024], "float32", 1, 0, {},
+    bench_run.run_bench(loopback_cluster(2), "allreduce", specs, [1024], ["float32"], 1, 0, {},
                         True, 60, Console(file=open(tmp_path / "out.txt", "w")))
     assert [(r["label"], r["params"]) for r in sent[0]][1] == ("builtin", {})
     assert [r["label"] for r in sent[0]] == ["ring", "builtin"]

@@ -55,11 +55,19 @@ def _rank_args(**kw) -> argparse.Namespace:
      "no parameter 'nope'"),
     ({"algos": json.dumps([{"label": "builtin", "name": "builtin", "params": {"a": 1}}])},
      "builtin baseline takes no parameters"),
+    # argparse's choices took one dtype and one op; a list is checked name by name
+    ({"dtype": "float32,int16"}, "--dtype 'int16' is not supported"),
+    ({"op": "sum,band"}, "--op 'band' is not supported"),
 ])
 def test_the_rank_side_checks_op_and_algorithm_parameters(kw, msg):
     with pytest.raises(GradwireError, match=msg):
         bench_rank.check_args(_rank_args(**kw))
     bench_rank.check_args(_rank_args())  # the arguments gradwire bench sends pass
+
+
+def test_the_rank_side_runs_each_dtypes_ops_as_gradwire_bench_counts_them():
+    *_, runs = bench_rank.check_args(_rank_args(dtype="int8,bfloat16", op="avg,min"))
+    assert runs == [("int8", "min"), ("bfloat16", "avg"), ("bfloat16", "min")]
 
 
 # ---- gradwire calibrate under a launcher of one rank

@@ -53,11 +53,12 @@ from gradwire.bench.spec import (
     BACKENDS,
     BUILTIN,
     DEVICES,
-    OPS,
     REDUCING,
-    check_dtype,
-    check_op,
     elements,
+    measured_sizes,
+    pairs,
+    parse_dtypes,
+    parse_ops,
 )
 from gradwire.check import parse_int
 from gradwire.errors import GradwireError
@@ -295,11 +296,11 @@ def bench_interleaved(collective: str, specs: list[dict], count: int, dtype: tor
             for s, t, ts, w in zip(specs, transports, times, wrong, strict=True)]
 
 
-def check_args(a: argparse.Namespace) -> tuple[list[int], list[dict]]:
-    """``--sizes`` and ``--algos`` as the ranks run them, after checking every argument that
-    argparse does not: a GradwireError, the same on every rank, instead of a traceback on each
-    (``--iters 0`` one after the first size's calls, ``--batch 0`` a division by
-    zero)."""
+def check_args(a: argparse.Namespace) -> tuple[list[int], list[dict], list[tuple[str, str]]]:
+    """``--sizes``, ``--algos`` and the (dtype, op) runs as the ranks run them, after checking
+    every argument that argparse does not: a GradwireError, the same on every rank, instead
+    of a traceback on each (``--iters 0`` one after the first size's calls, ``--batch 0`` a
+    division by zero)."""
     registry.get(a.collective)
     for option, value, least in (("--iters", a.iters, 1), ("--batch", a.batch, 1),
                                  ("--warmup", a.warmup, 0)):
@@ -321,8 +322,7 @@ def check_args(a: argparse.Namespace) -> tuple[list[int], list[dict]]:
                             "params}")
     # --op avg where the collective does not reduce: the builtin row would divide a broadcast
     # or a gather by P and be counted wrong, gradwire's calls would ignore it
-    check_op(a.collective, a.op)
-    check_dtype(a.dtype, a.op)
+    runs, _ = pairs(parse_dtypes(a.dtype), parse_ops(a.collective, a.op))
     for s in specs:
         if s["name"] == BUILTIN:
             if s["params"]:
@@ -333,7 +333,7 @@ def check_args(a: argparse.Namespace) -> tuple[list[int], list[dict]]:
             registry.check_params(registry.get(a.collective, s["name"]), s["params"])
         except GradwireError as e:
             raise GradwireError(f"--algos: algorithm {s['label']!r}: {e}") from None
-    return sizes, specs  # type: ignore[return-value]
+    return sizes, specs, runs  # type: ignore[return-value]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,13 +343,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algos", required=True,
                     help="JSON list of {label, name, params}; name 'builtin' = torch.distributed")
     ap.add_argument("--sizes", required=True, help="comma list of bytes")
-    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--dtype", default="float32",
+                    help="a dtype, a comma list of them, or all (each dtype's rows in turn)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--batch", type=int, default=1,
                     help="calls timed back to back in each timed run, after a lead-in call")
-    ap.add_argument("--op", default="sum", choices=OPS,
-                    help="reduction of allreduce, reduce and reducescatter")
+    ap.add_argument("--op", default="sum",
+                    help="reduction of allreduce, reduce and reducescatter: one, a comma list "
+                         "of them, or all (avg for the float dtypes)")
     ap.add_argument("--interleave", action="store_true",
                     help="the algorithms in turn, one call each per round")
     ap.add_argument("--device", default="cpu", choices=DEVICES,
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     try:
-        sizes, specs = check_args(a)
+        sizes, specs, runs = check_args(a)
     except GradwireError as e:
         ap.error(str(e))
     if a.device == "cuda":
@@ -366,23 +368,25 @@ def main(argv: list[str] | None = None) -> int:
         join_world(BACKENDS[a.device], 300, prog=ap.prog, join=JOIN_S)
     except GradwireError as e:
         raise SystemExit(f"{ap.prog}: error: {e}") from None
-    dtype = DTYPES[a.dtype]
-    itemsize = torch.tensor([], dtype=dtype).element_size()
     p = dist.get_world_size()
-    counts = [elements(size, itemsize, p, a.collective) for size in sizes]
-    if 0 in counts:  # every rank finds the same
-        per_rank = a.collective in ("allgather", "reducescatter")
-        ap.error(f"--sizes: {sizes[counts.index(0)]} bytes hold no {a.dtype} element"
-                 f"{f' for each of {p} ranks' if per_rank else ''}: expected sizes of at "
-                 f"least {itemsize * (p if per_rank else 1)} bytes")
+    per_rank = a.collective in ("allgather", "reducescatter")
+    for name in dict.fromkeys(d for d, _ in runs):  # every rank finds the same
+        itemsize = spec.ITEMSIZE[name]
+        small = [s for s in sizes if elements(s, itemsize, p, a.collective) == 0]
+        if small:
+            ap.error(f"--sizes: {small[0]} bytes hold no {name} element"
+                     f"{f' for each of {p} ranks' if per_rank else ''}: expected sizes of "
+                     f"at least {itemsize * (p if per_rank else 1)} bytes")
     rows = []
-    for count in counts:
-        for group in [specs] if a.interleave else [[s] for s in specs]:
-            for row in bench_interleaved(a.collective, group, count, dtype, a.iters, a.warmup,
-                                         a.op, a.batch):
-                rows.append(row)
-                if dist.get_rank() == 0:
-                    print(f"GW_BENCH {json.dumps(row)}", flush=True)
+    for name, op in runs:  # as nccl-tests: each dtype's ops, each op's sizes
+        itemsize = spec.ITEMSIZE[name]
+        for size in measured_sizes(sizes, name, p, a.collective):
+            for group in [specs] if a.interleave else [[s] for s in specs]:
+                for row in bench_interleaved(a.collective, group, size // itemsize,
+                                             DTYPES[name], a.iters, a.warmup, op, a.batch):
+                    rows.append(row)
+                    if dist.get_rank() == 0:
+                        print(f"GW_BENCH {json.dumps(row)}", flush=True)
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(rows, f)

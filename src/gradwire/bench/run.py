@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 
 from rich.console import Console
 
@@ -11,7 +12,7 @@ from gradwire.bandwidth import format_bandwidth
 from gradwire.bench import calibrate, provenance
 from gradwire.bench.report import annotate, footer, table
 from gradwire.bench.sharing import usable_cores
-from gradwire.bench.spec import BACKENDS, BUILTIN, REDUCING, AlgoSpec
+from gradwire.bench.spec import BACKENDS, BUILTIN, REDUCING, AlgoSpec, measured_sizes, pairs
 from gradwire.cluster import Cluster
 from gradwire.cluster.netns import machine_send_buffer
 from gradwire.config import DEFAULT_ALPHA_S
@@ -64,10 +65,12 @@ def _rows(lines: list[str]) -> list[dict]:
 
 
 def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: list[int],
-              dtype: str, iters: int, warmup: int, params: dict, builtin: bool, timeout: float,
-              console: Console, interleave: bool = False, op: str = "sum",
-              device: str = "cpu", batch: int = 1) -> dict:
-    """Time ``specs`` (plus the built-in baseline) at every size; rows with the prediction."""
+              dtypes: list[str], iters: int, warmup: int, params: dict, builtin: bool,
+              timeout: float, console: Console, interleave: bool = False,
+              ops: Sequence[str] = ("sum",), device: str = "cpu", batch: int = 1) -> dict:
+    """Time ``specs`` (plus the built-in baseline) at every size (bytes, each rounded to whole
+    elements of each dtype, :func:`measured_sizes`) of every (dtype, op) of ``dtypes`` ×
+    ``ops`` (:func:`pairs`); rows with the prediction."""
     cost_params, source = model_params(cluster, device)
     # LP and the double tree choose their block from α and β: give them the calibrated ones,
     # and the double tree the hosts' TCP send-buffer ceiling, which caps its block.
@@ -86,15 +89,18 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
     runs = ([AlgoSpec(BUILTIN, BUILTIN)] if builtin and not listed else []) + [
         AlgoSpec(s.label, s.name, taken(s)) for s in specs]
     args = ["--collective", collective, "--algos", json.dumps([r.to_json() for r in runs]),
-            "--sizes", ",".join(map(str, sizes)), "--dtype", dtype, "--iters", str(iters),
-            "--warmup", str(warmup), "--batch", str(batch), "--op", op, "--device", device,
-            *(["--interleave"] if interleave else [])]
+            "--sizes", ",".join(map(str, sizes)), "--dtype", ",".join(dtypes),
+            "--iters", str(iters), "--warmup", str(warmup), "--batch", str(batch),
+            "--op", ",".join(ops), "--device", device, *(["--interleave"] if interleave else [])]
     p = len(cluster.hosts)
-    title = (f"{collective}{f' ({op})' if collective in REDUCING else ''}, {p} ranks"
+    reducing = collective in REDUCING
+    named_ops = f" ({', '.join(ops)})" if reducing else ""
+    title = (f"{collective}{named_ops}, {p} ranks"
              f"{' (NCCL, CUDA buffers)' if device == 'cuda' else ''}, {cluster.label}; "
              f"model: {source}")
     measured: list[str] = []
-    total = len(sizes) * len(runs)
+    total = len(runs) * sum(len(measured_sizes(sizes, d, p, collective))
+                            for d, _ in pairs(dtypes, ops)[0])
     try:
         rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
                          console, total=total, tick="GW_BENCH ", ticked=measured)
@@ -120,7 +126,7 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
         console.print(f"note: {p} ranks share {cores} cores; CPU contention affects these "
                       "times")
     return {
-        "collective": collective, "op": op if collective in REDUCING else None,
+        "collective": collective, "dtypes": dtypes, "ops": list(ops) if reducing else None,
         "world_size": p, "network": cluster.label,
         "device": device, "backend": BACKENDS[device],
         **provenance.stamp(device=device),

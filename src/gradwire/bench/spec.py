@@ -50,7 +50,7 @@ def check_op(collective: str, op: str) -> None:
     """``--op``: one of ``OPS``, and other than sum only where the collective reduces."""
     if op not in OPS:
         raise GradwireError(f"--op {op!r} is not supported: expected sum, avg, max, min or "
-                            "prod")
+                            "prod (a comma list of them, or all)")
     if op != "sum" and collective not in REDUCING:
         raise GradwireError(f"--op {op} applies to {', '.join(REDUCING)}: {collective} "
                             "does not reduce")
@@ -60,11 +60,59 @@ def check_dtype(dtype: str, op: str = "sum") -> None:
     """``--dtype``: one of ``DTYPES``, a float for ``--op avg``."""
     if dtype not in DTYPES:
         raise GradwireError(f"--dtype {dtype!r} is not supported: expected "
-                            f"{', '.join(DTYPES[:-1])} or {DTYPES[-1]}")
+                            f"{', '.join(DTYPES[:-1])} or {DTYPES[-1]} (a comma list of them, "
+                            "or all)")
     if op == "avg" and dtype not in FLOATS:
         raise GradwireError(f"--op avg needs a float --dtype ({', '.join(FLOATS[:-1])} or "
                             f"{FLOATS[-1]}), got {dtype}: an integer sum is not divided; time "
                             "--op sum")
+
+
+ALL = "all"  # --dtype all, --op all: every one, as nccl-tests' -d all and -o all
+
+
+def _names(text: str, option: str, every: tuple[str, ...]) -> list[str]:
+    """A comma list of names, each once, or ``every`` for ``all``."""
+    if text.strip() == ALL:
+        return list(every)
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if ALL in names:
+        raise GradwireError(f"{option} {text!r}: all stands alone (every one), not in a list")
+    if not names:
+        raise GradwireError(f"{option} {text!r} names nothing: expected one, a comma list or "
+                            "all")
+    return names
+
+
+def parse_dtypes(text: str) -> list[str]:
+    """``--dtype``: one of ``DTYPES``, a comma list of them, or ``all``."""
+    dtypes = _names(text, "--dtype", DTYPES)
+    for d in dtypes:
+        check_dtype(d)
+    return dtypes
+
+
+def parse_ops(collective: str, text: str) -> list[str]:
+    """``--op``: one of ``OPS``, a comma list of them, or ``all`` where the collective
+    reduces."""
+    if text.strip() == ALL and collective not in REDUCING:
+        raise GradwireError(f"--op all applies to {', '.join(REDUCING)}: {collective} does "
+                            "not reduce")
+    ops = _names(text, "--op", OPS)
+    for op in ops:
+        check_op(collective, op)
+    return ops
+
+
+def pairs(dtypes: list[str], ops: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (dtype, op) runs of ``dtypes`` × ``ops`` in nccl-tests' order (each dtype's ops,
+    each op's sizes), and the integer dtypes left out of ``--op avg`` (:func:`check_dtype`);
+    when that leaves none, its refusal."""
+    kept = [(d, op) for d in dtypes for op in ops if op != "avg" or d in FLOATS]
+    if not kept:
+        check_dtype(dtypes[0], "avg")
+    skipped = [d for d in dtypes if d not in FLOATS] if "avg" in ops else []
+    return kept, skipped
 
 
 @dataclass(frozen=True)

@@ -85,10 +85,12 @@ def bench(
     cluster: ClusterName = None,
     dtype: Annotated[str, typer.Option(help="float32, float16, bfloat16, float64, int8, "
                                        "uint8, int32 or int64 (integer sums wrap, as "
-                                       "c10d's do)")] = "float32",
+                                       "c10d's do); a comma list of them, or all: each "
+                                       "dtype's rows in turn")] = "float32",
     op: Annotated[str, typer.Option(help="reduction of allreduce, reduce and reducescatter: "
                                     "sum, avg (the sum, then one division by the ranks), max, "
-                                    "min or prod")]
+                                    "min or prod; a comma list of them, or all (avg for the "
+                                    "float dtypes)")]
     = "sum",
     iters: Annotated[int, typer.Option(min=1, help="timed runs per size and algorithm; a "
                                        "row reports their median")] = 5,
@@ -122,12 +124,13 @@ def bench(
         BUILTIN,
         ITEMSIZE,
         check_device,
-        check_dtype,
-        check_op,
         check_schedules,
         check_shared,
         check_sizes,
         measured_sizes,
+        pairs,
+        parse_dtypes,
+        parse_ops,
         parse_params,
         parse_specs,
     )
@@ -139,8 +142,9 @@ def bench(
     if not builtin and any(s.name == BUILTIN for s in specs):  # it would run all the same
         raise GradwireError(f"--no-builtin conflicts with --algo {algo!r}, which lists "
                             "builtin: drop one of them")
-    check_op(collective, op)
-    check_dtype(dtype, op)
+    ops = parse_ops(collective, op)
+    dtypes = parse_dtypes(dtype)
+    runs, unaveraged = pairs(dtypes, ops)
     check_device(device)
     size_list = parse_sizes(sizes)
     params = parse_params(param or [])
@@ -148,13 +152,17 @@ def bench(
     check_bandwidth(bandwidth)
     # what the ranks would find wrong, found here: one line instead of a traceback per rank
     p = planned_ranks(hosts, cluster)
-    check_sizes(size_list, dtype, p, device, collective in ("allgather", "reducescatter"))
-    size_list = measured_sizes(size_list, dtype, p, collective)
-    check_schedules(collective, specs, params, p, [n // ITEMSIZE[dtype] for n in size_list],
-                    ITEMSIZE[dtype])
+    for d in dict.fromkeys(d for d, _ in runs):
+        check_sizes(size_list, d, p, device, collective in ("allgather", "reducescatter"))
+        item = ITEMSIZE[d]
+        check_schedules(collective, specs, params, p,
+                        [n // item for n in measured_sizes(size_list, d, p, collective)], item)
+    if unaveraged:
+        console.print(f"note: --op avg times the float dtypes only, not "
+                      f"{', '.join(unaveraged)}", highlight=False)
     with cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
-        result = run_bench(c, collective, specs, size_list, dtype, iters, warmup, params,
-                           builtin, timeout, console, interleave, op, device, batch)
+        result = run_bench(c, collective, specs, size_list, dtypes, iters, warmup, params,
+                           builtin, timeout, console, interleave, ops, device, batch)
     result["command"] = command_line()
     failed = wrong_rows(result["rows"])
     if json_path:
