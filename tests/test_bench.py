@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -434,6 +435,31 @@ def test_a_reduction_that_combines_nothing_is_counted_wrong(collective, op, dtyp
         right = [torch.equal((got / p).to(dtype) if op == "avg" else got, want)
                  for got, want in outputs]
         assert not all(right), algo
+
+
+def test_the_bench_table_fits_120_columns_and_never_cuts_a_figure():
+    """At 120 columns a 1-byte dtype's 10-digit count, a long spec and slow rows fit whole;
+    at 80 a figure folds onto a second line instead of ending in "…"."""
+    from rich.console import Console
+
+    from gradwire.bench.report import table
+
+    rows = [{"collective": "allreduce", "algo": algo, "name": "ring", "params": {},
+             "count": 2**31, "bytes": 2**31, "type": "uint8", "redop": "prod",
+             "time_s": 31.23456789, "wrong": 2**31} for algo in ("ring:pipeline=16",
+                                                                  "builtin")]
+    annotate(rows, 8, CostParams(5e-5, 8e-10, 1e-10))
+    for width in (120, 80):
+        console = Console(width=width, record=True, file=open(os.devnull, "w"))
+        console.print(table(rows, "t"))
+        text = console.export_text()
+        assert "…" not in text and max(map(len, text.splitlines())) <= width
+        if width == 120:  # every row on one line, whole: title, two header lines, rule, rows
+            lines = text.splitlines()
+            assert len(lines) == 6
+            assert lines[4].split()[:6] == ["2G", "2147483648", "uint8", "prod",
+                                            "ring:pipeline=16", "31234567.9"]
+            assert lines[4].split()[-1] == "2147483648"
 
 
 def test_bench_footer_follows_nccl_tests():

@@ -280,3 +280,22 @@ def test_the_cli_under_a_launcher_needs_out(monkeypatch, capsys):
     code, err = cli_error(monkeypatch, capsys, "calibrate")
     assert code != 0 and "under a launcher" in err and "needs --out FILE" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_calibration_table_fits_120_columns_and_names_the_file_whole(monkeypatch):
+    """A GPU's name and a long --out path: the table cut the path to "/root/.ca…" at 120
+    columns; it is a line of its own now, and the table is whole."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    import gradwire.cli.bench as cli_bench
+
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    monkeypatch.setattr(cli_bench, "console", console)
+    path = Path("/root/.cache/gradwire/calibration") / ("x" * 90 + ".json")
+    cal = calibration.load(Path(__file__).parents[1] / "benchmarks/results/calibration/h200.json")
+    cli_bench._show_calibration(cal, path)
+    text = console.export_text()
+    assert "…" not in text and f"saved to {path}\n" in text
+    assert "NVIDIA H200" in text and "2256.3" in text

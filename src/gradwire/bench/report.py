@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from rich import box
 from rich.table import Table
 
 from gradwire.bench.spec import BUILTIN
@@ -81,10 +82,15 @@ def rate_text(x: float, decimals: int) -> str:
 
 
 def table(rows: list[dict], title: str) -> Table:
-    tb = Table(title=title)
-    for col in ("size(B)", "count", "type", "redop", "algo", "time(us)", "algbw(GB/s)",
-                "busbw(GB/s)", "busbw(Gbit/s)", "model(us)", "model err", "#wrong"):
-        tb.add_column(col, justify="right")
+    # nccl-tests' columns, each unit on a second header line, one space between columns and
+    # no rules but the header's: a row of 2 GiB in a 1-byte dtype (10-digit count, 10-digit
+    # #wrong), a 16-character algorithm spec and a 30 s call fits 120 columns; where a
+    # terminal is narrower a figure folds onto a second line, never cut to "…"
+    tb = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False)
+    for col in ("size\n(B)", "count\n(elements)", "type", "redop", "algo", "time\n(us)",
+                "algbw\n(GB/s)", "busbw\n(GB/s)", "busbw\n(Gbit/s)", "model\n(us)",
+                "model\nerr", "#wrong"):
+        tb.add_column(col, justify="left" if col == "algo" else "right", overflow="fold")
     for r in rows:
         pred, err = r["predicted_s"], r["prediction_error"]
         tb.add_row(format_size(r["bytes"]), str(r["count"]), r["type"], r.get("redop", "-"),

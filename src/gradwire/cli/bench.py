@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from gradwire.bandwidth import parse_bandwidth
@@ -256,15 +257,18 @@ def _kept_if_unsaved() -> Iterator[None]:
 
 def _show_calibration(c: Calibration, path: Path) -> None:
     # β, the link and γ to three significant digits: a 100kbit link's rate and a GPU's γ are
-    # 0.000 at three decimals
-    t = Table("α/step (us)", "α call (us)", "β (ns/byte)", "link (Gbit/s)", "γ (ns/byte)",
-              "κ", "coding", "ranks", "device", "saved to",
-              title=f"calibration, {c.network or 'β between ' + c.beta_between}")
+    # 0.000 at three decimals. Units on a second header line and no rules, as bench's table:
+    # a GPU's name fits 120 columns; the file's path, which may be long, is a line of its own
+    t = Table("α/step\n(us)", "α call\n(us)", "β\n(ns/byte)", "link\n(Gbit/s)",
+              "γ\n(ns/byte)", "κ", "coding", "ranks", "device",
+              title=f"calibration, {c.network or 'β between ' + c.beta_between}",
+              box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     t.add_row(f"{c.alpha_s * 1e6:.1f}", f"{c.alpha_call_s * 1e6:.1f}",
               rate_text(c.beta_s_per_byte * 1e9, 0), rate_text(8 / c.beta_s_per_byte / 1e9, 0),
               rate_text(c.gamma_s_per_byte * 1e9, 0), f"{c.overlap_slowdown:.2f}",
-              f"{c.coding_slowdown:.2f}", f"{c.world} ({c.backend})", c.device, str(path))
+              f"{c.coding_slowdown:.2f}", f"{c.world} ({c.backend})", c.device)
     console.print(t)
+    console.print(f"saved to {path}", highlight=False, soft_wrap=True)
     if c.alpha_transport_s is not None:
         console.print(f"gradwire's executor (sparse schedules, call headers): α "
                       f"{c.alpha_transport_s * 1e6:.1f} µs/step")
