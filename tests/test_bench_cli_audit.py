@@ -35,7 +35,7 @@ def test_a_ctrl_c_part_way_shows_the_rows_measured_before(monkeypatch, capsys, t
     assert code == 130 and "interrupted by SIGINT; stopped 2 ranks" in err, (code, err)
     text = " ".join(out.split())
     assert "1 of 2 rows measured before the interrupt" in text, text
-    assert "│ 1K │ 256 │ float32 │ sum │ ring │ 2000.0 │" in text, text
+    assert " 1K 256 float32 sum ring 2000.0 " in text, text
 
 
 def test_the_nominal_model_says_what_rate_it_assumes_on_links_not_shaped(monkeypatch,

@@ -114,7 +114,7 @@ def test_the_contention_note_follows_the_cores(monkeypatch, tmp_path, hosts, cor
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     shown = io.StringIO()
     bench_run.run_bench(loopback_cluster(hosts), "allreduce", parse_specs("allreduce", "ring"),
-                        [1024], "float32", 1, 0, {}, False, 60, Console(file=shown, width=200))
+                        [1024], ["float32"], 1, 0, {}, False, 60, Console(file=shown, width=200))
     note = f"note: {hosts} ranks share {cores} cores"
     assert (note in shown.getvalue()) == noted, shown.getvalue()
 

@@ -67,19 +67,21 @@ def _calibration_row(beta: float, gamma: float) -> dict[str, str]:
     """The cells of the calibration table's row, by column, as `gradwire calibrate` prints
     a calibration of ``beta`` and ``gamma`` (s/B)."""
     from rich.console import Console
+    from rich.table import Table
 
     from gradwire.cli import bench
     from gradwire.perf import calibration
 
-    out = io.StringIO()
+    printed = []
+    console = Console(file=io.StringIO(), width=300, markup=False)
+    console.print = lambda x, *a, **k: printed.append(x)
     c = calibration.parse(calibration_doc.doc(beta_s_per_byte=beta, gamma_s_per_byte=gamma),
                           "test")
-    with mock.patch.object(bench, "console", Console(file=out, width=300, markup=False)):
+    with mock.patch.object(bench, "console", console):
         bench._show_calibration(c, Path("cal.json"))
-    lines = [line for line in out.getvalue().splitlines() if line.startswith(("┃", "│"))]
-    head, row = ([c.strip() for c in line.strip("┃│").split(s)]
-                 for line, s in ((lines[0], "┃"), (lines[1], "│")))
-    return dict(zip(head, row, strict=True))
+    first = next(t for t in printed if isinstance(t, Table))
+    # a header's unit is on its second line
+    return {" ".join(str(col.header).split()): list(col.cells)[0] for col in first.columns}
 
 
 @given(bps=st.floats(1e5, 1e14), gamma_ns=st.floats(1e-5, 1e3))
