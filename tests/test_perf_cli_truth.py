@@ -91,7 +91,7 @@ def test_advise_calls_the_payload_a_payload(home, monkeypatch, capsys):
     # the table's header and title, as rich lays them out at any width
     found = scenario.advise(scenario.Scenario(agg="dense", mode="model"), 1, "1gbit", 1.0)
     table = report.advice_table(found)
-    assert table.columns[-1].header == "payload/rank (MB)"
+    assert table.columns[-1].header == "payload/rank\n(MB)"
     assert table.title == "resnet50, 1 worker, 1gbit"
     assert "over 1 bucket)" in explain(found.ranked)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.table import Table
 
 from gradwire import profiles
@@ -14,9 +15,22 @@ if TYPE_CHECKING:  # the model, for the types alone: listing the profiles import
     from gradwire.perf.scenario import Advice, WhatIf
 
 
+def _wide(columns: list[str], title: str | None = None, names: int = 1) -> Table:
+    """A table in the house style (:func:`gradwire.report.results_table`'s): no column rules,
+    units on a second header line, the first ``names`` columns (names, which are short)
+    never wrapped and the figures right-aligned. Where a terminal is too narrow for a row, a
+    cell wraps at its spaces, else folds onto another line: no figure is cut to "…"."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i < names else "right", no_wrap=i < names,
+                     overflow="fold")
+    return t
+
+
 def profiles_table() -> Table:
     """The built-in profiles, one row each."""
-    t = Table("profile", "parameters", "forward (ms)", "backward (ms)", "batch", "what")
+    t = _wide(["profile", "parameters", "forward\n(ms)", "backward\n(ms)", "batch"])
+    t.add_column("what", overflow="fold")  # the description, wrapped at its spaces
     for name in profiles.builtin_names():
         p = profiles.load(name)
         ms = [f"{v * 1e3:.1f}" if v is not None else "-" for v in (p.forward_s, p.backward_s)]
@@ -50,33 +64,52 @@ def builtin_namesake(model: str, numel: int, instead: str = "give them this one 
             f"name ({builtin.description}); {instead}")
 
 
+# Link rates (columns) in one of whatif's tables: six of the longest cells, a time of hours
+# and its efficiency ("184166899.5 (99%)", wrapped at the space), beside the longest
+# aggregation label fit 120 columns; more would fold the times in two.
+RATES_PER_TABLE = 6
+
+
 def whatif_tables(wi: WhatIf) -> list[Table]:
     """Per compute speedup, two tables: iteration time and scaling efficiency per
     (aggregation, workers) and link rate; then the compression needed for linear scaling and
-    the encode+decode budget per workers and link rate."""
+    the encode+decode budget per workers and link rate. Past :data:`RATES_PER_TABLE` link
+    rates, each of the two is several tables, the rates in the order given."""
     prof, result = wi.profile, wi.result
     bws = list(dict.fromkeys(r["bandwidth"] for r in result["rows"]))
+    groups = [bws[i:i + RATES_PER_TABLE] for i in range(0, len(bws), RATES_PER_TABLE)]
     tables = []
     for x in wi.speedups:
-        t = Table("aggregation", "workers", *(f"{b}: ms (eff.)" for b in bws),
-                  title=f"{prof.model} ({_params(prof.numel)}), compute ×{x:g}: "
-                        "predicted iteration time and scaling efficiency")
+        title = (f"{prof.model} ({_params(prof.numel)}), compute ×{x:g}: predicted iteration "
+                 "time and scaling efficiency")
         rows = [r for r in result["rows"] if r["compute_speedup"] == x]
-        for key in dict.fromkeys((r["agg"], r["workers"]) for r in rows):
-            cells = [r for r in rows if (r["agg"], r["workers"]) == key]
-            t.add_row(key[0], str(key[1]), *(f"{r['iteration_s'] * 1e3:.1f} "
-                                              f"({r['efficiency']:.0%})" for r in cells))
-        a = Table("workers", *(f"{b}: ratio / budget" for b in bws),
-                  title="compression an all-reducible scheme needs for linear scaling, and the "
-                        "most encode+decode may cost (what backward does not hide of dense's "
-                        "iteration)")
+        for k, group in enumerate(groups):
+            t = _wide(["aggregation", "workers", *(f"{b}\nms (eff.)" for b in group)],
+                      title=title + _part(k, groups))
+            for key in dict.fromkeys((r["agg"], r["workers"]) for r in rows):
+                cells = [r for r in rows if (r["agg"], r["workers"]) == key
+                         and r["bandwidth"] in group]
+                t.add_row(key[0], str(key[1]), *(f"{r['iteration_s'] * 1e3:.1f} "
+                                                  f"({r['efficiency']:.0%})" for r in cells))
+            tables.append(t)
         ans = [r for r in result["answers"] if r["compute_speedup"] == x]
-        for p in dict.fromkeys(r["workers"] for r in ans):
-            a.add_row(str(p), *(f"{_ratio(r['required_compression'])} / "
-                                f"{r['coding_budget_s'] * 1e3:.1f} ms"
-                                for r in ans if r["workers"] == p))
-        tables += [t, a]
+        for k, group in enumerate(groups):
+            a = _wide(["workers", *(f"{b}\nratio / budget" for b in group)], names=0,
+                      title="compression an all-reducible scheme needs for linear scaling, and "
+                            "the most encode+decode may cost (what backward does not hide of "
+                            "dense's iteration)" + _part(k, groups))
+            for p in dict.fromkeys(r["workers"] for r in ans):
+                a.add_row(str(p), *(f"{_ratio(r['required_compression'])} / "
+                                    f"{r['coding_budget_s'] * 1e3:.1f} ms"
+                                    for r in ans if r["workers"] == p and r["bandwidth"] in group))
+            tables.append(a)
     return tables
+
+
+def _part(k: int, groups: list[list[str]]) -> str:
+    """What the ``k``-th of whatif's tables of ``groups`` of link rates adds to the title:
+    nothing where all fit one table, else the rates it holds."""
+    return "" if len(groups) == 1 else f" ({k + 1} of {len(groups)}: {', '.join(groups[k])})"
 
 
 def _params(numel: int) -> str:
@@ -98,8 +131,8 @@ def advice_table(a: Advice) -> Table:
     wire time and each rank's payload (what it compresses to, not what a schedule sends:
     a ring sends 2(P−1)/P of it, Top-k's allgather P−1 times it)."""
     g, p = a.cluster.ranks_per_node, a.cluster.workers
-    t = Table("#", "aggregation", "iteration (ms)", "efficiency", "not hidden (ms)",
-              "encode+decode (ms)", "wire (ms)", "payload/rank (MB)",
+    t = _wide(["#", "aggregation", "iteration\n(ms)", "efficiency", "not\nhidden\n(ms)",
+               "encode+\ndecode\n(ms)", "wire\n(ms)", "payload/rank\n(MB)"], names=2,
               title=f"{a.profile.model}, {p} worker{'' if p == 1 else 's'}, {a.bandwidth}"
                     + (f", {g} per node ({a.intra_bandwidth} inside)" if g > 1 else ""))
     for i, r in enumerate(a.ranked, 1):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -51,36 +52,66 @@ def seconds(v: float) -> str:
     return f"{v:.{2 - math.floor(math.log10(v))}f}"
 
 
+def broken(label: str, width: int) -> str:
+    """A mechanism's ``label`` on lines of at most ``width`` characters, each but the last
+    ending in a ``:`` where the label is broken (an option longer than ``width`` has a line
+    of its own): ``ring:bucket=26214400:compress=powersgd:rank=4`` in a table column, whole,
+    never cut to "…"."""
+    lines = [""]
+    for part in re.findall(r"[^:]*:|[^:]+$", label):
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
+
+
+# A mechanism's label on one line up to this many characters (``ps:order=block:sharding=even``
+# is 28), longer ones broken at their options: with the time columns of a run of hours
+# (``12345.6789`` s) every row fits 120 columns
+LABEL_WIDTH = 28
+
+
+def _sim_table(title: str, first: str, columns: Sequence[str]) -> Table:
+    """A table in the house style (:func:`gradwire.report.results_table`'s): no column rules,
+    units on a second header line; ``first`` the mechanisms' column, left-aligned and never
+    wrapped (:func:`broken` lays its labels on lines), then the figures', right-aligned. A
+    terminal too narrow for a row folds a figure onto another line: none is cut to "…"."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    t.add_column(first, no_wrap=True, overflow="fold")
+    for col in columns:
+        t.add_column(col, justify="right", overflow="fold")
+    return t
+
+
 def results_table(results: Sequence[SimResult], title: str) -> Table:
     sp = speedups(results)
     base = baseline(results)
-    # headers on two lines, one space between columns: fits 120 columns; a mechanism's name
-    # is never cut (narrower, the headers are)
-    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    t.add_column("mechanism", no_wrap=True)
     # every link kind's utilisation: a server's up link is where multicast saves (the
     # distribution), its down link where in-network aggregation does
     kinds = ("worker up", "worker down", "server up", "server down")
-    for col in ("iteration\ns", f"speed-up\nvs {base}", "compute\ns", "exposed\ncomm s",
-                *(k.replace(" ", "\n") for k in kinds), "sim wall\ns"):
-        t.add_column(col, justify="right")
+    # the baseline by name where it is short (ps, the first where ps did not run), else by
+    # place: a long label would widen the column past 120
+    vs = base if len(base) <= 9 else "row 1"
+    t = _sim_table(title, "mechanism", (
+        "iteration\ns", f"speed-up\nvs {vs}", "compute\ns", "exposed\ncomm s",
+        *(k.replace(" ", "\n") for k in kinds), "sim wall\ns"))
     for r in results:
         u = r.utilisation
-        t.add_row(r.mechanism, seconds(r.iteration_s), f"{sp[r.mechanism]:.2f}x",
-                  seconds(r.compute_s), seconds(r.exposed_s),
+        t.add_row(broken(r.mechanism, LABEL_WIDTH), seconds(r.iteration_s),
+                  f"{sp[r.mechanism]:.2f}x", seconds(r.compute_s), seconds(r.exposed_s),
                   *(f"{u[k]:.0%}" if k in u else "-" for k in kinds), f"{r.wall_s:.2f}")
     return t
 
 
 def validation_table(rows: Sequence[dict], title: str) -> Table:
     """Simulated vs measured (``gradwire simulate --emulate``)."""
-    t = Table("mechanism", "servers", "α µs", "simulated s", "measured s", "error",
-              "bytes equal", title=title)
+    t = _sim_table(title, "mechanism", ("servers", "α\nµs", "simulated\ns", "measured\ns",
+                                        "error", "bytes\nequal"))
     for r in rows:
         same = r["simulated_link_bytes"] == r["measured_link_bytes"]
-        t.add_row(r["mechanism"], str(r["servers"] or "-"), f"{r['alpha_s'] * 1e6:.0f}",
-                  seconds(r["simulated_s"]), seconds(r["measured_s"]), f"{r['error']:+.1%}",
-                  "yes" if same else "NO")
+        t.add_row(broken(r["mechanism"], LABEL_WIDTH), str(r["servers"] or "-"),
+                  f"{r['alpha_s'] * 1e6:.0f}", seconds(r["simulated_s"]),
+                  seconds(r["measured_s"]), f"{r['error']:+.1%}", "yes" if same else "NO")
     return t
 
 
@@ -136,8 +167,11 @@ def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster,
     where = (f"{c.workers} workers" + ("" if len(bws) > 1 else f", {bws[0] / 1e9:g} Gbit/s")
              + f", {c.servers} server(s), {host_costs(c)}")
     paper = spec.get("servers", 1)
-    table = Table(*head, title=f"{spec['title']}, {where}; the paper: 32 workers, {paper} "
-                  f"server{'s' if paper > 1 else ''}")
+    table = _sim_table(f"{spec['title']}, {where}; the paper: 32 workers, {paper} "
+                       f"server{'s' if paper > 1 else ''}", head[0], head[1:])
+    # a model's name is any string its profile or trace gives: wrapped (folded where it has
+    # no space) in a column the width of the rest, never cut
+    table.columns[0].no_wrap = False
     rows = []
     for t in traces:
         for cb, mechs in runs:
