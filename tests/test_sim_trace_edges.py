@@ -162,3 +162,24 @@ def test_a_mechanism_flag_is_on_off_1_or_0_not_a_float(value):
         mechanisms.parse(f"ps:barrier={value}")
     assert mechanisms.parse("ps:barrier=1").options.barrier is True
     assert mechanisms.parse("ps:barrier=0").options.barrier is False
+
+
+@pytest.mark.parametrize("value, on", [("False", False), ("off", False), ("0", False),
+                                       ("True", True), ("ON", True), ("yes", True)])
+def test_a_compressors_flag_is_taken_as_words_in_any_case(value, on):
+    """``compress=powersgd:warm_start=False`` was refused ("warm_start must be True or False,
+    got 'False'"): text never reached the bool PowerSGD takes."""
+    from gradwire.sim import mechanisms
+
+    opts = mechanisms.parse(f"ring:compress=powersgd:warm_start={value}:rank=2").options
+    assert opts.compressor_params == {"warm_start": on, "rank": 2}
+    assert mechanisms.parse(f"ps:barrier={value}").options.barrier is on
+
+
+def test_a_compressors_flag_that_is_no_word_is_one_line():
+    from gradwire.sim import mechanisms
+
+    with pytest.raises(GradwireError) as e:
+        mechanisms.parse("ring:compress=powersgd:warm_start=maybe")
+    assert str(e.value) == ("mechanism 'ring:compress=powersgd:warm_start=maybe': warm_start "
+                            "must be on or off, got 'maybe'")

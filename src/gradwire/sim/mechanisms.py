@@ -60,11 +60,13 @@ class Mechanism:
 
 
 def _flag(label: str, key: str, v: object) -> bool:
-    # 1 and 0 as whole numbers only: 1.0 and 0.0 (and True) compare equal to them
+    # 1 and 0 as whole numbers only: 1.0 and 0.0 (and True) compare equal to them; words in
+    # any case (False, as Python spells it)
     whole = type(v) is int
-    if v in ("on", "true", "yes") or (whole and v == 1):
+    word = v.lower() if isinstance(v, str) else None
+    if word in ("on", "true", "yes") or (whole and v == 1):
         return True
-    if v in ("off", "false", "no") or (whole and v == 0):
+    if word in ("off", "false", "no") or (whole and v == 0):
         return False
     raise GradwireError(f"mechanism {label!r}: {key} must be on or off, got {v!r}")
 
@@ -115,12 +117,32 @@ def _parse(label: str) -> Mechanism:
                             f"one of {', '.join(names)}")
     bucket = _bucket(label, params)
     comp = params.pop("compress", None)
+    if comp is not None:
+        _compressor_flags(label, comp, params)
     # CollectiveOptions checks the rest now (parse names the mechanism in its errors)
     with _also_takes("bucket= and compress="):
         opts2 = (CollectiveOptions(algo, bucket, None, {}, params) if comp is None
                  else CollectiveOptions(algo, bucket, comp, params))
     return Mechanism(label, lambda t, c, rec: simulate_collective(t, c, opts2, label, rec), opts2,
                      lambda t, c, rec: check_collective(t, c, opts2, rec))
+
+
+def _compressor_flags(label: str, comp: object, params: dict) -> None:
+    """A compressor's on/off options (powersgd's ``warm_start``), written as text in the
+    mechanism, as the bools its constructor takes: ``warm_start=off`` (or ``False``) was
+    refused ("warm_start must be True or False, got 'False'")."""
+    import inspect
+
+    from gradwire.catalogue import METHODS
+    from gradwire.compress import COMPRESSORS
+
+    method = METHODS.get(comp) if isinstance(comp, str) else None
+    if method is None or method.compressor is None:
+        return  # CollectiveOptions names what is wrong
+    takes = inspect.signature(COMPRESSORS[method.compressor]).parameters
+    for key, v in params.items():
+        if key in takes and isinstance(takes[key].default, bool):
+            params[key] = _flag(label, key, v)
 
 
 @contextlib.contextmanager
