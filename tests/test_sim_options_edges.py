@@ -7,6 +7,7 @@ import io
 import re
 
 import pytest
+from conftest import cli_error, one_line_cli_error
 from rich.console import Console
 
 from gradwire.errors import GradwireError
@@ -113,6 +114,28 @@ def test_a_bad_mechanism_option_names_the_mechanism(text, why):
     with pytest.raises(GradwireError) as e:
         parse_list(f"ring,{text},butterfly")
     assert re.match(re.escape(f"mechanism '{text}': ") + why, str(e.value)), str(e.value)
+
+
+@pytest.mark.parametrize("text, size", [
+    ("ring:bucket=25M", 25 * 2**20), ("ring:bucket=64k", 64 * 2**10),
+    ("ring:bucket=1G:compress=fp16", 2**30), ("ring+multicast:bucket=4KB", 4096),
+    ("ring:bucket=25000000", 25_000_000), ("ring:bucket=0", 0)])
+def test_a_bucket_is_bytes_as_sizes_reads_them(text, size):
+    """``ring:bucket=25M`` was refused ("bucket must be bytes >= 0, got '25M'"), though
+    bench's ``--sizes 25M`` and whatif's ``--workers 1K`` read the same suffixes."""
+    from gradwire.sizes import parse_size
+
+    assert parse(text).options.bucket_bytes == size
+    if size:
+        assert size == parse_size(text.split("bucket=")[1].split(":")[0])
+
+
+@pytest.mark.parametrize("value", ["25Q", "1.5M", "25e6", "-1", "0K"])
+def test_a_bucket_that_is_no_size_is_one_line_naming_the_forms(value, monkeypatch, capsys):
+    code, err = cli_error(monkeypatch, capsys, "simulate", "--model", "resnet50",
+                          "--mechanism", f"ring:bucket={value}")
+    one_line_cli_error(code, err, f"mechanism 'ring:bucket={value}': bucket must be a whole "
+                       "number of bytes >= 0", "or a size like 64K or 25M")
 
 
 # ---------------------------------------------------------------- gradwire trace's edits

@@ -12,7 +12,8 @@
 | any allreduce algorithm of the registry (rhd, lp, dbtree, tree, master, …) | per parameter |
 
 Options: ps family ``order=roundrobin|block``, ``barrier=on|off``, ``sharding=tensor|even``;
-collectives ``bucket=BYTES`` (fused buckets of at most BYTES; 0 = per parameter),
+collectives ``bucket=BYTES`` (fused buckets of at most BYTES, as ``--sizes`` reads them:
+25000000, 64K, 25M; 0 = per parameter),
 ``compress=NAME`` with the compressor's own parameters (``compress=topk:density=0.01``), and
 the schedule's parameters (``pipeline=4``). Example:
 ``ps:order=block``, ``ring:bucket=25000000:compress=fp16``.
@@ -38,6 +39,7 @@ from gradwire.sim.collective import (
 )
 from gradwire.sim.ps import PSOptions, check_flows, simulate_ps
 from gradwire.sim.trace import Trace
+from gradwire.sizes import parse_size
 
 PS_FAMILY = {"ps": {}, "multicast": {"multicast": True}, "ina": {"ina": True},
              "multicast+ina": {"multicast": True, "ina": True}}
@@ -129,8 +131,8 @@ def _parse(label: str) -> Mechanism:
 
 def _compressor_flags(label: str, comp: object, params: dict) -> None:
     """A compressor's on/off options (powersgd's ``warm_start``), written as text in the
-    mechanism, as the bools its constructor takes: ``warm_start=off`` (or ``False``) was
-    refused ("warm_start must be True or False, got 'False'")."""
+    mechanism (``warm_start=off``, ``False``, :func:`_flag`), as the bools its constructor
+    takes."""
     import inspect
 
     from gradwire.catalogue import METHODS
@@ -158,9 +160,16 @@ def _also_takes(options: str) -> Iterator[None]:
 
 
 def _bucket(label: str, params: dict) -> int:
+    """``bucket=``: bytes as bench's ``--sizes`` reads them (25000000, 64K, 25M; K, M and G
+    are powers of 1024), or 0 for a bucket per parameter."""
     bucket = params.pop("bucket", 0)
+    if isinstance(bucket, str):
+        with contextlib.suppress(GradwireError):  # refused below, as typed
+            bucket = parse_size(bucket)
     if not is_int(bucket, 0):
-        raise GradwireError(f"mechanism {label!r}: bucket must be bytes >= 0, got {bucket!r}")
+        raise GradwireError(f"mechanism {label!r}: bucket must be a whole number of bytes "
+                            f">= 0 (0: one per parameter) or a size like 64K or 25M (K, M, "
+                            f"G: powers of 1024), got {bucket!r}")
     return bucket
 
 
