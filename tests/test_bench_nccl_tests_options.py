@@ -15,6 +15,9 @@ from conftest import cli_error, one_line_cli_error
     (["-w", "5"], "No such option: -w; nccl-tests' -w is --warmup here"),
     (["-d", "half"], "No such option: -d; nccl-tests' -d is --dtype here"),
     (["-c", "1"], "No such option: -c; nccl-tests' -c: bench checks every row"),
+    # -m aggregates calls into one group; -n, the calls timed together, is --batch
+    (["-m", "4"], "No such option: -m; nccl-tests' -m (calls aggregated in one group) has no "
+                  "counterpart; its -n, the calls timed back to back, is --batch here"),
 ])
 def test_nccl_tests_options_name_benchs_own(monkeypatch, capsys, args, hint):
     code, err = cli_error(monkeypatch, capsys, "bench", *args)

@@ -39,7 +39,9 @@ NCCL_TESTS_OPTIONS = {
     "-e": _SIZES, "-f": _SIZES, "-i": _SIZES,
     **{o: f"nccl-tests' {o} is --hosts here (a rank per emulated host)" for o in ("-g", "-t")},
     **{o: f"nccl-tests' {o} is {ours} here" for o, ours in (
-        ("-w", "--warmup"), ("-m", "--batch"), ("-d", "--dtype"), ("-o", "--op"))},
+        ("-w", "--warmup"), ("-d", "--dtype"), ("-o", "--op"))},
+    "-m": "nccl-tests' -m (calls aggregated in one group) has no counterpart; its -n, the "
+          "calls timed back to back, is --batch here",
     "-c": "nccl-tests' -c: bench checks every row",
 }
 
