@@ -78,8 +78,9 @@ def bench(
     algo: Annotated[str | None, typer.Option(help="comma list, each NAME or NAME:KEY=VALUE[:...] "
                                              "(e.g. ring:pipeline=4); default: every algorithm "
                                              "of the collective")] = None,
-    sizes: Annotated[str, typer.Option(help="bytes: 1K:64M (doubling), 1K:64M:4, or a comma "
-                                       "list; from one element of --dtype up to what the "
+    sizes: Annotated[str, typer.Option(help="bytes (K, M, G: powers of 1024): 1K:64M "
+                                       "(doubling), 1K:64M:4, or a comma list; from one "
+                                       "element of --dtype up to what the "
                                        "ranks' buffers (about 3 x hosts x size, 4 x in a "
                                        "1-byte dtype) leave of "
                                        "this machine's memory")] = "1K:64M",
