@@ -161,7 +161,8 @@ def test_a_sparse_aggregation_reads_its_input_in_issue_order(tmp_path):
 # ---- docs/algorithms.md: nccl-tests' short options name bench's own
 
 @pytest.mark.parametrize("args,hint", [
-    (["-m", "4"], "No such option: -m; nccl-tests' -m is --batch here"),
+    (["-m", "4"], "No such option: -m; nccl-tests' -m (calls aggregated in one group) has "
+                  "no counterpart; its -n, the calls timed back to back, is --batch here"),
     (["-o", "avg"], "No such option: -o; nccl-tests' -o is --op here"),
 ])
 def test_nccl_tests_batch_and_op_options_name_benchs_own(monkeypatch, capsys, args, hint):
