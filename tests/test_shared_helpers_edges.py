@@ -82,3 +82,43 @@ def test_shards_are_disjoint_equal_and_drop_less_than_a_world(n, world, epoch, s
 @given(st.integers(1, 2**45))
 def test_a_size_reads_back_from_what_it_prints(n):
     assert parse_sizes(format_size(n)) == [n]
+
+
+def test_a_list_of_numbers_takes_an_empty_item_as_the_lists_of_names_do():
+    """``--sizes 1K,4M,`` said "size '' is not valid" (naming no option) and
+    ``--compute-speedup 1,2,`` "'' is not a number", while ``--agg dense,topk,`` and
+    ``--algo ring,`` ran; a list of nothing but commas is one line naming the option."""
+    from gradwire.check import parse_numbers
+    from gradwire.errors import GradwireError
+
+    assert parse_sizes("1K,4M,") == parse_sizes(" ,1K,,4M") == [1024, 4 * 2**20]
+    assert parse_numbers("--compute-speedup", "1,2,") == [1.0, 2.0]
+    with pytest.raises(GradwireError, match=r"^', ' names no size: expected a size like"):
+        parse_sizes(", ")
+    with pytest.raises(GradwireError, match=r"^--compute-ms ',' names no number"):
+        parse_numbers("--compute-ms", ",")
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["bench", "--sizes", ","], "--sizes: ',' names no size: expected a size like"),
+    (["bench", "--sizes", "1X"], "--sizes: size '1X' is not valid"),
+    (["whatif", "--model", "resnet50", "--bandwidth", ","],
+     "--bandwidth ',' names no link rate: expected a comma list such as 1gbit,10gbit"),
+    (["whatif", "--model", "resnet50", "--workers", ","],
+     "--workers ',': ',' names no worker count: expected a worker count like"),
+])
+def test_an_empty_list_is_one_line_naming_its_option(monkeypatch, capsys, args, msg):
+    from conftest import cli_error, one_line_cli_error
+
+    code, err = cli_error(monkeypatch, capsys, *args)
+    one_line_cli_error(code, err, msg)
+
+
+def test_whatif_takes_a_trailing_comma_in_its_lists(monkeypatch, capsys):
+    from conftest import run_cli
+
+    code, out, err = run_cli(monkeypatch, capsys, [
+        "whatif", "--model", "resnet50", "--workers", "8,16,", "--bandwidth", "1gbit,10gbit,",
+        "--compute-speedup", "1,"])
+    assert code == 0, err
+    assert sum(line.split() == ["1gbit", "10gbit"] for line in out.splitlines()) == 2

@@ -172,9 +172,14 @@ def number_text(text: str, whole: bool = False) -> bool:
 
 def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
     """``option``'s comma list ``text`` as floats, each finite and above ``low``; any other
-    value is a one-line error naming it."""
+    value is a one-line error naming it. An empty item (``1,2,``) is none, as the CLI's
+    lists of names take it."""
     out = []
-    for part in text.split(","):
+    parts = [part for part in text.split(",") if part.strip()]
+    if not parts:
+        raise GradwireError(f"{option} {text!r} names no number: expected a comma list of "
+                            f"numbers > {low:g}")
+    for part in parts:
         if not number_text(part):
             raise GradwireError(f"{option} {text!r}: {part!r} is not a number (ASCII digits)")
         v = parse_number(part)

@@ -25,9 +25,13 @@ def parse_size(text: str) -> int:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """Sizes in bytes, ascending, without duplicates."""
+    """Sizes in bytes, ascending, without duplicates; an empty item (``1K,4M,``) is none, as
+    the CLI's lists of names take it."""
     out: set[int] = set()
-    for part in text.split(","):
+    parts = [part for part in text.split(",") if part.strip(" \t")]
+    if not parts:
+        raise GradwireError(f"{text!r} names no size: expected {FORMS}")
+    for part in parts:
         fields = part.strip().split(":")
         if len(fields) == 1:
             out.add(parse_size(fields[0]))

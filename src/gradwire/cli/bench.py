@@ -150,7 +150,10 @@ def bench(
     dtypes = parse_dtypes(dtype)
     runs, unaveraged = pairs(dtypes, ops)
     check_device(device)
-    size_list = parse_sizes(sizes)
+    try:
+        size_list = parse_sizes(sizes)
+    except GradwireError as e:  # which option, as whatif's --workers says
+        raise GradwireError(f"--sizes: {e}") from None
     params = parse_params(param or [])
     check_shared(collective, specs, params)
     check_bandwidth(bandwidth)

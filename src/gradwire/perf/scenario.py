@@ -240,7 +240,12 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     prof, aggs, table = inputs(s, cal)
     # a value given twice (1gbit,1000mbit is one rate) is one column, row or table; so are
     # rates that print alike, as the tables and the JSON name them by what they print
-    rates = distinct([parse_link(b) for b in bandwidth.split(",")], key=format_bandwidth)
+    # an empty item (1gbit,10gbit,) is none, as the lists of names take it
+    rates = distinct([parse_link(b) for b in bandwidth.split(",") if b.strip()],
+                     key=format_bandwidth)
+    if not rates:
+        raise GradwireError(f"--bandwidth {bandwidth!r} names no link rate: expected a comma "
+                            "list such as 1gbit,10gbit")
     speedups = distinct(parse_numbers("--compute-speedup", compute_speedup))
     check_speedups(prof, speedups)
     terms, where = setting(s, cal)
