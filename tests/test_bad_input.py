@@ -615,7 +615,7 @@ def test_bench_sizes_must_fit_the_machine(monkeypatch):
 
     monkeypatch.setattr(spec, "available_memory", lambda device: (16 * 2**30, "available"))
     with pytest.raises(GradwireError, match=r"--sizes: 64G is too large for 4 ranks on this "
-                       r"machine: they would hold about 768 GiB, and it has 16 GiB of "
+                       r"machine: they would hold about 768 GiB in float32, and it has 16 GiB of "
                        r"available memory: expected sizes up to 1365M"):
         spec.check_sizes([2**10, 64 * 2**30], "float32", 4, "cpu")
     spec.check_sizes([4, 2**30], "float32", 4, "cpu")
@@ -624,7 +624,7 @@ def test_bench_sizes_must_fit_the_machine(monkeypatch):
     # a 1-byte dtype's check weights are as large as its buffer: 4 × ranks × size
     spec.check_sizes([4, 1200 * 2**20], "float32", 4, "cpu")
     with pytest.raises(GradwireError, match=r"1200M is too large for 4 ranks on this machine: "
-                       r"they would hold about 18.8 GiB, .* expected sizes up to 1G"):
+                       r"they would hold about 18.8 GiB in int8, .* expected sizes up to 1G"):
         spec.check_sizes([4, 1200 * 2**20], "int8", 4, "cpu")
 
 
@@ -670,3 +670,20 @@ def test_every_command_checks_density_one_way(density):
     with pytest.raises(GradwireError) as e:
         check_density(density)
     assert str(e.value) == f"--density must be in (0, 1], got {density:g}"
+
+
+def test_bench_checks_the_widest_dtype_of_a_list_first_and_names_the_one_too_large(
+        monkeypatch, capsys):
+    """--dtype all --sizes 1:4K was refused for float32 (4 bytes), then at 4:4K for float64;
+    a memory refusal of a list did not say which dtype's buffers were too large."""
+    from conftest import cli_error, one_line_cli_error
+
+    from gradwire.bench import spec
+
+    code, err = cli_error(monkeypatch, capsys, "bench", "--dtype", "all", "--sizes", "1:4K")
+    one_line_cli_error(code, err, "--sizes: 1 bytes hold no float64 element: expected sizes "
+                       "of at least 8 bytes")
+    monkeypatch.setattr(spec, "available_memory", lambda device: (16 * 2**30, "available"))
+    spec.check_sizes([4, 1200 * 2**20], "float32", 4, "cpu")
+    with pytest.raises(GradwireError, match=r"18.8 GiB in int8, and it has 16 GiB"):
+        spec.check_sizes([4, 1200 * 2**20], "int8", 4, "cpu")

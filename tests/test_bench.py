@@ -199,6 +199,46 @@ def test_bench_runs_dtype_and_op_lists_in_nccl_tests_order(tmp_path):
         ("float64", "max", 3, 0), ("int8", "max", 9, 0), ("int8", "max", 24, 0)]
     assert "note: --op avg times the float dtypes only, not int8" in p.stdout
     assert "allreduce (avg, max), 3 ranks" in p.stdout
+    assert res["skipped"] == [["int8", "avg"]]
+
+
+def test_bench_names_only_the_ops_it_ran_and_the_rows_it_will_run(monkeypatch, tmp_path):
+    """--op sum,avg --dtype int8 runs sum alone: the title said "(sum, avg)"."""
+    from rich.console import Console
+
+    from gradwire.bench import run as bench_run
+    from gradwire.cluster import loopback_cluster
+
+    monkeypatch.setenv("GRADWIRE_HOME", str(tmp_path))
+    seen = {}
+    monkeypatch.setattr(bench_run, "run_ranks", lambda *a, **k: seen.update(k) or [])
+    shown = tmp_path / "out.txt"
+    res = bench_run.run_bench(loopback_cluster(3), "reducescatter", parse_specs(
+        "reducescatter", "ring"), [24, 30], ["int8", "float64"], 1, 0, {}, True, 60,
+        Console(file=open(shown, "w"), width=200), ops=["sum", "avg"])
+    assert "reducescatter (sum, avg), 3 ranks" in shown.read_text()
+    # builtin and ring, each at: int8 sum's 24 and 30 elements (multiples of P), float64's
+    # 3 elements for both sizes (one row) in sum and in avg
+    assert seen["total"] == 2 * (2 + 1 + 1)
+    assert res["skipped"] == [["int8", "avg"]]
+    bench_run.run_bench(loopback_cluster(3), "allreduce", parse_specs("allreduce", "ring"),
+                        [64], ["int8"], 1, 0, {}, True, 60,
+                        Console(file=open(shown, "w"), width=200), ops=["sum", "avg"])
+    assert "allreduce (sum), 3 ranks" in shown.read_text()
+
+
+def test_wrong_rows_name_the_dtype_and_op_where_several_ran():
+    from gradwire.bench.report import wrong_rows
+
+    rows = [{"algo": "ring", "bytes": 1024, "wrong": 3, "type": t, "redop": o}
+            for t, o in (("float16", "prod"), ("bfloat16", "prod"), ("float16", "sum"))]
+    assert wrong_rows(rows) == (
+        "3 of 3 rows gave a wrong result: ring float16 prod at 1K (3 elements), ring bfloat16 "
+        "prod at 1K (3 elements), ring float16 sum at 1K (3 elements) (every rank checks its "
+        "output against the known answer after the last timed call)")
+    one = [{**r, "type": "float32", "redop": "sum"} for r in rows[:2]]
+    assert wrong_rows(one).startswith("2 of 2 rows gave a wrong result: ring at 1K (3 "
+                                      "elements), ring at 1K")
 
 
 @pytest.mark.parametrize("collective, dtype, op, want", [

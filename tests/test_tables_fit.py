@@ -185,3 +185,13 @@ def test_the_training_table_fits_a_text_model_s_warm_up_row():
         assert _lines_with(text, r["agg"], f"{r['samples_per_s']:.0f}", speedup, "3.600",
                            "3.500", "123.4", "12.3", f"{s['communicate'] * 1e3:.1f}",
                            f"{s['step'] * 1e3:.1f}", "12345.6", "3.2500", "33.115", "45.6"), r
+
+
+def test_whatif_shares_the_rates_evenly_between_its_tables():
+    """Seven rates made a table of six and one of one, whose narrow title wrapped onto nine
+    lines; they are four and three."""
+    s = scenario.Scenario(agg="dense,topk")
+    rates = "100mbit,1gbit,10gbit,25gbit,40gbit,100gbit,400gbit"
+    tables = perf_report.whatif_tables(scenario.whatif(s, "4,8", rates, "1"))
+    assert [len(t.columns) - 2 for t in tables[:2]] == [4, 3]  # aggregation, workers, rates
+    assert [len(t.columns) - 1 for t in tables[2:]] == [4, 3]  # workers, rates

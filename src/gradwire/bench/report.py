@@ -104,7 +104,7 @@ def table(rows: list[dict], title: str) -> Table:
 
 def footer(rows: list[dict]) -> list[str]:
     """nccl-tests' closing lines: elements that came out wrong (every row, every rank), and
-    each algorithm's bus bandwidth averaged over the sizes."""
+    each algorithm's bus bandwidth averaged over its rows (every size, dtype and op)."""
     wrong = sum(r["wrong"] for r in rows)
     lines = [f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"]
     by_algo: dict[str, list[float]] = {}
@@ -121,8 +121,10 @@ def wrong_rows(rows: list[dict]) -> str | None:
     bad = [r for r in rows if r["wrong"]]
     if not bad:
         return None
-    shown = ", ".join(f"{r['algo']} at {format_size(r['bytes'])} ({r['wrong']} elements)"
-                      for r in bad[:5])
+    # the dtype and op of a row where several ran (--dtype, --op lists): else rows read alike
+    kinds = [k for k in ("type", "redop") if len({r.get(k) for r in rows}) > 1]
+    shown = ", ".join(f"{' '.join([r['algo'], *(str(r[k]) for k in kinds)])} at "
+                      f"{format_size(r['bytes'])} ({r['wrong']} elements)" for r in bad[:5])
     more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
     return (f"{len(bad)} of {len(rows)} rows gave a wrong result: {shown}{more} (every rank "
             "checks its output against the known answer after the last timed call)")

@@ -94,13 +94,13 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
             "--op", ",".join(ops), "--device", device, *(["--interleave"] if interleave else [])]
     p = len(cluster.hosts)
     reducing = collective in REDUCING
-    named_ops = f" ({', '.join(ops)})" if reducing else ""
+    kept, unaveraged = pairs(dtypes, list(ops))
+    named_ops = f" ({', '.join(dict.fromkeys(o for _, o in kept))})" if reducing else ""
     title = (f"{collective}{named_ops}, {p} ranks"
              f"{' (NCCL, CUDA buffers)' if device == 'cuda' else ''}, {cluster.label}; "
              f"model: {source}")
     measured: list[str] = []
-    total = len(runs) * sum(len(measured_sizes(sizes, d, p, collective))
-                            for d, _ in pairs(dtypes, ops)[0])
+    total = len(runs) * sum(len(measured_sizes(sizes, d, p, collective)) for d, _ in kept)
     try:
         rows = run_ranks(cluster, "gradwire.bench.rank", args, f"bench {collective}", timeout,
                          console, total=total, tick="GW_BENCH ", ticked=measured)
@@ -127,6 +127,8 @@ def run_bench(cluster: Cluster, collective: str, specs: list[AlgoSpec], sizes: l
                       "times")
     return {
         "collective": collective, "dtypes": dtypes, "ops": list(ops) if reducing else None,
+        # the (dtype, op) pairs of dtypes × ops not run: an integer is not averaged
+        "skipped": [[d, "avg"] for d in unaveraged],
         "world_size": p, "network": cluster.label,
         "device": device, "backend": BACKENDS[device],
         **provenance.stamp(device=device),

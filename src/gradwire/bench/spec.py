@@ -254,8 +254,8 @@ def check_sizes(sizes: list[int], dtype: str, p: int, device: str,
     if sizes[-1] > most:
         raise GradwireError(
             f"--sizes: {format_size(sizes[-1])} is too large for {p} ranks on this machine: "
-            f"they would hold about {per_rank * p * sizes[-1] / 2**30:.3g} GiB, and "
-            f"it has {have / 2**30:.3g} GiB of {what} memory: expected sizes up to "
+            f"they would hold about {per_rank * p * sizes[-1] / 2**30:.3g} GiB in {dtype}, "
+            f"and it has {have / 2**30:.3g} GiB of {what} memory: expected sizes up to "
             f"{size_below(most)}")
 
 

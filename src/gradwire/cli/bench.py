@@ -159,7 +159,8 @@ def bench(
     check_bandwidth(bandwidth)
     # what the ranks would find wrong, found here: one line instead of a traceback per rank
     p = planned_ranks(hosts, cluster)
-    for d in dict.fromkeys(d for d, _ in runs):
+    # the widest dtype first: its smallest size is the bound for all
+    for d in sorted(dict.fromkeys(d for d, _ in runs), key=lambda d: -ITEMSIZE[d]):
         check_sizes(size_list, d, p, device, collective in ("allgather", "reducescatter"))
         item = ITEMSIZE[d]
         check_schedules(collective, specs, params, p,

@@ -77,7 +77,9 @@ def whatif_tables(wi: WhatIf) -> list[Table]:
     rates, each of the two is several tables, the rates in the order given."""
     prof, result = wi.profile, wi.result
     bws = list(dict.fromkeys(r["bandwidth"] for r in result["rows"]))
-    groups = [bws[i:i + RATES_PER_TABLE] for i in range(0, len(bws), RATES_PER_TABLE)]
+    # as few tables as hold them, the rates shared evenly (7 rates: 4 and 3, not 6 and 1)
+    per = -(-len(bws) // -(-len(bws) // RATES_PER_TABLE))
+    groups = [bws[i:i + per] for i in range(0, len(bws), per)]
     tables = []
     for x in wi.speedups:
         title = (f"{prof.model} ({_params(prof.numel)}), compute ×{x:g}: predicted iteration "
