@@ -517,6 +517,23 @@ def test_cli_sweeps_and_tables_show_progress_when_piped(tmp_path):
     assert len(said) == 4 and all(": simulating " in line for line in said), table.stderr
 
 
+def test_profile_and_trace_recordings_show_progress_when_piped(tmp_path):
+    """profile --model and trace --model ran their iterations silent until the result (at
+    --iters 1000 or a large batch, minutes); an edit of a trace is quick and says nothing."""
+    prof = gradwire_cli("profile", "--model", "mlp-small", "--iters", "5", "--warmup", "3")
+    rec = gradwire_cli("trace", "--model", "mlp-small", "--iterations", "3", "-o",
+                       str(tmp_path / "t.jsonl"))
+    edit = gradwire_cli("trace", "--from", str(tmp_path / "t.jsonl"), "--compute-speedup",
+                        "2", "-o", str(tmp_path / "t2.jsonl"))
+    for r in (prof, rec, edit):
+        assert r.returncode == 0, r.stderr
+    for r, label, total in ((prof, "profile mlp-small", 8), (rec, "trace mlp-small", 4)):
+        said = [line.split(" (")[0] for line in r.stderr.splitlines()]
+        assert said[-1] == f"gradwire {label}: {total}/{total} done", r.stderr
+        assert len(said) == 4 and all(line.startswith(f"gradwire {label}: ") for line in said)
+    assert "gradwire trace" not in edit.stderr, edit.stderr
+
+
 def test_cli_simulate_and_bad_trace(tmp_path):
     path = tr.save(small_trace(6), tmp_path / "s.trace.jsonl")
     out = tmp_path / "r.json"

@@ -8,11 +8,12 @@ one line naming the rank that failed.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -90,6 +91,26 @@ def _progress(text: str) -> tuple[int, int] | None:
     if not all(w.isascii() and w.isdigit() and len(w) <= 18 for w in words[1:]):
         return None
     return int(words[1]), int(words[2])
+
+
+@contextlib.contextmanager
+def local_progress(console: Console, label: str) -> Iterator[Callable[[int, int], None]]:
+    """Progress of work this process does itself (``profile``'s and ``trace``'s iterations),
+    shown as :func:`run_ranks` shows the ranks': a bar on a terminal, else quarter lines on
+    stderr. Yields ``update(done, total)``."""
+    lines = plain_progress(console, label)
+    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            if lines is not None:
+                lines.update(done, total)
+
+        yield update
+    if lines is not None:
+        lines.finish()
 
 
 def plain_progress(console: Console, label: str) -> _Quarters | None:

@@ -145,6 +145,7 @@ def profile(
                                 "lists the built-in profiles)")
         console.print(report.profiles_table())
         return
+    from gradwire.jobs import local_progress
     from gradwire.models import get_spec
     from gradwire.profiles.measure import measure
 
@@ -156,7 +157,8 @@ def profile(
     check_seq_len(ctx, model, seq_len)
     (out_path,) = check_outputs(("--out", out))
     try:
-        p = measure(model, batch_size, iters, warmup, seq_len)
+        with local_progress(console, f"profile {model}") as update:
+            p = measure(model, batch_size, iters, warmup, seq_len, on_step=update)
     except (MemoryError, RuntimeError) as e:
         short = _out_of_memory(e, model, batch_size, seq_len if spec.data == "text" else None)
         if short is None:

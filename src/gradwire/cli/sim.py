@@ -3,6 +3,7 @@ simulator (docs/simulator.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -55,6 +56,7 @@ def trace_cmd(
 
     Example: gradwire trace --model resnet50 -o resnet50.trace.jsonl
     """
+    from gradwire.jobs import local_progress
     from gradwire.sim import trace as tr
     from gradwire.sim.edit import check_edits, make_trace
 
@@ -67,9 +69,13 @@ def trace_cmd(
                   "iterations)")
     _check_unused(ctx, ("layer_bytes", "layer_forward_ms", "layer_backward_ms"), not add_layers,
                   "the layers --add-layers inserts: give --add-layers N too")
-    t = make_trace(model, source, iterations=iterations, batch_size=batch_size, seed=seed,
-                   compute_speedup=compute_speedup, add_layers=add_layers, layer=layer,
-                   resize=resize or [])
+    # a recording's iterations; an edit is quick
+    recording = (local_progress(console, f"trace {model}") if model is not None
+                 else contextlib.nullcontext(None))
+    with recording as update:
+        t = make_trace(model, source, iterations=iterations, batch_size=batch_size, seed=seed,
+                       compute_speedup=compute_speedup, add_layers=add_layers, layer=layer,
+                       resize=resize or [], on_step=update)
     write_text(out_path, tr.dumps(t))
     it = t.iterations[0]
     console.print(f"{t.model}: {len(t.params)} parameters, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -22,7 +23,10 @@ from gradwire.profiles import Profile
 
 
 def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
-            seq_len: int = 64, seed: int = 0) -> Profile:
+            seq_len: int = 64, seed: int = 0,
+            on_step: Callable[[int, int], object] | None = None) -> Profile:
+    """``model``'s profile from ``warmup`` untimed and ``iters`` timed iterations here;
+    ``on_step(done, total)`` after each (progress)."""
     for param, value in (("batch_size", batch_size), ("seq_len", seq_len)):
         check_int("profile", param, value, 1)
     # each iteration is a forward and backward pass timed here: at most as many as a trace
@@ -58,6 +62,8 @@ def measure(model: str, batch_size: int = 32, iters: int = 10, warmup: int = 3,
             step.append(t3 - t2)
             times = [s[0] for s in stamps]
             layers.append([b - a for a, b in zip([t1, *times[:-1]], times, strict=True)])
+        if on_step is not None:
+            on_step(i + 1, warmup + iters)
     order = [names[q] for _, q in stamps]
     # Gaps are noisy one by one (a busy machine lands a pause on any of them): split the median
     # backward time in proportion to the mean gaps.

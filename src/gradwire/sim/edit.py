@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gradwire.check import MAX_RECORDED, check_speedup, is_int, is_real, parse_int
@@ -14,7 +14,8 @@ from gradwire.sim import trace as tr
 def make_trace(model: str | None, source: Path | None, *, iterations: int = 3,
                batch_size: int = 32, seed: int = 0, compute_speedup: float = 1.0,
                add_layers: int = 0, layer: tuple[int, float, float] = (4 * 2**20, 1e-3, 2e-3),
-               resize: Sequence[str] = ()) -> tr.Trace:
+               resize: Sequence[str] = (),
+               on_step: Callable[[int, int], object] | None = None) -> tr.Trace:
     """The trace of ``model`` recorded here (``iterations`` kept, ``batch_size`` samples,
     ``seed``) or the one in ``source`` (exactly one of them), with every compute time divided
     by ``compute_speedup``, ``add_layers`` layers of ``layer`` = (bytes, forward s, backward
@@ -27,7 +28,7 @@ def make_trace(model: str | None, source: Path | None, *, iterations: int = 3,
     if model is not None:
         from gradwire.sim.record import record  # torch: only to record
 
-        t = record(model, iterations, batch_size, seed=seed)
+        t = record(model, iterations, batch_size, seed=seed, on_step=on_step)
     else:
         t = tr.load(source)  # type: ignore[arg-type]
     if compute_speedup != 1.0:

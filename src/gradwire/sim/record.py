@@ -10,6 +10,7 @@ parameter sends no gradient, so the trace leaves it out.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from itertools import accumulate
 
 import torch
@@ -23,8 +24,10 @@ from gradwire.sim.trace import Iteration, Param, Trace
 
 
 def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: int = 1,
-           seed: int = 0, worker: int = 0) -> Trace:
-    """Train ``model_name`` on its data set for ``warmup + iterations`` SGD steps, timing each."""
+           seed: int = 0, worker: int = 0,
+           on_step: Callable[[int, int], object] | None = None) -> Trace:
+    """Train ``model_name`` on its data set for ``warmup + iterations`` SGD steps, timing each;
+    ``on_step(done, total)`` after each (progress)."""
     # whole numbers (a float failed in range() with a traceback, True passed for 1), the
     # iterations kept as many as a trace may hold, the worker as loads() reads it back
     if not (is_int(iterations, 1, MAX_RECORDED) and is_int(batch_size, 1)
@@ -74,6 +77,8 @@ def record(model_name: str, iterations: int = 3, batch_size: int = 32, warmup: i
                 order += [i for i in names if i not in first_use]
             if step >= warmup:
                 kept.append((t0, dict(first_use), t1, dict(stamps)))
+            if on_step is not None:
+                on_step(step + 1, warmup + iterations)
     finally:
         for h in handles:
             h.remove()
