@@ -154,7 +154,9 @@ def test_train_refuses_a_sparsifiers_options_for_another_method(here, monkeypatc
 
 @pytest.mark.parametrize("args", [["--agg", "signsgd", "--no-warmup"],
                                   ["--agg", "topk", "--density", "0.01", "--warmup"],
-                                  ["--agg", "dense"]])
+                                  ["--agg", "dense"],
+                                  # demo strips its --agg items; train refused " topk "
+                                  ["--agg", " topk ", "--density", "0.01"]])
 def test_train_takes_what_the_method_reads(here, monkeypatch, capsys, args):
     start_here(monkeypatch, "gradwire.cli.train", "ephemeral_cluster")
     code, _, err = run_cli(monkeypatch, capsys, ["train", "--loopback", *args],

@@ -136,7 +136,7 @@ def simulate(
                                          "4096)")] = 32,
     bandwidth: Annotated[str, typer.Option(help="every link, each way, in bits per second: "
                                            "10gbit, 25gbit, ... (units kbit, mbit, gbit, "
-                                           "tbit)")] = "25gbit",
+                                           "tbit; 100kbit to 400gbit)")] = "25gbit",
     mechanism: Annotated[str, typer.Option(help="comma list (see docs/simulator.md): ps, "
                                            "multicast, ina, multicast+ina, ring, "
                                            "ring+multicast, butterfly, any allreduce "

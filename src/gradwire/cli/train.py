@@ -94,6 +94,7 @@ def train(
     from gradwire.report import TABLE_NOTE, plot_curves, results_table
     from gradwire.train.job import TrainConfig, train_on, validate, warmup_note
 
+    agg = agg.strip()  # as demo's --agg items are: " topk" is topk
     cfg = TrainConfig(model=model, agg=agg, density=density, mode=mode, warmup=warmup,
                       epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
                       seq_len=seq_len, rank=rank, checkpoint=checkpoint, resume=resume)
