@@ -40,8 +40,7 @@ def run_ranks(cluster: Cluster, module: str, args: Sequence[str], label: str,
         cmd = [sys.executable, "-m", module, *args, "--out", str(out)]
         tail: collections.deque[str] = collections.deque(maxlen=40)
         lines = plain_progress(console, label)
-        with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
+        with _bar(console, label) as bar:
             task = bar.add_task(label, total=total)
 
             def sink(line: str) -> None:
@@ -93,14 +92,19 @@ def _progress(text: str) -> tuple[int, int] | None:
     return int(words[1]), int(words[2])
 
 
+def _bar(console: Console, label: str) -> Progress:
+    """The progress bar a terminal shows (it draws nothing elsewhere): done of total, time."""
+    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
 @contextlib.contextmanager
 def local_progress(console: Console, label: str) -> Iterator[Callable[[int, int], None]]:
     """Progress of work this process does itself (``profile``'s and ``trace``'s iterations),
     shown as :func:`run_ranks` shows the ranks': a bar on a terminal, else quarter lines on
     stderr. Yields ``update(done, total)``."""
     lines = plain_progress(console, label)
-    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+    with _bar(console, label) as bar:
         task = bar.add_task(label, total=None)
 
         def update(done: int, total: int) -> None:

@@ -5,31 +5,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich import box
 from rich.table import Table
 
 from gradwire import profiles
 from gradwire.profiles import Profile
+from gradwire.tables import wide_table
 
 if TYPE_CHECKING:  # the model, for the types alone: listing the profiles imports no torch
     from gradwire.perf.scenario import Advice, WhatIf
 
 
-def _wide(columns: list[str], title: str | None = None, names: int = 1) -> Table:
-    """A table in the house style (:func:`gradwire.report.results_table`'s): no column rules,
-    units on a second header line, the first ``names`` columns (names, which are short)
-    never wrapped and the figures right-aligned. Where a terminal is too narrow for a row, a
-    cell wraps at its spaces, else folds onto another line: no figure is cut to "…"."""
-    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    for i, col in enumerate(columns):
-        t.add_column(col, justify="left" if i < names else "right", no_wrap=i < names,
-                     overflow="fold")
-    return t
-
-
 def profiles_table() -> Table:
     """The built-in profiles, one row each."""
-    t = _wide(["profile", "parameters", "forward\n(ms)", "backward\n(ms)", "batch"])
+    t = wide_table(["profile", "parameters", "forward\n(ms)", "backward\n(ms)", "batch"])
     t.add_column("what", overflow="fold")  # the description, wrapped at its spaces
     for name in profiles.builtin_names():
         p = profiles.load(name)
@@ -86,7 +74,7 @@ def whatif_tables(wi: WhatIf) -> list[Table]:
                  "time and scaling efficiency")
         rows = [r for r in result["rows"] if r["compute_speedup"] == x]
         for k, group in enumerate(groups):
-            t = _wide(["aggregation", "workers", *(f"{b}\nms (eff.)" for b in group)],
+            t = wide_table(["aggregation", "workers", *(f"{b}\nms (eff.)" for b in group)],
                       title=title + _part(k, groups))
             for key in dict.fromkeys((r["agg"], r["workers"]) for r in rows):
                 cells = [r for r in rows if (r["agg"], r["workers"]) == key
@@ -96,7 +84,7 @@ def whatif_tables(wi: WhatIf) -> list[Table]:
             tables.append(t)
         ans = [r for r in result["answers"] if r["compute_speedup"] == x]
         for k, group in enumerate(groups):
-            a = _wide(["workers", *(f"{b}\nratio / budget" for b in group)], names=0,
+            a = wide_table(["workers", *(f"{b}\nratio / budget" for b in group)], names=0,
                       title="compression an all-reducible scheme needs for linear scaling, and "
                             "the most encode+decode may cost (what backward does not hide of "
                             "dense's iteration)" + _part(k, groups))
@@ -133,7 +121,7 @@ def advice_table(a: Advice) -> Table:
     wire time and each rank's payload (what it compresses to, not what a schedule sends:
     a ring sends 2(P−1)/P of it, Top-k's allgather P−1 times it)."""
     g, p = a.cluster.ranks_per_node, a.cluster.workers
-    t = _wide(["#", "aggregation", "iteration\n(ms)", "efficiency", "not\nhidden\n(ms)",
+    t = wide_table(["#", "aggregation", "iteration\n(ms)", "efficiency", "not\nhidden\n(ms)",
                "encode+\ndecode\n(ms)", "wire\n(ms)", "payload/rank\n(MB)"], names=2,
               title=f"{a.profile.model}, {p} worker{'' if p == 1 else 's'}, {a.bandwidth}"
                     + (f", {g} per node ({a.intra_bandwidth} inside)" if g > 1 else ""))

@@ -9,13 +9,13 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rich import box
 from rich.table import Table
 
 from gradwire.jsonfile import dumps, replace_text, save_figure
 from gradwire.sim import mechanisms
 from gradwire.sim.cluster import SimCluster, SimResult
 from gradwire.sim.trace import Trace, add_layers, scale_compute
+from gradwire.tables import wide_table
 
 
 def host_costs(c: SimCluster) -> str:
@@ -71,18 +71,6 @@ def broken(label: str, width: int) -> str:
 LABEL_WIDTH = 28
 
 
-def _sim_table(title: str, first: str, columns: Sequence[str]) -> Table:
-    """A table in the house style (:func:`gradwire.report.results_table`'s): no column rules,
-    units on a second header line; ``first`` the mechanisms' column, left-aligned and never
-    wrapped (:func:`broken` lays its labels on lines), then the figures', right-aligned. A
-    terminal too narrow for a row folds a figure onto another line: none is cut to "…"."""
-    t = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    t.add_column(first, no_wrap=True, overflow="fold")
-    for col in columns:
-        t.add_column(col, justify="right", overflow="fold")
-    return t
-
-
 def results_table(results: Sequence[SimResult], title: str) -> Table:
     sp = speedups(results)
     base = baseline(results)
@@ -92,9 +80,10 @@ def results_table(results: Sequence[SimResult], title: str) -> Table:
     # the baseline by name where it is short (ps, the first where ps did not run), else by
     # place: a long label would widen the column past 120
     vs = base if len(base) <= 9 else "row 1"
-    t = _sim_table(title, "mechanism", (
-        "iteration\ns", f"speed-up\nvs {vs}", "compute\ns", "exposed\ncomm s",
-        *(k.replace(" ", "\n") for k in kinds), "sim wall\ns"))
+    # the mechanism first: never wrapped, :func:`broken` lays its labels on lines
+    t = wide_table(("mechanism", "iteration\ns", f"speed-up\nvs {vs}", "compute\ns",
+                    "exposed\ncomm s", *(k.replace(" ", "\n") for k in kinds), "sim wall\ns"),
+                   title)
     for r in results:
         u = r.utilisation
         t.add_row(broken(r.mechanism, LABEL_WIDTH), seconds(r.iteration_s),
@@ -105,8 +94,8 @@ def results_table(results: Sequence[SimResult], title: str) -> Table:
 
 def validation_table(rows: Sequence[dict], title: str) -> Table:
     """Simulated vs measured (``gradwire simulate --emulate``)."""
-    t = _sim_table(title, "mechanism", ("servers", "α\nµs", "simulated\ns", "measured\ns",
-                                        "error", "bytes\nequal"))
+    t = wide_table(("mechanism", "servers", "α\nµs", "simulated\ns", "measured\ns", "error",
+                    "bytes\nequal"), title)
     for r in rows:
         same = r["simulated_link_bytes"] == r["measured_link_bytes"]
         t.add_row(broken(r["mechanism"], LABEL_WIDTH), str(r["servers"] or "-"),
@@ -167,8 +156,8 @@ def paper_table(number: int, traces: Sequence[Trace], cluster: SimCluster,
     where = (f"{c.workers} workers" + ("" if len(bws) > 1 else f", {bws[0] / 1e9:g} Gbit/s")
              + f", {c.servers} server(s), {host_costs(c)}")
     paper = spec.get("servers", 1)
-    table = _sim_table(f"{spec['title']}, {where}; the paper: 32 workers, {paper} "
-                       f"server{'s' if paper > 1 else ''}", head[0], head[1:])
+    table = wide_table(head, f"{spec['title']}, {where}; the paper: 32 workers, {paper} "
+                       f"server{'s' if paper > 1 else ''}")
     # a model's name is any string its profile or trace gives: wrapped (folded where it has
     # no space) in a column the width of the rest, never cut
     table.columns[0].no_wrap = False
