@@ -11,7 +11,8 @@ import gradwire
 LAYERS: list[tuple[str, ...]] = [
     ("errors",),
     ("check",),
-    ("config", "dtypes", "bandwidth", "sizes", "jsonfile", "interrupts", "syncfree"),
+    ("config", "dtypes", "bandwidth", "sizes", "jsonfile", "interrupts", "syncfree",
+     "tables"),
     ("data",),
     ("models",),
     ("profiles",),
