@@ -117,6 +117,20 @@ def local_progress(console: Console, label: str) -> Iterator[Callable[[int, int]
         lines.finish()
 
 
+# a cluster of this many hosts or more shows its build's progress: hosts take about 0.1 s
+# each to make (ip, tc, sysctl), so a smaller one is up before a bar means anything
+BUILD_PROGRESS_HOSTS = 16
+
+
+def build_progress(console: Console, hosts: int) -> Callable[[], contextlib.AbstractContextManager[
+        Callable[[int, int], None]]] | None:
+    """An emulated cluster's build progress (``cluster_up``'s ``progress``), shown as
+    :func:`local_progress` shows its own; None for a cluster too small to need it."""
+    if hosts < BUILD_PROGRESS_HOSTS:
+        return None
+    return lambda: local_progress(console, "cluster up")
+
+
 def plain_progress(console: Console, label: str) -> _Quarters | None:
     """Progress as plain stderr lines where ``console`` draws none (output piped or logged,
     not quiet); None where it is a terminal (a bar or spinner shows it) or quiet."""

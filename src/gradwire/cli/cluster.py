@@ -26,6 +26,7 @@ from gradwire.cluster.netns import MTU
 from gradwire.cluster.state import NAME_RE, state_files
 from gradwire.errors import GradwireError
 from gradwire.interrupts import Interrupted
+from gradwire.jobs import build_progress
 from gradwire.launcher import check_timeout, launch
 
 
@@ -33,7 +34,7 @@ def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
        name: Annotated[str | None, typer.Option(help="gw + 6 lowercase hex digits")] = None,
        mtu: Mtu = MTU) -> None:
     """Create an emulated cluster that stays up until `gradwire cluster down`."""
-    c = cluster_up(hosts, bandwidth, name, mtu=mtu)
+    c = cluster_up(hosts, bandwidth, name, mtu=mtu, progress=build_progress(console, hosts))
     console.print(f"cluster [bold]{c.name}[/] up: {escape(c.label)}", markup=True)
     console.print(hosts_table(c))
 

@@ -21,6 +21,7 @@ from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_ava
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS, check_mtu
 from gradwire.errors import GradwireError
+from gradwire.jobs import build_progress
 from gradwire.jsonfile import check_writable, dumps, replace_text, save_elsewhere
 
 # Piped output (CI logs, files) gets tables 120 columns wide (wide ones wrap their text
@@ -125,7 +126,8 @@ def cluster_for(ctx: typer.Context, hosts: int, bandwidth: str, name: str | None
                                     f"{c.name} ({shown}): leave --{key} out with --cluster")
         return contextlib.nullcontext(c)
     check_loopback(ctx, loopback, bandwidth)
-    return ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu)
+    return ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu,
+                             progress=build_progress(console, hosts))
 
 
 def check_loopback(ctx: typer.Context, loopback: bool, bandwidth: str) -> None:

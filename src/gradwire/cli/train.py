@@ -36,6 +36,7 @@ from gradwire.cluster import ephemeral_cluster
 from gradwire.cluster.netns import MTU
 from gradwire.cluster.state import check_mtu
 from gradwire.errors import GradwireError
+from gradwire.jobs import build_progress
 from gradwire.launcher import check_timeout
 
 
@@ -113,7 +114,8 @@ def train(
     note = warmup_note(cfg, "--epochs {epochs} or more, or --no-warmup, send it")
     if note:
         print(f"gradwire train: {note}", file=sys.stderr)
-    with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
+    with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu,
+                           progress=build_progress(console, hosts)) as c:
         result = train_on(c, cfg, agg, timeout, console)
         label = c.label
     title = (f"{model} ({result['parameters'] / 1e6:.2f} M params), {hosts} ranks, {label}, "
@@ -199,7 +201,8 @@ def demo(
         note = warmup_note(cfg, "--epochs {epochs} or more send it")
         if note:
             print(f"gradwire demo: {note}", file=sys.stderr)
-    with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu) as c:
+    with ephemeral_cluster(hosts, bandwidth, use_loopback(loopback), mtu,
+                           progress=build_progress(console, hosts)) as c:
         run_demo(c, aggs, base, timeout, console, plot_path,
                  keep=(lambda results: write_json(json_path, _stamped(*results)))
                  if json_path else None)

@@ -77,6 +77,9 @@ from gradwire.cluster.state import (
 from gradwire.errors import GradwireError
 from gradwire.interrupts import STOP_SIGNALS, Interrupted, on_signals
 
+# what cluster_up's ``progress`` makes: a context whose value is ``update(made, hosts)``
+Progress = Callable[[], contextlib.AbstractContextManager[Callable[[int, int], None]]]
+
 SUBNET_PREFIX = "10.213"  # 10.213.S.0/24, one S per live cluster; reserved for gradwire
 
 
@@ -309,7 +312,7 @@ def _free_subnet() -> int:
 
 
 def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
-               owned: bool = False, mtu: int = MTU) -> Cluster:
+               owned: bool = False, mtu: int = MTU, progress: Progress | None = None) -> Cluster:
     """Create a cluster of ``hosts`` namespaces; on any failure everything made is removed.
 
     ``mtu``: the largest IP packet on every link (bytes); the bridge and both ends of every
@@ -319,7 +322,10 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
     die without removing it, the next cluster made on this machine removes it first. Every
     cluster belongs to this process while it is being built (a ``cluster up`` killed half way
     is removed the same way); one not ``owned`` belongs to no process once it is ready. Stale
-    clusters of other runs are removed here in any case."""
+    clusters of other runs are removed here in any case.
+
+    ``progress``: a context manager factory entered around the hosts' build (exited before
+    this returns), whose ``update(made, hosts)`` is called as each host is made."""
     check_hosts(hosts)
     bps = parse_bandwidth(bandwidth)
     check_mtu(mtu)
@@ -339,19 +345,27 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         _ip("link", "set", cluster.bridge, "up")
         took_all, capped_all = True, True
         ceiling = host_send_buffer(bps, mtu) if bps is not None else None
-        for i in range(hosts):
-            host = Host(i, f"{name}-h{i}", f"{SUBNET_PREFIX}.{cluster.subnet}.{i + 1}", "eth0")
-            took, capped = _add_host(cluster, host, bps, ceiling)
-            took_all, capped_all = took_all and took, capped_all and capped
-            cluster.tcp = CONGESTION_CONTROL if took_all else None
-            cluster.sndbuf = ceiling if capped_all else None
-            cluster.hosts.append(host)
-            save_cluster(cluster)
+        with progress() if progress else contextlib.nullcontext(_no_progress) as update:
+            update(0, hosts)
+            for i in range(hosts):
+                host = Host(i, f"{name}-h{i}", f"{SUBNET_PREFIX}.{cluster.subnet}.{i + 1}",
+                            "eth0")
+                took, capped = _add_host(cluster, host, bps, ceiling)
+                took_all, capped_all = took_all and took, capped_all and capped
+                cluster.tcp = CONGESTION_CONTROL if took_all else None
+                cluster.sndbuf = ceiling if capped_all else None
+                cluster.hosts.append(host)
+                save_cluster(cluster)
+                update(i + 1, hosts)
         write_hosts_files(cluster)
         cluster.ready = True
         cluster.owner = me if owned else None  # `cluster up`'s stays until `cluster down`
         save_cluster(cluster)
     return cluster
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
 
 
 def _add_host(cluster: Cluster, host: Host, bps: float | None,
@@ -533,12 +547,13 @@ def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
 
 @contextlib.contextmanager
 def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False,
-                      mtu: int = MTU) -> Iterator[Cluster]:
+                      mtu: int = MTU, progress: Progress | None = None) -> Iterator[Cluster]:
     """A cluster that lives for one ``with`` block and is removed on any exit, signals included.
 
     ``loopback=True`` gives the unshaped loopback fallback instead (``mtu`` checked, then not
     used: loopback's own MTU is 64 KiB); without namespace support ``cluster_up`` refuses, and
-    callers choose loopback themselves (the CLI's ``use_loopback``).
+    callers choose loopback themselves (the CLI's ``use_loopback``). ``progress``: as
+    :func:`cluster_up`'s.
     """
     if loopback:
         parse_bandwidth(bandwidth)
@@ -552,7 +567,8 @@ def ephemeral_cluster(hosts: int, bandwidth: str, loopback: bool = False,
     cluster = None
     with _signals_raise():
         try:
-            cluster = cluster_up(hosts, bandwidth, name=name, owned=True, mtu=mtu)
+            cluster = cluster_up(hosts, bandwidth, name=name, owned=True, mtu=mtu,
+                                 progress=progress)
             yield cluster
         finally:
             if cluster is not None or _made_here(name):

@@ -326,7 +326,7 @@ def run(trace_path: Path, c: SimCluster, mechanisms: list[Mechanism], bandwidth:
     """Each mechanism for real on its own emulated cluster of ``bandwidth`` links; per
     mechanism the measured steady iteration time, iteration ends and bytes per link kind."""
     from gradwire.cluster import ephemeral_cluster
-    from gradwire.jobs import run_ranks
+    from gradwire.jobs import build_progress, run_ranks
 
     for m in mechanisms:
         check(m)
@@ -336,7 +336,8 @@ def run(trace_path: Path, c: SimCluster, mechanisms: list[Mechanism], bandwidth:
         args = ["--trace", str(trace_path), "--mechanism", m.label, "--workers",
                 str(c.workers), "--servers", str(c.servers), "--iterations",
                 str(c.iterations), "--seed", str(c.seed)]
-        with ephemeral_cluster(hosts(m, c), bandwidth, loopback) as cl:
+        with ephemeral_cluster(hosts(m, c), bandwidth, loopback,
+                               progress=build_progress(console, hosts(m, c))) as cl:
             out.append(run_ranks(cl, "gradwire.sim.emulate", args, f"emulate {m.label}",
                                  timeout, console))
     return out
@@ -348,9 +349,10 @@ def calibrate(workers: int, bandwidth: str, console: Console, loopback: bool = F
     result (CPU ranks over gloo) and ``alpha_stream_s``, a sender's cost per message of a
     stream (:func:`_stream_alpha`, from the last host to the first)."""
     from gradwire.cluster import ephemeral_cluster
-    from gradwire.jobs import run_ranks
+    from gradwire.jobs import build_progress, run_ranks
 
-    with ephemeral_cluster(workers, bandwidth, loopback) as cl:
+    with ephemeral_cluster(workers, bandwidth, loopback,
+                           progress=build_progress(console, workers)) as cl:
         cal = run_ranks(cl, "gradwire.bench.calibrate", ["--device", "cpu", "--model",
                                                          "resnet20"],
                         f"calibrate {workers} hosts", None, console)

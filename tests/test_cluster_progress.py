@@ -1,0 +1,61 @@
+"""A big emulated cluster's build shows progress: `gradwire cluster up --hosts 64` ran silent
+for 6 to 7 s (about 25 s at 250 hosts) before its table, and a bench, train or simulate run
+on as many hosts sat as long before its ranks' bar. A stop that comes while the build's
+progress is shown still removes every host made."""
+
+import contextlib
+import secrets
+
+import pytest
+from conftest import gradwire_cli, gradwire_leftovers, needs_netns
+
+from gradwire.cluster import cluster_down, cluster_up, list_clusters
+from gradwire.jobs import BUILD_PROGRESS_HOSTS
+
+
+@needs_netns
+def test_a_big_cluster_up_says_its_progress_when_piped_and_a_small_one_says_nothing():
+    big, small = (f"gw{secrets.token_hex(3)}" for _ in range(2))
+    try:
+        made = gradwire_cli("cluster", "up", "--hosts", str(BUILD_PROGRESS_HOSTS), "--name", big)
+        quiet = gradwire_cli("cluster", "up", "--hosts", "2", "--name", small)
+    finally:
+        gradwire_cli("cluster", "down", big)
+        gradwire_cli("cluster", "down", small)
+    assert made.returncode == 0 and quiet.returncode == 0, made.stderr + quiet.stderr
+    n = BUILD_PROGRESS_HOSTS
+    said = [line.split(" (")[0] for line in made.stderr.splitlines()]
+    assert said == [f"gradwire cluster up: {q * n // 4}/{n} done" for q in (1, 2, 3, 4)], said
+    assert f"{big}-h{n - 1}" in made.stdout  # the table still follows
+    assert quiet.stderr == "", quiet.stderr
+    assert not gradwire_leftovers(big) and not gradwire_leftovers(small)
+
+
+@needs_netns
+def test_progress_is_shown_during_the_build_only_and_a_stop_in_it_removes_every_host():
+    seen: list[tuple[int, int]] = []
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def progress():
+        events.append("enter")
+        yield lambda done, total: seen.append((done, total))
+        events.append("exit")
+
+    c = cluster_up(3, "1gbit", progress=progress)
+    try:
+        assert events == ["enter", "exit"]  # closed before the cluster is handed over
+        assert seen == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    finally:
+        cluster_down(c.name)
+
+    name = f"gw{secrets.token_hex(3)}"
+
+    def stop(done: int, total: int) -> None:
+        if done == 2:  # two hosts made: a Ctrl-C while the bar redraws
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cluster_up(4, "1gbit", name=name, progress=lambda: contextlib.nullcontext(stop))
+    assert not gradwire_leftovers(name)
+    assert name not in {x.name for x in list_clusters()}
