@@ -110,6 +110,30 @@ def test_rates_that_differ_print_differently():
         "100kbit", "534mbit", "2.5gbit", "1gbit"]
 
 
+@pytest.mark.parametrize("text, bps", [(".5gbit", 5e8), ("5.gbit", 5e9), ("+.25mbit", None),
+                                       (".gbit", None), ("1..5gbit", None), (".5 gbit", None)])
+def test_a_rate_takes_a_decimal_as_the_cli_s_numbers_do(text, bps):
+    """".5" is a number to every number option (parse_number), but ".5gbit" was refused as
+    "not valid" while "0.5gbit" was taken; a sign, a lone point or a space inside still are."""
+    if bps is None:
+        with pytest.raises(GradwireError, match="is not valid"):
+            parse_bandwidth(text)
+    else:
+        assert parse_bandwidth(text) == bps == parse_bandwidth(f"0{text}")
+
+
+@pytest.mark.parametrize("text", ["1e2", "4.0", "2.5", "0x10", "1_0"])
+def test_a_sweep_of_workers_or_layers_takes_whole_numbers_as_workers_does(text):
+    """`simulate --workers 1e2` is refused ("not a whole number") while `--sweep workers=1e2`
+    ran 100 workers: the sweep read each value as a float. Both take ASCII digits now."""
+    from gradwire.sim.simulate import sweep_value
+
+    for axis in ("workers", "layers"):
+        with pytest.raises(GradwireError, match=f"--sweep {axis}: {text!r} is not valid"):
+            sweep_value(axis, text)
+    assert sweep_value("workers", "+100") == 100 and sweep_value("speedup", "1e0") == 1
+
+
 # ---- save_elsewhere: a long name
 
 

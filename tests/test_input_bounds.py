@@ -137,7 +137,7 @@ def test_a_sweep_value_or_mechanism_named_twice_is_one_point(monkeypatch, capsys
     JSON, keyed by name, kept one."""
     out = tmp_path / "out.json"
     code, stdout, err = run_cli(monkeypatch, capsys, [
-        "simulate", "--trace", tiny, "--mechanism", "ps,ps", "--sweep", "workers=2,4,2.0",
+        "simulate", "--trace", tiny, "--mechanism", "ps,ps", "--sweep", "workers=2,4,02",
         "--json", str(out)])
     assert code == 0, err
     rows = strict_json(out.read_text())["rows"]

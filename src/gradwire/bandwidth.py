@@ -13,7 +13,8 @@ from gradwire.errors import GradwireError
 _UNITS = {"kbit": 3, "mbit": 6, "gbit": 9, "tbit": 12}
 # ASCII only: \d and str.lower() would also take other scripts' digits ("١gbit") and the
 # Kelvin sign ("1\u212abit"), which tc and every reader of a result file would not.
-_PATTERN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit|tbit)", re.ASCII)
+# A decimal as the CLI's numbers take it: "2.5", ".5" and "5." alike.
+_PATTERN = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(kbit|mbit|gbit|tbit)", re.ASCII)
 RATES = "a rate like 100mbit, 1gbit, 2.5gbit, 10gbit, 25gbit (units kbit, mbit, gbit, tbit)"
 # What tc shapes and an emulated host can carry; a model prices links inside a GPU node too
 # (NVLink: 3.6 Tbit/s on an H100, 14.4 on a B200), up to MODEL_MOST.

@@ -170,12 +170,18 @@ def number_text(text: str, whole: bool = False) -> bool:
             or text.strip(" \t").lower().lstrip("+-") in ("inf", "infinity", "nan"))
 
 
+def comma_items(text: str) -> list[str]:
+    """The items of the comma list ``text``, stripped; an empty item (``a,b,``, ``a,,b``) is
+    none, as every CLI list takes it."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
     """``option``'s comma list ``text`` as floats, each finite and above ``low``; any other
     value is a one-line error naming it. An empty item (``1,2,``) is none, as the CLI's
     lists of names take it."""
     out = []
-    parts = [part for part in text.split(",") if part.strip()]
+    parts = comma_items(text)
     if not parts:
         raise GradwireError(f"{option} {text!r} names no number: expected a comma list of "
                             f"numbers > {low:g}")
@@ -185,7 +191,7 @@ def parse_numbers(option: str, text: str, low: float = 0.0) -> list[float]:
         v = parse_number(part)
         if v is None or not low < v < math.inf:
             raise GradwireError(f"{option} {text!r}: each value must be a finite number > "
-                                f"{low:g}, got {part.strip()}")
+                                f"{low:g}, got {part}")
         out.append(v)
     return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from gradwire.check import parse_int
+from gradwire.check import comma_items, parse_int
 from gradwire.errors import GradwireError
 
 _SIZE = re.compile(r"([0-9]+)([KMG]?)B?", re.I | re.ASCII)
@@ -28,11 +28,11 @@ def parse_sizes(text: str) -> list[int]:
     """Sizes in bytes, ascending, without duplicates; an empty item (``1K,4M,``) is none, as
     the CLI's lists of names take it."""
     out: set[int] = set()
-    parts = [part for part in text.split(",") if part.strip(" \t")]
+    parts = comma_items(text)
     if not parts:
         raise GradwireError(f"{text!r} names no size: expected {FORMS}")
     for part in parts:
-        fields = part.strip().split(":")
+        fields = part.split(":")
         if len(fields) == 1:
             out.add(parse_size(fields[0]))
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from gradwire.check import comma_items
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 from gradwire.schedules.registry import parse_params
@@ -75,7 +76,7 @@ def _names(text: str, option: str, every: tuple[str, ...]) -> list[str]:
     """A comma list of names, each once, or ``every`` for ``all``."""
     if text.strip() == ALL:
         return list(every)
-    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    names = list(dict.fromkeys(comma_items(text)))
     if ALL in names:
         raise GradwireError(f"{option} {text!r}: all stands alone (every one), not in a list")
     if not names:
@@ -153,7 +154,7 @@ def parse_specs(collective: str, text: str | None) -> list[AlgoSpec]:
     if text is None:
         return [AlgoSpec(a.name, a.name) for a in registry.algorithms(collective)]
     # a spec given twice is run once: its rows and averages would merge under one label
-    labels = dict.fromkeys(t.strip() for t in text.split(",") if t.strip())
+    labels = dict.fromkeys(comma_items(text))
     specs = [parse_spec(collective, t) for t in labels]
     if not specs:
         raise GradwireError(f"--algo {text!r} names no algorithm: expected a comma list such as "

@@ -18,6 +18,7 @@ from gradwire.check import (
     MAX_SECONDS,
     MAX_SEQ_LEN,
     check_range,
+    comma_items,
 )
 from gradwire.cli.options import (
     check_outputs,
@@ -92,7 +93,7 @@ def _check_read(ctx: typer.Context, calibration: Path | None, ranks_per_node: in
     with --mode model: --reference beside --calibration (the calibration describes the
     cluster), --intra-bandwidth with one rank per node (no transfer stays inside a node),
     --density or --rank where no method of --agg takes it."""
-    names = [a.strip() for a in (agg or "").split(",") if a.strip()]
+    names = comma_items(agg or "")
     known = [n for n in names if n in catalogue.METHODS]
     if names and len(known) == len(names):  # an unknown name is refused where it is read
         for option, takes in (("density", lambda m: m.takes_density),

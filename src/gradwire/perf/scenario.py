@@ -20,6 +20,7 @@ from gradwire.check import (
     check_powersgd_rank,
     check_real,
     check_speedup,
+    comma_items,
     distinct,
     parse_numbers,
     shown_number,
@@ -150,7 +151,7 @@ def inputs(s: Scenario, cal: Calibration | None = None
         raise GradwireError(f"--bucket-mb must be > 0, got {s.bucket_mb}")
     check_powersgd_rank(s.rank)
     check_density(s.density)  # as every other command names it: --density
-    names = [a.strip() for a in (s.agg or "").split(",") if a.strip()]
+    names = comma_items(s.agg or "")
     if not names:
         raise GradwireError("--agg needs at least one method")
     # a method named twice is one scheme: one row of whatif's tables, one place in the ranking
@@ -240,8 +241,7 @@ def whatif(s: Scenario, workers: str, bandwidth: str, compute_speedup: str) -> W
     prof, aggs, table = inputs(s, cal)
     # a value given twice (1gbit,1000mbit is one rate) is one column, row or table; so are
     # rates that print alike, as the tables and the JSON name them by what they print
-    # an empty item (1gbit,10gbit,) is none, as the lists of names take it
-    rates = distinct([parse_link(b) for b in bandwidth.split(",") if b.strip()],
+    rates = distinct([parse_link(b) for b in comma_items(bandwidth)],
                      key=format_bandwidth)
     if not rates:
         raise GradwireError(f"--bandwidth {bandwidth!r} names no link rate: expected a comma "

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gradwire.check import is_int
+from gradwire.check import comma_items, is_int
 from gradwire.errors import GradwireError, did_you_mean
 from gradwire.schedules import registry
 from gradwire.schedules.registry import parse_params
@@ -185,7 +185,7 @@ def _ring_multicast(label: str, params: dict) -> Mechanism:
 
 
 def parse_list(text: str) -> list[Mechanism]:
-    out = [parse(x) for x in text.split(",") if x.strip()]
+    out = [parse(x) for x in comma_items(text)]
     if not out:
         raise GradwireError(f"--mechanism {text!r} names none: expected a comma list such as "
                             f"{','.join(PAPER)}")

@@ -17,7 +17,9 @@ from gradwire.check import (
     MAX_ALPHA_US,
     SPEEDUP_RANGE,
     check_real,
+    comma_items,
     distinct,
+    parse_int,
     parse_number,
 )
 from gradwire.errors import GradwireError
@@ -49,14 +51,17 @@ def sweep_value(axis: str, text: str) -> float:
 
     if axis == "bandwidth":
         return parse_bandwidth(text, unshaped=False)  # type: ignore[return-value]
-    v = parse_number(text)
-    if v is None:
-        v = math.nan
     if axis in ("workers", "layers"):
+        # written as --workers takes it: "1e2" and "4.0" are refused there, so here too
+        n = parse_int(text)
         low, high = (1, MAX_WORLD) if axis == "workers" else (0, MAX_PARAMS)
-        ok = math.isfinite(v) and v == int(v) and low <= v <= high
+        ok = n is not None and low <= n <= high
+        v = float(n) if ok else math.nan  # type: ignore[arg-type]
         allowed = f"whole numbers >= {low} (up to {high})"
     else:
+        v = parse_number(text)
+        if v is None:
+            v = math.nan
         low, high = SPEEDUP_RANGE
         ok, allowed = low <= v <= high, f"numbers > 0 (from {low:g} to {high:g})"
     if not ok:
@@ -71,7 +76,7 @@ def parse_sweep(text: str, axes: tuple[str, ...]) -> tuple[str, list[float]]:
         raise GradwireError(f"--sweep {text!r}: expected AXIS=V1,V2 with AXIS one of "
                             f"{', '.join(axes)}")
     # a value given twice (2,2; 1gbit,1000mbit) is one point: one run, one row, one key
-    vals = distinct([sweep_value(axis, v.strip()) for v in values.split(",") if v.strip()])
+    vals = distinct([sweep_value(axis, v) for v in comma_items(values)])
     if not vals:
         raise GradwireError(f"--sweep {text!r}: no values: expected {axis}=V1,V2,..")
     return axis, vals

@@ -24,7 +24,7 @@ from gradwire.bench.calibrate import calibrate
 from gradwire.bench.sharing import usable_cores
 from gradwire.bench.validation.predict import predict_configuration, rows
 from gradwire.catalogue import METHODS
-from gradwire.check import parse_int
+from gradwire.check import comma_items, parse_int
 from gradwire.cluster import ephemeral_cluster, netns_available
 from gradwire.cluster.state import MAX_HOSTS
 from gradwire.data import digits
@@ -101,8 +101,7 @@ def parse_plan(rates: str, workers: str, aggs: str, repeats: int = 3,
     if len(ps) != len(read):
         raise GradwireError(f"--workers {workers!r}: expected a comma list of whole numbers "
                             "(e.g. 2,4)")
-    return Plan([r.strip() for r in rates.split(",") if r.strip()], ps,
-                [a.strip() for a in aggs.split(",") if a.strip()], repeats, fast_repeats)
+    return Plan(comma_items(rates), ps, comma_items(aggs), repeats, fast_repeats)
 
 
 @functools.cache
