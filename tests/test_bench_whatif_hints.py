@@ -91,7 +91,8 @@ def test_a_long_list_of_refused_counts_is_cut_but_recorded_whole(home, monkeypat
     assert code == 0, err
     assert f"not predicted: int8 at 128, 130, 132, …, 158 workers (16 of 30 asked): 128 {WHY}" \
         in out
-    assert "134" not in out.split("not predicted")[1]
+    # the counts the line names (the run's paths after it may hold any digits: pytest-134)
+    assert "134" not in out.split("not predicted")[1].split("asked)")[0]
     doc = json.loads(js.read_text())
     (entry,) = doc["not_predicted"]
     assert entry["workers"] == list(range(128, 160, 2))
