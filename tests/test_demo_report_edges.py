@@ -66,7 +66,7 @@ def test_a_good_mtu_still_reaches_the_run(monkeypatch, capsys, tmp_path):
 
     made = {}
 
-    def cluster(hosts, bandwidth, loopback, mtu):
+    def cluster(hosts, bandwidth, loopback, mtu, progress=None):
         made["mtu"] = mtu
         raise Started
 

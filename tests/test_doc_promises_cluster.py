@@ -426,7 +426,7 @@ def test_every_command_that_makes_a_cluster_takes_mtu_for_it(monkeypatch, capsys
 
     made = []
 
-    def cluster(hosts, bandwidth, loopback, mtu):
+    def cluster(hosts, bandwidth, loopback, mtu, progress=None):
         made.append(mtu)
         raise Started
 

@@ -413,7 +413,7 @@ def _demo(monkeypatch, capsys, args: list[str]) -> tuple[int, str, dict]:
     seen: dict = {}
 
     @contextlib.contextmanager
-    def cluster(hosts, bandwidth, loopback, mtu):
+    def cluster(hosts, bandwidth, loopback, mtu, progress=None):
         seen["cluster"] = (hosts, bandwidth)
         yield _Cluster(hosts)
 
