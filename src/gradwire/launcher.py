@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -258,6 +259,68 @@ def check_timeout(timeout: float | None) -> None:
         config.check_timeout("--timeout", timeout)
 
 
+# Commands of a shell that no program on PATH provides: exec finds none of them (echo, test,
+# kill, true and the like, found on PATH first, are taken as the programs they are there).
+SHELL_BUILTINS = frozenset({
+    ".", "alias", "bg", "builtin", "cd", "declare", "eval", "exec", "exit", "export", "fg",
+    "hash", "history", "jobs", "let", "local", "popd", "pushd", "read", "readonly", "set",
+    "shift", "source", "trap", "typeset", "ulimit", "umask", "unalias", "unset", "wait"})
+
+
+def check_command(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    """Refuse, in one line, a command that no rank could start (exec would not find it), before
+    any cluster is built or rank started. Unchecked, a missing program was a ``cannot start``
+    error on the loopback fallback and, in a namespace, each rank's ``exec of "X" failed``
+    line and exit status 1 once the cluster was built; and a torchrun user's ``train.py``
+    (torchrun puts python before a script) was "No such file or directory" for a file that
+    is there."""
+    prog = os.fsdecode(cmd[0])  # a Path, as Popen takes one
+    path = (os.environ if env is None else env).get("PATH", os.defpath)
+    if os.sep in prog:
+        found = prog if os.path.isfile(prog) and os.access(prog, os.X_OK) else None
+    else:
+        found = shutil.which(prog, path=path) if prog else None
+    if found is None:
+        raise GradwireError(f"cannot start {prog!r}: {_not_startable(prog)}")
+    if found.endswith(".py") and not _starts_with(found, b"#!"):
+        # exec refuses it (Exec format error) on loopback; in a namespace, ip's execvp had
+        # the shell run the Python code
+        raise GradwireError(f"cannot start {prog!r}: {_PYTHON_SCRIPT.format(prog=prog)}")
+
+
+_PYTHON_SCRIPT = ("it is a Python script: gradwire run starts the command as given (torchrun "
+                  "puts python before a script); give `-- python {prog}`")
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return True  # exec will say what is wrong with it
+
+
+def _not_startable(prog: str) -> str:
+    """Why exec would not start ``prog``, and what to give instead."""
+    if not prog:
+        return "the command's name is empty"
+    if os.path.isdir(prog):
+        return "it is a folder, not a program"
+    if os.path.isfile(prog):
+        if prog.endswith(".py"):
+            return _PYTHON_SCRIPT.format(prog=prog)
+        if os.sep not in prog:
+            run = (f"`./{prog}`" if os.access(prog, os.X_OK)
+                   else f"`./{prog}` once `chmod +x {prog}`")
+            return (f"it is not on PATH: the file of this folder is {run}, or give its "
+                    f"interpreter: `-- sh {prog}`")
+        return (f"the file is not executable: `chmod +x {prog}`, or give its interpreter: "
+                f"`-- sh {prog}`")
+    if prog in SHELL_BUILTINS:
+        return f"it is a shell builtin, not a program: give `-- sh -c '{prog} ...'`"
+    return "no such file" if os.sep in prog else "no such command on PATH"
+
+
 def _print_line(line: str) -> None:
     text = line + "\n"  # one write: a print() writes the newline apart
     try:
@@ -383,6 +446,7 @@ def launch(
     if not cluster.hosts:  # a state file with none: an IndexError traceback below
         raise GradwireError(f"cluster {cluster.name} has no hosts to run {cmd[0]!r} on")
     extra_env = extra_env or {}
+    check_command(cmd, {**os.environ, **extra_env})
     try:
         settle = config.timeout({**os.environ, **extra_env})
     except GradwireError:

@@ -27,7 +27,7 @@ from gradwire.cluster.state import NAME_RE, state_files
 from gradwire.errors import GradwireError
 from gradwire.interrupts import Interrupted
 from gradwire.jobs import build_progress
-from gradwire.launcher import check_timeout, launch
+from gradwire.launcher import check_command, check_timeout, launch
 
 
 def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
@@ -126,6 +126,7 @@ def run(
     Example: gradwire run --hosts 4 --bandwidth 1gbit -- python train.py
     """
     check_timeout(timeout)
+    check_command(cmd)  # before a cluster is built for it
     try:
         with cluster_for(ctx, hosts, bandwidth, cluster, loopback, mtu) as c:
             res = launch(c, cmd, timeout=timeout)
