@@ -16,10 +16,14 @@ from typing import Annotated
 import typer
 
 import gradwire
-from gradwire.cli import bench, cluster, perf, sim, train
-from gradwire.cli.options import StrictCommand
-from gradwire.errors import GradwireError
-from gradwire.interrupts import Interrupted, on_signals
+from gradwire.entry import closed_streams_to_null
+
+closed_streams_to_null()  # before options makes its console from sys.stdout
+
+from gradwire.cli import bench, cluster, perf, sim, train  # noqa: E402
+from gradwire.cli.options import StrictCommand  # noqa: E402
+from gradwire.errors import GradwireError  # noqa: E402
+from gradwire.interrupts import Interrupted, on_signals  # noqa: E402
 
 app = typer.Typer(help="gradwire: gradient aggregation on bandwidth-limited networks.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
