@@ -218,8 +218,10 @@ class HookState:
         # Error feedback: this backward's buckets, for _reclaim at its end
         self._slots: list[tuple[torch.Tensor, layout.Layout, list[torch.Tensor]]] = []
         # whether a registered DDP may leave an unused parameter's gradient as it was where
-        # one is there already (zero_grad(set_to_none=False)) and is no view of the bucket
-        self._stale_unused = False
+        # one is there already (zero_grad(set_to_none=False)) and is no view of the bucket;
+        # None until register() has seen DDP's options: a hook registered with
+        # register_comm_hook itself sees no DDP, so any gradient may be stale (_reclaim)
+        self._stale_unused: bool | None = None
         self.reset_stats()
 
     # --- what a user calls ---------------------------------------------------------------
@@ -268,9 +270,10 @@ class HookState:
             raise GradwireError(f"hooks: DDP refused the hook: {why}") from None
         self._models.update((id(p), p) for p in params)
         self._registered = self._registered or bool(params)
-        self._stale_unused |= (bool(getattr(ddp_model, "find_unused_parameters", False)
-                                    or getattr(ddp_model, "static_graph", False))
-                               and not getattr(ddp_model, "gradient_as_bucket_view", False))
+        self._stale_unused = bool(self._stale_unused) | (
+            bool(getattr(ddp_model, "find_unused_parameters", False)
+                 or getattr(ddp_model, "static_graph", False))
+            and not getattr(ddp_model, "gradient_as_bucket_view", False))
 
     def _adopt_group(self, ddp_group: dist.ProcessGroup | None) -> None:
         """Average over the group DDP replicates the model on: DDP's own when ``make`` was
@@ -537,11 +540,16 @@ class HookState:
         bucket is left as it was too: where it does not hold the average, the average goes
         back (element-wise, no host read; DDP copied it into every used one): one pass over
         the step's gradients, only for a DDP with ``find_unused_parameters`` or
-        ``static_graph`` and without ``gradient_as_bucket_view``, which needs none. In a
+        ``static_graph`` and without ``gradient_as_bucket_view``, which needs none (a hook
+        registered with ``register_comm_hook`` itself sees none of DDP's options: every
+        gradient that is no view of its bucket is compared). In a
         step that failed too (it runs before the error is raised), for the buckets that were
         averaged: a bucket completed as it was holds no average."""
         slots, self._slots = self._slots, []
-        if self.ef is None or not (self._stale_unused
+        # registered with register_comm_hook itself (DDP's options unknown): any gradient that
+        # is no view of its bucket may be one DDP left as it was
+        unknown = self._stale_unused is None
+        if self.ef is None or not (self._stale_unused or unknown
                                    or any(p.grad is None for _, _, ps in slots for p in ps)):
             return
         numels, residuals = self.positions.numels, self.ef.residuals
@@ -553,7 +561,8 @@ class HookState:
             offset = 0
             for pos, p in zip(key, params, strict=True):
                 n = numels[pos]
-                if pos in found and (p.grad is None or self._stale_unused):
+                stale = self._stale_unused or (unknown and not _views(p.grad, buf))
+                if pos in found and (p.grad is None or stale):
                     held, at = found[pos]
                     avg, kept = buf[offset : offset + n], residuals[held][at : at + n]
                     if p.grad is not None:  # only where DDP did not copy the average in
@@ -903,6 +912,13 @@ class HookState:
                 offset += views[p].numel()
         self._end_step()
         return [buf for buf, _, _ in pending]
+
+
+def _views(grad: torch.Tensor | None, buf: torch.Tensor) -> bool:
+    """Whether ``grad`` lies in ``buf``'s memory (DDP's ``gradient_as_bucket_view=True``): the
+    average written into the bucket is then the gradient, used or not."""
+    return grad is not None and grad.untyped_storage().data_ptr() == (
+        buf.untyped_storage().data_ptr())
 
 
 class _Flight:
