@@ -73,9 +73,11 @@ def test_down_all_removes_every_cluster_before_a_stop_signal_takes_effect(
             signal.raise_signal(sig)
         removed.append(name)
 
-    # `ip netns list` reads empty here: another run's clusters and probes are not this test's
+    # `ip netns list` reads empty here, and so does /etc/netns: another run's clusters and
+    # probes are not this test's (a cluster up beside it was counted as a fourth)
     monkeypatch.setattr(netns, "_run", lambda cmd, *a, **kw: subprocess.CompletedProcess(
         cmd, 0, stdout="", stderr=""))
+    monkeypatch.setattr(netns, "clusters_with_hosts_files", set)
     monkeypatch.setattr(netns, "_remove", remove)
     code, out, err = run_cli(monkeypatch, capsys, ["cluster", "down", "--all"])
     assert removed == names
