@@ -164,3 +164,18 @@ def test_a_cluster_name_that_is_no_string_is_a_one_line_error(name, builds, monk
                                                           "valid")):
             call()
     assert builds == [] and list(tmp_path.glob("*.json")) == []
+
+
+def test_the_label_of_an_unshaped_cluster_or_of_one_host_reads_as_english():
+    """`gradwire run --hosts 1 --bandwidth none` told its ranks (GRADWIRE_NETWORK) and every
+    report "emulated 1 hosts, none links"."""
+    from gradwire.cluster.state import Cluster, Host
+
+    def label(hosts: int, bps: float | None) -> str:
+        c = Cluster(name="gw00fe01", bandwidth_bps=bps, tcp="cubic")
+        c.hosts = [Host(i, f"gw00fe01-h{i}", f"10.213.9.{i + 1}", "eth0") for i in range(hosts)]
+        return c.label
+
+    assert label(1, None) == "emulated 1 host, unshaped links, TCP cubic"
+    assert label(2, None) == "emulated 2 hosts, unshaped links, TCP cubic"
+    assert label(3, 1e9) == "emulated 3 hosts, 1gbit links, TCP cubic"

@@ -107,8 +107,9 @@ class Cluster:
             return LOOPBACK_LABEL
         tcp = f", TCP {self.tcp}" if self.tcp else ""
         mtu = f", MTU {self.mtu}" if self.mtu != MTU else ""
-        return (f"emulated {len(self.hosts)} hosts, {format_bandwidth(self.bandwidth_bps)} links"
-                f"{tcp}{mtu}")
+        n = len(self.hosts)
+        links = format_bandwidth(self.bandwidth_bps) if self.shaped else "unshaped"
+        return f"emulated {n} host{'s' * (n != 1)}, {links} links{tcp}{mtu}"
 
     @property
     def link_key(self) -> str:
