@@ -1,7 +1,8 @@
 """A big emulated cluster's build shows progress: `gradwire cluster up --hosts 64` ran silent
 for 6 to 7 s (about 25 s at 250 hosts) before its table, and a bench, train or simulate run
 on as many hosts sat as long before its ranks' bar. A stop that comes while the build's
-progress is shown still removes every host made."""
+progress is shown still removes every host made. `cluster status` names what a cluster
+left behind when its state file is gone."""
 
 import contextlib
 import secrets
@@ -59,3 +60,23 @@ def test_progress_is_shown_during_the_build_only_and_a_stop_in_it_removes_every_
         cluster_up(4, "1gbit", name=name, progress=lambda: contextlib.nullcontext(stop))
     assert not gradwire_leftovers(name)
     assert name not in {x.name for x in list_clusters()}
+
+
+@needs_netns
+def test_status_names_a_cluster_left_with_no_state_file():
+    """A cluster whose state file was lost (a killed run, another GRADWIRE_STATE_DIR's) was
+    missing from `cluster status`, though `cluster down NAME` removed it: a user learnt its
+    name only from `ip netns list`."""
+    from gradwire.config import state_dir
+
+    name = f"gw{secrets.token_hex(3)}"
+    cluster_up(1, "none", name=name)
+    try:
+        (state_dir() / f"{name}.json").unlink()
+        table = gradwire_cli("cluster", "status", columns=200)
+        as_json = gradwire_cli("cluster", "status", "--json")
+    finally:
+        gradwire_cli("cluster", "down", name)
+    assert f"left behind: {name}, namespaces or links with no state file" in table.stdout
+    assert name not in as_json.stdout and f"left behind: {name}" in as_json.stderr
+    assert not gradwire_leftovers(name)

@@ -22,7 +22,7 @@ from gradwire.cli.options import (
     console,
 )
 from gradwire.cluster import Cluster, cluster_down, cluster_up, list_clusters, load_cluster
-from gradwire.cluster.netns import MTU
+from gradwire.cluster.netns import MTU, orphan_clusters
 from gradwire.cluster.state import NAME_RE, state_files
 from gradwire.errors import GradwireError
 from gradwire.interrupts import Interrupted
@@ -55,11 +55,19 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print the clust
     (what is left of them stays until `gradwire cluster down NAME`)."""
     live = list_clusters()
     broken = unreadable_clusters({c.name for c in live})
+    orphans = [n for n in orphan_clusters() if n not in broken]
+    one = len(orphans) == 1
+    left = (f"left behind: {', '.join(orphans)}, namespaces or links with no state file here "
+            "(a run killed before it cleaned up, or another GRADWIRE_STATE_DIR's); "
+            f"`gradwire cluster down {orphans[0] if one else 'NAME'}` removes "
+            f"{'it' if one else 'one'}" if orphans else "")
     if as_json:  # each with what the table says of it: why it is stale (null: it is not)
         print(json.dumps([{**json.loads(c.to_json()), "stale": c.why_stale} for c in live],
                          indent=1))
         for why in broken.values():  # not in the list, whose entries are whole clusters
             print(f"gradwire: {why}", file=sys.stderr)
+        if left:
+            print(f"gradwire: {left}", file=sys.stderr)
         return
     if not live and not broken:
         console.print("no gradwire clusters are up")
@@ -81,6 +89,8 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="print the clust
                           f"bucket {c.burst_bytes / 1e3:.0f} kB; hosts' TCP send buffer at "
                           f"most {buf}")
         console.print(hosts_table(c))
+    if left:  # last: after the clusters that are whole
+        console.print(f"[yellow]{escape(left)}[/]", markup=True, highlight=False)
 
 
 def unreadable_clusters(live: set[str]) -> dict[str, str]:

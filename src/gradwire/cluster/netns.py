@@ -502,6 +502,19 @@ def _orphans(out: str) -> set[str]:
     return names | clusters_with_hosts_files()
 
 
+def orphan_clusters() -> list[str]:
+    """The clusters whose namespaces, links or hosts files are on this machine but whose
+    state file is not in this state folder: left by a process killed before it could remove
+    them (SIGKILL, a power cut of a container), or another GRADWIRE_STATE_DIR's. `cluster
+    down NAME` or `--all` removes them. None where `ip` cannot be run."""
+    try:
+        listed = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        found = _orphans(listed)
+    except OSError:
+        return []
+    return sorted(found - {f.stem for f in state_files()})
+
+
 def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
     """Tear down one cluster (or all of them, including orphans); returns the names removed.
     A stop signal that comes meanwhile is delivered once every one of them is removed."""
