@@ -17,11 +17,18 @@ Lightning's own launcher. A checkpoint the Trainer saves holds every rank's hook
 ``ckpt_path=`` restores this rank's: error feedback and the warm-up go on where they were.
 ``validate``, ``test`` and ``predict`` with ``ckpt_path=`` take the weights only and leave the
 hook as it is (they run no hook: a checkpoint of another world size evaluates there too).
+A checkpoint saved where there is no process group (after a fit under ``start_method="fork"``,
+whose ranks have ended) holds no hook state, with a warning. A fit whose warm-up counts its
+epochs in another number of steps than the Trainer's epoch (``steps_per_epoch=len(loader)``
+measured before Lightning shards the loader, or not divided by ``accumulate_grad_batches``) is
+warned of, with the number to pass.
 Lightning is not a gradwire dependency; this module imports it when called.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 import os
 from typing import Any
 
@@ -29,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from gradwire.check import check_int
-from gradwire.errors import GradwireError
+from gradwire.errors import GradwireError, did_you_mean
 from gradwire.hooks.state import HookState
 
 OWN = ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper")
@@ -88,17 +95,34 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
     try:
         from lightning.pytorch.strategies import DDPStrategy
         from lightning.pytorch.trainer.states import TrainerFn
+        from lightning.pytorch.utilities import rank_zero_warn
     except ImportError as e:
         raise GradwireError("gradwire.hooks.lightning needs Lightning: pip install "
                             "lightning") from e
+    _check_ddp_kwargs(DDPStrategy, ddp_kwargs)
 
     class GradwireDDPStrategy(DDPStrategy):
         def configure_ddp(self) -> None:
             super().configure_ddp()
             state.register(self.model)
 
+        def on_train_start(self) -> None:
+            super().on_train_start()
+            warning = warmup_mismatch(state, self.lightning_module.trainer)
+            if warning:
+                rank_zero_warn(warning)
+
         def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any,
                             storage_options: Any = None) -> None:
+            if not (dist.is_available() and dist.is_initialized()):
+                # start_method="fork": after fit the ranks (and their hooks) are gone, and
+                # this process's state never ran; gathering failed with "Default process
+                # group has not been initialized" where Lightning's own DDP saves
+                rank_zero_warn(f"{filepath}: no process group (the ranks that ran the hook "
+                               "have ended): the checkpoint holds no gradwire hook state, "
+                               "and a fit resumed from it starts the hook afresh")
+                super().save_checkpoint(checkpoint, filepath, storage_options)
+                return
             # every rank runs this (Trainer.save_checkpoint); each rank's residuals are its own
             states = gather_hook_states(state, self.world_size, self.is_global_zero)
             if self.is_global_zero:
@@ -125,6 +149,51 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
             return fn is None or fn == TrainerFn.FITTING
 
     return GradwireDDPStrategy(**ddp_kwargs)
+
+
+def _check_ddp_kwargs(ddp_strategy: type, ddp_kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword neither ``DDPStrategy`` nor ``DistributedDataParallel`` takes (or one
+    Lightning sets itself): passed on, it failed on every rank once fit() had started them,
+    with DistributedDataParallel's "unexpected keyword argument"."""
+    def names(f: Any) -> list[str]:
+        return [n for n, p in inspect.signature(f).parameters.items() if n != "self"
+                and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+    own = [n for n in names(ddp_strategy.__init__) if n not in OWN]  # refused before
+    ddp = [n for n in names(torch.nn.parallel.DistributedDataParallel.__init__)
+           if n not in ("module", "device_ids")]
+    for k in ddp_kwargs:
+        if k in ("module", "device_ids"):
+            raise GradwireError(f"strategy: {k} is set by Lightning; leave it out")
+        if k not in own and k not in ddp:
+            # difflib takes 'backend' for nothing; it is the end of process_group_backend
+            part = next((n for n in own + ddp if k in n), None)
+            hint = did_you_mean(k, own + ddp) or (f" (did you mean {part!r}?)" if part else "")
+            raise GradwireError(f"strategy: unknown keyword {k!r}{hint}: expected one of "
+                                "DDPStrategy's or DistributedDataParallel's (but module and "
+                                "device_ids)")
+
+
+def warmup_mismatch(state: HookState, trainer: Any) -> str | None:
+    """What to warn of where ``state``'s warm-up counts its epochs in another number of steps
+    than the Trainer takes per epoch: Lightning shards the loader over the ranks after the
+    script measured it (``len(loader)``, as docs/compression.md suggests, is world-size times
+    too many) and steps once per ``accumulate_grad_batches`` batches, so each warm-up density
+    silently lasted several of the Trainer's epochs. None where they agree, or where the
+    epoch's length is not known."""
+    per = state.config.steps_per_epoch
+    batches = getattr(trainer, "num_training_batches", None)
+    accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+    if (not state.config.warmup.densities or per is None or not isinstance(batches, int)
+            or batches < 1 or not isinstance(accumulate, int) or accumulate < 1):
+        return None
+    steps = math.ceil(batches / accumulate)  # Lightning steps on an epoch's last batches too
+    if steps == per:
+        return None
+    return (f"gradwire: make(steps_per_epoch={per}) lasts each warm-up density {per} optimizer "
+            f"steps, but this Trainer takes {steps} per epoch ({batches} batches on each rank, "
+            f"accumulate_grad_batches={accumulate}): pass steps_per_epoch={steps} for one "
+            "epoch each")
 
 
 def gather_hook_states(state: HookState, world: int, is_zero: bool) -> list[Any] | None:
