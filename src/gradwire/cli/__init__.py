@@ -10,13 +10,23 @@ Each command parses its options, calls the library and prints; they live by grou
 from __future__ import annotations
 
 import errno
+import os
 import sys
 from typing import Annotated
 
 import typer
 
 import gradwire
-from gradwire.entry import closed_streams_to_null
+
+
+def closed_streams_to_null() -> None:
+    """A stdout or stderr the caller closed (``gradwire run ... >&-``) is None in Python:
+    the console made at import read ``sys.stdout.isatty()`` and failed with a traceback, and
+    a rank's output line had nowhere to go. Each writes to os.devnull instead, as asked."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # open while the process lives
+
 
 closed_streams_to_null()  # before options makes its console from sys.stdout
 
