@@ -240,9 +240,13 @@ def builds(monkeypatch) -> list[list[str]]:
 
     def run(cmd, *args, **kwargs):
         argv = [str(a) for a in cmd] if isinstance(cmd, (list, tuple)) else [str(cmd)]
-        probe = argv[:3] == ["ip", "netns", "add"] and argv[3].startswith("gwprobe")
-        if argv[:1] in (["ip"], ["tc"]) and {"add", "replace"} & set(argv) and not probe:
-            made.append(argv)
+        # `ip -batch -` (and `ip -n NS -batch -`): each line of its input is a command
+        batch = argv[-2:] == ["-batch", "-"] and isinstance(kwargs.get("input"), str)
+        for one in ([[*argv[:-2], *line.split()] for line in kwargs["input"].splitlines()]
+                    if batch else [argv]):
+            probe = one[:3] == ["ip", "netns", "add"] and one[3].startswith("gwprobe")
+            if one[:1] in (["ip"], ["tc"]) and {"add", "replace"} & set(one) and not probe:
+                made.append(one)
         return real(cmd, *args, **kwargs)
 
     monkeypatch.setattr(subprocess, "run", run)

@@ -88,6 +88,22 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
     return _sh(cmd, check=check)
 
 
+def _ip_batch(lines: list[str], netns: str | None = None) -> None:
+    """``ip`` commands (each a line as after ``ip``) run by one ``ip -batch`` process, in that
+    order: a process per command was most of a host's build time. The first that fails stops
+    the rest and is the error, named as ``_ip`` names it. Every name in them is one gradwire
+    made (NAME_RE's) and every argument a word without spaces."""
+    cmd = ["ip"] + (["-n", netns] if netns else []) + ["-batch", "-"]
+    p = _run(cmd, input="".join(f"{line}\n" for line in lines), capture_output=True, text=True)
+    if p.returncode != 0:
+        failed = re.search(r"^Command failed -:(\d+)$", p.stderr, re.M)
+        line = lines[int(failed.group(1)) - 1] if failed and int(failed.group(1)) <= len(lines) \
+            else "-batch -"
+        why = " ".join(x for x in p.stderr.splitlines() if not x.startswith("Command failed"))
+        raise GradwireError(f"`{' '.join(cmd[:-2])} {line}` failed: "
+                            f"{why.strip() or p.returncode}")
+
+
 def _no_address(dev: str) -> None:
     """Keep the root namespace's side of a cluster (its bridge, the veths' outer ends) without
     an address: the kernel gives every link it brings up an IPv6 link-local one, which put this
@@ -374,18 +390,16 @@ def _add_host(cluster: Cluster, host: Host, bps: float | None,
     ``ceiling``."""
     ns, outer, inner = host.netns, f"{cluster.name}-v{host.rank}", f"{cluster.name}-i{host.rank}"
     assert ns is not None
-    _sh(["ip", "netns", "add", ns])
-    _ip("link", "add", outer, "mtu", str(cluster.mtu), "type", "veth", "peer", "name", inner,
-        "mtu", str(cluster.mtu))
-    _no_address(outer)
-    _ip("link", "set", inner, "netns", ns)
-    _ip("link", "set", inner, "name", host.ifname, netns=ns)
-    _ip("addr", "add", f"{host.addr}/24", "dev", host.ifname, netns=ns)
-    _ip("link", "set", host.ifname, "up", netns=ns)
-    _ip("link", "set", "lo", "up", netns=ns)
+    mtu = cluster.mtu
+    _ip_batch([f"netns add {ns}",
+               f"link add {outer} mtu {mtu} type veth peer name {inner} mtu {mtu}",
+               f"link set {inner} netns {ns}"])
+    _no_address(outer)  # before it is up
+    _ip_batch([f"link set {inner} name {host.ifname}",
+               f"addr add {host.addr}/24 dev {host.ifname}",
+               f"link set {host.ifname} up", "link set lo up"], netns=ns)
     took = set_congestion_control(ns)
-    _ip("link", "set", outer, "master", cluster.bridge)
-    _ip("link", "set", outer, "up")
+    _ip_batch([f"link set {outer} master {cluster.bridge}", f"link set {outer} up"])
     capped = False
     if bps is not None:
         capped = ceiling is not None and cap_send_buffer(ns, ceiling)
