@@ -117,9 +117,9 @@ def local_progress(console: Console, label: str) -> Iterator[Callable[[int, int]
         lines.finish()
 
 
-# a cluster of this many hosts or more shows its build's progress: hosts take about 0.1 s
-# each to make (ip, tc, sysctl), so a smaller one is up before a bar means anything
-BUILD_PROGRESS_HOSTS = 16
+# a cluster of this many hosts or more shows its build's progress: a host takes some tens of
+# ms to make (ip, tc, sysctl), so a smaller one is up before a bar means anything
+BUILD_PROGRESS_HOSTS = 32
 
 
 def build_progress(console: Console, hosts: int) -> Callable[[], contextlib.AbstractContextManager[
