@@ -108,3 +108,27 @@ def test_a_closed_stdout_or_stderr_is_output_to_nowhere_not_a_traceback(closed, 
                        timeout=120)
     assert r.returncode == 0 and "failed" not in r.stderr, r.stderr
     assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_file_exec_cannot_run_is_refused_and_one_it_can_run_is_taken(tmp_path, monkeypatch):
+    """The check told programs from scripts by the name only: a shell script with no #! line
+    and no .py passed it, then failed on loopback ("Exec format error") while a namespace's
+    shell ran it; a program named x.py was refused though exec runs it. An empty PATH is the
+    current folder to exec, and was "not on PATH" to the check."""
+    plain = tmp_path / "noext"
+    plain.write_text("echo hi\n")
+    plain.chmod(0o755)
+    _refused([str(plain)], f"it has no #! line and is no program: give its interpreter "
+                           f"(`-- sh {plain}`)")
+    program = tmp_path / "elf.py"
+    program.write_bytes(Path("/bin/true").read_bytes())
+    program.chmod(0o755)
+    tool = tmp_path / "gw-here-7f3a"
+    tool.write_text("#!/bin/sh\necho here $RANK\n")
+    tool.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    for cmd, env in (([str(program)], None), (["gw-here-7f3a"], {"PATH": ""})):
+        lines: list[str] = []
+        res = launch(loopback_cluster(2), cmd, timeout=60, sink=lines.append, extra_env=env)
+        assert res.returncode == 0, (cmd, lines)
+    assert sorted(lines) == ["[rank 0] here 0", "[rank 1] here 1"], lines

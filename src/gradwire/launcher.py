@@ -278,26 +278,32 @@ def check_command(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> N
     path = (os.environ if env is None else env).get("PATH", os.defpath)
     if os.sep in prog:
         found = prog if os.path.isfile(prog) and os.access(prog, os.X_OK) else None
-    else:
-        found = shutil.which(prog, path=path) if prog else None
+    else:  # an empty entry (PATH="", ":/usr/bin") is the current folder, as exec reads it
+        dirs = os.pathsep.join(d or os.curdir for d in path.split(os.pathsep))
+        found = shutil.which(prog, path=dirs) if prog else None
     if found is None:
         raise GradwireError(f"cannot start {prog!r}: {_not_startable(prog)}")
-    if found.endswith(".py") and not _starts_with(found, b"#!"):
+    if not _is_program(found):
         # exec refuses it (Exec format error) on loopback; in a namespace, ip's execvp had
-        # the shell run the Python code
-        raise GradwireError(f"cannot start {prog!r}: {_PYTHON_SCRIPT.format(prog=prog)}")
+        # the shell run it, Python code included
+        why = (_PYTHON_SCRIPT.format(prog=prog) if found.endswith(".py") else
+               f"it has no #! line and is no program: give its interpreter (`-- sh {prog}`)")
+        raise GradwireError(f"cannot start {prog!r}: {why}")
 
 
-_PYTHON_SCRIPT = ("it is a Python script: gradwire run starts the command as given (torchrun "
-                  "puts python before a script); give `-- python {prog}`")
+_PYTHON_SCRIPT = ("it is a Python script: the command is started as given (torchrun puts "
+                  "python before a script); give `-- python {prog}`")
 
 
-def _starts_with(path: str, magic: bytes) -> bool:
+def _is_program(path: str) -> bool:
+    """Whether exec runs the file at ``path`` itself: a script with a ``#!`` line or an ELF
+    program (other formats the kernel was taught, binfmt_misc, are not told apart)."""
     try:
         with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
+            head = f.read(4)
     except OSError:
         return True  # exec will say what is wrong with it
+    return head.startswith(b"#!") or head == b"\x7fELF"
 
 
 def _not_startable(prog: str) -> str:
