@@ -391,8 +391,10 @@ def _add_host(cluster: Cluster, host: Host, bps: float | None,
     ns, outer, inner = host.netns, f"{cluster.name}-v{host.rank}", f"{cluster.name}-i{host.rank}"
     assert ns is not None
     mtu = cluster.mtu
-    _ip_batch([f"netns add {ns}",
-               f"link add {outer} mtu {mtu} type veth peer name {inner} mtu {mtu}",
+    # apart from the batch: an older iproute2 may stay in the namespace it adds, and run
+    # the batch's next lines there
+    _sh(["ip", "netns", "add", ns])
+    _ip_batch([f"link add {outer} mtu {mtu} type veth peer name {inner} mtu {mtu}",
                f"link set {inner} netns {ns}"])
     _no_address(outer)  # before it is up
     _ip_batch([f"link set {inner} name {host.ifname}",
@@ -521,12 +523,15 @@ def orphan_clusters() -> list[str]:
     state file is not in this state folder: left by a process killed before it could remove
     them (SIGKILL, a power cut of a container), or another GRADWIRE_STATE_DIR's. `cluster
     down NAME` or `--all` removes them. None where `ip` cannot be run."""
+    # the state files read before the listing too: a cluster another process removes (its
+    # state file last) or builds (its state file first) meanwhile is in one of the two
+    known = {f.stem for f in state_files()}
     try:
         listed = _run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         found = _orphans(listed)
     except OSError:
         return []
-    return sorted(found - {f.stem for f in state_files()})
+    return sorted(found - known - {f.stem for f in state_files()})
 
 
 def cluster_down(name: str | None = None, all_: bool = False) -> list[str]:
