@@ -80,3 +80,21 @@ def test_status_names_a_cluster_left_with_no_state_file():
     assert f"left behind: {name}, namespaces or links with no state file" in table.stdout
     assert name not in as_json.stdout and f"left behind: {name}" in as_json.stderr
     assert not gradwire_leftovers(name)
+
+
+def test_a_cluster_removed_while_status_lists_the_machine_is_not_left_behind(monkeypatch,
+                                                                           tmp_path):
+    """orphan_clusters read the state files after listing namespaces and links: a cluster that
+    another process removed in between (its state file last) was "left behind"."""
+    from gradwire.cluster import netns
+
+    monkeypatch.setenv("GRADWIRE_STATE_DIR", str(tmp_path))
+    gone = tmp_path / "gw00dd01.json"
+    gone.write_text("{}")
+
+    def listed(out: str) -> set[str]:
+        gone.unlink()  # its `cluster down` ends while the machine is listed
+        return {"gw00dd01", "gw00dd02"}
+
+    monkeypatch.setattr(netns, "_orphans", listed)
+    assert netns.orphan_clusters() == ["gw00dd02"]
