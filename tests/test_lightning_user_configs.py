@@ -146,3 +146,19 @@ def test_a_warmup_counted_in_the_unsharded_loader_is_warned_of(tmp_path):
             "Trainer takes 8 per epoch (8 batches on each rank, accumulate_grad_batches=1): "
             "pass steps_per_epoch=8 for one epoch each") in out, out[-3000:]
     assert "takes 4 per epoch (8 batches on each rank, accumulate_grad_batches=2)" in out
+
+
+def test_the_warmup_length_is_not_judged_under_manual_optimization():
+    """A LightningModule that steps its optimizers itself may run any number of synced
+    backwards a batch (a GAN's two): the Trainer's batches say nothing of the hook's steps,
+    and the warning named a wrong steps_per_epoch."""
+    from types import SimpleNamespace
+
+    from gradwire.hooks.lightning import warmup_mismatch
+
+    state = gh.make("gtopk", density=0.01, warmup=True, steps_per_epoch=16)
+    trainer = SimpleNamespace(num_training_batches=8, accumulate_grad_batches=1)
+    auto = SimpleNamespace(automatic_optimization=True, trainer=trainer)
+    manual = SimpleNamespace(automatic_optimization=False, trainer=trainer)
+    assert "pass steps_per_epoch=8 for one epoch each" in (warmup_mismatch(state, auto) or "")
+    assert warmup_mismatch(state, manual) is None

@@ -108,7 +108,7 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
 
         def on_train_start(self) -> None:
             super().on_train_start()
-            warning = warmup_mismatch(state, self.lightning_module.trainer)
+            warning = warmup_mismatch(state, self.lightning_module)
             if warning:
                 rank_zero_warn(warning)
 
@@ -174,13 +174,17 @@ def _check_ddp_kwargs(ddp_strategy: type, ddp_kwargs: dict[str, Any]) -> None:
                                 "device_ids)")
 
 
-def warmup_mismatch(state: HookState, trainer: Any) -> str | None:
+def warmup_mismatch(state: HookState, module: Any) -> str | None:
     """What to warn of where ``state``'s warm-up counts its epochs in another number of steps
     than the Trainer takes per epoch: Lightning shards the loader over the ranks after the
     script measured it (``len(loader)``, as docs/compression.md suggests, is world-size times
     too many) and steps once per ``accumulate_grad_batches`` batches, so each warm-up density
     silently lasted several of the Trainer's epochs. None where they agree, or where the
-    epoch's length is not known."""
+    epoch's length is not known: under manual optimization (``module``, the LightningModule,
+    steps its optimizers itself) a batch may run any number of synced backwards."""
+    if not getattr(module, "automatic_optimization", True):
+        return None
+    trainer = module.trainer
     per = state.config.steps_per_epoch
     batches = getattr(trainer, "num_training_batches", None)
     accumulate = getattr(trainer, "accumulate_grad_batches", 1)
