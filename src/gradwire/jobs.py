@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gradwire.cluster import Cluster
+from gradwire.cluster.netns import Progress as BuildProgress
 from gradwire.errors import GradwireError
 from gradwire.launcher import PROGRESS, launch
 
@@ -122,8 +123,7 @@ def local_progress(console: Console, label: str) -> Iterator[Callable[[int, int]
 BUILD_PROGRESS_HOSTS = 32
 
 
-def build_progress(console: Console, hosts: int) -> Callable[[], contextlib.AbstractContextManager[
-        Callable[[int, int], None]]] | None:
+def build_progress(console: Console, hosts: int) -> BuildProgress | None:
     """An emulated cluster's build progress (``cluster_up``'s ``progress``), shown as
     :func:`local_progress` shows its own; None for a cluster too small to need it."""
     if hosts < BUILD_PROGRESS_HOSTS:
