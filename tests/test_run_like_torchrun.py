@@ -76,6 +76,22 @@ def test_a_file_of_this_folder_named_without_its_folder_is_not_on_path(tmp_path,
     _refused(["gw-tool-7f3a"], needle)
 
 
+@pytest.mark.parametrize("line,needle", [
+    (b"#!/gw-no-such-dir-7f3a/python", "names '/gw-no-such-dir-7f3a/python', which is not a "
+                                       "program here; fix the line"),
+    (b"#!/bin/sh\r", "(the line ends in a Windows \\r: save the file with Unix line ends)"),
+], ids=["missing", "crlf"])
+def test_a_script_whose_interpreter_is_not_there_says_so_before_any_rank(tmp_path, line,
+                                                                          needle):
+    """Its #! line names no program: exec said "No such file or directory" of the script,
+    which is there, and in a namespace every rank said so and exited 1 once the cluster was
+    built."""
+    tool = tmp_path / "tool"
+    tool.write_bytes(line + b"\necho hi\n")
+    tool.chmod(0o755)
+    _refused([str(tool)], needle)
+
+
 def test_commands_that_exec_finds_still_run(tmp_path):
     """A script with its #! line by its path, a program on a PATH given to the ranks only, and
     Python given a script: the check refuses only what exec would."""

@@ -289,6 +289,15 @@ def check_command(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> N
         why = (_PYTHON_SCRIPT.format(prog=prog) if found.endswith(".py") else
                f"it has no #! line and is no program: give its interpreter (`-- sh {prog}`)")
         raise GradwireError(f"cannot start {prog!r}: {why}")
+    interpreter = _missing_interpreter(found)
+    if interpreter is not None:
+        crlf = (" (the line ends in a Windows \\r: save the file with Unix line ends)"
+                if interpreter.endswith("\r") else "")
+        name = os.path.basename(interpreter.rstrip("\r"))
+        name = name if name and shutil.which(name, path=path) else "INTERPRETER"
+        raise GradwireError(f"cannot start {prog!r}: its #! line names {interpreter!r}, which "
+                            f"is not a program here{crlf}; fix the line, or give an "
+                            f"interpreter before it: `-- {name} {prog}`")
 
 
 _PYTHON_SCRIPT = ("it is a Python script: the command is started as given (torchrun puts "
@@ -304,6 +313,26 @@ def _is_program(path: str) -> bool:
     except OSError:
         return True  # exec will say what is wrong with it
     return head.startswith(b"#!") or head == b"\x7fELF"
+
+
+def _missing_interpreter(path: str) -> str | None:
+    """The interpreter that the ``#!`` line of the script at ``path`` names where exec would
+    not find it there as a program, else None. exec's error ("No such file or directory")
+    named the script, which is there, and in a namespace each rank said so and exited 1 once
+    the cluster was built. Read as the kernel reads it: the first word after ``#!``, a Windows
+    line end included, not looked up on PATH."""
+    try:
+        with open(path, "rb") as f:
+            line = f.read(256).partition(b"\n")[0]
+    except OSError:
+        return None  # exec will say what is wrong with it
+    if not line.startswith(b"#!"):
+        return None
+    word = re.split(rb"[ \t\0]", line[2:].lstrip(b" \t"), maxsplit=1)[0]
+    interpreter = os.fsdecode(word)
+    if word and os.path.isfile(interpreter) and os.access(interpreter, os.X_OK):
+        return None
+    return interpreter
 
 
 def _not_startable(prog: str) -> str:
