@@ -35,8 +35,8 @@ TRAINING = ROOT / "docs" / "training.md"
 # resume bit for bit. In `--mode bucket`, topk, gtopk and efsignsgd do so where the gradients
 # fit one bucket (`mlp-small`)". tests/test_train.py holds dense and topk in bucket mode and
 # PowerSGD in model mode; these are the rest.
-RESUMED = [(m, "model") for m in gh.METHODS if m != "powersgd"] + [
-    (m, "bucket") for m in ("fp16", "bf16", "signsgd", "gtopk", "efsignsgd")]
+RESUMED = [(m, "model") for m in gh.METHODS] + [
+    (m, "bucket") for m in ("dense", "fp16", "bf16", "signsgd", "topk", "gtopk", "efsignsgd")]
 # the methods that agree on the NaN/Inf status in a header before compressing
 # (reliability.md): a header per bucket every step
 STATUS_IN_HEADER = ("qsgd", "terngrad", "signsgd", "efsignsgd", "dgc", "randomk")
