@@ -308,7 +308,7 @@ def test_a_step_whose_dense_fallback_fails_is_not_counted(one_rank, monkeypatch)
     """int8 issued from the hook: a NaN sends its bucket dense once more, from the comm thread.
     The end of backward counted the step before that fallback ran, so one that failed still
     moved the step count (and with it dense_steps and the warm-up)."""
-    import gradwire.hooks.state as hook_state
+    from gradwire.hooks.flight import Flight
 
     torch.manual_seed(0)
     net = DDP(nn.Sequential(nn.Linear(60, 50), nn.Linear(50, 40), nn.Linear(40, 2)),
@@ -330,7 +330,7 @@ def test_a_step_whose_dense_fallback_fails_is_not_counted(one_rank, monkeypatch)
     def fails(self):
         raise GradwireError("rank 0: the dense fallback failed (test)")
 
-    monkeypatch.setattr(hook_state._Flight, "fall_back", fails)  # noqa: SLF001
+    monkeypatch.setattr(Flight, "fall_back", fails)
     with pytest.raises(GradwireError, match="the dense fallback failed"):
         step(4, nan=True)
     assert state.step == state.stats["steps"] == 4
