@@ -5,12 +5,17 @@ progress is shown still removes every host made. `cluster status` names what a c
 left behind when its state file is gone."""
 
 import contextlib
+import json
 import secrets
+import signal
+import subprocess
 
 import pytest
-from conftest import gradwire_cli, gradwire_leftovers, needs_netns
+from conftest import gradwire_cli, gradwire_leftovers, needs_netns, run_cli
 
 from gradwire.cluster import cluster_down, cluster_up, list_clusters
+from gradwire.errors import GradwireError
+from gradwire.interrupts import Interrupted
 from gradwire.jobs import BUILD_PROGRESS_HOSTS
 
 
@@ -98,3 +103,54 @@ def test_a_cluster_removed_while_status_lists_the_machine_is_not_left_behind(mon
 
     monkeypatch.setattr(netns, "_orphans", listed)
     assert netns.orphan_clusters() == ["gw00dd02"]
+
+
+def _ip_json(ns: str, *args: str) -> list[dict]:
+    return json.loads(subprocess.run(["ip", "-n", ns, "-j", *args], capture_output=True,
+                                     text=True, check=True).stdout)
+
+
+@needs_netns
+def test_every_host_knows_every_other_hosts_mac_for_good():
+    """The kernel keeps one neighbour table for every namespace, of at most gc_thresh3 entries
+    (1024 by default), and a gloo world connects every pair of ranks: past about 32 hosts
+    connections failed (`No route to host`, "neighbor table overflow!"), and a full mesh of
+    64 hosts took minutes. Permanent entries are not counted against it."""
+    c = cluster_up(3, "none")
+    try:
+        macs = {h.addr: _ip_json(h.netns, "link", "show", "eth0")[0]["address"]
+                for h in c.hosts}
+        known = {h.addr: _ip_json(h.netns, "-4", "neigh", "show", "dev", "eth0")
+                 for h in c.hosts}
+    finally:
+        cluster_down(c.name)
+    assert len(set(macs.values())) == 3, macs
+    for addr, entries in known.items():
+        assert {e["dst"]: e["lladdr"] for e in entries} == {
+            a: mac for a, mac in macs.items() if a != addr}, entries
+        assert all(e["state"] == ["PERMANENT"] for e in entries), entries
+
+
+@needs_netns
+def test_a_cluster_up_stopped_before_its_table_is_printed_removes_the_cluster(monkeypatch,
+                                                                             capsys):
+    """A stop that came once the cluster was built, while `cluster up` printed it, ended in
+    "interrupted by SIGTERM; cleaned up", exit status 143, and left the whole cluster up, its
+    name not yet shown."""
+    import gradwire.cli.cluster
+
+    name = f"gw{secrets.token_hex(3)}"
+
+    def stopped(c):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(gradwire.cli.cluster, "hosts_table", stopped)
+    try:
+        code, _, err = run_cli(monkeypatch, capsys, ["cluster", "up", "--hosts", "2",
+                                                     "--bandwidth", "none", "--name", name])
+        left = gradwire_leftovers(name)
+    finally:
+        with contextlib.suppress(GradwireError):
+            cluster_down(name)
+    assert (code, err) == (143, "gradwire: interrupted by SIGTERM; cleaned up\n")
+    assert left == [] and name not in {c.name for c in list_clusters()}

@@ -35,8 +35,14 @@ def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
        mtu: Mtu = MTU) -> None:
     """Create an emulated cluster that stays up until `gradwire cluster down`."""
     c = cluster_up(hosts, bandwidth, name, mtu=mtu, progress=build_progress(console, hosts))
-    console.print(f"cluster [bold]{c.name}[/] up: {escape(c.label)}", markup=True)
-    console.print(hosts_table(c))
+    try:
+        console.print(f"cluster [bold]{c.name}[/] up: {escape(c.label)}", markup=True)
+        console.print(hosts_table(c))
+    except (Interrupted, KeyboardInterrupt):
+        # A stop before the cluster is all told: it goes, as the line gradwire ends on says
+        # ("interrupted ...; cleaned up"). It had stayed up, its name unseen.
+        cluster_down(c.name)
+        raise
 
 
 def down(name: Annotated[str | None, typer.Argument(help="the cluster (gw + 6 lowercase hex "

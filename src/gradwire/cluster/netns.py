@@ -6,6 +6,7 @@ Layout for a cluster named ``gw3f9a1c`` with N hosts::
     veth pair gw3f9a1c-vI  <->  eth0   host side enslaved to the bridge
     bridge    gw3f9a1c-br              a non-blocking switch, no address in the root namespace
     names     /etc/netns/gw3f9a1c-hI/hosts   every host by its namespace's name (cluster.names)
+    neighbours every other host's address and MAC (host_mac), permanent, in each host
 
 Each host link is shaped in both directions with ``tc qdisc ... tbf``: on eth0 (the host's
 upload) and on the bridge-side veth (the host's download). Links carry Ethernet frames of
@@ -81,6 +82,18 @@ from gradwire.interrupts import STOP_SIGNALS, Interrupted, on_signals
 Progress = Callable[[], contextlib.AbstractContextManager[Callable[[int, int], None]]]
 
 SUBNET_PREFIX = "10.213"  # 10.213.S.0/24, one S per live cluster; reserved for gradwire
+
+
+def host_addr(subnet: int, rank: int) -> str:
+    """Host ``rank``'s address in the cluster on ``subnet``."""
+    return f"{SUBNET_PREFIX}.{subnet}.{rank + 1}"
+
+
+def host_mac(subnet: int, rank: int) -> str:
+    """Host ``rank``'s MAC address (its eth0's) in the cluster on ``subnet``: fixed, so that
+    every host can be given every other's before they are all made (locally administered:
+    the first byte's second bit)."""
+    return f"02:67:77:{subnet:02x}:{rank >> 8:02x}:{rank & 0xFF:02x}"
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -364,9 +377,8 @@ def cluster_up(hosts: int, bandwidth: str = "1gbit", name: str | None = None,
         with progress() if progress else contextlib.nullcontext(_no_progress) as update:
             update(0, hosts)
             for i in range(hosts):
-                host = Host(i, f"{name}-h{i}", f"{SUBNET_PREFIX}.{cluster.subnet}.{i + 1}",
-                            "eth0")
-                took, capped = _add_host(cluster, host, bps, ceiling)
+                host = Host(i, f"{name}-h{i}", host_addr(cluster.subnet, i), "eth0")
+                took, capped = _add_host(cluster, host, hosts, bps, ceiling)
                 took_all, capped_all = took_all and took, capped_all and capped
                 cluster.tcp = CONGESTION_CONTROL if took_all else None
                 cluster.sndbuf = ceiling if capped_all else None
@@ -384,22 +396,32 @@ def _no_progress(done: int, total: int) -> None:
     pass
 
 
-def _add_host(cluster: Cluster, host: Host, bps: float | None,
+def _add_host(cluster: Cluster, host: Host, hosts: int, bps: float | None,
               ceiling: int | None) -> tuple[bool, bool]:
-    """Make ``host``; whether it took CONGESTION_CONTROL, and (shaped links) the send buffer
-    ``ceiling``."""
+    """Make ``host``, one of ``hosts``; whether it took CONGESTION_CONTROL, and (shaped links)
+    the send buffer ``ceiling``.
+
+    The host knows every other's MAC from the start (permanent neighbour entries): the
+    kernel keeps one neighbour table for all namespaces, of at most gc_thresh3 entries that
+    it may evict (1024 by default), and a gloo world connects every pair of ranks, N(N - 1)
+    entries. Past about 32 hosts connections failed (``No route to host``, and ``neighbor
+    table overflow!`` in the kernel's log): at 64, gloo's ranks printed pages of ``failed to
+    connect`` and lived on its retries (it gives up after three), and a full mesh of plain
+    TCP connections took up to 9 minutes. Permanent entries are not counted."""
     ns, outer, inner = host.netns, f"{cluster.name}-v{host.rank}", f"{cluster.name}-i{host.rank}"
     assert ns is not None
-    mtu = cluster.mtu
+    mtu, subnet, dev = cluster.mtu, cluster.subnet, host.ifname
     # apart from the batch: an older iproute2 may stay in the namespace it adds, and run
     # the batch's next lines there
     _sh(["ip", "netns", "add", ns])
-    _ip_batch([f"link add {outer} mtu {mtu} type veth peer name {inner} mtu {mtu}",
+    _ip_batch([f"link add {outer} mtu {mtu} type veth peer name {inner} "
+               f"address {host_mac(subnet, host.rank)} mtu {mtu}",
                f"link set {inner} netns {ns}"])
     _no_address(outer)  # before it is up
-    _ip_batch([f"link set {inner} name {host.ifname}",
-               f"addr add {host.addr}/24 dev {host.ifname}",
-               f"link set {host.ifname} up", "link set lo up"], netns=ns)
+    _ip_batch([f"link set {inner} name {dev}", f"addr add {host.addr}/24 dev {dev}",
+               f"link set {dev} up", "link set lo up",
+               *(f"neigh replace {host_addr(subnet, j)} lladdr {host_mac(subnet, j)} dev {dev} "
+                 "nud permanent" for j in range(hosts) if j != host.rank)], netns=ns)
     took = set_congestion_control(ns)
     _ip_batch([f"link set {outer} master {cluster.bridge}", f"link set {outer} up"])
     capped = False
