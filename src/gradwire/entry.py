@@ -1,16 +1,71 @@
-"""The ``gradwire`` command's entry point: the command line imported under a guard, so that a
-Ctrl-C while torch and the commands load (seconds) ends in one line, as one later does, not in
-the traceback of whatever import it stopped."""
+"""The ``gradwire`` command's entry point. A stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT)
+that comes outside the command's own handling, while torch and the commands load (seconds)
+or once the command is done, ends gradwire at once in one line, with exit status 128 + the
+signal's number, as one during the command does: nothing is being built or removed then.
+
+Once the command is done gradwire exits without Python's teardown of its modules (half a
+second with torch loaded): its threads are waited for, its ``atexit`` functions run and its
+output is flushed, then the process ends. Python sets the signals back to their defaults
+for that teardown, and a Ctrl-C during it killed gradwire without a word, or was lost (exit
+status 0)."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import signal
 import sys
+import threading
+
+from gradwire.interrupts import STOP_SIGNALS
+
+
+def _stopped(signum: int, _frame: object) -> None:
+    """End gradwire at once, saying so: left to Python, a SIGTERM while torch loaded killed
+    gradwire without a word, and a Ctrl-C there could abort in torch's C++ (``terminate
+    called after throwing an instance of 'pybind11::error_already_set'``)."""
+    _flush()
+    with contextlib.suppress(OSError):
+        os.write(2, f"gradwire: interrupted by {signal.Signals(signum).name}\n".encode())
+    os._exit(128 + signum)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed, or a pipe whose reader left
+            stream.flush()
+
+
+def _exit(status: object) -> None:
+    """Exit as ``sys.exit(status)`` would, without the module teardown."""
+    if status is None:
+        code = 0
+    elif isinstance(status, int):
+        code = status & 0xFF
+    else:  # sys.exit("text"): the text on stderr, status 1
+        with contextlib.suppress(Exception):
+            print(status, file=sys.stderr)
+        code = 1
+    for thread in threading.enumerate():  # as Python waits for them first
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # a stop signal meanwhile: _stopped
+    _flush()
+    os._exit(code)
 
 
 def main() -> None:
+    for sig in STOP_SIGNALS:  # the command sets its own while it runs, then these back
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            signal.signal(sig, _stopped)
     try:
         from gradwire.cli import main as cli_main
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # raised by an import itself
         print("gradwire: interrupted by SIGINT", file=sys.stderr)
         sys.exit(130)
-    cli_main()
+    try:
+        cli_main()
+    except SystemExit as e:
+        _exit(e.code)
+    _exit(0)
