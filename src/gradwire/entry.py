@@ -18,10 +18,10 @@ import signal
 import sys
 import threading
 
-from gradwire.interrupts import STOP_SIGNALS
+from gradwire.interrupts import on_signals
 
 
-def _stopped(signum: int, _frame: object) -> None:
+def _stopped(signum: int) -> None:
     """End gradwire at once, saying so: left to Python, a SIGTERM while torch loaded killed
     gradwire without a word, and a Ctrl-C there could abort in torch's C++ (``terminate
     called after throwing an instance of 'pybind11::error_already_set'``)."""
@@ -56,16 +56,16 @@ def _exit(status: object) -> None:
 
 
 def main() -> None:
-    for sig in STOP_SIGNALS:  # the command sets its own while it runs, then these back
-        if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
-            signal.signal(sig, _stopped)
-    try:
-        from gradwire.cli import main as cli_main
-    except KeyboardInterrupt:  # raised by an import itself
-        print("gradwire: interrupted by SIGINT", file=sys.stderr)
-        sys.exit(130)
-    try:
-        cli_main()
-    except SystemExit as e:
-        _exit(e.code)
-    _exit(0)
+    # the command sets its own while it runs, then these back; _exit ends the process
+    # inside the block, so they stay for the exit too
+    with on_signals(_stopped):
+        try:
+            from gradwire.cli import main as cli_main
+        except KeyboardInterrupt:  # raised by an import itself
+            print("gradwire: interrupted by SIGINT", file=sys.stderr)
+            sys.exit(130)
+        try:
+            cli_main()
+        except SystemExit as e:
+            _exit(e.code)
+        _exit(0)

@@ -277,19 +277,20 @@ def check_command(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> N
     prog = os.fsdecode(cmd[0])  # a Path, as Popen takes one
     path = (os.environ if env is None else env).get("PATH", os.defpath)
     if os.sep in prog:
-        found = prog if os.path.isfile(prog) and os.access(prog, os.X_OK) else None
+        found = prog if _executable(prog) else None
     else:  # an empty entry (PATH="", ":/usr/bin") is the current folder, as exec reads it
         dirs = os.pathsep.join(d or os.curdir for d in path.split(os.pathsep))
         found = shutil.which(prog, path=dirs) if prog else None
     if found is None:
         raise GradwireError(f"cannot start {prog!r}: {_not_startable(prog)}")
-    if not _is_program(found):
+    head = _head(found)
+    if not _is_program(head):
         # exec refuses it (Exec format error) on loopback; in a namespace, ip's execvp had
         # the shell run it, Python code included
         why = (_PYTHON_SCRIPT.format(prog=prog) if found.endswith(".py") else
                f"it has no #! line and is no program: give its interpreter (`-- sh {prog}`)")
         raise GradwireError(f"cannot start {prog!r}: {why}")
-    interpreter = _missing_interpreter(found)
+    interpreter = _missing_interpreter(head)
     if interpreter is not None:
         crlf = (" (the line ends in a Windows \\r: save the file with Unix line ends)"
                 if interpreter.endswith("\r") else "")
@@ -304,35 +305,38 @@ _PYTHON_SCRIPT = ("it is a Python script: the command is started as given (torch
                   "python before a script); give `-- python {prog}`")
 
 
-def _is_program(path: str) -> bool:
-    """Whether exec runs the file at ``path`` itself: a script with a ``#!`` line or an ELF
-    program (other formats the kernel was taught, binfmt_misc, are not told apart)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError:
-        return True  # exec will say what is wrong with it
-    return head.startswith(b"#!") or head == b"\x7fELF"
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def _missing_interpreter(path: str) -> str | None:
-    """The interpreter that the ``#!`` line of the script at ``path`` names where exec would
-    not find it there as a program, else None. exec's error ("No such file or directory")
-    named the script, which is there, and in a namespace each rank said so and exited 1 once
-    the cluster was built. Read as the kernel reads it: the first word after ``#!``, a Windows
-    line end included, not looked up on PATH."""
+def _head(path: str) -> bytes | None:
+    """The first line (at most 256 bytes) of the file at ``path``; None where it cannot be
+    read (exec will say what is wrong with it)."""
     try:
         with open(path, "rb") as f:
-            line = f.read(256).partition(b"\n")[0]
+            return f.read(256).partition(b"\n")[0]
     except OSError:
-        return None  # exec will say what is wrong with it
-    if not line.startswith(b"#!"):
         return None
-    word = re.split(rb"[ \t\0]", line[2:].lstrip(b" \t"), maxsplit=1)[0]
+
+
+def _is_program(head: bytes | None) -> bool:
+    """Whether exec runs a file whose first line is ``head`` itself: a script with a ``#!``
+    line or an ELF program (other formats the kernel was taught, binfmt_misc, are not told
+    apart)."""
+    return head is None or head.startswith(b"#!") or head[:4] == b"\x7fELF"
+
+
+def _missing_interpreter(head: bytes | None) -> str | None:
+    """The interpreter that the ``#!`` line ``head`` names where exec would not find it there
+    as a program, else None. exec's error ("No such file or directory") named the script,
+    which is there, and in a namespace each rank said so and exited 1 once the cluster was
+    built. Read as the kernel reads it: the first word after ``#!``, a Windows line end
+    included, not looked up on PATH."""
+    if head is None or not head.startswith(b"#!"):
+        return None
+    word = re.split(rb"[ \t\0]", head[2:].lstrip(b" \t"), maxsplit=1)[0]
     interpreter = os.fsdecode(word)
-    if word and os.path.isfile(interpreter) and os.access(interpreter, os.X_OK):
-        return None
-    return interpreter
+    return None if word and _executable(interpreter) else interpreter
 
 
 def _not_startable(prog: str) -> str:
