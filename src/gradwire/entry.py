@@ -6,7 +6,7 @@ signal's number, as one during the command does: nothing is being built or remov
 Once the command is done gradwire exits without Python's teardown of its modules (half a
 second with torch loaded): its threads are waited for, its ``atexit`` functions run and its
 output is flushed, then the process ends. Python sets the signals back to their defaults
-for that teardown, and a Ctrl-C during it killed gradwire without a word, or was lost (exit
+for that teardown, where a Ctrl-C would kill gradwire without a word, or be lost (exit
 status 0)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from gradwire.interrupts import on_signals
 
 
 def _stopped(signum: int) -> None:
-    """End gradwire at once, saying so: left to Python, a SIGTERM while torch loaded killed
-    gradwire without a word, and a Ctrl-C there could abort in torch's C++ (``terminate
+    """End gradwire at once, saying so: left to Python, a SIGTERM while torch loads kills
+    gradwire without a word, and a Ctrl-C there can abort in torch's C++ (``terminate
     called after throwing an instance of 'pybind11::error_already_set'``)."""
     _flush()
     with contextlib.suppress(OSError):

@@ -269,11 +269,11 @@ SHELL_BUILTINS = frozenset({
 
 def check_command(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     """Refuse, in one line, a command that no rank could start (exec would not find it), before
-    any cluster is built or rank started. Unchecked, a missing program was a ``cannot start``
-    error on the loopback fallback and, in a namespace, each rank's ``exec of "X" failed``
-    line and exit status 1 once the cluster was built; and a torchrun user's ``train.py``
-    (torchrun puts python before a script) was "No such file or directory" for a file that
-    is there."""
+    any cluster is built or rank started. Unchecked, a missing program would be a ``cannot
+    start`` error on the loopback fallback and, in a namespace, each rank's ``exec of "X"
+    failed`` line and exit status 1 once the cluster is built; and a torchrun user's
+    ``train.py`` (torchrun puts python before a script) "No such file or directory" for a
+    file that is there."""
     prog = os.fsdecode(cmd[0])  # a Path, as Popen takes one
     path = (os.environ if env is None else env).get("PATH", os.defpath)
     if os.sep in prog:
@@ -328,9 +328,9 @@ def _is_program(head: bytes | None) -> bool:
 
 def _missing_interpreter(head: bytes | None) -> str | None:
     """The interpreter that the ``#!`` line ``head`` names where exec would not find it there
-    as a program, else None. exec's error ("No such file or directory") named the script,
-    which is there, and in a namespace each rank said so and exited 1 once the cluster was
-    built. Read as the kernel reads it: the first word after ``#!``, a Windows line end
+    as a program, else None. exec's error for it ("No such file or directory") names the
+    script, which is there, and in a namespace each rank would say so and exit 1 once the
+    cluster is built. Read as the kernel reads it: the first word after ``#!``, a Windows line end
     included, not looked up on PATH."""
     if head is None or not head.startswith(b"#!"):
         return None

@@ -21,8 +21,9 @@ import gradwire
 
 def closed_streams_to_null() -> None:
     """A stdout or stderr the caller closed (``gradwire run ... >&-``) is None in Python:
-    the console made at import read ``sys.stdout.isatty()`` and failed with a traceback, and
-    a rank's output line had nowhere to go. Each writes to os.devnull instead, as asked."""
+    the console made at import reads ``sys.stdout.isatty()`` and would fail with a
+    traceback, and a rank's output line would have nowhere to go. Each writes to os.devnull
+    instead, as asked."""
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # open while the process lives

@@ -40,7 +40,7 @@ def up(hosts: Hosts = 4, bandwidth: Bandwidth = "1gbit",
         console.print(hosts_table(c))
     except (Interrupted, KeyboardInterrupt):
         # A stop before the cluster is all told: it goes, as the line gradwire ends on says
-        # ("interrupted ...; cleaned up"). It had stayed up, its name unseen.
+        # ("interrupted ...; cleaned up"), rather than stay up with its name unseen.
         cluster_down(c.name)
         raise
 

@@ -103,7 +103,7 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.
 
 def _ip_batch(lines: list[str], netns: str | None = None) -> None:
     """``ip`` commands (each a line as after ``ip``) run by one ``ip -batch`` process, in that
-    order: a process per command was most of a host's build time. The first that fails stops
+    order: a process per command would be most of a host's build time. The first that fails stops
     the rest and is the error, named as ``_ip`` names it. Every name in them is one gradwire
     made (NAME_RE's) and every argument a word without spaces."""
     cmd = ["ip"] + (["-n", netns] if netns else []) + ["-batch", "-"]
@@ -404,10 +404,10 @@ def _add_host(cluster: Cluster, host: Host, hosts: int, bps: float | None,
     The host knows every other's MAC from the start (permanent neighbour entries): the
     kernel keeps one neighbour table for all namespaces, of at most gc_thresh3 entries that
     it may evict (1024 by default), and a gloo world connects every pair of ranks, N(N - 1)
-    entries. Past about 32 hosts connections failed (``No route to host``, and ``neighbor
-    table overflow!`` in the kernel's log): at 64, gloo's ranks printed pages of ``failed to
-    connect`` and lived on its retries (it gives up after three), and a full mesh of plain
-    TCP connections took up to 9 minutes. Permanent entries are not counted."""
+    entries. Without them, past about 32 hosts connections fail (``No route to host``, and
+    ``neighbor table overflow!`` in the kernel's log): gloo's ranks print pages of ``failed
+    to connect`` and live on its retries (it gives up after three). Permanent entries are
+    not counted."""
     ns, outer, inner = host.netns, f"{cluster.name}-v{host.rank}", f"{cluster.name}-i{host.rank}"
     assert ns is not None
     mtu, subnet, dev = cluster.mtu, cluster.subnet, host.ifname

@@ -153,8 +153,8 @@ def strategy(state: HookState, **ddp_kwargs: Any) -> Any:
 
 def _check_ddp_kwargs(ddp_strategy: type, ddp_kwargs: dict[str, Any]) -> None:
     """Refuse a keyword neither ``DDPStrategy`` nor ``DistributedDataParallel`` takes (or one
-    Lightning sets itself): passed on, it failed on every rank once fit() had started them,
-    with DistributedDataParallel's "unexpected keyword argument"."""
+    Lightning sets itself): passed on, it would fail on every rank once fit() has started
+    them, with DistributedDataParallel's "unexpected keyword argument"."""
     def names(f: Any) -> list[str]:
         return [n for n, p in inspect.signature(f).parameters.items() if n != "self"
                 and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
