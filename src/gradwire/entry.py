@@ -1,6 +1,6 @@
 """The ``gradwire`` command's entry point. A stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT)
-that comes outside the command's own handling, while torch and the commands load (seconds)
-or once the command is done, ends gradwire at once in one line, with exit status 128 + the
+that comes outside the command's own handling, while the command loads (seconds, where it
+needs torch) or once it is done, ends gradwire at once in one line, with exit status 128 + the
 signal's number, as one during the command does: nothing is being built or removed then.
 
 Once the command is done gradwire exits without Python's teardown of its modules (half a
@@ -18,23 +18,7 @@ import signal
 import sys
 import threading
 
-from gradwire.interrupts import on_signals
-
-
-def _stopped(signum: int) -> None:
-    """End gradwire at once, saying so: left to Python, a SIGTERM while torch loads kills
-    gradwire without a word, and a Ctrl-C there can abort in torch's C++ (``terminate
-    called after throwing an instance of 'pybind11::error_already_set'``)."""
-    _flush()
-    with contextlib.suppress(OSError):
-        os.write(2, f"gradwire: interrupted by {signal.Signals(signum).name}\n".encode())
-    os._exit(128 + signum)
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # closed, or a pipe whose reader left
-            stream.flush()
+from gradwire.interrupts import exit_at_once, flush, on_signals
 
 
 def _exit(status: object) -> None:
@@ -50,20 +34,19 @@ def _exit(status: object) -> None:
     for thread in threading.enumerate():  # as Python waits for them first
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()  # a stop signal meanwhile: _stopped
-    _flush()
+    atexit._run_exitfuncs()  # a stop signal meanwhile: exit_at_once
+    flush()
     os._exit(code)
 
 
 def main() -> None:
     # the command sets its own while it runs, then these back; _exit ends the process
     # inside the block, so they stay for the exit too
-    with on_signals(_stopped):
+    with on_signals(exit_at_once):
         try:
             from gradwire.cli import main as cli_main
         except KeyboardInterrupt:  # raised by an import itself
-            print("gradwire: interrupted by SIGINT", file=sys.stderr)
-            sys.exit(130)
+            exit_at_once(signal.SIGINT)
         try:
             cli_main()
         except SystemExit as e:

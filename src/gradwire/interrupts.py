@@ -9,7 +9,9 @@ sessions of their own, out of reach of a terminal's signals), then raises it.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
@@ -38,6 +40,25 @@ class Interrupted(BaseException):
     def exit_status(self) -> int:
         """128 + the signal's number, as a shell reports a process the signal ended."""
         return 128 + self.signum
+
+
+def exit_at_once(signum: int) -> None:
+    """End gradwire now, in one line, with exit status 128 + ``signum``: for a signal that comes
+    while nothing is built yet or once everything is removed (torch loading, the exit). Left
+    to Python, a SIGTERM while torch loads kills gradwire without a word, and a Ctrl-C there
+    can abort in torch's C++ (``terminate called after throwing an instance of
+    'pybind11::error_already_set'``)."""
+    flush()
+    with contextlib.suppress(OSError):
+        os.write(2, f"gradwire: interrupted by {signal.Signals(signum).name}\n".encode())
+    os._exit(128 + signum)
+
+
+def flush() -> None:
+    """Flush stdout and stderr, whatever state they are in."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed, or a pipe whose reader left
+            stream.flush()
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ from rich import box
 from rich.table import Table
 
 from gradwire.bandwidth import parse_bandwidth
-from gradwire.bench.report import rate_text
 from gradwire.cli.options import (
     Bandwidth,
     ClusterName,
@@ -263,6 +262,8 @@ def _kept_if_unsaved() -> Iterator[None]:
 
 
 def _show_calibration(c: Calibration, path: Path) -> None:
+    from gradwire.bench.report import rate_text
+
     # β, the link and γ to three significant digits: a 100kbit link's rate and a GPU's γ are
     # 0.000 at three decimals. Units on a second header line and no rules, as bench's table:
     # a GPU's name fits 120 columns; the file's path, which may be long, is a line of its own

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,7 @@ from gradwire.cluster import Cluster, ephemeral_cluster, load_cluster, netns_ava
 from gradwire.cluster.netns import LOOPBACK_LABEL, MTU
 from gradwire.cluster.state import MAX_HOSTS, check_mtu
 from gradwire.errors import GradwireError
+from gradwire.interrupts import exit_at_once, on_signals
 from gradwire.jobs import build_progress
 from gradwire.jsonfile import check_writable, dumps, replace_text, save_elsewhere
 
@@ -79,7 +81,20 @@ class StrictCommand(TyperCommand):
     Python does (``1_0`` is 10, ``0_5`` is 5); here such a value is a usage error, one line,
     before typer converts it (and checks its min= and max=, with its own messages). "inf" and
     "nan" still reach the command, whose range check names the range. Every command is
-    registered with this class (:mod:`gradwire.cli`)."""
+    registered with this class (:mod:`gradwire.cli`).
+
+    Once its options are read, a command loads torch before it runs (help and usage errors
+    answer without it, in a fraction of a second): a stop signal while torch loads, or a
+    KeyboardInterrupt from its import, ends gradwire at once in one line and 128 + the
+    signal's number, as nothing is built yet; one inside torch's C++ import could abort it."""
+
+    def invoke(self, ctx: typer.Context) -> object:
+        with on_signals(exit_at_once):
+            try:
+                import torch  # noqa: F401
+            except KeyboardInterrupt:
+                exit_at_once(signal.SIGINT)
+        return super().invoke(ctx)
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if not ctx.resilient_parsing:

@@ -8,9 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gradwire import catalogue
 from gradwire.bandwidth import MODEL_MOST, format_bandwidth
-from gradwire.bench.provenance import stamp
 from gradwire.check import (
     MAX_BATCH,
     MAX_POWERSGD_RANK,
@@ -93,6 +91,8 @@ def _check_read(ctx: typer.Context, calibration: Path | None, ranks_per_node: in
     with --mode model: --reference beside --calibration (the calibration describes the
     cluster), --intra-bandwidth with one rank per node (no transfer stays inside a node),
     --density or --rank where no method of --agg takes it."""
+    from gradwire import catalogue
+
     names = comma_items(agg or "")
     known = [n for n in names if n in catalogue.METHODS]
     if names and len(known) == len(names):  # an unknown name is refused where it is read
@@ -232,6 +232,7 @@ def whatif(
 
     Example: gradwire whatif --model resnet50 --workers 4:128 --bandwidth 1gbit,10gbit
     """
+    from gradwire.bench.provenance import stamp
     from gradwire.perf import report, scenario
     from gradwire.perf.whatif import plot as plot_whatif
     from gradwire.perf.whatif import refusal
@@ -290,6 +291,7 @@ def advise(
 
     Example: gradwire advise --model resnet50 --workers 32 --bandwidth 1gbit
     """
+    from gradwire.bench.provenance import stamp
     from gradwire.perf import report, scenario
     from gradwire.perf.advise import explain
 
