@@ -12,9 +12,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
-import gradwire.hooks.state as hook_state
+import gradwire.hooks.aggregate as hook_aggregate
 from gradwire.collectives.agree import MismatchError
 from gradwire.errors import GradwireError
+from gradwire.hooks.comm import Comm
 from gradwire.transport import Transport
 
 
@@ -43,7 +44,7 @@ def test_an_error_inside_the_hook_reaches_backward_unchanged(one_rank, monkeypat
         raise MismatchError("rank 0: ranks made different collective calls: elements: 9 on "
                             "rank 0; 8 on rank 1")
 
-    monkeypatch.setattr(hook_state, "start", mismatch)
+    monkeypatch.setattr(hook_aggregate, "start", mismatch)
     for _ in range(2):
         with pytest.raises(MismatchError, match=r"^rank 0: ranks made different collective"):
             backward(net)
@@ -98,7 +99,7 @@ def test_an_error_of_a_bucket_issued_from_the_hook_keeps_its_type(one_rank, monk
         raise MismatchError("rank 0: garbled")
 
     if where == "collective":
-        monkeypatch.setattr(hook_state.Comm, "wait", broken)
+        monkeypatch.setattr(Comm, "wait", broken)
         expected = (GradwireError, r"^rank 0: torch.distributed all_reduce of 8 elements")
     else:
         monkeypatch.setattr(type(state.compressor), "decompress_into", garbled)
@@ -131,7 +132,7 @@ def test_a_failed_step_does_not_count_toward_dense_steps(one_rank, monkeypatch, 
         raise MismatchError("rank 0: ranks made different collective calls: elements: 9 on "
                             "rank 0; 8 on rank 1")
 
-    monkeypatch.setattr(hook_state, "start", mismatch)
+    monkeypatch.setattr(hook_aggregate, "start", mismatch)
     with pytest.raises(MismatchError):
         backward(net)
     monkeypatch.undo()
@@ -153,7 +154,7 @@ def test_a_failed_step_issued_from_the_hook_does_not_count(one_rank, monkeypatch
     def broken(self, flying):
         raise GradwireError("rank 0: torch.distributed all_reduce of 8 elements failed")
 
-    monkeypatch.setattr(hook_state.Comm, "wait", broken)
+    monkeypatch.setattr(Comm, "wait", broken)
     with pytest.raises(GradwireError, match="all_reduce of 8 elements failed"):
         backward(net)
     assert state.step == state.stats["steps"] == 3
@@ -191,7 +192,7 @@ def test_outside_a_backward_the_error_goes_to_the_future(one_rank, monkeypatch):
     def boom(c, x, key, check=True):
         raise GradwireError("broken")
 
-    monkeypatch.setattr(hook_state, "start", boom)
+    monkeypatch.setattr(hook_aggregate, "start", boom)
     fut = state.hook(state, FakeBucket([nn.Parameter(torch.ones(3))]))
     with pytest.raises(GradwireError, match="broken"):
         fut.wait()

@@ -14,9 +14,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
-import gradwire.hooks.state as hook_state
+import gradwire.hooks.aggregate as hook_aggregate
 from gradwire.collectives.agree import MismatchError
 from gradwire.errors import GradwireError
+from gradwire.hooks.comm import Comm
 from gradwire.syncfree import device_paths
 
 
@@ -178,7 +179,7 @@ def test_an_error_other_than_gradwires_while_settling_lets_the_next_step_run(
     def broken(self, flying):
         raise error
 
-    monkeypatch.setattr(hook_state.Comm, "wait", broken)
+    monkeypatch.setattr(Comm, "wait", broken)
     with pytest.raises(type(error)) as e:
         backward(net, 3)
     assert e.value is error
@@ -218,7 +219,7 @@ def test_a_failed_step_gives_back_an_unused_parameters_share(one_rank, monkeypat
     before = residual_mass(state, net)[2].clone()
     assert before.abs().sum() > 0
     calls = []
-    real = hook_state.start
+    real = hook_aggregate.start
 
     def last_fails(c, x, key, check=True):
         calls.append(key)
@@ -226,7 +227,7 @@ def test_a_failed_step_gives_back_an_unused_parameters_share(one_rank, monkeypat
             raise MismatchError("rank 0: ranks made different collective calls (test)")
         return real(c, x, key, check)
 
-    monkeypatch.setattr(hook_state, "start", last_fails)
+    monkeypatch.setattr(hook_aggregate, "start", last_fails)
     with pytest.raises(MismatchError):
         step([module.a, module.b])  # c unused
     assert len(calls) == 3 and module.c.grad is None

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradwire.hooks as gh
-import gradwire.hooks.state as hook_state
+import gradwire.hooks.aggregate as hook_aggregate
 from gradwire.errors import GradwireError
 from gradwire.hooks import layout
 from gradwire.hooks.comm import Worker
@@ -85,7 +85,7 @@ class Ledger:
 def interrupt_at(monkeypatch, call: int) -> BaseException:
     """The hook's ``call``-th aggregation (1 = the first from now) raises a KeyboardInterrupt,
     as Ctrl-C while it waits for a collective does; that interrupt."""
-    real, calls, interrupt = hook_state.start, [], KeyboardInterrupt()
+    real, calls, interrupt = hook_aggregate.start, [], KeyboardInterrupt()
 
     def start(c, x, key, check=True):
         calls.append(key)
@@ -93,7 +93,7 @@ def interrupt_at(monkeypatch, call: int) -> BaseException:
             raise interrupt
         return real(c, x, key, check)
 
-    monkeypatch.setattr(hook_state, "start", start)
+    monkeypatch.setattr(hook_aggregate, "start", start)
     return interrupt
 
 

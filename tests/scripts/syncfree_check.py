@@ -6,11 +6,12 @@ defaults): the same training runs twice, on the host path and on the device path
 device path every synchronising tensor call (tests/sync_guard.py) made during a steady-state
 backward is recorded: dense and fp16 may make none; the methods whose NaN/Inf status travels
 with their data may make exactly one per step, the documented read of every bucket's status
-(hooks/state.py: ``_bucket`` on the comm thread, ``_settle`` for int8 issued from the hook).
-Call headers are exempt: they are host tensors on a host transport by design (hooks/comm.py,
-``host_group``). Both paths must give the same gradients, bit for bit. Under NCCL
-(tests/test_nccl.py) every tensor is on the GPU, and CUDA's own record of synchronising
-operations (``torch.cuda.set_sync_debug_mode``) is counted too, under the same allowance.
+(hooks/aggregate.py: ``_bucket`` on the comm thread; hooks/direct.py: ``_settle`` for int8
+issued from the hook). Call headers are exempt: they are host tensors on a host transport by
+design (hooks/comm.py, ``host_group``). Both paths must give the same gradients, bit for bit.
+Under NCCL (tests/test_nccl.py) every tensor is on the GPU, and CUDA's own record of
+synchronising operations (``torch.cuda.set_sync_debug_mode``) is counted too, under the same
+allowance.
 Prints one FAIL line per problem and a final CHECKED line.
 """
 import contextlib
@@ -35,6 +36,7 @@ ALLOWED = {"dense": 0, "fp16": 0, "topk": 1, "gtopk": 1, "int8": 1, "powersgd": 
 OPTIONS = {"powersgd": {"rank": 2}}
 WARM, WATCHED = 2, 3  # DDP rebuilds its buckets after step 0; the hook agrees on them at 2
 HOST_SIDE = ("agree.py",)
+READ_IN = ("aggregate.py", "direct.py")  # the hooks' modules that make the documented read
 BUCKET_MB = 0.02  # about 5000 fp32 elements: one bucket per layer or two
 
 
@@ -122,7 +124,7 @@ with SyncGuard() as guard:
             check(len(cuda) <= allowed, f"{method} step {step}: {len(cuda)} synchronising "
                   f"calls seen by CUDA, {allowed} allowed: {' | '.join(cuda)}")
             for found in (py, cuda):
-                check(all(c.partition(" at ")[2].startswith("state.py") for c in found),
+                check(all(c.partition(" at ")[2].startswith(READ_IN) for c in found),
                       f"{method} step {step}: a synchronising call outside the documented "
                       f"read: {' | '.join(found)}")
         same = all(torch.equal(a, b) for hs, ds in zip(host, device, strict=True)

@@ -48,7 +48,8 @@ class HookedDDP:
         # copy into the buckets nor the copy back out is made (the optimizer must not set
         # them to None: the trainer zeroes them).
         # Model mode aggregates once the last bucket is in, so buckets would overlap nothing:
-        # one bucket of every gradient is aggregated where it lies (hooks.state: _model).
+        # one bucket of every gradient is aggregated where it lies (HookState._model, in
+        # hooks.aggregate).
         cap = None
         if self.hook.config.mode == "model":
             cap = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
