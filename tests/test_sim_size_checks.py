@@ -180,3 +180,74 @@ def test_simulate_refuses_a_ring_too_large_before_the_first_mechanism_runs(monke
     with pytest.raises(GradwireError, match=r"^mechanism 'ring': the ring is computed step by "
                                             r"step, about 75,000 a second, and this run has 310"):
         prepare([_file(tmp_path)], mechanism="ps,ring", workers=32, iterations=1)
+
+
+# A compressed ring runs the catalogue's calls: ring calls (PowerSGD's allreduces, signSGD's
+# allgather) on the ring's numpy path, top-k's allgather and gTop-k's butterfly message by
+# message. `--mechanism ring:bucket=25M,ring:compress=topk --workers 2048 --iterations 20`
+# simulated the first for 19 s, then refused the second.
+@pytest.mark.parametrize("spec", ["ring:compress=topk:density=0.01", "ring:compress=gtopk"])
+def test_simulate_refuses_a_compressed_ring_replayed_too_long_before_anything_runs(
+        monkeypatch, tmp_path, spec):
+    monkeypatch.setattr(engine, "MAX_REPLAYED", 500)
+    _never_run(monkeypatch)
+    with pytest.raises(GradwireError, match=rf"^mechanism '{spec}': .*sends more than 500"):
+        prepare([_file(tmp_path)], mechanism=f"ring,{spec}", workers=32, iterations=2)
+
+
+@pytest.mark.parametrize("spec", ["ring:compress=powersgd:rank=2", "ring:compress=signsgd",
+                                  "ring:bucket=6000:compress=int8"])
+def test_simulate_refuses_a_compressed_ring_of_too_many_steps_before_anything_runs(
+        monkeypatch, tmp_path, spec):
+    from gradwire.sim import collective
+
+    monkeypatch.setattr(collective, "MAX_RING_STEPS", 100)
+    _never_run(monkeypatch)
+    _no_tables(monkeypatch)
+    with pytest.raises(GradwireError, match=rf"^mechanism '{spec}': the ring is computed step "
+                                            r"by step"):
+        prepare([_file(tmp_path)], mechanism=f"ps,{spec}", workers=32, iterations=1)
+
+
+def _compressed_shape(spec: str, t: tr.Trace, c: SimCluster) -> tuple[int, int]:
+    """(steps, transfers) a compressed ring's run computes, from the tables it builds."""
+    from gradwire.schedules.ir import Table
+    from gradwire.sim import collective
+    from gradwire.sim.replay import step_arrays
+
+    o = mechanisms.parse(spec).options
+    specs = collective._bucket_specs(t, collective.buckets(t, o.bucket_bytes), c.workers, o)
+    steps, held = 0, {}
+    for calls, item in specs:
+        table = Table.chain([collective.call_table(x, c.workers, item, cached=False)
+                             for x in calls])
+        held[repr((calls, item))] = len(table.src)
+        steps += len(step_arrays(table, item))
+    return steps * c.iterations, sum(held.values())
+
+
+@pytest.mark.parametrize("spec, workers", [
+    ("ring:compress=powersgd:rank=2", 7), ("ring:compress=signsgd", 16),
+    ("ring:compress=randomk:density=0.5", 5), ("ring:bucket=9000:compress=qsgd", 8),
+    ("ring:compress=topk:density=0.1", 2), ("ring:compress=gtopk", 2)])
+def test_a_compressed_rings_count_up_front_is_what_its_run_computes(monkeypatch, spec,
+                                                                      workers):
+    """The steps and transfers counted before the run are its tables' exactly: at each bound
+    the check passes and the run goes on, one under it the check refuses."""
+    from gradwire.sim import collective
+
+    t = tr.synthetic("m", [4 * n for n in (100, 3000, 17, 3000, 64)], 0.01, 0.02,
+                     shapes=[(10, 10), (30, 100), None, (3000,), (8, 8)])
+    c = SimCluster(workers, 25e9, iterations=2)
+    m = mechanisms.parse(spec)
+    steps, held = _compressed_shape(spec, t, c)
+    monkeypatch.setattr(collective, "MAX_RING_STEPS", steps)
+    monkeypatch.setattr(collective, "MAX_RING_TRANSFERS", held)
+    mechanisms.check(t, c, [m])
+    m.run(t, c, False)
+    for name, bound, said in (("MAX_RING_STEPS", steps, "computed step by step"),
+                              ("MAX_RING_TRANSFERS", held, "distinct bucket sizes hold")):
+        monkeypatch.setattr(collective, name, bound - 1)
+        with pytest.raises(GradwireError, match=said):
+            mechanisms.check(t, c, [m])
+        monkeypatch.setattr(collective, name, bound)

@@ -325,19 +325,72 @@ def _bucket_specs(trace: Trace, groups: list[list[int]], p: int,
 def check_collective(trace: Trace, c: SimCluster, o: CollectiveOptions,
                      record: bool = False) -> None:
     """Refuse what :func:`simulate_collective` would refuse for its messages (a timeline too
-    large, a replay too long), without running it, so that a list of mechanisms or a sweep
-    is refused before the first of them runs. A ring without a timeline is left to the run:
-    numpy computes it where every rank has one peer, with no bound."""
+    large, a replay too long, a ring computed with numpy of too many steps or transfers),
+    without running it, so that a list of mechanisms or a sweep is refused before the first of
+    them runs. A ring's steps and transfers are counted from its shape, dense
+    (:func:`_check_dense_ring`) or compressed (:func:`_check_ring_shape`), not from tables
+    that take minutes to build at thousands of workers."""
     if o.multicast:
         _ring_multicast_specs(trace, c, o, record)
         return
-    if o.algo == "ring" and not record:
-        if o.compressor is None:  # a compressed ring's calls are counted as the run builds them
-            _check_dense_ring(trace, c, o)
+    if o.algo == "ring" and not record and o.compressor is None:
+        _check_dense_ring(trace, c, o)
         return
     specs = _bucket_specs(trace, buckets(trace, o.bucket_bytes), c.workers, o)
+    if o.algo == "ring" and not record and _on_numpy(specs, c.workers):
+        _check_ring_shape(specs, c)
+        return
     _check_messages(specs, c.workers, c.iterations,
                     check_recordable if record else check_replayable)
+
+
+def _on_numpy(specs: list[tuple[list, int]], p: int) -> bool:
+    """Whether :func:`simulate_collective` computes the buckets of ``specs`` with numpy
+    (:func:`_ring_arrays`: every rank one peer in all of them), told from the calls alone:
+    ring calls pair each rank with its neighbours, and on two ranks or one every schedule
+    has one peer each way. A compressed ring's other calls (top-k's allgather, gTop-k's
+    butterfly) are replayed message by message."""
+    return p <= 2 or all(call.algo == "ring" for calls, _ in specs for call in calls)
+
+
+# The steps of each phase of a ring call (:data:`gradwire.schedules.ring.ALLREDUCE` and the
+# others): a reduce-scatter, then an allgather for the allreduce.
+_RING_PHASES = {"allreduce": 2, "reducescatter": 1, "allgather": 1}
+
+
+def _ring_shape(calls: list, p: int, unit: int) -> tuple[int, int]:
+    """(steps, transfers) of the chained tables of ``calls`` on ``p`` ranks, as
+    :func:`_ring_arrays` would compile them: ring calls from the ring's shape (their tables
+    take minutes to build at thousands of workers), others (at P ≤ 2: a handful of transfers)
+    from their tables, built afresh and dropped."""
+    steps = held = 0
+    for call in calls:
+        if call.algo == "ring" and call.count > 0:
+            phases = _RING_PHASES[call.collective]
+            kw = call.schedule_params
+            steps += phases * (p - 1)
+            held += _ring_held(p, call.count, kw.get("pipeline"), kw["itemsize"], phases)
+        elif call.algo != "ring":
+            t = call_table(call, p, unit, cached=False)
+            steps += len(np.unique(t.step))
+            held += len(t.src)
+    return steps, held
+
+
+def _check_ring_shape(specs: list[tuple[list, int]], c: SimCluster) -> None:
+    """What :func:`_ring_arrays` and :func:`check_ring_steps` would refuse for buckets of
+    ``specs`` computed with numpy (:func:`_on_numpy`), before any table is built, so that a
+    compressed ring on thousands of workers is refused before the mechanisms ahead of it
+    run."""
+    shape: dict[str, tuple[int, int]] = {}
+    steps = 0
+    for calls, item in specs:
+        key = repr((calls, item))
+        if key not in shape:
+            shape[key] = _ring_shape(calls, c.workers, item)
+            _check_ring_memory(sum(held for _, held in shape.values()), len(shape))
+        steps += shape[key][0]
+    check_ring_steps(c.iterations * steps)
 
 
 def _check_messages(specs: list[tuple[list, int]], p: int, iterations: int,
@@ -368,18 +421,16 @@ def check_ring_steps(steps: int) -> None:
     """Refuse a ring that computes more than :data:`MAX_RING_STEPS` steps, in one line."""
     if steps > MAX_RING_STEPS:
         raise GradwireError(f"the ring is computed step by step, about 75,000 a second, and "
-                            f"this run has {steps:,} steps (a dense bucket's 2(P - 1), every "
-                            f"iteration), more than {MAX_RING_STEPS:,}: simulate fewer workers "
-                            f"or iterations, or larger buckets (bucket=)")
+                            f"this run has {steps:,} steps (2(P - 1) for each ring allreduce of "
+                            f"a bucket, every iteration), more than {MAX_RING_STEPS:,}: simulate "
+                            f"fewer workers or iterations, or larger buckets (bucket=)")
 
 
 def _check_dense_ring(trace: Trace, c: SimCluster, o: CollectiveOptions) -> None:
     """What :func:`_ring_arrays` and :func:`check_ring_steps` would refuse for a dense ring,
-    from the ring's shape instead of its tables (building them took 100 s at 4096 workers
-    before a refusal): an allreduce is 2(P - 1) steps, and in each phase every one of the
-    buffer's chunks is sent P - 1 times, as its sub-chunks (``schedules.ring.ring_table``)."""
-    from gradwire.schedules.ring import pick_pipeline
-
+    from the ring's shape instead of its tables (which take minutes to build at thousands of
+    workers): an allreduce is 2(P - 1) steps, and in each phase every one of the
+    buffer's chunks is sent P - 1 times, as its sub-chunks (:func:`_ring_held`)."""
     p = c.workers
     groups = buckets(trace, o.bucket_bytes)
     check_ring_steps(c.iterations * len(groups) * 2 * (p - 1))
@@ -388,9 +439,18 @@ def _check_dense_ring(trace: Trace, c: SimCluster, o: CollectiveOptions) -> None
         _, _, count, kw = bucket_spec(sum(trace.params[i].bytes for i in g), p, o)
         key = (count, kw["itemsize"])
         if key not in held:
-            cut = pick_pipeline(p, count, kw.get("pipeline"), kw["itemsize"])
-            held[key] = 2 * (p - 1) * sum(len(split(c0, n, cut)) for c0, n in blocks(count, p))
+            held[key] = _ring_held(p, count, kw.get("pipeline"), kw["itemsize"])
             _check_ring_memory(sum(held.values()), len(held))
+
+
+def _ring_held(p: int, count: int, pipeline: object, itemsize: int, phases: int = 2) -> int:
+    """Transfers of a ring call of ``count`` elements on ``p`` ranks, from its shape: in each
+    of its ``phases`` every one of the buffer's chunks is sent P - 1 times, as its
+    sub-chunks (``schedules.ring.ring_table``)."""
+    from gradwire.schedules.ring import pick_pipeline
+
+    cut = pick_pipeline(p, count, pipeline, itemsize)
+    return phases * (p - 1) * sum(len(split(c0, n, cut)) for c0, n in blocks(count, p))
 
 
 def _check_ring_memory(transfers: int, sizes: int) -> None:
